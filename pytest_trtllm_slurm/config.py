@@ -1,0 +1,150 @@
+"""Validated configuration: the clusters file and the run's resolved settings.
+
+Precedence for every setting: CLI > env (TRTLLM_SLURM_<NAME>) > ini (trtllm_<name>)
+> cluster file > default. ``options.py`` registers the options and builds
+``Settings``; this module only holds the models and the clusters file loader.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+from .models import Scenario
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+class ClusterConfig(BaseModel):
+    """One ``[clusters.NAME]`` table. Unknown keys are errors (typos must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    ssh_host: str | None = None
+    ssh_port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    accept_new_host_key: bool = False
+    mfa: bool | None = None  # None: unknown, try key first and fall back if asked
+    transport: Literal["paramiko", "openssh"] = "paramiko"
+    otp_command: str | None = None
+    user_root_dir: str | None = None
+    remote_cwd: str | None = None
+    sync: Literal["git", "none"] = "none"
+    account: str | None = None
+    partition: str | None = None
+    device_type: str | None = None
+    gpus_per_node: int | None = Field(None, ge=1)
+    container_image: str | None = None
+    container_runtime: Literal["pyxis", "podman", "docker", "none"] = "none"
+    mounts: list[str] = Field(default_factory=list)
+    models_root: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    time_limit: str | None = None
+    build_project: bool = False
+    build_cmd: str | None = None
+
+    @property
+    def is_remote(self) -> bool:
+        return self.ssh_host is not None
+
+
+class ClustersFile(BaseModel):
+    """The whole clusters file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = None
+    clusters: dict[str, ClusterConfig] = Field(default_factory=dict)
+
+    def get(self, name: str) -> ClusterConfig:
+        for key, cluster in self.clusters.items():
+            if key.lower() == name.lower():
+                return cluster
+        known = ", ".join(sorted(self.clusters)) or "none"
+        where = self.path or "no clusters file found"
+        raise ConfigError(
+            f"unknown cluster {name!r} (--slurm-cluster): clusters defined in {where}: {known}. "
+            "Add a [clusters.NAME] table to the clusters file (--trtllm-config PATH, "
+            "trtllm-slurm.toml at the rootdir, or ~/.config/trtllm-slurm/clusters.toml)."
+        )
+
+
+def default_clusters_paths(rootdir: Path) -> list[Path]:
+    """Where the clusters file is looked for when --trtllm-config is not given."""
+    return [rootdir / "trtllm-slurm.toml", Path.home() / ".config" / "trtllm-slurm" / "clusters.toml"]
+
+
+def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:
+    """Load and validate the clusters file; an absent default file means no clusters."""
+    if path is None:
+        for candidate in default_clusters_paths(rootdir):
+            if candidate.is_file():
+                path = candidate
+                break
+        else:
+            return ClustersFile()
+    elif not path.is_file():
+        raise ConfigError(f"clusters file {path} (--trtllm-config) does not exist")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"clusters file {path} is not valid TOML: {exc}") from None
+    unknown_top = set(raw) - {"clusters"}
+    if unknown_top:
+        raise ConfigError(
+            f"clusters file {path}: unknown top-level key(s) {sorted(unknown_top)}; "
+            "expected only [clusters.NAME] tables"
+        )
+    clusters: dict[str, ClusterConfig] = {}
+    for name, table in (raw.get("clusters") or {}).items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"clusters file {path}: clusters.{name} must be a table")
+        try:
+            clusters[name] = ClusterConfig(name=name, **table)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"clusters.{name}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                + (f" (found {err['input']!r})" if err["type"] != "extra_forbidden" else "")
+                for err in exc.errors()
+            )
+            raise ConfigError(f"clusters file {path}: {problems}") from None
+    return ClustersFile(path=str(path), clusters=clusters)
+
+
+class Settings(BaseModel):
+    """The run's resolved settings (after CLI > env > ini > cluster file > default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    remote: bool = False
+    slurm_cluster: str | None = None
+    device_type: str | None = None
+    scenario: Literal["auto"] | Scenario = "auto"
+    dispatch: Literal["needed", "all"] = "needed"
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None
+    container_image: str | None = None
+    perf_config_yaml: str | None = None
+    perf_config_dir: str | None = None
+    config_path: str | None = None
+    work_dir: str | None = None
+    monitor_timeout_seconds: int = 3600
+    persistent: bool = True
+    release_allocation: bool = False
+    plan: bool = False
+    plan_json: str | None = None
+    keep_order: bool = False
+    max_retries: int = 1
+    unsatisfied: Literal["skip", "fail"] = "skip"
+    hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])

@@ -1,0 +1,343 @@
+"""The controller's run loop: submit every batch, run local tests meanwhile,
+replay what the jobs report, and give every dispatched test one outcome.
+
+pytest face: it knows items and hooks; it reaches execution only through
+JobSpecs and the Executor protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from .batching import Batch, BatchKey, make_batches
+from .config import Settings
+from .execution.base import Executor, JobHandle
+from .execution.monitor import JobEvent, Monitor, log_tail
+from .execution.outcome import JobState, JobStatus
+from .jobspec import JobSpec
+from .models import Scenario
+from .reporting import JobContext, Replayer
+
+# statuses after which the tests that had not started yet run again in a new job
+RETRYABLE = {
+    JobStatus.CRASHED,
+    JobStatus.OUT_OF_MEMORY,
+    JobStatus.HANG_DETECTED,
+    JobStatus.NODE_FAIL,
+    JobStatus.PREEMPTED,
+}
+
+
+@dataclass
+class ItemPlan:
+    """Where one item goes (planning's answer, read by the loop)."""
+
+    item: pytest.Item
+    key: BatchKey | None  # None: runs here
+    skip_reason: str | None = None  # set when nothing can serve it
+
+
+@dataclass
+class RunningBatch:
+    batch: Batch
+    spec: JobSpec
+    handle: JobHandle
+    executor: Executor
+    attempt: int = 0
+    collect_errors: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)  # nodeid -> worker rootdir
+    session_finished: bool = False
+
+    @property
+    def context(self) -> JobContext:
+        return JobContext(
+            job_id=self.handle.job_id,
+            scenario=self.spec.scenario.value,
+            work_dir=self.spec.work_dir,
+            log_path=self.spec.log_path,
+            nodelist=self.handle.nodelist,
+            rerun={n: self.executor.rerun_command(self.spec, n) for n in self.batch.nodeids},
+        )
+
+
+class DispatchLoop:
+    """Runs one session's planned items: local ones here, the rest as jobs."""
+
+    def __init__(
+        self,
+        session: pytest.Session,
+        settings: Settings,
+        plans: list[ItemPlan],
+        executors: dict[Scenario, Executor],
+        work_root: Path,
+    ) -> None:
+        self.session = session
+        self.config = session.config
+        self.settings = settings
+        self.plans = plans
+        self.executors = executors
+        self.work_root = work_root
+        self.stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
+        self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
+        self.monitor = Monitor(settings.hang_patterns)
+        self.running: dict[str, RunningBatch] = {}
+        self._seq = 0
+
+    # -- the loop ----------------------------------------------------------
+    def run(self) -> None:
+        dispatched = [(p.item.nodeid, p.key) for p in self.plans if p.key is not None]
+        try:
+            for batch in make_batches(dispatched):
+                self._submit(batch, attempt=0)
+            local = [p for p in self.plans if p.key is None]
+            if self.settings.keep_order:
+                self._run_in_order(local)
+            else:
+                self._run_local(local)
+            while self.monitor.active:
+                self._check_stop()
+                if not self._pump():
+                    time.sleep(self.monitor.poll_interval)
+            self._check_stop()
+        finally:
+            if self.monitor.active:
+                self.monitor.cancel_all()
+
+    def _run_local(self, plans: list[ItemPlan]) -> None:
+        runnable = [p for p in plans if p.skip_reason is None]
+        for plan in plans:
+            if plan.skip_reason is not None:
+                self._unsatisfied(plan)
+        for index, plan in enumerate(runnable):
+            nextitem = runnable[index + 1].item if index + 1 < len(runnable) else None
+            self.config.hook.pytest_runtest_protocol(item=plan.item, nextitem=nextitem)
+            self._check_stop()
+            self._pump()
+
+    def _run_in_order(self, plans: list[ItemPlan]) -> None:
+        """--trtllm-keep-order: local tests wait for the dispatched ones collected before them."""
+        order = {p.item.nodeid: i for i, p in enumerate(self.plans)}
+        for plan in plans:
+            before = [
+                n for n in self.replayer.progress if order[n] < order[plan.item.nodeid]
+            ]
+            while any(not self.replayer.is_finished(n) for n in before) and self.monitor.active:
+                self._check_stop()
+                if not self._pump():
+                    time.sleep(self.monitor.poll_interval)
+            self._run_local([plan])
+
+    def _check_stop(self) -> None:
+        if self.session.shouldfail or self.session.shouldstop:
+            self.monitor.cancel_all()
+            if self.session.shouldfail:
+                raise self.session.Failed(self.session.shouldfail)
+            raise self.session.Interrupted(self.session.shouldstop)
+
+    def _pump(self) -> bool:
+        """Replay whatever the jobs wrote since the last call; True if anything happened."""
+        events = list(self.monitor.poll())
+        for event in events:
+            self._on_event(event)
+        return bool(events)
+
+    # -- submission --------------------------------------------------------
+    def _submit(self, batch: Batch, attempt: int) -> None:
+        executor = self.executors[batch.key.scenario]
+        spec = self._spec_for(batch, attempt)
+        handle = executor.submit(spec)
+        running = RunningBatch(batch, spec, handle, executor, attempt)
+        self.running[handle.job_id] = running
+        self.monitor.add(handle, executor)
+
+    def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
+        self._seq += 1
+        key = batch.key
+        name = f"{batch.label}" + (f"-retry{attempt}" if attempt else "")
+        work_dir = self.work_root / f"{name}_{self.stamp}_{self._seq}"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        ids_file = work_dir / "nodeids.json"
+        ids_file.write_text(json.dumps(batch.nodeids), encoding="utf-8")
+        reports = work_dir / "reports.jsonl"
+        spec = JobSpec(
+            scenario=key.scenario,
+            name=name,
+            job_name=f"{key.account or 'trtllm'}.{name}",
+            nodeids=batch.nodeids,
+            nodeids_file=str(ids_file),
+            command=worker_command(self.config, batch.nodeids, ids_file, reports, work_dir),
+            rootdir=str(self.config.rootpath),
+            invocation_dir=str(self.config.rootpath),
+            node_count=key.node_count,
+            total_devices=key.total_devices,
+            devices_per_node=key.devices_per_node,
+            device_type=key.device_type,
+            launch=key.launch,
+            cluster=key.cluster,
+            account=key.account,
+            partition=key.partition,
+            time_limit=key.time_limit or self.settings.time_limit,
+            container_image=key.container_image,
+            mounts=list(key.mounts),
+            env=dict(key.env),
+            work_dir=str(work_dir),
+            log_path=str(work_dir / "job.log"),
+            reports_path=str(reports),
+            monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
+            hang_patterns=self.settings.hang_patterns,
+        )
+        spec.write()
+        return spec
+
+    # -- events ------------------------------------------------------------
+    def _on_event(self, event: JobEvent) -> None:
+        running = self.running[event.job.handle.job_id]
+        ctx = running.context
+        for record in event.records:
+            kind = record.get("type")
+            if kind == "missing":
+                for nodeid in record.get("nodeids", []):
+                    running.missing[nodeid] = record.get("rootdir", "?")
+            elif kind == "collect_error":
+                running.collect_errors.append(_collect_error_text(record))
+            elif kind == "session_finish":
+                running.session_finished = True
+            else:
+                self.replayer.handle(record, ctx)
+        if event.final is not None:
+            self._on_job_end(running, event.final)
+
+    def _on_job_end(self, running: RunningBatch, state: JobState) -> None:
+        del self.running[running.handle.job_id]
+        ctx = running.context
+        for nodeid, worker_root in running.missing.items():
+            self.replayer.fail_unreported(
+                nodeid,
+                JobStatus.ERROR.value,
+                f"the target could not collect {nodeid} (the code differs?): "
+                f"controller rootdir {self.config.rootpath}, target rootdir {worker_root}"
+                + "".join(f"\n{e}" for e in running.collect_errors),
+                ctx,
+            )
+        unfinished = [n for n in running.batch.nodeids if not self.replayer.is_finished(n)]
+        if not unfinished:
+            return
+        status = self._status_of(running, state)
+        tail = log_tail(running.executor, running.spec.log_path)
+        crashed_in = self.replayer.running_test(unfinished)
+        if crashed_in is not None:
+            self.replayer.fail_unreported(
+                crashed_in, status.value, self._explain(running, state, status, tail), ctx
+            )
+        rest = [n for n in unfinished if n != crashed_in]
+        if not rest:
+            return
+        if status in RETRYABLE and running.attempt < self.settings.max_retries:
+            retry = Batch(key=running.batch.key, index=running.batch.index, nodeids=rest)
+            self._submit(retry, running.attempt + 1)
+            return
+        text = self._explain(running, state, status, tail)
+        for nodeid in rest:
+            self.replayer.fail_unreported(nodeid, status.value, text, ctx)
+
+    @staticmethod
+    def _status_of(running: RunningBatch, state: JobState) -> JobStatus:
+        """Why the job left tests unreported: the monitor's verdict, else the scheduler's."""
+        if state.status in (JobStatus.COMPLETED, JobStatus.FAILED) and not running.session_finished:
+            return JobStatus.CRASHED
+        if state.status is JobStatus.COMPLETED:
+            return JobStatus.ERROR
+        return state.status
+
+    def _explain(self, running: RunningBatch, state: JobState, status: JobStatus, tail: str) -> str:
+        lines = [
+            f"{status.value}: job {running.handle.job_id} ({running.spec.scenario.value}) ended "
+            f"with state {state.status.value}"
+            + (f", exit code {state.exit_code}" if state.exit_code is not None else "")
+            + (f" ({state.reason})" if state.reason else ""),
+            f"log: {running.spec.log_path}",
+            f"work dir: {running.spec.work_dir}",
+        ]
+        lines += running.collect_errors
+        lines += ["--- last lines of the job log ---", tail]
+        return "\n".join(lines)
+
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel this run's jobs (allocations stay)."""
+        self.monitor.cancel_all()
+
+    def _unsatisfied(self, plan: ItemPlan) -> None:
+        reason = plan.skip_reason or "no target can serve this test"
+        self.replayer.track(plan.item)
+        self.replayer.skip_unsatisfied(plan.item, reason, fail=self.settings.unsatisfied == "fail")
+
+
+def _collect_error_text(record: dict) -> str:
+    data = record.get("data", {})
+    longrepr = data.get("longrepr")
+    text = longrepr if isinstance(longrepr, str) else json.dumps(longrepr)[:2000]
+    return f"collection error on the target in {data.get('nodeid', '?')}: {text}"
+
+
+# options that change what a test does or how its report reads, passed to the worker
+_PASSTHROUGH_VALUES = {
+    "tbstyle": "--tb",
+    "importmode": "--import-mode",
+    "log_level": "--log-level",
+    "log_format": "--log-format",
+    "log_date_format": "--log-date-format",
+    "assertmode": "--assert",
+}
+_PASSTHROUGH_FLAGS = {
+    "showlocals": "--showlocals",
+    "fulltrace": "--full-trace",
+    "runxfail": "--runxfail",
+    "strict_markers": "--strict-markers",
+}
+
+
+def worker_command(
+    config: pytest.Config, nodeids: list[str], ids_file: Path, reports: Path, work_dir: Path
+) -> list[str]:
+    """argv of the worker pytest: same rootdir and ini, node ids in a file, user options that
+    matter remotely. Never a shell string."""
+    opt = config.option
+    argv = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.worker"]
+    argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
+    argv += ["--rootdir", str(config.rootpath)]
+    if config.inipath is not None:
+        argv += ["-c", str(config.inipath)]
+    argv += ["-o", f"cache_dir={work_dir / '.pytest_cache'}"]
+    argv += ["--junitxml", str(work_dir / "junit.xml"), "--continue-on-collection-errors"]
+    argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
+    if opt.verbose > 0:
+        argv.append("-" + "v" * opt.verbose)
+    elif opt.verbose < 0:
+        argv.append("-" + "q" * -opt.verbose)
+    for dest, flag in _PASSTHROUGH_VALUES.items():
+        value = getattr(opt, dest, None)
+        if value not in (None, "", "auto"):
+            argv.append(f"{flag}={value}")
+    for dest, flag in _PASSTHROUGH_FLAGS.items():
+        if getattr(opt, dest, False):
+            argv.append(flag)
+    for override in getattr(opt, "override_ini", None) or []:
+        argv += ["-o", override]
+    for warning in getattr(opt, "pythonwarnings", None) or []:
+        argv += ["-W", warning]
+    for plugin in getattr(opt, "plugins", None) or []:
+        argv += ["-p", plugin]
+    argv += sorted({_module_path(config, n) for n in nodeids})
+    return argv
+
+
+def _module_path(config: pytest.Config, nodeid: str) -> str:
+    """The file part of a node id, which is relative to the rootdir (the worker's cwd)."""
+    return nodeid.split("::", 1)[0]

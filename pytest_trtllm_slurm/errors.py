@@ -1,0 +1,15 @@
+"""Errors the user can act on.
+
+A ConfigError becomes a pytest usage error (exit code 4) at the pytest face and
+a non-zero exit with the message at the CLI: never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """Bad user input: names the input, what was found, what is expected."""
+
+
+class ExecutionError(Exception):
+    """A job could not be submitted or watched (scheduler, shell, engine)."""

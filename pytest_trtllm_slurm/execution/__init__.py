@@ -1,0 +1,1 @@
+"""Execution layer: knows Slurm, containers and SSH; never imports pytest."""

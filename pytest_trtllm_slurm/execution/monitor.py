@@ -1,0 +1,142 @@
+"""One loop that watches every active job: state, new report lines, hang, timeout.
+
+Per poll: one state query per executor for all its jobs, then an incremental
+read (by offset) of each job's reports.jsonl and log. Nothing is read whole.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Executor, JobHandle
+from .outcome import JobState, JobStatus
+
+LOG_OVERLAP = 256  # bytes kept from the previous log chunk so a pattern split across reads is seen
+
+
+@dataclass
+class WatchedJob:
+    handle: JobHandle
+    executor: Executor
+    reports_offset: int = 0
+    partial: bytes = b""
+    log_offset: int = 0
+    log_tail: bytes = b""
+    started: float | None = None
+    forced_status: JobStatus | None = None
+    forced_reason: str | None = None
+    state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
+
+
+@dataclass
+class JobEvent:
+    job: WatchedJob
+    records: list[dict[str, Any]] = field(default_factory=list)
+    final: JobState | None = None  # set once, when the job has ended
+
+
+class Monitor:
+    """Watches jobs until each has ended; yields records and final states."""
+
+    def __init__(self, hang_patterns: list[str], poll_interval: float = 0.2) -> None:
+        self.hang_patterns = [p.lower().encode() for p in hang_patterns if p]
+        self.poll_interval = poll_interval
+        self.jobs: dict[str, WatchedJob] = {}
+
+    def add(self, handle: JobHandle, executor: Executor) -> WatchedJob:
+        job = WatchedJob(handle=handle, executor=executor)
+        self.jobs[handle.job_id] = job
+        return job
+
+    @property
+    def active(self) -> bool:
+        return bool(self.jobs)
+
+    def poll(self) -> Iterator[JobEvent]:
+        """One round over all active jobs."""
+        by_executor: dict[int, list[WatchedJob]] = {}
+        for job in self.jobs.values():
+            by_executor.setdefault(id(job.executor), []).append(job)
+        for jobs in by_executor.values():
+            states = jobs[0].executor.poll([j.handle for j in jobs])
+            for job in jobs:
+                job.state = states.get(job.handle.job_id, job.state)
+                if job.state.nodelist:
+                    job.handle.nodelist = job.state.nodelist
+                yield from self._check(job)
+
+    def _check(self, job: WatchedJob) -> Iterator[JobEvent]:
+        now = time.monotonic()
+        if job.state.status is JobStatus.RUNNING and job.started is None:
+            job.started = now
+        records = self._read_records(job)
+        if not job.state.status.finished and job.forced_status is None:
+            if self._hang_seen(job):
+                self._stop(job, JobStatus.HANG_DETECTED, "hang pattern found in the job log")
+            elif job.started is not None and now - job.started > job.handle.spec.monitor_timeout_seconds:
+                limit = job.handle.spec.monitor_timeout_seconds
+                self._stop(job, JobStatus.TIMEOUT, f"ran longer than the monitor timeout ({limit} s)")
+        if job.state.status.finished:
+            records += self._read_records(job)  # whatever landed between the two reads
+            del self.jobs[job.handle.job_id]
+            final = job.state
+            if job.forced_status is not None:
+                final = JobState(
+                    status=job.forced_status,
+                    exit_code=job.state.exit_code,
+                    nodelist=job.state.nodelist,
+                    reason=job.forced_reason,
+                )
+            yield JobEvent(job, records, final)
+        elif records:
+            yield JobEvent(job, records)
+
+    def _stop(self, job: WatchedJob, status: JobStatus, reason: str) -> None:
+        job.forced_status, job.forced_reason = status, reason
+        job.executor.cancel(job.handle)
+        job.state = job.executor.poll([job.handle]).get(job.handle.job_id, job.state)
+
+    def _read_records(self, job: WatchedJob) -> list[dict[str, Any]]:
+        shell = job.executor.shell
+        chunk = shell.read_from(job.handle.spec.reports_path, job.reports_offset)
+        if not chunk:
+            return []
+        job.reports_offset += len(chunk)
+        data = job.partial + chunk
+        lines = data.split(b"\n")
+        job.partial = lines.pop()  # an unterminated last line waits for the next read
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # a torn line (the writer died mid-write) is skipped, not fatal
+        return records
+
+    def _hang_seen(self, job: WatchedJob) -> bool:
+        if not self.hang_patterns:
+            return False
+        chunk = job.executor.shell.read_from(job.handle.spec.log_path, job.log_offset)
+        if not chunk:
+            return False
+        job.log_offset += len(chunk)
+        window = (job.log_tail + chunk).lower()
+        job.log_tail = window[-LOG_OVERLAP:]
+        return any(p in window for p in self.hang_patterns)
+
+    def cancel_all(self) -> None:
+        for job in list(self.jobs.values()):
+            job.executor.cancel(job.handle)
+        self.jobs.clear()
+
+
+def log_tail(executor: Executor, path: str, lines: int = 50, max_bytes: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of a log, reading at most ``max_bytes`` from its end."""
+    shell = executor.shell
+    start = max(0, shell.size(path) - max_bytes)
+    data = shell.read_from(path, start, max_bytes)
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])

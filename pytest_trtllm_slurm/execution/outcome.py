@@ -1,0 +1,71 @@
+"""Job end states and what they mean for the tests of a batch."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel
+
+
+class JobStatus(str, Enum):
+    """One vocabulary for every executor (Slurm states map onto it)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CRASHED = "CRASHED"
+    TIMEOUT = "TIMEOUT"
+    HANG_DETECTED = "HANG_DETECTED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    CANCELLED = "CANCELLED"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BUILD_FAILED = "BUILD_FAILED"
+    ERROR = "ERROR"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (JobStatus.PENDING, JobStatus.RUNNING)
+
+
+# Slurm's job states (sacct/squeue) onto ours; anything unknown and final is ERROR.
+SLURM_STATE_MAP: dict[str, JobStatus] = {
+    "PENDING": JobStatus.PENDING,
+    "CONFIGURING": JobStatus.PENDING,
+    "REQUEUED": JobStatus.PENDING,
+    "REQUEUE_HOLD": JobStatus.PENDING,
+    "REQUEUE_FED": JobStatus.PENDING,
+    "RESIZING": JobStatus.RUNNING,
+    "SUSPENDED": JobStatus.RUNNING,
+    "RUNNING": JobStatus.RUNNING,
+    "COMPLETING": JobStatus.RUNNING,
+    "STAGE_OUT": JobStatus.RUNNING,
+    "SIGNALING": JobStatus.RUNNING,
+    "COMPLETED": JobStatus.COMPLETED,
+    "FAILED": JobStatus.FAILED,
+    "BOOT_FAIL": JobStatus.NODE_FAIL,
+    "NODE_FAIL": JobStatus.NODE_FAIL,
+    "TIMEOUT": JobStatus.TIMEOUT,
+    "DEADLINE": JobStatus.TIMEOUT,
+    "OUT_OF_MEMORY": JobStatus.OUT_OF_MEMORY,
+    "CANCELLED": JobStatus.CANCELLED,
+    "PREEMPTED": JobStatus.PREEMPTED,
+    "REVOKED": JobStatus.CANCELLED,
+    "SPECIAL_EXIT": JobStatus.FAILED,
+}
+
+
+def map_slurm_state(state: str) -> JobStatus:
+    """Map a Slurm state such as ``CANCELLED by 0`` or ``OUT_OF_MEMORY`` to a JobStatus."""
+    word = state.strip().split(" ", 1)[0].rstrip("+").upper()
+    return SLURM_STATE_MAP.get(word, JobStatus.ERROR)
+
+
+class JobState(BaseModel):
+    """What an executor knows about one job right now."""
+
+    status: JobStatus
+    exit_code: int | None = None
+    nodelist: str | None = None
+    reason: str | None = None  # pending reason, or why it ended

@@ -1,0 +1,130 @@
+"""Environment check of this machine: GPUs, a working container engine, Slurm, CPU arch.
+
+Routing decides from this (run here, in a container, or on Slurm), so each probe
+has a timeout and leaves a note saying why it came back empty: "no GPU" must be
+distinguishable from "nvidia-smi hung". Caching per run is the caller's job.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+
+from ..models import LocalEnv
+from .shell import LocalShell, Shell
+from .slurm_parse import parse_scontrol_config
+
+# Words that are vendor/brand prefixes, not part of the device type.
+_BRAND_WORDS = {"NVIDIA", "TESLA", "GEFORCE", "QUADRO"}
+# A device type token: letters then digits, optional letter suffix (H200, GB200, L40S, A10G).
+_TYPE_TOKEN = re.compile(r"^[A-Z]{1,3}\d{1,4}[A-Z]?$")
+
+
+def normalize_device_type(name: str | None) -> str | None:
+    """Marketing GPU name -> short device type (``NVIDIA H100 80GB HBM3`` -> ``H100``).
+
+    Idempotent and case-insensitive (``h200``, a Slurm gres type, -> ``H200``) so that
+    names from nvidia-smi, gres.conf, markers and options compare equal.
+    """
+    if not name or not name.strip():
+        return None
+    words = [w for w in re.split(r"[\s_]+", name.strip().upper()) if w]
+    words = [w for w in words if w not in _BRAND_WORDS] or words
+    first = words[0].split("-")[0]  # "A100-SXM4-80GB" -> "A100"
+    if _TYPE_TOKEN.match(first):
+        return first
+    # "RTX 4090", "RTX PRO 6000 Blackwell ...": join words up to the first with a digit.
+    picked: list[str] = []
+    for word in words:
+        picked.append(word.split("-")[0])
+        if any(ch.isdigit() for ch in word):
+            break
+    return "".join(picked)
+
+
+def parse_nvidia_smi(text: str) -> tuple[list[str], list[int]]:
+    """``name, memory.total`` CSV lines (``NVIDIA H200, 143771 MiB``) -> (names, MiB list)."""
+    names: list[str] = []
+    memories: list[int] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, _, mem = line.rpartition(",") if "," in line else (line, "", "")
+        names.append(name.strip())
+        m = re.search(r"(\d+)", mem)
+        if m:
+            memories.append(int(m.group(1)))
+    return names, memories
+
+
+def probe_gpus(shell: Shell, timeout: float, env: LocalEnv) -> None:
+    """Fill GPU count, names, normalized type and smallest memory from nvidia-smi."""
+    res = shell.run(
+        ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+        timeout=timeout,
+    )
+    if res.returncode == 127 and not res.timed_out:
+        env.notes.append("gpu: nvidia-smi not found on PATH; assuming no GPUs")
+        return
+    if not res.ok:
+        env.notes.append(f"gpu: {res.describe()}; assuming no GPUs")
+        return
+    names, memories = parse_nvidia_smi(res.stdout)
+    if not names:
+        env.notes.append("gpu: nvidia-smi listed no GPUs")
+        return
+    types = {normalize_device_type(n) for n in names}
+    env.gpu_count = len(names)
+    env.gpu_names = names
+    env.device_type = normalize_device_type(names[0])
+    env.gpu_memory_mib = min(memories) if memories else None
+    if len(types) > 1:
+        env.notes.append(f"gpu: mixed GPU types {sorted(t or '?' for t in types)}; using the first")
+
+
+def probe_container_engine(shell: Shell, timeout: float, env: LocalEnv) -> None:
+    """First engine whose daemon answers ``info`` (docker, then podman); a CLI alone is not enough."""
+    for engine in ("docker", "podman"):
+        res = shell.run([engine, "info", "--format", "{{json .}}"], timeout=timeout)
+        if res.ok:
+            env.container_engine = engine
+            return
+        if res.returncode == 127 and not res.timed_out:
+            env.notes.append(f"container: {engine} not found on PATH")
+        else:
+            env.notes.append(f"container: {engine} does not answer: {res.describe()}")
+
+
+def probe_slurm(shell: Shell, timeout: float, env: LocalEnv) -> None:
+    """Slurm is available when its controller answers ``scontrol show config`` (ClusterName)."""
+    res = shell.run(["scontrol", "show", "config"], timeout=timeout)
+    if res.returncode == 127 and not res.timed_out:
+        env.notes.append("slurm: scontrol not found on PATH (no Slurm client tools)")
+        return
+    if not res.ok:
+        env.notes.append(f"slurm: client tools present but the controller does not answer: "
+                         f"{res.describe()}")
+        return
+    env.slurm_available = True
+    env.cluster_name = parse_scontrol_config(res.stdout).get("ClusterName") or None
+    if env.cluster_name is None:
+        env.notes.append("slurm: scontrol show config has no ClusterName")
+
+
+def probe_local_env(shell: Shell | None = None, timeout: float = 10) -> LocalEnv:
+    """Everything routing needs to know about this machine, each probe bounded by ``timeout``."""
+    shell = shell or LocalShell()
+    env = LocalEnv(arch=_canonical_machine(platform.machine()))
+    probe_gpus(shell, timeout, env)
+    probe_container_engine(shell, timeout, env)
+    probe_slurm(shell, timeout, env)
+    return env
+
+
+def _canonical_machine(machine: str) -> str:
+    low = machine.lower()
+    if low in ("arm64", "aarch64"):
+        return "aarch64"
+    if low in ("amd64", "x86_64", "x64"):
+        return "x86_64"
+    return low or "x86_64"

@@ -1,0 +1,126 @@
+"""The job manifests: SlurmEnv (what discovery found) and JobSpec (one batch).
+
+A JobSpec is the single source of truth for an executor: it is written to
+``<work_dir>/job_spec.json`` and a job can be re-run from that file alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .models import Launch, Scenario
+
+
+class PartitionInfo(BaseModel):
+    """One Slurm partition as discovery saw it."""
+
+    name: str
+    state: str | None = None
+    time_limit: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+    arch: str | None = None
+    gres: str | None = None
+    gpu_type: str | None = None
+    gpus_per_node: int = 0
+    requires_gres: bool = False
+    default: bool = False
+
+
+class PmixInfo(BaseModel):
+    available: list[str] = Field(default_factory=list)
+    preferred: str | None = None
+
+
+class SlurmEnv(BaseModel):
+    """What detect_slurm_env.sh reports, as a model."""
+
+    cluster_name: str | None = None
+    user: str | None = None
+    default_account: str | None = None
+    accounts: list[str] = Field(default_factory=list)
+    default_partition: str | None = None
+    partitions: list[PartitionInfo] = Field(default_factory=list)
+    pmix: PmixInfo = Field(default_factory=PmixInfo)
+    slurm_version: str | None = None
+    errors: list[str] = Field(default_factory=list)
+
+    def partition(self, name: str) -> PartitionInfo | None:
+        return next((p for p in self.partitions if p.name == name), None)
+
+
+class JobSpec(BaseModel):
+    """One batch of tests (or one case) to run somewhere."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: Scenario
+    workflow: str = "pytest"
+    name: str
+    job_name: str
+    nodeids: list[str] = Field(default_factory=list)
+    nodeids_file: str | None = None
+    command: list[str] = Field(default_factory=list)
+    rootdir: str
+    invocation_dir: str | None = None
+    node_count: int = 1
+    total_devices: int = 0
+    devices_per_node: int = 0
+    device_type: str | None = None
+    launch: Launch = Launch.SINGLE
+    cluster: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    time_limit: str | None = None
+    container_image: str | None = None
+    mounts: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    work_dir: str
+    log_path: str
+    reports_path: str
+    remote_work_dir: str | None = None
+    monitor_timeout_seconds: int = 3600
+    success_patterns: list[str] = Field(default_factory=list)
+    failure_patterns: list[str] = Field(default_factory=list)
+    hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])
+    build_arch: str | None = None
+    slurm_env: SlurmEnv | None = None
+
+    def masked(self) -> JobSpec:
+        """A copy safe to write: env values that look secret are masked."""
+        secret_words = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "OTP", "KEY", "CREDENTIAL")
+        env = {
+            k: ("***" if any(w in k.upper() for w in secret_words) else v)
+            for k, v in self.env.items()
+        }
+        return self.model_copy(update={"env": env})
+
+    def write(self, path: Path | None = None) -> Path:
+        """Write job_spec.json atomically, mode 0600, secrets masked."""
+        target = path or Path(self.work_dir) / "job_spec.json"
+        write_private_atomic(target, self.masked().model_dump_json(indent=2) + "\n")
+        return target
+
+    @classmethod
+    def read(cls, path: Path) -> JobSpec:
+        return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
+
+
+def write_private_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via temp file + rename, mode 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,115 @@
+"""The pytest face: options, markers, planning and dispatch hooks (thin).
+
+With --trtllm-remote off (the default) this module only registers options and
+markers; no probe, no file, no thread: installing the plugin changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from . import options
+from .errors import ConfigError
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.register(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    options.register_markers(config)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    """True inside a dispatched batch: a worker never dispatches again."""
+    return bool(config.getoption("trtllm_worker_reports", default=None))
+
+
+def dispatch_enabled(config: pytest.Config) -> bool:
+    if _is_worker(config) or config.pluginmanager.hasplugin("dsession"):
+        return False
+    return options.resolve_settings(config).remote
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    config = session.config
+    if hasattr(config, "workerinput") or not dispatch_enabled(config):
+        return None  # xdist workers dispatch item by item in pytest_runtest_protocol
+    if session.testsfailed and not config.option.continue_on_collection_errors:
+        raise session.Interrupted(
+            f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} during collection"
+        )
+    if config.option.collectonly:
+        return True
+    _run(session, session.items)
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Under pytest-xdist each worker dispatches its own items, one batch per item."""
+    config = item.config
+    if not hasattr(config, "workerinput") or not dispatch_enabled(config):
+        return None
+    from .planning import plan_items
+
+    planned = plan_items([item], _planning_context(config))
+    if planned[0].plan.key is None and planned[0].plan.skip_reason is None:
+        return None  # runs right here, as usual
+    _run(item.session, [item], planned)
+    return True
+
+
+def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None = None) -> None:
+    from .dispatch import DispatchLoop
+    from .planning import plan_items
+
+    config = session.config
+    settings = options.resolve_settings(config)
+    try:
+        ctx = _planning_context(config)
+        planned = planned if planned is not None else plan_items(items, ctx)
+        executors = _executors(ctx)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
+    loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root)
+    try:
+        loop.run()
+    except KeyboardInterrupt:
+        loop.interrupt()
+        raise
+
+
+_CONTEXT_KEY = pytest.StashKey[object]()
+
+
+def _planning_context(config: pytest.Config):  # type: ignore[no-untyped-def]
+    """Probe this machine and load the clusters file once per run."""
+    from .config import load_clusters_file
+    from .execution.probe import probe_local_env
+    from .planning import PlanningContext
+
+    cached = config.stash.get(_CONTEXT_KEY, None)
+    if cached is not None:
+        return cached
+    settings = options.resolve_settings(config)
+    try:
+        clusters = load_clusters_file(
+            Path(settings.config_path) if settings.config_path else None, config.rootpath
+        )
+        ctx = PlanningContext(settings=settings, local=probe_local_env(), clusters=clusters)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_CONTEXT_KEY] = ctx
+    return ctx
+
+
+def _executors(ctx):  # type: ignore[no-untyped-def]
+    from .execution.direct import DirectExecutor
+    from .models import Scenario
+
+    return {Scenario.LOCAL_DIRECT: DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))}

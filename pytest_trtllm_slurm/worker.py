@@ -1,0 +1,114 @@
+"""The plugin loaded on the target (``-p pytest_trtllm_slurm.worker``).
+
+It narrows the session to the node ids the controller sent (in a file, never
+on a command line) and appends every event to ``reports.jsonl``: one JSON
+object per line, written with a single ``write`` and fsynced, so the controller
+can read it incrementally while the batch runs and a torn last line is the
+only damage a crash can do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+WORKER_ENV = "TRTLLM_SLURM_WORKER"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("trtllm-slurm-worker")
+    group.addoption("--trtllm-worker-reports", default=None, help="(internal) reports.jsonl path")
+    group.addoption("--trtllm-worker-nodeids", default=None, help="(internal) node ids file")
+
+
+class ReportWriter:
+    """Appends events to reports.jsonl, one line per event."""
+
+    def __init__(self, config: pytest.Config, path: Path) -> None:
+        self.config = config
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # only rank 0 writes when several ranks run the same batch (launch=mpi)
+        rank = os.environ.get("SLURM_PROCID") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+        self.enabled = rank == "0"
+        self.wanted: list[str] = []
+
+    def emit(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        line = (json.dumps(record, default=repr) + "\n").encode()
+        os.write(self._fd, line)
+        os.fsync(self._fd)
+
+    # -- selection -------------------------------------------------------
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if not self.wanted:
+            return
+        by_id = {item.nodeid: item for item in items}
+        selected = [by_id[n] for n in self.wanted if n in by_id]
+        missing = [n for n in self.wanted if n not in by_id]
+        if missing:
+            self.emit({"type": "missing", "nodeids": missing, "rootdir": str(config.rootpath)})
+        deselected = [item for item in items if item.nodeid not in set(self.wanted)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+    # -- events ----------------------------------------------------------
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+            self.emit({"type": "collect_error", "data": data})
+
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.emit({"type": "start", "nodeid": nodeid, "location": list(location)})
+        # a marker line in the job log: progress and hang patterns are read from there
+        print(f"\n[trtllm-slurm] START {nodeid}", file=sys.__stdout__, flush=True)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.emit({"type": "report", "data": data})
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.emit({"type": "finish", "nodeid": nodeid})
+
+    def pytest_warning_recorded(
+        self, warning_message: Any, when: str, nodeid: str, location: Any
+    ) -> None:
+        category = warning_message.category
+        self.emit(
+            {
+                "type": "warning",
+                "when": when,
+                "nodeid": nodeid,
+                "message": str(warning_message.message),
+                "category": f"{category.__module__}.{category.__qualname__}",
+                "filename": warning_message.filename,
+                "lineno": warning_message.lineno,
+            }
+        )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.emit({"type": "session_finish", "exitstatus": int(exitstatus)})
+        os.close(self._fd)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    reports = config.getoption("trtllm_worker_reports")
+    if not reports:
+        return
+    os.environ[WORKER_ENV] = "1"
+    writer = ReportWriter(config, Path(reports))
+    ids_file = config.getoption("trtllm_worker_nodeids")
+    if ids_file:
+        writer.wanted = list(json.loads(Path(ids_file).read_text("utf-8")))
+    config.pluginmanager.register(writer, "trtllm-slurm-report-writer")

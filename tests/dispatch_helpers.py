@@ -1,0 +1,75 @@
+"""Run a sample suite plainly and through the plugin, and read what each run reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data"
+
+
+def copy_suite(name: str, dest: Path, replacements: dict[str, str] | None = None) -> Path:
+    target = dest / name
+    shutil.copytree(DATA / name, target)
+    for path in target.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        for old, new in (replacements or {}).items():
+            text = text.replace(old, new)
+        path.write_text(text, encoding="utf-8")
+    return target
+
+
+@dataclass
+class SuiteRun:
+    returncode: int
+    stdout: str
+    reports: list[dict]
+    junit: Path
+
+    def outcomes(self) -> dict[str, list[tuple[str, str]]]:
+        """nodeid -> [(when, outcome), ...] in report order."""
+        result: dict[str, list[tuple[str, str]]] = {}
+        for rep in self.reports:
+            result.setdefault(rep["nodeid"], []).append((rep["when"], rep["outcome"]))
+        return result
+
+
+def run_suite(suite: Path, *args: str, env: dict[str, str] | None = None, tag: str = "run",
+              timeout: float = 300) -> SuiteRun:
+    dump = suite / f"{tag}.reports.jsonl"
+    junit = suite / f"{tag}.junit.xml"
+    full_env = {**os.environ, "REPORT_DUMP": str(dump), **(env or {})}
+    full_env.pop("PYTEST_ADDOPTS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", f"--junitxml={junit}", *args],
+        cwd=suite,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    reports = []
+    if dump.exists():
+        reports = [json.loads(line) for line in dump.read_text(encoding="utf-8").splitlines()]
+    return SuiteRun(proc.returncode, proc.stdout + proc.stderr, reports, junit)
+
+
+def junit_cases(path: Path) -> list[dict]:
+    """Testcases of a junit XML without times and host names."""
+    root = ET.parse(path).getroot()
+    cases = []
+    for case in root.iter("testcase"):
+        children = []
+        for child in case:
+            attrs = {k: v for k, v in child.attrib.items() if k not in ("time",)}
+            children.append((child.tag, attrs, (child.text or "").strip()))
+        attrs = {k: v for k, v in case.attrib.items() if k != "time"}
+        cases.append({"attrs": attrs, "children": children})
+    return sorted(cases, key=lambda c: (c["attrs"].get("classname", ""), c["attrs"].get("name", "")))

@@ -1,0 +1,78 @@
+"""Dispatched runs must read exactly like plain runs (report by report, and in junit XML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dispatch_helpers import copy_suite, junit_cases, run_suite
+
+DISPATCH = ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_direct"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp("fidelity")
+    marker = base / "injected"
+    suite = copy_suite("fidelity_suite", base, {"MARKER_PATH": str(marker)})
+    plain = run_suite(suite, "-p", "no:cacheprovider", tag="plain")
+    dispatched = run_suite(suite, "-p", "no:cacheprovider", *DISPATCH, tag="dispatched")
+    return plain, dispatched, marker
+
+
+def test_same_exit_code_and_summary(runs) -> None:
+    plain, dispatched, _ = runs
+    assert plain.returncode == 1, plain.stdout
+    assert dispatched.returncode == plain.returncode, dispatched.stdout
+    plain_summary = plain.stdout.strip().splitlines()[-1].split(" in ")[0]
+    dispatched_summary = dispatched.stdout.strip().splitlines()[-1].split(" in ")[0]
+    assert dispatched_summary == plain_summary
+
+
+def test_every_report_matches(runs) -> None:
+    plain, dispatched, _ = runs
+    assert len(plain.reports) > 40
+    key = lambda r: (r["nodeid"], r["when"])  # noqa: E731
+    plain_by = {key(r): r for r in plain.reports}
+    dispatched_by = {key(r): r for r in dispatched.reports}
+    assert sorted(dispatched_by) == sorted(plain_by)
+    assert len(dispatched.reports) == len(plain.reports), "a phase was reported twice"
+    for k, expected in plain_by.items():
+        got = dispatched_by[k]
+        for field in ("outcome", "longrepr", "sections", "wasxfail", "location", "keywords"):
+            assert got[field] == expected[field], (k, field)
+
+
+def test_dispatched_reports_carry_the_job_section(runs) -> None:
+    _, dispatched, _ = runs
+    assert "trtllm-slurm" in dispatched.stdout
+    assert "re-run:" in dispatched.stdout and "-m pytest" in dispatched.stdout
+    assert "scenario: local_direct" in dispatched.stdout
+
+
+def test_junit_testcases_match(runs) -> None:
+    plain, dispatched, _ = runs
+    assert junit_cases(dispatched.junit) == junit_cases(plain.junit)
+
+
+def test_chained_exceptions_survive(runs) -> None:
+    _, dispatched, _ = runs
+    assert "The above exception was the direct cause of the following exception" in dispatched.stdout
+    assert "During handling of the above exception, another exception occurred" in dispatched.stdout
+
+
+def test_hostile_ids_reach_no_shell(runs) -> None:
+    plain, dispatched, marker = runs
+    ids = [r["nodeid"] for r in dispatched.reports if "test_weird_ids" in r["nodeid"]]
+    assert any("$(touch" in i for i in ids)
+    assert not marker.exists(), "a node id was evaluated by a shell"
+
+
+def test_work_dir_has_spec_and_reports(runs) -> None:
+    plain, _, _ = runs
+    suite = plain.junit.parent
+    specs = list((suite / "work_dirs").glob("*/job_spec.json"))
+    assert specs, "no job_spec.json written"
+    assert all(oct(s.stat().st_mode & 0o777) == "0o600" for s in specs)
+    assert all((s.parent / "reports.jsonl").stat().st_size > 0 for s in specs)
