@@ -26,8 +26,10 @@ from .models import Scenario
 from .reporting import JobContext, Replayer
 
 # statuses after which the tests that had not started yet run again in a new job
+# (the test that was running when it happened takes the status; the others did nothing wrong)
 RETRYABLE = {
     JobStatus.CRASHED,
+    JobStatus.TIMEOUT,
     JobStatus.OUT_OF_MEMORY,
     JobStatus.HANG_DETECTED,
     JobStatus.NODE_FAIL,
@@ -314,7 +316,9 @@ def worker_command(
     argv += ["--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         argv += ["-c", str(config.inipath)]
-    argv += ["-o", f"cache_dir={work_dir / '.pytest_cache'}"]
+    if config.pluginmanager.has_plugin("cacheprovider"):
+        # the worker must not write the controller's cache (--lf is the controller's)
+        argv += ["-o", f"cache_dir={work_dir / '.pytest_cache'}"]
     argv += ["--junitxml", str(work_dir / "junit.xml"), "--continue-on-collection-errors"]
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
     if opt.verbose > 0:

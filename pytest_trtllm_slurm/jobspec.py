@@ -76,6 +76,7 @@ class JobSpec(BaseModel):
     account: str | None = None
     partition: str | None = None
     time_limit: str | None = None
+    mem_mb: int | None = None  # memory per node (Slurm --mem); None: the scheduler's default
     container_image: str | None = None
     mounts: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)

@@ -84,7 +84,8 @@ class Replayer:
             self._report(record["data"], ctx)
         elif kind == "finish":
             self._finish(record["nodeid"])
-        elif kind == "warning":
+        elif kind == "warning" and record.get("when") == "runtest":
+            # config/collect warnings were already seen by the local collection
             self._warning(record)
 
     def _start(self, nodeid: str, ctx: JobContext) -> None:
@@ -96,6 +97,9 @@ class Replayer:
         item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=item.location)
 
     def _report(self, data: dict[str, Any], ctx: JobContext) -> None:
+        if isinstance(data.get("longrepr"), list):
+            # a skip's (path, lineno, reason) tuple came back from JSON as a list
+            data = {**data, "longrepr": tuple(data["longrepr"])}
         report = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
         if report is None or not isinstance(report, pytest.TestReport):
             return

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from .config import Settings
@@ -29,12 +28,18 @@ from .models import DeviceRequirement, Launch
 # --------------------------------------------------------------------------- time limits
 
 _UNIT_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
-_CLOCK_RE = re.compile(r"(?:(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2}))|(?:(\d+):(\d{1,2})(?::(\d{1,2}))?)")
+_CLOCK_RE = re.compile(
+    r"(?:(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2}))"  # D-HH:MM:SS
+    r"|(?:(\d+):(\d{1,2})(?::(\d{1,2}))?)"  # HH:MM:SS or MM:SS
+)
 TIME_FORMATS = "1h, 30m, 3600s, 1h30m, HH:MM:SS, MM:SS or D-HH:MM:SS"
 
 
 def parse_time_limit(text: str, *, what: str = "time limit") -> int:
-    """Seconds in ``text``. A bare number is refused: Slurm reads it as minutes, humans as seconds."""
+    """Seconds in ``text``.
+
+    A bare number is refused: Slurm reads it as minutes, people often mean seconds.
+    """
     raw = str(text).strip().lower()
     unit = _UNIT_RE.fullmatch(raw)
     if raw and unit and any(unit.groups()):
@@ -78,13 +83,16 @@ def _last_invocation(cmd: str, program: str) -> list[str]:
         lexer.whitespace_split = True
         tokens = list(lexer)
     except ValueError as exc:
-        raise ConfigError(f"command {cmd!r}: cannot be split as shell words ({exc})") from None
+        raise ConfigError(f"command {cmd!r}: cannot be split as shell words ({exc}); "
+                          "expected balanced quotes") from None
     start = None
     for index, token in enumerate(tokens):
         if os.path.basename(token) == program:
             start = index
     if start is None:
-        raise ConfigError(f"command {cmd!r}: found no {program} invocation; expected '{program} ...'")
+        raise ConfigError(
+            f"command {cmd!r}: found no {program} invocation; expected '{program} ...'"
+        )
     args: list[str] = []
     for token in tokens[start + 1 :]:
         if token in _SHELL_OPERATORS:
@@ -146,9 +154,9 @@ class TestConfig(BaseModel):
     __test__ = False  # not a test class, even when imported into a test module
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    devices: StrictInt | None = Field(None, ge=0)
-    devices_per_node: StrictInt | None = Field(None, ge=1)
-    nodes: StrictInt | None = Field(None, ge=1)
+    devices: StrictInt | None = Field(default=None, ge=0)
+    devices_per_node: StrictInt | None = Field(default=None, ge=1)
+    nodes: StrictInt | None = Field(default=None, ge=1)
     device_type: str | None = None
     partition: str | None = None
     account: str | None = None
@@ -183,7 +191,7 @@ def _validation_message(exc: ValidationError) -> str:
     )
 
 
-def test_config_from_marker(nodeid: str, mark: MarkLike | None) -> TestConfig:
+def marker_config(nodeid: str, mark: MarkLike | None) -> TestConfig:
     """TestConfig of a ``trtllm_slurm`` mark; one optional positional argument means devices."""
     if mark is None:
         return TestConfig()
@@ -207,16 +215,19 @@ def test_config_from_marker(nodeid: str, mark: MarkLike | None) -> TestConfig:
         ) from None
 
 
-test_config_from_marker.__test__ = False  # type: ignore[attr-defined]
-
 
 def _count_arg(nodeid: str, mark: MarkLike, name: str, unit: str) -> int:
     """The single non-negative integer argument of a ``skip_less_*`` marker."""
     example = {"MiB": 80000}.get(unit, 4)
     expected = f"one non-negative integer ({unit}), e.g. @pytest.mark.{name}({example})"
     if len(mark.args) != 1 or mark.kwargs:
-        found = ", ".join([repr(a) for a in mark.args] + [f"{k}={v!r}" for k, v in mark.kwargs.items()])
-        raise ConfigError(f"{nodeid}: {name}({found}): found {len(mark.args)} arguments; expected {expected}")
+        found = ", ".join(
+            [repr(a) for a in mark.args] + [f"{k}={v!r}" for k, v in mark.kwargs.items()]
+        )
+        raise ConfigError(
+            f"{nodeid}: {name}({found}): found {len(mark.args) + len(mark.kwargs)} arguments; "
+            f"expected {expected}"
+        )
     value = mark.args[0]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{nodeid}: {name}({value!r}): found {value!r}; expected {expected}")
@@ -238,7 +249,7 @@ def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
 def _device_type(
     nodeid: str, cfg: TestConfig, contain: MarkLike | None, settings: Settings
 ) -> str | None:
-    """Marker device_type > the option if a skip_device_not_contain keyword allows it > first keyword."""
+    """Marker device_type > option (if a skip_device_not_contain keyword allows it) > keyword."""
     if cfg.device_type:
         return cfg.device_type
     if contain is None:
@@ -386,6 +397,8 @@ def load_perf_yaml(path: Path) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=256)
 def _load_yaml_cached(path: str, _mtime_ns: int, _size: int) -> dict[str, Any]:
+    import yaml  # only perf-sanity runs pay for it
+
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
@@ -420,7 +433,9 @@ def server_gpus(server: Mapping[str, Any], where: str) -> int:
     return product
 
 
-def perf_requirement(case: PerfCase, data: Mapping[str, Any], path: Path, nodeid: str) -> tuple[int, int]:
+def perf_requirement(
+    case: PerfCase, data: Mapping[str, Any], path: Path, nodeid: str
+) -> tuple[int, int]:
     """(total devices, devices per node) of a perf-sanity case from its parsed YAML."""
     hardware = _table(data, "hardware", f"{nodeid}: {path}")
     if "gpus_per_node" not in hardware:
@@ -506,7 +521,7 @@ def requirement_from_marks(
     perf: PerfSources | Callable[[], PerfSources] | None = None,
 ) -> DeviceRequirement:
     """DeviceRequirement from the closest markers (``get_marker`` = item.get_closest_marker)."""
-    cfg = test_config_from_marker(nodeid, get_marker("trtllm_slurm"))
+    cfg = marker_config(nodeid, get_marker("trtllm_slurm"))
     device_type = _device_type(nodeid, cfg, get_marker("skip_device_not_contain"), settings)
     memory = {
         field: _count_arg(nodeid, mark, name, "MiB") if mark is not None else None
@@ -519,11 +534,13 @@ def requirement_from_marks(
     if cfg.has_devices:
         (total, per_node), source = _marker_counts(nodeid, cfg), "trtllm_slurm"
     elif mpi is not None:
-        total, per_node, source = _count_arg(nodeid, mpi, "skip_less_mpi_world_size", "ranks"), None, "skip_less_mpi_world_size"
+        source = "skip_less_mpi_world_size"
+        total, per_node = _count_arg(nodeid, mpi, source, "ranks"), None
         if device is not None:  # N ranks, each node with at least M devices
             per_node = min(_count_arg(nodeid, device, "skip_less_device", "devices"), total) or None
     elif device is not None:
-        total, source = _count_arg(nodeid, device, "skip_less_device", "devices"), "skip_less_device"
+        source = "skip_less_device"
+        total = _count_arg(nodeid, device, source, "devices")
         per_node = total or None
     elif perf_case is not None:
         sources = (perf() if callable(perf) else perf) or PerfSources()
@@ -554,7 +571,8 @@ def requirement_for_item(
 
 def test_config_for_item(item: Any) -> TestConfig:
     """TestConfig of the item's closest ``trtllm_slurm`` marker (defaults when none)."""
-    return test_config_from_marker(item.nodeid, item.get_closest_marker("trtllm_slurm"))
+    return marker_config(item.nodeid, item.get_closest_marker("trtllm_slurm"))
 
 
-test_config_for_item.__test__ = False  # type: ignore[attr-defined]
+test_config_for_item.__test__ = False  # type: ignore[attr-defined]  # not a test when imported
+

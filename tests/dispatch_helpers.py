@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,10 +45,12 @@ def run_suite(suite: Path, *args: str, env: dict[str, str] | None = None, tag: s
               timeout: float = 300) -> SuiteRun:
     dump = suite / f"{tag}.reports.jsonl"
     junit = suite / f"{tag}.junit.xml"
-    full_env = {**os.environ, "REPORT_DUMP": str(dump), **(env or {})}
+    pythonpath = os.pathsep.join(filter(None, [str(DATA), os.environ.get("PYTHONPATH")]))
+    full_env = {**os.environ, "REPORT_DUMP": str(dump), "PYTHONPATH": pythonpath, **(env or {})}
     full_env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-rA", f"--junitxml={junit}", *args],
+        [sys.executable, "-m", "pytest", "-p", "report_recorder", "-rA", f"--junitxml={junit}",
+         *args],
         cwd=suite,
         env=full_env,
         capture_output=True,
@@ -61,6 +64,18 @@ def run_suite(suite: Path, *args: str, env: dict[str, str] | None = None, tag: s
     return SuiteRun(proc.returncode, proc.stdout + proc.stderr, reports, junit)
 
 
+_ADDRESS = re.compile(r"0x[0-9a-f]{6,}")  # object addresses differ between any two runs
+
+
+def without_addresses(value: object) -> object:
+    """``value`` (str, or lists of them) with object addresses blanked."""
+    if isinstance(value, str):
+        return _ADDRESS.sub("0x?", value)
+    if isinstance(value, list):
+        return [without_addresses(v) for v in value]
+    return value
+
+
 def junit_cases(path: Path) -> list[dict]:
     """Testcases of a junit XML without times and host names."""
     root = ET.parse(path).getroot()
@@ -69,7 +84,8 @@ def junit_cases(path: Path) -> list[dict]:
         children = []
         for child in case:
             attrs = {k: v for k, v in child.attrib.items() if k not in ("time",)}
-            children.append((child.tag, attrs, (child.text or "").strip()))
+            text = _ADDRESS.sub("0x?", (child.text or "").strip())
+            children.append((child.tag, {k: _ADDRESS.sub("0x?", v) for k, v in attrs.items()}, text))
         attrs = {k: v for k, v in case.attrib.items() if k != "time"}
         cases.append({"attrs": attrs, "children": children})
     return sorted(cases, key=lambda c: (c["attrs"].get("classname", ""), c["attrs"].get("name", "")))

@@ -11,35 +11,11 @@ import platform
 import re
 
 from ..models import LocalEnv
+from ..resolve import normalize_device_type
 from .shell import LocalShell, Shell
 from .slurm_parse import parse_scontrol_config
 
-# Words that are vendor/brand prefixes, not part of the device type.
-_BRAND_WORDS = {"NVIDIA", "TESLA", "GEFORCE", "QUADRO"}
-# A device type token: letters then digits, optional letter suffix (H200, GB200, L40S, A10G).
-_TYPE_TOKEN = re.compile(r"^[A-Z]{1,3}\d{1,4}[A-Z]?$")
-
-
-def normalize_device_type(name: str | None) -> str | None:
-    """Marketing GPU name -> short device type (``NVIDIA H100 80GB HBM3`` -> ``H100``).
-
-    Idempotent and case-insensitive (``h200``, a Slurm gres type, -> ``H200``) so that
-    names from nvidia-smi, gres.conf, markers and options compare equal.
-    """
-    if not name or not name.strip():
-        return None
-    words = [w for w in re.split(r"[\s_]+", name.strip().upper()) if w]
-    words = [w for w in words if w not in _BRAND_WORDS] or words
-    first = words[0].split("-")[0]  # "A100-SXM4-80GB" -> "A100"
-    if _TYPE_TOKEN.match(first):
-        return first
-    # "RTX 4090", "RTX PRO 6000 Blackwell ...": join words up to the first with a digit.
-    picked: list[str] = []
-    for word in words:
-        picked.append(word.split("-")[0])
-        if any(ch.isdigit() for ch in word):
-            break
-    return "".join(picked)
+__all__ = ["normalize_device_type", "parse_nvidia_smi", "probe_local_env"]
 
 
 def parse_nvidia_smi(text: str) -> tuple[list[str], list[int]]:
@@ -83,7 +59,7 @@ def probe_gpus(shell: Shell, timeout: float, env: LocalEnv) -> None:
 
 
 def probe_container_engine(shell: Shell, timeout: float, env: LocalEnv) -> None:
-    """First engine whose daemon answers ``info`` (docker, then podman); a CLI alone is not enough."""
+    """First engine whose daemon answers ``info`` (docker, then podman); a CLI is not enough."""
     for engine in ("docker", "podman"):
         res = shell.run([engine, "info", "--format", "{{json .}}"], timeout=timeout)
         if res.ok:
@@ -102,8 +78,9 @@ def probe_slurm(shell: Shell, timeout: float, env: LocalEnv) -> None:
         env.notes.append("slurm: scontrol not found on PATH (no Slurm client tools)")
         return
     if not res.ok:
-        env.notes.append(f"slurm: client tools present but the controller does not answer: "
-                         f"{res.describe()}")
+        env.notes.append(
+            f"slurm: client tools present but the controller does not answer: {res.describe()}"
+        )
         return
     env.slurm_available = True
     env.cluster_name = parse_scontrol_config(res.stdout).get("ClusterName") or None

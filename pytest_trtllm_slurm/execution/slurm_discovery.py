@@ -33,9 +33,7 @@ def tools_missing(result: CommandResult) -> bool:
     return result.returncode == 127 and not result.timed_out
 
 
-def discover(
-    shell: Shell, partitions: list[str] | None = None, *, timeout: float = 30
-) -> SlurmEnv:
+def discover(shell: Shell, partitions: list[str] | None = None, *, timeout: float = 30) -> SlurmEnv:
     """Run the discovery commands through ``shell``; failures land in ``errors``."""
     errors: list[str] = []
 
@@ -65,8 +63,15 @@ def discover(
     accounts: list[str] = []
     if user:
         acct_res = run(
-            ["sacctmgr", "-nP", "show", "user", user, "withassoc",
-             "format=User,DefaultAccount,Cluster,Account"],
+            [
+                "sacctmgr",
+                "-nP",
+                "show",
+                "user",
+                user,
+                "withassoc",
+                "format=User,DefaultAccount,Cluster,Account",
+            ],
             "accounts",
         )
         if acct_res:

@@ -1,0 +1,416 @@
+"""The persistent allocation: one ``salloc --no-shell`` reused by every run of a repo.
+
+Batches run as steps inside it, so repeated runs skip the queue. Its state file
+``<rootdir>/work_dirs/.slurm_alloc.json`` is written atomically (0600) and every
+read-validate-allocate sequence holds ``.slurm_alloc.json.lock``, so xdist
+workers and concurrent pytest runs end up sharing one allocation. The
+allocation is never released automatically: only ``release()`` (the
+``--trtllm-release-allocation`` option, ``trtllm-slurm alloc release``) does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import ExecutionError
+from ..jobspec import JobSpec, write_private_atomic
+from ..scripts import GresStyle, gpu_flag
+from .shell import Shell
+from .slurm_jobs import SchedulerError, SlurmJobs, format_duration, parse_duration
+from .slurm_parse import parse_key_values
+
+STATE_NAME = ".slurm_alloc.json"
+NAME_SUFFIX = "-trtllm.persistent"
+MIN_LEFT_SECONDS = 300  # an allocation with less left is not reused
+DEFAULT_TIME_LIMIT = "04:00:00"
+GPU_CHECK = ["nvidia-smi", "--query-compute-apps=pid,name,used_memory", "--format=csv,noheader"]
+
+
+class AllocationState(BaseModel):
+    """The seed's state file fields, plus what steps need to size themselves."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: str
+    container_name: str | None = None
+    nodelist: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    docker_image: str | None = None
+    container_mounts: str | None = None
+    allocated_at: str = ""
+    time_limit: str | None = None
+    installed: bool = False
+    # additions: step sizing and ownership
+    job_name: str | None = None
+    cpus_per_node: int | None = None
+    mem_per_node_mb: int | None = None
+    owner: str | None = None
+
+    def serves(self, spec: JobSpec) -> str | None:
+        """None when a batch fits in this allocation, else why not."""
+        if spec.partition and self.partition and spec.partition != self.partition:
+            return f"partition {spec.partition} != {self.partition}"
+        if spec.node_count > self.nodes:
+            return f"needs {spec.node_count} nodes, the allocation has {self.nodes}"
+        if spec.devices_per_node > self.gpus_per_node:
+            return f"needs {spec.devices_per_node} GPUs per node, it has {self.gpus_per_node}"
+        if (spec.container_image or None) != (self.docker_image or None):
+            return f"image {spec.container_image} != {self.docker_image}"
+        return None
+
+
+@dataclass
+class AllocationRequest:
+    """What to allocate when nothing reusable exists (the largest shape of the run)."""
+
+    partition: str | None = None
+    account: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    time_limit: str = DEFAULT_TIME_LIMIT
+    docker_image: str | None = None
+    container_name: str | None = None
+    container_mounts: list[str] = field(default_factory=list)
+    gres_style: GresStyle = "gres"
+    gres_type: str | None = None
+
+    @property
+    def job_name(self) -> str:
+        return f"{self.account or 'trtllm'}{NAME_SUFFIX}"
+
+    def incompatible(self, state: AllocationState) -> str | None:
+        """Why an existing allocation cannot serve this request (seed: partition,
+        nodes, image), or None."""
+        if self.partition and state.partition and self.partition != state.partition:
+            return f"partition {state.partition}, wanted {self.partition}"
+        if self.account and state.account and self.account != state.account:
+            return f"account {state.account}, wanted {self.account}"
+        if state.nodes < self.nodes:
+            return f"{state.nodes} node(s), wanted {self.nodes}"
+        if (self.docker_image or None) != (state.docker_image or None):
+            return f"image {state.docker_image}, wanted {self.docker_image}"
+        if state.gpus_per_node < self.gpus_per_node:
+            return f"{state.gpus_per_node} GPUs per node, wanted {self.gpus_per_node}"
+        return None
+
+
+def parse_gpu_processes(stdout: str) -> list[str]:
+    """Non-empty lines of ``srun --label nvidia-smi --query-compute-apps ...``."""
+    lines = []
+    for line in stdout.splitlines():
+        body = re.sub(r"^\s*\d+:\s*", "", line).strip()
+        if body and "no running processes" not in body.lower():
+            lines.append(line.strip())
+    return lines
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """``cpu=8,mem=8000M,node=2,gres/gpu=8`` -> dict."""
+    out = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _mem_mb(text: str) -> int | None:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", text.strip())
+    if not m:
+        return None
+    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[m.group(2)]
+    return int(float(m.group(1)) * scale)
+
+
+class AllocationManager:
+    """Find, validate, create and release the persistent allocation of one rootdir."""
+
+    def __init__(
+        self,
+        shell: Shell,
+        *,
+        rootdir: str | Path,
+        request: AllocationRequest,
+        jobs: SlurmJobs | None = None,
+        user: str | None = None,
+        warn: Callable[[str], None] | None = None,
+        wait_seconds: int = 600,
+        pyxis: bool = False,
+    ) -> None:
+        self.shell = shell
+        self.request = request
+        self.jobs = jobs or SlurmJobs(shell)
+        self.work_dirs = Path(rootdir) / "work_dirs"
+        self.state_path = self.work_dirs / STATE_NAME
+        self.salloc_log = self.work_dirs / ".salloc.log"
+        self.lock = FileLock(str(self.state_path) + ".lock", timeout=wait_seconds + 120)
+        self.owner = "trtllm-slurm:" + hashlib.sha1(
+            str(self.state_path.resolve()).encode()).hexdigest()[:12]
+        self._user = user
+        self.warn = warn or (lambda msg: None)
+        self.wait_seconds = wait_seconds
+        self.pyxis = pyxis
+        self.messages: list[str] = []  # what ensure() did, for the run's summary
+
+    # -- state file -------------------------------------------------------------
+    def read_state(self) -> AllocationState | None:
+        """The state file, or None; a corrupt one is reported and removed."""
+        try:
+            text = self.state_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            return AllocationState.model_validate(json.loads(text))
+        except (ValueError, ValidationError) as exc:
+            self._say(f"State file {self.state_path} is corrupt ({str(exc).splitlines()[0]}); "
+                      "removing it.", warn=True)
+            self._delete_state()
+            return None
+
+    def _write_state(self, state: AllocationState) -> None:
+        write_private_atomic(self.state_path, state.model_dump_json(indent=2) + "\n")
+
+    def _delete_state(self) -> None:
+        self.state_path.unlink(missing_ok=True)
+
+    # -- the main entry -----------------------------------------------------------
+    def ensure(self) -> AllocationState | None:
+        """A RUNNING allocation for the request: reused when valid, else created.
+
+        Returns None (with a warning) when an incompatible allocation is busy with
+        steps of another run: the caller then runs its batches one-shot.
+        """
+        with self.lock:
+            state = self.read_state()
+            if state is not None:
+                verdict = self._validate(state)
+                if verdict is None:
+                    self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
+                    return state
+                kind, why = verdict
+                if kind == "gone":
+                    self._say(f"Allocation {state.job_id} is gone ({why}); stale state file "
+                              "removed.", warn=True)
+                    self._delete_state()
+                elif kind == "busy":
+                    self._say(f"Allocation {state.job_id} does not fit this run ({why}) but "
+                              "other steps run in it: left alone; batches run one-shot.",
+                              warn=True)
+                    return None
+                else:
+                    self._say(f"Allocation {state.job_id} {why}: released, allocating anew.",
+                              warn=True)
+                    self.jobs.scancel([state.job_id])
+                    self._delete_state()
+            self._cancel_orphans()
+            state = self._allocate()
+            self._write_state(state)
+            return state
+
+    def _validate(self, state: AllocationState) -> tuple[str, str] | None:
+        left = self.jobs.time_left(state.job_id)
+        if left is None:
+            return "gone", "not in the queue"
+        status, remaining = left
+        if status != "RUNNING":
+            return ("gone", f"state {status}") if status not in ("PENDING", "CONFIGURING") else (
+                "incompatible", f"is {status}")
+        seconds = parse_duration(remaining)
+        if seconds is not None and seconds <= MIN_LEFT_SECONDS:
+            return "expiring", f"expires in {remaining}"
+        why = self.request.incompatible(state)
+        if why is None:
+            return None
+        steps = self.jobs.squeue_steps(state.job_id)
+        if steps:
+            return "busy", why
+        return "incompatible", f"does not fit ({why})"
+
+    def _cancel_orphans(self) -> None:
+        """Allocations with our name but no state file: ours (or untagged) are cancelled,
+        another checkout's (different owner tag) are only reported."""
+        try:
+            found = self.jobs.by_name(self.user, self.request.job_name)
+        except SchedulerError as exc:
+            self._say(f"Could not look for orphaned allocations: {exc}", warn=True)
+            return
+        for job_id, status, comment in found:
+            if comment and comment != self.owner:
+                self._say(f"Allocation {job_id} ({status}) has our name but belongs to another "
+                          f"checkout ({comment}); left alone.", warn=True)
+                continue
+            self.jobs.scancel([job_id])
+            self._say(f"Released orphaned allocation {job_id} - state file was missing.",
+                      warn=True)
+
+    # -- allocate -------------------------------------------------------------------
+    def salloc_argv(self) -> list[str]:
+        req = self.request
+        argv = ["salloc", "--no-shell", f"--job-name={req.job_name}", f"--nodes={req.nodes}",
+                f"--time={req.time_limit}", "--exclusive", "--mem=0", f"--comment={self.owner}",
+                f"--immediate={self.wait_seconds}"]
+        if req.partition:
+            argv.append(f"--partition={req.partition}")
+        if req.account:
+            argv.append(f"--account={req.account}")
+        flag = gpu_flag(req.gpus_per_node, req.gres_style, req.gres_type)
+        if flag:
+            argv.append(flag)
+        return argv
+
+    def _allocate(self) -> AllocationState:
+        req = self.request
+        where = req.partition or "the default partition"
+        self._say(f"No reusable allocation found. Allocating {req.nodes} node(s) on {where} for "
+                  f"{req.time_limit}.")
+        argv = self.salloc_argv()
+        res = self.jobs.run(argv, timeout=self.wait_seconds + 60)
+        self.salloc_log.parent.mkdir(parents=True, exist_ok=True)
+        write_private_atomic(self.salloc_log, res.stdout + res.stderr)
+        m = re.search(r"Granted job allocation (\d+)", res.stderr + res.stdout)
+        if not res.ok or not m:
+            pending = re.search(r"job allocation (\d+)", res.stderr + res.stdout)
+            if pending:  # killed while pending (timeout): never leave the request behind
+                self.jobs.scancel([pending.group(1)])
+            raise ExecutionError(
+                f"could not allocate: {res.describe()}\n(log: {self.salloc_log}; check the "
+                "partition, account and --trtllm-alloc-time, or run one-shot with "
+                "--trtllm-one-shot)"
+            )
+        job_id = m.group(1)
+        state = AllocationState(
+            job_id=job_id, partition=req.partition, account=req.account, nodes=req.nodes,
+            gpus_per_node=req.gpus_per_node, docker_image=req.docker_image,
+            container_name=req.container_name,
+            container_mounts=",".join(req.container_mounts) or None,
+            allocated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            time_limit=req.time_limit, job_name=req.job_name, owner=self.owner,
+        )
+        self._fill_from_scontrol(state)
+        if self.pyxis and req.docker_image and req.container_name:
+            self._import_container(state)
+        state.installed = True
+        self._say(f"Allocation {job_id} granted on {state.nodelist}.")
+        return state
+
+    def _fill_from_scontrol(self, state: AllocationState) -> None:
+        res = self.jobs.run(["scontrol", "show", "job", "-o", state.job_id])
+        rec = parse_key_values(res.stdout.strip().splitlines()[0]) if res.ok and res.stdout else {}
+        state.nodelist = rec.get("NodeList") or state.nodelist
+        state.partition = state.partition or rec.get("Partition")
+        state.account = state.account or rec.get("Account")
+        nodes = int(rec.get("NumNodes", state.nodes) or state.nodes)
+        tres = parse_tres(rec.get("TRES", ""))
+        if tres.get("cpu", "").isdigit():
+            state.cpus_per_node = max(1, int(tres["cpu"]) // nodes)
+        mem = _mem_mb(tres.get("mem", ""))
+        if mem:
+            state.mem_per_node_mb = mem // nodes
+
+    def _import_container(self, state: AllocationState) -> None:
+        """pyxis: import the image once per node under the name the steps use."""
+        argv = ["srun", f"--jobid={state.job_id}", "-N", str(state.nodes),
+                "--ntasks-per-node=1", "--overlap",
+                f"--container-image={state.docker_image}",
+                f"--container-name={state.container_name}", "true"]
+        res = self.jobs.run(argv, timeout=3600)
+        if not res.ok:
+            raise ExecutionError(f"container import in allocation {state.job_id}: "
+                                 f"{res.describe()}")
+
+    # -- checks -----------------------------------------------------------------------
+    def check_time(self, state: AllocationState, spec: JobSpec) -> str | None:
+        """A warning when the allocation ends before the batch's time limit could."""
+        want = parse_duration(spec.time_limit)
+        if not want:
+            return None
+        left = self.jobs.time_left(state.job_id)
+        have = parse_duration(left[1]) if left else None
+        if have is not None and have < want:
+            msg = (f"Allocation {state.job_id} has {format_duration(have)} left but batch "
+                   f"{spec.name} expects {spec.time_limit}. The job may be killed early.")
+            self._say(msg, warn=True)
+            return msg
+        return None
+
+    def check_gpu_processes(self, state: AllocationState) -> list[str]:
+        """Leftover GPU processes on the allocation's nodes (warned; nothing is killed).
+
+        Skipped while steps run in the allocation: their processes are not leftovers.
+        """
+        if state.gpus_per_node <= 0 or self.jobs.squeue_steps(state.job_id):
+            return []
+        argv = ["srun", f"--jobid={state.job_id}", "-N", str(state.nodes),
+                "--ntasks-per-node=1", "--overlap", "--label", *GPU_CHECK]
+        res = self.jobs.run(argv, timeout=120)
+        if not res.ok:
+            self._say(f"GPU check in allocation {state.job_id} failed: {res.describe()}",
+                      warn=True)
+            return []
+        procs = parse_gpu_processes(res.stdout)
+        if procs:
+            self._say(f"GPU processes found on {state.nodelist}: {'; '.join(procs)}. These may "
+                      "interfere with the job.", warn=True)
+        return procs
+
+    # -- status / release -----------------------------------------------------------------
+    def status(self) -> dict[str, object]:
+        """The state file plus the scheduler's view (for ``trtllm-slurm alloc status``)."""
+        with self.lock:
+            state = self.read_state()
+        if state is None:
+            return {"state_file": str(self.state_path), "allocation": None}
+        left = self.jobs.time_left(state.job_id)
+        steps = self.jobs.squeue_steps(state.job_id) if left else None
+        return {
+            "state_file": str(self.state_path),
+            "allocation": state.model_dump(),
+            "scheduler_state": left[0] if left else "GONE",
+            "time_left": left[1] if left else None,
+            "steps": sorted(steps) if steps else [],
+        }
+
+    def release(self) -> str:
+        """scancel the allocation of the state file (and our orphans); delete the state."""
+        with self.lock:
+            state = self.read_state()
+            msgs = []
+            if state is not None:
+                self.jobs.scancel([state.job_id])
+                msgs.append(f"Allocation {state.job_id} released.")
+            self._delete_state()
+            self.salloc_log.unlink(missing_ok=True)
+            try:
+                found = self.jobs.by_name(self.user, self.request.job_name)
+            except SchedulerError:
+                found = []
+            for job_id, _status, comment in found:
+                if (state is None or job_id != state.job_id) and comment == self.owner:
+                    self.jobs.scancel([job_id])
+                    msgs.append(f"Orphaned allocation {job_id} released.")
+        return " ".join(msgs) or f"No allocation to release ({self.state_path} absent)."
+
+    # -- helpers ------------------------------------------------------------------------------
+    @property
+    def user(self) -> str:
+        if self._user is None:
+            res = self.shell.run(["id", "-un"], timeout=10)
+            self._user = res.stdout.strip() if res.ok and res.stdout.strip() else "root"
+        return self._user
+
+    def _say(self, msg: str, *, warn: bool = False) -> None:
+        self.messages.append(msg)
+        if warn:
+            self.warn(msg)

@@ -1,0 +1,424 @@
+"""local_slurm (and, over an SSHShell, remote_slurm): batches as Slurm jobs or steps.
+
+One-shot: the batch's sbatch script is written to its work dir and submitted.
+Persistent (default): each batch is a step of the shared allocation, started by
+a detached launcher (``setsid -f bash step.sh``) so the step outlives the
+controller and the same code works over SSH. The task records its step id, so
+a hang cancels exactly ``<alloc>.<step>``; the allocation itself is never
+cancelled here.
+
+poll() answers for all handles in one round: one ``squeue -j ids`` for the
+one-shot jobs, one ``squeue -s -j <alloc>`` per allocation for steps, exit-code
+files, and sacct (chunked) for final states. It is adaptive: called more often
+than its current interval (0.5 s after a change, growing to 5 s), it returns
+the cached states without asking the scheduler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from ..jobspec import JobSpec, SlurmEnv
+from ..models import Launch
+from ..scripts import (
+    ContainerOptions,
+    SlurmOptions,
+    StepShare,
+    options_for,
+    render_rerun_sbatch,
+    render_rerun_step,
+    render_sbatch,
+    render_step_command,
+    render_step_launcher,
+)
+from .allocation import AllocationManager, AllocationState
+from .base import JobHandle
+from .outcome import JobState, JobStatus, map_slurm_state
+from .shell import Shell
+from .slurm_jobs import AcctRow, SchedulerError, SlurmJobs
+
+MPI_FALLBACKS = ("pmix", "pmi2")
+
+
+@dataclass
+class _Job:
+    handle: JobHandle
+    opts: SlurmOptions
+    alloc: AllocationState | None = None  # set for steps
+    share: StepShare | None = None
+    state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
+    step_id: str | None = None  # "<alloc>.<step>" once the task recorded it
+    left_at: float | None = None  # when it left the queue without a final state yet
+    launched_at: float = 0.0
+    cancelled: bool = False
+
+    @property
+    def is_step(self) -> bool:
+        return self.alloc is not None
+
+    def path(self, name: str) -> str:
+        return str(PurePosixPath(self.handle.spec.work_dir) / name)
+
+
+class SlurmExecutor:
+    """Runs JobSpecs on Slurm through ``shell`` (LocalShell here, SSHShell for remote)."""
+
+    def __init__(
+        self,
+        shell: Shell,
+        *,
+        slurm_env: SlurmEnv | None = None,
+        persistent: bool = True,
+        allocation_manager: AllocationManager | None = None,
+        jobs: SlurmJobs | None = None,
+        launcher_prefix: Sequence[str] = (),
+        container: ContainerOptions | None = None,
+        warn: Callable[[str], None] | None = None,
+        min_interval: float = 0.5,
+        max_interval: float = 5.0,
+        max_failures: int = 5,
+        final_wait: float = 60.0,
+    ) -> None:
+        if persistent and allocation_manager is None:
+            raise ValueError("persistent=True needs an allocation_manager")
+        self.shell = shell
+        self.slurm_env = slurm_env
+        self.persistent = persistent
+        self.allocations = allocation_manager
+        self.jobs = jobs or (allocation_manager.jobs if allocation_manager else SlurmJobs(shell))
+        self.launcher_prefix = tuple(launcher_prefix)
+        self.container = container
+        self.warn = warn or (lambda msg: None)
+        self.min_interval, self.max_interval = min_interval, max_interval
+        self.max_failures, self.final_wait = max_failures, final_wait
+        self._jobs: dict[str, _Job] = {}
+        self._by_work_dir: dict[str, _Job] = {}
+        self._seq = itertools.count(1)
+        self._interval = min_interval
+        self._next_at = 0.0
+        self._failures = 0
+        self._alloc: AllocationState | None = None
+        self._alloc_checked = False
+        self._mpi: dict[str, str | None] = {}
+        self._warned: set[str] = set()
+
+    # -- submit -------------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Start the batch without waiting for it; a refused submission comes back as a
+        handle in state ERROR (its tests then fail with the scheduler's message)."""
+        self.shell.mkdir(spec.work_dir)
+        opts = self._options(spec)
+        alloc = self._allocation_for(spec) if self.persistent else None
+        try:
+            job = self._launch_step(spec, opts, alloc) if alloc else self._sbatch(spec, opts)
+        except SchedulerError as exc:
+            handle = JobHandle(job_id=f"unsubmitted-{next(self._seq)}", spec=spec,
+                               submitted_at=time.time())
+            job = _Job(handle, opts, state=JobState(status=JobStatus.ERROR, reason=str(exc)))
+        self._jobs[job.handle.job_id] = job
+        self._by_work_dir[spec.work_dir] = job
+        self._wake()
+        return job.handle
+
+    def _sbatch(self, spec: JobSpec, opts: SlurmOptions) -> _Job:
+        script = render_sbatch(spec, gres_style=opts.gres_style, mpi=opts.mpi,
+                               launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type,
+                               container=opts.container)
+        path = str(PurePosixPath(spec.work_dir) / "job.sbatch")
+        self.shell.write_file(path, script)
+        job_id = self.jobs.sbatch(path, cwd=spec.work_dir)
+        return _Job(JobHandle(job_id=job_id, spec=spec, submitted_at=time.time()), opts)
+
+    def _launch_step(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState) -> _Job:
+        handle = JobHandle(job_id=f"{alloc.job_id}~{next(self._seq)}", spec=spec,
+                           submitted_at=time.time(), nodelist=alloc.nodelist)
+        job = _Job(handle, opts, alloc=alloc, share=step_share(spec, alloc))
+        for name in ("stepid", "srun.pid", "exit_code"):
+            self.shell.run(["rm", "-f", job.path(name)], timeout=30)
+        argv = render_step_command(
+            spec, alloc.job_id, gres_style=opts.gres_style, mpi=opts.mpi,
+            launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=job.share,
+            stepid_path=job.path("stepid"), container=opts.container,
+        )
+        launcher = render_step_launcher(
+            argv, log_path=spec.log_path, pid_path=job.path("srun.pid"),
+            exit_path=job.path("exit_code"), cwd=spec.invocation_dir or spec.rootdir,
+            env=spec.env,
+        )
+        step_sh = job.path("step.sh")
+        self.shell.write_file(step_sh, launcher)
+        res = self.shell.run(["setsid", "-f", "bash", step_sh], timeout=30)
+        if not res.ok:
+            raise SchedulerError(res)
+        job.launched_at = time.monotonic()
+        return job
+
+    def _allocation_for(self, spec: JobSpec) -> AllocationState | None:
+        """The persistent allocation when it can serve ``spec``; None -> run one-shot."""
+        assert self.allocations is not None
+        if not self._alloc_checked:
+            self._alloc_checked = True
+            self._alloc = self.allocations.ensure()
+            if self._alloc is not None:
+                self.allocations.check_gpu_processes(self._alloc)
+        if self._alloc is None:
+            return None
+        why = self._alloc.serves(spec)
+        if why is not None:
+            self._warn_once(f"serves:{why}", f"Batch {spec.name} does not fit allocation "
+                            f"{self._alloc.job_id} ({why}); it runs as a one-shot job.")
+            return None
+        if spec.time_limit and f"time:{spec.time_limit}" not in self._warned:
+            self._warned.add(f"time:{spec.time_limit}")
+            self.allocations.check_time(self._alloc, spec)
+        return self._alloc
+
+    def _options(self, spec: JobSpec) -> SlurmOptions:
+        base = options_for(spec.model_copy(update={"slurm_env": spec.slurm_env or self.slurm_env}),
+                           launcher_prefix=self.launcher_prefix)
+        mpi = self._usable_mpi(spec, base.mpi) if spec.launch is Launch.MPI else base.mpi
+        container = self.container if spec.container_image else None
+        return SlurmOptions(base.gres_style, base.gres_type, mpi, base.launcher_prefix, container)
+
+    def _usable_mpi(self, spec: JobSpec, preferred: str | None) -> str | None:
+        """The first MPI plugin srun can load (``srun --mpi=X --test-only``); a listed
+        pmix may lack its library. None: leave it to Slurm's MpiDefault."""
+        key = spec.partition or ""
+        if key in self._mpi:
+            return self._mpi[key]
+        available = self.slurm_env.pmix.available if self.slurm_env else []
+        candidates = [c for c in dict.fromkeys([preferred, *MPI_FALLBACKS]) if c]
+        if available:
+            candidates = [c for c in candidates if c == preferred or c in available]
+        chosen: str | None = None
+        for cand in candidates:
+            argv = ["srun", f"--mpi={cand}", "--test-only", "-n1"]
+            argv += [f"--partition={spec.partition}"] if spec.partition else []
+            argv += [f"--account={spec.account}"] if spec.account else []
+            res = self.jobs.run([*argv, "true"])
+            if res.ok or "mpi" not in (res.stderr + res.stdout).lower():
+                chosen = cand
+                break
+        if preferred and chosen != preferred:
+            self._warn_once(f"mpi:{preferred}", f"srun --mpi={preferred} is listed but does not "
+                            f"load here; using {chosen or 'the MpiDefault'}.")
+        self._mpi[key] = chosen
+        return chosen
+
+    # -- poll -----------------------------------------------------------------------
+    def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
+        jobs = [self._jobs[h.job_id] for h in handles if h.job_id in self._jobs]
+        now = time.monotonic()
+        active = [j for j in jobs if not j.state.status.finished]
+        if active and now >= self._next_at:
+            before = {j.handle.job_id: (j.state.status, j.state.reason) for j in active}
+            try:
+                self._refresh(active)
+                self._failures = 0
+            except SchedulerError as exc:
+                self._failures += 1
+                if self._failures >= self.max_failures:
+                    for job in active:
+                        job.state = JobState(status=JobStatus.ERROR, reason=(
+                            f"scheduler not answering ({self._failures} tries): {exc}"))
+            changed = any((j.state.status, j.state.reason) != before[j.handle.job_id]
+                          for j in active)
+            self._interval = self.min_interval if changed else min(
+                self._interval * 1.5, self.max_interval)
+            self._next_at = time.monotonic() + self._interval
+        return {j.handle.job_id: j.state for j in jobs}
+
+    def _refresh(self, active: list[_Job]) -> None:
+        oneshot = [j for j in active if not j.is_step]
+        if oneshot:
+            self._refresh_jobs(oneshot)
+        by_alloc: dict[str, list[_Job]] = {}
+        for job in active:
+            if job.alloc is not None:
+                by_alloc.setdefault(job.alloc.job_id, []).append(job)
+        for alloc_id, steps in by_alloc.items():
+            self._refresh_steps(alloc_id, steps)
+
+    def _refresh_jobs(self, jobs: list[_Job]) -> None:
+        rows = self.jobs.squeue_jobs([j.handle.job_id for j in jobs])
+        left: list[_Job] = []
+        for job in jobs:
+            row = rows.get(job.handle.job_id)
+            status = map_slurm_state(row.state) if row else None
+            if row is not None and status is not None and not status.finished:
+                reason = row.reason if status is JobStatus.PENDING else None
+                job.state = JobState(status=status, nodelist=row.nodelist, reason=reason)
+                if status is JobStatus.RUNNING and job.handle.started_at is None:
+                    job.handle.started_at = time.time()
+            else:
+                left.append(job)
+        if left:
+            self._finalize_jobs(left)
+
+    def _finalize_jobs(self, jobs: list[_Job]) -> None:
+        """Jobs no longer queued: final state from sacct, else scontrol, within final_wait."""
+        now = time.monotonic()
+        for job in jobs:
+            job.left_at = job.left_at or now
+        rows: dict[str, AcctRow] = {}
+        if self.jobs.accounting is not False:
+            rows = self.jobs.sacct([j.handle.job_id for j in jobs])
+        for job in jobs:
+            row = rows.get(job.handle.job_id)
+            if row is None and self.jobs.accounting is False:
+                row = self.jobs.scontrol_job(job.handle.job_id)
+            if row is not None and map_slurm_state(row.state).finished:
+                job.state = self._final(job, row)
+            elif now - (job.left_at or now) > self.final_wait:
+                job.state = JobState(status=JobStatus.ERROR, nodelist=job.state.nodelist,
+                                     reason=f"job {job.handle.job_id} left the queue but its "
+                                     f"final state is unknown after {self.final_wait:.0f} s")
+            else:
+                job.state = JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist)
+
+    def _final(self, job: _Job, row: AcctRow, exit_code: int | None = None) -> JobState:
+        status = map_slurm_state(row.state)
+        code = exit_code if exit_code is not None else row.exit_code
+        if job.cancelled and status is JobStatus.FAILED:
+            status = JobStatus.CANCELLED
+        reason = None
+        if status is not JobStatus.COMPLETED:
+            where = f"step {job.step_id}" if job.step_id else f"job {job.handle.job_id}"
+            reason = f"{where}: {row.state}" + (f" (exit {code})" if code else "") + (
+                f", signal {row.signal}" if row.signal else "")
+        return JobState(status=status, exit_code=code, nodelist=row.nodelist or
+                        job.state.nodelist, reason=reason)
+
+    def _refresh_steps(self, alloc_id: str, jobs: list[_Job]) -> None:
+        steps = self.jobs.squeue_steps(alloc_id)
+        ended: list[tuple[_Job, int]] = []
+        now = time.monotonic()
+        for job in jobs:
+            if job.step_id is None:
+                text = self._read(job.path("stepid")).strip()
+                if text.isdigit():
+                    job.step_id = f"{alloc_id}.{text}"
+            code_text = self._read(job.path("exit_code")).strip()
+            if code_text.lstrip("-").isdigit():
+                ended.append((job, int(code_text)))
+            elif job.step_id is not None and steps is not None and job.step_id in steps:
+                row = steps[job.step_id]
+                job.state = JobState(status=JobStatus.RUNNING, nodelist=row.nodelist)
+                if job.handle.started_at is None:
+                    job.handle.started_at = time.time()
+            elif job.step_id is None:
+                if not self._read(job.path("srun.pid")) and now - job.launched_at > 30:
+                    job.state = JobState(status=JobStatus.ERROR, reason=(
+                        f"the step launcher {job.path('step.sh')} did not start"))
+                elif steps is None:
+                    job.state = JobState(status=JobStatus.PENDING,
+                                         reason=f"allocation {alloc_id} is gone")
+                else:
+                    job.state = JobState(status=JobStatus.PENDING, reason="StepResources")
+            else:  # step left the queue; the launcher writes the exit code any moment
+                job.left_at = job.left_at or now
+                if now - job.left_at > self.final_wait:
+                    ended.append((job, -1))
+        if ended:
+            self._finalize_steps(ended)
+
+    def _finalize_steps(self, ended: list[tuple[_Job, int]]) -> None:
+        """Final step states: sacct of ``<alloc>.<step>`` (OUT_OF_MEMORY, TIMEOUT and
+        CANCELLED show there), else the exit code srun returned."""
+        ids = [j.step_id for j, _ in ended if j.step_id]
+        rows: dict[str, AcctRow] = {}
+        if ids and self.jobs.accounting is not False:
+            rows = self.jobs.sacct(ids, steps=True)
+        now = time.monotonic()
+        for job, code in ended:
+            row = rows.get(job.step_id or "")
+            if row is not None and map_slurm_state(row.state).finished:
+                job.state = self._final(job, row, exit_code=code if code >= 0 else None)
+                continue
+            job.left_at = job.left_at or now
+            if job.step_id and self.jobs.accounting is not False and now - job.left_at < 10:
+                job.state = JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist)
+                continue  # accounting lags a little behind srun's exit
+            job.state = self._from_exit_code(job, code)
+
+    def _from_exit_code(self, job: _Job, code: int) -> JobState:
+        if code == 0:
+            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=job.state.nodelist)
+        if job.cancelled:
+            status = JobStatus.CANCELLED
+        else:
+            status = JobStatus.FAILED if code > 0 else JobStatus.ERROR
+        where = f"step {job.step_id}" if job.step_id else "srun (no step was created)"
+        return JobState(status=status, exit_code=code if code >= 0 else None,
+                        nodelist=job.state.nodelist,
+                        reason=f"{where} exited with {code}; see {job.handle.spec.log_path}")
+
+    def _read(self, path: str) -> str:
+        return self.shell.read_from(path, 0, 4096).decode("utf-8", "replace")
+
+    # -- cancel / close -------------------------------------------------------------------
+    def cancel(self, handle: JobHandle) -> None:
+        """Cancel one batch: its job, or its step (never the allocation)."""
+        job = self._jobs.get(handle.job_id)
+        if job is None or job.state.status.finished:
+            return
+        self._cancel([job])
+
+    def _cancel(self, jobs: list[_Job]) -> None:
+        ids: list[str] = []
+        for job in jobs:
+            job.cancelled = True
+            if job.is_step:
+                if job.step_id is None:
+                    text = self._read(job.path("stepid")).strip()
+                    if text.isdigit() and job.alloc is not None:
+                        job.step_id = f"{job.alloc.job_id}.{text}"
+                if job.step_id:
+                    ids.append(job.step_id)
+                pid = self._read(job.path("srun.pid")).strip()
+                if pid.isdigit():  # also stops an srun still waiting for its step
+                    self.shell.run(["kill", "-TERM", pid], timeout=30)
+            elif not job.handle.job_id.startswith("unsubmitted-"):
+                ids.append(job.handle.job_id)
+        if ids:
+            self.jobs.scancel(ids)
+        self._wake()
+
+    def close(self) -> None:
+        """Cancel every unfinished job and step of this run; the allocation stays."""
+        self._cancel([j for j in self._jobs.values() if not j.state.status.finished])
+
+    # -- helpers ----------------------------------------------------------------------------
+    def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
+        job = self._by_work_dir.get(spec.work_dir)
+        opts = job.opts if job else self._options(spec)
+        if job is not None and job.alloc is not None:
+            return render_rerun_step(spec, nodeid, job.alloc.job_id, opts, job.share)
+        return render_rerun_sbatch(spec, nodeid, opts)
+
+    def _wake(self) -> None:
+        self._interval = self.min_interval
+        self._next_at = 0.0
+
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.warn(msg)
+
+
+def step_share(spec: JobSpec, alloc: AllocationState) -> StepShare:
+    """CPUs and memory for a step in proportion to its GPUs (whole allocation per node
+    split by GPU count), so steps run side by side instead of waiting for each other."""
+    gpus = alloc.gpus_per_node
+    frac = spec.devices_per_node / gpus if gpus and spec.devices_per_node else (
+        1 / gpus if gpus else 1.0)
+    frac = min(1.0, frac)
+    tasks_per_node = (spec.devices_per_node or 1) if spec.launch is Launch.MPI else 1
+    cpus = max(1, int(alloc.cpus_per_node * frac) // tasks_per_node) \
+        if alloc.cpus_per_node else None
+    mem = max(64, int(alloc.mem_per_node_mb * frac)) if alloc.mem_per_node_mb else None
+    return StepShare(cpus_per_task=cpus, mem_mb=mem)

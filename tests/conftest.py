@@ -1,0 +1,7 @@
+"""Shared fixtures of the test suite. Keep this file small: put fixture code in helper modules."""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tests/ helpers importable in any import mode
+
+from devcluster import devcluster, wait_for_job  # noqa: E402,F401  (the REAL dev Slurm cluster; see tests/devcluster.py)

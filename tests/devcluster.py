@@ -1,0 +1,141 @@
+"""Access to the REAL dev Slurm cluster of the test suite (brought up by tests/cluster/up).
+
+`devcluster` (session fixture, registered in tests/conftest.py) runs tests/cluster/up once per
+session -- idempotent, ~0.1 s when the cluster is already up -- and returns its JSON description
+(a dict; see the keys `up` prints: cluster_name, partitions, accounts, default_account, user, ssh,
+state_dir, fake_bin, slurm_conf, ...). If the cluster cannot be brought up the test FAILS (it is
+never skipped) with the tail of up's output and the command to run by hand.
+
+Slurm's config lives in /etc/slurm, so plain `sbatch`/`srun`/`sacct` in any shell (SSH sessions
+included) talk to this cluster; no environment variables are needed.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+from filelock import FileLock
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+UP = REPO / "tests" / "cluster" / "up"
+STATE_FILE = REPO / ".devcluster" / "cluster.json"
+
+#: sacct states after which a job never changes again
+TERMINAL_STATES = {
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+    "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "REVOKED",
+}
+
+_cluster = None
+
+
+def bring_up(timeout=1800):
+    """Run tests/cluster/up (serialised across xdist workers) and return the parsed JSON."""
+    global _cluster
+    if _cluster is not None:
+        return _cluster
+    lock_dir = REPO / ".devcluster"
+    lock_dir.mkdir(exist_ok=True)
+    cmd = [sys.executable, str(UP)]
+    with FileLock(str(lock_dir / "up.lock")):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            _fail(f"timed out after {timeout}s", e.stdout, e.stderr)
+        except OSError as e:
+            _fail(f"could not run it: {e}", "", "")
+    if r.returncode != 0:
+        _fail(f"exit status {r.returncode}", r.stdout, r.stderr)
+    try:
+        _cluster = json.loads(r.stdout)
+    except ValueError:
+        _fail("it printed no JSON", r.stdout, r.stderr)
+    return _cluster
+
+
+def _fail(what, out, err):
+    def _s(x):
+        return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+    lines = (_s(err) + _s(out)).splitlines()[-40:]
+    hint = "sudo " if os.geteuid() != 0 else ""
+    pytest.fail(
+        f"the dev Slurm cluster could not be brought up: {UP} {what}\n"
+        + "\n".join(lines)
+        + f"\n\nStart it by hand (needs root; installs its apt packages when missing):\n"
+        f"    {hint}{UP}\n",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def devcluster():
+    """The running dev cluster's description (dict parsed from tests/cluster/up's JSON)."""
+    return bring_up()
+
+
+def run(cmd, check=True, timeout=60, **kw):
+    """subprocess.run with text capture; on check failure the output is in the error."""
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       stdin=kw.pop("stdin", subprocess.DEVNULL), **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd} failed with {r.returncode}:\nstdout: {r.stdout}\nstderr: {r.stderr}")
+    return r
+
+
+def sbatch(*args, **kw):
+    """`sbatch --parsable ARGS`; returns the job id (str)."""
+    r = run(["sbatch", "--parsable", *args], **kw)
+    return r.stdout.strip().split(";")[0]
+
+
+def sacct_state(job_id):
+    """(State, ExitCode) of the job allocation as sacct has it, or None if sacct does not know it yet."""
+    r = run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "--format=State,ExitCode"], check=False)
+    lines = [l for l in r.stdout.splitlines() if l.strip()]
+    if r.returncode != 0 or not lines:
+        return None
+    state, _, code = lines[0].partition("|")
+    return state.split()[0], code  # "CANCELLED by 0" -> "CANCELLED"
+
+
+def wait_for_job(job_id, timeout=120.0, poll=0.5):
+    """Poll `sacct -X -n -P -j ID --format=State,ExitCode` until the job reaches a terminal state.
+
+    Returns (state, exitcode), e.g. ("FAILED", "3:0"); "CANCELLED by 0" is returned as "CANCELLED".
+    Raises TimeoutError (with the last state seen) after `timeout` seconds.
+    """
+    end = time.monotonic() + timeout
+    last = None
+    while True:
+        last = sacct_state(job_id)
+        if last and last[0] in TERMINAL_STATES:
+            return last
+        if time.monotonic() >= end:
+            raise TimeoutError(f"job {job_id} not finished after {timeout}s (last sacct state: {last})")
+        time.sleep(poll)
+
+
+def squeue_state(job_id):
+    """(state, reason) from squeue, or None once the job left the queue."""
+    r = run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r"], check=False)
+    line = r.stdout.strip()
+    if r.returncode != 0 or not line:
+        return None
+    state, _, reason = line.partition("|")
+    return state, reason
+
+
+def wait_for_squeue(job_id, pred, timeout=60.0, poll=0.2):
+    """Poll squeue until pred((state, reason)) is true; returns that (state, reason)."""
+    end = time.monotonic() + timeout
+    while True:
+        st = squeue_state(job_id)
+        if st is not None and pred(st):
+            return st
+        if time.monotonic() >= end:
+            raise TimeoutError(f"job {job_id}: squeue state {st} did not match after {timeout}s")
+        time.sleep(poll)

@@ -1,0 +1,290 @@
+"""plan.py / plan_hooks.py: rows, renderers, and --trtllm-plan / --trtllm-plan-json end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.config import Settings
+from pytest_trtllm_slurm.models import DeviceRequirement, RouteDecision, Scenario
+from pytest_trtllm_slurm.plan import (
+    PlanRow,
+    build_plan,
+    format_plan_lines,
+    plan_row,
+    write_plan_json,
+)
+from pytest_trtllm_slurm.plan_hooks import placeholder_route
+
+pytest_plugins = ["pytester"]
+
+KEYS = {"nodeid", "devices", "devices_per_node", "nodes", "device_type", "scenario", "partition",
+        "batch"}
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("TRTLLM_SLURM_") or name.endswith("_CONFIG_FOLDER"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def fake_item(nodeid: str, **marks: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+    table = {name: getattr(pytest.mark, name)(*args, **kwargs).mark
+             for name, (args, kwargs) in marks.items()}
+    return SimpleNamespace(nodeid=nodeid, name=nodeid.split("::")[-1], get_closest_marker=table.get,
+                           config=SimpleNamespace(rootpath=Path("/nonexistent")))
+
+
+def test_plan_row_node_math_uses_the_target() -> None:
+    req = DeviceRequirement(total=8, per_node=None, device_type="H200", source="mpi")
+    decision = RouteDecision(scenario=Scenario.REMOTE_SLURM, partition="p", target_gpus_per_node=4)
+    row = plan_row("t::a", req, decision, partition="fallback", batch="b1")
+    assert row.model_dump() == {
+        "nodeid": "t::a", "devices": 8, "devices_per_node": 4, "nodes": 2,
+        "device_type": "H200", "scenario": "remote_slurm", "partition": "p", "batch": "b1",
+        "source": "mpi", "reason": None,
+    }
+    unrouted = plan_row("t::b", req, RouteDecision(scenario=None, reason="no H200"), "fallback")
+    assert (unrouted.scenario, unrouted.partition, unrouted.nodes) == (None, "fallback", 1)
+
+
+def test_build_plan_with_injected_route() -> None:
+    items = [
+        fake_item("t.py::cpu"),
+        fake_item("t.py::four", skip_less_device=((4,), {})),
+        fake_item("t.py::mpi", skip_less_mpi_world_size=((8,), {})),
+        fake_item("t.py::pinned", trtllm_slurm=((), {"devices": 2, "partition": "mine"})),
+    ]
+    seen: list[tuple[str, int]] = []
+
+    def route(item: Any, req: DeviceRequirement) -> RouteDecision:
+        seen.append((item.nodeid, req.total))
+        return RouteDecision(scenario=Scenario.LOCAL_SLURM, target_gpus_per_node=4)
+
+    rows = build_plan(items, Settings(partition="default_p", device_type="B200"), route)
+    assert seen == [("t.py::cpu", 0), ("t.py::four", 4), ("t.py::mpi", 8), ("t.py::pinned", 2)]
+    got = [(r.devices, r.devices_per_node, r.nodes, r.partition, r.device_type) for r in rows]
+    assert got == [(0, 0, 1, "default_p", "B200"), (4, 4, 1, "default_p", "B200"),
+                   (8, 4, 2, "default_p", "B200"), (2, 2, 1, "mine", "B200")]
+
+
+def test_build_plan_requirement_fn() -> None:
+    rows = build_plan([fake_item("a")], Settings(), placeholder_route,
+                      requirement_fn=lambda item: DeviceRequirement(total=3))
+    assert (rows[0].devices, rows[0].scenario, rows[0].reason) == (3, None, "routing not wired yet")
+
+
+def test_placeholder_route() -> None:
+    assert placeholder_route(None, DeviceRequirement()).scenario is Scenario.LOCAL_DIRECT
+    assert placeholder_route(None, DeviceRequirement(total=1)).scenario is None
+
+
+def test_format_plan_lines() -> None:
+    rows = [
+        PlanRow(nodeid="a", devices=0, devices_per_node=0, nodes=1, scenario="local_direct"),
+        PlanRow(nodeid="b", devices=8, devices_per_node=4, nodes=2, device_type="H200",
+                scenario="remote_slurm", partition="batch", batch="b-3"),
+        PlanRow(nodeid="c", devices=2, devices_per_node=2, nodes=1, reason="no GPUs anywhere"),
+    ]
+    assert format_plan_lines(rows) == [
+        "a: CPU only -> local_direct",
+        "b: 8 x H200 = 2 node(s) x 4 -> remote_slurm partition=batch batch=b-3",
+        "c: 2 x any GPU = 1 node(s) x 2 -> not served (no GPUs anywhere)",
+    ]
+
+
+def test_write_plan_json(tmp_path: Path) -> None:
+    rows = [PlanRow(nodeid="a[x-y]", devices=4, devices_per_node=4, nodes=1)]
+    path = write_plan_json(rows, tmp_path / "sub" / "plan.json")
+    data = json.loads(path.read_text())
+    assert isinstance(data, list) and KEYS <= set(data[0]) and data[0]["nodeid"] == "a[x-y]"
+    assert [PlanRow.model_validate(d) for d in data] == rows
+    assert not list((tmp_path / "sub").glob(".*tmp"))
+
+
+# --------------------------------------------------------------------------- end to end
+
+SUITE = """
+import pytest
+
+pytestmark = pytest.mark.skip_less_device(1)
+
+def test_module_level():
+    raise AssertionError("a plan runs nothing")
+
+@pytest.mark.skip_less_device(2)
+class TestClass:
+    def test_class_level(self):
+        raise AssertionError("a plan runs nothing")
+
+    @pytest.mark.skip_less_device(4)
+    def test_method_level(self):
+        raise AssertionError("a plan runs nothing")
+
+    @pytest.mark.skip_less_mpi_world_size(8)
+    @pytest.mark.parametrize("x", ["a b", "c$d"])
+    def test_mpi(self, x):
+        raise AssertionError("a plan runs nothing")
+
+@pytest.mark.skip_less_device(0)
+def test_cpu():
+    raise AssertionError("a plan runs nothing")
+"""
+
+
+def run_plan_json(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[dict]]:
+    out = pytester.path / "out" / "plan.json"
+    result = pytester.runpytest("--trtllm-plan-json", str(out), *args)
+    rows = json.loads(out.read_text()) if out.exists() else []
+    return result, rows
+
+
+def test_plan_json_end_to_end(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result, rows = run_plan_json(pytester, "--strict-markers")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    assert "a plan runs nothing" not in result.stdout.str()
+    by_id = {row["nodeid"].split("::", 1)[1]: row for row in rows}
+    assert all(KEYS <= set(row) for row in rows)
+    assert {k: v["devices"] for k, v in by_id.items()} == {
+        "test_module_level": 1, "TestClass::test_class_level": 2,
+        "TestClass::test_method_level": 4, "TestClass::test_mpi[a b]": 8,
+        "TestClass::test_mpi[c$d]": 8, "test_cpu": 0,
+    }
+    assert by_id["TestClass::test_method_level"]["devices_per_node"] == 4
+    assert by_id["test_cpu"]["scenario"] == "local_direct"
+    assert by_id["TestClass::test_class_level"]["scenario"] is None
+
+
+def test_plan_respects_deselection_and_prints(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest("--trtllm-plan", "-k", "method or cpu")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "*trtllm-slurm plan*",
+        "*TestClass::test_method_level: 4 x any GPU = 1 node(s) x 4 -> not served*",
+        "*test_cpu: CPU only -> local_direct",
+        "2 test(s): 1 routed, 1 not served",
+    ])
+    assert "test_module_level" not in result.stdout.str()
+
+
+def test_plan_device_type_from_option(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.makeini("[pytest]\ntrtllm_device_type = H200\n")
+    _, rows = run_plan_json(pytester)
+    assert {row["device_type"] for row in rows} == {"H200"}
+
+
+@pytest.mark.parametrize(
+    "source, needles",
+    [
+        ("@pytest.mark.skip_less_device('four')\ndef test_bad():\n    pass\n",
+         ["test_bad.py::test_bad", "skip_less_device('four')", "non-negative integer"]),
+        ("@pytest.mark.skip_less_device()\ndef test_bad():\n    pass\n",
+         ["test_bad.py::test_bad", "found 0 arguments"]),
+        ("@pytest.mark.skip_less_mpi_world_size(-8)\ndef test_bad():\n    pass\n",
+         ["test_bad.py::test_bad", "-8"]),
+        ("@pytest.mark.trtllm_slurm(devcies=2)\ndef test_bad():\n    pass\n",
+         ["test_bad.py::test_bad", "devcies"]),
+    ],
+)
+def test_bad_markers_exit_4_naming_the_test(pytester: pytest.Pytester, source: str,
+                                            needles: list[str]) -> None:
+    pytester.makepyfile(test_bad="import pytest\n\n" + source)
+    result, _ = run_plan_json(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "Traceback" not in err + result.stdout.str()
+    for needle in needles:
+        assert needle in err
+
+
+PERF_TEST = """
+import pytest
+
+@pytest.mark.parametrize("perf_sanity_test_case", [
+    "aggr-cfg-small", "aggr-cfg-big", "aggr-cfg", "disagg-e2e-dis"])
+def test_e2e(perf_sanity_test_case):
+    raise AssertionError("a plan runs nothing")
+"""
+AGG_YAML = """
+hardware: {gpus_per_node: 4}
+server_configs:
+  - {name: small, tensor_parallel_size: 2}
+  - {name: big, tensor_parallel_size: 4, pipeline_parallel_size: 2, moe_expert_parallel_size: 8}
+"""
+DISAGG_YAML = """
+hardware: {gpus_per_node: 4, num_ctx_servers: 1, num_gen_servers: 2}
+worker_config: {ctx: {tensor_parallel_size: 4}, gen: {tensor_parallel_size: 8}}
+"""
+
+
+def perf_suite(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_perf_sanity=PERF_TEST)
+    (pytester.path / "perf").mkdir()
+    (pytester.path / "perf" / "cfg.yaml").write_text(AGG_YAML)
+    (pytester.path / "perf" / "dis.yaml").write_text(DISAGG_YAML)
+
+
+def test_perf_yaml_end_to_end(pytester: pytest.Pytester) -> None:
+    perf_suite(pytester)
+    pytester.makeini("[pytest]\ntrtllm_perf_config_dir = perf\n")
+    result, rows = run_plan_json(pytester)
+    assert result.ret == 0, result.stderr.str()
+    got = {row["nodeid"].split("[")[1].rstrip("]"): (row["devices"], row["devices_per_node"],
+                                                      row["nodes"]) for row in rows}
+    # disagg: ctx ceil(4/4)*1 + gen ceil(8/4)*2 = 5 nodes of 4
+    assert got == {"aggr-cfg-small": (2, 2, 1), "aggr-cfg-big": (8, 4, 2), "aggr-cfg": (8, 4, 2),
+                   "disagg-e2e-dis": (20, 4, 5)}
+
+
+def test_perf_env_folders(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    perf_suite(pytester)
+    monkeypatch.setenv("AGG_CONFIG_FOLDER", str(pytester.path / "perf"))
+    monkeypatch.setenv("DISAGG_CONFIG_FOLDER", str(pytester.path / "perf"))
+    result, rows = run_plan_json(pytester)
+    assert result.ret == 0 and [r["devices"] for r in rows] == [2, 8, 8, 20]
+
+
+@pytest.mark.parametrize(
+    "yaml_text, needles",
+    [
+        (AGG_YAML.replace("name: small", "name: tiny"),
+         ["test_e2e[aggr-cfg-small]", "small", "expected one of big, tiny"]),
+        (AGG_YAML.replace("hardware: {gpus_per_node: 4}", "hardware: {}"),
+         ["test_e2e[aggr-cfg-small]", "hardware.gpus_per_node", "cfg.yaml"]),
+    ],
+)
+def test_bad_perf_yaml_exit_4(pytester: pytest.Pytester, yaml_text: str,
+                              needles: list[str]) -> None:
+    perf_suite(pytester)
+    (pytester.path / "perf" / "cfg.yaml").write_text(yaml_text)
+    result, _ = run_plan_json(pytester, f"--perf-config-yaml={pytester.path / 'perf' / 'cfg.yaml'}",
+                              "-k", "small")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    for needle in needles:
+        assert needle in result.stderr.str()
+
+
+def test_missing_perf_yaml_exit_4(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_perf_sanity=PERF_TEST)
+    result = pytester.runpytest("--trtllm-plan")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "test_e2e[aggr-cfg-small]" in result.stderr.str()
+    assert "cfg.yaml not found" in result.stderr.str()
+
+
+def test_plan_wins_over_remote(pytester: pytest.Pytester) -> None:
+    """--trtllm-plan with dispatch on still plans only: nothing is submitted or run."""
+    pytester.makepyfile(test_suite=SUITE)
+    result, rows = run_plan_json(pytester, "--trtllm-remote", "--trtllm-plan")
+    assert result.ret == 0, result.stderr.str()
+    assert len(rows) == 6 and "a plan runs nothing" not in result.stdout.str()
