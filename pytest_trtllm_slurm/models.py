@@ -36,6 +36,8 @@ class DeviceRequirement(BaseModel):
     total: int = Field(0, ge=0)
     per_node: int | None = Field(None, ge=1)
     device_type: str | None = None
+    # skip_device_not_contain([...]): any device whose name contains one of these will do
+    device_keywords: tuple[str, ...] = ()
     device_memory_mib: int | None = Field(None, ge=0)
     host_memory_mib: int | None = Field(None, ge=0)
     source: str = "default"

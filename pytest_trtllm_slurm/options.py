@@ -161,7 +161,7 @@ def register(parser: pytest.Parser) -> None:
             if opt.false_flag:
                 group.addoption(opt.false_flag, dest=opt.dest, action="store_const", const=False,
                                 default=None, help=f"opposite of {opt.flag} ({opt.ini}=false)")
-        ini_type = {"bool": "bool", "list": "linelist"}.get(opt.kind, "string")
+        ini_type = {"bool": "bool", "int": "int", "list": "linelist"}.get(opt.kind, "string")
         parser.addini(opt.ini, f"{opt.help} (env {opt.env})", type=ini_type,  # type: ignore[arg-type]
                       default=None)
 
@@ -216,16 +216,27 @@ def _first(
     return None, None
 
 
-def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
-    """Dispatch or plan requested? Cheap: no file is read."""
+def remote_requested(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
+    """Is dispatch on? Cheap (no pydantic, no file): gate ``resolve_settings`` with it.
+
+    An explicit remote value from any source wins; otherwise --slurm-cluster or
+    --device-type on the command line turns it on.
+    """
     env = os.environ if environ is None else environ
-    for name in ("remote", "plan", "plan_json"):
+    value, source = _first(config, BY_NAME["remote"], env)
+    if value is not None:
+        return bool(coerce(BY_NAME["remote"], value, source or "cli"))
+    return any(_raw_cli(config, BY_NAME[n]) for n in ("slurm_cluster", "device_type"))
+
+
+def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
+    """Dispatch or a plan requested? Cheap: no file is read, no pydantic imported."""
+    env = os.environ if environ is None else environ
+    for name in ("plan", "plan_json"):
         value, source = _first(config, BY_NAME[name], env)
         if value is not None and coerce(BY_NAME[name], value, source or "cli"):
             return True
-    remote, _ = _first(config, BY_NAME["remote"], env)
-    implied = any(_raw_cli(config, BY_NAME[n]) for n in ("slurm_cluster", "device_type"))
-    return remote is None and implied
+    return remote_requested(config, env)
 
 
 # --------------------------------------------------------------------------- coercion

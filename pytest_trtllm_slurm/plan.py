@@ -13,9 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .config import Settings
 from .models import DeviceRequirement, RouteDecision
-from .requirements import PerfSources, requirement_for_item, test_config_for_item
 
 RouteFn = Callable[[Any, DeviceRequirement], RouteDecision]
 RequirementFn = Callable[[Any], DeviceRequirement]
@@ -54,28 +52,6 @@ def plan_row(nodeid: str, req: DeviceRequirement, decision: RouteDecision,
         source=req.source,
         reason=decision.reason,
     )
-
-
-def build_plan(
-    items: Iterable[Any],
-    settings: Settings,
-    route_fn: RouteFn,
-    requirement_fn: RequirementFn | None = None,
-) -> list[PlanRow]:
-    """Rows for ``items`` in order; ConfigError from a bad marker/YAML propagates."""
-    perf: PerfSources | None = None
-    rows = []
-    for item in items:
-        if requirement_fn is not None:
-            req = requirement_fn(item)
-        else:
-            if perf is None:
-                perf = PerfSources.from_settings(settings, Path(item.config.rootpath))
-            req = requirement_for_item(item, settings, perf)
-        decision = route_fn(item, req)
-        partition = test_config_for_item(item).partition or settings.partition
-        rows.append(plan_row(item.nodeid, req, decision, partition))
-    return rows
 
 
 def format_plan_lines(rows: Iterable[PlanRow]) -> list[str]:

@@ -7,28 +7,15 @@ normal run has none of these hooks.
 from __future__ import annotations
 
 import sys
-from typing import Any
-
 import pytest
 
 from .config import Settings
 from .errors import ConfigError
-from .models import DeviceRequirement, RouteDecision, Scenario
-from .plan import PlanRow, build_plan, format_plan_lines, write_plan_json
-
-
-def placeholder_route(item: Any, req: DeviceRequirement) -> RouteDecision:
-    """CPU tests run here; everything else is unrouted for now."""
-    # TODO(lead): real routing
-    if req.total == 0:
-        return RouteDecision(scenario=Scenario.LOCAL_DIRECT, dispatched=False)
-    return RouteDecision(scenario=None, reason="routing not wired yet")
+from .plan import PlanRow, format_plan_lines, plan_row, write_plan_json
 
 
 class PlanPlugin:
     """Builds the plan after collection (deselection included) and replaces the test loop."""
-
-    route_fn = staticmethod(placeholder_route)
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -36,10 +23,20 @@ class PlanPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from .batching import make_batches
+        from .context import planning_context
+        from .planning import plan_items
+
         try:
-            self.rows = build_plan(session.items, self.settings, self.route_fn)
+            planned = plan_items(session.items, planning_context(session.config))
         except ConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
+        batches = make_batches([(p.item.nodeid, p.plan.key) for p in planned if p.plan.key])
+        label = {nodeid: batch.label for batch in batches for nodeid in batch.nodeids}
+        self.rows = [
+            plan_row(p.item.nodeid, p.requirement, p.decision, batch=label.get(p.item.nodeid))
+            for p in planned
+        ]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:

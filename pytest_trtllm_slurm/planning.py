@@ -15,6 +15,7 @@ from .config import ClustersFile, Settings
 from .dispatch import ItemPlan
 from .jobspec import SlurmEnv
 from .models import DeviceRequirement, Launch, LocalEnv, RouteDecision
+from .resolve import normalize_device_type
 
 
 @dataclass
@@ -25,6 +26,7 @@ class PlanningContext:
     local: LocalEnv
     clusters: ClustersFile
     slurm_env: SlurmEnv | None = None
+    perf: requirements.PerfSources | None = None
 
 
 @dataclass
@@ -35,10 +37,43 @@ class PlannedItem:
     plan: ItemPlan
 
 
+def available_device_types(ctx: PlanningContext) -> list[str]:
+    """Device types some target offers: this machine, the local Slurm, configured clusters."""
+    found = [ctx.local.device_type] if ctx.local.gpu_count else []
+    if ctx.slurm_env is not None:
+        found += [p.gpu_type for p in ctx.slurm_env.partitions if p.gpu_type]
+    found += [c.device_type for c in ctx.clusters.clusters.values() if c.device_type]
+    types = [normalize_device_type(t) for t in found]
+    return list(dict.fromkeys(t for t in types if t))
+
+
+def with_keyword_type(req: DeviceRequirement, ctx: PlanningContext) -> DeviceRequirement | str:
+    """skip_device_not_contain([...]) without a device type: the first available type that
+    contains a keyword; a reason string when none does."""
+    if req.device_type or not req.device_keywords:
+        return req
+    available = available_device_types(ctx)
+    for device_type in available:
+        if any(k.lower() in device_type.lower() for k in req.device_keywords):
+            return req.model_copy(update={"device_type": device_type})
+    return (
+        f"needs a device whose name contains one of {list(req.device_keywords)}; "
+        f"device types available: {', '.join(available) or 'none'}; "
+        "configure a cluster with such GPUs (--slurm-cluster NAME) or pass --device-type"
+    )
+
+
 def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
     settings = ctx.settings
-    req = requirements.requirement_for_item(item, settings)
+    req = requirements.requirement_for_item(item, settings, ctx.perf)
     test_cfg = requirements.test_config_for_item(item)
+    typed = with_keyword_type(req, ctx)
+    if isinstance(typed, str):
+        decision = RouteDecision(scenario=None, reason=typed)
+        return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=typed))
+    req = typed
+    if test_cfg.container_image:
+        settings = settings.model_copy(update={"container_image": test_cfg.container_image})
     decision = routing.route(
         req,
         settings=settings,

@@ -30,7 +30,8 @@ def _is_worker(config: pytest.Config) -> bool:
 def dispatch_enabled(config: pytest.Config) -> bool:
     if _is_worker(config) or config.pluginmanager.hasplugin("dsession"):
         return False
-    return options.resolve_settings(config).remote
+    # the cheap check first: a plain run imports no pydantic and reads no file
+    return options.remote_requested(config) and options.resolve_settings(config).remote
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -54,9 +55,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     config = item.config
     if not hasattr(config, "workerinput") or not dispatch_enabled(config):
         return None
+    from .context import planning_context
     from .planning import plan_items
 
-    planned = plan_items([item], _planning_context(config))
+    planned = plan_items([item], planning_context(config))
     if planned[0].plan.key is None and planned[0].plan.skip_reason is None:
         return None  # runs right here, as usual
     _run(item.session, [item], planned)
@@ -64,15 +66,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None = None) -> None:
+    from .context import make_executors, planning_context
     from .dispatch import DispatchLoop
     from .planning import plan_items
 
     config = session.config
     settings = options.resolve_settings(config)
     try:
-        ctx = _planning_context(config)
+        ctx = planning_context(config)
         planned = planned if planned is not None else plan_items(items, ctx)
-        executors = _executors(ctx)
+        executors = make_executors(ctx, config)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
@@ -82,34 +85,3 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
     except KeyboardInterrupt:
         loop.interrupt()
         raise
-
-
-_CONTEXT_KEY = pytest.StashKey[object]()
-
-
-def _planning_context(config: pytest.Config):  # type: ignore[no-untyped-def]
-    """Probe this machine and load the clusters file once per run."""
-    from .config import load_clusters_file
-    from .execution.probe import probe_local_env
-    from .planning import PlanningContext
-
-    cached = config.stash.get(_CONTEXT_KEY, None)
-    if cached is not None:
-        return cached
-    settings = options.resolve_settings(config)
-    try:
-        clusters = load_clusters_file(
-            Path(settings.config_path) if settings.config_path else None, config.rootpath
-        )
-        ctx = PlanningContext(settings=settings, local=probe_local_env(), clusters=clusters)
-    except ConfigError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    config.stash[_CONTEXT_KEY] = ctx
-    return ctx
-
-
-def _executors(ctx):  # type: ignore[no-untyped-def]
-    from .execution.direct import DirectExecutor
-    from .models import Scenario
-
-    return {Scenario.LOCAL_DIRECT: DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))}

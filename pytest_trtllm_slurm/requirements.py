@@ -184,6 +184,9 @@ class TestConfig(BaseModel):
         return any(v is not None for v in (self.devices, self.devices_per_node, self.nodes))
 
 
+_NO_CONFIG = TestConfig()  # shared by every test without a trtllm_slurm marker (frozen)
+
+
 def _validation_message(exc: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']} (found {err['input']!r})"
@@ -194,7 +197,7 @@ def _validation_message(exc: ValidationError) -> str:
 def marker_config(nodeid: str, mark: MarkLike | None) -> TestConfig:
     """TestConfig of a ``trtllm_slurm`` mark; one optional positional argument means devices."""
     if mark is None:
-        return TestConfig()
+        return _NO_CONFIG
     fields = dict(mark.kwargs)
     if len(mark.args) > 1 or (mark.args and "devices" in fields):
         raise ConfigError(
@@ -246,19 +249,10 @@ def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
     return list(value)
 
 
-def _device_type(
-    nodeid: str, cfg: TestConfig, contain: MarkLike | None, settings: Settings
-) -> str | None:
-    """Marker device_type > option (if a skip_device_not_contain keyword allows it) > keyword."""
-    if cfg.device_type:
-        return cfg.device_type
-    if contain is None:
-        return settings.device_type
-    keywords = _keywords(nodeid, contain)
-    wanted = settings.device_type
-    if wanted and any(k.lower() in wanted.lower() for k in keywords):
-        return wanted
-    return keywords[0]
+def _device_type(cfg: TestConfig, settings: Settings) -> str | None:
+    """Marker device_type > option. skip_device_not_contain keywords are kept apart
+    (``device_keywords``): planning picks a concrete type among those available."""
+    return cfg.device_type or settings.device_type
 
 
 def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
@@ -367,23 +361,28 @@ class PerfSources:
                     f"{nodeid}: perf config {self.yaml_path} (--perf-config-yaml) does not exist"
                 )
             return self.yaml_path
-        return _find_yaml(self, case.mode, case.config, nodeid)
+        found, tried = _find_yaml(self, case.mode, case.config)
+        if found is not None:
+            return found
+        shown = ", ".join(str(p) for p in tried[:4]) + (", ..." if len(tried) > 4 else "")
+        env = "AGG_CONFIG_FOLDER" if case.mode == "aggr" else "DISAGG_CONFIG_FOLDER"
+        name = case.config if case.config.endswith(".yaml") else f"{case.config}.yaml"
+        raise ConfigError(
+            f"{nodeid}: perf config {name} not found (tried {shown or 'no folder'}); "
+            "set --perf-config-yaml PATH, ini trtllm_perf_config_dir / env "
+            f"TRTLLM_SLURM_PERF_CONFIG_DIR, or env {env}"
+        )
 
 
 @functools.lru_cache(maxsize=1024)
-def _find_yaml(sources: PerfSources, mode: str, config: str, nodeid: str) -> Path:
+def _find_yaml(
+    sources: PerfSources, mode: str, config: str
+) -> tuple[Path | None, tuple[Path, ...]]:
+    """(the first existing candidate or None, every candidate) for one config name."""
     name = config if config.endswith(".yaml") else f"{config}.yaml"
     folders = sources.agg_dirs if mode == "aggr" else sources.disagg_dirs
-    tried = [folder / name for folder in (*sources.config_dirs, *folders)]
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate
-    shown = ", ".join(str(p) for p in tried[:4]) + (", ..." if len(tried) > 4 else "")
-    env = "AGG_CONFIG_FOLDER" if mode == "aggr" else "DISAGG_CONFIG_FOLDER"
-    raise ConfigError(
-        f"{nodeid}: perf config {name} not found (tried {shown}); set --perf-config-yaml PATH, "
-        f"ini trtllm_perf_config_dir / env TRTLLM_SLURM_PERF_CONFIG_DIR, or env {env}"
-    )
+    tried = tuple(folder / name for folder in (*sources.config_dirs, *folders))
+    return next((c for c in tried if c.is_file()), None), tried
 
 
 def load_perf_yaml(path: Path) -> dict[str, Any]:
@@ -522,7 +521,9 @@ def requirement_from_marks(
 ) -> DeviceRequirement:
     """DeviceRequirement from the closest markers (``get_marker`` = item.get_closest_marker)."""
     cfg = marker_config(nodeid, get_marker("trtllm_slurm"))
-    device_type = _device_type(nodeid, cfg, get_marker("skip_device_not_contain"), settings)
+    device_type = _device_type(cfg, settings)
+    contain = get_marker("skip_device_not_contain")
+    keywords = tuple(_keywords(nodeid, contain)) if contain is not None else ()
     memory = {
         field: _count_arg(nodeid, mark, name, "MiB") if mark is not None else None
         for field, name in (("device_memory_mib", "skip_less_device_memory"),
@@ -536,8 +537,10 @@ def requirement_from_marks(
     elif mpi is not None:
         source = "skip_less_mpi_world_size"
         total, per_node = _count_arg(nodeid, mpi, source, "ranks"), None
-        if device is not None:  # N ranks, each node with at least M devices
-            per_node = min(_count_arg(nodeid, device, "skip_less_device", "devices"), total) or None
+        if device is not None:
+            # skip_less_device(M) is a lower bound checked on each node, not a size: the
+            # ranks still spread as the target's nodes allow (validated, not applied)
+            _count_arg(nodeid, device, "skip_less_device", "devices")
     elif device is not None:
         source = "skip_less_device"
         total = _count_arg(nodeid, device, source, "devices")
@@ -551,10 +554,26 @@ def requirement_from_marks(
     else:
         total, per_node, source = 0, None, "default"
     try:
-        return DeviceRequirement(total=total, per_node=per_node if total else None,
-                                 device_type=device_type, source=source, **memory)
+        return DeviceRequirement(
+            total=total, per_node=per_node if total else None, device_type=device_type,
+            device_keywords=keywords, source=source, **memory,
+        )
     except ValidationError as exc:
         raise ConfigError(f"{nodeid}: {_validation_message(exc)}") from None
+
+
+MARKER_NAMES = frozenset({"trtllm_slurm", "skip_less_device", "skip_less_mpi_world_size",
+                          "skip_less_device_memory", "skip_less_host_memory",
+                          "skip_device_not_contain"})
+
+
+def closest_markers(item: Any) -> MarkerLookup:
+    """``get_closest_marker`` for our marker names in one walk (method > class > module)."""
+    found: dict[str, MarkLike] = {}
+    for mark in item.iter_markers():
+        if mark.name in MARKER_NAMES and mark.name not in found:
+            found[mark.name] = mark
+    return found.get
 
 
 def requirement_for_item(
@@ -565,7 +584,7 @@ def requirement_for_item(
         return perf or PerfSources.from_settings(settings, Path(item.config.rootpath))
 
     return requirement_from_marks(
-        item.nodeid, item.get_closest_marker, settings, perf_case=perf_case_of(item), perf=sources
+        item.nodeid, closest_markers(item), settings, perf_case=perf_case_of(item), perf=sources
     )
 
 

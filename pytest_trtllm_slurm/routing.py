@@ -38,6 +38,7 @@ from .models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
 from .resolve import (
     describe_requirement,
     device_type_matches,
+    resolve_account,
     normalize_device_type,
     partition_fits,
     select_partition,
@@ -189,7 +190,7 @@ class _Ctx:
             scenario=Scenario.LOCAL_SLURM,
             cluster=self.local.cluster_name,
             partition=name,
-            account=self.settings.account or (cfg.account if cfg else None),
+            account=resolve_account(self.settings.account, cfg, self.slurm_env),
             target_gpus_per_node=(part.gpus_per_node or None)
             if part
             else (cfg.gpus_per_node if cfg else None),

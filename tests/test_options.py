@@ -333,6 +333,24 @@ def test_is_active(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -
     assert options.is_active(pytester.parseconfig("--slurm-cluster=dev"),
                              {"TRTLLM_SLURM_REMOTE": "off"}) is False
     assert options.is_active(pytester.parseconfig("--trtllm-plan"), {}) is True
+    assert options.remote_requested(pytester.parseconfig("--trtllm-plan"), {}) is False
+    assert options.remote_requested(pytester.parseconfig("--device-type=H200"), {}) is True
+
+
+@pytest.mark.parametrize(
+    "args, env, ini",
+    [([], {}, ""), (["--trtllm-remote"], {}, ""), (["--slurm-cluster=dev"], {}, ""),
+     (["--slurm-cluster=dev"], {"TRTLLM_SLURM_REMOTE": "no"}, ""), ([], {}, "trtllm_remote=1\n"),
+     (["--device-type=H200"], {}, "trtllm_remote=false\n"), ([], {"TRTLLM_SLURM_REMOTE": "y"}, "")],
+)
+def test_remote_requested_agrees_with_settings(pytester: pytest.Pytester, args: list[str],
+                                               env: dict[str, str], ini: str) -> None:
+    pytester.makeini("[pytest]\n" + ini)
+    pytester.path.joinpath("trtllm-slurm.toml").write_text("[clusters.dev]\n")
+    config = pytester.parseconfig(*args)
+    settings, _ = build_settings(lambda opt: options._first(config, opt, env), bases={},
+                                 rootdir=pytester.path)
+    assert options.remote_requested(config, env) is settings.remote
 
 
 def test_plan_plugin_only_when_asked(pytester: pytest.Pytester) -> None:

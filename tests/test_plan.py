@@ -10,16 +10,13 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.config import Settings
 from pytest_trtllm_slurm.models import DeviceRequirement, RouteDecision, Scenario
 from pytest_trtllm_slurm.plan import (
     PlanRow,
-    build_plan,
     format_plan_lines,
     plan_row,
     write_plan_json,
 )
-from pytest_trtllm_slurm.plan_hooks import placeholder_route
 
 pytest_plugins = ["pytester"]
 
@@ -39,6 +36,7 @@ def fake_item(nodeid: str, **marks: tuple[tuple[Any, ...], dict[str, Any]]) -> A
     table = {name: getattr(pytest.mark, name)(*args, **kwargs).mark
              for name, (args, kwargs) in marks.items()}
     return SimpleNamespace(nodeid=nodeid, name=nodeid.split("::")[-1], get_closest_marker=table.get,
+                           iter_markers=lambda: list(table.values()),
                            config=SimpleNamespace(rootpath=Path("/nonexistent")))
 
 
@@ -53,37 +51,6 @@ def test_plan_row_node_math_uses_the_target() -> None:
     }
     unrouted = plan_row("t::b", req, RouteDecision(scenario=None, reason="no H200"), "fallback")
     assert (unrouted.scenario, unrouted.partition, unrouted.nodes) == (None, "fallback", 1)
-
-
-def test_build_plan_with_injected_route() -> None:
-    items = [
-        fake_item("t.py::cpu"),
-        fake_item("t.py::four", skip_less_device=((4,), {})),
-        fake_item("t.py::mpi", skip_less_mpi_world_size=((8,), {})),
-        fake_item("t.py::pinned", trtllm_slurm=((), {"devices": 2, "partition": "mine"})),
-    ]
-    seen: list[tuple[str, int]] = []
-
-    def route(item: Any, req: DeviceRequirement) -> RouteDecision:
-        seen.append((item.nodeid, req.total))
-        return RouteDecision(scenario=Scenario.LOCAL_SLURM, target_gpus_per_node=4)
-
-    rows = build_plan(items, Settings(partition="default_p", device_type="B200"), route)
-    assert seen == [("t.py::cpu", 0), ("t.py::four", 4), ("t.py::mpi", 8), ("t.py::pinned", 2)]
-    got = [(r.devices, r.devices_per_node, r.nodes, r.partition, r.device_type) for r in rows]
-    assert got == [(0, 0, 1, "default_p", "B200"), (4, 4, 1, "default_p", "B200"),
-                   (8, 4, 2, "default_p", "B200"), (2, 2, 1, "mine", "B200")]
-
-
-def test_build_plan_requirement_fn() -> None:
-    rows = build_plan([fake_item("a")], Settings(), placeholder_route,
-                      requirement_fn=lambda item: DeviceRequirement(total=3))
-    assert (rows[0].devices, rows[0].scenario, rows[0].reason) == (3, None, "routing not wired yet")
-
-
-def test_placeholder_route() -> None:
-    assert placeholder_route(None, DeviceRequirement()).scenario is Scenario.LOCAL_DIRECT
-    assert placeholder_route(None, DeviceRequirement(total=1)).scenario is None
 
 
 def test_format_plan_lines() -> None:
@@ -139,6 +106,17 @@ def test_cpu():
 """
 
 
+def test_closest_markers_match_get_closest_marker(pytester: pytest.Pytester) -> None:
+    from pytest_trtllm_slurm.requirements import MARKER_NAMES, closest_markers
+
+    items = pytester.getitems(SUITE)
+    assert len(items) == 6
+    for item in items:
+        lookup = closest_markers(item)
+        for name in MARKER_NAMES:
+            assert lookup(name) is item.get_closest_marker(name), (item.nodeid, name)
+
+
 def run_plan_json(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[dict]]:
     out = pytester.path / "out" / "plan.json"
     result = pytester.runpytest("--trtllm-plan-json", str(out), *args)
@@ -146,7 +124,8 @@ def run_plan_json(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResu
     return result, rows
 
 
-def test_plan_json_end_to_end(pytester: pytest.Pytester) -> None:
+def test_plan_json_end_to_end(pytester: pytest.Pytester, devcluster: dict) -> None:
+    """Real routing against the dev cluster (batch: 2 nodes x 4 h200)."""
     pytester.makepyfile(test_suite=SUITE)
     result, rows = run_plan_json(pytester, "--strict-markers")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
@@ -160,23 +139,27 @@ def test_plan_json_end_to_end(pytester: pytest.Pytester) -> None:
     }
     assert by_id["TestClass::test_method_level"]["devices_per_node"] == 4
     assert by_id["test_cpu"]["scenario"] == "local_direct"
-    assert by_id["TestClass::test_class_level"]["scenario"] is None
+    assert by_id["TestClass::test_class_level"]["scenario"] == "local_slurm"
+    assert by_id["TestClass::test_class_level"]["partition"] == "batch"
+    mpi = by_id["TestClass::test_mpi[a b]"]
+    assert (mpi["devices_per_node"], mpi["nodes"], mpi["partition"]) == (4, 2, "batch")
+    assert mpi["batch"] == by_id["TestClass::test_mpi[c$d]"]["batch"] is not None
 
 
-def test_plan_respects_deselection_and_prints(pytester: pytest.Pytester) -> None:
+def test_plan_respects_deselection_and_prints(pytester: pytest.Pytester, devcluster: dict) -> None:
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest("--trtllm-plan", "-k", "method or cpu")
     assert result.ret == 0
     result.stdout.fnmatch_lines([
         "*trtllm-slurm plan*",
-        "*TestClass::test_method_level: 4 x any GPU = 1 node(s) x 4 -> not served*",
+        "*TestClass::test_method_level: 4 x any GPU = 1 node(s) x 4 -> local_slurm partition=batch*",
         "*test_cpu: CPU only -> local_direct",
-        "2 test(s): 1 routed, 1 not served",
+        "2 test(s): 2 routed, 0 not served",
     ])
     assert "test_module_level" not in result.stdout.str()
 
 
-def test_plan_device_type_from_option(pytester: pytest.Pytester) -> None:
+def test_plan_device_type_from_option(pytester: pytest.Pytester, devcluster: dict) -> None:
     pytester.makepyfile(test_suite=SUITE)
     pytester.makeini("[pytest]\ntrtllm_device_type = H200\n")
     _, rows = run_plan_json(pytester)
@@ -288,3 +271,52 @@ def test_plan_wins_over_remote(pytester: pytest.Pytester) -> None:
     result, rows = run_plan_json(pytester, "--trtllm-remote", "--trtllm-plan")
     assert result.ret == 0, result.stderr.str()
     assert len(rows) == 6 and "a plan runs nothing" not in result.stdout.str()
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "conftest_examples"
+
+
+def plan_examples(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, dict]]:
+    import subprocess
+    import sys
+
+    out = tmp_path / "plan.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--trtllm-plan",
+         "--trtllm-plan-json", str(out), *args],
+        cwd=EXAMPLES, capture_output=True, text=True, timeout=120, check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")},
+    )
+    rows = {r["nodeid"]: r for r in json.loads(out.read_text())} if out.exists() else {}
+    return proc.returncode, proc.stdout + proc.stderr, rows
+
+
+def test_examples_plan_on_the_dev_cluster(devcluster: dict, tmp_path: Path) -> None:
+    code, output, rows = plan_examples(tmp_path)
+    assert code == 0, output
+    mpi = rows["test_multi_gpu.py::test_multi_node_allreduce"]
+    assert (mpi["scenario"], mpi["partition"], mpi["nodes"], mpi["devices_per_node"]) == (
+        "local_slurm", "batch", 2, 4)
+    eight = rows["test_multi_gpu.py::test_eight_gpus"]
+    assert eight["scenario"] is None
+    assert "needs 8 GPUs" in output and "batch (4x h200 per node, 2 nodes)" in output
+    assert rows["test_cpu.py::test_json_round_trip"]["scenario"] == "local_direct"
+    hopper = rows["test_multi_gpu.py::test_hopper_only"]
+    assert (hopper["device_type"], hopper["partition"]) == ("H200", "batch")
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--slurm-partition=nosuch"], ["nosuch", "valid partitions: batch, gb200"]),
+        (["--slurm-account=nosuch", "-k", "test_one_gpu"], ["nosuch", "acct_a", "acct_b"]),
+    ],
+)
+def test_examples_wrong_partition_or_account_exit_4(
+    devcluster: dict, tmp_path: Path, args: list[str], needles: list[str]
+) -> None:
+    code, output, _ = plan_examples(tmp_path, *args)
+    assert code == 4, output
+    assert "Traceback" not in output
+    for needle in needles:
+        assert needle in output

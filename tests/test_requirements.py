@@ -184,9 +184,10 @@ def test_mpi_world_size_may_span_nodes() -> None:
     assert (r.resolve_per_node(8), r.nodes(8)) == (8, 1)
 
 
-def test_mpi_world_size_with_device_marker_sets_per_node() -> None:
+def test_mpi_world_size_with_device_marker_keeps_spreading() -> None:
+    """skip_less_device(2) next to mpi(8) is a per-node lower bound, not a per-node size."""
     r = req(skip_less_mpi_world_size=8, skip_less_device=2)
-    assert (r.total, r.per_node, r.nodes(8)) == (8, 2, 4)
+    assert (r.total, r.per_node, r.nodes(4), r.nodes(8)) == (8, None, 2, 1)
 
 
 def test_memory_markers_and_device_type() -> None:
@@ -196,13 +197,18 @@ def test_memory_markers_and_device_type() -> None:
 
 
 @pytest.mark.parametrize(
-    "option, keywords, expected",
-    [(None, ["H100", "H200"], "H100"), ("NVIDIA H200", ["H100", "H200"], "NVIDIA H200"),
-     ("B200", ["H100"], "H100"), ("B200", "B200", "B200")],
+    "option, keywords, expected_type, expected_keywords",
+    [(None, ["H100", "H200"], None, ("H100", "H200")),
+     ("NVIDIA H200", ["H100", "H200"], "NVIDIA H200", ("H100", "H200")),
+     ("B200", ["H100"], "B200", ("H100",)), (None, "B200", None, ("B200",))],
 )
-def test_skip_device_not_contain(option: str | None, keywords: Any, expected: str) -> None:
+def test_skip_device_not_contain(
+    option: str | None, keywords: Any, expected_type: str | None, expected_keywords: tuple
+) -> None:
+    """Keywords are kept apart from the type: planning picks an available type among them."""
     r = req(Settings(device_type=option), skip_less_device=1, skip_device_not_contain=(keywords,))
-    assert r.device_type == expected
+    assert r.device_type == expected_type
+    assert r.device_keywords == expected_keywords
 
 
 def test_trtllm_slurm_device_type_wins() -> None:
@@ -497,6 +503,8 @@ def test_missing_yaml_names_test_and_paths(tmp_path: Path) -> None:
     text = str(info.value)
     assert NODEID in text and "nope.yaml" in text and str(tmp_path) in text
     assert "AGG_CONFIG_FOLDER" in text
+    with pytest.raises(ConfigError, match="tried no folder"):
+        perf_req(PerfSources(), "aggr-nope")
     missing = PerfSources(yaml_path=tmp_path / "gone.yaml")
     with pytest.raises(ConfigError, match="--perf-config-yaml"):
         perf_req(missing, "aggr-x")

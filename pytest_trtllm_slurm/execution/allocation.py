@@ -13,16 +13,18 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Protocol
 
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import ExecutionError
-from ..jobspec import JobSpec, write_private_atomic
+from ..jobspec import JobSpec, SlurmEnv, write_private_atomic
 from ..scripts import GresStyle, gpu_flag
 from .shell import Shell
 from .slurm_jobs import SchedulerError, SlurmJobs, format_duration, parse_duration
@@ -33,6 +35,21 @@ NAME_SUFFIX = "-trtllm.persistent"
 MIN_LEFT_SECONDS = 300  # an allocation with less left is not reused
 DEFAULT_TIME_LIMIT = "04:00:00"
 GPU_CHECK = ["nvidia-smi", "--query-compute-apps=pid,name,used_memory", "--format=csv,noheader"]
+
+
+class Shape(Protocol):
+    """What sizing needs from a batch (JobSpec and BatchKey both have it)."""
+
+    @property
+    def partition(self) -> str | None: ...
+    @property
+    def account(self) -> str | None: ...
+    @property
+    def node_count(self) -> int: ...
+    @property
+    def devices_per_node(self) -> int: ...
+    @property
+    def container_image(self) -> str | None: ...
 
 
 class AllocationState(BaseModel):
@@ -85,10 +102,31 @@ class AllocationRequest:
     container_mounts: list[str] = field(default_factory=list)
     gres_style: GresStyle = "gres"
     gres_type: str | None = None
+    exclusive: bool = True  # whole nodes (all CPUs and memory) so steps can share them out
 
     @property
     def job_name(self) -> str:
         return f"{self.account or 'trtllm'}{NAME_SUFFIX}"
+
+    @classmethod
+    def covering(cls, shapes: Sequence[Shape], slurm_env: SlurmEnv | None = None, *,
+                 time_limit: str | None = None) -> AllocationRequest:
+        """One allocation for a run's batches (JobSpecs or BatchKeys): the partition most
+        of them use, as many nodes as the largest needs, whole nodes' GPUs."""
+        if not shapes:
+            raise ValueError("no batches to size an allocation for")
+        parts = Counter(s.partition for s in shapes)
+        partition = parts.most_common(1)[0][0]
+        mine = [s for s in shapes if s.partition == partition]
+        info = slurm_env.partition(partition) if slurm_env and partition else None
+        per_node = max([s.devices_per_node for s in mine] + [info.gpus_per_node if info else 0])
+        gres_style: GresStyle = "gres" if info and (info.requires_gres or info.gpu_type) else (
+            "gpus-per-node")
+        return cls(partition=partition, account=mine[0].account,
+                   nodes=max(s.node_count for s in mine), gpus_per_node=per_node,
+                   time_limit=time_limit or DEFAULT_TIME_LIMIT,
+                   docker_image=mine[0].container_image, gres_style=gres_style,
+                   gres_type=info.gpu_type if info else None)
 
     def incompatible(self, state: AllocationState) -> str | None:
         """Why an existing allocation cannot serve this request (seed: partition,
@@ -259,8 +297,10 @@ class AllocationManager:
     def salloc_argv(self) -> list[str]:
         req = self.request
         argv = ["salloc", "--no-shell", f"--job-name={req.job_name}", f"--nodes={req.nodes}",
-                f"--time={req.time_limit}", "--exclusive", "--mem=0", f"--comment={self.owner}",
+                f"--time={req.time_limit}", f"--comment={self.owner}",
                 f"--immediate={self.wait_seconds}"]
+        if req.exclusive:
+            argv += ["--exclusive", "--mem=0"]
         if req.partition:
             argv.append(f"--partition={req.partition}")
         if req.account:
@@ -286,8 +326,7 @@ class AllocationManager:
                 self.jobs.scancel([pending.group(1)])
             raise ExecutionError(
                 f"could not allocate: {res.describe()}\n(log: {self.salloc_log}; check the "
-                "partition, account and --trtllm-alloc-time, or run one-shot with "
-                "--trtllm-one-shot)"
+                "partition, the account and the allocation's time limit, or run one-shot)"
             )
         job_id = m.group(1)
         state = AllocationState(
@@ -388,8 +427,10 @@ class AllocationManager:
             state = self.read_state()
             msgs = []
             if state is not None:
-                self.jobs.scancel([state.job_id])
-                msgs.append(f"Allocation {state.job_id} released.")
+                out = " ".join(r.stderr + r.stdout for r in self.jobs.scancel([state.job_id]))
+                gone = "invalid job id" in out.lower()
+                msgs.append(f"Allocation {state.job_id} " + (
+                    "was already gone; state file removed." if gone else "released."))
             self._delete_state()
             self.salloc_log.unlink(missing_ok=True)
             try:

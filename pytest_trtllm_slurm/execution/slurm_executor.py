@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from ..errors import ExecutionError
 from ..jobspec import JobSpec, SlurmEnv
 from ..models import Launch
 from ..scripts import (
@@ -55,6 +56,8 @@ class _Job:
     left_at: float | None = None  # when it left the queue without a final state yet
     launched_at: float = 0.0
     cancelled: bool = False
+    settled: bool = False  # final state may be shown (its reports are complete or given up on)
+    settle_since: float | None = None
 
     @property
     def is_step(self) -> bool:
@@ -81,7 +84,9 @@ class SlurmExecutor:
         min_interval: float = 0.5,
         max_interval: float = 5.0,
         max_failures: int = 5,
+        fail_grace: float = 30.0,
         final_wait: float = 60.0,
+        report_wait: float = 15.0,
     ) -> None:
         if persistent and allocation_manager is None:
             raise ValueError("persistent=True needs an allocation_manager")
@@ -94,7 +99,11 @@ class SlurmExecutor:
         self.container = container
         self.warn = warn or (lambda msg: None)
         self.min_interval, self.max_interval = min_interval, max_interval
-        self.max_failures, self.final_wait = max_failures, final_wait
+        # a scheduler that fails max_failures times in a row over fail_grace seconds (a
+        # slurmctld restart takes a few) turns the jobs into ERROR; fewer are ridden out
+        self.max_failures, self.fail_grace = max_failures, fail_grace
+        self.final_wait, self.report_wait = final_wait, report_wait
+        self._failing_since: float | None = None
         self._jobs: dict[str, _Job] = {}
         self._by_work_dir: dict[str, _Job] = {}
         self._seq = itertools.count(1)
@@ -137,8 +146,9 @@ class SlurmExecutor:
         handle = JobHandle(job_id=f"{alloc.job_id}~{next(self._seq)}", spec=spec,
                            submitted_at=time.time(), nodelist=alloc.nodelist)
         job = _Job(handle, opts, alloc=alloc, share=step_share(spec, alloc))
-        for name in ("stepid", "srun.pid", "exit_code"):
-            self.shell.run(["rm", "-f", job.path(name)], timeout=30)
+        # a re-used work dir must not show the previous launch's step id or exit code
+        self.shell.run(["rm", "-f", job.path("stepid"), job.path("srun.pid"),
+                        job.path("exit_code")], timeout=30)
         argv = render_step_command(
             spec, alloc.job_id, gres_style=opts.gres_style, mpi=opts.mpi,
             launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=job.share,
@@ -162,7 +172,11 @@ class SlurmExecutor:
         assert self.allocations is not None
         if not self._alloc_checked:
             self._alloc_checked = True
-            self._alloc = self.allocations.ensure()
+            try:
+                self._alloc = self.allocations.ensure()
+            except ExecutionError as exc:  # e.g. the queue is too busy: sbatch still queues
+                self.warn(f"No persistent allocation ({exc}); batches run as one-shot jobs.")
+                self._alloc = None
             if self._alloc is not None:
                 self.allocations.check_gpu_processes(self._alloc)
         if self._alloc is None:
@@ -214,23 +228,52 @@ class SlurmExecutor:
         jobs = [self._jobs[h.job_id] for h in handles if h.job_id in self._jobs]
         now = time.monotonic()
         active = [j for j in jobs if not j.state.status.finished]
-        if active and now >= self._next_at:
-            before = {j.handle.job_id: (j.state.status, j.state.reason) for j in active}
+        unsettled = [j for j in jobs if j.state.status.finished and not j.settled]
+        if (active or unsettled) and now >= self._next_at:
+            before = {j.handle.job_id: self._visible(j) for j in jobs}
             try:
-                self._refresh(active)
-                self._failures = 0
+                if active:
+                    self._refresh(active)
+                self._failures, self._failing_since = 0, None
             except SchedulerError as exc:
                 self._failures += 1
-                if self._failures >= self.max_failures:
+                self._failing_since = self._failing_since or now
+                if self._failures >= self.max_failures and (
+                        now - self._failing_since >= self.fail_grace):
                     for job in active:
                         job.state = JobState(status=JobStatus.ERROR, reason=(
                             f"scheduler not answering ({self._failures} tries): {exc}"))
-            changed = any((j.state.status, j.state.reason) != before[j.handle.job_id]
-                          for j in active)
+            for job in jobs:
+                if job.state.status.finished and not job.settled:
+                    job.settled = self._reports_settled(job, now)
+            changed = any(self._visible(j) != before[j.handle.job_id] for j in jobs)
             self._interval = self.min_interval if changed else min(
                 self._interval * 1.5, self.max_interval)
             self._next_at = time.monotonic() + self._interval
-        return {j.handle.job_id: j.state for j in jobs}
+        return {j.handle.job_id: self._visible(j) for j in jobs}
+
+    @staticmethod
+    def _visible(job: _Job) -> JobState:
+        """What the monitor sees: a finished job stays RUNNING until its reports settled."""
+        if job.state.status.finished and not job.settled:
+            return JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist,
+                            reason="waiting for reports.jsonl (shared file system lag)")
+        return job.state
+
+    def _reports_settled(self, job: _Job, now: float) -> bool:
+        """Shared file systems lag: a job can end before its last report lines are visible
+        here. Wait (bounded by ``report_wait``) for the worker's ``session_finish`` line,
+        refreshing the directory's attribute cache once. Killed jobs never write it."""
+        if job.state.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
+            return True
+        spec = job.handle.spec
+        size = self.shell.size(spec.reports_path)
+        if b'"session_finish"' in self.shell.read_from(spec.reports_path, max(0, size - 4096)):
+            return True
+        if job.settle_since is None:
+            job.settle_since = now
+            self.shell.run(["ls", "-a", spec.work_dir], timeout=30)  # NFS attribute refresh
+        return now - job.settle_since >= self.report_wait
 
     def _refresh(self, active: list[_Job]) -> None:
         oneshot = [j for j in active if not j.is_step]
@@ -267,6 +310,11 @@ class SlurmExecutor:
         rows: dict[str, AcctRow] = {}
         if self.jobs.accounting is not False:
             rows = self.jobs.sacct([j.handle.job_id for j in jobs])
+        failed = [i for i, r in rows.items() if map_slurm_state(r.state) is JobStatus.FAILED]
+        for job_id, step_id in (self.jobs.oom_steps(failed) if failed else {}).items():
+            was = rows[job_id]
+            rows[job_id] = AcctRow(job_id, "OUT_OF_MEMORY", was.exit_code, was.signal,
+                                   was.nodelist, f"step {step_id} ran out of memory")
         for job in jobs:
             row = rows.get(job.handle.job_id)
             if row is None and self.jobs.accounting is False:
@@ -289,7 +337,8 @@ class SlurmExecutor:
         if status is not JobStatus.COMPLETED:
             where = f"step {job.step_id}" if job.step_id else f"job {job.handle.job_id}"
             reason = f"{where}: {row.state}" + (f" (exit {code})" if code else "") + (
-                f", signal {row.signal}" if row.signal else "")
+                f", signal {row.signal}" if row.signal else "") + (
+                f"; {row.reason}" if row.reason and row.reason != "None" else "")
         return JobState(status=status, exit_code=code, nodelist=row.nodelist or
                         job.state.nodelist, reason=reason)
 

@@ -296,6 +296,15 @@ class SlurmJobs:
             rows.update(parse_sacct(res.stdout, steps=steps))
         return rows
 
+    def oom_steps(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """job id -> its first OUT_OF_MEMORY step: a task OOM-killed inside ``srun`` marks
+        the step OUT_OF_MEMORY while the job itself only says FAILED."""
+        found: dict[str, str] = {}
+        for step_id, row in self.sacct(job_ids, steps=True).items():
+            if row.state.startswith("OUT_OF_MEMORY"):
+                found.setdefault(step_id.split(".", 1)[0], step_id)
+        return found
+
     def scontrol_job(self, job_id: str) -> AcctRow | None:
         """One job from slurmctld's memory (finished jobs stay there for MinJobAge)."""
         res = self.run(["scontrol", "show", "job", "-o", job_id])

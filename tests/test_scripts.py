@@ -1,0 +1,165 @@
+"""Golden-file tests of the Slurm script rendering (exact text; UPDATE_GOLDEN=1 rewrites)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from pytest_trtllm_slurm.jobspec import JobSpec, PartitionInfo, PmixInfo, SlurmEnv
+from pytest_trtllm_slurm.models import Launch, Scenario
+from pytest_trtllm_slurm.scripts import (
+    ContainerOptions,
+    SlurmOptions,
+    StepShare,
+    gpu_flag,
+    options_for,
+    render_rerun_sbatch,
+    render_rerun_step,
+    render_sbatch,
+    render_step_command,
+    render_step_launcher,
+    rerun_argv,
+    task_layout,
+)
+
+GOLDEN = Path(__file__).parent / "golden"
+WORK = "/work/repo/work_dirs/batch-4gpu-1n-0_20250101_000000_1"
+WORKER = [
+    "/usr/bin/python3", "-m", "pytest", "-p", "pytest_trtllm_slurm.worker",
+    "--trtllm-worker-reports", f"{WORK}/reports.jsonl",
+    "--trtllm-worker-nodeids", f"{WORK}/nodeids.json",
+    "--rootdir", "/work/repo", "-o", f"cache_dir={WORK}/.pytest_cache",
+    "--junitxml", f"{WORK}/junit.xml", "--continue-on-collection-errors", "--capture=tee-sys",
+]
+
+
+def make_spec(**kw: object) -> JobSpec:
+    base: dict[str, object] = dict(
+        scenario=Scenario.LOCAL_SLURM, name="batch-4gpu-1n-0", job_name="acct_a.batch-4gpu-1n-0",
+        nodeids=["tests/test_x.py::test_a[1-2]"], nodeids_file=f"{WORK}/nodeids.json",
+        command=WORKER, rootdir="/work/repo", invocation_dir="/work/repo", node_count=1,
+        total_devices=4, devices_per_node=4, device_type="H200", account="acct_a",
+        partition="batch", time_limit="01:00:00", work_dir=WORK, log_path=f"{WORK}/job.log",
+        reports_path=f"{WORK}/reports.jsonl",
+    )
+    base.update(kw)
+    return JobSpec.model_validate(base)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"missing golden file {path} (run with UPDATE_GOLDEN=1)"
+    assert text == path.read_text(encoding="utf-8")
+
+
+def test_single_one_node_gres() -> None:
+    text = render_sbatch(make_spec(), gres_style="gres", gres_type="h200")
+    check_golden("single_1n_gres.sbatch", text)
+
+
+def test_single_two_nodes_gpus_per_node_one_process_on_first_node() -> None:
+    spec = make_spec(node_count=2, total_devices=8, devices_per_node=4, name="b-8gpu-2n",
+                     job_name="acct_a.b-8gpu-2n", env={"NCCL_DEBUG": "INFO", "X": "a b'c"})
+    text = render_sbatch(spec, gres_style="gpus-per-node")
+    check_golden("single_2n_gpus_per_node.sbatch", text)
+    srun = text.strip().splitlines()[-1]
+    assert shlex.split(srun)[:6] == ["srun", "--kill-on-bad-exit=1", "-N", "1", "--ntasks=1",
+                                     "--ntasks-per-node=1"]
+
+
+def test_mpi_eight_ranks_two_nodes_with_launcher_prefix() -> None:
+    spec = make_spec(node_count=2, total_devices=8, devices_per_node=4, launch=Launch.MPI,
+                     partition="gb200", mem_mb=2000)
+    text = render_sbatch(spec, gres_style="gres", gres_type="gb200", mpi="pmix",
+                         launcher_prefix=["trtllm-llmapi-launch"])
+    check_golden("mpi_2n_8ranks.sbatch", text)
+    assert task_layout(spec) == (8, 4)
+
+
+def test_hostile_values_are_quoted() -> None:
+    spec = make_spec(job_name="acct a.$(rm -rf ~)", account="acct'a", partition="p q",
+                     log_path=f"{WORK}/odd dir/%j.log", invocation_dir="/work/re po",
+                     total_devices=0, devices_per_node=0, time_limit=None,
+                     env={"A_B": "$HOME `id`"})
+    text = render_sbatch(spec)
+    check_golden("hostile_values.sbatch", text)
+    with pytest.raises(ValueError):
+        render_sbatch(make_spec(env={"BAD NAME": "x"}))
+
+
+def test_container_flags() -> None:
+    spec = make_spec(container_image="nvcr.io#nvidia/pytorch:25.01", mounts=["/data:/data"])
+    cont = ContainerOptions(image="nvcr.io#nvidia/pytorch:25.01", name="acct_a-trtllm",
+                            mounts=("/data:/data", "/work/repo:/work/repo"), workdir="/work/repo")
+    check_golden("container.sbatch", render_sbatch(spec, gres_style="gres", gres_type="h200",
+                                                   container=cont))
+
+
+def test_step_command_always_has_nodes_exact_and_gpus() -> None:
+    spec = make_spec(total_devices=1, devices_per_node=1)
+    argv = render_step_command(spec, "1234", gres_style="gres", gres_type="h200",
+                               share=StepShare(cpus_per_task=2, mem_mb=1000),
+                               stepid_path=f"{WORK}/stepid")
+    check_golden("step_1gpu.argv", shlex.join(argv) + "\n")
+    assert argv[:4] == ["srun", "--jobid=1234", "-N", "1"]
+    assert "--exact" in argv and "--gres=gpu:h200:1" in argv and "--kill-on-bad-exit=1" in argv
+    assert "--job-name=acct_a.batch-4gpu-1n-0" in argv
+    # node ids never on a command line
+    assert not any("test_a" in a for a in argv)
+
+
+def test_step_command_mpi_two_nodes() -> None:
+    spec = make_spec(node_count=2, total_devices=8, devices_per_node=4, launch=Launch.MPI)
+    argv = render_step_command(spec, "77", gres_style="gpus-per-node", mpi="pmi2",
+                               launcher_prefix=["trtllm-llmapi-launch"],
+                               share=StepShare(overlap=True))
+    check_golden("step_mpi_2n.argv", shlex.join(argv) + "\n")
+    assert argv[2:4] == ["-N", "2"] and "--overlap" in argv and "--mpi=pmi2" in argv
+
+
+def test_step_launcher() -> None:
+    spec = make_spec(total_devices=1, devices_per_node=1, env={"K": "v w"})
+    argv = render_step_command(spec, "1234", stepid_path=f"{WORK}/stepid")
+    text = render_step_launcher(argv, log_path=f"{WORK}/job.log", pid_path=f"{WORK}/srun.pid",
+                                exit_path=f"{WORK}/exit_code", cwd="/work/repo", env=spec.env)
+    check_golden("step_launcher.sh", text)
+    assert text.splitlines()[2].startswith("exec >>")
+
+
+def test_gpu_flag_and_options_from_discovery() -> None:
+    assert gpu_flag(0, "gres") is None
+    assert gpu_flag(2, "gres") == "--gres=gpu:2"
+    assert gpu_flag(2, "gres", "h200") == "--gres=gpu:h200:2"
+    assert gpu_flag(2, "gpus-per-node", "h200") == "--gpus-per-node=2"
+    env = SlurmEnv(partitions=[
+        PartitionInfo(name="batch", gpu_type="h200", gpus_per_node=4, requires_gres=True,
+                      default=True),
+        PartitionInfo(name="cpu"),
+    ], pmix=PmixInfo(available=["pmi2", "pmix"], preferred="pmix"))
+    opts = options_for(make_spec(slurm_env=env))
+    assert opts == SlurmOptions("gres", "h200", "pmix")
+    assert options_for(make_spec(slurm_env=env, partition="cpu")).gres_style == "gpus-per-node"
+    assert options_for(make_spec(partition=None, slurm_env=env)).gres_type == "h200"
+
+
+def test_rerun_commands_quote_the_nodeid() -> None:
+    spec = make_spec()
+    nodeid = "tests/test_x.py::test_a[it's $HOME]"
+    assert rerun_argv(spec, nodeid) == [
+        "/usr/bin/python3", "-m", "pytest", "--rootdir", "/work/repo",
+        "-o", f"cache_dir={WORK}/.pytest_cache", "--capture=tee-sys", nodeid]
+    opts = SlurmOptions("gres", "h200")
+    line = render_rerun_sbatch(spec, nodeid, opts)
+    check_golden("rerun_sbatch.txt", line + "\n")
+    argv = shlex.split(line)
+    assert argv[0] == "sbatch" and "--gres=gpu:h200:4" in argv
+    wrapped = shlex.split(argv[argv.index("--wrap") + 1])
+    assert wrapped[-1] == nodeid
+    step = render_rerun_step(spec, nodeid, "55", opts)
+    check_golden("rerun_step.txt", step + "\n")
+    assert shlex.split(step.split(" && ", 1)[1])[-1] == nodeid
