@@ -141,7 +141,9 @@ def test_cluster_errors_are_usage_errors(pytester: pytest.Pytester, files: dict[
 
 def test_cluster_values_reach_the_plan(pytester: pytest.Pytester) -> None:
     write(pytester.path / "trtllm-slurm.toml", GOOD)
-    pytester.makepyfile("def test_a():\n    pass\n")
+    pytester.makepyfile(
+        "import pytest\n\n@pytest.mark.skip_less_device(2)\ndef test_a():\n    pass\n"
+    )
     result = pytester.runpytest("--trtllm-plan", "--slurm-cluster=dev")
     assert result.ret == 0, result.stderr.str()
-    result.stdout.fnmatch_lines(["*test_a: CPU only -> local_direct partition=batch*"])
+    result.stdout.fnmatch_lines(["*test_a: 2 x any GPU = 1 node(s) x 2 -> remote_slurm partition=batch*"])

@@ -32,7 +32,7 @@ from pytest_trtllm_slurm.execution.monitor import Monitor
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.shell import LocalShell
 from pytest_trtllm_slurm.execution.slurm import SlurmClient
-from pytest_trtllm_slurm.execution.slurm_executor import SlurmExecutor
+from pytest_trtllm_slurm.execution.slurm_executor import SlurmExecutor, WalltimePolicy
 from pytest_trtllm_slurm.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.models import Launch, Scenario
 
@@ -50,11 +50,13 @@ def make_spec(root: Path, name: str, body: str, **kw: Any) -> JobSpec:
     work.mkdir(parents=True, exist_ok=True)
     script = work / "script.py"
     script.write_text(
-        "import json, os, subprocess, sys, time\n"
+        "import atexit, json, os, subprocess, sys, time\n"
         f"WORK = {str(work)!r}\nREPORTS = {str(work / 'reports.jsonl')!r}\n"
         "def report(**kw):\n"
         "    with open(REPORTS, 'a') as fh:\n"
         "        fh.write(json.dumps(kw) + '\\n')\n"
+        # like the worker: the last line says the reports are complete (see report_wait)
+        "atexit.register(lambda: report(type='session_finish'))\n"
         + textwrap.dedent(body),
         encoding="utf-8",
     )
@@ -81,7 +83,8 @@ def drive(executor: SlurmExecutor, handles: list[JobHandle], timeout: float,
     while monitor.active:
         rounds += 1
         for event in monitor.poll():
-            records[event.job.handle.job_id] += event.records
+            records[event.job.handle.job_id] += [
+                r for r in event.records if r.get("type") != "session_finish"]
             if event.final is not None:
                 finals[event.job.handle.job_id] = event.final
         if on_poll is not None:
@@ -393,6 +396,34 @@ def test_refused_allocation_and_submission_become_error_states(slurm_env: SlurmE
     assert state.status is JobStatus.ERROR and "Invalid account" in (state.reason or ""), state
     assert any("No persistent allocation" in w and "Invalid account" in w for w in warnings)
     assert not (tmp_path / "work_dirs" / ".slurm_alloc.json").exists()
+
+
+def test_walltime_negotiation_shortens_a_long_wait(slurm_env: SlurmEnv, tmp_path: Path) -> None:
+    # the holder takes every batch GPU (not the CPUs) for 2 hours; the waiter needs 4 GPUs
+    holder = sh("sbatch", "--parsable", "-p", "batch", "-N2", "--gres=gpu:h200:4", "-t", "120",
+                "-J", f"{PREFIX}.holder", "-o", "/dev/null", "--wrap", "sleep 600").strip()
+    warnings: list[str] = []
+    executor = SlurmExecutor(LocalShell(), slurm_env=slurm_env, persistent=False,
+                             warn=warnings.append,
+                             walltime=WalltimePolicy(pending_after=1, new_limit="30"))
+    try:
+        end = time.monotonic() + 60
+        while sh("squeue", "-h", "-j", holder, "-o", "%T").strip() != "RUNNING":
+            assert time.monotonic() < end, "the holder job never started"
+            time.sleep(0.5)
+        handle = executor.submit(make_spec(tmp_path, "waiter", "", time_limit="4:00:00",
+                                           total_devices=4, devices_per_node=4))
+        end = time.monotonic() + 30
+        while not warnings:
+            state = executor.poll([handle])[handle.job_id]
+            assert state.status is JobStatus.PENDING and time.monotonic() < end, state
+            time.sleep(0.2)
+        assert "from 4:00:00 to 30" in warnings[0], warnings
+        assert sh("squeue", "-h", "-j", handle.job_id, "-o", "%l").strip() == "30:00"
+        assert state.reason  # the pending reason is shown (Resources / Priority)
+    finally:
+        executor.close()
+        sh("scancel", holder)
 
 
 # -- node failure, timeout, leftovers (last: they wait longest or disturb the cluster) -------

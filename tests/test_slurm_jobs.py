@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -108,8 +109,10 @@ class ScriptedShell:
 
     name = "scripted"
 
-    def __init__(self, answers: dict[str, list[tuple[int, str, str]]]) -> None:
+    def __init__(self, answers: dict[str, list[tuple[int, str, str]]],
+                 files: dict[str, bytes] | None = None) -> None:
         self.answers = answers
+        self.files = files or {}
         self.calls: list[list[str]] = []
 
     def run(self, argv: list[str], **_: object) -> CommandResult:
@@ -119,10 +122,10 @@ class ScriptedShell:
         return CommandResult(tuple(argv), code, out, err)
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
-        return b""
+        return self.files.get(path, b"")[offset:offset + limit]
 
     def size(self, path: str) -> int:
-        return 0
+        return len(self.files.get(path, b""))
 
     def write_file(self, path: str, data: str, mode: int = 0o600) -> None:
         pass
@@ -205,3 +208,26 @@ def test_allocation_request_covering_batches() -> None:
     assert (req.partition, req.account, req.nodes, req.gpus_per_node) == ("batch", "acct_a", 2, 4)
     assert (req.gres_style, req.gres_type, req.time_limit) == ("gres", "h200", "2:00:00")
     assert req.job_name == "acct_a-trtllm.persistent"
+
+
+def test_finished_job_waits_a_bounded_time_for_its_reports(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    shell = ScriptedShell({"sbatch": [(0, "11\n", "")], "squeue": [(0, "", "")],
+                           "sacct": [(0, "11|COMPLETED|0:0|n1|None\n", "")]},
+                          files={spec.reports_path: b'{"type": "start"}\n'})
+    executor = SlurmExecutor(shell, persistent=False, min_interval=0, max_interval=0,
+                             report_wait=0.3)
+    handle = executor.submit(spec)
+    state = executor.poll([handle])[handle.job_id]
+    assert state.status is JobStatus.RUNNING and "shared file system" in (state.reason or "")
+    assert ["ls", "-a", spec.work_dir] in shell.calls  # attribute cache refresh
+    shell.files[spec.reports_path] += b'{"type": "session_finish", "exitstatus": 0}\n'
+    assert executor.poll([handle])[handle.job_id].status is JobStatus.COMPLETED
+    # without the last line it gives up after report_wait
+    spec2 = _spec(tmp_path / "b")
+    shell.answers["sbatch"] = [(0, "12\n", "")]
+    shell.answers["sacct"] = [(0, "12|COMPLETED|0:0|n1|None\n", "")]
+    handle = executor.submit(spec2)
+    assert executor.poll([handle])[handle.job_id].status is JobStatus.RUNNING
+    time.sleep(0.35)
+    assert executor.poll([handle])[handle.job_id].status is JobStatus.COMPLETED

@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from ..errors import ExecutionError
@@ -28,7 +27,6 @@ from ..models import Launch
 from ..scripts import (
     ContainerOptions,
     SlurmOptions,
-    StepShare,
     options_for,
     render_rerun_sbatch,
     render_rerun_step,
@@ -40,31 +38,18 @@ from .allocation import AllocationManager, AllocationState
 from .base import JobHandle
 from .outcome import JobState, JobStatus, map_slurm_state
 from .shell import Shell
-from .slurm_jobs import AcctRow, SchedulerError, SlurmJobs
+from .slurm_batch import (
+    TrackedJob,
+    WalltimePolicy,
+    exit_code_state,
+    final_state,
+    seconds_until,
+    step_share,
+    visible_state,
+)
+from .slurm_jobs import AcctRow, QueueRow, SchedulerError, SlurmJobs, parse_duration
 
 MPI_FALLBACKS = ("pmix", "pmi2")
-
-
-@dataclass
-class _Job:
-    handle: JobHandle
-    opts: SlurmOptions
-    alloc: AllocationState | None = None  # set for steps
-    share: StepShare | None = None
-    state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
-    step_id: str | None = None  # "<alloc>.<step>" once the task recorded it
-    left_at: float | None = None  # when it left the queue without a final state yet
-    launched_at: float = 0.0
-    cancelled: bool = False
-    settled: bool = False  # final state may be shown (its reports are complete or given up on)
-    settle_since: float | None = None
-
-    @property
-    def is_step(self) -> bool:
-        return self.alloc is not None
-
-    def path(self, name: str) -> str:
-        return str(PurePosixPath(self.handle.spec.work_dir) / name)
 
 
 class SlurmExecutor:
@@ -87,6 +72,7 @@ class SlurmExecutor:
         fail_grace: float = 30.0,
         final_wait: float = 60.0,
         report_wait: float = 15.0,
+        walltime: WalltimePolicy | None = None,
     ) -> None:
         if persistent and allocation_manager is None:
             raise ValueError("persistent=True needs an allocation_manager")
@@ -103,9 +89,10 @@ class SlurmExecutor:
         # slurmctld restart takes a few) turns the jobs into ERROR; fewer are ridden out
         self.max_failures, self.fail_grace = max_failures, fail_grace
         self.final_wait, self.report_wait = final_wait, report_wait
+        self.walltime = walltime
         self._failing_since: float | None = None
-        self._jobs: dict[str, _Job] = {}
-        self._by_work_dir: dict[str, _Job] = {}
+        self._jobs: dict[str, TrackedJob] = {}
+        self._by_work_dir: dict[str, TrackedJob] = {}
         self._seq = itertools.count(1)
         self._interval = min_interval
         self._next_at = 0.0
@@ -127,25 +114,25 @@ class SlurmExecutor:
         except SchedulerError as exc:
             handle = JobHandle(job_id=f"unsubmitted-{next(self._seq)}", spec=spec,
                                submitted_at=time.time())
-            job = _Job(handle, opts, state=JobState(status=JobStatus.ERROR, reason=str(exc)))
+            job = TrackedJob(handle, opts, state=JobState(status=JobStatus.ERROR, reason=str(exc)))
         self._jobs[job.handle.job_id] = job
         self._by_work_dir[spec.work_dir] = job
         self._wake()
         return job.handle
 
-    def _sbatch(self, spec: JobSpec, opts: SlurmOptions) -> _Job:
+    def _sbatch(self, spec: JobSpec, opts: SlurmOptions) -> TrackedJob:
         script = render_sbatch(spec, gres_style=opts.gres_style, mpi=opts.mpi,
                                launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type,
                                container=opts.container)
         path = str(PurePosixPath(spec.work_dir) / "job.sbatch")
         self.shell.write_file(path, script)
         job_id = self.jobs.sbatch(path, cwd=spec.work_dir)
-        return _Job(JobHandle(job_id=job_id, spec=spec, submitted_at=time.time()), opts)
+        return TrackedJob(JobHandle(job_id=job_id, spec=spec, submitted_at=time.time()), opts)
 
-    def _launch_step(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState) -> _Job:
+    def _launch_step(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState) -> TrackedJob:
         handle = JobHandle(job_id=f"{alloc.job_id}~{next(self._seq)}", spec=spec,
                            submitted_at=time.time(), nodelist=alloc.nodelist)
-        job = _Job(handle, opts, alloc=alloc, share=step_share(spec, alloc))
+        job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc))
         # a re-used work dir must not show the previous launch's step id or exit code
         self.shell.run(["rm", "-f", job.path("stepid"), job.path("srun.pid"),
                         job.path("exit_code")], timeout=30)
@@ -230,7 +217,7 @@ class SlurmExecutor:
         active = [j for j in jobs if not j.state.status.finished]
         unsettled = [j for j in jobs if j.state.status.finished and not j.settled]
         if (active or unsettled) and now >= self._next_at:
-            before = {j.handle.job_id: self._visible(j) for j in jobs}
+            before = {j.handle.job_id: visible_state(j) for j in jobs}
             try:
                 if active:
                     self._refresh(active)
@@ -246,21 +233,13 @@ class SlurmExecutor:
             for job in jobs:
                 if job.state.status.finished and not job.settled:
                     job.settled = self._reports_settled(job, now)
-            changed = any(self._visible(j) != before[j.handle.job_id] for j in jobs)
+            changed = any(visible_state(j) != before[j.handle.job_id] for j in jobs)
             self._interval = self.min_interval if changed else min(
                 self._interval * 1.5, self.max_interval)
             self._next_at = time.monotonic() + self._interval
-        return {j.handle.job_id: self._visible(j) for j in jobs}
+        return {j.handle.job_id: visible_state(j) for j in jobs}
 
-    @staticmethod
-    def _visible(job: _Job) -> JobState:
-        """What the monitor sees: a finished job stays RUNNING until its reports settled."""
-        if job.state.status.finished and not job.settled:
-            return JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist,
-                            reason="waiting for reports.jsonl (shared file system lag)")
-        return job.state
-
-    def _reports_settled(self, job: _Job, now: float) -> bool:
+    def _reports_settled(self, job: TrackedJob, now: float) -> bool:
         """Shared file systems lag: a job can end before its last report lines are visible
         here. Wait (bounded by ``report_wait``) for the worker's ``session_finish`` line,
         refreshing the directory's attribute cache once. Killed jobs never write it."""
@@ -275,26 +254,28 @@ class SlurmExecutor:
             self.shell.run(["ls", "-a", spec.work_dir], timeout=30)  # NFS attribute refresh
         return now - job.settle_since >= self.report_wait
 
-    def _refresh(self, active: list[_Job]) -> None:
+    def _refresh(self, active: list[TrackedJob]) -> None:
         oneshot = [j for j in active if not j.is_step]
         if oneshot:
             self._refresh_jobs(oneshot)
-        by_alloc: dict[str, list[_Job]] = {}
+        by_alloc: dict[str, list[TrackedJob]] = {}
         for job in active:
             if job.alloc is not None:
                 by_alloc.setdefault(job.alloc.job_id, []).append(job)
         for alloc_id, steps in by_alloc.items():
             self._refresh_steps(alloc_id, steps)
 
-    def _refresh_jobs(self, jobs: list[_Job]) -> None:
+    def _refresh_jobs(self, jobs: list[TrackedJob]) -> None:
         rows = self.jobs.squeue_jobs([j.handle.job_id for j in jobs])
-        left: list[_Job] = []
+        left: list[TrackedJob] = []
         for job in jobs:
             row = rows.get(job.handle.job_id)
             status = map_slurm_state(row.state) if row else None
             if row is not None and status is not None and not status.finished:
                 reason = row.reason if status is JobStatus.PENDING else None
                 job.state = JobState(status=status, nodelist=row.nodelist, reason=reason)
+                if status is JobStatus.PENDING and self.walltime and not job.negotiated:
+                    self._negotiate(job, row)
                 if status is JobStatus.RUNNING and job.handle.started_at is None:
                     job.handle.started_at = time.time()
             else:
@@ -302,7 +283,29 @@ class SlurmExecutor:
         if left:
             self._finalize_jobs(left)
 
-    def _finalize_jobs(self, jobs: list[_Job]) -> None:
+    def _negotiate(self, job: TrackedJob, row: QueueRow) -> None:
+        """Shorten the time limit of a job that would wait long (seed: walltime strategy)."""
+        policy = self.walltime
+        assert policy is not None
+        if time.time() - job.handle.submitted_at < policy.pending_after:
+            return
+        job.negotiated = True
+        wait = seconds_until(row.start)
+        if wait is not None and wait <= policy.far_start:
+            return
+        have, want = parse_duration(row.time_limit), parse_duration(policy.new_limit)
+        if have is None or want is None or want >= have:
+            return
+        res = self.jobs.set_time_limit(job.handle.job_id, policy.new_limit)
+        eta = f"estimated start {row.start}" if wait is not None else "no estimated start"
+        if res.ok:
+            self.warn(f"Reduced the time limit of job {job.handle.job_id} ({job.handle.spec.name})"
+                      f" from {row.time_limit} to {policy.new_limit} for faster scheduling "
+                      f"({eta}); it now has less time to run.")
+        else:
+            self.warn(f"Could not shorten job {job.handle.job_id}: {res.describe()}")
+
+    def _finalize_jobs(self, jobs: list[TrackedJob]) -> None:
         """Jobs no longer queued: final state from sacct, else scontrol, within final_wait."""
         now = time.monotonic()
         for job in jobs:
@@ -320,7 +323,7 @@ class SlurmExecutor:
             if row is None and self.jobs.accounting is False:
                 row = self.jobs.scontrol_job(job.handle.job_id)
             if row is not None and map_slurm_state(row.state).finished:
-                job.state = self._final(job, row)
+                job.state = final_state(job, row)
             elif now - (job.left_at or now) > self.final_wait:
                 job.state = JobState(status=JobStatus.ERROR, nodelist=job.state.nodelist,
                                      reason=f"job {job.handle.job_id} left the queue but its "
@@ -328,23 +331,9 @@ class SlurmExecutor:
             else:
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist)
 
-    def _final(self, job: _Job, row: AcctRow, exit_code: int | None = None) -> JobState:
-        status = map_slurm_state(row.state)
-        code = exit_code if exit_code is not None else row.exit_code
-        if job.cancelled and status is JobStatus.FAILED:
-            status = JobStatus.CANCELLED
-        reason = None
-        if status is not JobStatus.COMPLETED:
-            where = f"step {job.step_id}" if job.step_id else f"job {job.handle.job_id}"
-            reason = f"{where}: {row.state}" + (f" (exit {code})" if code else "") + (
-                f", signal {row.signal}" if row.signal else "") + (
-                f"; {row.reason}" if row.reason and row.reason != "None" else "")
-        return JobState(status=status, exit_code=code, nodelist=row.nodelist or
-                        job.state.nodelist, reason=reason)
-
-    def _refresh_steps(self, alloc_id: str, jobs: list[_Job]) -> None:
+    def _refresh_steps(self, alloc_id: str, jobs: list[TrackedJob]) -> None:
         steps = self.jobs.squeue_steps(alloc_id)
-        ended: list[tuple[_Job, int]] = []
+        ended: list[tuple[TrackedJob, int]] = []
         now = time.monotonic()
         for job in jobs:
             if job.step_id is None:
@@ -375,7 +364,7 @@ class SlurmExecutor:
         if ended:
             self._finalize_steps(ended)
 
-    def _finalize_steps(self, ended: list[tuple[_Job, int]]) -> None:
+    def _finalize_steps(self, ended: list[tuple[TrackedJob, int]]) -> None:
         """Final step states: sacct of ``<alloc>.<step>`` (OUT_OF_MEMORY, TIMEOUT and
         CANCELLED show there), else the exit code srun returned."""
         ids = [j.step_id for j, _ in ended if j.step_id]
@@ -386,25 +375,13 @@ class SlurmExecutor:
         for job, code in ended:
             row = rows.get(job.step_id or "")
             if row is not None and map_slurm_state(row.state).finished:
-                job.state = self._final(job, row, exit_code=code if code >= 0 else None)
+                job.state = final_state(job, row, exit_code=code if code >= 0 else None)
                 continue
             job.left_at = job.left_at or now
             if job.step_id and self.jobs.accounting is not False and now - job.left_at < 10:
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist)
                 continue  # accounting lags a little behind srun's exit
-            job.state = self._from_exit_code(job, code)
-
-    def _from_exit_code(self, job: _Job, code: int) -> JobState:
-        if code == 0:
-            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=job.state.nodelist)
-        if job.cancelled:
-            status = JobStatus.CANCELLED
-        else:
-            status = JobStatus.FAILED if code > 0 else JobStatus.ERROR
-        where = f"step {job.step_id}" if job.step_id else "srun (no step was created)"
-        return JobState(status=status, exit_code=code if code >= 0 else None,
-                        nodelist=job.state.nodelist,
-                        reason=f"{where} exited with {code}; see {job.handle.spec.log_path}")
+            job.state = exit_code_state(job, code)
 
     def _read(self, path: str) -> str:
         return self.shell.read_from(path, 0, 4096).decode("utf-8", "replace")
@@ -417,7 +394,7 @@ class SlurmExecutor:
             return
         self._cancel([job])
 
-    def _cancel(self, jobs: list[_Job]) -> None:
+    def _cancel(self, jobs: list[TrackedJob]) -> None:
         ids: list[str] = []
         for job in jobs:
             job.cancelled = True
@@ -457,17 +434,3 @@ class SlurmExecutor:
         if key not in self._warned:
             self._warned.add(key)
             self.warn(msg)
-
-
-def step_share(spec: JobSpec, alloc: AllocationState) -> StepShare:
-    """CPUs and memory for a step in proportion to its GPUs (whole allocation per node
-    split by GPU count), so steps run side by side instead of waiting for each other."""
-    gpus = alloc.gpus_per_node
-    frac = spec.devices_per_node / gpus if gpus and spec.devices_per_node else (
-        1 / gpus if gpus else 1.0)
-    frac = min(1.0, frac)
-    tasks_per_node = (spec.devices_per_node or 1) if spec.launch is Launch.MPI else 1
-    cpus = max(1, int(alloc.cpus_per_node * frac) // tasks_per_node) \
-        if alloc.cpus_per_node else None
-    mem = max(64, int(alloc.mem_per_node_mb * frac)) if alloc.mem_per_node_mb else None
-    return StepShare(cpus_per_task=cpus, mem_mb=mem)

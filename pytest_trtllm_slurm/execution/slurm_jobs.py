@@ -18,6 +18,7 @@ from ..errors import ExecutionError
 from .shell import CommandResult, Shell
 
 CHUNK = 100  # ids per squeue/sacct/scancel call
+QUEUE_FORMAT = "%i|%T|%r|%N|%L|%l|%S"
 _INVALID_ID = "invalid job id"
 _ACCOUNTING_OFF = ("accounting storage is disabled", "slurm accounting storage is disabled")
 _JOB_ID = re.compile(r"^(\d+)(?:([_+])(\d+|\[[^\]]*\]))?(?:\.(\w+))?$")
@@ -40,6 +41,8 @@ class QueueRow:
     reason: str | None
     nodelist: str | None
     time_left: str | None = None
+    time_limit: str | None = None
+    start: str | None = None  # estimated start (pending) or start time, ISO local time
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,8 @@ def _none(text: str) -> str | None:
 
 
 def parse_squeue_jobs(stdout: str) -> dict[str, QueueRow]:
-    """``squeue -h -o '%i|%T|%r|%N|%L'`` rows keyed by job id (array tasks as ``123_4``)."""
+    """``squeue -h -o '%i|%T|%r|%N|%L|%l|%S'`` rows keyed by job id (array tasks as
+    ``123_4``)."""
     rows: dict[str, QueueRow] = {}
     for line in stdout.splitlines():
         cols = line.strip().split("|")
@@ -154,8 +158,9 @@ def parse_squeue_jobs(stdout: str) -> dict[str, QueueRow]:
             continue
         if job in rows:
             continue  # a heterogeneous job's later components
-        cols += [""] * (5 - len(cols))
-        rows[job] = QueueRow(job, cols[1].strip(), _none(cols[2]), _none(cols[3]), _none(cols[4]))
+        cols += [""] * (7 - len(cols))
+        rows[job] = QueueRow(job, cols[1].strip(), _none(cols[2]), _none(cols[3]), _none(cols[4]),
+                             _none(cols[5]), _none(cols[6]))
     return rows
 
 
@@ -256,7 +261,7 @@ class SlurmJobs:
         """Queue rows of ``ids`` (jobs that left the queue are simply absent)."""
         rows: dict[str, QueueRow] = {}
         for part in chunks(ids, self.chunk):
-            res = self.run(["squeue", "-h", "-j", ",".join(part), "-o", "%i|%T|%r|%N|%L"])
+            res = self.run(["squeue", "-h", "-j", ",".join(part), "-o", QUEUE_FORMAT])
             if not res.ok:
                 if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
                     continue  # every id of the chunk is gone: not an error
@@ -313,6 +318,10 @@ class SlurmJobs:
                 return None
             raise SchedulerError(res)
         return parse_scontrol_job(res.stdout)
+
+    def set_time_limit(self, job_id: str, limit: str) -> CommandResult:
+        """``scontrol update JobId=X TimeLimit=Y`` (allowed while the job pends)."""
+        return self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
 
     def time_left(self, job_id: str) -> tuple[str, str] | None:
         """(state, time left ``%L``) of one job, or None when it is gone."""

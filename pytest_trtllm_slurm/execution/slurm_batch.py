@@ -1,0 +1,117 @@
+"""What the Slurm executor tracks per batch, and how end states are derived.
+
+Pure helpers (no scheduler calls): the executor feeds them squeue/sacct rows
+and exit codes; the tests read them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import PurePosixPath
+
+from ..jobspec import JobSpec
+from ..models import Launch
+from ..scripts import SlurmOptions, StepShare
+from .allocation import AllocationState
+from .base import JobHandle
+from .outcome import JobState, JobStatus, map_slurm_state
+from .slurm_jobs import AcctRow
+
+
+@dataclass(frozen=True)
+class WalltimePolicy:
+    """Opt-in (--trtllm-negotiate-walltime): a job pending longer than ``pending_after``
+    whose estimated start is further than ``far_start`` (or unknown) gets the shorter
+    ``new_limit`` (scontrol update; never a longer one), once, and the run is told."""
+
+    pending_after: float = 30.0
+    far_start: float = 600.0
+    new_limit: str = "01:00:00"
+
+
+@dataclass
+class TrackedJob:
+    """One submitted batch and what the executor knows about it."""
+
+    handle: JobHandle
+    opts: SlurmOptions
+    alloc: AllocationState | None = None  # set for steps
+    share: StepShare | None = None
+    state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
+    step_id: str | None = None  # "<alloc>.<step>" once the task recorded it
+    left_at: float | None = None  # when it left the queue without a final state yet
+    launched_at: float = 0.0
+    cancelled: bool = False
+    negotiated: bool = False
+    settled: bool = False  # final state may be shown (its reports are complete or given up on)
+    settle_since: float | None = None
+
+    @property
+    def is_step(self) -> bool:
+        return self.alloc is not None
+
+    def path(self, name: str) -> str:
+        return str(PurePosixPath(self.handle.spec.work_dir) / name)
+
+
+def visible_state(job: TrackedJob) -> JobState:
+    """What the monitor sees: a finished job stays RUNNING until its reports settled."""
+    if job.state.status.finished and not job.settled:
+        return JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist,
+                        reason="waiting for reports.jsonl (shared file system lag)")
+    return job.state
+
+
+def final_state(job: TrackedJob, row: AcctRow, exit_code: int | None = None) -> JobState:
+    """The end state from sacct/scontrol (a cancel we asked for wins over FAILED)."""
+    status = map_slurm_state(row.state)
+    code = exit_code if exit_code is not None else row.exit_code
+    if job.cancelled and status is JobStatus.FAILED:
+        status = JobStatus.CANCELLED
+    reason = None
+    if status is not JobStatus.COMPLETED:
+        where = f"step {job.step_id}" if job.step_id else f"job {job.handle.job_id}"
+        reason = f"{where}: {row.state}" + (f" (exit {code})" if code else "") + (
+            f", signal {row.signal}" if row.signal else "") + (
+            f"; {row.reason}" if row.reason and row.reason != "None" else "")
+    return JobState(status=status, exit_code=code, nodelist=row.nodelist or
+                    job.state.nodelist, reason=reason)
+
+
+def exit_code_state(job: TrackedJob, code: int) -> JobState:
+    """A step's end state from srun's exit code (-1: the launcher died without one)."""
+    if code == 0:
+        return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=job.state.nodelist)
+    if job.cancelled:
+        status = JobStatus.CANCELLED
+    else:
+        status = JobStatus.FAILED if code > 0 else JobStatus.ERROR
+    where = f"step {job.step_id}" if job.step_id else "srun (no step was created)"
+    return JobState(status=status, exit_code=code if code >= 0 else None,
+                    nodelist=job.state.nodelist,
+                    reason=f"{where} exited with {code}; see {job.handle.spec.log_path}")
+
+
+def step_share(spec: JobSpec, alloc: AllocationState) -> StepShare:
+    """CPUs and memory for a step in proportion to its GPUs (whole allocation per node
+    split by GPU count), so steps run side by side instead of waiting for each other."""
+    gpus = alloc.gpus_per_node
+    frac = spec.devices_per_node / gpus if gpus and spec.devices_per_node else (
+        1 / gpus if gpus else 1.0)
+    frac = min(1.0, frac)
+    tasks_per_node = (spec.devices_per_node or 1) if spec.launch is Launch.MPI else 1
+    cpus = max(1, int(alloc.cpus_per_node * frac) // tasks_per_node) \
+        if alloc.cpus_per_node else None
+    mem = max(64, int(alloc.mem_per_node_mb * frac)) if alloc.mem_per_node_mb else None
+    return StepShare(cpus_per_task=cpus, mem_mb=mem)
+
+
+def seconds_until(stamp: str | None) -> float | None:
+    """Seconds from now to a Slurm timestamp (``2026-01-01T12:00:00``, cluster local time)."""
+    if not stamp:
+        return None
+    try:
+        return (datetime.fromisoformat(stamp) - datetime.now()).total_seconds()
+    except ValueError:
+        return None
