@@ -21,13 +21,33 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
     return plain, dispatched, marker
 
 
+@pytest.fixture(scope="module")
+def xdist_run(runs):
+    plain, _, _ = runs
+    return run_suite(plain.junit.parent, "-p", "no:cacheprovider", "-n", "2", *DISPATCH,
+                     tag="xdist")
+
+
+def _summary(run) -> str:
+    """pytest's closing line without its time (other plugins may print after it)."""
+    lines = [line for line in run.stdout.splitlines() if line.startswith("=") and " in " in line]
+    return lines[-1].split(" in ")[0].strip("= ")
+
+
+def test_under_xdist_every_test_is_reported_once(runs, xdist_run) -> None:
+    plain, _, _ = runs
+    assert xdist_run.returncode == plain.returncode, xdist_run.stdout
+    assert _summary(xdist_run) == _summary(plain)
+    key = lambda r: (r["nodeid"], r["when"])  # noqa: E731
+    assert sorted(map(key, xdist_run.reports)) == sorted(map(key, plain.reports))
+    assert junit_cases(xdist_run.junit) == junit_cases(plain.junit)
+
+
 def test_same_exit_code_and_summary(runs) -> None:
     plain, dispatched, _ = runs
     assert plain.returncode == 1, plain.stdout
     assert dispatched.returncode == plain.returncode, dispatched.stdout
-    plain_summary = plain.stdout.strip().splitlines()[-1].split(" in ")[0]
-    dispatched_summary = dispatched.stdout.strip().splitlines()[-1].split(" in ")[0]
-    assert dispatched_summary == plain_summary
+    assert _summary(dispatched) == _summary(plain)
 
 
 def test_every_report_matches(runs) -> None:

@@ -36,7 +36,7 @@ from pytest_trtllm_slurm.execution.slurm_executor import SlurmExecutor, Walltime
 from pytest_trtllm_slurm.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.models import Launch, Scenario
 
-pytestmark = pytest.mark.devcluster
+pytestmark = [pytest.mark.devcluster, pytest.mark.xdist_group("slurm_executor")]
 
 PREFIX = f"t6x{os.getpid()}"
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,8 @@ _IS_WORKER = False
 
 def pytest_configure(config):
     global _IS_WORKER
-    _IS_WORKER = bool(config.getoption("trtllm_worker_reports", default=None))
+    trtllm_worker = bool(config.getoption("trtllm_worker_reports", default=None))
+    _IS_WORKER = trtllm_worker or hasattr(config, "workerinput")  # xdist workers forward theirs
 
 
 def pytest_runtest_logreport(report):
