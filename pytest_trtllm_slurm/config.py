@@ -141,6 +141,7 @@ class Settings(BaseModel):
     work_dir: str | None = None
     monitor_timeout_seconds: int = 3600
     persistent: bool = True
+    alloc_time_limit: str = "04:00:00"
     release_allocation: bool = False
     plan: bool = False
     plan_json: str | None = None

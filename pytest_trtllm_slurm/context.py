@@ -5,17 +5,24 @@ Only built when dispatch or a plan was asked for; cached on the pytest config.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from . import options
 from .config import load_clusters_file
+from .batching import BatchKey
 from .errors import ConfigError
 from .execution.base import Executor
 from .models import Scenario
 from .planning import PlanningContext
 from .requirements import PerfSources
+
+if TYPE_CHECKING:
+    from .execution.allocation import AllocationManager, AllocationRequest
 
 _CONTEXT_KEY = pytest.StashKey[PlanningContext]()
 
@@ -52,11 +59,72 @@ def planning_context(config: pytest.Config) -> PlanningContext:
     return ctx
 
 
-def make_executors(ctx: PlanningContext, config: pytest.Config) -> dict[Scenario, Executor]:
-    """One executor per scenario this run may use."""
+def make_executors(
+    ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
+) -> dict[Scenario, Executor]:
+    """One executor per scenario this run uses, built from the batches' keys."""
     from .execution.direct import DirectExecutor
 
     executors: dict[Scenario, Executor] = {
         Scenario.LOCAL_DIRECT: DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
     }
+    slurm_keys = [k for k in keys if k.scenario is Scenario.LOCAL_SLURM]
+    if slurm_keys:
+        executors[Scenario.LOCAL_SLURM] = local_slurm_executor(ctx, config, slurm_keys)
     return executors
+
+
+def local_slurm_executor(
+    ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
+) -> Executor:
+    """SlurmExecutor over the local shell; persistent (an allocation sized for ``keys``)
+    unless --trtllm-one-shot."""
+    from .execution.allocation import AllocationRequest
+    from .execution.shell import LocalShell
+    from .execution.slurm_executor import SlurmExecutor
+    from .execution.slurm_jobs import SlurmJobs
+
+    shell = LocalShell()
+    jobs = SlurmJobs(shell)
+    settings = ctx.settings
+    manager = None
+    if settings.persistent:
+        request = AllocationRequest.covering(list(keys), ctx.slurm_env,
+                                             time_limit=settings.alloc_time_limit)
+        manager = allocation_manager(ctx, config, request)
+    return SlurmExecutor(
+        shell,
+        slurm_env=ctx.slurm_env,
+        persistent=settings.persistent,
+        allocation_manager=manager,
+        jobs=jobs,
+        warn=terminal_warning(config),
+    )
+
+
+def allocation_manager(
+    ctx: PlanningContext, config: pytest.Config, request: AllocationRequest | None = None
+) -> AllocationManager:
+    from .execution.allocation import AllocationManager, AllocationRequest
+    from .execution.shell import LocalShell
+
+    return AllocationManager(
+        LocalShell(),
+        rootdir=config.rootpath,
+        request=request or AllocationRequest(),
+        user=ctx.slurm_env.user if ctx.slurm_env else None,
+        warn=terminal_warning(config),
+    )
+
+
+def terminal_warning(config: pytest.Config) -> Callable[[str], None]:
+    """Warnings of the execution layer, shown on the terminal as they happen."""
+
+    def warn(message: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"trtllm-slurm: {message}", yellow=True)
+        else:
+            print(f"trtllm-slurm: {message}", file=sys.stderr)
+
+    return warn

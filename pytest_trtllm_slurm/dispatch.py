@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -90,7 +91,6 @@ class DispatchLoop:
         self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
         self.monitor = Monitor(settings.hang_patterns)
         self.running: dict[str, RunningBatch] = {}
-        self._seq = 0
 
     # -- the loop ----------------------------------------------------------
     def run(self) -> None:
@@ -160,11 +160,11 @@ class DispatchLoop:
         self.monitor.add(handle, executor)
 
     def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
-        self._seq += 1
         key = batch.key
         name = f"{batch.label}" + (f"-retry{attempt}" if attempt else "")
-        work_dir = self.work_root / f"{name}_{self.stamp}_{self._seq}"
-        work_dir.mkdir(parents=True, exist_ok=True)
+        # unique even across xdist workers and concurrent runs started in the same second
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        work_dir = Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
         ids_file = work_dir / "nodeids.json"
         ids_file.write_text(json.dumps(batch.nodeids), encoding="utf-8")
         reports = work_dir / "reports.jsonl"
@@ -175,6 +175,7 @@ class DispatchLoop:
             nodeids=batch.nodeids,
             nodeids_file=str(ids_file),
             command=worker_command(self.config, batch.nodeids, ids_file, reports, work_dir),
+            rerun_argv=pytest_base_argv(self.config),
             rootdir=str(self.config.rootpath),
             invocation_dir=str(self.config.rootpath),
             node_count=key.node_count,
@@ -308,19 +309,28 @@ _PASSTHROUGH_FLAGS = {
 def worker_command(
     config: pytest.Config, nodeids: list[str], ids_file: Path, reports: Path, work_dir: Path
 ) -> list[str]:
-    """argv of the worker pytest: same rootdir and ini, node ids in a file, user options that
-    matter remotely. Never a shell string."""
-    opt = config.option
-    argv = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.worker"]
+    """argv of the worker pytest: the user's options that matter remotely, the worker
+    plugin, node ids in a file, the batch's module paths. Never a shell string."""
+    argv = pytest_base_argv(config)
+    argv += ["-p", "pytest_trtllm_slurm.worker"]
     argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
-    argv += ["--rootdir", str(config.rootpath)]
-    if config.inipath is not None:
-        argv += ["-c", str(config.inipath)]
     if config.pluginmanager.has_plugin("cacheprovider"):
         # the worker must not write the controller's cache (--lf is the controller's)
         argv += ["-o", f"cache_dir={work_dir / '.pytest_cache'}"]
     argv += ["--junitxml", str(work_dir / "junit.xml"), "--continue-on-collection-errors"]
+    opt = config.option
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
+    argv += sorted({_module_path(n) for n in nodeids})
+    return argv
+
+
+def pytest_base_argv(config: pytest.Config) -> list[str]:
+    """``python -m pytest`` with the same rootdir and ini file and the user's options that
+    change what a test does or how its report reads."""
+    opt = config.option
+    argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
+    if config.inipath is not None:
+        argv += ["-c", str(config.inipath)]
     if opt.verbose > 0:
         argv.append("-" + "v" * opt.verbose)
     elif opt.verbose < 0:
@@ -338,10 +348,9 @@ def worker_command(
         argv += ["-W", warning]
     for plugin in getattr(opt, "plugins", None) or []:
         argv += ["-p", plugin]
-    argv += sorted({_module_path(config, n) for n in nodeids})
     return argv
 
 
-def _module_path(config: pytest.Config, nodeid: str) -> str:
+def _module_path(nodeid: str) -> str:
     """The file part of a node id, which is relative to the rootdir (the worker's cwd)."""
     return nodeid.split("::", 1)[0]

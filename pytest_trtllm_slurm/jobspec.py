@@ -65,6 +65,7 @@ class JobSpec(BaseModel):
     nodeids: list[str] = Field(default_factory=list)
     nodeids_file: str | None = None
     command: list[str] = Field(default_factory=list)
+    rerun_argv: list[str] = Field(default_factory=list)  # pytest argv to re-run one node id
     rootdir: str
     invocation_dir: str | None = None
     node_count: int = 1

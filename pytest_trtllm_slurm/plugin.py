@@ -75,7 +75,8 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
     try:
         ctx = planning_context(config)
         planned = planned if planned is not None else plan_items(items, ctx)
-        executors = make_executors(ctx, config)
+        keys = [p.plan.key for p in planned if p.plan.key is not None]
+        executors = make_executors(ctx, config, keys)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
@@ -85,3 +86,6 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
     except KeyboardInterrupt:
         loop.interrupt()
         raise
+    finally:
+        for executor in executors.values():
+            executor.close()

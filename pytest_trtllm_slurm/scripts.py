@@ -32,15 +32,6 @@ from .models import Launch
 GresStyle = Literal["gres", "gpus-per-node"]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# worker-only options of spec.command (option -> takes a value); dropped from re-run commands
-_WORKER_ONLY = {
-    "--trtllm-worker-reports": True,
-    "--trtllm-worker-nodeids": True,
-    "--junitxml": True,
-    "--continue-on-collection-errors": False,
-}
-
-
 @dataclass(frozen=True)
 class SlurmOptions:
     """How this cluster wants GPUs and MPI asked for (from discovery)."""
@@ -313,23 +304,11 @@ def render_step_launcher(
 
 
 def rerun_argv(spec: JobSpec, nodeid: str) -> list[str]:
-    """The worker argv reduced to a plain pytest run of ``nodeid`` (worker-only options,
-    node-id file, reports and junit paths dropped)."""
-    out: list[str] = []
-    argv = list(spec.command)
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        name = arg.split("=", 1)[0]
-        if arg == "-p" and i + 1 < len(argv) and argv[i + 1] == "pytest_trtllm_slurm.worker":
-            i += 2
-            continue
-        if name in _WORKER_ONLY:
-            i += 2 if _WORKER_ONLY[name] and "=" not in arg else 1
-            continue
-        out.append(arg)
-        i += 1
-    return out + [nodeid]
+    """A plain pytest run of ``nodeid`` with the batch's options (no worker plugin, no
+    node-id file); a job that is not a pytest batch re-runs its own command."""
+    if not spec.rerun_argv:
+        return list(spec.command)
+    return [*spec.rerun_argv, nodeid]
 
 
 def render_rerun_sbatch(spec: JobSpec, nodeid: str, opts: SlurmOptions) -> str:

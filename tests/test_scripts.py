@@ -148,11 +148,11 @@ def test_gpu_flag_and_options_from_discovery() -> None:
 
 
 def test_rerun_commands_quote_the_nodeid() -> None:
-    spec = make_spec()
+    base = ["/usr/bin/python3", "-m", "pytest", "--rootdir", "/work/repo", "--tb=short"]
+    spec = make_spec(rerun_argv=base)
     nodeid = "tests/test_x.py::test_a[it's $HOME]"
-    assert rerun_argv(spec, nodeid) == [
-        "/usr/bin/python3", "-m", "pytest", "--rootdir", "/work/repo",
-        "-o", f"cache_dir={WORK}/.pytest_cache", "--capture=tee-sys", nodeid]
+    assert rerun_argv(spec, nodeid) == [*base, nodeid]
+    assert rerun_argv(make_spec(), nodeid) == WORKER  # not a pytest batch: its own command
     opts = SlurmOptions("gres", "h200")
     line = render_rerun_sbatch(spec, nodeid, opts)
     check_golden("rerun_sbatch.txt", line + "\n")

@@ -12,7 +12,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from typing import IO
 
@@ -122,8 +121,10 @@ class DirectExecutor:
         self._release(job)
 
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
+        from ..scripts import rerun_argv
+
         cwd = spec.invocation_dir or spec.rootdir
-        return f"cd {shlex.quote(cwd)} && {shlex.quote(sys.executable)} -m pytest {shlex.quote(nodeid)}"
+        return f"cd {shlex.quote(cwd)} && {shlex.join(rerun_argv(spec, nodeid))}"
 
     def close(self) -> None:
         for job_id, job in self._jobs.items():

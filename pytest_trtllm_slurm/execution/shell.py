@@ -47,7 +47,12 @@ class Shell(Protocol):
         input: str | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
-    ) -> CommandResult: ...
+        retry_on_drop: bool = True,
+    ) -> CommandResult:
+        """Run argv. ``retry_on_drop=False`` marks a command that must not run twice
+        (a submission): a remote shell then raises instead of re-running it after a
+        dropped connection. Local shells ignore it."""
+        ...
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
         """Bytes of ``path`` from ``offset`` (at most ``limit``); b"" if absent."""
@@ -77,6 +82,7 @@ class LocalShell:
         input: str | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        retry_on_drop: bool = True,  # nothing drops locally
     ) -> CommandResult:
         full_env = {**os.environ, **env} if env else None
         try:

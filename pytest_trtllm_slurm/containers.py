@@ -1,0 +1,367 @@
+"""Containers, rendered: pure functions shared by the local docker/podman executor and the
+Slurm scripts (no I/O, no subprocess; snapshot-testable).
+
+- ``container_name_for``: the pyxis container name of an image. It is a function of the
+  image (and an optional salt such as the install recipe), so a changed image means a new
+  name and therefore a new import, and the same image always gives the same name: every
+  setup step of a persistent allocation and every job script must use this one name.
+- ``job_mounts`` / ``container_env`` / ``in_container_argv``: what a batch needs inside
+  any container: the repo, the invocation dir and the work dir at their host paths (the
+  worker's argv names host paths; results come back through the work dir), the models
+  root read-only, the JobSpec's own mounts, and the plugin package itself read-only at
+  ``PLUGIN_ROOT`` on ``PYTHONPATH`` (images such as TensorRT-LLM's have pytest but not this
+  plugin). The worker's interpreter is the image's ``python3``, not the controller's path.
+- ``pyxis_args`` / ``pyxis_setup_argvs``: the srun flags of pyxis (``--container-image``
+  with the enroot URI rewrite, ``--container-name``, ``--container-mounts``,
+  ``--container-workdir``, ``--container-writable``, ``--container-env``) and the setup
+  steps of a persistent allocation (seed exec-local-slurm Step 0E/0F: import once per
+  node, warm the mounts, install once with ``--container-writable``).
+- ``engine_run_argv``: ``docker run`` / ``podman run`` of one batch (local_docker).
+- ``wrap_in_container``: a Slurm task wrapped in ``docker run`` / ``podman run``
+  (container_runtime docker|podman): a small bash wrapper that names the container after
+  the Slurm job/step/task and removes it when the step ends or is cancelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from .jobspec import JobSpec
+from .resolve import enroot_uri
+
+Engine = Literal["docker", "podman"]
+
+#: where the plugin package is mounted inside containers (on PYTHONPATH)
+PLUGIN_ROOT = "/opt/trtllm-slurm"
+#: TensorRT-LLM's tests find their models through this variable
+MODELS_ROOT_ENV = "LLM_MODELS_ROOT"
+#: the docker/podman label every container of ours carries (value: the owner tag)
+OWNER_LABEL = "trtllm-slurm.owner"
+JOB_LABEL = "trtllm-slurm.job"
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def plugin_dir() -> str:
+    """The host directory of this package (mounted read-only into containers)."""
+    return str(Path(__file__).resolve().parent)
+
+
+def safe_name(text: str, limit: int = 63) -> str:
+    """A docker/podman/enroot-safe name: ``[A-Za-z0-9][A-Za-z0-9_.-]*``, at most ``limit``."""
+    cleaned = _NAME_BAD.sub("_", text).strip("._-")[:limit].rstrip("._-")
+    return cleaned or "trtllm"
+
+
+def container_name_for(image: str, *, account: str | None = None, salt: str = "") -> str:
+    """pyxis container name for ``image``: ``<account|trtllm>-<image slug>-<hash>``.
+
+    The hash covers the image (canonical or enroot form give the same name) and ``salt``
+    (e.g. the install command), so changing either gives a new container and a new import.
+    """
+    canonical = image.removeprefix("docker://").replace("#", "/")
+    digest = hashlib.sha256(f"{canonical}\0{salt}".encode()).hexdigest()[:10]
+    last = canonical.rsplit("/", 1)[-1]
+    return safe_name(f"{account or 'trtllm'}-{safe_name(last, 32)}-{digest}")
+
+
+# --------------------------------------------------------------------------- mounts / env
+
+
+def parse_mount(text: str) -> tuple[str, str, str]:
+    """``SRC[:DST[:FLAGS]]`` -> (src, dst, flags); DST defaults to SRC."""
+    parts = text.split(":")
+    if len(parts) > 3 or not parts[0]:
+        raise ValueError(f"mount {text!r}: expected SRC[:DST[:FLAGS]] with absolute paths")
+    src = parts[0]
+    dst = parts[1] if len(parts) > 1 and parts[1] else src
+    flags = parts[2] if len(parts) > 2 else ""
+    for path in (src, dst):
+        if not path.startswith("/"):
+            raise ValueError(f"mount {text!r}: {path!r} is not an absolute path")
+    return src, dst, flags
+
+
+def _mount(src: str, dst: str | None = None, flags: str = "") -> str:
+    dst = dst or src
+    for path in (src, dst):
+        if any(c in path for c in ":,\n"):
+            raise ValueError(
+                f"path {path!r} cannot be mounted into a container: it contains ':' or ',' "
+                "(the separators of docker -v and pyxis --container-mounts); use another path"
+            )
+    return f"{src}:{dst}" + (f":{flags}" if flags else "")
+
+
+def _under(path: str, parent: str) -> bool:
+    p, q = PurePosixPath(path), PurePosixPath(parent)
+    return p == q or q in p.parents
+
+
+def job_mounts(
+    spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
+) -> list[str]:
+    """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike).
+
+    Host paths are kept (the worker's argv names them). A directory inside an earlier
+    one is not mounted twice. The JobSpec's own mounts come last and are passed as given.
+    """
+    out: list[str] = []
+    seen: list[str] = []
+    for path in (spec.rootdir, spec.invocation_dir, spec.work_dir):
+        if path and not any(_under(path, s) for s in seen):
+            seen.append(path)
+            out.append(_mount(path))
+    if models_root and not any(_under(models_root, s) for s in seen):
+        out.append(_mount(models_root, flags="ro"))
+    for text in spec.mounts:
+        parse_mount(text)  # validated, passed through unchanged
+        out.append(text)
+    if include_plugin:
+        out.append(_mount(plugin_dir(), f"{PLUGIN_ROOT}/pytest_trtllm_slurm", "ro"))
+    return out
+
+
+def container_env(
+    spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
+) -> dict[str, str]:
+    """The job's environment inside a container: spec.env, PYTHONPATH with the plugin root
+    first, and LLM_MODELS_ROOT = the models root unless the spec sets it."""
+    env = dict(spec.env)
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"environment variable name {name!r} is not a valid name")
+    if include_plugin:
+        old = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = PLUGIN_ROOT + (f":{old}" if old else "")
+    if models_root and MODELS_ROOT_ENV not in env:
+        env[MODELS_ROOT_ENV] = models_root
+    return env
+
+
+def in_container_argv(command: Sequence[str], python: str = "python3") -> list[str]:
+    """The worker argv with the controller's interpreter replaced by the image's ``python``.
+
+    Only a first element that names a Python interpreter is replaced.
+    """
+    argv = list(command)
+    if argv and re.fullmatch(r"python[0-9.]*", PurePosixPath(argv[0]).name):
+        argv[0] = python
+    return argv
+
+
+def workdir_of(spec: JobSpec) -> str:
+    return spec.invocation_dir or spec.rootdir
+
+
+# --------------------------------------------------------------------------- pyxis
+
+
+def pyxis_args(
+    spec: JobSpec,
+    container_name: str,
+    *,
+    writable: bool = False,
+    mounts: Sequence[str] | None = None,
+    workdir: str | None = None,
+    image: str | None = None,
+    env_names: Sequence[str] | None = None,
+    models_root: str | None = None,
+) -> list[str]:
+    """pyxis flags for one srun of ``spec`` (argv elements, never a shell string).
+
+    ``mounts`` None: ``job_mounts(spec)``; ``workdir`` None: the invocation dir;
+    ``env_names`` None: the names of ``container_env(spec)`` (pyxis lets the image's
+    values win unless a name is listed in --container-env). The image is written in
+    enroot's form (``registry#path``). The caller exports ``container_env(spec)`` before srun.
+    """
+    img = image or spec.container_image
+    if not img:
+        raise ValueError(f"job spec {spec.name!r} has no container image")
+    mounts = list(job_mounts(spec, models_root=models_root) if mounts is None else mounts)
+    names = (sorted(container_env(spec, models_root=models_root)) if env_names is None
+             else list(env_names))
+    out = [f"--container-image={enroot_uri(img)}", f"--container-name={container_name}"]
+    if mounts:
+        out.append("--container-mounts=" + ",".join(mounts))
+    out.append(f"--container-workdir={workdir or workdir_of(spec)}")
+    if writable:
+        out.append("--container-writable")
+    if names:
+        out.append("--container-env=" + ",".join(names))
+    return out
+
+
+def pyxis_setup_argvs(
+    job_id: str,
+    nodes: int,
+    image: str,
+    container_name: str,
+    mounts: Sequence[str] = (),
+    install_command: str | None = None,
+    workdir: str | None = None,
+) -> list[list[str]]:
+    """The setup steps of a persistent allocation, in order (seed Step 0E/0F):
+
+    1. import the image on every node under ``container_name`` (pyxis skips the import
+       when a container of that name exists already: later runs cost nothing);
+    2. warm the mounts (``ls`` of every mount target, so NFS/Lustre metadata is cached);
+    3. when ``install_command`` is given: run it once per node with
+       ``--container-writable`` so what it installs persists in the named container.
+
+    ``-N <nodes> --ntasks-per-node=1`` on every step (without -N srun takes one node).
+    """
+    base = ["srun", f"--jobid={job_id}", "-N", str(nodes), "--ntasks-per-node=1", "--overlap"]
+    steps = [base + [f"--container-image={enroot_uri(image)}",
+                     f"--container-name={container_name}", "true"]]
+    mounted = ["--container-mounts=" + ",".join(mounts)] if mounts else []
+    targets = [parse_mount(m)[1] for m in mounts]
+    if targets:
+        warm = 'for p in "$@"; do ls "$p" > /dev/null 2>&1; done; true'
+        steps.append(base + [f"--container-name={container_name}", *mounted,
+                             "sh", "-c", warm, "warm", *targets])
+    if install_command:
+        wd = [f"--container-workdir={workdir}"] if workdir else []
+        steps.append(base + [f"--container-name={container_name}", "--container-writable",
+                             *mounted, *wd, "sh", "-c", install_command])
+    return steps
+
+
+# --------------------------------------------------------------------------- docker / podman
+
+
+def gpu_flags(engine: Engine, gpu_ids: Sequence[int] | None, all_gpus: bool = False) -> list[str]:
+    """``--gpus all`` / ``--gpus "device=0,1"`` (docker), CDI devices (podman); none for CPU."""
+    if all_gpus:
+        return ["--gpus", "all"] if engine == "docker" else ["--device", "nvidia.com/gpu=all"]
+    if not gpu_ids:
+        return []
+    if engine == "docker":
+        return ["--gpus", '"device=' + ",".join(map(str, gpu_ids)) + '"']
+    out: list[str] = []
+    for i in gpu_ids:
+        out += ["--device", f"nvidia.com/gpu={i}"]
+    return out
+
+
+def engine_run_argv(
+    engine: Engine,
+    spec: JobSpec,
+    *,
+    name: str,
+    cli: Sequence[str] | None = None,
+    image: str | None = None,
+    run_flags: Sequence[str] = (),
+    gpu_ids: Sequence[int] | None = None,
+    all_gpus: bool = False,
+    mounts: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    pass_env_values: bool = False,
+    network: str | None = "host",
+    user: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    python: str = "python3",
+    command: Sequence[str] | None = None,
+) -> list[str]:
+    """``<engine> run --rm --name NAME --pull=never ... IMAGE <worker argv>`` for one batch.
+
+    Env values are not put on the command line (``-e NAME``: the engine takes the value
+    from its own environment, which the executor sets) unless ``pass_env_values``.
+    """
+    img = image or spec.container_image
+    if not img:
+        raise ValueError(f"job spec {spec.name!r} has no container image")
+    argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never"]
+    for key, value in sorted((labels or {}).items()):
+        argv += ["--label", f"{key}={value}"]
+    if network:
+        argv.append(f"--network={network}")
+    argv += list(run_flags)
+    argv += gpu_flags(engine, gpu_ids, all_gpus)
+    if user:
+        argv += ["--user", user]
+    for m in job_mounts(spec) if mounts is None else mounts:
+        argv += ["-v", m]
+    argv += ["-w", workdir_of(spec)]
+    for key, value in sorted((container_env(spec) if env is None else env).items()):
+        argv += ["-e", f"{key}={value}" if pass_env_values else key]
+    argv.append(img)
+    return argv + in_container_argv(spec.command if command is None else command, python)
+
+
+_WRAPPER = r"""prefix=$1; ncli=$2; gpus=$3; shift 3
+cli=("${@:1:$ncli}"); shift "$ncli"
+name="$prefix-${SLURM_JOB_ID:-$$}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}"
+gpu=()
+ids=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}
+if [ "$gpus" = docker ]; then
+  if [ -n "$ids" ]; then gpu=(--gpus "\"device=$ids\""); else gpu=(--gpus all); fi
+elif [ "$gpus" = podman ]; then
+  if [ -n "$ids" ]; then for i in ${ids//,/ }; do gpu+=(--device "nvidia.com/gpu=$i"); done
+  else gpu=(--device nvidia.com/gpu=all); fi
+fi
+cleanup() { "${cli[@]}" rm -f "$name" >/dev/null 2>&1; }
+trap 'cleanup; exit 143' TERM INT HUP
+"${cli[@]}" run --name "$name" "${gpu[@]}" "$@" &
+wait "$!"
+rc=$?
+cleanup
+exit "$rc"
+"""
+
+
+def wrap_in_container(
+    argv: Sequence[str],
+    runtime: Engine,
+    image: str,
+    *,
+    name_prefix: str = "trtllm",
+    cli: Sequence[str] | None = None,
+    mounts: Sequence[str] = (),
+    workdir: str | None = None,
+    env_names: Sequence[str] = (),
+    gpus: bool = False,
+    run_flags: Sequence[str] = (),
+    network: str | None = "host",
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
+    """A Slurm task ``argv`` run inside ``image`` with docker or podman (container_runtime
+    docker|podman). The result is an argv for srun (``bash -c WRAPPER ...``):
+
+    - the container is named ``<prefix>-<job>.<step>.<task>`` at run time, unique per task;
+    - GPUs: the step's GPUs (``SLURM_STEP_GPUS``, physical ids) are passed to the engine, so
+      the container sees exactly those (renumbered from 0); ``--gpus all`` when Slurm set none;
+    - env: the listed names are passed from the task's environment (``-e NAME``);
+    - when the step ends or is cancelled (SIGTERM from scancel), the container is removed
+      (``rm -f``): the engine's daemon would otherwise keep it running.
+    """
+    cli = list(cli or [runtime])
+    run = ["--rm", "--pull=never"]
+    for key, value in sorted((labels or {}).items()):
+        run += ["--label", f"{key}={value}"]
+    if network:
+        run.append(f"--network={network}")
+    run += list(run_flags)
+    for m in mounts:
+        parse_mount(m)
+        run += ["-v", m]
+    if workdir:
+        run += ["-w", workdir]
+    for name in env_names:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        run += ["-e", name]
+    run.append(image)
+    return ["bash", "-c", _WRAPPER, "trtllm-container", safe_name(name_prefix, 40),
+            str(len(cli)), runtime if gpus else "none", *cli, *run, *argv]
+
+
+def render_shell(argv: Sequence[str]) -> str:
+    """A copy-pasteable shell line of an argv."""
+    return shlex.join(argv)

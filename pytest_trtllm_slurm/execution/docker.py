@@ -1,0 +1,413 @@
+"""local_docker: run a batch in a local container (``docker run`` or ``podman run``).
+
+Like local_direct, but the worker pytest runs inside the JobSpec's image:
+
+    <engine> run --rm --name trtllm-<batch>-<pid>-<n>-<rand> --pull=never
+        --label trtllm-slurm.owner=<host>:<pid> --label trtllm-slurm.job=<job id>
+        --network=host <resource flags> [GPU flags] [--user uid:gid]
+        -v <repo> -v <work dir> [-v <models root>:ro] [-v <spec mounts>]
+        -v <this package>:/opt/trtllm-slurm/pytest_trtllm_slurm:ro
+        -w <invocation dir> -e NAME ... <image> python3 -m pytest -p pytest_trtllm_slurm.worker ...
+
+- Paths keep their host names inside the container, so the worker's argv works unchanged
+  and reports.jsonl / the job log come back through the mounted work dir. The plugin is
+  mounted read-only and put first on PYTHONPATH (the image needs Python and pytest only).
+- Env values reach the engine through its environment (``-e NAME``), never its argv.
+- The image must be in the engine's local store: ``--pull=never``, and a missing image is
+  a ConfigError naming it and the engine (checked once per image, before the first run).
+- GPUs: when this machine has GPUs, each job gets a disjoint slice (``--gpus "device=.."``
+  for docker, CDI ``--device nvidia.com/gpu=N`` for podman; ``all`` when the slice is all
+  of them) and waits (PENDING) until its slice is free. CPU-only batches get none.
+- Resource flags (TensorRT-LLM's ``--ipc=host --ulimit memlock=-1 --ulimit
+  stack=67108864``) are defaults that ``run_flags`` replaces; see ``default_run_flags``
+  for what is left out where the engine cannot raise limits.
+- Hang, timeout, cancel and close: ``<engine> rm -f <name>`` (kills and removes), the
+  client's process group is killed, then ``rm -f`` again for a container created in the
+  race. Containers carry an owner label; ``remove_orphans()`` removes those whose
+  controller process is gone (a controller killed with SIGKILL), and runs once per executor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import resource
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Literal
+
+from ..containers import (
+    JOB_LABEL,
+    OWNER_LABEL,
+    container_env,
+    engine_run_argv,
+    job_mounts,
+    safe_name,
+    workdir_of,
+)
+from ..errors import ConfigError
+from ..jobspec import JobSpec
+from ..models import LocalEnv
+from ..scripts import rerun_argv
+from .base import JobHandle
+from .outcome import JobState, JobStatus
+from .shell import LocalShell
+
+Engine = Literal["docker", "podman"]
+ENGINES: tuple[Engine, ...] = ("docker", "podman")
+KILL_GRACE_SECONDS = 3.0
+ENGINE_TIMEOUT = 60.0
+CAP_SYS_RESOURCE = 24
+# podman lowers its own RLIMIT_NPROC to 32768 when it starts (measured, podman 4.3): a
+# container cannot be given more without CAP_SYS_RESOURCE
+PODMAN_NPROC_CEILING = 32768
+TRTLLM_RUN_FLAGS = ("--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864")
+
+
+def has_cap_sys_resource() -> bool:
+    """Whether this process may raise hard resource limits (CAP_SYS_RESOURCE, bounding set)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("CapBnd:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
+def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -> list[str]:
+    """The resource flags TensorRT-LLM's images want, per engine and machine.
+
+    With CAP_SYS_RESOURCE (a normal GPU workstation): ``--ipc=host --ulimit memlock=-1
+    --ulimit stack=67108864`` for both engines. Without it (some VMs and CI sandboxes: the
+    runtime's setrlimit fails with EPERM and the container does not start):
+
+    - ``memlock=-1`` is left out (memlock stays at the host's hard limit);
+    - podman also gets explicit ``nofile``/``nproc`` at the host's hard limits (podman
+      otherwise asks for 1048576 open files; any ``--ulimit`` replaces containers.conf's
+      ``default_ulimits``, so they must be explicit). docker inherits dockerd's limits.
+
+    ``ContainerExecutor(run_flags=[...])`` replaces all of this.
+    """
+    if can_raise_limits is None:
+        can_raise_limits = has_cap_sys_resource()
+    if can_raise_limits:
+        return list(TRTLLM_RUN_FLAGS)
+    flags = ["--ipc=host", "--ulimit", "stack=67108864"]
+    if engine == "podman":
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        nofile = 1048576 if nofile == resource.RLIM_INFINITY else nofile
+        nproc = PODMAN_NPROC_CEILING if nproc == resource.RLIM_INFINITY else nproc
+        nproc = min(nproc, PODMAN_NPROC_CEILING)
+        flags += ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
+    return flags
+
+
+class _Job:
+    def __init__(self, spec: JobSpec, name: str) -> None:
+        self.spec = spec
+        self.name = name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log: IO[bytes] | None = None
+        self.gpus: list[int] = []
+        self.cancelled = False
+        self.removed = False
+
+
+class ContainerExecutor:
+    """Runs JobSpecs in local containers (local_docker), docker or podman."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        cli: Sequence[str] | None = None,
+        engine_env: Mapping[str, str] | None = None,
+        gpu_ids: list[int] | None = None,
+        models_root: str | None = None,
+        run_flags: Sequence[str] | None = None,
+        extra_flags: Sequence[str] = (),
+        python: str = "python3",
+        network: str | None = "host",
+        user: str | None = "auto",
+        mount_plugin: bool = True,
+    ) -> None:
+        """
+        engine: "docker" or "podman". cli: the argv prefix that reaches the engine (default
+        ``[engine]``; e.g. ``["docker", "-H", "unix:///path/docker.sock"]``). engine_env:
+        extra environment for the engine CLI (DOCKER_HOST, CONTAINERS_CONF, ...).
+        gpu_ids: this machine's GPUs (none: no GPU flags). run_flags: replaces
+        ``default_run_flags(engine)``; extra_flags are appended. python: the image's
+        interpreter. user: "auto" runs docker containers as the caller's uid:gid when that
+        is not root (files in the work dir stay readable; rootless podman maps root to the
+        caller already), None the image's user, else the ``--user`` value.
+        """
+        if engine not in ENGINES:
+            raise ConfigError(f"container engine {engine!r}: expected one of {', '.join(ENGINES)}")
+        self.engine: Engine = engine
+        self.cli = list(cli or [engine])
+        self.engine_env = dict(engine_env or {})
+        self.shell = LocalShell()
+        self._free_gpus = list(gpu_ids or [])
+        self._all_gpus = list(gpu_ids or [])
+        self.models_root = models_root
+        self.run_flags = list(default_run_flags(engine) if run_flags is None else run_flags)
+        self.run_flags += list(extra_flags)
+        self.python = python
+        self.network = network
+        if user == "auto":
+            user = f"{os.getuid()}:{os.getgid()}" if engine == "docker" and os.getuid() else None
+        self.user = user
+        self.mount_plugin = mount_plugin
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._jobs: dict[str, _Job] = {}
+        self._ids = itertools.count(1)
+        self._images_ok: set[str] = set()
+        self._orphans_checked = False
+
+    @classmethod
+    def from_local_env(
+        cls, local: LocalEnv, *, engine: str | None = None, **kwargs: object
+    ) -> ContainerExecutor:
+        """The engine that answered the probe (docker first), or ``engine`` when forced."""
+        chosen = engine or local.container_engine
+        if not chosen:
+            notes = "; ".join(n for n in local.notes if n.startswith("container")) or "none"
+            raise ConfigError(
+                "local_docker needs a container engine, and neither docker nor podman answers "
+                f"here ({notes}); start one, or choose another scenario"
+            )
+        if chosen not in ENGINES:
+            raise ConfigError(f"container engine {chosen!r}: expected one of {', '.join(ENGINES)}")
+        gpu_ids = kwargs.pop("gpu_ids", None) or list(range(local.gpu_count))
+        return cls(chosen, gpu_ids=gpu_ids, **kwargs)  # type: ignore[arg-type]
+
+    # -- engine calls ---------------------------------------------------------
+    def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return {**os.environ, **self.engine_env, **(extra or {})}
+
+    def _engine(self, *args: str, timeout: float = ENGINE_TIMEOUT) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(
+                [*self.cli, *args], capture_output=True, text=True, timeout=timeout,
+                stdin=subprocess.DEVNULL, env=self._env(), check=False,
+            )
+        except FileNotFoundError as exc:
+            return subprocess.CompletedProcess(args, 127, "", str(exc))
+        except subprocess.TimeoutExpired as exc:
+            return subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout} s: {exc}")
+
+    def check_image(self, image: str) -> None:
+        """ConfigError unless ``image`` is in the engine's local store (never pulled)."""
+        if image in self._images_ok:
+            return
+        res = self._engine("image", "inspect", "--format", "{{.Id}}", image)
+        if res.returncode != 0:
+            detail = (res.stderr or res.stdout).strip().splitlines()
+            raise ConfigError(
+                f"container image {image!r} is not in {self.engine}'s local image store "
+                f"({shlex.join(self.cli)}: {detail[-1] if detail else 'exit ' + str(res.returncode)})."
+                f" Images are never pulled: `{self.engine} pull {image}` (or load/build it) "
+                "first, or choose another image with --trtllm-container-image"
+            )
+        self._images_ok.add(image)
+
+    def remove_orphans(self) -> list[str]:
+        """Remove containers of ours whose controller (same host, pid gone) no longer runs."""
+        res = self._engine("ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
+                           "{{.Names}}\t{{.Label \"" + OWNER_LABEL + "\"}}")
+        host = socket.gethostname()
+        dead = []
+        for line in res.stdout.splitlines() if res.returncode == 0 else []:
+            name, _, owner = line.partition("\t")
+            owner_host, _, pid = owner.strip().rpartition(":")
+            if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+                dead.append(name.strip())
+        for name in dead:
+            self._engine("rm", "-f", name)
+        return dead
+
+    # -- Executor protocol ----------------------------------------------------
+    def submit(self, spec: JobSpec) -> JobHandle:
+        if not spec.container_image:
+            raise ConfigError(
+                f"batch {spec.name!r} is routed to local_docker but has no container image; "
+                "set --trtllm-container-image (or container_image in the clusters file)"
+            )
+        self.check_image(spec.container_image)
+        if not self._orphans_checked:
+            self._orphans_checked = True
+            self.remove_orphans()
+        n = next(self._ids)
+        job_id = f"{self.engine}-{os.getpid()}-{n}"
+        name = safe_name(f"trtllm-{spec.name}", 40) + f"-{os.getpid()}-{n}-{secrets.token_hex(3)}"
+        self._jobs[job_id] = _Job(spec, name)
+        self._try_start(job_id)
+        return JobHandle(job_id=job_id, spec=spec, submitted_at=time.time(), nodelist="localhost")
+
+    def run_argv(self, spec: JobSpec, name: str, gpus: Sequence[int] = (),
+                 command: Sequence[str] | None = None) -> list[str]:
+        """The engine argv of one batch (also used for the re-run line)."""
+        all_gpus = bool(gpus) and sorted(gpus) == sorted(self._all_gpus)
+        return engine_run_argv(
+            self.engine, spec, name=name, cli=self.cli, run_flags=self.run_flags,
+            gpu_ids=list(gpus), all_gpus=all_gpus,
+            mounts=job_mounts(spec, models_root=self.models_root,
+                              include_plugin=self.mount_plugin),
+            env=container_env(spec, models_root=self.models_root,
+                              include_plugin=self.mount_plugin),
+            network=self.network, user=self.user, python=self.python, command=command,
+            labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name},
+        )
+
+    def _try_start(self, job_id: str) -> None:
+        job = self._jobs[job_id]
+        if job.proc is not None or job.cancelled:
+            return
+        need = job.spec.total_devices
+        if self._all_gpus and need:
+            if need > len(self._free_gpus):
+                return  # PENDING until a running job gives its GPUs back
+            job.gpus, self._free_gpus = self._free_gpus[:need], self._free_gpus[need:]
+        argv = self.run_argv(job.spec, job.name, job.gpus)
+        env = self._env(container_env(job.spec, models_root=self.models_root,
+                                      include_plugin=self.mount_plugin))
+        os.makedirs(job.spec.work_dir, exist_ok=True)
+        job.log = open(job.spec.log_path, "ab")  # noqa: SIM115 - closed when the job ends
+        job.log.write(f"[trtllm-slurm] container {job.name}: {self.engine} "
+                      f"{job.spec.container_image}\n".encode())
+        job.log.flush()
+        job.proc = subprocess.Popen(
+            argv,
+            cwd=workdir_of(job.spec),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=job.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
+        states: dict[str, JobState] = {}
+        for handle in handles:
+            job = self._jobs[handle.job_id]
+            if job.proc is None:
+                self._try_start(handle.job_id)
+            states[handle.job_id] = self._state(job)
+            if states[handle.job_id].status.finished:
+                self._release(job)
+        return states
+
+    def _state(self, job: _Job) -> JobState:
+        if job.proc is None:
+            if job.cancelled:
+                return JobState(status=JobStatus.CANCELLED)
+            return JobState(status=JobStatus.PENDING, reason="waiting for free GPUs")
+        code = job.proc.poll()
+        if code is None:
+            return JobState(status=JobStatus.RUNNING, nodelist="localhost")
+        if job.cancelled:
+            return JobState(status=JobStatus.CANCELLED, exit_code=code, nodelist="localhost")
+        if code == 0:
+            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist="localhost")
+        reason = _exit_reason(self.engine, code)
+        return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost",
+                        reason=reason)
+
+    def _release(self, job: _Job) -> None:
+        if job.log is not None:
+            job.log.close()
+            job.log = None
+        if job.gpus:
+            self._free_gpus.extend(job.gpus)
+            job.gpus = []
+
+    def cancel(self, handle: JobHandle) -> None:
+        """Kill and remove the container, then stop the engine client."""
+        job = self._jobs[handle.job_id]
+        job.cancelled = True
+        proc = job.proc
+        if proc is None or job.removed:
+            return
+        self._engine("rm", "-f", job.name)
+        if proc.poll() is None:
+            _kill_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(KILL_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc, signal.SIGKILL)
+                proc.wait()
+        self._engine("rm", "-f", job.name)  # one created while the client was being stopped
+        job.removed = True
+        self._release(job)
+
+    def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
+        """``cd <dir> && <engine> run ... <image> python3 -m pytest <nodeid>`` (values of
+        secret-looking env variables left out: ``-e NAME`` takes them from your shell)."""
+        command = rerun_argv(spec, nodeid)
+        argv = engine_run_argv(
+            self.engine, spec, name=safe_name(f"trtllm-rerun-{spec.name}", 50), cli=self.cli,
+            run_flags=self.run_flags, all_gpus=bool(self._all_gpus and spec.total_devices),
+            mounts=job_mounts(spec, models_root=self.models_root,
+                              include_plugin=self.mount_plugin),
+            env={}, network=self.network, user=self.user, python=self.python, command=command,
+        )
+        env = container_env(spec.masked(), models_root=self.models_root,
+                            include_plugin=self.mount_plugin)
+        flags: list[str] = []
+        for key, value in sorted(env.items()):
+            flags += ["-e", key if value == "***" else f"{key}={value}"]
+        image_at = argv.index(spec.container_image or "")
+        argv[image_at:image_at] = flags
+        return f"cd {shlex.quote(workdir_of(spec))} && {shlex.join(argv)}"
+
+    def close(self) -> None:
+        for job_id, job in self._jobs.items():
+            if job.proc is not None and not job.removed and (
+                job.proc.poll() is None or not job.cancelled
+            ):
+                self.cancel(JobHandle(job_id=job_id, spec=job.spec, submitted_at=0))
+
+    def containers(self) -> list[str]:
+        """Names of this executor's containers the engine still has (running or not)."""
+        res = self._engine("ps", "-a", "--filter", f"label={OWNER_LABEL}={self.owner}",
+                           "--format", "{{.Names}}")
+        return res.stdout.split() if res.returncode == 0 else []
+
+
+def _exit_reason(engine: str, code: int) -> str | None:
+    if code == 125:
+        return f"{engine} could not start the container (exit 125; see the job log)"
+    if code == 126:
+        return "the command in the container could not be executed (exit 126)"
+    if code == 127:
+        return "the command was not found in the container image (exit 127)"
+    if code == 137:
+        return "killed by SIGKILL (exit 137; out of memory?)"
+    if code < 0:
+        return f"the {engine} client was killed by signal {signal.Signals(-code).name}"
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
