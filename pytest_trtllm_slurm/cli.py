@@ -122,7 +122,13 @@ def format_env_text(local: LocalEnv, slurm: SlurmEnv | None) -> str:
 
 # --------------------------------------------------------------------------- main
 
-SUBCOMMANDS: list[Adder] = [add_env]
+def add_alloc(subparsers: Subparsers) -> None:
+    from .cli_alloc import add_alloc_parser
+
+    add_alloc_parser(subparsers)
+
+
+SUBCOMMANDS: list[Adder] = [add_env, add_alloc]
 
 
 def build_parser() -> argparse.ArgumentParser:

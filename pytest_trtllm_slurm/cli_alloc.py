@@ -18,7 +18,7 @@ from .execution.shell import LocalShell, Shell
 def add_alloc_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``alloc status`` and ``alloc release`` on a ``add_subparsers()`` object.
 
-    Each sets ``func`` (``args.func(args) -> exit code``).
+    Each sets ``handler`` (``args.handler(args) -> exit code``), as cli.main expects.
     """
     parser = subparsers.add_parser("alloc", help="show or release the persistent Slurm allocation")
     sub = parser.add_subparsers(dest="alloc_command", metavar="{status,release}")
@@ -33,7 +33,7 @@ def add_alloc_parser(subparsers: Any) -> argparse.ArgumentParser:
                               "(default: the state file's)")
         if name == "status":
             cmd.add_argument("--json", action="store_true", help="print JSON")
-        cmd.set_defaults(func=run_alloc)
+        cmd.set_defaults(handler=run_alloc)
     return parser
 
 

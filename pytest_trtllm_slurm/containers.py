@@ -46,6 +46,18 @@ JOB_LABEL = "trtllm-slurm.job"
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# variables that would change the engine CLI itself if set in ITS environment: passed with
+# their value on the command line instead (-e NAME=VALUE); all others as -e NAME
+_CLIENT_NAMES = {"PATH", "HOME", "TMPDIR", "LD_PRELOAD", "LD_LIBRARY_PATH", "XDG_RUNTIME_DIR",
+                 "XDG_CONFIG_HOME", "XDG_DATA_HOME", "SSL_CERT_FILE", "HTTP_PROXY",
+                 "HTTPS_PROXY", "NO_PROXY"}
+_CLIENT_PREFIXES = ("DOCKER_", "CONTAINERS_", "CONTAINER_", "PODMAN_", "BUILDAH_", "REGISTRY_")
+
+
+def client_sensitive(name: str) -> bool:
+    """True for env names the docker/podman CLI reads itself (never put in its environment)."""
+    upper = name.upper()
+    return upper in _CLIENT_NAMES or upper.startswith(_CLIENT_PREFIXES)
 
 
 def plugin_dir() -> str:
@@ -272,7 +284,8 @@ def engine_run_argv(
     """``<engine> run --rm --name NAME --pull=never ... IMAGE <worker argv>`` for one batch.
 
     Env values are not put on the command line (``-e NAME``: the engine takes the value
-    from its own environment, which the executor sets) unless ``pass_env_values``.
+    from its own environment, which the executor sets) unless ``pass_env_values`` or the
+    name is one the CLI itself reads (``client_sensitive``: PATH, HOME, DOCKER_*, ...).
     """
     img = image or spec.container_image
     if not img:
@@ -290,7 +303,8 @@ def engine_run_argv(
         argv += ["-v", m]
     argv += ["-w", workdir_of(spec)]
     for key, value in sorted((container_env(spec) if env is None else env).items()):
-        argv += ["-e", f"{key}={value}" if pass_env_values else key]
+        inline = pass_env_values or client_sensitive(key)
+        argv += ["-e", f"{key}={value}" if inline else key]
     argv.append(img)
     return argv + in_container_argv(spec.command if command is None else command, python)
 

@@ -20,7 +20,7 @@ import pytest
 from .batching import Batch, BatchKey, make_batches
 from .config import Settings
 from .execution.base import Executor, JobHandle
-from .execution.monitor import JobEvent, Monitor, log_tail
+from .execution.monitor import JobEvent, Monitor, WatchedJob, log_tail
 from .execution.outcome import JobState, JobStatus
 from .jobspec import JobSpec
 from .models import Scenario
@@ -89,7 +89,7 @@ class DispatchLoop:
         self.work_root = work_root
         self.stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
         self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
-        self.monitor = Monitor(settings.hang_patterns)
+        self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state)
         self.running: dict[str, RunningBatch] = {}
 
     # -- the loop ----------------------------------------------------------
@@ -149,6 +149,21 @@ class DispatchLoop:
         for event in events:
             self._on_event(event)
         return bool(events)
+
+    def _show_state(self, job: WatchedJob) -> None:
+        """A line when a job waits (and why) or starts: a pending job is never silent."""
+        state = job.state
+        if state.status.finished or state.status is JobStatus.RUNNING and job.started:
+            return
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        why = f" ({state.reason})" if state.reason else ""
+        where = job.handle.spec.partition or job.handle.spec.scenario.value
+        reporter.write_line(
+            f"trtllm-slurm: job {job.handle.job_id} [{job.handle.spec.name}] on {where}: "
+            f"{state.status.value}{why}"
+        )
 
     # -- submission --------------------------------------------------------
     def _submit(self, batch: Batch, attempt: int) -> None:

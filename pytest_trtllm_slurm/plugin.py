@@ -89,3 +89,15 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
     finally:
         for executor in executors.values():
             executor.close()
+        if settings.release_allocation:
+            release_allocation(ctx, config)
+
+
+def release_allocation(ctx, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+    """--trtllm-release-allocation: free the persistent allocation once the run is over."""
+    from .context import allocation_manager, terminal_warning
+
+    if ctx.slurm_env is None:
+        terminal_warning(config)("no local Slurm: there is no allocation to release")
+        return
+    terminal_warning(config)(allocation_manager(ctx, config).release())

@@ -2,7 +2,7 @@
 
 Session fixtures (registered by one import line in tests/conftest.py):
 
-- ``test_image``: builds (once, cached by content) a small rootfs that holds busybox, a copy
+- ``trtllm_image``: builds (once, cached by content) a small rootfs that holds busybox, a copy
   of THIS interpreter (same absolute paths, its shared libraries found with ``ldd``, the
   standard library without tests/idle/tkinter) and pytest with its dependencies copied from
   this interpreter's site-packages. The plugin itself is NOT in the image: executors mount
@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata as md
+import inspect
 import json
 import os
 import re
@@ -56,7 +57,7 @@ _TOP_DISTS = ["pytest"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TestImage:
+class LocalImage:
     name: str  # localhost/trtllm-test:<tag>, the same in docker and podman
     tag: str
     rootfs: Path
@@ -119,7 +120,7 @@ def image_tag() -> str:
     """Content address of the image: this builder, the interpreter, the copied dists."""
     h = hashlib.sha256()
     h.update(BUILDER_VERSION.encode())
-    h.update(Path(__file__).read_bytes())
+    h.update(inspect.getsource(build_rootfs).encode())
     h.update(sys.version.encode() + os.path.realpath(sys.executable).encode())
     for dist in _dists():
         h.update(f"{dist.metadata['Name']}=={dist.version}@{dist.locate_file('')}".encode())
@@ -217,13 +218,13 @@ def build_rootfs(root: Path, tag: str) -> None:
     (root / MARKER_PATH.lstrip("/")).write_text(f"trtllm-test-image {tag}\n")
 
 
-def ensure_image() -> TestImage:
+def ensure_image() -> LocalImage:
     """The rootfs and its tar, built once per content tag (file-locked)."""
     tag = image_tag()
     base = STATE / "images"
     base.mkdir(parents=True, exist_ok=True)
     out = base / tag
-    image = TestImage(name=f"{IMAGE_REPO}:{tag}", tag=tag, rootfs=out / "rootfs",
+    image = LocalImage(name=f"{IMAGE_REPO}:{tag}", tag=tag, rootfs=out / "rootfs",
                       tar=out / "image.tar", marker_path=MARKER_PATH,
                       marker_text=f"trtllm-test-image {tag}", python="/usr/bin/python3")
     with FileLock(str(base / ".build.lock")):
@@ -307,7 +308,7 @@ def ensure_docker(timeout: float = 60) -> Engine:
                 return engine
             time.sleep(0.1)
         tail = p["log"].read_text(errors="replace").splitlines()[-30:]
-        raise RuntimeError("dockerd did not answer within %ds:\n%s" % (timeout, "\n".join(tail)))
+        raise RuntimeError(f"dockerd did not answer within {timeout}s:\n" + "\n".join(tail))
 
 
 def stop_docker() -> None:
@@ -338,7 +339,7 @@ def ensure_podman() -> Engine:
     return engine
 
 
-def ensure_imported(engine: Engine, image: TestImage) -> None:
+def ensure_imported(engine: Engine, image: LocalImage) -> None:
     with FileLock(str(STATE / f".import-{engine.name}.lock")):
         if engine.run("image", "inspect", image.name, check=False).returncode == 0:
             return
@@ -356,7 +357,7 @@ def _skip_or_fail(what: str, exc: Exception):
 
 
 @pytest.fixture(scope="session")
-def test_image() -> TestImage:
+def trtllm_image() -> LocalImage:
     try:
         return ensure_image()
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
@@ -365,10 +366,10 @@ def test_image() -> TestImage:
 
 
 @pytest.fixture(scope="session")
-def docker_engine(test_image: TestImage) -> Engine:
+def docker_engine(trtllm_image: LocalImage) -> Engine:
     try:
         engine = ensure_docker()
-        ensure_imported(engine, test_image)
+        ensure_imported(engine, trtllm_image)
         return engine
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         _skip_or_fail("docker", exc)
@@ -376,10 +377,10 @@ def docker_engine(test_image: TestImage) -> Engine:
 
 
 @pytest.fixture(scope="session")
-def podman_engine(test_image: TestImage) -> Engine:
+def podman_engine(trtllm_image: LocalImage) -> Engine:
     try:
         engine = ensure_podman()
-        ensure_imported(engine, test_image)
+        ensure_imported(engine, trtllm_image)
         return engine
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         _skip_or_fail("podman", exc)

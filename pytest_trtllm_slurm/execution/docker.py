@@ -12,7 +12,8 @@ Like local_direct, but the worker pytest runs inside the JobSpec's image:
 - Paths keep their host names inside the container, so the worker's argv works unchanged
   and reports.jsonl / the job log come back through the mounted work dir. The plugin is
   mounted read-only and put first on PYTHONPATH (the image needs Python and pytest only).
-- Env values reach the engine through its environment (``-e NAME``), never its argv.
+- Env values reach the engine through its environment (``-e NAME``), not its argv (except
+  names the CLI reads itself, such as PATH or DOCKER_*: ``containers.client_sensitive``).
 - The image must be in the engine's local store: ``--pull=never``, and a missing image is
   a ConfigError naming it and the engine (checked once per image, before the first run).
 - GPUs: when this machine has GPUs, each job gets a disjoint slice (``--gpus "device=.."``
@@ -44,6 +45,7 @@ from typing import IO, Literal
 from ..containers import (
     JOB_LABEL,
     OWNER_LABEL,
+    client_sensitive,
     container_env,
     engine_run_argv,
     job_mounts,
@@ -193,6 +195,10 @@ class ContainerExecutor:
     def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, **self.engine_env, **(extra or {})}
 
+    def _remove(self, name: str) -> None:
+        """Kill (no grace: podman would wait 10 s) and remove one container."""
+        self._engine("rm", "-f", *(["--time", "0"] if self.engine == "podman" else []), name)
+
     def _engine(self, *args: str, timeout: float = ENGINE_TIMEOUT) -> subprocess.CompletedProcess:
         try:
             return subprocess.run(
@@ -210,10 +216,11 @@ class ContainerExecutor:
             return
         res = self._engine("image", "inspect", "--format", "{{.Id}}", image)
         if res.returncode != 0:
-            detail = (res.stderr or res.stdout).strip().splitlines()
+            lines = (res.stderr or res.stdout).strip().splitlines()
+            detail = lines[-1] if lines else f"exit {res.returncode}"
             raise ConfigError(
                 f"container image {image!r} is not in {self.engine}'s local image store "
-                f"({shlex.join(self.cli)}: {detail[-1] if detail else 'exit ' + str(res.returncode)})."
+                f"({shlex.join(self.cli)}: {detail})."
                 f" Images are never pulled: `{self.engine} pull {image}` (or load/build it) "
                 "first, or choose another image with --trtllm-container-image"
             )
@@ -231,7 +238,7 @@ class ContainerExecutor:
             if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
                 dead.append(name.strip())
         for name in dead:
-            self._engine("rm", "-f", name)
+            self._remove(name)
         return dead
 
     # -- Executor protocol ----------------------------------------------------
@@ -277,8 +284,9 @@ class ContainerExecutor:
                 return  # PENDING until a running job gives its GPUs back
             job.gpus, self._free_gpus = self._free_gpus[:need], self._free_gpus[need:]
         argv = self.run_argv(job.spec, job.name, job.gpus)
-        env = self._env(container_env(job.spec, models_root=self.models_root,
-                                      include_plugin=self.mount_plugin))
+        job_env = container_env(job.spec, models_root=self.models_root,
+                                include_plugin=self.mount_plugin)
+        env = self._env({k: v for k, v in job_env.items() if not client_sensitive(k)})
         os.makedirs(job.spec.work_dir, exist_ok=True)
         job.log = open(job.spec.log_path, "ab")  # noqa: SIM115 - closed when the job ends
         job.log.write(f"[trtllm-slurm] container {job.name}: {self.engine} "
@@ -336,7 +344,7 @@ class ContainerExecutor:
         proc = job.proc
         if proc is None or job.removed:
             return
-        self._engine("rm", "-f", job.name)
+        self._remove(job.name)
         if proc.poll() is None:
             _kill_group(proc, signal.SIGTERM)
             try:
@@ -344,7 +352,7 @@ class ContainerExecutor:
             except subprocess.TimeoutExpired:
                 _kill_group(proc, signal.SIGKILL)
                 proc.wait()
-        self._engine("rm", "-f", job.name)  # one created while the client was being stopped
+        self._remove(job.name)  # one created while the client was being stopped
         job.removed = True
         self._release(job)
 
@@ -369,11 +377,13 @@ class ContainerExecutor:
         return f"cd {shlex.quote(workdir_of(spec))} && {shlex.join(argv)}"
 
     def close(self) -> None:
+        """Cancel what still runs, then remove anything of this executor the engine has."""
         for job_id, job in self._jobs.items():
-            if job.proc is not None and not job.removed and (
-                job.proc.poll() is None or not job.cancelled
-            ):
+            if job.proc is not None and not job.removed and job.proc.poll() is None:
                 self.cancel(JobHandle(job_id=job_id, spec=job.spec, submitted_at=0))
+        if any(job.proc is not None for job in self._jobs.values()):
+            for name in self.containers():
+                self._remove(name)
 
     def containers(self) -> list[str]:
         """Names of this executor's containers the engine still has (running or not)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,9 +42,15 @@ class JobEvent:
 class Monitor:
     """Watches jobs until each has ended; yields records and final states."""
 
-    def __init__(self, hang_patterns: list[str], poll_interval: float = 0.2) -> None:
+    def __init__(
+        self,
+        hang_patterns: list[str],
+        poll_interval: float = 0.2,
+        on_change: Callable[[WatchedJob], None] | None = None,
+    ) -> None:
         self.hang_patterns = [p.lower().encode() for p in hang_patterns if p]
         self.poll_interval = poll_interval
+        self.on_change = on_change  # told when a job's status or pending reason changes
         self.jobs: dict[str, WatchedJob] = {}
 
     def add(self, handle: JobHandle, executor: Executor) -> WatchedJob:
@@ -64,7 +70,10 @@ class Monitor:
         for jobs in by_executor.values():
             states = jobs[0].executor.poll([j.handle for j in jobs])
             for job in jobs:
+                before = (job.state.status, job.state.reason)
                 job.state = states.get(job.handle.job_id, job.state)
+                if self.on_change and (job.state.status, job.state.reason) != before:
+                    self.on_change(job)
                 if job.state.nodelist:
                     job.handle.nodelist = job.state.nodelist
                 yield from self._check(job)

@@ -135,7 +135,7 @@ class OpenSSHShell:
                                  timed_out=timed_out)
         raise AssertionError("unreachable")
 
-    def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], None], *,
+    def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                          timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
         """Run argv with ``producer(stdin)`` streaming binary data into it."""
         rc, out, err, timed_out = self._ssh(remote_command(argv, cwd=cwd), timeout=timeout,

@@ -151,7 +151,7 @@ class SSHShell:
         return self._exec(argv, command, timeout, retry_on_drop,
                           (lambda fh: fh.write(data)) if data is not None else None)
 
-    def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], None], *,
+    def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                          timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
         """Run argv with ``producer(stdin)`` streaming binary data into it (a tar stream).
         Not retried on a drop: the producer may not be re-runnable."""

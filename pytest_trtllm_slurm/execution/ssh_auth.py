@@ -221,6 +221,8 @@ def _keyboard_interactive(transport: paramiko.Transport, target: SSHTarget,
             ) from None
         finally:
             del code, handler
+            if getattr(transport, "auth_handler", None) is not None:  # drop paramiko's ref too
+                transport.auth_handler.interactive_handler = None
         if transport.is_authenticated():
             log.debug("ssh: %s accepted the one-time code from %s", target.display, source)
             return

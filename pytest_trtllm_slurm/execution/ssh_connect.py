@@ -108,14 +108,15 @@ def _open_socket(target: SSHTarget, via: Any, jumps: list[paramiko.Transport]) -
             f"cannot reach {where} for SSH ({exc.strerror or exc}). Check ssh_host/ssh_port in "
             f"{target.where} (or HostName/Port in ~/.ssh/config) and that the host is up"
         ) from None
-    _tcp_keepalive(sock)
+    _tcp_options(sock)
     return sock
 
 
-def _tcp_keepalive(sock: socket.socket) -> None:
-    """Notice a silently dead peer in about a minute (paramiko's keepalive never waits
-    for an answer, so only TCP can tell)."""
+def _tcp_options(sock: socket.socket) -> None:
+    """No Nagle delay; notice a silently dead peer in about a minute (paramiko's keepalive
+    never waits for an answer, so only TCP can tell)."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small requests, no 40 ms stalls
     for opt, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 15), ("TCP_KEEPCNT", 4),
                        ("TCP_USER_TIMEOUT", 60_000)):
         if hasattr(socket, opt):

@@ -1,0 +1,281 @@
+"""Code sync (seed Step 4) and preflight against the REAL sshd and REAL git repositories.
+
+origin is a bare repository under tmp_path; "local" is a clone of it (the user's checkout);
+the "remote" checkout is another clone under tmp_path, reached only through an SSHShell on
+127.0.0.1 (same file system, so the test can look at both sides directly).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.config import ClusterConfig
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote import (
+    preflight,
+    remote_paths,
+    remote_work_dir,
+    sync_cluster,
+    sync_workspace,
+)
+from pytest_trtllm_slurm.execution.remote_sync import temp_branch_name
+from pytest_trtllm_slurm.execution.shell import LocalShell
+from pytest_trtllm_slurm.execution.ssh import SSHShell, SSHTarget
+
+pytestmark = pytest.mark.devcluster
+
+ODD_NAME = "dir with space/we'ird $name [1].txt"
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=False, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"git {args} failed: {proc.stderr}")
+    return proc.stdout
+
+
+def make_cluster(ssh: dict[str, Any], **kw: Any) -> ClusterConfig:
+    base = {"name": "dev", "ssh_host": ssh["host"], "ssh_port": ssh["port_key"],
+            "user": ssh["user"], "identity_file": ssh["identity_file"],
+            "known_hosts": ssh["known_hosts"], "sync": "git"}
+    return ClusterConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def ssh_shell(devcluster: dict[str, Any]) -> Iterator[SSHShell]:
+    ssh = devcluster["ssh"]
+    sh = SSHShell(SSHTarget.from_cluster(make_cluster(ssh), ssh_config_path=os.devnull))
+    yield sh
+    sh.close()
+
+
+@pytest.fixture
+def repos(tmp_path: Path) -> dict[str, Path]:
+    """origin (bare), local (the user's clone, with a stash entry) and the remote root."""
+    origin, seed, local = tmp_path / "origin.git", tmp_path / "seed", tmp_path / "local" / "proj"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    subprocess.run(["git", "init", "-q", "-b", "main", str(seed)], check=True)
+    (seed / "pkg").mkdir()
+    (seed / "tracked.txt").write_text("tracked v1\n")
+    (seed / "pkg" / "mod.py").write_text("VALUE = 1\n")
+    (seed / "deleted.txt").write_text("to be deleted\n")
+    (seed / ".gitignore").write_text("ignored.txt\n")
+    git(seed, "add", "-A")
+    git(seed, "commit", "-q", "-m", "initial")
+    git(seed, "push", "-q", str(origin), "main")
+    local.parent.mkdir()
+    subprocess.run(["git", "clone", "-q", str(origin), str(local)], check=True)
+    (local / "tracked.txt").write_text("stashed edit\n")
+    git(local, "stash", "push", "-q", "-m", "user's own stash")
+    return {"origin": origin, "local": local, "remote_root": tmp_path / "remote_root"}
+
+
+def modify(local: Path) -> None:
+    """A tracked edit (unstaged), a staged edit, a staged new file, a deletion, untracked
+    files (one with an awkward name), an ignored file."""
+    (local / "tracked.txt").write_text("tracked v2 (local edit)\n")
+    (local / "pkg" / "mod.py").write_text("VALUE = 2\n")
+    git(local, "add", "pkg/mod.py")
+    (local / "staged_new.txt").write_text("staged new\n")
+    git(local, "add", "staged_new.txt")
+    (local / "deleted.txt").unlink()
+    (local / "tests").mkdir()
+    (local / "tests" / "test_new.py").write_text("def test_new():\n    assert True\n")
+    (local / ODD_NAME).parent.mkdir()
+    (local / ODD_NAME).write_text("odd\n")
+    (local / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (local / "run.sh").chmod(0o755)
+    (local / "ignored.txt").write_text("never shipped\n")
+
+
+def snapshot(repo: Path) -> dict[str, Any]:
+    """Everything the user could notice, read without any command that writes the index."""
+    gitdir = repo / ".git"
+    files: dict[str, object] = {}
+    for path in sorted(repo.rglob("*")):
+        rel = path.relative_to(repo).as_posix()
+        if rel == ".git" or rel.startswith(".git/"):
+            continue
+        if path.is_file():
+            files[rel] = (stat.S_IMODE(path.stat().st_mode),
+                          hashlib.sha256(path.read_bytes()).hexdigest())
+        else:
+            files[rel] = "dir"
+    return {
+        "HEAD": (gitdir / "HEAD").read_bytes(),
+        "head": git(repo, "rev-parse", "HEAD"),
+        "index": (gitdir / "index").read_bytes(),
+        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+        "stash": git(repo, "stash", "list"),
+        "config": (gitdir / "config").read_bytes(),
+        "untracked": git(repo, "ls-files", "-z", "--others", "--exclude-standard"),
+        "files": files,
+    }
+
+
+def origin_branches(origin: Path) -> list[str]:
+    return git(origin, "for-each-ref", "--format=%(refname:short)", "refs/heads/").split()
+
+
+def cc(**kw: Any) -> ClusterConfig:
+    """A validated ClusterConfig (model_validate: mypy sees no pydantic field defaults)."""
+    return ClusterConfig.model_validate(kw)
+
+
+# -- sync ------------------------------------------------------------------------------
+def test_sync_tracked_and_untracked_local_repo_untouched(repos: dict[str, Path],
+                                                         ssh_shell: SSHShell) -> None:
+    local, origin = repos["local"], repos["origin"]
+    modify(local)
+    before = snapshot(local)
+    remote = repos["remote_root"] / "proj"
+    result = sync_workspace(local, ssh_shell, str(remote), user="root", name="my model/v1")
+    assert result.cloned and result.untracked_files == 3 and not result.warnings
+    assert result.branch.startswith("root_my_model_v1_") and len(result.branch) == len(
+        "root_my_model_v1_") + 14
+    # tracked changes (staged, unstaged, new, deleted) and untracked files all took effect
+    assert (remote / "tracked.txt").read_text() == "tracked v2 (local edit)\n"
+    assert (remote / "pkg" / "mod.py").read_text() == "VALUE = 2\n"
+    assert (remote / "staged_new.txt").read_text() == "staged new\n"
+    assert not (remote / "deleted.txt").exists()
+    assert (remote / "tests" / "test_new.py").read_text().startswith("def test_new")
+    assert (remote / ODD_NAME).read_text() == "odd\n"
+    assert stat.S_IMODE((remote / "run.sh").stat().st_mode) == 0o755
+    assert not (remote / "ignored.txt").exists()
+    assert git(remote, "rev-parse", "--abbrev-ref", "HEAD").strip() == result.branch
+    assert git(remote, "rev-parse", "HEAD").strip() == result.commit
+    assert git(remote, "log", "-1", "--format=%s").startswith("sync: temp snapshot")
+    # the temp branch is gone from origin; the local repository is exactly as it was
+    assert origin_branches(origin) == ["main"]
+    assert snapshot(local) == before
+    assert git(local, "stash", "list").count("\n") == 1
+
+
+def test_second_sync_stashes_leftovers_keeps_work_dirs_prunes_branches(
+        repos: dict[str, Path], ssh_shell: SSHShell) -> None:
+    local = repos["local"]
+    remote = repos["remote_root"] / "proj"
+    first = sync_workspace(local, ssh_shell, str(remote), user="u", name="m",
+                           now=datetime(2026, 1, 1, 10, 0, 0))
+    (remote / "tracked.txt").write_text("edited on the cluster\n")
+    (remote / "stale_untracked.txt").write_text("left from an old session\n")
+    (remote / "work_dirs" / "run_1").mkdir(parents=True)
+    (remote / "work_dirs" / "run_1" / "reports.jsonl").write_text("{}\n")
+    (local / "tracked.txt").write_text("second\n")
+    second = sync_workspace(local, ssh_shell, str(remote), user="u", name="m",
+                            now=datetime(2026, 1, 1, 10, 0, 5))
+    assert not second.cloned and second.branch != first.branch
+    assert (remote / "tracked.txt").read_text() == "second\n"
+    assert not (remote / "stale_untracked.txt").exists()
+    assert "auto-stash before remote sync" in git(remote, "stash", "list")
+    assert (remote / "work_dirs" / "run_1" / "reports.jsonl").read_text() == "{}\n"
+    branches = git(remote, "for-each-ref", "--format=%(refname:short)", "refs/heads/").split()
+    assert first.branch not in branches and second.branch in branches
+    assert origin_branches(repos["origin"]) == ["main"]
+
+
+def test_push_failure_leaves_local_repo_untouched(repos: dict[str, Path],
+                                                  ssh_shell: SSHShell) -> None:
+    local, origin = repos["local"], repos["origin"]
+    remote = repos["remote_root"] / "proj"
+    subprocess.run(["git", "clone", "-q", str(origin), str(remote)], check=True)
+    modify(local)
+    before = snapshot(local)
+    origin.rename(origin.with_name("moved.git"))  # origin unreachable from here on
+    with pytest.raises(ExecutionError) as err:
+        sync_workspace(local, ssh_shell, str(remote), user="root", name="m")
+    assert "pushing the snapshot to origin" in str(err.value)
+    assert "local repository was not changed" in str(err.value)
+    assert snapshot(local) == before
+
+
+def test_remote_failure_after_push_deletes_temp_branch(repos: dict[str, Path],
+                                                       ssh_shell: SSHShell) -> None:
+    local, origin = repos["local"], repos["origin"]
+    remote = repos["remote_root"] / "proj"
+    subprocess.run(["git", "clone", "-q", str(origin), str(remote)], check=True)
+    git(remote, "remote", "set-url", "origin", str(remote.parent / "nowhere.git"))
+    modify(local)
+    before = snapshot(local)
+    with pytest.raises(ExecutionError) as err:
+        sync_workspace(local, ssh_shell, str(remote), user="root", name="m")
+    assert "fetching" in str(err.value) and "127.0.0.1" in str(err.value)
+    assert origin_branches(origin) == ["main"]  # pushed, then deleted despite the failure
+    assert snapshot(local) == before
+
+
+def test_unreachable_origin_for_first_clone(repos: dict[str, Path], ssh_shell: SSHShell) -> None:
+    local = repos["local"]
+    git(local, "remote", "set-url", "origin", str(repos["origin"].with_name("gone.git")))
+    before = snapshot(local)
+    with pytest.raises(ExecutionError, match=r"cloning .* \(is origin reachable"):
+        sync_workspace(local, ssh_shell, str(repos["remote_root"] / "proj"), user="u", name="m")
+    assert snapshot(local) == before
+
+
+def test_sync_cluster_none_and_paths(repos: dict[str, Path], ssh_shell: SSHShell) -> None:
+    local = repos["local"]
+    shared = cc(name="shared", sync="none")
+    assert sync_cluster(shared, local, ssh_shell, name="m") is None
+    assert remote_paths(shared, local) == (str(local.resolve()), f"{local.resolve()}/work_dirs")
+    (local / "tests").mkdir()
+    cluster = cc(name="c", sync="git", user_root_dir="/scratch/u/")
+    paths = remote_paths(cluster, local / "tests")  # pytest rootdir below the repo top
+    assert paths == ("/scratch/u/proj", "/scratch/u/proj/tests/work_dirs")
+    assert remote_work_dir(paths, local / "tests" / "work_dirs" / "m_20260101_100000") == \
+        "/scratch/u/proj/tests/work_dirs/m_20260101_100000"
+    with pytest.raises(ConfigError, match="user_root_dir"):
+        remote_paths(cc(name="c", sync="git"), local)
+    assert temp_branch_name("a.b@c", "x y", datetime(2026, 4, 30, 14, 52)) == \
+        "a_b_c_x_y_20260430145200"
+
+
+def test_sync_cluster_end_to_end(repos: dict[str, Path], ssh_shell: SSHShell,
+                                 devcluster: dict[str, Any]) -> None:
+    local = repos["local"]
+    (local / "new_untracked.py").write_text("x = 1\n")
+    cluster = make_cluster(devcluster["ssh"], user_root_dir=str(repos["remote_root"]))
+    result = sync_cluster(cluster, local, ssh_shell, name="e2e")
+    assert result is not None and result.remote_repo == f"{repos['remote_root']}/proj"
+    assert (repos["remote_root"] / "proj" / "new_untracked.py").read_text() == "x = 1\n"
+
+
+# -- preflight ---------------------------------------------------------------------------
+def test_preflight_creates_dir_and_records_slurm_version(ssh_shell: SSHShell, tmp_path: Path,
+                                                         devcluster: dict[str, Any]) -> None:
+    root = tmp_path / "cluster_root" / "u"
+    cluster = make_cluster(devcluster["ssh"], user_root_dir=str(root))
+    result = preflight(ssh_shell, cluster)
+    assert result.created_dir and root.is_dir() and result.host == "127.0.0.1"
+    assert result.slurm_version.startswith("22.05")
+    assert "git" in result.tools_checked and "sbatch" in result.tools_checked
+    assert not preflight(ssh_shell, cluster).created_dir
+
+
+def test_preflight_failures_name_host_and_fix(ssh_shell: SSHShell, tmp_path: Path,
+                                              devcluster: dict[str, Any],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "nope"
+    cluster = make_cluster(devcluster["ssh"], user_root_dir=str(missing))
+    with pytest.raises(ExecutionError) as err:
+        preflight(ssh_shell, cluster, create_dirs=False)
+    assert "127.0.0.1" in str(err.value) and "mkdir -p" in str(err.value)
+    with pytest.raises(ConfigError, match="no user_root_dir"):
+        preflight(ssh_shell, make_cluster(devcluster["ssh"]))
+    # Slurm tools absent (a real shell whose PATH has no Slurm in it)
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    monkeypatch.setenv("PATH", str(empty_bin))
+    local = cc(name="here", sync="none")
+    with pytest.raises(ExecutionError, match="localhost: Slurm's `sinfo` is not found"):
+        preflight(LocalShell(), local)
