@@ -39,6 +39,7 @@ class ClusterConfig(BaseModel):
     otp_command: str | None = None
     user_root_dir: str | None = None
     remote_cwd: str | None = None
+    python: str = "python3"  # the interpreter that runs the worker pytest on the cluster
     sync: Literal["git", "none"] = "none"
     account: str | None = None
     partition: str | None = None

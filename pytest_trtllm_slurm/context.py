@@ -71,7 +71,55 @@ def make_executors(
     slurm_keys = [k for k in keys if k.scenario is Scenario.LOCAL_SLURM]
     if slurm_keys:
         executors[Scenario.LOCAL_SLURM] = local_slurm_executor(ctx, config, slurm_keys)
+    remote_keys = [k for k in keys if k.scenario is Scenario.REMOTE_SLURM]
+    if remote_keys:
+        executors[Scenario.REMOTE_SLURM] = remote_slurm_executor(ctx, config, remote_keys)
     return executors
+
+
+def remote_slurm_executor(
+    ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
+) -> Executor:
+    """Connect, check, sync the code, discover the cluster's Slurm, then the same
+    SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
+    from .execution.allocation import AllocationManager, AllocationRequest
+    from .execution.remote import preflight, remote_paths, sync_cluster
+    from .execution.remote_executor import PathMap, RemoteSlurmExecutor
+    from .execution.slurm import SlurmClient
+    from .execution.slurm_executor import SlurmExecutor
+    from .execution.ssh import shell_for_cluster
+
+    names = sorted({k.cluster or "" for k in keys})
+    if len(names) != 1 or not names[0]:
+        raise ConfigError(f"one remote cluster per run, found {names}; pick one with "
+                          "--slurm-cluster NAME")
+    cluster = ctx.clusters.get(names[0])
+    settings = ctx.settings
+    shell = shell_for_cluster(cluster)
+    shell.connect()
+    preflight(shell, cluster)
+    sync_cluster(cluster, config.rootpath, shell, name=f"pytest_{config.rootpath.name}")
+    slurm_env = SlurmClient(shell).discover()
+    paths = remote_paths(cluster, config.rootpath)
+    local_work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
+    remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
+    path_map = PathMap({str(config.rootpath): remote_root,
+                        str(local_work_root): paths.remote_work_root}, python=cluster.python)
+    manager = None
+    if settings.persistent:
+        request = AllocationRequest.covering(list(keys), slurm_env,
+                                             time_limit=settings.alloc_time_limit)
+        manager = AllocationManager(
+            shell,
+            # the state of a remote allocation is kept here, one file per cluster
+            rootdir=config.rootpath / "work_dirs" / f".remote-{cluster.name}",
+            request=request,
+            user=slurm_env.user,
+            warn=terminal_warning(config),
+        )
+    inner = SlurmExecutor(shell, slurm_env=slurm_env, persistent=settings.persistent,
+                          allocation_manager=manager, warn=terminal_warning(config))
+    return RemoteSlurmExecutor(inner, path_map, interpreter=sys.executable)
 
 
 def local_slurm_executor(

@@ -170,7 +170,8 @@ class DispatchLoop:
         executor = self.executors[batch.key.scenario]
         spec = self._spec_for(batch, attempt)
         handle = executor.submit(spec)
-        running = RunningBatch(batch, spec, handle, executor, attempt)
+        # the executor's view of the spec: remote executors map its paths to the cluster's
+        running = RunningBatch(batch, handle.spec, handle, executor, attempt)
         self.running[handle.job_id] = running
         self.monitor.add(handle, executor)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from . import options
-from .errors import ConfigError
+from .errors import ConfigError, ExecutionError
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -77,7 +77,8 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
         planned = planned if planned is not None else plan_items(items, ctx)
         keys = [p.plan.key for p in planned if p.plan.key is not None]
         executors = make_executors(ctx, config, keys)
-    except ConfigError as exc:
+    except (ConfigError, ExecutionError) as exc:
+        # nothing was dispatched yet: a bad setting, or a target that cannot be reached
         raise pytest.UsageError(str(exc)) from None
     work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
     loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root)

@@ -202,7 +202,8 @@ def _send_untracked(git: _Git, shell: Shell, remote_repo: str) -> int:
     """Untracked, not ignored files as one tar stream into ``tar -x`` on the remote side."""
     listing = git("ls-files", "-z", "--others", "--exclude-standard",
                   check="listing untracked files").stdout
-    names = [n for n in listing.split("\0") if n]
+    # the plugin's own job folders are results, not code: never shipped back and forth
+    names = [n for n in listing.split("\0") if n and "work_dirs" not in n.split("/")[:-1]]
     if not names:
         return 0
     top = git.top

@@ -1,0 +1,297 @@
+"""Packing: how many chunks each batch key gets and which tests go in which chunk.
+
+Pure: no pytest, no I/O. Batching is a scheduling problem. Every chunk (one job
+or one step) pays the start-up cost once (python + pytest + the suite's
+conftest imports, plus the launch), and the GPUs of the pool it runs in should
+stay busy. So, per pool (the persistent allocation, a partition for one-shot
+jobs, this machine):
+
+1. Start with one chunk per key.
+2. Simulate the pool: chunks are started in submission order, each as soon as
+   its GPUs are free (best fit over nodes, no reservations: how Slurm starts the
+   steps of an allocation), each lasting ``start-up + sum(expected durations)``.
+3. Greedily give one more chunk to the key (or to every key at once) whose split
+   shortens the simulated makespan most; stop when no split helps or a key has
+   as many chunks as fit side by side in the pool.
+
+Tests are assigned to a key's chunks longest expected first, each to the
+least-loaded chunk (LPT: the chunks' loads differ by at most the longest test);
+inside a chunk they keep collection order so module/class fixtures are shared.
+Chunks are returned in the order the simulation submitted them: wide and long
+first, so a chunk needing the whole pool starts while it is empty.
+
+Expected durations come from earlier runs (``durations.py`` keeps them in
+pytest's cache); a test never seen gets the median of the known ones of the
+run, else ``DEFAULT_DURATION``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
+
+DEFAULT_DURATION = 30.0  # seconds, a test without history
+DEFAULT_STARTUP = 15.0  # seconds, a pool without history (imports of torch/tensorrt_llm ...)
+MAX_ROUNDS = 512  # bound on greedy splits (each adds >= 1 chunk; pools are small)
+
+
+class Shape(Protocol):
+    """What packing needs from a batch key (BatchKey has it)."""
+
+    @property
+    def devices_per_node(self) -> int: ...
+    @property
+    def node_count(self) -> int: ...
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Resources that a run's batches share: ``nodes`` x ``gpus_per_node`` GPUs, and for
+    batches without GPUs ``cpu_slots`` batches at once."""
+
+    name: str
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpu_slots: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def ways(self, shape: Shape) -> int:
+        """How many batches of ``shape`` run side by side here (>= 1)."""
+        if shape.devices_per_node <= 0:
+            return max(1, self.cpu_slots)
+        if shape.devices_per_node > self.gpus_per_node or shape.node_count > self.nodes:
+            return 1
+        return max(1, (self.gpus_per_node // shape.devices_per_node)
+                   * (self.nodes // max(1, shape.node_count)))
+
+    def fits(self, shape: Shape) -> bool:
+        if shape.devices_per_node <= 0:
+            return True
+        return shape.devices_per_node <= self.gpus_per_node and shape.node_count <= self.nodes
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Expected seconds: per test (nodeid) and per pool start-up (pool name)."""
+
+    durations: Mapping[str, float] = field(default_factory=dict)
+    startup: Mapping[str, float] = field(default_factory=dict)
+    default_duration: float = DEFAULT_DURATION
+    default_startup: float = DEFAULT_STARTUP
+
+    def for_tests(self, nodeids: Sequence[str]) -> list[float]:
+        known = [self.durations[n] for n in nodeids if n in self.durations]
+        fallback = statistics.median(known) if known else self.default_duration
+        return [max(0.0, float(self.durations.get(n, fallback))) for n in nodeids]
+
+    def startup_of(self, pool: Pool) -> float:
+        return max(0.0, float(self.startup.get(pool.name, self.default_startup)))
+
+
+@dataclass
+class Chunk:
+    """One planned batch: a key, its tests (collection order) and its expected seconds."""
+
+    key: Hashable
+    index: int
+    nodeids: list[str]
+    expected: float  # start-up + the tests
+    devices_per_node: int = 0
+    node_count: int = 1
+    start: float = 0.0  # when the simulation started it
+
+    @property
+    def width(self) -> int:
+        """GPUs it holds while it runs (1 slot for a CPU-only chunk)."""
+        return self.devices_per_node * self.node_count if self.devices_per_node > 0 else 1
+
+
+@dataclass
+class _Group:
+    key: Hashable
+    nodeids: list[str]
+    durations: list[float]
+    devices_per_node: int
+    node_count: int
+    limit: int  # most chunks worth having
+
+
+def lpt(durations: Sequence[float], chunks: int) -> list[list[int]]:
+    """Indices of ``durations`` split into ``chunks`` lists, longest first onto the least
+    loaded list (ties: the lowest list, then collection order). Each list is returned
+    in index (collection) order; empty lists are dropped."""
+    chunks = max(1, min(chunks, len(durations)))
+    order = sorted(range(len(durations)), key=lambda i: (-durations[i], i))
+    heap = [(0.0, c) for c in range(chunks)]
+    bins: list[list[int]] = [[] for _ in range(chunks)]
+    for i in order:
+        load, c = heapq.heappop(heap)
+        bins[c].append(i)
+        heapq.heappush(heap, (load + durations[i], c))
+    return [sorted(b) for b in bins if b]
+
+
+def simulate(chunks: Sequence[Chunk], pool: Pool) -> float:
+    """Makespan of ``chunks`` started in list order as their resources free up (a later
+    chunk that fits starts before an earlier one that does not; no reservations). A
+    chunk that does not fit even the empty pool runs elsewhere, from time 0. Sets
+    ``Chunk.start``."""
+    free = [pool.gpus_per_node] * max(1, pool.nodes)
+    cpu_free = max(1, pool.cpu_slots)
+    pending: list[Chunk] = []
+    end = 0.0
+    for chunk in chunks:
+        if pool.fits(chunk):
+            pending.append(chunk)
+        else:
+            chunk.start = 0.0
+            end = max(end, chunk.expected)
+    running: list[tuple[float, int, list[int], int]] = []  # (end, seq, nodes, dpn)
+    now, seq = 0.0, 0
+    while pending or running:
+        left = []
+        for chunk in pending:
+            dpn = chunk.devices_per_node
+            placed: list[int] | None
+            if dpn <= 0:
+                placed = [] if cpu_free > 0 else None
+                cpu_free -= 1 if placed is not None else 0
+            else:
+                placed = _place(free, dpn, chunk.node_count)
+                for n in placed or []:
+                    free[n] -= dpn
+            if placed is None:
+                left.append(chunk)
+                continue
+            chunk.start = now
+            heapq.heappush(running, (now + chunk.expected, seq, placed, dpn))
+            seq += 1
+        pending = left
+        if not running:  # cannot happen: every pending chunk fits the empty pool
+            raise AssertionError("simulation stuck")
+        now = running[0][0]
+        end = max(end, now)
+        while running and running[0][0] <= now:  # everything ending at this moment
+            _, _, placed, dpn = heapq.heappop(running)
+            if dpn <= 0:
+                cpu_free += 1
+            for n in placed:
+                free[n] += dpn
+    return end
+
+
+def _place(free: list[int], dpn: int, nodes: int) -> list[int] | None:
+    """Best fit: the ``nodes`` nodes with the fewest free GPUs that still have ``dpn``."""
+    fit = sorted((f, n) for n, f in enumerate(free) if f >= dpn)
+    if len(fit) < nodes:
+        return None
+    return [n for _, n in fit[:nodes]]
+
+
+ORDERS: dict[str, Callable[[Chunk], tuple[float, ...]]] = {
+    "wide-first": lambda c: (-c.width, -c.expected),
+    "long-first": lambda c: (-c.expected, -c.width),
+    "area-first": lambda c: (-c.width * c.expected, -c.width),
+}
+
+
+@dataclass
+class PoolPlan:
+    pool: Pool
+    counts: dict[Hashable, int]
+    chunks: list[Chunk]  # submission order
+    makespan: float
+
+
+def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
+              fixed: Mapping[Hashable, int] | None = None) -> PoolPlan:
+    """Chunk counts for the keys sharing ``pool`` (greedy on the simulated makespan)."""
+    fixed = fixed or {}
+    cache: dict[tuple[int, int], list[tuple[list[str], float]]] = {}
+
+    def split(g: int, count: int) -> list[tuple[list[str], float]]:
+        if (g, count) not in cache:
+            group = groups[g]
+            cache[(g, count)] = [
+                ([group.nodeids[i] for i in idx],
+                 startup + sum(group.durations[i] for i in idx))
+                for idx in lpt(group.durations, count)
+            ]
+        return cache[(g, count)]
+
+    def build(counts: list[int]) -> tuple[float, float, list[Chunk]]:
+        chunks: list[Chunk] = []
+        for g, count in enumerate(counts):
+            group = groups[g]
+            for index, (ids, expected) in enumerate(split(g, count)):
+                chunks.append(Chunk(group.key, index, ids, expected,
+                                    group.devices_per_node, group.node_count))
+        area = sum(c.width * c.expected for c in chunks)
+        best: tuple[float, float, list[Chunk]] | None = None
+        for order in ORDERS.values():
+            ordered = [replace(c) for c in sorted(chunks, key=order)]
+            makespan = simulate(ordered, pool)
+            if best is None or makespan < best[0] - 1e-9:
+                best = (makespan, area, ordered)
+        assert best is not None
+        return best
+
+    counts = [max(1, min(len(g.nodeids), fixed.get(g.key, 1))) for g in groups]
+    free = [g.key not in fixed for g in groups]
+    makespan, area, chunks = build(counts)
+    for _ in range(MAX_ROUNDS):
+        trials: list[list[int]] = []
+        for g, group in enumerate(groups):
+            if free[g] and counts[g] < group.limit:
+                trials.append([c + 1 if i == g else c for i, c in enumerate(counts)])
+        if len(trials) > 1:  # several keys that only help when split together
+            trials.append([c + 1 if free[i] and c < groups[i].limit else c
+                           for i, c in enumerate(counts)])
+        best = None
+        for trial in trials:
+            result = build(trial)
+            if result[0] < makespan * (1 - 1e-6) - 1e-9 and (
+                    best is None or (result[0], result[1]) < (best[1][0], best[1][1])):
+                best = (trial, result)
+        if best is None:
+            break
+        counts, (makespan, area, chunks) = best
+    return PoolPlan(pool, {g.key: c for g, c in zip(groups, counts)}, chunks, makespan)
+
+
+def pack(
+    planned: Sequence[tuple[str, K]],
+    pool_of: Callable[[K], Pool],
+    estimates: Estimates | None = None,
+    fixed: Mapping[K, int] | None = None,
+    shape_of: Callable[[K], Shape] | None = None,
+) -> list[Chunk]:
+    """All chunks of a run: per pool, packed; pools one after the other, each in its
+    simulated submission order. ``fixed`` forces a key's chunk count."""
+    estimates = estimates or Estimates()
+    shape_of = shape_of or (lambda k: k)  # type: ignore[assignment,return-value]
+    assert shape_of is not None
+    by_key: dict[K, list[str]] = {}
+    for nodeid, key in planned:
+        by_key.setdefault(key, []).append(nodeid)
+    pools: dict[Pool, list[_Group]] = {}
+    for key, nodeids in by_key.items():
+        pool, shape = pool_of(key), shape_of(key)
+        limit = min(len(nodeids), pool.ways(shape) if pool.fits(shape) else 1)
+        pools.setdefault(pool, []).append(_Group(
+            key, nodeids, estimates.for_tests(nodeids), shape.devices_per_node,
+            max(1, shape.node_count), limit))
+    out: list[Chunk] = []
+    for pool, groups in pools.items():
+        out += plan_pool(groups, pool, estimates.startup_of(pool),
+                         fixed=dict(fixed or {})).chunks  # type: ignore[arg-type]
+    return out
