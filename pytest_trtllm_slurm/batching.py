@@ -2,14 +2,18 @@
 same image/env/launch. Pure: no pytest, no I/O.
 
 Every batch pays pytest start-up once, so a shape's tests are split into as
-many chunks as the target can run side by side, and no more.
+many chunks as the target can run side by side, and no more: with ``pools``
+the split is planned by ``packing`` (expected durations, the pool's GPUs).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from .models import Launch, Scenario
+from .packing import Estimates, Pool, pack
 
 
 class BatchKey(BaseModel):
@@ -36,6 +40,7 @@ class Batch(BaseModel):
     key: BatchKey
     index: int = 0  # chunk number within the key
     nodeids: list[str] = Field(default_factory=list)
+    expected_seconds: float | None = None  # packing's estimate (start-up + tests), if packed
 
     @property
     def label(self) -> str:
@@ -47,9 +52,24 @@ class Batch(BaseModel):
 def make_batches(
     planned: list[tuple[str, BatchKey]],
     parallel: dict[BatchKey, int] | None = None,
+    *,
+    pools: Callable[[BatchKey], Pool] | None = None,
+    estimates: Estimates | None = None,
 ) -> list[Batch]:
-    """Group (nodeid, key) pairs by key, in collection order, then split each group
-    round-robin into ``parallel[key]`` chunks (default 1)."""
+    """Group (nodeid, key) pairs by key.
+
+    Without ``pools``: in collection order, each group split round-robin into
+    ``parallel[key]`` chunks (default 1). With ``pools`` (where each key's batches
+    run, and how many GPUs that has): ``packing.pack`` chooses the chunk counts
+    (``parallel`` still forces a key's count), balances the chunks by ``estimates``
+    and orders the batches for submission (wide and long first).
+    """
+    if pools is not None:
+        return [
+            Batch(key=chunk.key, index=chunk.index, nodeids=chunk.nodeids,  # type: ignore[arg-type]
+                  expected_seconds=round(chunk.expected, 3))
+            for chunk in pack(planned, pools, estimates, fixed=parallel)
+        ]
     groups: dict[BatchKey, list[str]] = {}
     for nodeid, key in planned:
         groups.setdefault(key, []).append(nodeid)

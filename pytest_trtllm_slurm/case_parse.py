@@ -64,6 +64,7 @@ _ACCURACY = (
 _PERF_HEADER = "PERFORMANCE OVERVIEW"
 _PERF_METRIC = re.compile(rf"^(?P<name>[^:]*\S)\s*:\s+(?P<value>{_NUMBER})\s*$")
 _RULE = re.compile(r"^=+\s*$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # out-of-memory signatures, consulted only when the command failed
 OOM_PATTERNS = (
@@ -166,7 +167,8 @@ class LogScan:
     _block: dict[str, float] | None = None
 
     def feed(self, raw: str) -> None:
-        line = raw if len(raw) <= MAX_LINE else raw[:MAX_LINE] + " [...]"
+        text = _ANSI.sub("", raw) if "\x1b" in raw else raw
+        line = text if len(text) <= MAX_LINE else text[:MAX_LINE] + " [...]"
         self.lines += 1
         if len(self.head) < HEAD_LINES:
             self.head.append(line)

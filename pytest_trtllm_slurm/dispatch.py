@@ -19,11 +19,14 @@ import pytest
 
 from .batching import Batch, BatchKey, make_batches
 from .config import Settings
+from .durations import History
+from .errors import ExecutionError
 from .execution.base import Executor, JobHandle
 from .execution.monitor import JobEvent, Monitor, WatchedJob, log_tail
 from .execution.outcome import JobState, JobStatus
 from .jobspec import JobSpec
 from .models import Scenario
+from .packing import pools_from_executors
 from .reporting import JobContext, Replayer
 
 # statuses after which the tests that had not started yet run again in a new job
@@ -95,9 +98,12 @@ class DispatchLoop:
     # -- the loop ----------------------------------------------------------
     def run(self) -> None:
         dispatched = [(p.item.nodeid, p.key) for p in self.plans if p.key is not None]
+        history = History.start(self.config, dispatched, pools_from_executors(self.executors))
         try:
-            for batch in make_batches(dispatched):
+            for batch in make_batches(dispatched, pools=history.pools,
+                                      estimates=history.estimates()):
                 self._submit(batch, attempt=0)
+                history.submitted(batch)
             local = [p for p in self.plans if p.key is None]
             if self.settings.keep_order:
                 self._run_in_order(local)
@@ -111,6 +117,7 @@ class DispatchLoop:
         finally:
             if self.monitor.active:
                 self.monitor.cancel_all()
+            history.finish()
 
     def _run_local(self, plans: list[ItemPlan]) -> None:
         runnable = [p for p in plans if p.skip_reason is None]
@@ -169,7 +176,15 @@ class DispatchLoop:
     def _submit(self, batch: Batch, attempt: int) -> None:
         executor = self.executors[batch.key.scenario]
         spec = self._spec_for(batch, attempt)
-        handle = executor.submit(spec)
+        try:
+            handle = executor.submit(spec)
+        except ExecutionError as exc:  # e.g. the connection dropped during the submission
+            ctx = JobContext("-", spec.scenario.value, spec.work_dir, spec.log_path)
+            for nodeid in batch.nodeids:
+                self.replayer.fail_unreported(
+                    nodeid, JobStatus.ERROR.value, f"the batch could not be submitted: {exc}", ctx
+                )
+            return
         # the executor's view of the spec: remote executors map its paths to the cluster's
         running = RunningBatch(batch, handle.spec, handle, executor, attempt)
         self.running[handle.job_id] = running

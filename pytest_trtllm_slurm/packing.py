@@ -31,7 +31,7 @@ import heapq
 import statistics
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 DEFAULT_DURATION = 30.0  # seconds, a test without history
 DEFAULT_STARTUP = 15.0  # seconds, a pool without history (imports of torch/tensorrt_llm ...)
@@ -214,26 +214,35 @@ class PoolPlan:
 
 def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
               fixed: Mapping[Hashable, int] | None = None) -> PoolPlan:
-    """Chunk counts for the keys sharing ``pool`` (greedy on the simulated makespan)."""
+    """Chunk counts for the keys sharing ``pool``, chosen on the simulated makespan
+    (ties: the fewest GPU-seconds, i.e. the fewest start-ups paid).
+
+    First every "target chunk length" T (the longest chunk of some key at some
+    count) gives each key the fewest chunks that are no longer than T; then single
+    keys get one chunk more or less (or all keys one more) while that helps.
+    """
     fixed = fixed or {}
-    cache: dict[tuple[int, int], list[tuple[list[str], float]]] = {}
+    splits: dict[tuple[int, int], list[tuple[list[int], float]]] = {}
+    scores: dict[tuple[int, ...], tuple[float, float, list[Chunk]]] = {}
 
-    def split(g: int, count: int) -> list[tuple[list[str], float]]:
-        if (g, count) not in cache:
-            group = groups[g]
-            cache[(g, count)] = [
-                ([group.nodeids[i] for i in idx],
-                 startup + sum(group.durations[i] for i in idx))
-                for idx in lpt(group.durations, count)
-            ]
-        return cache[(g, count)]
+    def split(g: int, count: int) -> list[tuple[list[int], float]]:
+        if (g, count) not in splits:
+            durations = groups[g].durations
+            splits[(g, count)] = [(idx, startup + sum(durations[i] for i in idx))
+                                  for idx in lpt(durations, count)]
+        return splits[(g, count)]
 
-    def build(counts: list[int]) -> tuple[float, float, list[Chunk]]:
+    def longest(g: int, count: int) -> float:
+        return max(expected for _, expected in split(g, count))
+
+    def build(counts: tuple[int, ...]) -> tuple[float, float, list[Chunk]]:
+        if counts in scores:
+            return scores[counts]
         chunks: list[Chunk] = []
         for g, count in enumerate(counts):
             group = groups[g]
-            for index, (ids, expected) in enumerate(split(g, count)):
-                chunks.append(Chunk(group.key, index, ids, expected,
+            for index, (idx, expected) in enumerate(split(g, count)):
+                chunks.append(Chunk(group.key, index, [group.nodeids[i] for i in idx], expected,
                                     group.devices_per_node, group.node_count))
         area = sum(c.width * c.expected for c in chunks)
         best: tuple[float, float, list[Chunk]] | None = None
@@ -243,29 +252,47 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
             if best is None or makespan < best[0] - 1e-9:
                 best = (makespan, area, ordered)
         assert best is not None
+        scores[counts] = best
         return best
 
-    counts = [max(1, min(len(g.nodeids), fixed.get(g.key, 1))) for g in groups]
+    def better(a: tuple[float, float, list[Chunk]], b: tuple[float, float, list[Chunk]]) -> bool:
+        eps = 1e-6 * max(1.0, b[0])
+        return a[0] < b[0] - eps or (abs(a[0] - b[0]) <= eps and a[1] < b[1] - 1e-9)
+
     free = [g.key not in fixed for g in groups]
-    makespan, area, chunks = build(counts)
+    lo = [1 if free[g] else max(1, min(len(grp.nodeids), fixed[grp.key]))
+          for g, grp in enumerate(groups)]
+    hi = [grp.limit if free[g] else lo[g] for g, grp in enumerate(groups)]
+
+    # 1. one target chunk length for every key
+    targets = sorted({longest(g, c) for g in range(len(groups)) for c in range(lo[g], hi[g] + 1)},
+                     reverse=True)
+    counts = tuple(lo)
+    best = build(counts)
+    for target in targets:
+        trial = tuple(next((c for c in range(lo[g], hi[g] + 1) if longest(g, c) <= target + 1e-9),
+                           hi[g]) for g in range(len(groups)))
+        result = build(trial)
+        if better(result, best):
+            counts, best = trial, result
+
+    # 2. local moves: one key +-1, or every key +1
     for _ in range(MAX_ROUNDS):
-        trials: list[list[int]] = []
-        for g, group in enumerate(groups):
-            if free[g] and counts[g] < group.limit:
-                trials.append([c + 1 if i == g else c for i, c in enumerate(counts)])
-        if len(trials) > 1:  # several keys that only help when split together
-            trials.append([c + 1 if free[i] and c < groups[i].limit else c
-                           for i, c in enumerate(counts)])
-        best = None
-        for trial in trials:
+        moves = []
+        for g in range(len(groups)):
+            for step in (1, -1):
+                if lo[g] <= counts[g] + step <= hi[g]:
+                    moves.append(tuple(c + step if i == g else c for i, c in enumerate(counts)))
+        moves.append(tuple(min(hi[i], c + 1) for i, c in enumerate(counts)))
+        found = None
+        for trial in moves:
             result = build(trial)
-            if result[0] < makespan * (1 - 1e-6) - 1e-9 and (
-                    best is None or (result[0], result[1]) < (best[1][0], best[1][1])):
-                best = (trial, result)
-        if best is None:
+            if better(result, best) and (found is None or better(result, found[1])):
+                found = (trial, result)
+        if found is None:
             break
-        counts, (makespan, area, chunks) = best
-    return PoolPlan(pool, {g.key: c for g, c in zip(groups, counts)}, chunks, makespan)
+        counts, best = found
+    return PoolPlan(pool, {g.key: c for g, c in zip(groups, counts)}, best[2], best[0])
 
 
 def pack(
@@ -295,3 +322,66 @@ def pack(
         out += plan_pool(groups, pool, estimates.startup_of(pool),
                          fixed=dict(fixed or {})).chunks  # type: ignore[arg-type]
     return out
+
+
+# -- where a run's batches go: read from its executors (attributes only, no I/O) -----------
+class KeyLike(Shape, Protocol):
+    """What ``pools_from_executors`` reads from a batch key (BatchKey has it)."""
+
+    @property
+    def scenario(self) -> Any: ...
+    @property
+    def partition(self) -> str | None: ...
+    @property
+    def container_image(self) -> str | None: ...
+
+
+def pools_from_executors(executors: Mapping[Any, Any]) -> Callable[[KeyLike], Pool]:
+    """``key -> Pool`` for the executors of a run (context.make_executors):
+
+    - Slurm, persistent, the key fits the allocation: the allocation as requested
+      (``AllocationRequest``: nodes x GPUs per node; whole nodes).
+    - Slurm otherwise (one-shot, or a key the allocation cannot serve): its partition
+      as discovery saw it (nodes x GPUs per node), shared with everyone else's jobs.
+    - local_direct / local_docker: this machine's GPUs; a CPU-only batch one at a time.
+    """
+
+    def pool_of(key: KeyLike) -> Pool:
+        scenario = str(getattr(key.scenario, "value", key.scenario))
+        executor = executors.get(key.scenario)
+        if scenario in ("local_direct", "local_docker"):
+            return Pool(scenario, nodes=1, gpus_per_node=_local_gpus(executor), cpu_slots=1)
+        manager = getattr(executor, "allocations", None)
+        request = getattr(manager, "request", None)
+        if getattr(executor, "persistent", False) and request is not None and _served(key, request):
+            gpus = int(request.gpus_per_node or 0)
+            return Pool(f"{scenario}/{request.partition or '-'}/allocation",
+                        nodes=max(1, int(request.nodes)), gpus_per_node=gpus,
+                        cpu_slots=max(1, int(request.nodes)) * max(1, gpus))
+        env = getattr(executor, "slurm_env", None)
+        partition = key.partition or getattr(env, "default_partition", None)
+        info = env.partition(partition) if env is not None and partition else None
+        nodes = len(info.nodes) if info is not None and info.nodes else key.node_count
+        gpus = (info.gpus_per_node if info is not None and info.gpus_per_node
+                else key.devices_per_node)
+        return Pool(f"{scenario}/{partition or '-'}/one-shot", nodes=max(1, nodes),
+                    gpus_per_node=gpus, cpu_slots=max(1, nodes) * max(1, gpus))
+
+    return pool_of
+
+
+def _local_gpus(executor: Any) -> int:
+    count = getattr(executor, "gpu_count", None)
+    if isinstance(count, int):
+        return count
+    return len(getattr(executor, "_free_gpus", ()) or ())
+
+
+def _served(key: KeyLike, request: Any) -> bool:
+    """Whether the persistent allocation requested as ``request`` runs ``key`` (as
+    ``AllocationState.serves`` will decide once it exists)."""
+    if key.partition and request.partition and key.partition != request.partition:
+        return False
+    if key.node_count > request.nodes or key.devices_per_node > request.gpus_per_node:
+        return False
+    return (key.container_image or None) == (request.docker_image or None)

@@ -4,7 +4,10 @@ tests run on the cluster and replayed here; the local repository is left unchang
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import time
 import shutil
 import subprocess
 import sys
@@ -63,25 +66,39 @@ def remote_setup(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
         f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
         f'mfa = false\nsync = "git"\nuser_root_dir = "{remote_root}"\n'
         f'python = "{sys.executable}"\npartition = "batch"\n'
+        "\n[clusters.devotp]\n"
+        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_otp"]}\nuser = "{ssh["user"]}"\n'
+        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+        f'mfa = true\nsync = "git"\nuser_root_dir = "{remote_root}"\n'
+        f'python = "{sys.executable}"\npartition = "batch"\n'
+        "\n[clusters.strangehost]\n"
+        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
+        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{base / "empty_known_hosts"}"\n'
+        f'mfa = false\nsync = "none"\n'
     )
+    (base / "empty_known_hosts").write_text("")
     before = snapshot(local)
     yield local, remote_root, before
-    state_dir = local / "work_dirs" / ".remote-devssh" / "work_dirs" / ".slurm_alloc.json"
-    if state_dir.exists():
-        import json
+    for name in ("devssh", "devotp"):
+        state = local / "work_dirs" / f".remote-{name}" / "work_dirs" / ".slurm_alloc.json"
+        if state.exists():  # never leave an allocation behind on the shared dev cluster
+            sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
 
-        sh(["scancel", json.loads(state_dir.read_text())["job_id"]], check=False)
+
+def run_pytest(local: Path, *args: str, extra_env: dict[str, str] | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    env.update(extra_env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args],
+        cwd=local, capture_output=True, text=True, timeout=timeout, env=env, check=False,
+    )
 
 
 def test_examples_run_remotely_over_ssh(remote_setup) -> None:
     local, remote_root, before = remote_setup
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
-         "--slurm-cluster=devssh", "--trtllm-dispatch=all", "--trtllm-one-shot",
-         "-k", "untracked or tracked_change or one_gpu"],
-        cwd=local, capture_output=True, text=True, timeout=300, env=env, check=False,
-    )
+    proc = run_pytest(local, "--slurm-cluster=devssh", "--trtllm-dispatch=all",
+                      "--trtllm-one-shot", "-k", "untracked or tracked_change or one_gpu")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for nodeid in ("test_untracked_new.py::test_untracked_on_cluster",
@@ -94,3 +111,71 @@ def test_examples_run_remotely_over_ssh(remote_setup) -> None:
     assert (remote_root / "local" / "test_untracked_new.py").exists()
     assert list((remote_root / "local" / "work_dirs").glob("*/reports.jsonl"))
     assert snapshot(local) == before, "the local repository changed"
+
+
+def test_unknown_host_key_is_refused_with_a_clear_error(remote_setup) -> None:
+    local, _, before = remote_setup
+    proc = run_pytest(local, "--slurm-cluster=strangehost", "-k", "one_gpu")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out
+    assert "Traceback" not in out
+    assert "accept_new_host_key" in out and "127.0.0.1" in out
+
+
+def test_wrong_one_time_code_is_a_clear_error(remote_setup) -> None:
+    local, _, _ = remote_setup
+    proc = run_pytest(local, "--slurm-cluster=devotp", "-k", "one_gpu",
+                      extra_env={"TRTLLM_SLURM_OTP": "000000"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out
+    assert "Traceback" not in out and "000000" not in out
+
+
+def _listener_children(state_dir: str) -> list[int]:
+    listener = int(Path(state_dir, "ssh", "sshd.pid").read_text())
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == listener:
+                kids.append(int(entry))
+    return kids
+
+
+def test_persistent_over_mfa_survives_a_cut_connection(remote_setup, devcluster: dict) -> None:
+    """Key + one-time code, a persistent allocation, and the SSH connection killed while
+    a test runs on the cluster: the run reconnects and every test is reported once."""
+    local, remote_root, _ = remote_setup
+    (local / "test_untracked_slow.py").write_text(
+        "import time, pytest\n\n@pytest.mark.skip_less_device(1)\n"
+        "def test_slow_remote():\n    print('remote-started', flush=True)\n"
+        "    time.sleep(6)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    env["TRTLLM_SLURM_OTP"] = devcluster["ssh"]["otp_static"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
+         "--slurm-cluster=devotp", "-k", "slow_remote or one_gpu"],
+        cwd=local, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    deadline = time.monotonic() + 90
+    killed: list[int] = []
+    while time.monotonic() < deadline and not killed:
+        logs = list((remote_root / "local" / "work_dirs").glob("*/job.log"))
+        if any("remote-started" in p.read_text(errors="replace") for p in logs):
+            for pid in _listener_children(devcluster["state_dir"]):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        time.sleep(0.2)
+    out, _ = proc.communicate(timeout=180)
+    (local / "test_untracked_slow.py").unlink()
+    assert killed, "the slow test never started on the cluster:\n" + out
+    assert proc.returncode == 0, out
+    assert out.count("PASSED test_untracked_slow.py::test_slow_remote") == 1, out
+    assert "PASSED test_single_gpu.py::test_one_gpu[fp16]" in out
+    assert devcluster["ssh"]["otp_static"] not in out
+    state = local / "work_dirs" / ".remote-devotp" / "work_dirs" / ".slurm_alloc.json"
+    assert json.loads(state.read_text())["job_id"]

@@ -148,7 +148,8 @@ class SlurmExecutor:
         )
         step_sh = job.path("step.sh")
         self.shell.write_file(step_sh, launcher)
-        res = self.shell.run(["setsid", "-f", "bash", step_sh], timeout=30)
+        # a launch cut by a dropped connection may have started: never launch it twice
+        res = self.shell.run(["setsid", "-f", "bash", step_sh], timeout=30, retry_on_drop=False)
         if not res.ok:
             raise SchedulerError(res)
         job.launched_at = time.monotonic()

@@ -223,6 +223,9 @@ def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
         yield batch
 
 
+_SUBMISSIONS = frozenset({"sbatch", "salloc"})
+
+
 class SlurmJobs:
     """sbatch / squeue / sacct / scontrol / scancel / salloc / srun through one Shell."""
 
@@ -240,10 +243,12 @@ class SlurmJobs:
 
     def run(self, argv: list[str], *, timeout: float | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
-        """Run one scheduler command, counting it under its program name."""
+        """Run one scheduler command, counting it under its program name. A submission
+        (sbatch, salloc) cut by a dropped connection is never re-sent: it may have run."""
         self.counts[argv[0]] += 1
         return self.shell.run(argv, timeout=self.timeout if timeout is None else timeout,
-                              env=env, cwd=cwd)
+                              env=env, cwd=cwd,
+                              retry_on_drop=argv[0] not in _SUBMISSIONS)
 
     # -- submit ---------------------------------------------------------------
     def sbatch(self, script_path: str, *, cwd: str | None = None) -> str:
