@@ -24,7 +24,6 @@ subprocess, no pytest). It follows the trtllm-case-executor procedure:
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shlex
@@ -297,20 +296,24 @@ def derive_devices(
                                                        f"test_e2e[{label}]")
         source, policy = f"perf_yaml:{path}", "yaml"
     elif workflow is Workflow.PYTEST and collected is not None:
-        required, source = collected.total, f"{collected.source} (collected)"
-        policy = "collected"
+        if collected.source == "default":  # no device marker: the seed's default
+            required, source, policy = 1, "default (no device marker on the test)", "same"
+        else:
+            required, source = collected.total, f"{collected.source} (collected)"
+            policy = "collected"
     else:
         required, source, policy = 1, "default", "same"
     if inp.required_devices is not None:
-        required, source = inp.required_devices, "explicit"
+        required, source, policy = inp.required_devices, "explicit", "same"
     total = total_x if total_x is not None else required
     if per_node_x is not None:
         per_node = per_node_x
     elif policy == "yaml" and yaml_per_node:
-        per_node = min(yaml_per_node, total) if total else None
-    elif policy == "collected" and collected is not None and inp.required_devices is None:
-        per_node = collected.per_node if collected.per_node is None else min(
-            collected.per_node, total) or None
+        per_node = min(yaml_per_node, total) or None
+    elif policy == "collected" and collected is not None and collected.per_node is None:
+        per_node = None  # skip_less_mpi_world_size: ranks spread as the target's nodes allow
+    elif policy == "collected" and collected is not None:
+        per_node = min(collected.per_node or total, total) or None
     else:
         per_node = total or None  # single node: every device on it
     device_type = collected.device_type if policy == "collected" and collected else None
@@ -319,31 +322,27 @@ def derive_devices(
 
 
 def model_name_of(workflow: Workflow, command: str, given: str | None = None) -> str:
-    """A short name for the job and work dir: given, else from ``--model``, the perf id,
-    the test file or the script; sanitized to ``[A-Za-z0-9_.-]``."""
+    """A short name for the job and work dir: given, else the ``--model`` value (bench,
+    eval, custom), the perf-sanity id or test file (pytest), the script or program
+    (custom); sanitized to ``[A-Za-z0-9_.-]``."""
     name = given
-    if not name:
-        try:
-            words = shlex.split(command)
-        except ValueError:
-            words = command.split()
-        for flag in ("--model", "--model_path", "-m"):
-            if flag != "-m" or workflow is not Workflow.PYTEST:
-                for i, word in enumerate(words):
-                    if word == flag and i + 1 < len(words):
-                        name = os.path.basename(words[i + 1].rstrip("/"))
-                    elif word.startswith(flag + "="):
-                        name = os.path.basename(word.split("=", 1)[1].rstrip("/"))
-            if name:
-                break
-        if not name and workflow is Workflow.PYTEST:
-            label = perf_label(command)
-            test_file = next((w for w in words if ".py" in w), None)
-            name = label or (Path(test_file.split("::")[0]).stem if test_file else None)
-        if not name and workflow is Workflow.CUSTOM and words:
-            script = words[1] if words[0] in ("bash", "sh", "python", "python3") and len(
-                words) > 1 else words[0]
-            name = Path(script).stem
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    if not name and workflow is not Workflow.PYTEST:
+        for i, word in enumerate(words):
+            if word in ("--model", "--model_path") and i + 1 < len(words):
+                name = os.path.basename(words[i + 1].rstrip("/"))
+            elif word.startswith(("--model=", "--model_path=")):
+                name = os.path.basename(word.split("=", 1)[1].rstrip("/"))
+    if not name and workflow is Workflow.PYTEST:
+        test_file = next((w for w in words if ".py" in w), None)
+        name = perf_label(command) or (Path(test_file.split("::")[0]).stem if test_file
+                                       else None)
+    if not name and workflow is Workflow.CUSTOM and words:
+        runners = ("bash", "sh", "python", "python3")
+        name = Path(words[1] if words[0] in runners and len(words) > 1 else words[0]).stem
     clean = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name or workflow.value).strip("_.-")
     return (clean or workflow.value)[:60]
 
@@ -507,11 +506,3 @@ class CaseResult(BaseModel):
     @property
     def process_exit_code(self) -> int:
         return EXIT_CODES[self.status]
-
-
-def node_math(total: int, per_node: int | None, target: int | None) -> tuple[int, int]:
-    """(per node, nodes) on a target with ``target`` GPUs per node."""
-    if total == 0:
-        return 0, 1
-    resolved = per_node or (min(total, target) if target else total)
-    return resolved, max(1, math.ceil(total / resolved))

@@ -245,6 +245,8 @@ class DispatchLoop:
                 running.session_finished = True
             else:
                 self.replayer.handle(record, ctx)
+                if kind == "finish":
+                    self._check_stop()  # -x / --maxfail: as pytest does after each test
         if event.final is not None:
             self._on_job_end(running, event.final)
 

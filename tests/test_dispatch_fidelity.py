@@ -96,3 +96,43 @@ def test_work_dir_has_spec_and_reports(runs) -> None:
     assert specs, "no job_spec.json written"
     assert all(oct(s.stat().st_mode & 0o777) == "0o600" for s in specs)
     assert all((s.parent / "reports.jsonl").stat().st_size > 0 for s in specs)
+
+
+@pytest.fixture
+def small_suite(tmp_path: Path) -> Path:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_small.py").write_text(
+        "import time\n\n"
+        "def test_a():\n    time.sleep(0.2)\n\n"
+        "def test_b():\n    assert 0, 'b fails'\n\n"
+        "def test_c():\n    pass\n\n"
+        "def test_d():\n    assert 0, 'd fails'\n"
+    )
+    return tmp_path
+
+
+def test_last_failed_cache_is_written_by_the_controller(small_suite: Path) -> None:
+    first = run_suite(small_suite, *DISPATCH, tag="first")
+    assert "2 failed, 2 passed" in first.stdout
+    again = run_suite(small_suite, *DISPATCH, "--lf", tag="lf")
+    assert "2 failed" in again.stdout and "passed" not in again.stdout.splitlines()[-1]
+    assert sorted(again.outcomes()) == ["test_small.py::test_b", "test_small.py::test_d"]
+    first_failed = run_suite(small_suite, *DISPATCH, "--ff", "-v", tag="ff")
+    order = [line.split(" ")[0] for line in first_failed.stdout.splitlines()
+             if line.startswith("test_small.py::")]
+    assert order[:2] == ["test_small.py::test_b", "test_small.py::test_d"], order
+
+
+def test_exitfirst_stops_the_run(small_suite: Path) -> None:
+    run = run_suite(small_suite, "-p", "no:cacheprovider", *DISPATCH, "-x", tag="x")
+    assert run.returncode == 1
+    assert "stopping after 1 failures" in run.stdout
+    assert "test_small.py::test_c" not in run.outcomes()
+    assert "test_small.py::test_d" not in run.outcomes()
+
+
+def test_durations_include_dispatched_tests(small_suite: Path) -> None:
+    run = run_suite(small_suite, "-p", "no:cacheprovider", *DISPATCH, "--durations=2",
+                    "--durations-min=0.1", tag="durations")
+    assert "slowest 2 durations" in run.stdout
+    assert "call     test_small.py::test_a" in run.stdout
