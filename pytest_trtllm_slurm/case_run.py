@@ -21,8 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 from . import routing
+from .case_parse import HEAD_LINES, MetricCheck, scan_log
 from .cases import (
     DEFAULT_TIME_LIMIT,
     REPORTS_ENV,
@@ -43,7 +45,6 @@ from .cases import (
     normalize_time,
     timeout_seconds,
 )
-from .case_parse import HEAD_LINES, MetricCheck, scan_log
 from .config import ClustersFile, Settings
 from .errors import ConfigError
 from .execution.base import Executor
@@ -183,7 +184,7 @@ def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
     elif spec.scenario is Scenario.LOCAL_DOCKER:
         from .execution.docker import ContainerExecutor
 
-        executor = ContainerExecutor.from_local_env(ctx.local)
+        executor = cast(Executor, ContainerExecutor.from_local_env(ctx.local))
     elif spec.scenario is Scenario.LOCAL_SLURM:
         executor = _local_slurm_executor(spec, ctx)
     else:

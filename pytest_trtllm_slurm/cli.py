@@ -128,7 +128,13 @@ def add_alloc(subparsers: Subparsers) -> None:
     add_alloc_parser(subparsers)
 
 
-SUBCOMMANDS: list[Adder] = [add_env, add_alloc]
+def add_run(subparsers: Subparsers) -> None:
+    from .cli_run import add_run_parser
+
+    add_run_parser(subparsers)
+
+
+SUBCOMMANDS: list[Adder] = [add_env, add_alloc, add_run]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -82,7 +82,10 @@ class ClustersFile(BaseModel):
 
 def default_clusters_paths(rootdir: Path) -> list[Path]:
     """Where the clusters file is looked for when --trtllm-config is not given."""
-    return [rootdir / "trtllm-slurm.toml", Path.home() / ".config" / "trtllm-slurm" / "clusters.toml"]
+    return [
+        rootdir / "trtllm-slurm.toml",
+        Path.home() / ".config" / "trtllm-slurm" / "clusters.toml",
+    ]
 
 
 def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from . import options
-from .config import load_clusters_file
 from .batching import BatchKey
+from .config import load_clusters_file
 from .errors import ConfigError
 from .execution.base import Executor
 from .models import Scenario
@@ -91,8 +91,9 @@ def remote_slurm_executor(
 
     names = sorted({k.cluster or "" for k in keys})
     if len(names) != 1 or not names[0]:
-        raise ConfigError(f"one remote cluster per run, found {names}; pick one with "
-                          "--slurm-cluster NAME")
+        raise ConfigError(
+            f"one remote cluster per run, found {names}; pick one with --slurm-cluster NAME"
+        )
     cluster = ctx.clusters.get(names[0])
     settings = ctx.settings
     shell = shell_for_cluster(cluster)
@@ -101,14 +102,19 @@ def remote_slurm_executor(
     sync_cluster(cluster, config.rootpath, shell, name=f"pytest_{config.rootpath.name}")
     slurm_env = SlurmClient(shell).discover()
     paths = remote_paths(cluster, config.rootpath)
-    local_work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
+    local_work_root = (
+        Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
+    )
     remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
-    path_map = PathMap({str(config.rootpath): remote_root,
-                        str(local_work_root): paths.remote_work_root}, python=cluster.python)
+    path_map = PathMap(
+        {str(config.rootpath): remote_root, str(local_work_root): paths.remote_work_root},
+        python=cluster.python,
+    )
     manager = None
     if settings.persistent:
-        request = AllocationRequest.covering(list(keys), slurm_env,
-                                             time_limit=settings.alloc_time_limit)
+        request = AllocationRequest.covering(
+            list(keys), slurm_env, time_limit=settings.alloc_time_limit
+        )
         manager = AllocationManager(
             shell,
             # the state of a remote allocation is kept here, one file per cluster
@@ -117,8 +123,13 @@ def remote_slurm_executor(
             user=slurm_env.user,
             warn=terminal_warning(config),
         )
-    inner = SlurmExecutor(shell, slurm_env=slurm_env, persistent=settings.persistent,
-                          allocation_manager=manager, warn=terminal_warning(config))
+    inner = SlurmExecutor(
+        shell,
+        slurm_env=slurm_env,
+        persistent=settings.persistent,
+        allocation_manager=manager,
+        warn=terminal_warning(config),
+    )
     return RemoteSlurmExecutor(inner, path_map, interpreter=sys.executable)
 
 
@@ -137,8 +148,9 @@ def local_slurm_executor(
     settings = ctx.settings
     manager = None
     if settings.persistent:
-        request = AllocationRequest.covering(list(keys), ctx.slurm_env,
-                                             time_limit=settings.alloc_time_limit)
+        request = AllocationRequest.covering(
+            list(keys), ctx.slurm_env, time_limit=settings.alloc_time_limit
+        )
         manager = allocation_manager(ctx, config, request)
     return SlurmExecutor(
         shell,

@@ -100,8 +100,9 @@ class DispatchLoop:
         dispatched = [(p.item.nodeid, p.key) for p in self.plans if p.key is not None]
         history = History.start(self.config, dispatched, pools_from_executors(self.executors))
         try:
-            for batch in make_batches(dispatched, pools=history.pools,
-                                      estimates=history.estimates()):
+            for batch in make_batches(
+                dispatched, pools=history.pools, estimates=history.estimates()
+            ):
                 self._submit(batch, attempt=0)
                 history.submitted(batch)
             local = [p for p in self.plans if p.key is None]
@@ -134,9 +135,7 @@ class DispatchLoop:
         """--trtllm-keep-order: local tests wait for the dispatched ones collected before them."""
         order = {p.item.nodeid: i for i, p in enumerate(self.plans)}
         for plan in plans:
-            before = [
-                n for n in self.replayer.progress if order[n] < order[plan.item.nodeid]
-            ]
+            before = [n for n in self.replayer.progress if order[n] < order[plan.item.nodeid]]
             while any(not self.replayer.is_finished(n) for n in before) and self.monitor.active:
                 self._check_stop()
                 if not self._pump():

@@ -127,16 +127,16 @@ class _Group:
 
 def lpt(durations: Sequence[float], chunks: int) -> list[list[int]]:
     """Indices of ``durations`` split into ``chunks`` lists, longest first onto the least
-    loaded list (ties: the lowest list, then collection order). Each list is returned
+    loaded list (ties: the one with fewer tests, then the lowest). Each list is returned
     in index (collection) order; empty lists are dropped."""
     chunks = max(1, min(chunks, len(durations)))
     order = sorted(range(len(durations)), key=lambda i: (-durations[i], i))
-    heap = [(0.0, c) for c in range(chunks)]
+    heap = [(0.0, 0, c) for c in range(chunks)]  # (load, tests, chunk)
     bins: list[list[int]] = [[] for _ in range(chunks)]
     for i in order:
-        load, c = heapq.heappop(heap)
+        load, count, c = heapq.heappop(heap)
         bins[c].append(i)
-        heapq.heappush(heap, (load + durations[i], c))
+        heapq.heappush(heap, (load + durations[i], count + 1, c))
     return [sorted(b) for b in bins if b]
 
 
@@ -292,7 +292,7 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
         if found is None:
             break
         counts, best = found
-    return PoolPlan(pool, {g.key: c for g, c in zip(groups, counts)}, best[2], best[0])
+    return PoolPlan(pool, {g.key: c for g, c in zip(groups, counts, strict=True)}, best[2], best[0])
 
 
 def pack(
@@ -300,28 +300,30 @@ def pack(
     pool_of: Callable[[K], Pool],
     estimates: Estimates | None = None,
     fixed: Mapping[K, int] | None = None,
-    shape_of: Callable[[K], Shape] | None = None,
 ) -> list[Chunk]:
-    """All chunks of a run: per pool, packed; pools one after the other, each in its
-    simulated submission order. ``fixed`` forces a key's chunk count."""
+    """All chunks of a run (keys are Shapes): per pool, packed; pools one after the
+    other, each in its simulated submission order. ``fixed`` forces a key's chunk count."""
     estimates = estimates or Estimates()
-    shape_of = shape_of or (lambda k: k)  # type: ignore[assignment,return-value]
-    assert shape_of is not None
     by_key: dict[K, list[str]] = {}
     for nodeid, key in planned:
         by_key.setdefault(key, []).append(nodeid)
     pools: dict[Pool, list[_Group]] = {}
     for key, nodeids in by_key.items():
-        pool, shape = pool_of(key), shape_of(key)
+        pool, shape = pool_of(key), _shape(key)
         limit = min(len(nodeids), pool.ways(shape) if pool.fits(shape) else 1)
         pools.setdefault(pool, []).append(_Group(
             key, nodeids, estimates.for_tests(nodeids), shape.devices_per_node,
             max(1, shape.node_count), limit))
     out: list[Chunk] = []
     for pool, groups in pools.items():
-        out += plan_pool(groups, pool, estimates.startup_of(pool),
-                         fixed=dict(fixed or {})).chunks  # type: ignore[arg-type]
+        out += plan_pool(groups, pool, estimates.startup_of(pool), fixed=dict(fixed or {})).chunks
     return out
+
+
+def _shape(key: Any) -> Shape:
+    if not hasattr(key, "devices_per_node") or not hasattr(key, "node_count"):
+        raise TypeError(f"a batch key needs devices_per_node and node_count: {key!r}")
+    return key  # type: ignore[no-any-return]
 
 
 # -- where a run's batches go: read from its executors (attributes only, no I/O) -----------

@@ -7,6 +7,7 @@ normal run has none of these hooks.
 from __future__ import annotations
 
 import sys
+
 import pytest
 
 from .config import Settings

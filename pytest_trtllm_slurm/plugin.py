@@ -40,9 +40,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     if hasattr(config, "workerinput") or not dispatch_enabled(config):
         return None  # xdist workers dispatch item by item in pytest_runtest_protocol
     if session.testsfailed and not config.option.continue_on_collection_errors:
-        raise session.Interrupted(
-            f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} during collection"
-        )
+        plural = "s" if session.testsfailed != 1 else ""
+        raise session.Interrupted(f"{session.testsfailed} error{plural} during collection")
     if config.option.collectonly:
         return True
     _run(session, session.items)

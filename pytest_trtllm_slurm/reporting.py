@@ -164,7 +164,9 @@ class Replayer:
             self._synth(item, "setup", "failed", f"[UNSATISFIED] {reason}", None)
         else:
             path, lineno, _ = item.location
-            self._synth(item, "setup", "skipped", (str(path), (lineno or 0) + 1, f"Skipped: {reason}"), None)
+            self._synth(
+                item, "setup", "skipped", (str(path), (lineno or 0) + 1, f"Skipped: {reason}"), None
+            )
         self._synth(item, "teardown", "passed", None, None)
         self._finish(item.nodeid)
 

@@ -38,9 +38,9 @@ from .models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
 from .resolve import (
     describe_requirement,
     device_type_matches,
-    resolve_account,
     normalize_device_type,
     partition_fits,
+    resolve_account,
     select_partition,
 )
 

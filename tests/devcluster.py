@@ -95,7 +95,7 @@ def sbatch(*args, **kw):
 def sacct_state(job_id):
     """(State, ExitCode) of the job allocation as sacct has it, or None if sacct does not know it yet."""
     r = run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "--format=State,ExitCode"], check=False)
-    lines = [l for l in r.stdout.splitlines() if l.strip()]
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
     if r.returncode != 0 or not lines:
         return None
     state, _, code = lines[0].partition("|")

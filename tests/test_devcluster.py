@@ -12,7 +12,6 @@ import time
 import paramiko
 import pyotp
 import pytest
-
 from devcluster import run, sbatch, wait_for_job, wait_for_squeue
 
 pytestmark = pytest.mark.usefixtures("devcluster")
@@ -58,7 +57,7 @@ def test_two_node_h200_job_sees_4_gpus_per_node():
     assert cvd == {"n1": "0,1,2,3", "n2": "0,1,2,3"}, r.stdout
     uuids = set()
     for node in ("n1", "n2"):
-        gpus = [l.split(" ", 1)[1] for l in lines if l.startswith(node + " ")]
+        gpus = [line.split(" ", 1)[1] for line in lines if line.startswith(node + " ")]
         assert len(gpus) == 4, r.stdout
         for i, g in enumerate(gpus):
             m = re.fullmatch(rf"GPU {i}: NVIDIA H200 \(UUID: (GPU-[0-9a-f-]{{36}})\)", g)

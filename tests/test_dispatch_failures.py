@@ -4,7 +4,6 @@ naming the status, and the tests that had not started run again in a new job."""
 from __future__ import annotations
 
 import pytest
-
 from dispatch_helpers import copy_suite, run_suite
 
 DISPATCH = ["-p", "no:cacheprovider", "--trtllm-remote", "--trtllm-dispatch=all",

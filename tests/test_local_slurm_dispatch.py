@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from devcluster import run as sh
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "conftest_examples"

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import time
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-
 from devcluster import run as sh
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "conftest_examples"

@@ -18,7 +18,7 @@ from typing import IO
 from ..jobspec import JobSpec
 from .base import JobHandle
 from .outcome import JobState, JobStatus
-from .shell import LocalShell
+from .shell import LocalShell, Shell
 
 KILL_GRACE_SECONDS = 3.0
 
@@ -36,7 +36,7 @@ class DirectExecutor:
     """Runs JobSpecs as local subprocesses."""
 
     def __init__(self, gpu_ids: list[int] | None = None) -> None:
-        self.shell = LocalShell()
+        self.shell: Shell = LocalShell()
         self._free_gpus = list(gpu_ids or [])
         self._has_gpus = bool(gpu_ids)
         self._jobs: dict[str, _Job] = {}
@@ -85,7 +85,9 @@ class DirectExecutor:
     def _state(self, job: _Job) -> JobState:
         if job.proc is None:
             status = JobStatus.CANCELLED if job.cancelled else JobStatus.PENDING
-            return JobState(status=status, reason="waiting for free GPUs" if not job.cancelled else None)
+            return JobState(
+                status=status, reason="waiting for free GPUs" if not job.cancelled else None
+            )
         code = job.proc.poll()
         if code is None:
             return JobState(status=JobStatus.RUNNING, nodelist="localhost")
@@ -93,7 +95,9 @@ class DirectExecutor:
             return JobState(status=JobStatus.CANCELLED, exit_code=code, nodelist="localhost")
         if code < 0:
             reason = f"killed by signal {signal.Signals(-code).name}"
-            return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost", reason=reason)
+            return JobState(
+                status=JobStatus.FAILED, exit_code=code, nodelist="localhost", reason=reason
+            )
         status = JobStatus.COMPLETED if code == 0 else JobStatus.FAILED
         return JobState(status=status, exit_code=code, nodelist="localhost")
 

@@ -86,9 +86,14 @@ class Monitor:
         if not job.state.status.finished and job.forced_status is None:
             if self._hang_seen(job):
                 self._stop(job, JobStatus.HANG_DETECTED, "hang pattern found in the job log")
-            elif job.started is not None and now - job.started > job.handle.spec.monitor_timeout_seconds:
+            elif (
+                job.started is not None
+                and now - job.started > job.handle.spec.monitor_timeout_seconds
+            ):
                 limit = job.handle.spec.monitor_timeout_seconds
-                self._stop(job, JobStatus.TIMEOUT, f"ran longer than the monitor timeout ({limit} s)")
+                self._stop(
+                    job, JobStatus.TIMEOUT, f"ran longer than the monitor timeout ({limit} s)"
+                )
         if job.state.status.finished:
             records += self._read_records(job)  # whatever landed between the two reads
             del self.jobs[job.handle.job_id]

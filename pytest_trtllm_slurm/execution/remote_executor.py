@@ -23,14 +23,15 @@ class PathMap:
     """Local path prefixes -> remote ones, longest first."""
 
     def __init__(self, pairs: dict[str, str], python: str) -> None:
-        self.pairs = sorted(((k.rstrip("/"), v.rstrip("/")) for k, v in pairs.items()),
-                            key=lambda kv: -len(kv[0]))
+        self.pairs = sorted(
+            ((k.rstrip("/"), v.rstrip("/")) for k, v in pairs.items()), key=lambda kv: -len(kv[0])
+        )
         self.python = python
 
     def text(self, value: str) -> str:
         for local, remote in self.pairs:
             if value == local or value.startswith(local + "/"):
-                return remote + value[len(local):]
+                return remote + value[len(local) :]
             marker = "=" + local  # options written as -o key=/local/path
             if marker in value and (value.endswith(marker) or marker + "/" in value):
                 return value.replace(marker, "=" + remote, 1)
@@ -43,15 +44,21 @@ class PathMap:
         return mapped
 
     def spec(self, spec: JobSpec, interpreter: str) -> JobSpec:
-        update = {
+        update: dict[str, object] = {
             name: self.text(getattr(spec, name))
-            for name in ("rootdir", "invocation_dir", "work_dir", "log_path", "reports_path",
-                         "nodeids_file")
+            for name in (
+                "rootdir",
+                "invocation_dir",
+                "work_dir",
+                "log_path",
+                "reports_path",
+                "nodeids_file",
+            )
             if getattr(spec, name)
         }
         update["command"] = self.argv(spec.command, interpreter=interpreter)
         update["rerun_argv"] = self.argv(spec.rerun_argv, interpreter=interpreter)
-        update["remote_work_dir"] = update.get("work_dir", spec.work_dir)
+        update["remote_work_dir"] = self.text(spec.work_dir)
         return spec.model_copy(update=update)
 
 
@@ -69,8 +76,10 @@ class RemoteSlurmExecutor:
         self.shell.mkdir(remote.work_dir)
         if remote.nodeids_file:
             self.shell.write_file(remote.nodeids_file, json.dumps(spec.nodeids))
-        self.shell.write_file(str(PurePosixPath(remote.work_dir) / "job_spec.json"),
-                              remote.masked().model_dump_json(indent=2) + "\n")
+        self.shell.write_file(
+            str(PurePosixPath(remote.work_dir) / "job_spec.json"),
+            remote.masked().model_dump_json(indent=2) + "\n",
+        )
         return self.inner.submit(remote)
 
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
