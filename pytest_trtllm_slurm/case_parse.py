@@ -356,7 +356,8 @@ class MetricCheck:
             known = ", ".join(sorted(metrics)) or "none"
             return CheckResult(self, None, False,
                                f"{self.text}: metric {self.metric!r} not found in the log "
-                               f"(metrics found: {known})")
+                               f"(metrics found: {known}), threshold {self.op} "
+                               f"{self.threshold:.10g}")
         value = metrics[name]
         if self.op in ("==", "!="):
             margin = abs(self.threshold) * self.tolerance_pct / 100
@@ -364,12 +365,12 @@ class MetricCheck:
             ok = equal if self.op == "==" else not equal
         else:
             ok = _OPS[self.op](value, self.bound)
-        tol = f" (tolerance {self.tolerance_pct:g}%: bound {self.bound:g})" \
+        tol = f" (tolerance {self.tolerance_pct:g}%: bound {self.bound:.10g})" \
             if self.tolerance_pct else ""
         verdict = "passed" if ok else "FAILED"
         return CheckResult(self, value, ok,
-                           f"{name} = {value:g}, expected {self.op} {self.threshold:g}{tol}: "
-                           f"{verdict}")
+                           f"{name} = {value:.10g}, threshold {self.op} {self.threshold:.10g}"
+                           f"{tol}: {verdict}")
 
 
 @dataclass(frozen=True)

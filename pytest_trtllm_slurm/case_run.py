@@ -422,7 +422,13 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
     for check in checks or []:
         outcome = check.evaluate(metrics)
         check_rows.append({"check": check.text, "metric": check.metric, "value": outcome.value,
-                           "ok": outcome.ok, "message": outcome.message})
+                           "threshold": check.threshold, "op": check.op,
+                           "tolerance_pct": check.tolerance_pct, "ok": outcome.ok,
+                           "message": outcome.message})
+        if not outcome.ok:
+            errors.append(f"check failed: {outcome.message}")
+            if status is CaseStatus.PASSED:
+                status = CaseStatus.FAILED
     run_started = watched.started
     result = CaseResult(
         status=status,

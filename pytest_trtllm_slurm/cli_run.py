@@ -80,6 +80,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help="log line that must appear for PASSED (repeatable: any one)")
     case.add_argument("--failure-pattern", action="append", default=[], metavar="REGEX",
                       help="log line that means FAILED (repeatable)")
+    case.add_argument("--check", action="append", default=[], metavar="CHECK",
+                      help="metric check, e.g. 'accuracy >= 79.0' or 'Total Output Throughput "
+                      "(tokens/sec) >= 1000 (tolerance 5%%)'; a failed one makes the case FAILED")
     case.add_argument("--monitor-timeout", metavar="DURATION",
                       help="wall-clock limit once running (1h, 30m, 3600s, HH:MM:SS; default 1h)")
     target = p.add_argument_group("where (same as the plugin's options)")
@@ -149,6 +152,7 @@ def case_input_from_args(args: argparse.Namespace) -> Any:
         required_devices_per_node=args.required_devices_per_node,
         mem_mb=args.mem_mb, monitor_timeout=args.monitor_timeout,
         success_patterns=args.success_pattern, failure_patterns=args.failure_pattern,
+        checks=args.check,
     )
 
 
@@ -185,12 +189,11 @@ def _run(args: argparse.Namespace) -> CaseResult:
     rootdir = Path(args.rootdir or os.getcwd()).resolve()
     if args.job_spec:
         given = [f"--{d.replace('_', '-')}" for d in _CASE_FLAGS if getattr(args, d) is not None]
-        given += ["--custom-env"] * bool(args.custom_env)
+        given += ["--custom-env"] * bool(args.custom_env) + ["--check"] * bool(args.check)
         if given:
             raise ConfigError(f"--job-spec re-runs a job_spec.json as written; it takes no "
                               f"case inputs (found {', '.join(given)})")
-    else:
-        inp = case_input_from_args(args)
+    inp = None if args.job_spec else case_input_from_args(args)
     settings, clusters = settings_from_args(args, rootdir)
     ctx = discover_context(settings, clusters, rootdir)
     try:
@@ -198,6 +201,7 @@ def _run(args: argparse.Namespace) -> CaseResult:
             timeout = settings.monitor_timeout_seconds if args.monitor_timeout else None
             return rerun_job_spec(Path(args.job_spec).resolve(), ctx,
                                   monitor_timeout_seconds=timeout)
+        assert inp is not None
         return run_case(inp, ctx)
     finally:
         close_executors(ctx)

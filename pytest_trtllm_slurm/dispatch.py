@@ -28,6 +28,7 @@ from .jobspec import JobSpec
 from .models import Scenario
 from .packing import pools_from_executors
 from .reporting import JobContext, Replayer
+from .resolve import build_arch
 
 # statuses after which the tests that had not started yet run again in a new job
 # (the test that was running when it happened takes the status; the others did nothing wrong)
@@ -225,6 +226,8 @@ class DispatchLoop:
             reports_path=str(reports),
             monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
             hang_patterns=self.settings.hang_patterns,
+            build_arch=build_arch(key.device_type) if key.total_devices else None,
+            slurm_env=getattr(self.executors[key.scenario], "slurm_env", None),
         )
         spec.write()
         return spec

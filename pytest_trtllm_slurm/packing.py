@@ -35,7 +35,8 @@ from typing import Any, Protocol, TypeVar
 
 DEFAULT_DURATION = 30.0  # seconds, a test without history
 DEFAULT_STARTUP = 15.0  # seconds, a pool without history (imports of torch/tensorrt_llm ...)
-MAX_ROUNDS = 512  # bound on greedy splits (each adds >= 1 chunk; pools are small)
+MAX_ROUNDS = 512  # bound on the local moves (each improves the plan)
+MAX_TARGETS = 48  # target chunk lengths tried (big pools have hundreds)
 
 
 class Shape(Protocol):
@@ -125,12 +126,14 @@ class _Group:
     limit: int  # most chunks worth having
 
 
-def lpt(durations: Sequence[float], chunks: int) -> list[list[int]]:
+def lpt(durations: Sequence[float], chunks: int,
+        order: Sequence[int] | None = None) -> list[list[int]]:
     """Indices of ``durations`` split into ``chunks`` lists, longest first onto the least
     loaded list (ties: the one with fewer tests, then the lowest). Each list is returned
     in index (collection) order; empty lists are dropped."""
     chunks = max(1, min(chunks, len(durations)))
-    order = sorted(range(len(durations)), key=lambda i: (-durations[i], i))
+    if order is None:  # longest first (callers splitting one list often pass it in)
+        order = longest_first(durations)
     heap = [(0.0, 0, c) for c in range(chunks)]  # (load, tests, chunk)
     bins: list[list[int]] = [[] for _ in range(chunks)]
     for i in order:
@@ -138,6 +141,10 @@ def lpt(durations: Sequence[float], chunks: int) -> list[list[int]]:
         bins[c].append(i)
         heapq.heappush(heap, (load + durations[i], count + 1, c))
     return [sorted(b) for b in bins if b]
+
+
+def longest_first(durations: Sequence[float]) -> list[int]:
+    return sorted(range(len(durations)), key=lambda i: (-durations[i], i))
 
 
 def simulate(chunks: Sequence[Chunk], pool: Pool) -> float:
@@ -159,16 +166,21 @@ def simulate(chunks: Sequence[Chunk], pool: Pool) -> float:
     now, seq = 0.0, 0
     while pending or running:
         left = []
-        for chunk in pending:
+        most = max(free)  # the most free GPUs on one node: a cheap "cannot fit" test
+        for pos, chunk in enumerate(pending):
+            if most <= 0 and cpu_free <= 0:
+                left += pending[pos:]
+                break
             dpn = chunk.devices_per_node
-            placed: list[int] | None
+            placed: list[int] | None = None
             if dpn <= 0:
-                placed = [] if cpu_free > 0 else None
-                cpu_free -= 1 if placed is not None else 0
-            else:
+                if cpu_free > 0:
+                    placed, cpu_free = [], cpu_free - 1
+            elif dpn <= most:
                 placed = _place(free, dpn, chunk.node_count)
                 for n in placed or []:
                     free[n] -= dpn
+                most = max(free)
             if placed is None:
                 left.append(chunk)
                 continue
@@ -225,11 +237,13 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
     splits: dict[tuple[int, int], list[tuple[list[int], float]]] = {}
     scores: dict[tuple[int, ...], tuple[float, float, list[Chunk]]] = {}
 
+    orders = [longest_first(g.durations) for g in groups]
+
     def split(g: int, count: int) -> list[tuple[list[int], float]]:
         if (g, count) not in splits:
             durations = groups[g].durations
             splits[(g, count)] = [(idx, startup + sum(durations[i] for i in idx))
-                                  for idx in lpt(durations, count)]
+                                  for idx in lpt(durations, count, orders[g])]
         return splits[(g, count)]
 
     def longest(g: int, count: int) -> float:
@@ -267,6 +281,9 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
     # 1. one target chunk length for every key
     targets = sorted({longest(g, c) for g in range(len(groups)) for c in range(lo[g], hi[g] + 1)},
                      reverse=True)
+    if len(targets) > MAX_TARGETS:  # big pools: an even sample of them
+        step = (len(targets) - 1) / (MAX_TARGETS - 1)
+        targets = [targets[round(i * step)] for i in range(MAX_TARGETS)]
     counts = tuple(lo)
     best = build(counts)
     for target in targets:
@@ -314,9 +331,10 @@ def pack(
         pools.setdefault(pool, []).append(_Group(
             key, nodeids, estimates.for_tests(nodeids), shape.devices_per_node,
             max(1, shape.node_count), limit))
+    forced: dict[Hashable, int] = {k: v for k, v in (fixed or {}).items()}
     out: list[Chunk] = []
     for pool, groups in pools.items():
-        out += plan_pool(groups, pool, estimates.startup_of(pool), fixed=dict(fixed or {})).chunks
+        out += plan_pool(groups, pool, estimates.startup_of(pool), fixed=forced).chunks
     return out
 
 

@@ -14,7 +14,7 @@ from .batching import BatchKey
 from .config import ClustersFile, Settings
 from .dispatch import ItemPlan
 from .jobspec import SlurmEnv
-from .models import DeviceRequirement, Launch, LocalEnv, RouteDecision
+from .models import DeviceRequirement, Launch, LocalEnv, RouteDecision, Scenario
 from .resolve import normalize_device_type
 
 
@@ -63,6 +63,16 @@ def with_keyword_type(req: DeviceRequirement, ctx: PlanningContext) -> DeviceReq
     )
 
 
+def target_device_type(decision: RouteDecision, ctx: PlanningContext) -> str | None:
+    """The GPU type of where a test was routed (for job names and the build arch)."""
+    if decision.scenario is Scenario.LOCAL_SLURM and ctx.slurm_env and decision.partition:
+        part = ctx.slurm_env.partition(decision.partition)
+        return normalize_device_type(part.gpu_type) if part else None
+    if decision.scenario is Scenario.REMOTE_SLURM and decision.cluster:
+        return normalize_device_type(ctx.clusters.get(decision.cluster).device_type)
+    return ctx.local.device_type
+
+
 def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
     settings = ctx.settings
     req = requirements.requirement_for_item(item, settings, ctx.perf)
@@ -96,7 +106,7 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         total_devices=req.total,
         devices_per_node=per_node,
         node_count=req.nodes(decision.target_gpus_per_node),
-        device_type=req.device_type,
+        device_type=req.device_type or target_device_type(decision, ctx) if req.total else None,
         container_image=test_cfg.container_image or settings.container_image,
         mounts=tuple(test_cfg.mounts or ()),
         env=tuple(sorted((test_cfg.env or {}).items())),

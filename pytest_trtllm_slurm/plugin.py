@@ -20,6 +20,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     options.register_markers(config)
+    from .case_items import register_if_wanted  # YAML case files; a no-op unless asked for
+
+    register_if_wanted(config)
 
 
 def _is_worker(config: pytest.Config) -> bool:

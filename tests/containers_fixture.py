@@ -16,7 +16,8 @@ Session fixtures (registered by one import line in tests/conftest.py):
 
 Engines and the image are shared across xdist workers (file locks) and across sessions
 (content-addressed tag; an engine that answers is reused). ``python tests/containers_fixture.py
-build|up|down`` does the same by hand (``down`` stops our dockerd).
+build|up|down|clean`` does the same by hand (``down`` stops our dockerd; ``clean`` also
+removes every store, image and container of ours).
 
 Measured on a 2-CPU Debian 12 VM (packages installed), from nothing: rootfs 1.7 s (93 MB:
 busybox, python 3.11 + stdlib 50 MB + libpython 23 MB, pytest & deps 7 MB), tar 0.15 s,
@@ -406,6 +407,13 @@ def main(argv: list[str]) -> int:
                               "image": image.name}))
     elif cmd == "down":
         stop_docker()
+    elif cmd == "clean":  # down, then remove every image, container and store of ours
+        stop_docker()
+        for mnt in sorted((line.split()[1] for line in Path("/proc/mounts").read_text()
+                           .splitlines() if line.split()[1].startswith(str(STATE) + "/")),
+                          key=len, reverse=True):
+            subprocess.run(["umount", mnt], check=False)
+        shutil.rmtree(STATE, ignore_errors=True)
     else:
         print(__doc__)
         return 2

@@ -212,7 +212,7 @@ def test_missing_image_is_a_clear_error(engine, tmp_path):
     assert not Path(spec.log_path).exists()
 
 
-def test_orphans_of_a_dead_controller_are_removed(docker_engine, trtllm_image):
+def test_orphans_of_a_dead_controller_are_removed(engine, trtllm_image):
     """A container labelled with a controller pid that no longer exists is removed."""
     import socket
     import subprocess
@@ -220,12 +220,12 @@ def test_orphans_of_a_dead_controller_are_removed(docker_engine, trtllm_image):
     dead = subprocess.Popen(["true"])
     dead.wait()
     name = f"trtllm-orphan-{os.getpid()}"
-    docker_engine.run("run", "-d", "--name", name, "--network=none", "--label",
-                      f"{OWNER_LABEL}={socket.gethostname()}:{dead.pid}", trtllm_image.name,
-                      "sleep", "300")
-    executor = make_executor(docker_engine)
-    assert name in executor.remove_orphans()
-    assert name not in docker_engine.containers()
+    engine.run("run", "-d", "--name", name, "--network=none", "--label",
+               f"{OWNER_LABEL}={socket.gethostname()}:{dead.pid}",
+               *default_run_flags(engine.name), trtllm_image.name, "sleep", "300")
+    executor = make_executor(engine)
+    assert executor.remove_orphans() == [name]
+    assert name not in engine.containers()
 
 
 # --------------------------------------------------------------------------- pure parts

@@ -67,6 +67,12 @@ def test_examples_run_on_local_slurm_and_reuse_the_allocation(suite: Path) -> No
     assert state is not None and job_state(state["job_id"]) == "RUNNING"
     assert oct((suite / "work_dirs" / ".slurm_alloc.json").stat().st_mode & 0o777) == "0o600"
 
+    spec = json.loads(next((suite / "work_dirs").glob("batch-4gpu-*/job_spec.json")).read_text())
+    assert (spec["scenario"], spec["partition"], spec["account"]) == ("local_slurm", "batch", "acct_a")
+    assert (spec["total_devices"], spec["devices_per_node"], spec["node_count"]) == (4, 4, 1)
+    assert spec["job_name"].startswith("acct_a.") and spec["build_arch"] == "90-real"
+    assert {p["name"] for p in spec["slurm_env"]["partitions"]} == {"batch", "gb200"}
+
     second = pytest_in(suite, "--trtllm-remote", "-k", "one_gpu")
     assert second.returncode == 0, second.stdout + second.stderr
     assert alloc_state(suite)["job_id"] == state["job_id"], "the allocation was not reused"

@@ -228,8 +228,10 @@ class ContainerExecutor:
 
     def remove_orphans(self) -> list[str]:
         """Remove containers of ours whose controller (same host, pid gone) no longer runs."""
+        label = (f'{{{{.Label "{OWNER_LABEL}"}}}}' if self.engine == "docker"  # docker: a method
+                 else f'{{{{index .Labels "{OWNER_LABEL}"}}}}')  # podman: a map
         res = self._engine("ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
-                           "{{.Names}}\t{{.Label \"" + OWNER_LABEL + "\"}}")
+                           "{{.Names}}\t" + label)
         host = socket.gethostname()
         dead = []
         for line in res.stdout.splitlines() if res.returncode == 0 else []:

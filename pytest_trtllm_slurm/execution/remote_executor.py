@@ -71,6 +71,11 @@ class RemoteSlurmExecutor:
         self.paths = paths
         self.interpreter = interpreter
 
+    @property
+    def slurm_env(self) -> object:
+        """What discovery found on the cluster (recorded in job_spec.json)."""
+        return getattr(self.inner, "slurm_env", None)
+
     def submit(self, spec: JobSpec) -> JobHandle:
         remote = self.paths.spec(spec, self.interpreter)
         self.shell.mkdir(remote.work_dir)
