@@ -132,6 +132,15 @@ class CaseInput(BaseModel):
     def _one(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
 
+    @field_validator("checks")
+    @classmethod
+    def _checks(cls, value: list[str]) -> list[str]:
+        from .case_parse import MetricCheck
+
+        for text in value:
+            MetricCheck.parse(text)  # a ConfigError names the check and the syntax
+        return value
+
     @classmethod
     def build(cls, where: str, **fields: Any) -> CaseInput:
         """Validated input; a bad field is a ConfigError naming ``where``."""

@@ -194,6 +194,10 @@ def _run(args: argparse.Namespace) -> CaseResult:
             raise ConfigError(f"--job-spec re-runs a job_spec.json as written; it takes no "
                               f"case inputs (found {', '.join(given)})")
     inp = None if args.job_spec else case_input_from_args(args)
+    if inp is not None:
+        from .cases import classify
+
+        classify(inp, base=rootdir)  # bad input fails before any probe
     settings, clusters = settings_from_args(args, rootdir)
     ctx = discover_context(settings, clusters, rootdir)
     try:

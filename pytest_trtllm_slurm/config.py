@@ -139,6 +139,7 @@ class Settings(BaseModel):
     account: str | None = None
     time_limit: str | None = None
     container_image: str | None = None
+    container_engine: Literal["auto", "docker", "podman"] = "auto"
     perf_config_yaml: str | None = None
     perf_config_dir: str | None = None
     config_path: str | None = None

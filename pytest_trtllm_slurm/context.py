@@ -68,6 +68,9 @@ def make_executors(
     executors: dict[Scenario, Executor] = {
         Scenario.LOCAL_DIRECT: DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
     }
+    docker_keys = [k for k in keys if k.scenario is Scenario.LOCAL_DOCKER]
+    if docker_keys:
+        executors[Scenario.LOCAL_DOCKER] = local_docker_executor(ctx, docker_keys)
     slurm_keys = [k for k in keys if k.scenario is Scenario.LOCAL_SLURM]
     if slurm_keys:
         executors[Scenario.LOCAL_SLURM] = local_slurm_executor(ctx, config, slurm_keys)
@@ -75,6 +78,24 @@ def make_executors(
     if remote_keys:
         executors[Scenario.REMOTE_SLURM] = remote_slurm_executor(ctx, config, remote_keys)
     return executors
+
+
+def local_docker_executor(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Executor:
+    """docker or podman, whichever answered the probe (or the forced one); every image
+    must already be in the engine's store: a missing one is an error before anything runs."""
+    from .execution.docker import ContainerExecutor
+
+    forced = ctx.settings.container_engine
+    executor = ContainerExecutor.from_local_env(
+        ctx.local, engine=None if forced == "auto" else forced,
+        gpu_ids=list(range(ctx.local.gpu_count)),
+    )
+    for image in sorted({k.container_image for k in keys if k.container_image}):
+        executor.check_image(image)
+    if any(not k.container_image for k in keys):
+        raise ConfigError("local_docker needs a container image: pass "
+                          "--trtllm-container-image IMAGE or trtllm_slurm(container_image=...)")
+    return executor
 
 
 def remote_slurm_executor(

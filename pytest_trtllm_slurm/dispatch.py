@@ -220,7 +220,8 @@ class DispatchLoop:
             time_limit=key.time_limit or self.settings.time_limit,
             container_image=key.container_image,
             mounts=list(key.mounts),
-            env=dict(key.env),
+            # unbuffered: what a test prints reaches the job log at once (hang patterns)
+            env={"PYTHONUNBUFFERED": "1", **dict(key.env)},
             work_dir=str(work_dir),
             log_path=str(work_dir / "job.log"),
             reports_path=str(reports),

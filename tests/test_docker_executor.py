@@ -224,7 +224,7 @@ def test_orphans_of_a_dead_controller_are_removed(engine, trtllm_image):
                f"{OWNER_LABEL}={socket.gethostname()}:{dead.pid}",
                *default_run_flags(engine.name), trtllm_image.name, "sleep", "300")
     executor = make_executor(engine)
-    assert executor.remove_orphans() == [name]
+    assert name in executor.remove_orphans()
     assert name not in engine.containers()
 
 

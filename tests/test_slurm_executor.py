@@ -185,7 +185,8 @@ def test_oneshot_completed_failed_oom_cancelled(slurm_env: SlurmEnv, tmp_path: P
     # adaptive polling: far fewer squeue calls than monitor rounds
     assert executor.jobs.counts["squeue"] < rounds / 2, (executor.jobs.counts, rounds)
     assert executor.jobs.counts["sacct"] >= 1
-    rerun = executor.rerun_command(specs["fail"], "tests/t.py::test_x[a b]")
+    pytest_spec = specs["fail"].model_copy(update={"rerun_argv": [sys.executable, "-m", "pytest"]})
+    rerun = executor.rerun_command(pytest_spec, "tests/t.py::test_x[a b]")
     assert rerun.startswith("sbatch ") and "'tests/t.py::test_x[a b]'" in rerun
 
 
