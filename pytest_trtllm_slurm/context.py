@@ -14,7 +14,7 @@ import pytest
 
 from . import options
 from .batching import BatchKey
-from .config import load_clusters_file
+from .config import ClusterConfig, load_clusters_file
 from .errors import ConfigError
 from .execution.base import Executor
 from .models import Scenario
@@ -173,6 +173,7 @@ def local_slurm_executor(
             list(keys), ctx.slurm_env, time_limit=settings.alloc_time_limit
         )
         manager = allocation_manager(ctx, config, request)
+    local_cfg = local_cluster_config(ctx)
     return SlurmExecutor(
         shell,
         slurm_env=ctx.slurm_env,
@@ -180,7 +181,14 @@ def local_slurm_executor(
         allocation_manager=manager,
         jobs=jobs,
         warn=terminal_warning(config),
+        container_runtime=local_cfg.container_runtime if local_cfg else "none",
     )
+
+
+def local_cluster_config(ctx: PlanningContext) -> ClusterConfig | None:
+    """The clusters-file table of the local Slurm cluster (same name as its ClusterName)."""
+    name = (ctx.local.cluster_name or "").lower()
+    return next((c for k, c in ctx.clusters.clusters.items() if k.lower() == name), None)
 
 
 def allocation_manager(

@@ -52,8 +52,11 @@ class ContainerOptions:
     mounts: tuple[str, ...] = ()
     workdir: str | None = None
     writable: bool = False
+    args: tuple[str, ...] = ()  # complete flags rendered elsewhere (containers.pyxis_args)
 
     def flags(self) -> list[str]:
+        if self.args:
+            return list(self.args)
         out = [f"--container-image={self.image}", f"--container-name={self.name}"]
         if self.mounts:
             out.append("--container-mounts=" + ",".join(self.mounts))
@@ -263,7 +266,8 @@ def render_step_command(
     payload = _payload(spec, opts)
     if stepid_path:
         record = '[ "${SLURM_PROCID:-0}" != 0 ] || echo "$SLURM_STEP_ID" > "$1"; shift; exec "$@"'
-        payload = ["bash", "-c", record, "trtllm-step", stepid_path, *payload]
+        # POSIX sh: a container image may have no bash
+        payload = ["sh", "-c", record, "trtllm-step", stepid_path, *payload]
     return argv + payload
 
 

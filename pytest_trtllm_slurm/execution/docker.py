@@ -156,7 +156,7 @@ class ContainerExecutor:
         self.engine: Engine = engine
         self.cli = list(cli or [engine])
         self.engine_env = dict(engine_env or {})
-        self.shell = LocalShell()
+        self.shell: Shell = LocalShell()
         self._free_gpus = list(gpu_ids or [])
         self._all_gpus = list(gpu_ids or [])
         self.models_root = models_root

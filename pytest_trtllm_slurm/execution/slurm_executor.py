@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
+from ..containers import container_env, container_name_for, in_container_argv, pyxis_args
 from ..errors import ExecutionError
 from ..jobspec import JobSpec, SlurmEnv
 from ..models import Launch
@@ -65,6 +66,7 @@ class SlurmExecutor:
         jobs: SlurmJobs | None = None,
         launcher_prefix: Sequence[str] = (),
         container: ContainerOptions | None = None,
+        container_runtime: str = "none",
         warn: Callable[[str], None] | None = None,
         min_interval: float = 0.5,
         max_interval: float = 5.0,
@@ -83,6 +85,7 @@ class SlurmExecutor:
         self.jobs = jobs or (allocation_manager.jobs if allocation_manager else SlurmJobs(shell))
         self.launcher_prefix = tuple(launcher_prefix)
         self.container = container
+        self.container_runtime = container_runtime
         self.warn = warn or (lambda msg: None)
         self.min_interval, self.max_interval = min_interval, max_interval
         # a scheduler that fails max_failures times in a row over fail_grace seconds (a
@@ -106,6 +109,10 @@ class SlurmExecutor:
     def submit(self, spec: JobSpec) -> JobHandle:
         """Start the batch without waiting for it; a refused submission comes back as a
         handle in state ERROR (its tests then fail with the scheduler's message)."""
+        if self.container_runtime == "pyxis" and spec.container_image:
+            # inside the image: its python, and the plugin mounted on PYTHONPATH
+            spec = spec.model_copy(update={"env": container_env(spec),
+                                           "command": in_container_argv(spec.command)})
         self.shell.mkdir(spec.work_dir)
         opts = self._options(spec)
         alloc = self._allocation_for(spec) if self.persistent else None
@@ -183,8 +190,19 @@ class SlurmExecutor:
         base = options_for(spec.model_copy(update={"slurm_env": spec.slurm_env or self.slurm_env}),
                            launcher_prefix=self.launcher_prefix)
         mpi = self._usable_mpi(spec, base.mpi) if spec.launch is Launch.MPI else base.mpi
-        container = self.container if spec.container_image else None
-        return SlurmOptions(base.gres_style, base.gres_type, mpi, base.launcher_prefix, container)
+        return SlurmOptions(base.gres_style, base.gres_type, mpi, base.launcher_prefix,
+                            self._container_for(spec))
+
+    def _container_for(self, spec: JobSpec) -> ContainerOptions | None:
+        """pyxis flags for a batch with an image: one container name per image (and account),
+        the same in every step, so a persistent allocation imports each image once per node."""
+        if not spec.container_image:
+            return None
+        if self.container_runtime != "pyxis":
+            return self.container
+        name = container_name_for(spec.container_image, account=spec.account)
+        return ContainerOptions(image=spec.container_image, name=name,
+                                args=tuple(pyxis_args(spec, name)))
 
     def _usable_mpi(self, spec: JobSpec, preferred: str | None) -> str | None:
         """The first MPI plugin srun can load (``srun --mpi=X --test-only``); a listed

@@ -1,0 +1,173 @@
+"""Shared pieces of the benchmarks: statistics, the dev cluster, sdiag, the suites, cleanup.
+
+Figures are medians of several repetitions with min and max; comparisons are ratios of
+medians measured in the same invocation (the dev cluster is shared and noisy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_DIR = Path(__file__).resolve().parent
+CLUSTER_UP = REPO / "tests" / "cluster" / "up"
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- statistics ---------------------------------------------------------------------------
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    """median / min / max / n / the values themselves (None when nothing was measured)."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
+            "n": len(vals), "values": [round(v, 4) for v in vals]}
+
+
+def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    """median(a) / median(b) when both exist."""
+    if not a or not b or not a.get("median") or not b.get("median"):
+        return None
+    return float(a["median"]) / float(b["median"])
+
+
+def fmt(stat: dict[str, Any] | None, unit: str = "s", digits: int = 2) -> str:
+    """``12.34 s (11.9-13.1)`` for a summary; ``-`` when there is none."""
+    if not stat or stat.get("median") is None:
+        return "-"
+    med, lo, hi = stat["median"], stat["min"], stat["max"]
+    spread = f" ({lo:.{digits}f}-{hi:.{digits}f})" if stat.get("n", 0) > 1 else ""
+    return f"{med:.{digits}f}{(' ' + unit) if unit else ''}{spread}"
+
+
+# -- the dev cluster ------------------------------------------------------------------------
+def cluster() -> dict[str, Any]:
+    """tests/cluster/up (idempotent, fast when the cluster is up): its JSON."""
+    proc = subprocess.run([sys.executable, str(CLUSTER_UP)], capture_output=True, text=True,
+                          timeout=1800, stdin=subprocess.DEVNULL, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"the dev cluster did not come up:\n{proc.stdout[-3000:]}"
+                         f"\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def partition_info(info: dict[str, Any], name: str) -> dict[str, Any]:
+    for part in info["partitions"]:
+        if part["name"] == name:
+            return part
+    raise SystemExit(f"no partition {name!r} on the dev cluster: "
+                     f"{[p['name'] for p in info['partitions']]}")
+
+
+def sh(argv: Sequence[str], timeout: float = 120, check: bool = False,
+       **kw: Any) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, check=False, **kw)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout}\n"
+                           f"{proc.stderr}")
+    return proc
+
+
+# -- sdiag: slurmctld RPCs ----------------------------------------------------------------------
+_RPC_LINE = re.compile(r"^\s+(\S+)\s+\(\s*\d+\)\s+count:(\d+)")
+
+
+def sdiag_reset() -> None:
+    sh(["sdiag", "--reset"], check=True)
+
+
+def sdiag_rpcs() -> dict[str, int]:
+    """slurmctld RPC counts by message type since the last reset (all users together)."""
+    out = sh(["sdiag"], check=True).stdout
+    section = out.split("Remote Procedure Call statistics by message type", 1)[-1]
+    section = section.split("Remote Procedure Call statistics by user", 1)[0]
+    counts: dict[str, int] = {}
+    for line in section.splitlines():
+        m = _RPC_LINE.match(line)
+        if m:
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+def background_rpc_rate(seconds: float) -> float:
+    """RPCs per second slurmctld serves while this benchmark does nothing: the other users
+    of the shared dev cluster (subtracted from each run's count as an estimate)."""
+    sdiag_reset()
+    time.sleep(seconds)
+    return sum(sdiag_rpcs().values()) / seconds
+
+
+# -- jobs and allocations ------------------------------------------------------------------------
+def our_jobs(prefix: str) -> list[str]:
+    """Ids of this benchmark's jobs still queued (named ``prefix...``)."""
+    out = sh(["squeue", "-h", "-u", os.environ.get("USER") or "root", "-o", "%i %j"]).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if len(line.split()) > 1 and line.split()[1].startswith(prefix)]
+
+
+def cancel_jobs(ids: Sequence[str]) -> None:
+    if ids:
+        sh(["scancel", *ids])
+
+
+def release_allocation(rootdir: Path) -> None:
+    """``trtllm-slurm alloc release`` for ``rootdir``; also a remote one kept under
+    ``work_dirs/.remote-*/``. Never leaves an allocation behind on the shared cluster."""
+    sh([sys.executable, "-m", "pytest_trtllm_slurm.cli", "alloc", "release",
+        "--rootdir", str(rootdir)], timeout=120)
+    for state in rootdir.glob("work_dirs/.remote-*/work_dirs/.slurm_alloc.json"):
+        try:
+            job = json.loads(state.read_text())["job_id"]
+        except (OSError, ValueError, KeyError):
+            continue
+        sh(["scancel", str(job)])
+        state.unlink(missing_ok=True)
+
+
+# -- environment of every run ---------------------------------------------------------------------
+def bench_env(**extra: str) -> dict[str, str]:
+    """The environment of every pytest a benchmark starts (controller, workers, jobs).
+
+    Plugin autoloading is off (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1), so pytest itself starts
+    in about half a second whatever else is installed here, the same for every way of
+    running; the plugin is loaded explicitly with ``-p pytest_trtllm_slurm.plugin``.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TRTLLM_SLURM_") and k != "PYTEST_ADDOPTS"}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(BENCH_DIR), str(REPO), os.environ.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+PLUGIN = ["-p", "pytest_trtllm_slurm.plugin"]
+
+
+def timed(argv: Sequence[str], cwd: Path, env: dict[str, str],
+          timeout: float = 1200) -> tuple[float, subprocess.CompletedProcess[str]]:
+    start = time.perf_counter()
+    proc = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - start, proc
+
+
+def check_passed(proc: subprocess.CompletedProcess[str], count: int, what: str) -> None:
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0 or f"{count} passed" not in out:
+        raise RuntimeError(f"{what}: expected {count} passed (exit {proc.returncode}):\n"
+                           f"{out[-4000:]}")
