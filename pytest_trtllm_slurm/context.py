@@ -54,6 +54,7 @@ def planning_context(config: pytest.Config) -> PlanningContext:
         clusters=clusters,
         slurm_env=slurm_env,
         perf=PerfSources.from_settings(settings, Path(config.rootpath)),
+        rootdir=Path(config.rootpath),
     )
     config.stash[_CONTEXT_KEY] = ctx
     return ctx

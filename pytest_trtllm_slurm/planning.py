@@ -6,6 +6,7 @@ Runs once per session, after collection, only when dispatch or a plan was asked 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from .config import ClustersFile, Settings
 from .dispatch import ItemPlan
 from .jobspec import SlurmEnv
 from .models import DeviceRequirement, Launch, LocalEnv, RouteDecision, Scenario
-from .resolve import normalize_device_type
+from .resolve import normalize_device_type, resolve_container_image
 
 
 @dataclass
@@ -27,6 +28,7 @@ class PlanningContext:
     clusters: ClustersFile
     slurm_env: SlurmEnv | None = None
     perf: requirements.PerfSources | None = None
+    rootdir: Path = Path(".")
 
 
 @dataclass
@@ -73,6 +75,28 @@ def target_device_type(decision: RouteDecision, ctx: PlanningContext) -> str | N
     return ctx.local.device_type
 
 
+def batch_image(
+    explicit: str | None, decision: RouteDecision, req: DeviceRequirement, ctx: PlanningContext
+) -> str | None:
+    """The image a batch runs in. For a Slurm cluster whose container_runtime is not
+    "none": option/marker > clusters file > jenkins/current_image_tags.properties (by the
+    partition's arch); elsewhere only an explicit image counts."""
+    if decision.scenario not in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
+        return explicit
+    name = decision.cluster or ctx.local.cluster_name
+    cluster = next((c for k, c in ctx.clusters.clusters.items()
+                    if name and k.lower() == name.lower()), None)
+    if cluster is None or cluster.container_runtime == "none":
+        return explicit
+    arch = None
+    if decision.scenario is Scenario.LOCAL_SLURM and ctx.slurm_env and decision.partition:
+        part = ctx.slurm_env.partition(decision.partition)
+        arch = part.arch if part else None
+    device_type = req.device_type or target_device_type(decision, ctx)
+    return resolve_container_image(explicit, cluster, ctx.rootdir,
+                                   device_type=device_type, arch=arch)
+
+
 def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
     settings = ctx.settings
     req = requirements.requirement_for_item(item, settings, ctx.perf)
@@ -107,7 +131,8 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         devices_per_node=per_node,
         node_count=req.nodes(decision.target_gpus_per_node),
         device_type=req.device_type or target_device_type(decision, ctx) if req.total else None,
-        container_image=test_cfg.container_image or settings.container_image,
+        container_image=batch_image(test_cfg.container_image or settings.container_image,
+                                    decision, req, ctx),
         mounts=tuple(test_cfg.mounts or ()),
         env=tuple(sorted((test_cfg.env or {}).items())),
         launch=Launch(test_cfg.launch or "single"),

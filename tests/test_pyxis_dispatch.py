@@ -49,3 +49,4 @@ def test_gpu_test_runs_in_the_image_and_reuses_the_container(
     finally:
         if state_file.exists():
             sh(["scancel", json.loads(state_file.read_text())["job_id"]], check=False)
+

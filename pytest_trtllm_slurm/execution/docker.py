@@ -58,7 +58,7 @@ from ..models import LocalEnv
 from ..scripts import rerun_argv
 from .base import JobHandle
 from .outcome import JobState, JobStatus
-from .shell import LocalShell
+from .shell import LocalShell, Shell
 
 Engine = Literal["docker", "podman"]
 ENGINES: tuple[Engine, ...] = ("docker", "podman")

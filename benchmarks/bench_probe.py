@@ -1,0 +1,159 @@
+"""A pytest plugin the benchmarks load into the controller (``-p bench_probe``): it
+counts and times what the plugin does and writes it to ``$BENCH_PROBE_OUT`` (JSON).
+
+- scheduler commands the plugin issued (every ``SlurmJobs`` instance's ``counts``);
+- the batches it made (sizes, expected seconds);
+- seconds spent in planning (``plan_items``), packing (``make_batches``) and the dispatch
+  loop (``DispatchLoop.run``), and the process's peak RSS (``ru_maxrss``);
+- with ``BENCH_FAKE_EXECUTOR=1``: local_direct batches are "run" by an executor that
+  writes a pre-built reports.jsonl at once (synthetic reports), so ``DispatchLoop.run``
+  measures replaying them (submission time excluded).
+
+Benchmark-only: nothing here is part of the package.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_seconds": 0.0}
+
+
+def _timed(name: str, func: Any) -> Any:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            STATE["timings"][name] = STATE["timings"].get(name, 0.0) + (
+                time.perf_counter() - start)
+    return wrapper
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("trtllm_worker_reports", default=None) or not os.environ.get(
+            "BENCH_PROBE_OUT"):
+        return  # only the controller of a benchmark run
+    from pytest_trtllm_slurm import dispatch, planning
+    from pytest_trtllm_slurm.execution import slurm_jobs
+
+    init = slurm_jobs.SlurmJobs.__init__
+
+    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        STATE["jobs"].append(self)
+
+    slurm_jobs.SlurmJobs.__init__ = counting_init  # type: ignore[method-assign]
+    planning.plan_items = _timed("planning", planning.plan_items)
+    make_batches = dispatch.make_batches
+
+    def recording_make_batches(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        batches = make_batches(*args, **kwargs)
+        STATE["timings"]["packing"] = time.perf_counter() - start
+        STATE["batches"] = [{"label": b.label, "tests": len(b.nodeids),
+                             "expected_seconds": b.expected_seconds} for b in batches]
+        return batches
+
+    dispatch.make_batches = recording_make_batches  # type: ignore[assignment]
+    dispatch.DispatchLoop.run = _timed("dispatch_loop", dispatch.DispatchLoop.run)  # type: ignore[method-assign]
+    if os.environ.get("BENCH_FAKE_EXECUTOR") == "1":
+        from pytest_trtllm_slurm import context
+
+        def fake_executors(ctx: Any, cfg: Any, keys: Any, *a: Any, **kw: Any) -> Any:
+            from pytest_trtllm_slurm.models import Scenario
+
+            return {Scenario.LOCAL_DIRECT: InstantExecutor(cfg)}
+
+        context.make_executors = fake_executors  # type: ignore[assignment]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    out = os.environ.get("BENCH_PROBE_OUT")
+    if not out or config.getoption("trtllm_worker_reports", default=None):
+        return
+    counts: dict[str, int] = {}
+    for jobs in STATE["jobs"]:
+        for command, n in jobs.counts.items():
+            counts[command] = counts.get(command, 0) + n
+    timings = dict(STATE["timings"])
+    if "dispatch_loop" in timings:
+        timings["replay"] = timings["dispatch_loop"] - STATE["submit_seconds"]
+    Path(out).write_text(json.dumps({
+        "scheduler_commands": counts,
+        "scheduler_commands_total": sum(counts.values()),
+        "batches": STATE["batches"],
+        "timings": timings,
+        "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }, indent=2))
+
+
+class InstantExecutor:
+    """local_direct stand-in: a batch "ran" the moment it is submitted; its reports.jsonl
+    holds a passed setup/call/teardown per test, serialized like the worker does."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from pytest_trtllm_slurm.execution.shell import LocalShell
+
+        self.config = config
+        self.shell = LocalShell()
+        self.polls: dict[str, int] = {}
+
+    def submit(self, spec: Any) -> Any:
+        from pytest_trtllm_slurm.execution.base import JobHandle
+
+        start = time.perf_counter()
+        lines = []
+        template: dict[str, dict[str, Any]] = {}
+        for nodeid in spec.nodeids:
+            location = [nodeid.split("::", 1)[0], 1, nodeid.split("::")[-1]]
+            lines.append(json.dumps({"type": "start", "nodeid": nodeid, "location": location}))
+            for when in ("setup", "call", "teardown"):
+                if when not in template:
+                    report = pytest.TestReport(nodeid=nodeid, location=tuple(location),  # type: ignore[arg-type]
+                                               keywords={}, outcome="passed", longrepr=None,
+                                               when=when, duration=0.001)  # type: ignore[arg-type]
+                    template[when] = self.config.hook.pytest_report_to_serializable(
+                        config=self.config, report=report)
+                data = {**template[when], "nodeid": nodeid, "location": location}
+                lines.append(json.dumps({"type": "report", "data": data}))
+            lines.append(json.dumps({"type": "finish", "nodeid": nodeid}))
+        lines.append(json.dumps({"type": "session_finish", "exitstatus": 0}))
+        Path(spec.reports_path).write_text("\n".join(lines) + "\n")
+        Path(spec.log_path).write_text("")
+        STATE["submit_seconds"] += time.perf_counter() - start
+        return JobHandle(job_id=f"instant-{len(lines)}-{time.time_ns()}", spec=spec,
+                         submitted_at=time.time(), nodelist="localhost")
+
+    def poll(self, handles: list[Any]) -> dict[str, Any]:
+        """RUNNING until the monitor had time to read the whole file (it reads at most
+        1 MiB per poll, and only two reads after a job ended), then COMPLETED."""
+        from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
+
+        states = {}
+        for h in handles:
+            self.polls[h.job_id] = self.polls.get(h.job_id, 0) + 1
+            size = self.shell.size(h.spec.reports_path)
+            done = self.polls[h.job_id] > size // (1 << 20) + 2
+            states[h.job_id] = JobState(status=JobStatus.COMPLETED if done else JobStatus.RUNNING,
+                                        exit_code=0 if done else None)
+        return states
+
+    def cancel(self, handle: Any) -> None:
+        pass
+
+    def rerun_command(self, spec: Any, nodeid: str) -> str:
+        return f"pytest {nodeid}"
+
+    def close(self) -> None:
+        pass
