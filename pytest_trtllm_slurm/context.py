@@ -218,3 +218,18 @@ def terminal_warning(config: pytest.Config) -> Callable[[str], None]:
             print(f"trtllm-slurm: {message}", file=sys.stderr)
 
     return warn
+
+
+def build_targets(ctx: PlanningContext, keys: Sequence[BatchKey]) -> dict[Scenario, ClusterConfig]:
+    """Slurm targets of this run whose cluster table says build_project = true."""
+    targets: dict[Scenario, ClusterConfig] = {}
+    for key in keys:
+        if key.scenario is Scenario.REMOTE_SLURM and key.cluster:
+            cluster: ClusterConfig | None = ctx.clusters.get(key.cluster)
+        elif key.scenario is Scenario.LOCAL_SLURM:
+            cluster = local_cluster_config(ctx)
+        else:
+            continue
+        if cluster is not None and cluster.build_project:
+            targets[key.scenario] = cluster
+    return targets

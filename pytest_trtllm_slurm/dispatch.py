@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from .batching import Batch, BatchKey, make_batches
-from .config import Settings
+from .config import ClusterConfig, Settings
 from .durations import History
 from .errors import ExecutionError
 from .execution.base import Executor, JobHandle
+from .execution.build import BUILD_LOG_LINES, build_command, build_failed, run_build
 from .execution.monitor import JobEvent, Monitor, WatchedJob, log_tail
 from .execution.outcome import JobState, JobStatus
 from .jobspec import JobSpec
@@ -84,6 +85,7 @@ class DispatchLoop:
         plans: list[ItemPlan],
         executors: dict[Scenario, Executor],
         work_root: Path,
+        builds: dict[Scenario, ClusterConfig] | None = None,
     ) -> None:
         self.session = session
         self.config = session.config
@@ -91,6 +93,7 @@ class DispatchLoop:
         self.plans = plans
         self.executors = executors
         self.work_root = work_root
+        self.builds = builds or {}  # targets whose cluster wants a build before the tests
         self.stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
         self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state)
@@ -101,9 +104,13 @@ class DispatchLoop:
         dispatched = [(p.item.nodeid, p.key) for p in self.plans if p.key is not None]
         history = History.start(self.config, dispatched, pools_from_executors(self.executors))
         try:
+            broken = self._run_builds(dispatched)
             for batch in make_batches(
                 dispatched, pools=history.pools, estimates=history.estimates()
             ):
+                if batch.key.scenario in broken:
+                    self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[batch.key.scenario])
+                    continue
                 self._submit(batch, attempt=0)
                 history.submitted(batch)
             local = [p for p in self.plans if p.key is None]
@@ -156,6 +163,65 @@ class DispatchLoop:
         for event in events:
             self._on_event(event)
         return bool(events)
+
+    def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Scenario, str]:
+        """Build once per target whose cluster asks for it (build_project = true), before
+        any batch; returns the targets whose build failed, with the log's last lines."""
+        broken: dict[Scenario, str] = {}
+        for scenario, cluster in self.builds.items():
+            keys = [key for _, key in dispatched if key.scenario is scenario]
+            if not keys:
+                continue
+            spec = self._build_spec(keys[0], cluster)
+            state, tail, log = run_build(self.executors[scenario], spec, progress=self._say)
+            if build_failed(state):
+                broken[scenario] = (
+                    f"the build job ({spec.name}) ended {state.status.value}"
+                    + (f" with exit code {state.exit_code}" if state.exit_code is not None else "")
+                    + f"; nothing was dispatched.\nlog: {log}\n"
+                    + f"--- last {BUILD_LOG_LINES} lines of the build log ---\n{tail}"
+                )
+            else:
+                self._say(f"build {spec.name} finished")
+        return broken
+
+    def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        work_dir = Path(tempfile.mkdtemp(prefix=f"build_{self.stamp}_", dir=self.work_root))
+        env = getattr(self.executors[key.scenario], "slurm_env", None)
+        part = env.partition(key.partition) if env and key.partition else None
+        arch = build_arch(key.device_type or (part.gpu_type if part else None))
+        spec = JobSpec(
+            scenario=key.scenario,
+            workflow="build",
+            name=work_dir.name,
+            job_name=f"{key.account or 'trtllm'}.build",
+            command=build_command(cluster.build_cmd, arch),
+            rootdir=str(self.config.rootpath),
+            invocation_dir=str(self.config.rootpath),
+            cluster=key.cluster,
+            account=key.account,
+            partition=key.partition,
+            time_limit=self.settings.time_limit,
+            container_image=key.container_image,
+            work_dir=str(work_dir),
+            log_path=str(work_dir / "build.log"),
+            reports_path=str(work_dir / "reports.jsonl"),
+            monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
+            build_arch=arch,
+        )
+        spec.write()
+        return spec
+
+    def _fail_batch(self, batch: Batch, status: JobStatus, text: str) -> None:
+        ctx = JobContext("-", batch.key.scenario.value, "-", "-")
+        for nodeid in batch.nodeids:
+            self.replayer.fail_unreported(nodeid, status.value, text, ctx)
+
+    def _say(self, message: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"trtllm-slurm: {message}")
 
     def _show_state(self, job: WatchedJob) -> None:
         """A line when a job waits (and why) or starts: a pending job is never silent."""

@@ -68,7 +68,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None = None) -> None:
-    from .context import make_executors, planning_context
+    from .context import build_targets, make_executors, planning_context
     from .dispatch import DispatchLoop
     from .planning import plan_items
 
@@ -83,7 +83,8 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
         # nothing was dispatched yet: a bad setting, or a target that cannot be reached
         raise pytest.UsageError(str(exc)) from None
     work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
-    loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root)
+    loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root,
+                        builds=build_targets(ctx, keys))
     try:
         loop.run()
     except KeyboardInterrupt:

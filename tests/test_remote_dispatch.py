@@ -178,3 +178,37 @@ def test_persistent_over_mfa_survives_a_cut_connection(remote_setup, devcluster:
     assert devcluster["ssh"]["otp_static"] not in out
     state = local / "work_dirs" / ".remote-devotp" / "work_dirs" / ".slurm_alloc.json"
     assert json.loads(state.read_text())["job_id"]
+
+
+def _with_build(local: Path, build_cmd: str) -> None:
+    text = (local / "trtllm-slurm.toml").read_text()
+    start = text.index("[clusters.devssh]")
+    end = text.index("[clusters.devotp]")
+    table = text[start:end].rstrip() + f"\nbuild_project = true\nbuild_cmd = {json.dumps(build_cmd)}\n\n"
+    (local / "trtllm-slurm.toml").write_text(text[:start] + table + text[end:])
+
+
+def test_failed_build_fails_every_test_and_dispatches_nothing(remote_setup) -> None:
+    local, remote_root, _ = remote_setup
+    original = (local / "trtllm-slurm.toml").read_text()
+    try:
+        _with_build(local, "echo compiling for {arch}; echo 'error: missing symbol' >&2; exit 3")
+        proc = run_pytest(local, "--slurm-cluster=devssh", "--trtllm-one-shot", "-k", "one_gpu")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out
+        assert out.count(" - [BUILD_FAILED]") == 3, out  # the three one_gpu tests
+        assert "compiling for 90-real" in out and "error: missing symbol" in out, out
+        assert "nothing was dispatched" in out
+        # no test batch was created on the cluster after the build
+        batches = [p for p in (remote_root / "local" / "work_dirs").glob("batch-*")
+                   if p.stat().st_mtime > (local / "trtllm-slurm.toml").stat().st_mtime]
+        assert not batches, batches
+
+        (local / "trtllm-slurm.toml").write_text(original)
+        _with_build(local, "echo built-for-{arch} > built.txt")
+        proc = run_pytest(local, "--slurm-cluster=devssh", "--trtllm-one-shot", "-k", "one_gpu")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        assert (remote_root / "local" / "built.txt").read_text().strip() == "built-for-90-real"
+    finally:
+        (local / "trtllm-slurm.toml").write_text(original)

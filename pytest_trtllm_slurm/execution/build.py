@@ -1,0 +1,58 @@
+"""The build job (seed "Build on remote Slurm node"): compile once, before any test batch.
+
+It runs through the same executor and monitor as the batches, so it is a one-shot job or
+a step of the persistent allocation like them; its log is followed by offset for progress.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+
+from ..jobspec import JobSpec
+from .base import Executor
+from .monitor import Monitor, log_tail
+from .outcome import JobState, JobStatus
+
+DEFAULT_BUILD_CMD = "python3 ./scripts/build_wheel.py -a {arch} && pip install -e ."
+BUILD_LOG_LINES = 100
+
+
+def build_command(build_cmd: str | None, arch: str) -> list[str]:
+    """argv of the build: the cluster's build_cmd (a shell command the user wrote; ``{arch}``
+    is replaced by the quoted CUDA arch), by default TensorRT-LLM's wheel build."""
+    text = (build_cmd or DEFAULT_BUILD_CMD).replace("{arch}", shlex.quote(arch))
+    return ["bash", "-c", text]
+
+
+def run_build(
+    executor: Executor,
+    spec: JobSpec,
+    *,
+    progress: Callable[[str], None],
+    poll_interval: float = 0.5,
+) -> tuple[JobState, str, str]:
+    """Submit the build and wait for it; returns its final state, the log's last lines and
+    the log's path where the build ran.
+    Progress: each new last line of the log, at most one every few seconds."""
+    monitor = Monitor(spec.hang_patterns, poll_interval=poll_interval)
+    handle = executor.submit(spec)
+    monitor.add(handle, executor)
+    shown, last_shown = "", 0.0
+    while True:
+        for event in monitor.poll():
+            if event.final is not None:
+                tail = log_tail(executor, handle.spec.log_path, BUILD_LOG_LINES)
+                return event.final, tail, handle.spec.log_path
+        now = time.monotonic()
+        if now - last_shown > 5:
+            line = log_tail(executor, handle.spec.log_path, 1).strip()
+            if line and line != shown:
+                progress(f"build {handle.job_id}: {line[:160]}")
+                shown, last_shown = line, now
+        time.sleep(poll_interval)
+
+
+def build_failed(state: JobState) -> bool:
+    return state.status is not JobStatus.COMPLETED or (state.exit_code or 0) != 0
