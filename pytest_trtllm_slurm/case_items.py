@@ -265,9 +265,12 @@ class CaseItem(pytest.Item):
         self.add_report_section("call", "trtllm-case", format_result(result, head=0, tail=0))
         if result.status is CaseStatus.PASSED:
             return
-        lines = [f"case {self.name} ({self.workflow}): {result.status.value}"
-                 + (f", exit code {result.exit_code}" if result.exit_code is not None else "")]
-        lines += [f"  {e}" for e in result.errors]  # failed checks: metric, value, threshold
+        # the first line is pytest's short summary: the first reason (a failed check names
+        # the metric, its value and the threshold)
+        first, *rest = result.errors or [result.status.value]
+        code = f" (exit code {result.exit_code})" if result.exit_code is not None else ""
+        lines = [f"case {self.name} ({self.workflow}) {result.status.value}{code}: {first}"]
+        lines += [f"  {e}" for e in rest]
         lines.append(f"log: {result.log_paths.get('log') or result.work_dir or '?'}")
         if result.job_id:
             lines.append(f"job: {result.job_id} ({result.scenario})")

@@ -298,7 +298,8 @@ def prepare_case(
     account = decision.account if decision.scenario in (
         Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM) else None
     reports = work_dir / "reports.jsonl"
-    env = {**inp.custom_env, REPORTS_ENV: str(reports)}
+    # a pytest in the job must not dispatch again, whatever the repo's ini says
+    env = {"TRTLLM_SLURM_REMOTE": "0", **inp.custom_env, REPORTS_ENV: str(reports)}
     prepared.spec = JobSpec(
         scenario=decision.scenario,
         workflow=workflow.value,

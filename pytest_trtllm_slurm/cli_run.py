@@ -255,10 +255,10 @@ def format_result(result: CaseResult, *, head: int = 20, tail: int = 40) -> str:
     if result.errors:
         lines.append("Errors:")
         lines += [f"  {e}" for e in result.errors]
-    if result.log_head:
+    if result.log_head and head > 0:
         lines.append(f"--- first {min(head, len(result.log_head))} lines of the log ---")
         lines += result.log_head[:head]
-    if result.log_tail:
+    if result.log_tail and tail > 0:
         lines.append(f"--- last {min(tail, len(result.log_tail))} lines of the log ---")
         lines += result.log_tail[-tail:]
     return "\n".join(lines)

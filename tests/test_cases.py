@@ -203,7 +203,8 @@ def test_pytest_summary_lines() -> None:
                                          "seconds": 12.34}}
     quiet = scan_text("..\n2 passed, 1 error in 0.05s\n", workflow="pytest")
     assert quiet.pytest is not None and quiet.pytest.counts == {"passed": 2, "errors": 1}
-    assert scan_text("== no tests ran in 0.01s ==", workflow="pytest").pytest.counts == {}
+    none_ran = scan_text("== no tests ran in 0.01s ==", workflow="pytest").pytest
+    assert none_ran is not None and none_ran.counts == {}
     assert scan_text("the model passed in 3 steps", workflow="pytest").pytest is None
     missing = scan_text("\n".join(f"l{i}" for i in range(15)), workflow="pytest").summary()
     assert missing["pytest"] is None and missing["last_lines"][-1] == "l14"
@@ -404,8 +405,10 @@ def test_prepare_writes_the_job_spec_and_refuses_what_nothing_serves(tmp_path: P
     # one GPU wanted, this machine has none and there is no Slurm: ERROR, nothing submitted
     refused = prepare_case(CaseInput(bench_cmd="trtllm-bench throughput --tp 2"), ctx).refused
     assert refused is not None and refused.status is CaseStatus.ERROR
-    assert "nothing can run this case" in refused.errors[0] and refused.devices.total == 2
-    assert json.loads((Path(refused.work_dir) / "result.json").read_text())["status"] == "ERROR"
+    assert "nothing can run this case" in refused.errors[0]
+    assert refused.devices is not None and refused.devices.total == 2
+    assert json.loads((Path(str(refused.work_dir)) / "result.json").read_text())["status"] \
+        == "ERROR"
 
 
 def test_collection_is_asked_only_when_the_count_is_not_given(tmp_path: Path) -> None:
@@ -470,11 +473,11 @@ def test_local_direct_runs_pass_fail_timeout_and_hang(tmp_path: Path) -> None:
 
     slow = run_case(CaseInput(custom_cmd="sleep 30", required_devices=0,
                               monitor_timeout="1s"), ctx)
-    assert slow.status is CaseStatus.TIMEOUT and slow.wall_seconds < 15
+    assert slow.status is CaseStatus.TIMEOUT and (slow.wall_seconds or 0) < 15
 
     hang = run_case(CaseInput(custom_cmd="echo 'Hang detected after 5 seconds.'; sleep 30",
                               required_devices=0), ctx)
-    assert hang.status is CaseStatus.HANG_DETECTED and hang.wall_seconds < 15
+    assert hang.status is CaseStatus.HANG_DETECTED and (hang.wall_seconds or 0) < 15
 
     checked = run_case(CaseInput(custom_cmd="echo 'MMLU weighted average accuracy: 70.00 (5)'",
                                  required_devices=0, checks=["accuracy >= 79"]), ctx)
@@ -551,3 +554,23 @@ def test_case_file_collection_and_errors(tmp_path: Path) -> None:
                             "-p", "no:cacheprovider", "good.yaml"], cwd=plain_dir,
                            capture_output=True, text=True, env=env, timeout=120, check=False)
     assert "good.yaml::one" not in plain.stdout  # nothing asked for: no case items
+
+
+def test_human_output_of_a_failed_result() -> None:
+    from pytest_trtllm_slurm.cli_run import format_result
+
+    result = CaseResult(
+        status=CaseStatus.FAILED, exit_code=1, workflow="eval", command="trtllm-eval mmlu",
+        model_name="llama", scenario="local_slurm", job_id="42", job_name="acct_a.llama",
+        partition="batch", account="acct_a", work_dir="/w", log_paths={"log": "/w/x.log"},
+        summary={"accuracy": [{"task": "MMLU", "value": 70.5, "samples": 3, "line": "x"}]},
+        errors=["FAILED: exit code 1"], log_head=[f"h{i}" for i in range(30)],
+        log_tail=[f"t{i}" for i in range(60)], elapsed_seconds=1.25, wall_seconds=2.0)
+    text = format_result(result)
+    assert text.splitlines()[0] == "Status:     FAILED (exit code 1)"
+    assert "Job:        42 (acct_a.llama)" in text and "  log:      /w/x.log" in text
+    assert "  MMLU: 70.5 (3 samples)" in text and "  FAILED: exit code 1" in text
+    assert "--- first 20 lines of the log ---\nh0" in text and "h20" not in text
+    assert "--- last 40 lines of the log ---\nt20" in text and text.endswith("t59")
+    quiet = format_result(result, head=0, tail=0)
+    assert "lines of the log" not in quiet

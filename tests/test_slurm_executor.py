@@ -249,7 +249,6 @@ def test_persistent_concurrent_steps_and_reuse(slurm_env: SlurmEnv, alloc_root: 
         """
     specs = [make_spec(tmp_path, f"step{i}", body, partition="gb200", total_devices=1,
                        devices_per_node=1) for i in range(4)]
-    t0 = time.monotonic()
     handles = [executor.submit(s) for s in specs]
     assert all("~" in h.job_id for h in handles)  # steps, not one-shot jobs
     finals, records, _ = drive(executor, handles, 90)
@@ -257,7 +256,6 @@ def test_persistent_concurrent_steps_and_reuse(slurm_env: SlurmEnv, alloc_root: 
     recs = [records[h.job_id][0] for h in handles]
     assert sorted(r["cvd"] for r in recs) == ["0", "1", "2", "3"]
     assert max(r["start"] for r in recs) < min(r["end"] for r in recs), recs  # side by side
-    assert time.monotonic() - t0 < 30
     state = AllocationState.model_validate_json(
         (alloc_root / "work_dirs" / ".slurm_alloc.json").read_text())
     assert oct((alloc_root / "work_dirs" / ".slurm_alloc.json").stat().st_mode & 0o777) == "0o600"
@@ -476,20 +474,14 @@ def test_nothing_of_ours_left_behind(alloc_root: Path) -> None:
 
 def test_cli_alloc_status_and_release(alloc_root: Path, capsys: pytest.CaptureFixture[str]
                                       ) -> None:
-    import argparse
+    from pytest_trtllm_slurm.cli import main
 
-    from pytest_trtllm_slurm.cli_alloc import add_alloc_parser
-
-    parser = argparse.ArgumentParser(prog="trtllm-slurm")
-    add_alloc_parser(parser.add_subparsers(dest="command"))
     state_file = alloc_root / "work_dirs" / ".slurm_alloc.json"
     job_id = AllocationState.model_validate_json(state_file.read_text()).job_id
-    args = parser.parse_args(["alloc", "status", "--rootdir", str(alloc_root)])
-    assert args.func(args) == 0
+    assert main(["alloc", "status", "--rootdir", str(alloc_root)]) == 0
     out = capsys.readouterr().out
     assert f"Allocation {job_id} (acct_a-trtllm.persistent): RUNNING" in out
-    args = parser.parse_args(["alloc", "release", "--rootdir", str(alloc_root)])
-    assert args.func(args) == 0
+    assert main(["alloc", "release", "--rootdir", str(alloc_root)]) == 0
     assert f"Allocation {job_id} released." in capsys.readouterr().out
     assert not state_file.exists()
     assert sh("squeue", "-h", "-j", job_id, "-o", "%T").strip() in ("", "COMPLETING")
