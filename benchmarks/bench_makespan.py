@@ -192,7 +192,7 @@ class Runner:
                     slurm_gres=f"gpu:{self.gpu_type}:{per_node}" if self.gpu_type else
                     f"gpu:{per_node}")
                 jobs.append(executor.submit(run_pytest, str(self.suite), nodeid, self.env))
-            codes = [job.result() for job in jobs]
+            codes = [job.results()[0] for job in jobs]  # 2-node jobs have 2 tasks
         finally:
             cancel_jobs(our_jobs(PREFIX))
         seconds = time.perf_counter() - start

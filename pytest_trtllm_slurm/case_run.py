@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import cast
 
 from . import routing
 from .case_parse import HEAD_LINES, MetricCheck, scan_log
@@ -171,51 +170,28 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
 
 
 def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
-    """The executor of ``spec.scenario``, built as the plugin builds it (context.py),
-    one per scenario and context."""
+    """The executor of ``spec.scenario``, built by the same builders as the plugin's
+    (context.py), one per scenario and context."""
+    from .context import local_docker_executor, local_slurm_executor, remote_slurm_executor
+    from .execution.direct import DirectExecutor
+    from .planning import PlanningContext
+
     key = spec.scenario.value
     if key in ctx.executors:
         return ctx.executors[key]
+    planning = PlanningContext(settings=ctx.settings, local=ctx.local, clusters=ctx.clusters,
+                               slurm_env=ctx.slurm_env, rootdir=ctx.rootdir)
     executor: Executor
     if spec.scenario is Scenario.LOCAL_DIRECT:
-        from .execution.direct import DirectExecutor
-
         executor = DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
     elif spec.scenario is Scenario.LOCAL_DOCKER:
-        from .execution.docker import ContainerExecutor
-
-        executor = cast(Executor, ContainerExecutor.from_local_env(ctx.local))
+        executor = local_docker_executor(planning, [spec])
     elif spec.scenario is Scenario.LOCAL_SLURM:
-        executor = _local_slurm_executor(spec, ctx)
+        executor = local_slurm_executor(planning, [spec], warn=ctx.warn)
     else:
-        raise ConfigError(
-            f"scenario {spec.scenario.value}: `trtllm-slurm run` cannot reach a remote "
-            "cluster yet; run it on the cluster's login node (local_slurm) or run the case "
-            "as a pytest item (--trtllm-cases) with the plugin"
-        )
+        executor = remote_slurm_executor(planning, [spec], warn=ctx.warn)
     ctx.executors[key] = executor
     return executor
-
-
-def _local_slurm_executor(spec: JobSpec, ctx: CaseContext) -> Executor:
-    """SlurmExecutor over the local shell; persistent (an allocation sized for this
-    case, reused when one fits) unless --one-shot. Same as context.local_slurm_executor."""
-    from .execution.allocation import AllocationManager, AllocationRequest
-    from .execution.shell import LocalShell
-    from .execution.slurm_executor import SlurmExecutor
-    from .execution.slurm_jobs import SlurmJobs
-
-    shell = LocalShell()
-    settings = ctx.settings
-    manager = None
-    if settings.persistent:
-        request = AllocationRequest.covering([spec], ctx.slurm_env,
-                                             time_limit=settings.alloc_time_limit)
-        manager = AllocationManager(shell, rootdir=ctx.rootdir, request=request,
-                                    user=ctx.slurm_env.user if ctx.slurm_env else None,
-                                    warn=ctx.warn)
-    return SlurmExecutor(shell, slurm_env=ctx.slurm_env, persistent=settings.persistent,
-                         allocation_manager=manager, jobs=SlurmJobs(shell), warn=ctx.warn)
 
 
 def close_executors(ctx: CaseContext) -> None:

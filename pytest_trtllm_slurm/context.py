@@ -16,6 +16,7 @@ from . import options
 from .batching import BatchKey
 from .config import ClusterConfig, load_clusters_file
 from .errors import ConfigError
+from .jobspec import JobSpec
 from .execution.base import Executor
 from .models import Scenario
 from .planning import PlanningContext
@@ -23,6 +24,9 @@ from .requirements import PerfSources
 
 if TYPE_CHECKING:
     from .execution.allocation import AllocationManager, AllocationRequest
+
+# what the executor builders read of a batch: a BatchKey (plugin) or a JobSpec (trtllm-slurm run)
+Shape = BatchKey | JobSpec
 
 _CONTEXT_KEY = pytest.StashKey[PlanningContext]()
 
@@ -69,19 +73,20 @@ def make_executors(
     executors: dict[Scenario, Executor] = {
         Scenario.LOCAL_DIRECT: DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
     }
+    warn = terminal_warning(config)
     docker_keys = [k for k in keys if k.scenario is Scenario.LOCAL_DOCKER]
     if docker_keys:
         executors[Scenario.LOCAL_DOCKER] = local_docker_executor(ctx, docker_keys)
     slurm_keys = [k for k in keys if k.scenario is Scenario.LOCAL_SLURM]
     if slurm_keys:
-        executors[Scenario.LOCAL_SLURM] = local_slurm_executor(ctx, config, slurm_keys)
+        executors[Scenario.LOCAL_SLURM] = local_slurm_executor(ctx, slurm_keys, warn=warn)
     remote_keys = [k for k in keys if k.scenario is Scenario.REMOTE_SLURM]
     if remote_keys:
-        executors[Scenario.REMOTE_SLURM] = remote_slurm_executor(ctx, config, remote_keys)
+        executors[Scenario.REMOTE_SLURM] = remote_slurm_executor(ctx, remote_keys, warn=warn)
     return executors
 
 
-def local_docker_executor(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Executor:
+def local_docker_executor(ctx: PlanningContext, keys: Sequence[Shape]) -> Executor:
     """docker or podman, whichever answered the probe (or the forced one); every image
     must already be in the engine's store: a missing one is an error before anything runs."""
     from .execution.docker import ContainerExecutor
@@ -100,7 +105,7 @@ def local_docker_executor(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Exe
 
 
 def remote_slurm_executor(
-    ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
+    ctx: PlanningContext, keys: Sequence[Shape], *, warn: Callable[[str], None]
 ) -> Executor:
     """Connect, check, sync the code, discover the cluster's Slurm, then the same
     SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
@@ -121,15 +126,14 @@ def remote_slurm_executor(
     shell = shell_for_cluster(cluster)
     shell.connect()
     preflight(shell, cluster)
-    sync_cluster(cluster, config.rootpath, shell, name=f"pytest_{config.rootpath.name}")
+    rootdir = ctx.rootdir
+    sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}")
     slurm_env = SlurmClient(shell).discover()
-    paths = remote_paths(cluster, config.rootpath)
-    local_work_root = (
-        Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
-    )
+    paths = remote_paths(cluster, rootdir)
+    local_work_root = Path(settings.work_dir) if settings.work_dir else rootdir / "work_dirs"
     remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
     path_map = PathMap(
-        {str(config.rootpath): remote_root, str(local_work_root): paths.remote_work_root},
+        {str(rootdir): remote_root, str(local_work_root): paths.remote_work_root},
         python=cluster.python,
     )
     manager = None
@@ -140,23 +144,24 @@ def remote_slurm_executor(
         manager = AllocationManager(
             shell,
             # the state of a remote allocation is kept here, one file per cluster
-            rootdir=config.rootpath / "work_dirs" / f".remote-{cluster.name}",
+            rootdir=rootdir / "work_dirs" / f".remote-{cluster.name}",
             request=request,
             user=slurm_env.user,
-            warn=terminal_warning(config),
+            warn=warn,
         )
     inner = SlurmExecutor(
         shell,
         slurm_env=slurm_env,
         persistent=settings.persistent,
         allocation_manager=manager,
-        warn=terminal_warning(config),
+        warn=warn,
+        container_runtime=cluster.container_runtime,
     )
     return RemoteSlurmExecutor(inner, path_map, interpreter=sys.executable)
 
 
 def local_slurm_executor(
-    ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
+    ctx: PlanningContext, keys: Sequence[Shape], *, warn: Callable[[str], None]
 ) -> Executor:
     """SlurmExecutor over the local shell; persistent (an allocation sized for ``keys``)
     unless --trtllm-one-shot."""
@@ -173,7 +178,7 @@ def local_slurm_executor(
         request = AllocationRequest.covering(
             list(keys), ctx.slurm_env, time_limit=settings.alloc_time_limit
         )
-        manager = allocation_manager(ctx, config, request)
+        manager = allocation_manager(ctx, request, warn=warn)
     local_cfg = local_cluster_config(ctx)
     return SlurmExecutor(
         shell,
@@ -181,7 +186,7 @@ def local_slurm_executor(
         persistent=settings.persistent,
         allocation_manager=manager,
         jobs=jobs,
-        warn=terminal_warning(config),
+        warn=warn,
         container_runtime=local_cfg.container_runtime if local_cfg else "none",
     )
 
@@ -193,17 +198,20 @@ def local_cluster_config(ctx: PlanningContext) -> ClusterConfig | None:
 
 
 def allocation_manager(
-    ctx: PlanningContext, config: pytest.Config, request: AllocationRequest | None = None
+    ctx: PlanningContext,
+    request: AllocationRequest | None = None,
+    *,
+    warn: Callable[[str], None],
 ) -> AllocationManager:
     from .execution.allocation import AllocationManager, AllocationRequest
     from .execution.shell import LocalShell
 
     return AllocationManager(
         LocalShell(),
-        rootdir=config.rootpath,
+        rootdir=ctx.rootdir,
         request=request or AllocationRequest(),
         user=ctx.slurm_env.user if ctx.slurm_env else None,
-        warn=terminal_warning(config),
+        warn=warn,
     )
 
 
@@ -220,7 +228,7 @@ def terminal_warning(config: pytest.Config) -> Callable[[str], None]:
     return warn
 
 
-def build_targets(ctx: PlanningContext, keys: Sequence[BatchKey]) -> dict[Scenario, ClusterConfig]:
+def build_targets(ctx: PlanningContext, keys: Sequence[Shape]) -> dict[Scenario, ClusterConfig]:
     """Slurm targets of this run whose cluster table says build_project = true."""
     targets: dict[Scenario, ClusterConfig] = {}
     for key in keys:

@@ -15,7 +15,10 @@ from .errors import ConfigError, ExecutionError
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from .case_items import add_options as add_case_options
+
     options.register(parser)
+    add_case_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -101,7 +104,8 @@ def release_allocation(ctx, config: pytest.Config) -> None:  # type: ignore[no-u
     """--trtllm-release-allocation: free the persistent allocation once the run is over."""
     from .context import allocation_manager, terminal_warning
 
+    warn = terminal_warning(config)
     if ctx.slurm_env is None:
-        terminal_warning(config)("no local Slurm: there is no allocation to release")
+        warn("no local Slurm: there is no allocation to release")
         return
-    terminal_warning(config)(allocation_manager(ctx, config).release())
+    warn(allocation_manager(ctx, warn=warn).release())

@@ -342,7 +342,7 @@ def test_persistent_allocation_step(devcluster: dict[str, Any], tmp_path: Path) 
     """One run as a step of a persistent allocation (whole node, exclusive): released here."""
     partition = _idle_partition()
     if partition is None:
-        pytest.skip("every dev-cluster node is busy (other suites' allocations): an exclusive "
+        pytest.fail("every dev-cluster node is busy (other suites' allocations): an exclusive "
                     "allocation would queue for minutes")
     try:
         code, result, err = run_cli(
