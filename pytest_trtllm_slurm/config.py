@@ -147,6 +147,7 @@ class Settings(BaseModel):
     monitor_timeout_seconds: int = 3600
     persistent: bool = True
     alloc_time_limit: str = "04:00:00"
+    negotiate_walltime: bool = False
     release_allocation: bool = False
     plan: bool = False
     plan_json: str | None = None

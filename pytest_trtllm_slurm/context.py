@@ -14,7 +14,7 @@ import pytest
 
 from . import options
 from .batching import BatchKey
-from .config import ClusterConfig, load_clusters_file
+from .config import ClusterConfig, Settings, load_clusters_file
 from .errors import ConfigError
 from .jobspec import JobSpec
 from .execution.base import Executor
@@ -24,6 +24,7 @@ from .requirements import PerfSources
 
 if TYPE_CHECKING:
     from .execution.allocation import AllocationManager, AllocationRequest
+    from .execution.slurm_batch import WalltimePolicy
 
 # what the executor builders read of a batch: a BatchKey (plugin) or a JobSpec (trtllm-slurm run)
 Shape = BatchKey | JobSpec
@@ -156,6 +157,7 @@ def remote_slurm_executor(
         allocation_manager=manager,
         warn=warn,
         container_runtime=cluster.container_runtime,
+        walltime=walltime_policy(settings),
     )
     return RemoteSlurmExecutor(inner, path_map, interpreter=sys.executable)
 
@@ -188,6 +190,7 @@ def local_slurm_executor(
         jobs=jobs,
         warn=warn,
         container_runtime=local_cfg.container_runtime if local_cfg else "none",
+        walltime=walltime_policy(settings),
     )
 
 
@@ -241,3 +244,10 @@ def build_targets(ctx: PlanningContext, keys: Sequence[Shape]) -> dict[Scenario,
         if cluster is not None and cluster.build_project:
             targets[key.scenario] = cluster
     return targets
+
+
+def walltime_policy(settings: Settings) -> WalltimePolicy | None:
+    """--trtllm-negotiate-walltime: opt-in shortening of long-pending one-shot jobs."""
+    from .execution.slurm_batch import WalltimePolicy
+
+    return WalltimePolicy() if settings.negotiate_walltime else None

@@ -106,6 +106,8 @@ OPTIONS: tuple[Opt, ...] = (
         false_flag="--trtllm-one-shot"),
     Opt("alloc_time_limit", "alloc_time_limit", "--trtllm-alloc-time-limit", "time", "4h",
         f"wall time of a new persistent allocation ({TIME_FORMATS})"),
+    Opt("negotiate_walltime", "negotiate_walltime", "--trtllm-negotiate-walltime", "bool", False,
+        "shorten the time limit (to 1h) of a one-shot job pending long with a far start"),
     Opt("release_allocation", "release_allocation", "--trtllm-release-allocation", "bool", False,
         "release the persistent allocation at the end of the run"),
     Opt("plan", "plan", "--trtllm-plan", "bool", False,
