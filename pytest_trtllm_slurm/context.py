@@ -16,8 +16,8 @@ from . import options
 from .batching import BatchKey
 from .config import ClusterConfig, Settings, load_clusters_file
 from .errors import ConfigError
-from .jobspec import JobSpec
 from .execution.base import Executor
+from .jobspec import JobSpec
 from .models import Scenario
 from .planning import PlanningContext
 from .requirements import PerfSources

@@ -30,7 +30,6 @@ Like local_direct, but the worker pytest runs inside the JobSpec's image:
 
 from __future__ import annotations
 
-import itertools
 import os
 import resource
 import secrets
@@ -40,7 +39,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Literal
+from typing import Literal
 
 from ..containers import (
     JOB_LABEL,
@@ -57,12 +56,11 @@ from ..jobspec import JobSpec
 from ..models import LocalEnv
 from ..scripts import rerun_argv
 from .base import JobHandle
+from .local_process import LocalJob, LocalProcessExecutor
 from .outcome import JobState, JobStatus
-from .shell import LocalShell, Shell
 
 Engine = Literal["docker", "podman"]
 ENGINES: tuple[Engine, ...] = ("docker", "podman")
-KILL_GRACE_SECONDS = 3.0
 ENGINE_TIMEOUT = 60.0
 CAP_SYS_RESOURCE = 24
 # podman lowers its own RLIMIT_NPROC to 32768 when it starts (measured, podman 4.3): a
@@ -112,18 +110,7 @@ def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -
     return flags
 
 
-class _Job:
-    def __init__(self, spec: JobSpec, name: str) -> None:
-        self.spec = spec
-        self.name = name
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log: IO[bytes] | None = None
-        self.gpus: list[int] = []
-        self.cancelled = False
-        self.removed = False
-
-
-class ContainerExecutor:
+class ContainerExecutor(LocalProcessExecutor):
     """Runs JobSpecs in local containers (local_docker), docker or podman."""
 
     def __init__(
@@ -156,9 +143,7 @@ class ContainerExecutor:
         self.engine: Engine = engine
         self.cli = list(cli or [engine])
         self.engine_env = dict(engine_env or {})
-        self.shell: Shell = LocalShell()
-        self._free_gpus = list(gpu_ids or [])
-        self._all_gpus = list(gpu_ids or [])
+        super().__init__(gpu_ids)
         self.models_root = models_root
         self.run_flags = list(default_run_flags(engine) if run_flags is None else run_flags)
         self.run_flags += list(extra_flags)
@@ -169,8 +154,6 @@ class ContainerExecutor:
         self.user = user
         self.mount_plugin = mount_plugin
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
-        self._jobs: dict[str, _Job] = {}
-        self._ids = itertools.count(1)
         self._images_ok: set[str] = set()
         self._orphans_checked = False
 
@@ -257,7 +240,7 @@ class ContainerExecutor:
         n = next(self._ids)
         job_id = f"{self.engine}-{os.getpid()}-{n}"
         name = safe_name(f"trtllm-{spec.name}", 40) + f"-{os.getpid()}-{n}-{secrets.token_hex(3)}"
-        self._jobs[job_id] = _Job(spec, name)
+        self._jobs[job_id] = LocalJob(spec, name)
         self._try_start(job_id)
         return JobHandle(job_id=job_id, spec=spec, submitted_at=time.time(), nodelist="localhost")
 
@@ -276,84 +259,29 @@ class ContainerExecutor:
             labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name},
         )
 
-    def _try_start(self, job_id: str) -> None:
-        job = self._jobs[job_id]
-        if job.proc is not None or job.cancelled:
-            return
-        need = job.spec.total_devices
-        if self._all_gpus and need:
-            if need > len(self._free_gpus):
-                return  # PENDING until a running job gives its GPUs back
-            job.gpus, self._free_gpus = self._free_gpus[:need], self._free_gpus[need:]
+    def _launch(self, job: LocalJob) -> None:
         argv = self.run_argv(job.spec, job.name, job.gpus)
         job_env = container_env(job.spec, models_root=self.models_root,
                                 include_plugin=self.mount_plugin)
         env = self._env({k: v for k, v in job_env.items() if not client_sensitive(k)})
-        os.makedirs(job.spec.work_dir, exist_ok=True)
-        job.log = open(job.spec.log_path, "ab")  # noqa: SIM115 - closed when the job ends
-        job.log.write(f"[trtllm-slurm] container {job.name}: {self.engine} "
-                      f"{job.spec.container_image}\n".encode())
-        job.log.flush()
-        job.proc = subprocess.Popen(
-            argv,
-            cwd=workdir_of(job.spec),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=job.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        banner = (f"[trtllm-slurm] container {job.name}: {self.engine} "
+                  f"{job.spec.container_image}\n")
+        self._spawn(job, argv, cwd=workdir_of(job.spec), env=env, banner=banner)
 
-    def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
-        states: dict[str, JobState] = {}
-        for handle in handles:
-            job = self._jobs[handle.job_id]
-            if job.proc is None:
-                self._try_start(handle.job_id)
-            states[handle.job_id] = self._state(job)
-            if states[handle.job_id].status.finished:
-                self._release(job)
-        return states
-
-    def _state(self, job: _Job) -> JobState:
-        if job.proc is None:
-            if job.cancelled:
-                return JobState(status=JobStatus.CANCELLED)
-            return JobState(status=JobStatus.PENDING, reason="waiting for free GPUs")
-        code = job.proc.poll()
-        if code is None:
-            return JobState(status=JobStatus.RUNNING, nodelist="localhost")
-        if job.cancelled:
-            return JobState(status=JobStatus.CANCELLED, exit_code=code, nodelist="localhost")
+    def _exit_state(self, code: int) -> JobState:
         if code == 0:
             return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist="localhost")
-        reason = _exit_reason(self.engine, code)
         return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost",
-                        reason=reason)
-
-    def _release(self, job: _Job) -> None:
-        if job.log is not None:
-            job.log.close()
-            job.log = None
-        if job.gpus:
-            self._free_gpus.extend(job.gpus)
-            job.gpus = []
+                        reason=_exit_reason(self.engine, code))
 
     def cancel(self, handle: JobHandle) -> None:
         """Kill and remove the container, then stop the engine client."""
         job = self._jobs[handle.job_id]
         job.cancelled = True
-        proc = job.proc
-        if proc is None or job.removed:
+        if job.proc is None or job.removed:
             return
         self._remove(job.name)
-        if proc.poll() is None:
-            _kill_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(KILL_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc, signal.SIGKILL)
-                proc.wait()
+        self._stop_group(job)
         self._remove(job.name)  # one created while the client was being stopped
         job.removed = True
         self._release(job)
@@ -418,8 +346,3 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _kill_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
