@@ -144,7 +144,7 @@ def bench_env(**extra: str) -> dict[str, str]:
 
     Plugin autoloading is off (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1), so pytest itself starts
     in about half a second whatever else is installed here, the same for every way of
-    running; the plugin is loaded explicitly with ``-p pytest_trtllm_slurm.plugin``.
+    running; the plugin is loaded explicitly with ``-p trtllm_slurm``.
     """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TRTLLM_SLURM_") and k != "PYTEST_ADDOPTS"}
@@ -155,7 +155,7 @@ def bench_env(**extra: str) -> dict[str, str]:
     return env
 
 
-PLUGIN = ["-p", "pytest_trtllm_slurm.plugin"]
+PLUGIN = ["-p", "trtllm_slurm"]  # the entry point name: works with autoloading on or off
 
 
 def timed(argv: Sequence[str], cwd: Path, env: dict[str, str],

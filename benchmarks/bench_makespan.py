@@ -29,7 +29,9 @@ bench_probe.py) and the batches (= steps or jobs) it made are counted exactly.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -73,7 +75,7 @@ markers =
 def suite_module(per_shape: int) -> str:
     lines = ["import os", "import time", "", "import pytest", "",
              'S = float(os.environ.get("BENCH_TEST_SECONDS", "0"))', ""]
-    for gpus, (per_node, nodes) in SHAPES.items():
+    for gpus, (_per_node, nodes) in SHAPES.items():
         marker = (f"@pytest.mark.trtllm_slurm(devices={gpus})" if nodes == 1 else
                   f'@pytest.mark.trtllm_slurm(devices={gpus}, nodes={nodes}, launch="mpi")')
         lines += ["", marker, f"@pytest.mark.parametrize(\"i\", range({per_shape}))",
@@ -180,6 +182,9 @@ class Runner:
         import submitit  # benchmark only
 
         folder = self.root / "submitit_logs"
+        # a job unpickles run_pytest by reference: it imports this module (sbatch exports
+        # the submitting process's environment)
+        os.environ["PYTHONPATH"] = self.env["PYTHONPATH"]
         executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
         start = time.perf_counter()
         jobs = []
@@ -192,7 +197,10 @@ class Runner:
                     slurm_gres=f"gpu:{self.gpu_type}:{per_node}" if self.gpu_type else
                     f"gpu:{per_node}")
                 jobs.append(executor.submit(run_pytest, str(self.suite), nodeid, self.env))
-            codes = [job.results()[0] for job in jobs]  # 2-node jobs have 2 tasks
+            try:
+                codes = [job.results()[0] for job in jobs]  # 2-node jobs have 2 tasks
+            except Exception as exc:  # submitit's own errors (FailedJobError, ...)
+                raise RuntimeError(f"submitit: {exc}") from exc
         finally:
             cancel_jobs(our_jobs(PREFIX))
         seconds = time.perf_counter() - start
@@ -248,18 +256,25 @@ def run(partition: dict[str, Any], s: float, c: float, per_shape: int, reps: int
                     continue
                 func: Callable[[], dict[str, Any]]
                 if way.startswith("plugin"):
-                    one_shot = way == "plugin_one_shot"
-                    func = (lambda o=one_shot: runner.plugin(o))  # type: ignore[misc]
+                    func = functools.partial(runner.plugin, way == "plugin_one_shot")
                     log(f"{way}: warm-up run (allocation, durations cache)")
                     runner.measure(f"{way} warm-up", func)
                 else:
                     func = getattr(runner, way)
                 results = []
-                for rep in range(n):
-                    log(f"{way}: repetition {rep + 1}/{n}")
-                    results.append(runner.measure(way, func))
-                if way == "plugin_persistent":
-                    release_allocation(runner.suite)  # the nodes are free for the others
+                try:
+                    for rep in range(n):
+                        log(f"{way}: repetition {rep + 1}/{n}")
+                        results.append(runner.measure(way, func))
+                except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                    if way.startswith("plugin"):
+                        raise
+                    log(f"{way} failed: {str(exc)[:2000]}")  # a baseline: the rest goes on
+                    out["ways"][way] = {"skipped": f"failed: {str(exc)[:300]}"}
+                    continue
+                finally:
+                    if way == "plugin_persistent":
+                        release_allocation(runner.suite)  # the nodes are free for the others
                 out["ways"][way] = aggregate(results, tests)
         finally:
             release_allocation(runner.suite)

@@ -8,7 +8,8 @@ test (the launch, python, pytest, the suite's conftest imports, collection).
 The shortest of a run's batches is kept: one that did not wait for resources.
 
 A run without the cache provider (``-p no:cacheprovider``) packs with defaults
-and records nothing.
+and records nothing. Under pytest-xdist every item is its own dispatch: the cache
+is read once per worker and written once, at the end of the worker's session.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .packing import Estimates, Pool
 DURATIONS_KEY = "cache/trtllm-slurm-durations"
 STARTUP_KEY = "cache/trtllm-slurm-startup"
 PLUGIN_NAME = "trtllm-slurm-durations"
+WRITER_NAME = "trtllm-slurm-durations-writer"
+_LOADED = pytest.StashKey[tuple[dict[str, float], dict[str, float]]]()
 
 
 def _floats(value: Any) -> dict[str, float]:
@@ -51,8 +54,7 @@ class History:
         self.cache = getattr(config, "cache", None)
         self.pools = pools
         self.wanted = set(nodeids)
-        self.known = _floats(self.cache.get(DURATIONS_KEY, {})) if self.cache else {}
-        self.known_startup = _floats(self.cache.get(STARTUP_KEY, {})) if self.cache else {}
+        self.known, self.known_startup = self._load()
         self.totals: dict[str, float] = {}
         self.first_start: dict[str, float] = {}  # nodeid -> epoch its setup began
         self.sent: list[tuple[str, float, list[str]]] = []  # (pool, submitted at, nodeids)
@@ -64,6 +66,19 @@ class History:
         if not config.pluginmanager.has_plugin(PLUGIN_NAME):
             config.pluginmanager.register(history, PLUGIN_NAME)
         return history
+
+    def _load(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The cached figures, read once per process (xdist: once per worker)."""
+        if self.cache is None:
+            return {}, {}
+        stash = getattr(self.config, "stash", None)
+        if stash is not None and _LOADED in stash:
+            return stash[_LOADED]
+        loaded = (_floats(self.cache.get(DURATIONS_KEY, {})),
+                  _floats(self.cache.get(STARTUP_KEY, {})))
+        if stash is not None:
+            stash[_LOADED] = loaded
+        return loaded
 
     def estimates(self) -> Estimates:
         return Estimates(durations=self.known, startup=self.known_startup)
@@ -96,17 +111,48 @@ class History:
         return found
 
     def finish(self) -> None:
-        """Unregister and write this run's figures into the cache (merged, never lost)."""
+        """Unregister and write this run's figures into the cache (merged, never lost);
+        in an xdist worker, at the end of its session."""
         if self.config.pluginmanager.get_plugin(PLUGIN_NAME) is self:
             self.config.pluginmanager.unregister(self, PLUGIN_NAME)
         if self.cache is None or not (self.totals or self.sent):
             return
-        # re-read: another process (an xdist worker, a second run) may have written since
-        durations = _floats(self.cache.get(DURATIONS_KEY, {}))
-        durations.update({n: round(s, 3) for n, s in self.totals.items()})
-        self.cache.set(DURATIONS_KEY, durations)
-        startup = self.measured_startup()
-        if startup:
-            merged = _floats(self.cache.get(STARTUP_KEY, {}))
-            merged.update({p: round(s, 3) for p, s in startup.items()})
-            self.cache.set(STARTUP_KEY, merged)
+        durations = {n: round(s, 3) for n, s in self.totals.items()}
+        startup = {p: round(s, 3) for p, s in self.measured_startup().items()}
+        known, known_startup = self._load()
+        known.update(durations)  # later dispatches of this process see them
+        known_startup.update(startup)
+        if hasattr(self.config, "workerinput"):
+            writer = self.config.pluginmanager.get_plugin(WRITER_NAME)
+            if writer is None:
+                writer = _Writer(self.cache)
+                self.config.pluginmanager.register(writer, WRITER_NAME)
+            writer.durations.update(durations)
+            writer.startup.update(startup)
+            return
+        _write(self.cache, durations, startup)
+
+
+def _write(cache: Any, durations: dict[str, float], startup: dict[str, float]) -> None:
+    """Merge into the cache; re-read first: another process (an xdist worker, a second
+    run) may have written since this one read it."""
+    if durations:
+        merged = _floats(cache.get(DURATIONS_KEY, {}))
+        merged.update(durations)
+        cache.set(DURATIONS_KEY, merged)
+    if startup:
+        merged = _floats(cache.get(STARTUP_KEY, {}))
+        merged.update(startup)
+        cache.set(STARTUP_KEY, merged)
+
+
+class _Writer:
+    """An xdist worker's figures, written once when its session ends."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.durations: dict[str, float] = {}
+        self.startup: dict[str, float] = {}
+
+    def pytest_sessionfinish(self) -> None:
+        _write(self.cache, self.durations, self.startup)

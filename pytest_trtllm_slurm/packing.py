@@ -391,10 +391,15 @@ def pools_from_executors(executors: Mapping[Any, Any]) -> Callable[[KeyLike], Po
 
 
 def _local_gpus(executor: Any) -> int:
+    """GPUs of a local executor (LocalProcessExecutor keeps them in ``_all_gpus``)."""
     count = getattr(executor, "gpu_count", None)
     if isinstance(count, int):
         return count
-    return len(getattr(executor, "_free_gpus", ()) or ())
+    for name in ("_all_gpus", "_free_gpus"):
+        gpus = getattr(executor, name, None)
+        if gpus is not None:
+            return len(gpus)
+    return 0
 
 
 def _served(key: KeyLike, request: Any) -> bool:

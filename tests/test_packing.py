@@ -197,7 +197,7 @@ def test_pools_from_executors() -> None:
     request = SimpleNamespace(partition="batch", nodes=1, gpus_per_node=4, docker_image=None)
     persistent = SimpleNamespace(persistent=True, allocations=SimpleNamespace(request=request),
                                  slurm_env=_slurm_env())
-    direct = SimpleNamespace(_free_gpus=[0, 1])
+    direct = SimpleNamespace(_all_gpus=[0, 1], _free_gpus=[1])
     pool_of = pools_from_executors({Scenario.LOCAL_SLURM: persistent,
                                     Scenario.LOCAL_DIRECT: direct})
     alloc = pool_of(_bkey(2))
@@ -276,6 +276,22 @@ def test_history_without_a_cache_records_nothing() -> None:
     assert history.estimates().durations == {}
     history.pytest_runtest_logreport(_report("a", "call", 1.0, 1.0))
     history.finish()
+
+
+def test_history_in_an_xdist_worker_reads_once_and_writes_at_session_end() -> None:
+    cache = FakeCache({DURATIONS_KEY: {"old": 7.0}})
+    config: Any = SimpleNamespace(cache=cache, pluginmanager=FakePluginManager(),
+                                  stash=pytest.Stash(), workerinput={})
+    k = _bkey(1)
+    for nodeid in ("a", "b"):  # xdist: one dispatch per item
+        history = History.start(config, [(nodeid, k)], lambda key: POOL)
+        assert "old" in history.estimates().durations
+        assert nodeid == "a" or history.estimates().durations["a"] == 1.5  # seen at once
+        history.pytest_runtest_logreport(_report(nodeid, "call", 1.5, 0))
+        history.finish()
+        assert cache.data[DURATIONS_KEY] == {"old": 7.0}  # nothing written yet
+    config.pluginmanager.get_plugin("trtllm-slurm-durations-writer").pytest_sessionfinish()
+    assert cache.data[DURATIONS_KEY] == {"old": 7.0, "a": 1.5, "b": 1.5}
 
 
 # -- on the dev cluster -----------------------------------------------------------------
