@@ -139,3 +139,18 @@ def wait_for_squeue(job_id, pred, timeout=60.0, poll=0.2):
         if time.monotonic() >= end:
             raise TimeoutError(f"job {job_id}: squeue state {st} did not match after {timeout}s")
         time.sleep(poll)
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc), e.g. the sshd processes serving
+    connections under the dev cluster's sshd listener."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = pathlib.Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                kids.append(int(entry))
+    return kids

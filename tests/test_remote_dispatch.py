@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from devcluster import child_pids
 from devcluster import run as sh
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "conftest_examples"
@@ -131,17 +132,7 @@ def test_wrong_one_time_code_is_a_clear_error(remote_setup) -> None:
 
 
 def _listener_children(state_dir: str) -> list[int]:
-    listener = int(Path(state_dir, "ssh", "sshd.pid").read_text())
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == listener:
-                kids.append(int(entry))
-    return kids
+    return child_pids(int(Path(state_dir, "ssh", "sshd.pid").read_text()))
 
 
 def test_persistent_over_mfa_survives_a_cut_connection(remote_setup, devcluster: dict) -> None:

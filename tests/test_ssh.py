@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from devcluster import wait_for_job
+from devcluster import child_pids, wait_for_job
 
 from pytest_trtllm_slurm.config import ClusterConfig
 from pytest_trtllm_slurm.errors import ConfigError
@@ -87,19 +87,6 @@ def totp_script(tmp_path: Path, secret: str, counter: Path | None = None) -> str
     return shlex.join([sys.executable, str(script)])
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                kids.append(int(entry))
-    return kids
-
-
 def kill_connection(state_dir: str, client_port: int) -> list[int]:
     """SIGKILL the sshd process(es) serving the TCP connection from ``client_port`` (and what
     they started): the client sees the connection drop, other connections are untouched."""
@@ -112,7 +99,7 @@ def kill_connection(state_dir: str, client_port: int) -> list[int]:
                 inodes.add(f"socket:[{f[9]}]")
     listener = int(Path(state_dir, "ssh", "sshd.pid").read_text())
     serving = []
-    for pid in _children(listener):
+    for pid in child_pids(listener):
         try:
             links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
         except OSError:
@@ -124,7 +111,7 @@ def kill_connection(state_dir: str, client_port: int) -> list[int]:
     while todo:
         pid = todo.pop()
         victims.append(pid)
-        todo += _children(pid)
+        todo += child_pids(pid)
     for pid in victims:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -2,7 +2,7 @@
 
 An unknown key is refused unless the user opted in (``accept_new_host_key = true``,
 OpenSSH's ``accept-new``); a changed or revoked key is always refused. paramiko's
-AutoAddPolicy is never used: it would silently trust whoever answers.
+auto-add policy is never used: it would silently trust whoever answers.
 """
 
 from __future__ import annotations
