@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def fmt(stat: dict[str, Any] | None, unit: str = "s", digits: int = 2) -> str:
     if not stat or stat.get("median") is None:
         return "-"
     med, lo, hi = stat["median"], stat["min"], stat["max"]
-    spread = f" ({lo:.{digits}f}-{hi:.{digits}f})" if stat.get("n", 0) > 1 else ""
+    spread = f" ({lo:.{digits}f}-{hi:.{digits}f}, n={stat['n']})" if stat.get("n", 0) > 1 else ""
     return f"{med:.{digits}f}{(' ' + unit) if unit else ''}{spread}"
 
 
@@ -103,12 +104,32 @@ def sdiag_rpcs() -> dict[str, int]:
     return counts
 
 
-def background_rpc_rate(seconds: float) -> float:
+def background_rpc_rate(seconds: float, windows: int = 3) -> float:
     """RPCs per second slurmctld serves while this benchmark does nothing: the other users
-    of the shared dev cluster (subtracted from each run's count as an estimate)."""
-    sdiag_reset()
-    time.sleep(seconds)
-    return sum(sdiag_rpcs().values()) / seconds
+    of the shared dev cluster. The lowest of ``windows`` idle windows (their bursts come
+    and go); subtracted from each run's count as a rough estimate."""
+    rates = []
+    for _ in range(windows):
+        sdiag_reset()
+        time.sleep(seconds / windows)
+        rates.append(sum(sdiag_rpcs().values()) / (seconds / windows))
+    return min(rates)
+
+
+def jobs_ended_after(job_ids: Sequence[str], start_epoch: float) -> float | None:
+    """Seconds from ``start_epoch`` to the last End time sacct has for ``job_ids`` (whole
+    seconds): when the jobs really ended, as opposed to when ``sbatch --wait`` noticed."""
+    if not job_ids:
+        return None
+    out = sh(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "--format=JobID,End"]).stdout
+    ends = []
+    for line in out.splitlines():
+        _, _, end = line.partition("|")
+        try:
+            ends.append(datetime.fromisoformat(end.strip()).timestamp())
+        except ValueError:
+            continue
+    return max(0.0, max(ends) - start_epoch) if ends else None
 
 
 # -- jobs and allocations ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from bench_common import (
     bench_env,
     cancel_jobs,
     check_passed,
+    jobs_ended_after,
     log,
     our_jobs,
     ratio,
@@ -125,13 +127,16 @@ class Runner:
                 "-N", str(nodes), self.gres(per_node), "-o", str(logs / f"{self.seq}.out"),
                 "--wrap", command]
 
-    def wait_all(self, argvs: list[list[str]], what: str) -> None:
+    def wait_all(self, argvs: list[list[str]], what: str) -> list[str]:
+        """Start every ``sbatch --wait`` at once, wait for all; the job ids."""
         procs = [subprocess.Popen(a, env=self.env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True) for a in argvs]
+        ids: list[str] = []
         try:
             failed = []
             for argv, proc in zip(argvs, procs, strict=True):
                 out, _ = proc.communicate(timeout=3600)
+                ids += re.findall(r"Submitted batch job (\d+)", out)
                 if proc.returncode != 0:
                     failed.append(f"{shlex.join(argv[:12])} ... -> {proc.returncode}: {out}")
             if failed:
@@ -142,6 +147,7 @@ class Runner:
                 if proc.poll() is None:
                     proc.kill()
             cancel_jobs(our_jobs(PREFIX))
+        return ids
 
     # -- the ways ----------------------------------------------------------------------
     def plugin(self, one_shot: bool) -> dict[str, Any]:
@@ -164,9 +170,9 @@ class Runner:
         logs.mkdir(exist_ok=True)
         argvs = [self.sbatch_wait(f"naive{g}", *SHAPES[g], self.pytest_cmd(nodeid), logs)
                  for nodeid, g in self.tests]
-        start = time.perf_counter()
-        self.wait_all(argvs, "naive")
-        return {"seconds": time.perf_counter() - start}
+        start, epoch = time.perf_counter(), time.time()
+        ids = self.wait_all(argvs, "naive")
+        return {"seconds": time.perf_counter() - start, "jobs_ended": jobs_ended_after(ids, epoch)}
 
     def per_shape(self) -> dict[str, Any]:
         logs = self.root / "per_shape_logs"
@@ -174,9 +180,9 @@ class Runner:
         argvs = [self.sbatch_wait(f"shape{g}", per_node, nodes,
                                   self.pytest_cmd(f"test_suite.py::test_gpu{g}"), logs)
                  for g, (per_node, nodes) in sorted(SHAPES.items(), reverse=True)]
-        start = time.perf_counter()
-        self.wait_all(argvs, "per-shape")
-        return {"seconds": time.perf_counter() - start}
+        start, epoch = time.perf_counter(), time.time()
+        ids = self.wait_all(argvs, "per-shape")
+        return {"seconds": time.perf_counter() - start, "jobs_ended": jobs_ended_after(ids, epoch)}
 
     def submitit(self) -> dict[str, Any]:
         import submitit  # benchmark only
@@ -249,7 +255,7 @@ def run(partition: dict[str, Any], s: float, c: float, per_shape: int, reps: int
             f"({gpus} GPUs), lower bound {out['lower_bound']:.1f} s")
         try:
             for way in ways:
-                n = reps if way.startswith("plugin") or naive_reps is None else naive_reps
+                n = naive_reps if way in ("naive", "submitit") and naive_reps else reps
                 if way == "submitit" and not _has_submitit():
                     out["ways"][way] = {"skipped": "submitit is not installed "
                                         "(pip install submitit)"}
@@ -298,6 +304,8 @@ def aggregate(results: list[dict[str, Any]], tests: int) -> dict[str, Any]:
             [r["rpcs_minus_background"] / tests for r in results]),
         "rpc_types_last": results[-1]["rpc_types"] if results else {},
     }
+    if results and "jobs_ended" in results[0]:
+        agg["jobs_ended"] = summary([r["jobs_ended"] for r in results])
     if results and "plugin_commands" in results[0]:
         agg["plugin_commands"] = summary([r["plugin_commands"] for r in results])
         agg["plugin_commands_per_test"] = summary(

@@ -37,6 +37,7 @@ DEFAULT_DURATION = 30.0  # seconds, a test without history
 DEFAULT_STARTUP = 15.0  # seconds, a pool without history (imports of torch/tensorrt_llm ...)
 MAX_ROUNDS = 512  # bound on the local moves (each improves the plan)
 MAX_TARGETS = 48  # target chunk lengths tried (big pools have hundreds)
+TIE = 0.01  # plans whose simulated makespans differ by less than 1% count as equally fast
 
 
 class Shape(Protocol):
@@ -227,7 +228,7 @@ class PoolPlan:
 def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
               fixed: Mapping[Hashable, int] | None = None) -> PoolPlan:
     """Chunk counts for the keys sharing ``pool``, chosen on the simulated makespan
-    (ties: the fewest GPU-seconds, i.e. the fewest start-ups paid).
+    (within 1%: the fewest GPU-seconds, i.e. the fewest start-ups paid).
 
     First every "target chunk length" T (the longest chunk of some key at some
     count) gives each key the fewest chunks that are no longer than T; then single
@@ -270,7 +271,9 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
         return best
 
     def better(a: tuple[float, float, list[Chunk]], b: tuple[float, float, list[Chunk]]) -> bool:
-        eps = 1e-6 * max(1.0, b[0])
+        """Shorter by more than TIE (expected durations are estimates), else as long and
+        fewer GPU-seconds (fewer start-ups paid)."""
+        eps = TIE * max(1.0, b[0])
         return a[0] < b[0] - eps or (abs(a[0] - b[0]) <= eps and a[1] < b[1] - 1e-9)
 
     free = [g.key not in fixed for g in groups]
