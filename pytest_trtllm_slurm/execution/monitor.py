@@ -95,7 +95,11 @@ class Monitor:
                     job, JobStatus.TIMEOUT, f"ran longer than the monitor timeout ({limit} s)"
                 )
         if job.state.status.finished:
-            records += self._read_records(job)  # whatever landed between the two reads
+            while True:  # everything that landed, to the end of the file
+                offset = job.reports_offset
+                records += self._read_records(job)
+                if job.reports_offset == offset:
+                    break
             del self.jobs[job.handle.job_id]
             final = job.state
             if job.forced_status is not None:
