@@ -449,6 +449,8 @@ def pytest_base_argv(config: pytest.Config) -> list[str]:
     for warning in getattr(opt, "pythonwarnings", None) or []:
         argv += ["-W", warning]
     for plugin in getattr(opt, "plugins", None) or []:
+        if plugin.startswith("pytest_trtllm_slurm"):
+            continue  # ours loads by its entry point there; by module name it would load twice
         argv += ["-p", plugin]
     return argv
 
