@@ -47,6 +47,8 @@ class ClusterConfig(BaseModel):
     gpus_per_node: int | None = Field(None, ge=1)
     container_image: str | None = None
     container_runtime: Literal["pyxis", "podman", "docker", "none"] = "none"
+    # pyxis + persistent allocation: run once per node, --container-writable, in the repo
+    container_install_command: str | None = Field(None, min_length=1)
     mounts: list[str] = Field(default_factory=list)
     models_root: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -146,6 +148,7 @@ class Settings(BaseModel):
     work_dir: str | None = None
     monitor_timeout_seconds: int = 3600
     persistent: bool = True
+    warm_workers: bool = True
     alloc_time_limit: str = "04:00:00"
     negotiate_walltime: bool = False
     release_allocation: bool = False

@@ -44,13 +44,17 @@ def planning_context(config: pytest.Config) -> PlanningContext:
         clusters = options.clusters_file(config)
         if not clusters.clusters and not settings.config_path:
             clusters = load_clusters_file(None, config.rootpath)  # the default locations
-        local = probe_local_env()
+        local = probe_local_env(engines=bool(settings.container_image)
+                                or settings.scenario == Scenario.LOCAL_DOCKER)
         slurm_env = None
         if local.slurm_available:
+            from .execution.discovery_cache import cache_key, cached_discovery
             from .execution.shell import LocalShell
             from .execution.slurm import SlurmClient
 
-            slurm_env = SlurmClient(LocalShell()).discover()
+            slurm_env = cached_discovery(
+                Path(config.rootpath) / "work_dirs" / ".cache" / "slurm_env.json",
+                cache_key(local.cluster_name), SlurmClient(LocalShell()).discover)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     ctx = PlanningContext(
@@ -146,7 +150,7 @@ def remote_slurm_executor(
             shell,
             # the state of a remote allocation is kept here, one file per cluster
             rootdir=rootdir / "work_dirs" / f".remote-{cluster.name}",
-            request=request,
+            request=with_containers(request, cluster, remote_root),
             user=slurm_env.user,
             warn=warn,
         )
@@ -158,6 +162,7 @@ def remote_slurm_executor(
         warn=warn,
         container_runtime=cluster.container_runtime,
         walltime=walltime_policy(settings),
+        warm_workers=settings.warm_workers,
     )
     return RemoteSlurmExecutor(inner, path_map, interpreter=sys.executable)
 
@@ -191,6 +196,7 @@ def local_slurm_executor(
         warn=warn,
         container_runtime=local_cfg.container_runtime if local_cfg else "none",
         walltime=walltime_policy(settings),
+        warm_workers=settings.warm_workers,
     )
 
 
@@ -209,13 +215,34 @@ def allocation_manager(
     from .execution.allocation import AllocationManager, AllocationRequest
     from .execution.shell import LocalShell
 
+    cluster = local_cluster_config(ctx)
+    request = request or AllocationRequest()
     return AllocationManager(
         LocalShell(),
         rootdir=ctx.rootdir,
-        request=request or AllocationRequest(),
+        request=with_containers(request, cluster, str(ctx.rootdir)) if cluster else request,
         user=ctx.slurm_env.user if ctx.slurm_env else None,
         warn=warn,
     )
+
+
+def with_containers(
+    request: AllocationRequest, cluster: ClusterConfig, repo: str
+) -> AllocationRequest:
+    """The request plus the cluster's container settings: with pyxis the allocation sets
+    up the run's images (import, mount warm-up, ``container_install_command`` in ``repo``)."""
+    from dataclasses import replace
+
+    from .execution.alloc_containers import setup_mounts
+
+    if cluster.container_runtime != "pyxis":
+        return request
+    try:
+        mounts = setup_mounts(repo, cluster.mounts, cluster.models_root)
+    except ValueError as exc:
+        raise ConfigError(f"cluster {cluster.name}: {exc}") from None
+    return replace(request, container_runtime="pyxis", container_mounts=mounts,
+                   install_command=cluster.container_install_command, install_workdir=repo)
 
 
 def terminal_warning(config: pytest.Config) -> Callable[[str], None]:

@@ -96,7 +96,9 @@ class DispatchLoop:
         self.builds = builds or {}  # targets whose cluster wants a build before the tests
         self.stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
         self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
-        self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state)
+        hints = [h for h in (getattr(e, "poll_hint", None) for e in executors.values()) if h]
+        self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
+                               poll_interval=min([0.2, *hints]))
         self.running: dict[str, RunningBatch] = {}
 
     # -- the loop ----------------------------------------------------------
@@ -105,6 +107,7 @@ class DispatchLoop:
         history = History.start(self.config, dispatched, pools_from_executors(self.executors))
         try:
             broken = self._run_builds(dispatched)
+            self._announce(dispatched)
             for batch in make_batches(
                 dispatched, pools=history.pools, estimates=history.estimates()
             ):
@@ -127,6 +130,16 @@ class DispatchLoop:
             if self.monitor.active:
                 self.monitor.cancel_all()
             history.finish()
+
+    def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
+        """Tell each executor that wants it (warm workers) all node ids it will get."""
+        by_scenario: dict[Scenario, set[str]] = {}
+        for nodeid, key in dispatched:
+            by_scenario.setdefault(key.scenario, set()).add(nodeid)
+        for scenario, nodeids in by_scenario.items():
+            expect = getattr(self.executors.get(scenario), "expect", None)
+            if expect is not None:
+                expect(nodeids)
 
     def _run_local(self, plans: list[ItemPlan]) -> None:
         runnable = [p for p in plans if p.skip_reason is None]

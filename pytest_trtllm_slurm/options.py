@@ -104,6 +104,10 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("persistent", "persistent", "--trtllm-persistent", "bool", True,
         "reuse one Slurm allocation across runs (--trtllm-one-shot: one job per batch)",
         false_flag="--trtllm-one-shot"),
+    Opt("warm_workers", "warm_workers", "--trtllm-warm-workers", "bool", True,
+        "in a persistent allocation, one long-lived worker per node runs the batches by fork "
+        "(no step, no interpreter start per batch); --trtllm-no-warm-workers: a step per batch",
+        false_flag="--trtllm-no-warm-workers"),
     Opt("alloc_time_limit", "alloc_time_limit", "--trtllm-alloc-time-limit", "time", "4h",
         f"wall time of a new persistent allocation ({TIME_FORMATS})"),
     Opt("negotiate_walltime", "negotiate_walltime", "--trtllm-negotiate-walltime", "bool", False,

@@ -24,6 +24,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("trtllm-slurm-worker")
     group.addoption("--trtllm-worker-reports", default=None, help="(internal) reports.jsonl path")
     group.addoption("--trtllm-worker-nodeids", default=None, help="(internal) node ids file")
+    group.addoption("--trtllm-worker-serve", default=None,
+                    help="(internal) serve batch requests from this directory")
 
 
 class ReportWriter:
@@ -31,15 +33,29 @@ class ReportWriter:
 
     def __init__(self, config: pytest.Config, path: Path) -> None:
         self.config = config
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._fd = self._open(path)
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
         rank = os.environ.get("SLURM_PROCID") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
         self.enabled = rank == "0"
         self.wanted: list[str] = []
 
+    @staticmethod
+    def _open(path: Path) -> int:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def reopen(self, path: Path) -> None:
+        """Write to another file from now on (a served batch's own reports.jsonl)."""
+        os.close(self._fd)
+        self._fd = self._open(path)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def emit(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
+        if not self.enabled or self._fd < 0:
             return
         line = (json.dumps(record, default=repr) + "\n").encode()
         os.write(self._fd, line)
@@ -99,7 +115,7 @@ class ReportWriter:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.emit({"type": "session_finish", "exitstatus": int(exitstatus)})
-        os.close(self._fd)
+        self.close()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -112,3 +128,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if ids_file:
         writer.wanted = list(json.loads(Path(ids_file).read_text("utf-8")))
     config.pluginmanager.register(writer, "trtllm-slurm-report-writer")
+    serve_dir = config.getoption("trtllm_worker_serve")
+    if serve_dir:
+        from .worker_serve import register
+
+        register(config, serve_dir, writer)

@@ -25,6 +25,7 @@ partition = "batch"
 account = "acct_a"
 gpus_per_node = 4
 mounts = ["/data:/data"]
+container_install_command = "pip install -e ."
 env = { NCCL_DEBUG = "WARN" }
 time_limit = "04:00:00"
 
@@ -53,6 +54,7 @@ def test_load_good_file(tmp_path: Path) -> None:
     dev = clusters.get("dev")  # case-insensitive
     assert (dev.name, dev.partition, dev.gpus_per_node, dev.is_remote) == ("Dev", "batch", 4, True)
     assert dev.mounts == ["/data:/data"] and dev.env == {"NCCL_DEBUG": "WARN"}
+    assert dev.container_install_command == "pip install -e ."
     assert clusters.get("LOCAL").is_remote is False
     assert clusters.path == str(path)
 
@@ -82,6 +84,10 @@ def test_unknown_cluster_lists_known(tmp_path: Path) -> None:
         ("[clusters.a]\npartiton = 'p'\n", ["clusters.a.partiton", "Extra inputs"]),
         ("[clusters.a]\ngpus_per_node = 0\n", ["clusters.a.gpus_per_node", "found 0"]),
         ("[clusters.a]\ntransport = 'telnet'\n", ["clusters.a.transport", "'telnet'"]),
+        ("[clusters.a]\ncontainer_install_command = ''\n",
+         ["clusters.a.container_install_command", "found ''"]),
+        ("[clusters.a]\ncontainer_install_command = ['pip']\n",
+         ["clusters.a.container_install_command", "string"]),
         ("[cluster.a]\npartition = 'p'\n", ["unknown top-level", "cluster"]),
         ("[clusters]\na = 1\n", ["clusters.a must be a table"]),
         ("[clusters.a\n", ["not valid TOML"]),

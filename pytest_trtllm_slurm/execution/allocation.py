@@ -6,6 +6,10 @@ read-validate-allocate sequence holds ``.slurm_alloc.json.lock``, so xdist
 workers and concurrent pytest runs end up sharing one allocation. The
 allocation is never released automatically: only ``release()`` (the
 ``--trtllm-release-allocation`` option, ``trtllm-slurm alloc release``) does.
+
+With pyxis (``container_runtime = "pyxis"``) the allocation also holds the run's named
+containers (``alloc_containers``): each image is set up once, a changed image is set up
+next to the others in the same allocation instead of reallocating.
 """
 
 from __future__ import annotations
@@ -15,17 +19,18 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ExecutionError
 from ..jobspec import JobSpec, SlurmEnv, write_private_atomic
 from ..scripts import GresStyle, gpu_flag
+from .alloc_containers import SETUP_TIMEOUT, ContainerSetup, set_up_container, setup_name
 from .shell import Shell
 from .slurm_jobs import SchedulerError, SlurmJobs, format_duration, parse_duration
 from .slurm_parse import parse_key_values
@@ -74,15 +79,43 @@ class AllocationState(BaseModel):
     cpus_per_node: int | None = None
     mem_per_node_mb: int | None = None
     owner: str | None = None
+    # pyxis: every named container set up in the allocation (container_name / docker_image
+    # above name the latest one, as in the seed)
+    container_runtime: str | None = None
+    containers: list[ContainerSetup] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_container_of_old_files(self) -> AllocationState:
+        """State files written before ``containers`` existed name one container."""
+        if not self.containers and self.container_name and self.docker_image:
+            self.containers = [ContainerSetup(name=self.container_name, image=self.docker_image,
+                                              installed=self.installed, install_known=False)]
+        return self
+
+    def container(self, name: str) -> ContainerSetup | None:
+        return next((c for c in self.containers if c.name == name), None)
+
+    def record(self, setup: ContainerSetup) -> None:
+        """Note a container as set up (replacing an earlier record of the same name)."""
+        self.containers = [c for c in self.containers if c.name != setup.name] + [setup]
+        self.container_name, self.docker_image = setup.name, setup.image
+        self.installed = setup.installed
 
     def serves(self, spec: JobSpec) -> str | None:
-        """None when a batch fits in this allocation, else why not."""
+        """None when a batch fits in this allocation, else why not. With pyxis any image
+        that is set up in it fits (its container name is the one the step uses)."""
         if spec.partition and self.partition and spec.partition != self.partition:
             return f"partition {spec.partition} != {self.partition}"
         if spec.node_count > self.nodes:
             return f"needs {spec.node_count} nodes, the allocation has {self.nodes}"
         if spec.devices_per_node > self.gpus_per_node:
             return f"needs {spec.devices_per_node} GPUs per node, it has {self.gpus_per_node}"
+        if self.container_runtime == "pyxis":
+            if spec.container_image:
+                setup = self.container(setup_name(spec.container_image, spec.account))
+                if setup is None or not setup.installed:
+                    return f"image {spec.container_image} is not set up in it"
+            return None
         if (spec.container_image or None) != (self.docker_image or None):
             return f"image {spec.container_image} != {self.docker_image}"
         return None
@@ -103,6 +136,12 @@ class AllocationRequest:
     gres_style: GresStyle = "gres"
     gres_type: str | None = None
     exclusive: bool = True  # whole nodes (all CPUs and memory) so steps can share them out
+    # pyxis: every image of the run is set up in the allocation (docker_image is the first);
+    # the install step runs in install_workdir with container_mounts mounted
+    container_runtime: str = "none"
+    container_images: list[str] = field(default_factory=list)
+    install_command: str | None = None
+    install_workdir: str | None = None
 
     @property
     def job_name(self) -> str:
@@ -122,22 +161,31 @@ class AllocationRequest:
         per_node = max([s.devices_per_node for s in mine] + [info.gpus_per_node if info else 0])
         gres_style: GresStyle = "gres" if info and (info.requires_gres or info.gpu_type) else (
             "gpus-per-node")
+        images = list(dict.fromkeys(s.container_image for s in mine if s.container_image))
         return cls(partition=partition, account=mine[0].account,
                    nodes=max(s.node_count for s in mine), gpus_per_node=per_node,
                    time_limit=time_limit or DEFAULT_TIME_LIMIT,
                    docker_image=mine[0].container_image, gres_style=gres_style,
-                   gres_type=info.gpu_type if info else None)
+                   gres_type=info.gpu_type if info else None, container_images=images)
+
+    @property
+    def images(self) -> list[str]:
+        """The images to set up (pyxis), the first one first."""
+        first = [self.docker_image] if self.docker_image else []
+        return list(dict.fromkeys(first + self.container_images))
 
     def incompatible(self, state: AllocationState) -> str | None:
         """Why an existing allocation cannot serve this request (seed: partition,
-        nodes, image), or None."""
+        nodes, image), or None. With pyxis a changed image is no reason: it is set up
+        in the same allocation under its own container name."""
         if self.partition and state.partition and self.partition != state.partition:
             return f"partition {state.partition}, wanted {self.partition}"
         if self.account and state.account and self.account != state.account:
             return f"account {state.account}, wanted {self.account}"
         if state.nodes < self.nodes:
             return f"{state.nodes} node(s), wanted {self.nodes}"
-        if (self.docker_image or None) != (state.docker_image or None):
+        if self.container_runtime != "pyxis" and (
+                (self.docker_image or None) != (state.docker_image or None)):
             return f"image {state.docker_image}, wanted {self.docker_image}"
         if state.gpus_per_node < self.gpus_per_node:
             return f"{state.gpus_per_node} GPUs per node, wanted {self.gpus_per_node}"
@@ -188,18 +236,21 @@ class AllocationManager:
         pyxis: bool = False,
     ) -> None:
         self.shell = shell
-        self.request = request
+        self.request = replace(request, container_runtime="pyxis") if pyxis else request
         self.jobs = jobs or SlurmJobs(shell)
         self.work_dirs = Path(rootdir) / "work_dirs"
         self.state_path = self.work_dirs / STATE_NAME
         self.salloc_log = self.work_dirs / ".salloc.log"
-        self.lock = FileLock(str(self.state_path) + ".lock", timeout=wait_seconds + 120)
+        # another run may hold the lock while it allocates, and with pyxis while it imports
+        # and installs an image (minutes for a TensorRT-LLM image)
+        setup_wait = SETUP_TIMEOUT if self.request.container_runtime == "pyxis" else 0
+        self.lock = FileLock(str(self.state_path) + ".lock",
+                             timeout=wait_seconds + 120 + setup_wait)
         self.owner = "trtllm-slurm:" + hashlib.sha1(
             str(self.state_path.resolve()).encode()).hexdigest()[:12]
         self._user = user
         self.warn = warn or (lambda msg: None)
         self.wait_seconds = wait_seconds
-        self.pyxis = pyxis
         self.messages: list[str] = []  # what ensure() did, for the run's summary
 
     # -- state file -------------------------------------------------------------
@@ -228,34 +279,47 @@ class AllocationManager:
         """A RUNNING allocation for the request: reused when valid, else created.
 
         Returns None (with a warning) when an incompatible allocation is busy with
-        steps of another run: the caller then runs its batches one-shot.
+        steps of another run: the caller then runs its batches one-shot. With pyxis the
+        request's images are set up in it first (ExecutionError naming the image when a
+        setup step fails; the allocation is kept and the next run tries again).
         """
         with self.lock:
-            state = self.read_state()
-            if state is not None:
-                verdict = self._validate(state)
-                if verdict is None:
-                    self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
-                    return state
-                kind, why = verdict
-                if kind == "gone":
-                    self._say(f"Allocation {state.job_id} is gone ({why}); stale state file "
-                              "removed.", warn=True)
-                    self._delete_state()
-                elif kind == "busy":
-                    self._say(f"Allocation {state.job_id} does not fit this run ({why}) but "
-                              "other steps run in it: left alone; batches run one-shot.",
-                              warn=True)
-                    return None
-                else:
-                    self._say(f"Allocation {state.job_id} {why}: released, allocating anew.",
-                              warn=True)
-                    self.jobs.scancel([state.job_id])
-                    self._delete_state()
-            self._cancel_orphans()
-            state = self._allocate()
-            self._write_state(state)
+            state = self._reuse_or_allocate()
+            if state is not None and self.pyxis:
+                self._set_up_images(state)
             return state
+
+    @property
+    def pyxis(self) -> bool:
+        return self.request.container_runtime == "pyxis"
+
+    def _reuse_or_allocate(self) -> AllocationState | None:
+        """Steps 0C-0E of the seed, under the lock: a valid allocation or a new one."""
+        state = self.read_state()
+        if state is not None:
+            verdict = self._validate(state)
+            if verdict is None:
+                self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
+                return state
+            kind, why = verdict
+            if kind == "gone":
+                self._say(f"Allocation {state.job_id} is gone ({why}); stale state file "
+                          "removed.", warn=True)
+                self._delete_state()
+            elif kind == "busy":
+                self._say(f"Allocation {state.job_id} does not fit this run ({why}) but "
+                          "other steps run in it: left alone; batches run one-shot.",
+                          warn=True)
+                return None
+            else:
+                self._say(f"Allocation {state.job_id} {why}: released, allocating anew.",
+                          warn=True)
+                self.jobs.scancel([state.job_id])
+                self._delete_state()
+        self._cancel_orphans()
+        state = self._allocate()
+        self._write_state(state)
+        return state
 
     def _validate(self, state: AllocationState) -> tuple[str, str] | None:
         left = self.jobs.time_left(state.job_id)
@@ -331,16 +395,17 @@ class AllocationManager:
         job_id = m.group(1)
         state = AllocationState(
             job_id=job_id, partition=req.partition, account=req.account, nodes=req.nodes,
-            gpus_per_node=req.gpus_per_node, docker_image=req.docker_image,
-            container_name=req.container_name,
+            gpus_per_node=req.gpus_per_node,
+            # pyxis: filled in by record() once an image is set up
+            docker_image=None if self.pyxis else req.docker_image,
+            container_name=None if self.pyxis else req.container_name,
             container_mounts=",".join(req.container_mounts) or None,
             allocated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             time_limit=req.time_limit, job_name=req.job_name, owner=self.owner,
+            container_runtime=req.container_runtime,
+            installed=not (self.pyxis and req.images),
         )
         self._fill_from_scontrol(state)
-        if self.pyxis and req.docker_image and req.container_name:
-            self._import_container(state)
-        state.installed = True
         self._say(f"Allocation {job_id} granted on {state.nodelist}.")
         return state
 
@@ -358,16 +423,26 @@ class AllocationManager:
         if mem:
             state.mem_per_node_mb = mem // nodes
 
-    def _import_container(self, state: AllocationState) -> None:
-        """pyxis: import the image once per node under the name the steps use."""
-        argv = ["srun", f"--jobid={state.job_id}", "-N", str(state.nodes),
-                "--ntasks-per-node=1", "--overlap",
-                f"--container-image={state.docker_image}",
-                f"--container-name={state.container_name}", "true"]
-        res = self.jobs.run(argv, timeout=3600)
-        if not res.ok:
-            raise ExecutionError(f"container import in allocation {state.job_id}: "
-                                 f"{res.describe()}")
+    # -- pyxis containers (seed Step 0E/0F) ---------------------------------------------
+    def _set_up_images(self, state: AllocationState) -> None:
+        """Set up each image of the request that the state does not list as set up (with
+        this install command); the state file is written after each one."""
+        if state.container_runtime != "pyxis":  # an allocation made before pyxis was on
+            state.container_runtime = "pyxis"
+            self._write_state(state)
+        req = self.request
+        for image in req.images:
+            name = setup_name(image, req.account)
+            done = state.container(name)
+            if done is not None and done.current(req.install_command):
+                continue
+            self._say(f"Setting up image {image} as container {name} on {state.nodes} node(s) "
+                      f"of allocation {state.job_id}.")
+            state.record(set_up_container(
+                self.jobs, state.job_id, state.nodes, image, name,
+                mounts=req.container_mounts, install_command=req.install_command,
+                workdir=req.install_workdir))
+            self._write_state(state)
 
     # -- checks -----------------------------------------------------------------------
     def check_time(self, state: AllocationState, spec: JobSpec) -> str | None:

@@ -90,6 +90,15 @@ class RemoteSlurmExecutor:
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         return self.inner.poll(handles)
 
+    @property
+    def poll_hint(self) -> float | None:
+        return getattr(self.inner, "poll_hint", None)
+
+    def expect(self, nodeids: set[str]) -> None:
+        expect = getattr(self.inner, "expect", None)
+        if expect is not None:
+            expect(nodeids)
+
     def cancel(self, handle: JobHandle) -> None:
         self.inner.cancel(handle)
 

@@ -73,6 +73,7 @@ class LocalShell:
     """The machine pytest runs on."""
 
     name = "localhost"
+    parallel_safe = True  # run() may be called from several threads at once
 
     def run(
         self,

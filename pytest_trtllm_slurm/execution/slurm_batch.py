@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 from ..jobspec import JobSpec
 from ..models import Launch
 from ..scripts import SlurmOptions, StepShare
+from .agents import WarmJob
 from .allocation import AllocationState
 from .base import JobHandle
 from .outcome import JobState, JobStatus, map_slurm_state
@@ -46,6 +47,17 @@ class TrackedJob:
     negotiated: bool = False
     settled: bool = False  # final state may be shown (its reports are complete or given up on)
     settle_since: float | None = None
+    warm: WarmJob | None = None  # placed by the allocation's AgentPool (warm workers)
+
+    @property
+    def served(self) -> bool:
+        """Run by a warm worker (no step of its own)."""
+        return self.warm is not None and self.warm.warm
+
+    @property
+    def waiting(self) -> bool:
+        """Held back by the pool until GPUs in the allocation are free."""
+        return self.warm is not None and self.warm.placement is None
 
     @property
     def is_step(self) -> bool:

@@ -28,6 +28,7 @@ from ..models import Launch
 from ..scripts import (
     ContainerOptions,
     SlurmOptions,
+    StepShare,
     options_for,
     render_rerun_sbatch,
     render_rerun_step,
@@ -35,6 +36,7 @@ from ..scripts import (
     render_step_command,
     render_step_launcher,
 )
+from .agents import AgentPool, WarmJob, serves_warm
 from .allocation import AllocationManager, AllocationState
 from .base import JobHandle
 from .outcome import JobState, JobStatus, map_slurm_state
@@ -75,6 +77,7 @@ class SlurmExecutor:
         final_wait: float = 60.0,
         report_wait: float = 15.0,
         walltime: WalltimePolicy | None = None,
+        warm_workers: bool = False,
     ) -> None:
         if persistent and allocation_manager is None:
             raise ValueError("persistent=True needs an allocation_manager")
@@ -104,6 +107,17 @@ class SlurmExecutor:
         self._alloc_checked = False
         self._mpi: dict[str, str | None] = {}
         self._warned: set[str] = set()
+        # warm workers (persistent only): an agent per node serves the batches by fork
+        self.warm_workers = warm_workers and persistent
+        self.poll_hint = 0.02 if self.warm_workers else None  # seconds between monitor rounds
+        self._pools: dict[str, AgentPool] = {}
+        self._expected: set[str] = set()
+
+    def expect(self, specs_nodeids: set[str]) -> None:
+        """The run's node ids (before the first submit): one worker session collects all."""
+        self._expected |= specs_nodeids
+        for pool in self._pools.values():
+            pool.expect(specs_nodeids)
 
     # -- submit -------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> JobHandle:
@@ -117,7 +131,10 @@ class SlurmExecutor:
         opts = self._options(spec)
         alloc = self._allocation_for(spec) if self.persistent else None
         try:
-            job = self._launch_step(spec, opts, alloc) if alloc else self._sbatch(spec, opts)
+            if alloc is not None and self.warm_workers:
+                job = self._enqueue(spec, opts, alloc)
+            else:
+                job = self._launch_step(spec, opts, alloc) if alloc else self._sbatch(spec, opts)
         except SchedulerError as exc:
             handle = JobHandle(job_id=f"unsubmitted-{next(self._seq)}", spec=spec,
                                submitted_at=time.time())
@@ -140,6 +157,55 @@ class SlurmExecutor:
         handle = JobHandle(job_id=f"{alloc.job_id}~{next(self._seq)}", spec=spec,
                            submitted_at=time.time(), nodelist=alloc.nodelist)
         job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc))
+        self._start_step(job)
+        return job
+
+    def _enqueue(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState) -> TrackedJob:
+        """Warm workers: the allocation's pool places the batch (now or once GPUs free up);
+        it runs in a worker's fork, or (MPI across nodes) as a step on whole nodes."""
+        pool = self._pools.get(alloc.job_id)
+        if pool is None:
+            pool = AgentPool(self.shell, alloc, gres_style=opts.gres_style,
+                             gres_type=opts.gres_type, warn=self.warn)
+            pool.expect(self._expected)
+            self._pools[alloc.job_id] = pool
+        handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self._seq)}", spec=spec,
+                           submitted_at=time.time(), nodelist=alloc.nodelist)
+        job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc))
+        job.warm = pool.add(handle.job_id, spec, warm=serves_warm(spec))
+        self._jobs[handle.job_id] = job
+        pool.place_waiting(self._start_granted_step)
+        self._sync_warm(job)
+        return job
+
+    def _start_granted_step(self, job_id: str, warm: WarmJob) -> None:
+        """A step the pool gave whole nodes: pinned to them, sharing them with the agents."""
+        job = self._jobs[job_id]
+        assert warm.placement is not None
+        nodes = ",".join(n.name for n in warm.placement.nodes)
+        base = job.share or StepShare()
+        job.share = StepShare(cpus_per_task=base.cpus_per_task, mem_mb=base.mem_mb,
+                              overlap=True, extra=(*base.extra, f"--nodelist={nodes}"))
+        try:
+            self._start_step(job)
+        except SchedulerError as exc:
+            job.state = JobState(status=JobStatus.ERROR, reason=str(exc))
+            warm.state = job.state
+
+    def _sync_warm(self, job: TrackedJob) -> None:
+        """A served or waiting batch shows the pool's view of it."""
+        warm = job.warm
+        if warm is None or not (job.served or job.waiting) or job.state.status.finished:
+            return
+        job.state = warm.state
+        if warm.placement is not None:
+            job.handle.nodelist = ",".join(n.name for n in warm.placement.nodes)
+        if job.state.status is JobStatus.RUNNING and job.handle.started_at is None:
+            job.handle.started_at = time.time()
+
+    def _start_step(self, job: TrackedJob) -> None:
+        spec, opts, alloc = job.handle.spec, job.opts, job.alloc
+        assert alloc is not None
         # a re-used work dir must not show the previous launch's step id or exit code
         self.shell.run(["rm", "-f", job.path("stepid"), job.path("srun.pid"),
                         job.path("exit_code")], timeout=30)
@@ -160,7 +226,6 @@ class SlurmExecutor:
         if not res.ok:
             raise SchedulerError(res)
         job.launched_at = time.monotonic()
-        return job
 
     def _allocation_for(self, spec: JobSpec) -> AllocationState | None:
         """The persistent allocation when it can serve ``spec``; None -> run one-shot."""
@@ -232,8 +297,10 @@ class SlurmExecutor:
     # -- poll -----------------------------------------------------------------------
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         jobs = [self._jobs[h.job_id] for h in handles if h.job_id in self._jobs]
+        self._poll_warm(jobs)
         now = time.monotonic()
-        active = [j for j in jobs if not j.state.status.finished]
+        active = [j for j in jobs if not j.state.status.finished and not j.served
+                  and not j.waiting]
         unsettled = [j for j in jobs if j.state.status.finished and not j.settled]
         if (active or unsettled) and now >= self._next_at:
             before = {j.handle.job_id: visible_state(j) for j in jobs}
@@ -257,6 +324,28 @@ class SlurmExecutor:
                 self._interval * 1.5, self.max_interval)
             self._next_at = time.monotonic() + self._interval
         return {j.handle.job_id: visible_state(j) for j in jobs}
+
+    def _poll_warm(self, jobs: list[TrackedJob]) -> None:
+        """Every call (files only, no scheduler): served batches' states, pool slots of
+        ended steps given back, held-back batches placed."""
+        if not self._pools:
+            return
+        for job in jobs:
+            warm = job.warm
+            if warm is None or job.alloc is None:
+                continue
+            if job.served and not job.state.status.finished:
+                self._pools[job.alloc.job_id].refresh(warm)
+                self._sync_warm(job)
+                if job.state.status.finished:
+                    self._wake()
+            elif not job.served and job.state.status.finished and warm.placement:
+                self._pools[job.alloc.job_id].release(warm)
+        for pool in self._pools.values():
+            if pool.place_waiting(self._start_granted_step):
+                self._wake()
+        for job in jobs:
+            self._sync_warm(job)
 
     def _reports_settled(self, job: TrackedJob, now: float) -> bool:
         """Shared file systems lag: a job can end before its last report lines are visible
@@ -417,6 +506,11 @@ class SlurmExecutor:
         ids: list[str] = []
         for job in jobs:
             job.cancelled = True
+            if job.warm is not None and (job.served or job.waiting):
+                assert job.alloc is not None
+                self._pools[job.alloc.job_id].cancel(job.warm)
+                self._sync_warm(job)
+                continue
             if job.is_step:
                 if job.step_id is None:
                     text = self._read(job.path("stepid")).strip()
@@ -436,6 +530,8 @@ class SlurmExecutor:
     def close(self) -> None:
         """Cancel every unfinished job and step of this run; the allocation stays."""
         self._cancel([j for j in self._jobs.values() if not j.state.status.finished])
+        for pool in self._pools.values():
+            pool.close()
 
     # -- helpers ----------------------------------------------------------------------------
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:

@@ -446,6 +446,21 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* remote, per task, as the user, after slurmstepd's own chdir to srun's cwd (which it does
+ * after the privileged hook above, falling back to /tmp): --container-workdir wins, as with
+ * pyxis */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)sp; (void)ac; (void)av;
+	if (!container_dir[0] || !opt_workdir)
+		return 0;
+	if (chdir(opt_workdir) < 0) {
+		slurm_error("pyxis: error: cannot chdir to %s inside the container: %m", opt_workdir);
+		return -1;
+	}
+	return 0;
+}
+
 /* remote, once per step when its tasks are done: an unnamed container goes away */
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {

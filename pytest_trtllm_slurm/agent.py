@@ -1,0 +1,121 @@
+"""The warm worker of one node of a persistent allocation (target side).
+
+``python -m pytest_trtllm_slurm.agent --dir D --node N`` runs as one Slurm step
+per node (holding the node's GPUs with ``--overlap``) and stays for the life of
+the allocation. It imports pytest and every pytest plugin once; each run of the
+controller then asks it (``D/inbox/<run>.json``) for a *session*: a forked
+``pytest.main`` that collects the run's tests once (paying the suite's import
+cost once per node, not once per batch) and serves the run's batches itself
+(see ``worker_serve``). A later run starts in milliseconds, not seconds.
+
+It never serves stale code: before each session it re-stats the plugin's own
+files and, when one changed, re-executes itself (same step, same mailbox).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from .forkloop import ForkLoop, redirect_output, spawn, write_atomic
+
+GPU_LOCKS_ENV = "TRTLLM_SLURM_GPU_LOCKS"  # node-local directory of the GPUs' flock files
+AGENT_ENV = "TRTLLM_SLURM_AGENT"
+IDLE_EXIT = 6 * 3600.0
+# the agent's step environment wins over a request's for these (they describe the node)
+NODE_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def code_stamp() -> str:
+    """Changes when this package, pytest or the interpreter changes."""
+    import pytest
+
+    digest = hashlib.sha1(f"{sys.executable}|{sys.version}|{pytest.__version__}".encode())
+    for path in sorted(Path(__file__).resolve().parent.glob("**/*.py")):
+        st = path.stat()
+        digest.update(f"{path}|{st.st_mtime_ns}|{st.st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+def preload() -> None:
+    """Import what every session needs: pytest, its plugins, this package's worker."""
+    import pytest  # noqa: F401
+
+    from . import worker, worker_serve  # noqa: F401
+
+    for ep in importlib.metadata.entry_points(group="pytest11"):
+        try:
+            ep.load()
+        except Exception:  # noqa: BLE001 - a broken plugin fails in the session, visibly
+            continue
+
+
+def session_env(request: dict[str, Any]) -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in (request.get("env") or {}).items():
+        if key not in NODE_VARS and not key.startswith("SLURM_"):
+            env[key] = value
+    return env
+
+
+def start_session(request: dict[str, Any]) -> int:
+    """Fork a ``pytest.main`` with the request's argv, cwd, environment and log."""
+
+    def run() -> int:
+        import pytest
+
+        os.chdir(request["cwd"])
+        env = session_env(request)
+        os.environ.clear()
+        os.environ.update(env)
+        for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
+            if entry and entry not in sys.path:
+                sys.path.insert(0, entry)
+        redirect_output(request["log_path"])
+        argv = list(request["argv"])
+        sys.argv = argv
+        return int(pytest.main(argv[3:] if argv[1:3] == ["-m", "pytest"] else argv[1:]))
+
+    return spawn(run)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pytest_trtllm_slurm.agent")
+    parser.add_argument("--dir", required=True, help="the mailbox directory (shared FS)")
+    parser.add_argument("--node", default=socket.gethostname())
+    parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT)
+    args = parser.parse_args(argv)
+    root = Path(args.dir)
+    locks = Path("/tmp") / (
+        f"trtllm-slurm-{os.getuid()}-{os.environ.get('SLURM_JOB_ID', 'nojob')}-{args.node}")
+    locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.environ[GPU_LOCKS_ENV] = str(locks)
+    os.environ[AGENT_ENV] = str(root)
+    preload()
+    stamp = code_stamp()
+
+    def before_request(request: dict[str, Any]) -> None:
+        # the plugin changed under us: start afresh (keeping the mail) once no session
+        # runs; a session forked before exec would lose the one who records its exit
+        if not loop.running and code_stamp() != stamp:
+            write_atomic(root / "inbox" / f"{request['name']}.json", json.dumps(request))
+            sys.stdout.flush()
+            os.execv(sys.executable, [sys.executable, "-m", "pytest_trtllm_slurm.agent",
+                                      *(argv if argv is not None else sys.argv[1:])])
+
+    print(f"[trtllm-slurm] agent on {args.node} pid {os.getpid()} stamp {stamp}", flush=True)
+    loop = ForkLoop(root, start_session, heartbeat=root / "heartbeat.json",
+                    info={"node": args.node, "stamp": stamp, "python": sys.executable},
+                    idle_exit=args.idle_exit, before_request=before_request)
+    loop.run()
+
+
+if __name__ == "__main__":
+    main()

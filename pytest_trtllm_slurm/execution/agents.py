@@ -1,0 +1,378 @@
+"""Warm workers in a persistent allocation, seen from the controller.
+
+One agent per node (``pytest_trtllm_slurm.agent``, a Slurm step holding the
+node's GPUs with ``--overlap``) outlives the run; per run and node it forks one
+session that collects the run's tests once and forks one child per batch (see
+``worker_serve``). The controller talks to them through files only (the
+mailboxes under ``work_dirs/.agents/<allocation>/``), so nothing here asks
+slurmctld anything once the agents run: no step per batch, no step polling.
+
+The pool is also the allocation's scheduler for this run: it places batches on
+nodes (best fit by free GPUs), holds back what does not fit, and gives a
+multi-node MPI batch (which needs srun, so it stays a step) whole nodes, so
+that a step never shares GPUs with a served batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from ..jobspec import JobSpec
+from ..models import Launch
+from ..scripts import gpu_flag, render_step_launcher
+from .allocation import AllocationState
+from .outcome import JobState, JobStatus
+from .shell import LocalShell, Shell
+from .slurm_parse import expand_hostlist
+
+AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
+HEARTBEAT_STALE = 30.0
+HEALTH_EVERY = 2.0
+
+
+def serves_warm(spec: JobSpec) -> bool:
+    """Batches a forked worker can run: one process (not an srun-launched MPI job) and
+    no container (pyxis starts those)."""
+    return not spec.container_image and (spec.launch is not Launch.MPI or
+                                         (spec.total_devices or 0) <= 1)
+
+
+@dataclass
+class Node:
+    name: str
+    gpus: int
+    used: int = 0
+    agent_dir: str = ""
+    agent_started: float | None = None  # when this run launched its agent
+    healthy_at: float | None = None
+    session: str | None = None  # this run's session dir on this node
+    session_ids: frozenset[str] = frozenset()
+
+    @property
+    def free(self) -> int:
+        return self.gpus - self.used
+
+
+@dataclass
+class Placement:
+    nodes: list[Node]
+    gpus: int  # per node
+    request_name: str = ""
+    pid_path: str = ""
+    exit_path: str = ""
+    node_for_cancel: Node | None = None
+
+
+@dataclass
+class WarmJob:
+    """A batch of this run as the pool sees it."""
+
+    spec: JobSpec
+    warm: bool  # served by an agent (else: a step the executor launches once placed)
+    placement: Placement | None = None
+    state: JobState = field(default_factory=lambda: JobState(
+        status=JobStatus.PENDING, reason="waiting for GPUs in the allocation"))
+    cancelled: bool = False
+
+
+class AgentPool:
+    """The agents of one allocation and this run's batches in it."""
+
+    def __init__(
+        self,
+        shell: Shell,
+        alloc: AllocationState,
+        *,
+        gres_style: str = "gres",
+        gres_type: str | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.shell = shell
+        self.alloc = alloc
+        self.gres_style = gres_style
+        self.gres_type = gres_type
+        self.warn = warn or (lambda msg: None)
+        names = expand_hostlist(alloc.nodelist or "") or ["node0"]
+        self.nodes = [Node(n, alloc.gpus_per_node) for n in names]
+        self.run_id = f"{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self.jobs: dict[str, WarmJob] = {}
+        self.order: list[str] = []  # submission order: placement is first come, with backfill
+        self.expected: set[str] = set()
+        self._next_health = 0.0
+
+    # -- placement ------------------------------------------------------------
+    def expect(self, nodeids: set[str]) -> None:
+        """The run's node ids, so one session per node collects them all at once."""
+        self.expected |= nodeids
+
+    def add(self, job_id: str, spec: JobSpec, *, warm: bool) -> WarmJob:
+        job = WarmJob(spec, warm)
+        self.jobs[job_id] = job
+        self.order.append(job_id)
+        return job
+
+    def place_waiting(self, launch_step: Callable[[str, WarmJob], None]) -> bool:
+        """Start what fits, in submission order; True when anything started."""
+        started = False
+        for job_id in list(self.order):
+            job = self.jobs[job_id]
+            if job.placement is not None or job.cancelled:
+                self.order.remove(job_id)
+                continue
+            placement = self._fit(job)
+            if placement is None:
+                continue
+            job.placement = placement
+            for node in placement.nodes:
+                node.used += placement.gpus
+            self.order.remove(job_id)
+            started = True
+            if job.warm:
+                self._send(job_id, job)
+            else:
+                launch_step(job_id, job)
+        return started
+
+    def _fit(self, job: WarmJob) -> Placement | None:
+        spec = job.spec
+        whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
+        count = max(1, spec.node_count)
+        need = self.alloc.gpus_per_node if whole else spec.devices_per_node
+        fits = [n for n in self.nodes if n.free >= need and (not whole or n.used == 0)]
+        if len(fits) < count:
+            return None
+        fits.sort(key=lambda n: (n.free, self.nodes.index(n)))  # best fit
+        return Placement(nodes=fits[:count], gpus=need)
+
+    def release(self, job: WarmJob) -> None:
+        if job.placement is not None:
+            for node in job.placement.nodes:
+                node.used = max(0, node.used - job.placement.gpus)
+            job.placement.gpus = 0
+
+    # -- agents and sessions --------------------------------------------------------
+    def _base(self, spec: JobSpec) -> str:
+        return str(PurePosixPath(spec.work_dir).parent / ".agents" / self.alloc.job_id)
+
+    def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
+        python = spec.command[0]
+        tag = hashlib.sha1(python.encode()).hexdigest()[:8]
+        node.agent_dir = f"{self._base(spec)}/{node.name}-{tag}"
+        beat = self._heartbeat(node)
+        if beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE:
+            node.healthy_at = time.monotonic()
+            return
+        self._launch_agent(node, spec)
+
+    def _launch_agent(self, node: Node, spec: JobSpec) -> None:
+        d = node.agent_dir
+        self.shell.mkdir(f"{d}/inbox")
+        argv = ["srun", f"--jobid={self.alloc.job_id}", "--overlap", "-N", "1", "-n", "1",
+                f"--nodelist={node.name}", f"--job-name={self.alloc.job_name or 'trtllm'}.agent"]
+        flag = gpu_flag(self.alloc.gpus_per_node, self.gres_style,  # type: ignore[arg-type]
+                        self.gres_type)
+        argv += [flag] if flag else []
+        if self.alloc.cpus_per_node:
+            argv.append(f"--cpus-per-task={self.alloc.cpus_per_node}")
+        if self.alloc.mem_per_node_mb:
+            argv.append(f"--mem={self.alloc.mem_per_node_mb}M")
+        argv += [spec.command[0], "-m", "pytest_trtllm_slurm.agent", "--dir", d,
+                 "--node", node.name]
+        for name in ("exit_code", "heartbeat.json"):
+            self.shell.run(["rm", "-f", f"{d}/{name}"], timeout=30)
+        launcher = render_step_launcher(argv, log_path=f"{d}/agent.log", pid_path=f"{d}/srun.pid",
+                                        exit_path=f"{d}/exit_code",
+                                        cwd=spec.invocation_dir or spec.rootdir, env=spec.env)
+        self.shell.write_file(f"{d}/agent.sh", launcher)
+        res = self.shell.run(["setsid", "-f", "bash", f"{d}/agent.sh"], timeout=30,
+                             retry_on_drop=False)
+        if not res.ok:
+            raise RuntimeError(f"could not start the warm worker on {node.name}: "
+                               f"{res.describe()}")
+        node.agent_started = time.monotonic()
+        self.warn(f"Starting a warm worker on {node.name} in allocation {self.alloc.job_id} "
+                  f"(log: {d}/agent.log).")
+
+    def _heartbeat(self, node: Node) -> dict | None:
+        raw = self.shell.read_from(f"{node.agent_dir}/heartbeat.json", 0, 4096)
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return None
+
+    def _ensure_session(self, node: Node, spec: JobSpec) -> str:
+        wanted = set(spec.nodeids)
+        if node.session and wanted <= node.session_ids:
+            return node.session
+        if not node.agent_dir:
+            self._ensure_agent(node, spec)
+        if node.session:  # a batch this session did not collect (e.g. run without expect)
+            self._write(f"{node.session}/inbox/stop", "")
+        ids = sorted(self.expected | wanted)
+        name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
+        sdir = f"{node.agent_dir}/sessions/{name}"
+        self.shell.mkdir(f"{sdir}/inbox")
+        self.shell.write_file(f"{sdir}/nodeids.json", json.dumps(ids))
+        request = {
+            "name": name,
+            "argv": session_argv(spec, sdir, ids),
+            "cwd": spec.invocation_dir or spec.rootdir,
+            "env": self._session_env(spec),
+            "log_path": f"{sdir}/session.log",
+            "exit_path": f"{sdir}/exit_code",
+        }
+        self._write(f"{node.agent_dir}/inbox/{name}.json", json.dumps(request))
+        node.session, node.session_ids = sdir, frozenset(ids)
+        return sdir
+
+    def _session_env(self, spec: JobSpec) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if isinstance(self.shell, LocalShell):  # srun would have passed the controller's env
+            env.update({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+        env.update(spec.env)
+        return env
+
+    def _send(self, job_id: str, job: WarmJob) -> None:
+        assert job.placement is not None
+        node = job.placement.nodes[0]
+        spec = job.spec
+        try:
+            sdir = self._ensure_session(node, spec)
+        except RuntimeError as exc:
+            job.state = JobState(status=JobStatus.ERROR, reason=str(exc))
+            self.release(job)
+            return
+        work = PurePosixPath(spec.work_dir)
+        job.placement.pid_path = str(work / "batch.pid")
+        job.placement.exit_path = str(work / "exit_code")
+        job.placement.request_name = job_id.replace("~", "_")
+        job.placement.node_for_cancel = node
+        for path in (job.placement.pid_path, job.placement.exit_path):
+            self.shell.run(["rm", "-f", path], timeout=30)
+        request = {
+            "name": job.placement.request_name,
+            "nodeids": list(spec.nodeids),
+            "gpus": spec.devices_per_node,
+            "gpus_total": self.alloc.gpus_per_node,
+            "reports_path": spec.reports_path,
+            "log_path": spec.log_path,
+            "exit_path": job.placement.exit_path,
+            "pid_path": job.placement.pid_path,
+            "env": dict(spec.env),
+        }
+        self._write(f"{sdir}/inbox/{job.placement.request_name}.json", json.dumps(request))
+        job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
+                             reason=f"sent to the warm worker on {node.name}")
+
+    def _write(self, path: str, text: str) -> None:
+        """Atomic for the reader: a temporary name, then a rename."""
+        tmp = f"{PurePosixPath(path).parent}/.{PurePosixPath(path).name}.tmp"
+        self.shell.write_file(tmp, text)
+        res = self.shell.run(["mv", "-f", tmp, path], timeout=30) if not isinstance(
+            self.shell, LocalShell) else None
+        if res is None:
+            os.replace(tmp, path)
+        elif not res.ok:
+            raise RuntimeError(f"could not write {path}: {res.describe()}")
+
+    # -- state ----------------------------------------------------------------------
+    def refresh(self, job: WarmJob) -> None:
+        """Started? ended? From the batch's pid and exit-code files (no scheduler)."""
+        placement = job.placement
+        if not job.warm or placement is None or job.state.status.finished:
+            return
+        node = placement.nodes[0]
+        code = self._read(placement.exit_path).strip()
+        if code.lstrip("-").isdigit():
+            job.state = self._end_state(job, int(code), node)
+            self.release(job)
+            return
+        if self._read(placement.pid_path).strip().isdigit():
+            job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
+        dead = self._dead(node)
+        if dead:
+            job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
+            self.release(job)
+
+    def check_health(self) -> None:
+        """At most every HEALTH_EVERY seconds: is each used node's agent and session alive?"""
+        now = time.monotonic()
+        if now < self._next_health:
+            return
+        self._next_health = now + HEALTH_EVERY
+        for node in self.nodes:
+            if not node.agent_dir:
+                continue
+            beat = self._heartbeat(node)
+            if beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE:
+                node.healthy_at = now
+
+    def _dead(self, node: Node) -> str | None:
+        self.check_health()
+        now = time.monotonic()
+        if node.session and self._read(f"{node.session}/exit_code").strip():
+            return (f"the worker session on {node.name} ended early; see "
+                    f"{node.session}/session.log")
+        if node.healthy_at is not None and now - node.healthy_at > HEARTBEAT_STALE:
+            return (f"the warm worker on {node.name} stopped answering; see "
+                    f"{node.agent_dir}/agent.log")
+        if node.healthy_at is None and node.agent_started is not None and (
+                now - node.agent_started > AGENT_START_GRACE):
+            return (f"the warm worker on {node.name} did not start within "
+                    f"{AGENT_START_GRACE:.0f} s; see {node.agent_dir}/agent.log")
+        return None
+
+    def _end_state(self, job: WarmJob, code: int, node: Node) -> JobState:
+        if code == 0:
+            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=node.name)
+        status = JobStatus.CANCELLED if job.cancelled else JobStatus.FAILED
+        return JobState(status=status, exit_code=code, nodelist=node.name,
+                        reason=f"the batch exited with {code} on {node.name}; see "
+                        f"{job.spec.log_path}")
+
+    def _read(self, path: str) -> str:
+        if not path:
+            return ""
+        return self.shell.read_from(path, 0, 4096).decode("utf-8", "replace")
+
+    # -- cancel / close -------------------------------------------------------------
+    def cancel(self, job: WarmJob) -> None:
+        job.cancelled = True
+        placement = job.placement
+        if placement is None:
+            job.state = JobState(status=JobStatus.CANCELLED, reason="cancelled before it started")
+            return
+        if job.warm and placement.node_for_cancel and placement.node_for_cancel.session:
+            sdir = placement.node_for_cancel.session
+            self._write(f"{sdir}/inbox/{placement.request_name}.cancel", "")
+
+    def close(self) -> None:
+        """End this run's sessions (the agents stay for the next run)."""
+        for node in self.nodes:
+            if node.session:
+                try:
+                    self._write(f"{node.session}/inbox/stop", "")
+                except (RuntimeError, OSError):
+                    pass
+                node.session = None
+
+
+def session_argv(spec: JobSpec, sdir: str, nodeids: list[str]) -> list[str]:
+    """The served session's pytest: the batch's options (``rerun_argv``), the worker
+    plugin in serve mode, every module of the run's node ids."""
+    base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
+    capture = "--capture=no" if "--capture=no" in spec.command else "--capture=tee-sys"
+    modules = sorted({n.split("::", 1)[0] for n in nodeids})
+    return [spec.command[0], *base[1:], "-p", "pytest_trtllm_slurm.worker",
+            "-p", "no:cacheprovider",
+            "--trtllm-worker-reports", f"{sdir}/reports.jsonl",
+            "--trtllm-worker-nodeids", f"{sdir}/nodeids.json",
+            "--trtllm-worker-serve", sdir, "--continue-on-collection-errors", capture,
+            "-W", "ignore::pytest.PytestAssertRewriteWarning", *modules]

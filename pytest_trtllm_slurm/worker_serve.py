@@ -1,0 +1,146 @@
+"""A worker session that serves batches (``--trtllm-worker-serve DIR``; target side).
+
+Started by the node's agent once per controller run, it collects the run's tests
+once, then, instead of running them, forks one child per batch request found in
+``DIR/inbox``: the child takes its GPUs (flock on node-local lock files, so two
+runs sharing the allocation never share a GPU; the lock dies with the process),
+points CUDA_VISIBLE_DEVICES at them, sends its output to the batch's log and its
+events to the batch's reports.jsonl, runs the items and exits. The batch pays a
+fork instead of an interpreter start, a pytest start and the suite's imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .agent import GPU_LOCKS_ENV
+from .forkloop import ForkLoop, redirect_output, spawn, write_atomic
+
+SESSION_IDLE_EXIT = 300.0  # a session whose controller vanished leaves after this
+
+
+class GpuLeases:
+    """Exclusive GPUs of this node by position, through flock'd files in a local dir."""
+
+    def __init__(self, lock_dir: Path | None, visible: list[str]) -> None:
+        self.lock_dir = lock_dir
+        self.visible = visible
+
+    def take(self, count: int) -> tuple[list[str], list[int]] | None:
+        """``count`` free GPUs (their ids, and the fds holding them), or None."""
+        if count <= 0:
+            return [], []
+        if count > len(self.visible):
+            raise ValueError(f"the batch wants {count} GPUs, this node has {len(self.visible)}")
+        if self.lock_dir is None:  # no agent: nothing to share with
+            return self.visible[:count], []
+        ids: list[str] = []
+        fds: list[int] = []
+        for gpu in self.visible:
+            fd = os.open(self.lock_dir / f"gpu{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            ids.append(gpu)
+            fds.append(fd)
+            if len(ids) == count:
+                return ids, fds
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        return None
+
+
+def visible_gpus(total: int) -> list[str]:
+    """The GPUs the agent's step was given (CUDA_VISIBLE_DEVICES), else 0..total-1."""
+    text = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = [x.strip() for x in text.split(",") if x.strip()]
+    return ids or [str(i) for i in range(total)]
+
+
+class SessionServer:
+    """Replaces the session's test loop with serving batch requests."""
+
+    def __init__(self, config: pytest.Config, serve_dir: Path, writer: Any) -> None:
+        self.config = config
+        self.serve_dir = serve_dir
+        self.writer = writer
+        self.collect_errors: list[dict[str, Any]] = []
+        self.items: dict[str, pytest.Item] = {}
+        self.leases: GpuLeases | None = None
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+            self.collect_errors.append({"type": "collect_error", "data": data})
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        self.items = {item.nodeid: item for item in session.items}
+        lock_dir = os.environ.get(GPU_LOCKS_ENV)
+        self.session = session
+        self._lock_dir = Path(lock_dir) if lock_dir else None
+        write_atomic(self.serve_dir / "ready", f"{os.getpid()}\n")
+        ForkLoop(self.serve_dir, self._start, idle_exit=SESSION_IDLE_EXIT,
+                 watch_parent=True).run()
+        return True
+
+    def _start(self, request: dict[str, Any]) -> int | None:
+        if self.leases is None:
+            self.leases = GpuLeases(self._lock_dir, visible_gpus(int(request.get("gpus_total", 0))))
+        try:
+            taken = self.leases.take(int(request.get("gpus", 0)))
+        except ValueError as exc:
+            why = str(exc)
+            return spawn(lambda: self._refuse(request, why))
+        if taken is None:
+            return None
+        gpu_ids, fds = taken
+        pid = spawn(lambda: self._run_batch(request, gpu_ids))
+        for fd in fds:  # the child holds the locks now; closing our copies keeps them held
+            os.close(fd)
+        write_atomic(request["pid_path"], f"{pid}\n")
+        return pid
+
+    def _refuse(self, request: dict[str, Any], why: str) -> int:
+        redirect_output(request["log_path"])
+        print(f"[trtllm-slurm] batch refused: {why}", flush=True)
+        return 2
+
+    def _run_batch(self, request: dict[str, Any], gpu_ids: list[str]) -> int:
+        for key, value in (request.get("env") or {}).items():
+            os.environ[key] = value
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+        redirect_output(request["log_path"])
+        self.writer.reopen(Path(request["reports_path"]))
+        wanted = list(request["nodeids"])
+        missing = [n for n in wanted if n not in self.items]
+        if missing:
+            for record in self.collect_errors:
+                self.writer.emit(record)
+            self.writer.emit({"type": "missing", "nodeids": missing,
+                              "rootdir": str(self.config.rootpath)})
+        items = [self.items[n] for n in wanted if n in self.items]
+        session = self.session
+        failed_before = session.testsfailed
+        for index, item in enumerate(items):
+            nextitem = items[index + 1] if index + 1 < len(items) else None
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        status = 1 if session.testsfailed > failed_before else 0
+        self.writer.emit({"type": "session_finish", "exitstatus": status})
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        return status
+
+
+def register(config: pytest.Config, serve_dir: str, writer: Any) -> None:
+    config.pluginmanager.register(SessionServer(config, Path(serve_dir), writer),
+                                  "trtllm-slurm-session-server")
