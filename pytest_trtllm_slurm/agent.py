@@ -57,11 +57,22 @@ def preload() -> None:
             continue
 
 
+PATH_VARS = ("PATH", "LD_LIBRARY_PATH")
+
+
 def session_env(request: dict[str, Any]) -> dict[str, str]:
+    """The agent's environment (Slurm's view of the node) under the run's: the run's values
+    win, except the node's own (SLURM_*, visible devices) and the search-path entries a
+    TaskProlog or module system put in front (kept in front of the run's)."""
     env = dict(os.environ)
     for key, value in (request.get("env") or {}).items():
-        if key not in NODE_VARS and not key.startswith("SLURM_"):
-            env[key] = value
+        if key in NODE_VARS or key.startswith("SLURM_"):
+            continue
+        if key in PATH_VARS and key in env:
+            theirs = value.split(os.pathsep)
+            extra = [p for p in env[key].split(os.pathsep) if p and p not in theirs]
+            value = os.pathsep.join(extra + theirs)
+        env[key] = value
     return env
 
 

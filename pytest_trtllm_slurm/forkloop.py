@@ -174,7 +174,18 @@ class ForkLoop:
     def _start_pending(self) -> bool:
         started = False
         for request in list(self.pending):
-            pid = self.start(request)
+            try:
+                pid = self.start(request) if "exit_path" in request else None
+                if "exit_path" not in request:
+                    raise ValueError("no exit_path")
+            except Exception as exc:  # noqa: BLE001 - a bad request must not end the loop
+                print(f"[trtllm-slurm] request {request.get('name')} refused: {exc!r}",
+                      file=sys.stderr, flush=True)
+                self.pending.remove(request)
+                if "exit_path" in request:
+                    with contextlib.suppress(OSError):
+                        write_atomic(request["exit_path"], "2\n")
+                continue
             if pid is None:
                 continue  # waits; later requests may still fit (backfill)
             self.pending.remove(request)

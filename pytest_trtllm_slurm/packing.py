@@ -37,6 +37,7 @@ DEFAULT_DURATION = 30.0  # seconds, a test without history
 DEFAULT_STARTUP = 15.0  # seconds, a pool without history (imports of torch/tensorrt_llm ...)
 MAX_ROUNDS = 512  # bound on the local moves (each improves the plan)
 MAX_TARGETS = 48  # target chunk lengths tried (big pools have hundreds)
+WARM_STARTUP = 0.2  # seconds, a chunk served by a warm worker without history
 TIE = 0.01  # plans whose simulated makespans differ by less than 1% count as equally fast
 
 
@@ -61,6 +62,7 @@ class Pool:
     nodes: int = 1
     gpus_per_node: int = 0
     cpu_slots: int = 1
+    startup_hint: float | None = None  # start-up of a chunk when history has none
 
     @property
     def gpus(self) -> int:
@@ -96,7 +98,8 @@ class Estimates:
         return [max(0.0, float(self.durations.get(n, fallback))) for n in nodeids]
 
     def startup_of(self, pool: Pool) -> float:
-        return max(0.0, float(self.startup.get(pool.name, self.default_startup)))
+        fallback = self.default_startup if pool.startup_hint is None else pool.startup_hint
+        return max(0.0, float(self.startup.get(pool.name, fallback)))
 
 
 @dataclass
@@ -378,9 +381,13 @@ def pools_from_executors(executors: Mapping[Any, Any]) -> Callable[[KeyLike], Po
         request = getattr(manager, "request", None)
         if getattr(executor, "persistent", False) and request is not None and _served(key, request):
             gpus = int(request.gpus_per_node or 0)
-            return Pool(f"{scenario}/{request.partition or '-'}/allocation",
+            warm = bool(getattr(executor, "warm_workers", False))
+            # warm workers: a chunk costs a fork (its node's session imported the suite)
+            return Pool(f"{scenario}/{request.partition or '-'}/allocation"
+                        + ("/warm" if warm else ""),
                         nodes=max(1, int(request.nodes)), gpus_per_node=gpus,
-                        cpu_slots=max(1, int(request.nodes)) * max(1, gpus))
+                        cpu_slots=max(1, int(request.nodes)) * max(1, gpus),
+                        startup_hint=WARM_STARTUP if warm else None)
         env = getattr(executor, "slurm_env", None)
         partition = key.partition or getattr(env, "default_partition", None)
         info = env.partition(partition) if env is not None and partition else None

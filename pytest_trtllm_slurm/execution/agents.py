@@ -38,8 +38,10 @@ HEALTH_EVERY = 2.0
 
 
 def serves_warm(spec: JobSpec) -> bool:
-    """Batches a forked worker can run: one process (not an srun-launched MPI job) and
-    no container (pyxis starts those)."""
+    """Batches a forked worker can run: pytest node ids (not a case's own command), one
+    process (not an srun-launched MPI job), no container (pyxis starts those)."""
+    if spec.workflow != "pytest" or not spec.nodeids or not spec.rerun_argv:
+        return False
     return not spec.container_image and (spec.launch is not Launch.MPI or
                                          (spec.total_devices or 0) <= 1)
 
@@ -333,9 +335,12 @@ class AgentPool:
         if code == 0:
             return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=node.name)
         status = JobStatus.CANCELLED if job.cancelled else JobStatus.FAILED
+        why = f"the batch exited with {code} on {node.name}"
+        if code == 128 + 9 and not job.cancelled:  # the cgroup's OOM killer sends SIGKILL
+            why += (" (killed by SIGKILL: out of memory? the node's batches share the warm "
+                    "worker's memory limit; --trtllm-no-warm-workers gives each its own step)")
         return JobState(status=status, exit_code=code, nodelist=node.name,
-                        reason=f"the batch exited with {code} on {node.name}; see "
-                        f"{job.spec.log_path}")
+                        reason=f"{why}; see {job.spec.log_path}")
 
     def _read(self, path: str) -> str:
         if not path:

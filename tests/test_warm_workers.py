@@ -1,0 +1,265 @@
+"""Warm workers: the agent (one per allocation node) and its served sessions.
+
+Without Slurm: the agent started by hand with two (fake) GPUs in CUDA_VISIBLE_DEVICES,
+batches sent through its mailbox as the controller sends them: concurrent batches get
+disjoint GPUs, a batch that does not fit waits, a cancel kills the test's process group.
+On the dev cluster, through the plugin: a second run in a warm allocation creates no
+Slurm step at all, and a hang kills the test's process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from devcluster import run as sh
+
+REPO = Path(__file__).resolve().parent.parent
+
+SUITE = '''import os, time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def _hold(name):
+    (HERE / f"{name}.cvd").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "?"))
+    (HERE / f"{name}.pid").write_text(str(os.getpid()))
+    while not (HERE / "go").exists():
+        time.sleep(0.01)
+
+
+def test_a():
+    _hold("a")
+
+
+def test_b():
+    _hold("b")
+
+
+def test_c():
+    _hold("c")
+
+
+def test_forever():
+    (HERE / "forever.pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+'''
+
+
+def wait_for(pred, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def put(inbox: Path, name: str, request: dict) -> None:
+    """As the controller writes: a temporary name, then a rename."""
+    inbox.mkdir(parents=True, exist_ok=True)
+    tmp = inbox / f".{name}.tmp"
+    tmp.write_text(json.dumps(request))
+    tmp.rename(inbox / f"{name}.json")
+
+
+class Agent:
+    """An agent process started by hand, as its Slurm step would start it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.suite = root / "suite"
+        self.suite.mkdir()
+        (self.suite / "test_hold.py").write_text(SUITE)
+        (self.suite / "pytest.ini").write_text("[pytest]\n")
+        self.mail = root / "mail"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TRTLLM_"))}
+        env.update(CUDA_VISIBLE_DEVICES="0,1", SLURM_JOB_ID=f"t{uuid.uuid4().hex[:8]}",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+        self.env = env
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_trtllm_slurm.agent", "--dir", str(self.mail),
+             "--node", "n1", "--idle-exit", "120"],
+            env=env, stdout=open(root / "agent.log", "w"), stderr=subprocess.STDOUT)
+        self.session = root / "session"
+
+    def start_session(self) -> None:
+        self.session.mkdir()
+        ids = [f"test_hold.py::test_{n}" for n in ("a", "b", "c", "forever")]
+        (self.session / "ids.json").write_text(json.dumps(ids))
+        s = self.session
+        put(self.mail / "inbox", "s1", {
+            "argv": [sys.executable, "-m", "pytest", "--rootdir", str(self.suite),
+                     "-p", "no:cacheprovider", "-p", "pytest_trtllm_slurm.worker",
+                     "--trtllm-worker-reports", str(s / "reports.jsonl"),
+                     "--trtllm-worker-nodeids", str(s / "ids.json"),
+                     "--trtllm-worker-serve", str(s), "--capture=tee-sys", "test_hold.py"],
+            "cwd": str(self.suite), "env": {"PATH": self.env["PATH"]},
+            "log_path": str(s / "session.log"), "exit_path": str(s / "exit_code")})
+
+    def batch(self, name: str, nodeids: list[str], gpus: int) -> Path:
+        work = self.root / name
+        work.mkdir()
+        put(self.session / "inbox", name, {
+            "nodeids": nodeids, "gpus": gpus, "gpus_total": 2,
+            "reports_path": str(work / "reports.jsonl"), "log_path": str(work / "job.log"),
+            "exit_path": str(work / "exit_code"), "pid_path": str(work / "batch.pid"),
+            "env": {}})
+        return work
+
+    def stop(self) -> None:
+        (self.session / "inbox").mkdir(parents=True, exist_ok=True)
+        (self.session / "inbox" / "stop").write_text("")
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def agent(tmp_path: Path):
+    agent = Agent(tmp_path)
+    agent.start_session()
+    yield agent
+    (agent.suite / "go").write_text("")
+    agent.stop()
+
+
+def outcomes(work: Path) -> list[tuple[str, str]]:
+    out = []
+    for line in (work / "reports.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["type"] == "report" and rec["data"]["when"] == "call":
+            out.append((rec["data"]["nodeid"], rec["data"]["outcome"]))
+    return out
+
+
+def test_concurrent_batches_get_disjoint_gpus_and_a_bigger_one_waits(agent: Agent) -> None:
+    a = agent.batch("ba", ["test_hold.py::test_a"], gpus=1)
+    b = agent.batch("bb", ["test_hold.py::test_b"], gpus=1)
+    wait_for(lambda: (agent.suite / "a.pid").exists() and (agent.suite / "b.pid").exists(),
+             "both one-GPU batches to run")
+    c = agent.batch("bc", ["test_hold.py::test_c"], gpus=2)
+    time.sleep(0.5)  # a round of the session's loop has seen the request
+    assert not (c / "batch.pid").exists(), "the two-GPU batch started while both GPUs were held"
+    cvd_a, cvd_b = (agent.suite / "a.cvd").read_text(), (agent.suite / "b.cvd").read_text()
+    assert {cvd_a, cvd_b} == {"0", "1"}
+    (agent.suite / "go").write_text("")
+    wait_for(lambda: all((w / "exit_code").exists() for w in (a, b, c)), "the batches to end")
+    assert (agent.suite / "c.cvd").read_text() == "0,1"
+    assert [(w / "exit_code").read_text().strip() for w in (a, b, c)] == ["0", "0", "0"]
+    assert outcomes(c) == [("test_hold.py::test_c", "passed")]
+    assert '"session_finish"' in (c / "reports.jsonl").read_text()
+    assert "[trtllm-slurm] START test_hold.py::test_c" in (c / "job.log").read_text()
+
+
+def test_cancel_kills_the_test_and_frees_its_gpu(agent: Agent) -> None:
+    work = agent.batch("bf", ["test_hold.py::test_forever"], gpus=2)
+    wait_for(lambda: (agent.suite / "forever.pid").exists(), "the endless test to start")
+    pid = int((agent.suite / "forever.pid").read_text())
+    put(agent.session / "inbox", "bf", {})  # noise: a malformed duplicate must not crash it
+    (agent.session / "inbox" / "bf.cancel").write_text("")
+    wait_for(lambda: (work / "exit_code").exists(), "the cancelled batch's exit code")
+    assert (work / "exit_code").read_text().strip() == str(128 + signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), "the test process to be gone", 15)
+    (agent.suite / "go").write_text("")
+    after = agent.batch("ba", ["test_hold.py::test_a"], gpus=2)  # both GPUs free again
+    wait_for(lambda: (after / "exit_code").exists(), "the next batch")
+    assert (agent.suite / "a.cvd").read_text() == "0,1"
+
+
+def test_a_batch_needing_more_gpus_than_the_node_fails_clearly(agent: Agent) -> None:
+    work = agent.batch("bx", ["test_hold.py::test_a"], gpus=3)
+    wait_for(lambda: (work / "exit_code").exists(), "the refused batch")
+    assert (work / "exit_code").read_text().strip() == "2"
+    assert "wants 3 GPUs, this node has 2" in (work / "job.log").read_text()
+
+
+# -- through the plugin, on the dev cluster ---------------------------------------------
+
+ONE_GPU = '''import os, pytest
+
+
+@pytest.mark.skip_less_device(1)
+def test_one_gpu():
+    assert os.environ["SLURM_JOB_ID"]
+    assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 1
+
+
+@pytest.mark.skip_less_device(1)
+def test_hangs():
+    if not os.environ.get("HANG"):
+        return
+    from pathlib import Path
+    Path(os.environ["HANG"]).write_text(str(os.getpid()))
+    print("hang detected", flush=True)
+    import time
+    time.sleep(600)
+'''
+
+
+def _pytest(suite: Path, *args: str, env: dict[str, str] | None = None):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
+         "--slurm-partition=gb200", *args],
+        cwd=suite, capture_output=True, text=True, timeout=300, env={**base, **(env or {})},
+        check=False)
+
+
+@pytest.fixture
+def warm_suite(devcluster: dict, tmp_path: Path):
+    suite = tmp_path / "warm"
+    suite.mkdir()
+    (suite / "conftest.py").write_text((REPO / "conftest_examples" / "conftest.py").read_text())
+    (suite / "pytest.ini").write_text((REPO / "conftest_examples" / "pytest.ini").read_text())
+    (suite / "test_warm.py").write_text(ONE_GPU)
+    yield suite
+    state = suite / "work_dirs" / ".slurm_alloc.json"
+    if state.exists():  # never leave our allocation behind on the shared dev cluster
+        sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
+
+
+def _steps(job_id: str) -> list[str]:
+    out = sh(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID"], check=False).stdout
+    return [line for line in out.split() if "." in line]
+
+
+def test_a_second_run_in_a_warm_allocation_starts_no_step(warm_suite: Path) -> None:
+    first = _pytest(warm_suite, "-k", "one_gpu")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "PASSED test_warm.py::test_one_gpu" in first.stdout
+    assert "Starting a warm worker on" in first.stdout
+    job_id = json.loads((warm_suite / "work_dirs" / ".slurm_alloc.json").read_text())["job_id"]
+    beat = next((warm_suite / "work_dirs" / ".agents" / job_id).glob("*/heartbeat.json"))
+    agent_pid = json.loads(beat.read_text())["pid"]
+    wait_for(lambda: len(_steps(job_id)) >= 1, "accounting to show the agent's step")
+    steps = _steps(job_id)
+
+    second = _pytest(warm_suite, "-k", "one_gpu")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "PASSED test_warm.py::test_one_gpu" in second.stdout
+    assert "Starting a warm worker" not in second.stdout
+    assert json.loads(beat.read_text())["pid"] == agent_pid
+    time.sleep(1.0)  # accounting records a new step within a moment; there must be none
+    assert _steps(job_id) == steps, "the second run started a Slurm step"
+
+
+def test_a_hang_kills_the_test_process_and_the_worker_stays(warm_suite: Path,
+                                                           tmp_path: Path) -> None:
+    pid_file = tmp_path / "hang.pid"
+    result = _pytest(warm_suite, "-k", "hangs", env={"HANG": str(pid_file)})
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "HANG_DETECTED" in out
+    pid = int(pid_file.read_text())
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), "the hung test process to be gone", 15)
+    again = _pytest(warm_suite, "-k", "one_gpu")  # the same warm worker serves the next run
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Starting a warm worker" not in again.stdout
