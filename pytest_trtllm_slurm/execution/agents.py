@@ -108,6 +108,7 @@ class AgentPool:
         self.order: list[str] = []  # submission order: placement is first come, with backfill
         self.expected: set[str] = set()
         self._next_health = 0.0
+        self.warmed = False  # sessions started on every node (SlurmExecutor asks once)
 
     # -- placement ------------------------------------------------------------
     def expect(self, nodeids: set[str]) -> None:
@@ -158,6 +159,17 @@ class AgentPool:
             for node in job.placement.nodes:
                 node.used = max(0, node.used - job.placement.gpus)
             job.placement.gpus = 0
+
+    def warm_up(self, spec: JobSpec) -> None:
+        """Start this run's session on every node now (launching agents where none runs),
+        so the suite's imports overlap whatever runs first (e.g. a multi-node step)."""
+        if not serves_warm(spec):
+            return
+        for node in self.nodes:
+            try:
+                self._ensure_session(node, spec)
+            except RuntimeError as exc:  # the batches sent there will say so again
+                self.warn(str(exc))
 
     # -- agents and sessions --------------------------------------------------------
     def _base(self, spec: JobSpec) -> str:

@@ -173,6 +173,9 @@ class SlurmExecutor:
                            submitted_at=time.time(), nodelist=alloc.nodelist)
         job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc))
         job.warm = pool.add(handle.job_id, spec, warm=serves_warm(spec))
+        if not pool.warmed and job.warm.warm:
+            pool.warmed = True
+            pool.warm_up(spec)
         self._jobs[handle.job_id] = job
         pool.place_waiting(self._start_granted_step)
         self._sync_warm(job)
