@@ -263,3 +263,36 @@ def test_a_hang_kills_the_test_process_and_the_worker_stays(warm_suite: Path,
     again = _pytest(warm_suite, "-k", "one_gpu")  # the same warm worker serves the next run
     assert again.returncode == 0, again.stdout + again.stderr
     assert "Starting a warm worker" not in again.stdout
+
+
+MIXED = '''import os, pytest
+
+
+@pytest.mark.trtllm_slurm(devices=8, nodes=2, launch="mpi")
+def test_two_node_mpi():
+    assert os.environ["SLURM_STEP_ID"]
+
+
+@pytest.mark.skip_less_device(1)
+@pytest.mark.parametrize("i", range(3))
+def test_after(i):
+    assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 1
+'''
+
+
+def test_a_multi_node_mpi_step_gets_whole_nodes_then_gives_them_back(warm_suite: Path) -> None:
+    (warm_suite / "test_warm.py").write_text(MIXED)
+    result = _pytest(warm_suite)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "PASSED test_warm.py::test_two_node_mpi" in out
+    for i in range(3):
+        assert f"PASSED test_warm.py::test_after[{i}]" in out
+    job_id = json.loads((warm_suite / "work_dirs" / ".slurm_alloc.json").read_text())["job_id"]
+    wait_for(lambda: len(_steps(job_id)) >= 3, "accounting of the steps")
+    names = sh(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,JobName"], check=False).stdout
+    steps = [line.split("|")[1] for line in names.split() if "." in line.split("|")[0]]
+    # one warm worker per node, one MPI step; the 1-GPU tests started no step of their own
+    assert sum(name.endswith(".agent") for name in steps) == 2, steps
+    assert sum("8gpu" in name for name in steps) == 1, steps
+    assert not [name for name in steps if "1gpu" in name], steps

@@ -322,6 +322,8 @@ class SlurmExecutor:
             for job in jobs:
                 if job.state.status.finished and not job.settled:
                     job.settled = self._reports_settled(job, now)
+            if self._pools:
+                self._place_waiting()
             changed = any(visible_state(j) != before[j.handle.job_id] for j in jobs)
             self._interval = self.min_interval if changed else min(
                 self._interval * 1.5, self.max_interval)
@@ -340,15 +342,21 @@ class SlurmExecutor:
             if job.served and not job.state.status.finished:
                 self._pools[job.alloc.job_id].refresh(warm)
                 self._sync_warm(job)
-                if job.state.status.finished:
-                    self._wake()
-            elif not job.served and job.state.status.finished and warm.placement:
+        self._place_waiting()
+        for job in jobs:
+            self._sync_warm(job)
+
+    def _place_waiting(self) -> None:
+        """Give back the nodes of the pool's steps that ended (the monitor stops asking
+        about a job once it ended, so look at all of them), then start what now fits."""
+        for job in self._jobs.values():
+            warm = job.warm
+            if (warm is not None and job.alloc is not None and not job.served
+                    and job.state.status.finished and warm.placement and warm.placement.gpus):
                 self._pools[job.alloc.job_id].release(warm)
         for pool in self._pools.values():
             if pool.place_waiting(self._start_granted_step):
                 self._wake()
-        for job in jobs:
-            self._sync_warm(job)
 
     def _reports_settled(self, job: TrackedJob, now: float) -> bool:
         """Shared file systems lag: a job can end before its last report lines are visible
