@@ -62,7 +62,9 @@ class Pool:
     nodes: int = 1
     gpus_per_node: int = 0
     cpu_slots: int = 1
-    startup_hint: float | None = None  # start-up of a chunk when history has none
+    # a chunk's start-up known by construction (warm workers: a fork; the session's
+    # one-time imports overlap other work), used instead of the measured one
+    fixed_startup: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -98,8 +100,9 @@ class Estimates:
         return [max(0.0, float(self.durations.get(n, fallback))) for n in nodeids]
 
     def startup_of(self, pool: Pool) -> float:
-        fallback = self.default_startup if pool.startup_hint is None else pool.startup_hint
-        return max(0.0, float(self.startup.get(pool.name, fallback)))
+        if pool.fixed_startup is not None:
+            return pool.fixed_startup
+        return max(0.0, float(self.startup.get(pool.name, self.default_startup)))
 
 
 @dataclass
@@ -387,7 +390,7 @@ def pools_from_executors(executors: Mapping[Any, Any]) -> Callable[[KeyLike], Po
                         + ("/warm" if warm else ""),
                         nodes=max(1, int(request.nodes)), gpus_per_node=gpus,
                         cpu_slots=max(1, int(request.nodes)) * max(1, gpus),
-                        startup_hint=WARM_STARTUP if warm else None)
+                        fixed_startup=WARM_STARTUP if warm else None)
         env = getattr(executor, "slurm_env", None)
         partition = key.partition or getattr(env, "default_partition", None)
         info = env.partition(partition) if env is not None and partition else None

@@ -120,6 +120,9 @@ def root(devcluster: dict[str, Any], tmp_path_factory: pytest.TempPathFactory):
     left = [line.split("|")[0] for line in out.splitlines() if TAG in line]
     if left:  # never leave a job of ours on the shared dev cluster
         sh(["scancel", *left], check=False)
+    state = base / "work_dirs" / ".slurm_alloc.json"
+    if state.exists():  # a re-run of a job spec may have made a persistent allocation here
+        sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
 
 
 @pytest.fixture(scope="module")

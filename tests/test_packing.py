@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -124,6 +124,22 @@ def test_long_tests_fill_the_pool_and_short_ones_take_one_chunk_at_the_side() ->
     counts = Counter(c.key.name for c in chunks)  # type: ignore[attr-defined]
     assert counts == {"long": 7, "short": 1}
     assert makespan(chunks) == 110
+
+
+def test_a_warm_pool_splits_by_its_fork_cost_whatever_history_measured() -> None:
+    """Warm workers: a chunk costs a fork. History's measured start-up of the pool (the
+    first batch waited for the suite's imports) must not merge the short tests into one
+    long chunk: sixteen 1 s tests spread over the eight GPUs."""
+    request = SimpleNamespace(partition="batch", nodes=2, gpus_per_node=4, docker_image=None)
+    warm = SimpleNamespace(persistent=True, warm_workers=True, slurm_env=_slurm_env(),
+                           allocations=SimpleNamespace(request=request))
+    pool = pools_from_executors({Scenario.LOCAL_SLURM: warm})(_bkey(1))
+    assert pool.name == "local_slurm/batch/allocation/warm" and pool.fixed_startup is not None
+    planned = [(f"t{i}", SHAPES[1]) for i in range(16)]
+    est = Estimates({n: 1.0 for n, _ in planned}, {pool.name: 10.0})
+    chunks = pack(planned, lambda k: replace(POOL, fixed_startup=pool.fixed_startup), est)
+    assert len(chunks) == 8
+    assert {c.expected for c in chunks} == {2 + pool.fixed_startup}  # not 2 + 10 s
 
 
 def test_the_longest_test_of_a_key_is_in_the_first_submitted_chunk_of_it() -> None:
