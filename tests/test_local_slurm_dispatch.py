@@ -83,7 +83,9 @@ def test_ctrl_c_cancels_the_step_and_keeps_the_allocation(suite: Path) -> None:
     (suite / "test_slow_gpu.py").write_text(
         "import time, pytest\n\n"
         "@pytest.mark.skip_less_device(1)\n"
-        "def test_sleeps():\n    print('sleeping', flush=True)\n    time.sleep(120)\n"
+        "def test_sleeps():\n    import os, pathlib\n"
+        "    pathlib.Path(__file__).with_name('sleeper.pid').write_text(str(os.getpid()))\n"
+        "    print('sleeping', flush=True)\n    time.sleep(120)\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--trtllm-remote",
@@ -113,6 +115,11 @@ def test_ctrl_c_cancels_the_step_and_keeps_the_allocation(suite: Path) -> None:
         steps = sh(["squeue", "-h", "-s", "-j", state["job_id"], "-o", "%i %j"],
                    check=False).stdout
     assert not [s for s in steps.splitlines() if "batch-1gpu" in s], steps
+    pid = int((suite / "sleeper.pid").read_text())  # the test process itself is gone too
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"the interrupted test (pid {pid}) still runs"
+        time.sleep(0.2)
     assert job_state(state["job_id"]) == "RUNNING"
     (suite / "test_slow_gpu.py").unlink()
 

@@ -342,6 +342,12 @@ class SlurmExecutor:
             if job.served and not job.state.status.finished:
                 self._pools[job.alloc.job_id].refresh(warm)
                 self._sync_warm(job)
+            elif not job.state.status.finished and warm.placement is not None and (
+                    self._read(job.path("exit_code")).strip() == "0"):
+                # a step of the pool that srun says succeeded: its nodes are needed now,
+                # not after the next squeue and sacct (a failure still goes that way)
+                job.state = JobState(status=JobStatus.COMPLETED, exit_code=0,
+                                     nodelist=job.state.nodelist)
         self._place_waiting()
         for job in jobs:
             self._sync_warm(job)
