@@ -19,6 +19,8 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -125,7 +127,12 @@ def main(argv: list[str] | None = None) -> None:
     loop = ForkLoop(root, start_session, heartbeat=root / "heartbeat.json",
                     info={"node": args.node, "stamp": stamp, "python": sys.executable},
                     idle_exit=args.idle_exit, before_request=before_request)
-    loop.run()
+    # the allocation's end (or scancel of the step) sends SIGTERM: end the sessions too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        loop.run()
+    finally:
+        shutil.rmtree(locks, ignore_errors=True)
 
 
 if __name__ == "__main__":

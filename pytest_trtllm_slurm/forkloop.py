@@ -66,6 +66,7 @@ def spawn(run: Callable[[], int]) -> int:
     code = 1
     try:
         os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler is not ours
         code = run()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
