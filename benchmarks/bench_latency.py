@@ -2,10 +2,10 @@
 time of ``pytest`` from its start to its exit (the result), for
 
 - ``local``: plain pytest here (the plugin loaded, nothing dispatched);
-- ``persistent``: ``--trtllm-remote``, a step in a warm persistent allocation (created by
+- ``persistent``: ``--trtllm-remote``, a warm worker in a warm persistent allocation (created by
   an untimed warm-up run);
 - ``ssh``: ``--slurm-cluster=devssh``, the dev cluster's sshd as the login node, code synced
-  with git, a step in a warm persistent allocation over SSH;
+  with git, a warm worker in a warm persistent allocation over SSH;
 - ``one_shot``: ``--trtllm-remote --trtllm-one-shot``, a new sbatch job.
 
 Rounds interleave the ways (local, persistent, ssh; then, once both allocations are

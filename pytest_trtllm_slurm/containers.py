@@ -309,25 +309,42 @@ def engine_run_argv(
     return argv + in_container_argv(spec.command if command is None else command, python)
 
 
-_WRAPPER = r"""prefix=$1; ncli=$2; gpus=$3; shift 3
+_WRAPPER = r"""# pytest-trtllm-slurm: one Slurm task run in a docker/podman container
+# args: NAME_PREFIX NCLI ENGINE GPUS(gpus|none) CLI... RUN_ARGS... IMAGE COMMAND...
+prefix=$1; ncli=$2; engine=$3; gpus=$4; shift 4
 cli=("${@:1:$ncli}"); shift "$ncli"
 name="$prefix-${SLURM_JOB_ID:-$$}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}"
-gpu=()
+extra=()
 ids=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}
-if [ "$gpus" = docker ]; then
-  if [ -n "$ids" ]; then gpu=(--gpus "\"device=$ids\""); else gpu=(--gpus all); fi
-elif [ "$gpus" = podman ]; then
-  if [ -n "$ids" ]; then for i in ${ids//,/ }; do gpu+=(--device "nvidia.com/gpu=$i"); done
-  else gpu=(--device nvidia.com/gpu=all); fi
+if [ "$gpus" = gpus ]; then
+  if [ -z "$ids" ]; then
+    if [ "$engine" = podman ]; then extra=(--device nvidia.com/gpu=all); else extra=(--gpus all); fi
+  else
+    if [ "$engine" = podman ]; then
+      for i in ${ids//,/ }; do extra+=(--device "nvidia.com/gpu=$i"); done
+    else extra=(--gpus "\"device=$ids\""); fi
+    # the engine exposes exactly these GPUs, renumbered from 0
+    n=0; cvd=""; for i in ${ids//,/ }; do cvd="$cvd${cvd:+,}$n"; n=$((n + 1)); done
+    extra+=(-e "CUDA_VISIBLE_DEVICES=$cvd")
+  fi
 fi
-cleanup() { "${cli[@]}" rm -f "$name" >/dev/null 2>&1; }
+# docker: the task's user, not root, owns what the test writes (rootless podman maps root)
+uid=$(id -u)
+if [ "$engine" = docker ] && [ "$uid" != 0 ]; then extra+=(--user "$uid:$(id -g)"); fi
+rmflags=(-f); if [ "$engine" = podman ]; then rmflags+=(--time 0); fi
+cleanup() { "${cli[@]}" rm "${rmflags[@]}" "$name" >/dev/null 2>&1; }
 trap 'cleanup; exit 143' TERM INT HUP
-"${cli[@]}" run --name "$name" "${gpu[@]}" "$@" &
+"${cli[@]}" run --name "$name" "${extra[@]}" "$@" &
 wait "$!"
 rc=$?
 cleanup
 exit "$rc"
 """
+
+
+def wrapper_script() -> str:
+    """The bash script behind ``wrap_in_container`` (to write to a file: see ``script``)."""
+    return _WRAPPER
 
 
 def wrap_in_container(
@@ -344,13 +361,18 @@ def wrap_in_container(
     run_flags: Sequence[str] = (),
     network: str | None = "host",
     labels: Mapping[str, str] | None = None,
+    script: str | None = None,
 ) -> list[str]:
     """A Slurm task ``argv`` run inside ``image`` with docker or podman (container_runtime
-    docker|podman). The result is an argv for srun (``bash -c WRAPPER ...``):
+    docker|podman). The result is an argv for srun (``bash -c WRAPPER ...``, or ``bash
+    SCRIPT ...`` when ``script`` names a file holding ``wrapper_script()``):
 
     - the container is named ``<prefix>-<job>.<step>.<task>`` at run time, unique per task;
     - GPUs: the step's GPUs (``SLURM_STEP_GPUS``, physical ids) are passed to the engine, so
-      the container sees exactly those (renumbered from 0); ``--gpus all`` when Slurm set none;
+      the container sees exactly those (renumbered from 0; CUDA_VISIBLE_DEVICES says so);
+      ``--gpus all`` when Slurm set none;
+    - docker: run as the task's uid:gid unless that is root (files in the work dir and the
+      repo stay the user's);
     - env: the listed names are passed from the task's environment (``-e NAME``);
     - when the step ends or is cancelled (SIGTERM from scancel), the container is removed
       (``rm -f``): the engine's daemon would otherwise keep it running.
@@ -372,8 +394,9 @@ def wrap_in_container(
             raise ValueError(f"environment variable name {name!r} is not a valid name")
         run += ["-e", name]
     run.append(image)
-    return ["bash", "-c", _WRAPPER, "trtllm-container", safe_name(name_prefix, 40),
-            str(len(cli)), runtime if gpus else "none", *cli, *run, *argv]
+    head = ["bash", script] if script else ["bash", "-c", _WRAPPER, "trtllm-container"]
+    return [*head, safe_name(name_prefix, 40), str(len(cli)), runtime,
+            "gpus" if gpus else "none", *cli, *run, *argv]
 
 
 def render_shell(argv: Sequence[str]) -> str:

@@ -187,6 +187,13 @@ def local_slurm_executor(
         )
         manager = allocation_manager(ctx, request, warn=warn)
     local_cfg = local_cluster_config(ctx)
+    runtime = local_cfg.container_runtime if local_cfg else "none"
+    run_flags = None
+    if runtime in ("docker", "podman"):
+        from .execution.docker import default_run_flags
+
+        # the nodes are this machine's kind: the resource flags it can grant
+        run_flags = default_run_flags("podman" if runtime == "podman" else "docker")
     return SlurmExecutor(
         shell,
         slurm_env=ctx.slurm_env,
@@ -194,7 +201,8 @@ def local_slurm_executor(
         allocation_manager=manager,
         jobs=jobs,
         warn=warn,
-        container_runtime=local_cfg.container_runtime if local_cfg else "none",
+        container_runtime=runtime,
+        container_run_flags=run_flags,
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
     )

@@ -34,6 +34,7 @@ from pytest_trtllm_slurm.containers import (
     pyxis_args,
     pyxis_setup_argvs,
     wrap_in_container,
+    wrapper_script,
 )
 from pytest_trtllm_slurm.jobspec import JobSpec
 from pytest_trtllm_slurm.models import Scenario
@@ -311,10 +312,13 @@ def test_wrap_in_container_argv():
     argv = wrap_in_container(["python3", "-m", "pytest", "t.py::x[a b]"], "podman", "img:1",
                              cli=["podman", "--root", "/r"], mounts=["/w:/w"],
                              env_names=["A"], gpus=True, workdir="/w")
-    assert argv[:3] == ["bash", "-c", argv[2]] and argv[3:7] == ["trtllm-container", "trtllm",
-                                                                 "3", "podman"]
-    assert argv[7:] == ["podman", "--root", "/r", "--rm", "--pull=never", "--network=host",
+    assert argv[:3] == ["bash", "-c", wrapper_script()]
+    assert argv[3:8] == ["trtllm-container", "trtllm", "3", "podman", "gpus"]
+    assert argv[8:] == ["podman", "--root", "/r", "--rm", "--pull=never", "--network=host",
                         "-v", "/w:/w", "-w", "/w", "-e", "A", "img:1",
                         "python3", "-m", "pytest", "t.py::x[a b]"]
+    # the script in a file (the Slurm executor writes it to the batch's work dir)
+    assert wrap_in_container(["true"], "docker", "i", script="/w/c.sh")[:6] == [
+        "bash", "/w/c.sh", "trtllm", "1", "docker", "none"]
     with pytest.raises(ValueError):
         wrap_in_container(["x"], "docker", "i", env_names=["BAD-NAME"])

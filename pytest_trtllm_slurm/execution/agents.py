@@ -15,6 +15,7 @@ that a step never shares GPUs with a served batch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -199,8 +200,7 @@ class AgentPool:
             argv.append(f"--mem={self.alloc.mem_per_node_mb}M")
         argv += [spec.command[0], "-m", "pytest_trtllm_slurm.agent", "--dir", d,
                  "--node", node.name]
-        for name in ("exit_code", "heartbeat.json"):
-            self.shell.run(["rm", "-f", f"{d}/{name}"], timeout=30)
+        self._remove(f"{d}/exit_code", f"{d}/heartbeat.json")
         launcher = render_step_launcher(argv, log_path=f"{d}/agent.log", pid_path=f"{d}/srun.pid",
                                         exit_path=f"{d}/exit_code",
                                         cwd=spec.invocation_dir or spec.rootdir, env=spec.env)
@@ -268,8 +268,7 @@ class AgentPool:
         job.placement.exit_path = str(work / "exit_code")
         job.placement.request_name = job_id.replace("~", "_")
         job.placement.node_for_cancel = node
-        for path in (job.placement.pid_path, job.placement.exit_path):
-            self.shell.run(["rm", "-f", path], timeout=30)
+        self._remove(job.placement.pid_path, job.placement.exit_path)  # a retry's leftovers
         request = {
             "name": job.placement.request_name,
             "nodeids": list(spec.nodeids),
@@ -284,6 +283,14 @@ class AgentPool:
         self._write(f"{sdir}/inbox/{job.placement.request_name}.json", json.dumps(request))
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
+
+    def _remove(self, *paths: str) -> None:
+        if isinstance(self.shell, LocalShell):
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        else:
+            self.shell.run(["rm", "-f", *paths], timeout=30)
 
     def _write(self, path: str, text: str) -> None:
         """Atomic for the reader: a temporary name, then a rename."""

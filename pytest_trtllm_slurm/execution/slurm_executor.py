@@ -12,16 +12,36 @@ one-shot jobs, one ``squeue -s -j <alloc>`` per allocation for steps, exit-code
 files, and sacct (chunked) for final states. It is adaptive: called more often
 than its current interval (0.5 s after a change, growing to 5 s), it returns
 the cached states without asking the scheduler.
+
+Containers (a batch with an image): ``container_runtime = "pyxis"`` adds pyxis' srun flags;
+``"docker"`` / ``"podman"`` wrap the Slurm task in a container run of the image
+(``containers.wrap_in_container``: the wrapper script is written to the batch's work dir,
+the job's env is exported by the launcher and passed with ``-e NAME``). The engine CLI is
+the plain ``docker`` / ``podman`` of the node; it honours DOCKER_HOST, CONTAINER_HOST,
+CONTAINERS_CONF, ... from the task's environment, which srun exports from the controller's.
 """
 
 from __future__ import annotations
 
 import itertools
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
-from ..containers import container_env, container_name_for, in_container_argv, pyxis_args
+from ..containers import (
+    JOB_LABEL,
+    Engine,
+    client_sensitive,
+    container_env,
+    container_name_for,
+    in_container_argv,
+    job_mounts,
+    pyxis_args,
+    workdir_of,
+    wrap_in_container,
+    wrapper_script,
+)
 from ..errors import ExecutionError
 from ..jobspec import JobSpec, SlurmEnv
 from ..models import Launch
@@ -35,10 +55,12 @@ from ..scripts import (
     render_sbatch,
     render_step_command,
     render_step_launcher,
+    rerun_argv,
 )
 from .agents import AgentPool, WarmJob, serves_warm
 from .allocation import AllocationManager, AllocationState
 from .base import JobHandle
+from .docker import TRTLLM_RUN_FLAGS
 from .outcome import JobState, JobStatus, map_slurm_state
 from .shell import Shell
 from .slurm_batch import (
@@ -53,6 +75,9 @@ from .slurm_batch import (
 from .slurm_jobs import AcctRow, QueueRow, SchedulerError, SlurmJobs, parse_duration
 
 MPI_FALLBACKS = ("pmix", "pmi2")
+WRAPPING_RUNTIMES = ("docker", "podman")
+CONTAINER_SCRIPT = "container_run.sh"  # the wrapper script, in the batch's work dir
+CONTAINER_STOP_WAIT = 15.0  # seconds a cancelled wrapped step has to remove its container
 
 
 class SlurmExecutor:
@@ -69,6 +94,7 @@ class SlurmExecutor:
         launcher_prefix: Sequence[str] = (),
         container: ContainerOptions | None = None,
         container_runtime: str = "none",
+        container_run_flags: Sequence[str] | None = None,
         warn: Callable[[str], None] | None = None,
         min_interval: float = 0.5,
         max_interval: float = 5.0,
@@ -89,6 +115,11 @@ class SlurmExecutor:
         self.launcher_prefix = tuple(launcher_prefix)
         self.container = container
         self.container_runtime = container_runtime
+        # docker/podman runtime: TensorRT-LLM's resource flags (docker.default_run_flags
+        # fits them to the machine; the local cluster's executor passes those)
+        self.container_run_flags = list(
+            TRTLLM_RUN_FLAGS if container_run_flags is None else container_run_flags)
+        self._unwrapped: dict[str, JobSpec] = {}  # work dir -> the spec before wrapping
         self.warn = warn or (lambda msg: None)
         self.min_interval, self.max_interval = min_interval, max_interval
         # a scheduler that fails max_failures times in a row over fail_grace seconds (a
@@ -128,6 +159,13 @@ class SlurmExecutor:
             spec = spec.model_copy(update={"env": container_env(spec),
                                            "command": in_container_argv(spec.command)})
         self.shell.mkdir(spec.work_dir)
+        if self._wraps(spec):
+            # docker/podman: the task is a container run of the image (its python)
+            self._unwrapped[spec.work_dir] = spec
+            script = str(PurePosixPath(spec.work_dir) / CONTAINER_SCRIPT)
+            self.shell.write_file(script, wrapper_script())
+            env, argv = self._wrapped(spec, spec.command, script)
+            spec = spec.model_copy(update={"env": env, "command": argv})
         opts = self._options(spec)
         alloc = self._allocation_for(spec) if self.persistent else None
         try:
@@ -254,9 +292,41 @@ class SlurmExecutor:
             self.allocations.check_time(self._alloc, spec)
         return self._alloc
 
+    def _wraps(self, spec: JobSpec) -> bool:
+        return self.container_runtime in WRAPPING_RUNTIMES and bool(spec.container_image)
+
+    def _wrapped(self, spec: JobSpec, command: Sequence[str],
+                 script: str | None) -> tuple[dict[str, str], list[str]]:
+        """(env to export, task argv): ``command`` run by the image's python inside a
+        docker/podman container of the batch's image, with the repo, invocation and work
+        dirs and the JobSpec's mounts at their host paths, the invocation dir as working
+        directory, the job's env names (``-e NAME``; the values are exported before srun,
+        except those the engine CLI reads itself: ``-e NAME=VALUE``), the step's GPUs,
+        TensorRT-LLM's resource flags and a label naming the batch. An MPI batch's
+        launcher prefix runs inside the container too."""
+        assert spec.container_image
+        env = container_env(spec)
+        inline = {k: v for k, v in env.items() if client_sensitive(k)}
+        flags = list(self.container_run_flags)
+        for key, value in sorted(inline.items()):
+            flags += ["-e", f"{key}={value}"]
+        exported = {k: v for k, v in env.items() if k not in inline}
+        prefix = list(self.launcher_prefix) if spec.launch is Launch.MPI else []
+        runtime: Engine = "podman" if self.container_runtime == "podman" else "docker"
+        argv = wrap_in_container(
+            [*prefix, *in_container_argv(command)], runtime, spec.container_image,
+            name_prefix=f"trtllm-{spec.name}", mounts=job_mounts(spec),
+            workdir=workdir_of(spec), env_names=sorted(exported),
+            gpus=spec.devices_per_node > 0, run_flags=flags,
+            labels={JOB_LABEL: spec.job_name}, script=script,
+        )
+        return exported, argv
+
     def _options(self, spec: JobSpec) -> SlurmOptions:
+        # a wrapped batch has its launcher prefix inside the container (see _wrapped)
+        prefix = () if self._wraps(spec) else self.launcher_prefix
         base = options_for(spec.model_copy(update={"slurm_env": spec.slurm_env or self.slurm_env}),
-                           launcher_prefix=self.launcher_prefix)
+                           launcher_prefix=prefix)
         mpi = self._usable_mpi(spec, base.mpi) if spec.launch is Launch.MPI else base.mpi
         return SlurmOptions(base.gres_style, base.gres_type, mpi, base.launcher_prefix,
                             self._container_for(spec))
@@ -520,6 +590,7 @@ class SlurmExecutor:
         self._cancel([job])
 
     def _cancel(self, jobs: list[TrackedJob]) -> None:
+        self._stop_containers(jobs)
         ids: list[str] = []
         for job in jobs:
             job.cancelled = True
@@ -544,6 +615,30 @@ class SlurmExecutor:
             self.jobs.scancel(ids)
         self._wake()
 
+    def _stop_containers(self, jobs: list[TrackedJob]) -> None:
+        """Steps wrapped in a docker/podman run: SIGTERM first, so the wrapper removes its
+        container. A cancelled step (``scancel <alloc>.<step>``, or srun killed) gets
+        SIGKILL at once, which would leave the container running in the engine's daemon.
+        Waits (up to ``CONTAINER_STOP_WAIT`` s) for the steps' exit codes."""
+        steps = []
+        for job in jobs:
+            if not (job.is_step and self._wraps(job.handle.spec) and job.alloc is not None
+                    and not (job.warm is not None and (job.served or job.waiting))):
+                continue
+            if job.step_id is None:
+                text = self._read(job.path("stepid")).strip()
+                if text.isdigit():
+                    job.step_id = f"{job.alloc.job_id}.{text}"
+            if job.step_id:
+                steps.append(job)
+        if not steps:
+            return
+        self.jobs.run(["scancel", "--signal=TERM", *(j.step_id or "" for j in steps)])
+        end = time.monotonic() + CONTAINER_STOP_WAIT
+        while time.monotonic() < end and any(
+                not self._read(j.path("exit_code")).strip() for j in steps):
+            time.sleep(0.2)
+
     def close(self) -> None:
         """Cancel every unfinished job and step of this run; the allocation stays."""
         self._cancel([j for j in self._jobs.values() if not j.state.status.finished])
@@ -554,9 +649,26 @@ class SlurmExecutor:
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
         job = self._by_work_dir.get(spec.work_dir)
         opts = job.opts if job else self._options(spec)
+        assign = ""
+        if self._wraps(spec):
+            # the same container run around a plain pytest of ``nodeid``; the env the
+            # launcher exported is set on the line (secret-looking values are left to
+            # your shell: srun passes its environment on, -e NAME takes it from there)
+            base = self._unwrapped.get(spec.work_dir, spec)
+            script = str(PurePosixPath(base.work_dir) / CONTAINER_SCRIPT)
+            env, argv = self._wrapped(base.masked(), rerun_argv(base, nodeid),
+                                      script if job is not None else None)
+            assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
+                              if v != "***")
+            spec = base.model_copy(update={"command": argv, "rerun_argv": []})
         if job is not None and job.alloc is not None:
-            return render_rerun_step(spec, nodeid, job.alloc.job_id, opts, job.share)
-        return render_rerun_sbatch(spec, nodeid, opts)
+            text = render_rerun_step(spec, nodeid, job.alloc.job_id, opts, job.share)
+            if assign:  # "cd DIR && NAME=VALUE ... srun ..."
+                head, sep, tail = text.partition(" && ")
+                text = f"{head}{sep}{assign} {tail}"
+            return text
+        text = render_rerun_sbatch(spec, nodeid, opts)
+        return f"{assign} {text}" if assign else text
 
     def _wake(self) -> None:
         self._interval = self.min_interval
