@@ -22,12 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ExecutionError
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 from ..jobspec import JobSpec, SlurmEnv, write_private_atomic
 from ..scripts import GresStyle, gpu_flag
 from .alloc_containers import SETUP_TIMEOUT, ContainerSetup, set_up_container, setup_name
@@ -244,14 +246,24 @@ class AllocationManager:
         # another run may hold the lock while it allocates, and with pyxis while it imports
         # and installs an image (minutes for a TensorRT-LLM image)
         setup_wait = SETUP_TIMEOUT if self.request.container_runtime == "pyxis" else 0
-        self.lock = FileLock(str(self.state_path) + ".lock",
-                             timeout=wait_seconds + 120 + setup_wait)
+        self._lock_timeout = wait_seconds + 120 + setup_wait
+        self._lock: FileLock | None = None
         self.owner = "trtllm-slurm:" + hashlib.sha1(
             str(self.state_path.resolve()).encode()).hexdigest()[:12]
         self._user = user
         self.warn = warn or (lambda msg: None)
         self.wait_seconds = wait_seconds
         self.messages: list[str] = []  # what ensure() did, for the run's summary
+
+    @property
+    def lock(self) -> FileLock:
+        """The state file's lock; filelock (and the asyncio it imports) loads only when a
+        run must allocate or change the allocation, not when it reuses a valid one."""
+        if self._lock is None:
+            from filelock import FileLock
+
+            self._lock = FileLock(str(self.state_path) + ".lock", timeout=self._lock_timeout)
+        return self._lock
 
     # -- state file -------------------------------------------------------------
     def read_state(self) -> AllocationState | None:
@@ -266,6 +278,15 @@ class AllocationManager:
             self._say(f"State file {self.state_path} is corrupt ({str(exc).splitlines()[0]}); "
                       "removing it.", warn=True)
             self._delete_state()
+            return None
+
+    def _peek_state(self) -> AllocationState | None:
+        """The state file if it parses, without the lock and without removing a bad one
+        (it is replaced atomically, so a read sees a whole file, old or new)."""
+        try:
+            return AllocationState.model_validate(
+                json.loads(self.state_path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, ValidationError):
             return None
 
     def _write_state(self, state: AllocationState) -> None:
@@ -283,6 +304,11 @@ class AllocationManager:
         request's images are set up in it first (ExecutionError naming the image when a
         setup step fails; the allocation is kept and the next run tries again).
         """
+        if not self.pyxis:  # the common case without the lock: a valid allocation
+            state = self._peek_state()
+            if state is not None and self._validate(state) is None:
+                self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
+                return state
         with self.lock:
             state = self._reuse_or_allocate()
             if state is not None and self.pyxis:
