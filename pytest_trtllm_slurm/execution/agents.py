@@ -57,6 +57,8 @@ class Node:
     healthy_at: float | None = None
     session: str | None = None  # this run's session dir on this node
     session_ids: frozenset[str] = frozenset()
+    session_checked: float = 0.0  # when the session's exit code may be looked at again
+    session_ended: str | None = None  # the session dir whose exit code appeared
 
     @property
     def free(self) -> int:
@@ -338,7 +340,12 @@ class AgentPool:
     def _dead(self, node: Node) -> str | None:
         self.check_health()
         now = time.monotonic()
-        if node.session and self._read(f"{node.session}/exit_code").strip():
+        if node.session and node.session_ended != node.session and (
+                now >= node.session_checked):
+            node.session_checked = now + HEALTH_EVERY / 4
+            if self._read(f"{node.session}/exit_code").strip():
+                node.session_ended = node.session
+        if node.session and node.session_ended == node.session:
             return (f"the worker session on {node.name} ended early; see "
                     f"{node.session}/session.log")
         if node.healthy_at is not None and now - node.healthy_at > HEARTBEAT_STALE:

@@ -140,7 +140,10 @@ class SlurmExecutor:
         self._warned: set[str] = set()
         # warm workers (persistent only): an agent per node serves the batches by fork
         self.warm_workers = warm_workers and persistent
-        self.poll_hint = 0.02 if self.warm_workers else None  # seconds between monitor rounds
+        # seconds between monitor rounds: warm batches are files, cheap to look at here;
+        # over SSH every look is a round trip
+        local = getattr(shell, "parallel_safe", False)
+        self.poll_hint = (0.02 if local else 0.2) if self.warm_workers else None
         self._pools: dict[str, AgentPool] = {}
         self._expected: set[str] = set()
 
