@@ -38,6 +38,7 @@ class ReportWriter:
         rank = os.environ.get("SLURM_PROCID") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
         self.enabled = rank == "0"
         self.wanted: list[str] = []
+        self.collect_errors: list[dict[str, Any]] = []
 
     @staticmethod
     def _open(path: Path) -> int:
@@ -82,7 +83,9 @@ class ReportWriter:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-            self.emit({"type": "collect_error", "data": data})
+            record = {"type": "collect_error", "data": data}
+            self.collect_errors.append(record)  # a served batch repeats them (worker_serve)
+            self.emit(record)
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self.emit({"type": "start", "nodeid": nodeid, "location": list(location)})

@@ -73,14 +73,8 @@ class SessionServer:
         self.config = config
         self.serve_dir = serve_dir
         self.writer = writer
-        self.collect_errors: list[dict[str, Any]] = []
         self.items: dict[str, pytest.Item] = {}
         self.leases: GpuLeases | None = None
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if report.failed:
-            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-            self.collect_errors.append({"type": "collect_error", "data": data})
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -124,7 +118,7 @@ class SessionServer:
         wanted = list(request["nodeids"])
         missing = [n for n in wanted if n not in self.items]
         if missing:
-            for record in self.collect_errors:
+            for record in self.writer.collect_errors:
                 self.writer.emit(record)
             self.writer.emit({"type": "missing", "nodeids": missing,
                               "rootdir": str(self.config.rootpath)})

@@ -68,50 +68,49 @@ def _ours(engine, pid: int, running_only: bool = False) -> list[str]:
     return engine.run(*args).stdout.split()
 
 
-def test_examples_dispatched_into_docker(docker_engine, trtllm_image, tmp_path: Path) -> None:
+def _examples_in_image(image, tmp_path: Path, engine_name: str) -> tuple[Path, list[str]]:
+    """conftest_examples plus a test that passes only inside ``image``, and the pytest
+    argv dispatching them to local_docker with ``engine_name`` forced."""
     suite = tmp_path / "examples"
     shutil.copytree(EXAMPLES, suite, ignore=shutil.ignore_patterns("work_dirs", "__pycache__"))
     (suite / "test_where.py").write_text(
         "import os\n\ndef test_runs_in_the_image():\n"
-        f"    assert os.path.exists({trtllm_image.marker_path!r})\n"
+        f"    assert os.path.exists({image.marker_path!r})\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
-    env.update(_engine_env(docker_engine))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
-         "--trtllm-dispatch=all", "--trtllm-scenario=local_docker",
-         "--trtllm-container-engine=docker", f"--trtllm-container-image={trtllm_image.name}",
-         "-k", "cpu or where or no_device"],
-        cwd=suite, capture_output=True, text=True, timeout=300, env=env, check=False,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
+            "--trtllm-dispatch=all", "--trtllm-scenario=local_docker",
+            f"--trtllm-container-engine={engine_name}", f"--trtllm-container-image={image.name}",
+            "-k", "cpu or where or no_device"]
+    return suite, argv
+
+
+def _assert_examples_passed_in_image(out: str) -> None:
     assert "PASSED test_where.py::test_runs_in_the_image" in out
     assert "PASSED test_cpu.py::test_json_round_trip" in out
     assert "scenario: local_docker" in out
+
+
+def test_examples_dispatched_into_docker(docker_engine, trtllm_image, tmp_path: Path) -> None:
+    suite, argv = _examples_in_image(trtllm_image, tmp_path, "docker")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    env.update(_engine_env(docker_engine))
+    proc = subprocess.run(argv, cwd=suite, capture_output=True, text=True, timeout=300, env=env,
+                          check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    _assert_examples_passed_in_image(out)
     left = docker_engine.run("ps", "-aq", "--filter", f"label={OWNER_LABEL}", check=False).stdout
     assert not left.strip(), f"containers left behind: {left}"
 
 
 def test_examples_dispatched_into_podman(podman_engine, trtllm_image, tmp_path: Path) -> None:
     """The same run with the engine forced to podman (its store: see _engine_env)."""
-    suite = tmp_path / "examples"
-    shutil.copytree(EXAMPLES, suite, ignore=shutil.ignore_patterns("work_dirs", "__pycache__"))
-    (suite / "test_where.py").write_text(
-        "import os\n\ndef test_runs_in_the_image():\n"
-        f"    assert os.path.exists({trtllm_image.marker_path!r})\n"
-    )
+    suite, argv = _examples_in_image(trtllm_image, tmp_path, "podman")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
     env.update(_engine_env(podman_engine, tmp_path))
-    rc, out, pid = _pytest(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
-         "--trtllm-dispatch=all", "--trtllm-scenario=local_docker",
-         "--trtllm-container-engine=podman", f"--trtllm-container-image={trtllm_image.name}",
-         "-k", "cpu or where or no_device"], suite, env)
+    rc, out, pid = _pytest(argv, suite, env)
     assert rc == 0, out
-    assert "PASSED test_where.py::test_runs_in_the_image" in out
-    assert "PASSED test_cpu.py::test_json_round_trip" in out
-    assert "scenario: local_docker" in out
+    _assert_examples_passed_in_image(out)
     assert _ours(podman_engine, pid) == [], "containers left behind"
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from ..errors import ExecutionError
 from ..jobspec import JobSpec
 from ..models import Launch
 from ..scripts import gpu_flag, render_step_launcher
@@ -171,7 +172,7 @@ class AgentPool:
         for node in self.nodes:
             try:
                 self._ensure_session(node, spec)
-            except RuntimeError as exc:  # the batches sent there will say so again
+            except (ExecutionError, OSError) as exc:  # its batches will say so again
                 self.warn(str(exc))
 
     # -- agents and sessions --------------------------------------------------------
@@ -210,7 +211,7 @@ class AgentPool:
         res = self.shell.run(["setsid", "-f", "bash", f"{d}/agent.sh"], timeout=30,
                              retry_on_drop=False)
         if not res.ok:
-            raise RuntimeError(f"could not start the warm worker on {node.name}: "
+            raise ExecutionError(f"could not start the warm worker on {node.name}: "
                                f"{res.describe()}")
         node.agent_started = time.monotonic()
         self.warn(f"Starting a warm worker on {node.name} in allocation {self.alloc.job_id} "
@@ -230,7 +231,7 @@ class AgentPool:
         if not node.agent_dir:
             self._ensure_agent(node, spec)
         if node.session:  # a batch this session did not collect (e.g. run without expect)
-            self._write(f"{node.session}/inbox/stop", "")
+            self.shell.write_file(f"{node.session}/inbox/stop", "")
         ids = sorted(self.expected | wanted)
         name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
         sdir = f"{node.agent_dir}/sessions/{name}"
@@ -244,7 +245,7 @@ class AgentPool:
             "log_path": f"{sdir}/session.log",
             "exit_path": f"{sdir}/exit_code",
         }
-        self._write(f"{node.agent_dir}/inbox/{name}.json", json.dumps(request))
+        self.shell.write_file(f"{node.agent_dir}/inbox/{name}.json", json.dumps(request))
         node.session, node.session_ids = sdir, frozenset(ids)
         return sdir
 
@@ -261,7 +262,7 @@ class AgentPool:
         spec = job.spec
         try:
             sdir = self._ensure_session(node, spec)
-        except RuntimeError as exc:
+        except (ExecutionError, OSError) as exc:
             job.state = JobState(status=JobStatus.ERROR, reason=str(exc))
             self.release(job)
             return
@@ -282,7 +283,8 @@ class AgentPool:
             "pid_path": job.placement.pid_path,
             "env": dict(spec.env),
         }
-        self._write(f"{sdir}/inbox/{job.placement.request_name}.json", json.dumps(request))
+        self.shell.write_file(f"{sdir}/inbox/{job.placement.request_name}.json",
+                              json.dumps(request))
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
 
@@ -293,17 +295,6 @@ class AgentPool:
                     os.unlink(path)
         else:
             self.shell.run(["rm", "-f", *paths], timeout=30)
-
-    def _write(self, path: str, text: str) -> None:
-        """Atomic for the reader: a temporary name, then a rename."""
-        tmp = f"{PurePosixPath(path).parent}/.{PurePosixPath(path).name}.tmp"
-        self.shell.write_file(tmp, text)
-        res = self.shell.run(["mv", "-f", tmp, path], timeout=30) if not isinstance(
-            self.shell, LocalShell) else None
-        if res is None:
-            os.replace(tmp, path)
-        elif not res.ok:
-            raise RuntimeError(f"could not write {path}: {res.describe()}")
 
     # -- state ----------------------------------------------------------------------
     def refresh(self, job: WarmJob) -> None:
@@ -317,7 +308,8 @@ class AgentPool:
             job.state = self._end_state(job, int(code), node)
             self.release(job)
             return
-        if self._read(placement.pid_path).strip().isdigit():
+        if job.state.status is not JobStatus.RUNNING and (
+                self._read(placement.pid_path).strip().isdigit()):
             job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
         dead = self._dead(node)
         if dead:
@@ -382,15 +374,15 @@ class AgentPool:
             return
         if job.warm and placement.node_for_cancel and placement.node_for_cancel.session:
             sdir = placement.node_for_cancel.session
-            self._write(f"{sdir}/inbox/{placement.request_name}.cancel", "")
+            self.shell.write_file(f"{sdir}/inbox/{placement.request_name}.cancel", "")
 
     def close(self) -> None:
         """End this run's sessions (the agents stay for the next run)."""
         for node in self.nodes:
             if node.session:
                 try:
-                    self._write(f"{node.session}/inbox/stop", "")
-                except (RuntimeError, OSError):
+                    self.shell.write_file(f"{node.session}/inbox/stop", "")
+                except (ExecutionError, OSError):
                     pass
                 node.session = None
 

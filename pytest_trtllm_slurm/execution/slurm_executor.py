@@ -62,7 +62,7 @@ from .allocation import AllocationManager, AllocationState
 from .base import JobHandle
 from .docker import TRTLLM_RUN_FLAGS
 from .outcome import JobState, JobStatus, map_slurm_state
-from .shell import Shell
+from .shell import LocalShell, Shell
 from .slurm_batch import (
     TrackedJob,
     WalltimePolicy,
@@ -142,7 +142,7 @@ class SlurmExecutor:
         self.warm_workers = warm_workers and persistent
         # seconds between monitor rounds: warm batches are files, cheap to look at here;
         # over SSH every look is a round trip
-        local = getattr(shell, "parallel_safe", False)
+        local = isinstance(shell, LocalShell)
         self.poll_hint = (0.02 if local else 0.2) if self.warm_workers else None
         self._pools: dict[str, AgentPool] = {}
         self._expected: set[str] = set()
