@@ -6,6 +6,7 @@ markers; no probe, no file, no thread: installing the plugin changes nothing.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_case_options(parser)
 
 
+_FROZEN = pytest.StashKey[bool]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # added before pytest's own unraisable-exception cleanup (this hook runs before that
+    # plugin's), so it runs after that cleanup's gc.collect() calls: see _freeze_gc
+    config.add_cleanup(lambda: _unfreeze_gc(config))
     options.register_markers(config)
     from .case_items import register_if_wanted  # YAML case files; a no-op unless asked for
 
@@ -77,6 +84,7 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
 
     config = session.config
     settings = options.resolve_settings(config)
+    _freeze_gc(config)
     try:
         ctx = planning_context(config)
         planned = planned if planned is not None else plan_items(items, ctx)
@@ -98,6 +106,24 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
             executor.close()
         if settings.release_allocation:
             release_allocation(ctx, config)
+
+
+def _freeze_gc(config: pytest.Config) -> None:
+    """Collect once, then move every object that survives (pytest's, the plugin's, pydantic's
+    schemas: tens of thousands) out of the collector's sight until the session's cleanup.
+    pytest collects five times at its end (unraisable exceptions); on a dispatching run
+    those passes then scan only what the run itself made: ~50-100 ms less per run."""
+    if config.stash.get(_FROZEN, False) or gc.get_freeze_count() or not gc.isenabled():
+        return
+    gc.collect()
+    gc.freeze()
+    config.stash[_FROZEN] = True
+
+
+def _unfreeze_gc(config: pytest.Config) -> None:
+    if config.stash.get(_FROZEN, False):
+        gc.unfreeze()
+        config.stash[_FROZEN] = False
 
 
 def release_allocation(ctx, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
