@@ -16,16 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ConfigError
 from .models import Scenario
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 
 class ClusterConfig(BaseModel):
     """One ``[clusters.NAME]`` table. Unknown keys are errors (typos must not pass silently)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # built on first validation: a run without a clusters file never needs it
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str = ""
     ssh_host: str | None = None
@@ -64,7 +60,7 @@ class ClusterConfig(BaseModel):
 class ClustersFile(BaseModel):
     """The whole clusters file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     path: str | None = None
     clusters: dict[str, ClusterConfig] = Field(default_factory=dict)
@@ -90,6 +86,11 @@ def default_clusters_paths(rootdir: Path) -> list[Path]:
     ]
 
 
+def no_clusters() -> ClustersFile:
+    """The empty clusters file (nothing to validate: builds neither model's validator)."""
+    return ClustersFile.model_construct()
+
+
 def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:
     """Load and validate the clusters file; an absent default file means no clusters."""
     if path is None:
@@ -98,9 +99,13 @@ def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:
                 path = candidate
                 break
         else:
-            return ClustersFile()
+            return no_clusters()
     elif not path.is_file():
         raise ConfigError(f"clusters file {path} (--trtllm-config) does not exist")
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:

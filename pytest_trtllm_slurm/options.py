@@ -344,7 +344,7 @@ def build_settings(
         sources[opt.name] = source
         if value is not None and source is not None:
             values[opt.field] = coerce(opt, value, source, bases.get(source))
-    clusters = config_module.ClustersFile()
+    clusters = config_module.no_clusters()
     if values.get("slurm_cluster") or values.get("config_path"):
         path = values.get("config_path")
         clusters = load(Path(path) if path else None, rootdir)
