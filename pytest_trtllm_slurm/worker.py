@@ -131,6 +131,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if ids_file:
         writer.wanted = list(json.loads(Path(ids_file).read_text("utf-8")))
     config.pluginmanager.register(writer, "trtllm-slurm-report-writer")
+    from .gate import gate_from_env  # a step launched before its GPUs were free
+
+    gate = gate_from_env()
+    if gate is not None:
+        config.pluginmanager.register(gate, "trtllm-slurm-gate")
     serve_dir = config.getoption("trtllm_worker_serve")
     if serve_dir:
         from .worker_serve import register

@@ -296,3 +296,77 @@ def test_a_multi_node_mpi_step_gets_whole_nodes_then_gives_them_back(warm_suite:
     assert sum(name.endswith(".agent") for name in steps) == 2, steps
     assert sum("8gpu" in name for name in steps) == 1, steps
     assert not [name for name in steps if "1gpu" in name], steps
+
+
+GATED = '''import os, time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def _ranks_collected():
+    log = HERE / "collected.log"
+    lines = log.read_text().split() if log.exists() else []
+    return sum(1 for line in lines if line.endswith(":8"))
+
+
+@pytest.mark.trtllm_slurm(devices=8, nodes=2, launch="mpi")
+def test_two_node_mpi():
+    (HERE / f"mpi_start.{os.environ['SLURM_PROCID']}").write_text(repr(time.time()))
+
+
+@pytest.mark.skip_less_device(1)
+def test_hold():
+    deadline = time.time() + 60
+    while _ranks_collected() < 8:
+        assert time.time() < deadline, "the MPI ranks did not collect while this test ran"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    (HERE / "hold_end").write_text(repr(time.time()))
+'''
+
+GATED_CONFTEST = '''import os
+from pathlib import Path
+
+# which processes collected this suite: "<pid>:<SLURM_NTASKS>" (8 = a rank of the MPI step)
+with open(Path(__file__).parent / "collected.log", "a") as log:
+    log.write(f"{os.getpid()}:{os.environ.get('SLURM_NTASKS', '-')}\\n")
+'''
+
+
+def test_a_multi_node_step_collects_while_other_batches_run_then_waits_for_its_nodes(
+        warm_suite: Path) -> None:
+    """The MPI step is launched at once (gated): its 8 ranks import the suite while the
+    1-GPU test runs on its nodes, and its test starts only after that test ended."""
+    conftest = (warm_suite / "conftest.py").read_text()
+    (warm_suite / "conftest.py").write_text(conftest + "\n" + GATED_CONFTEST)
+    (warm_suite / "test_warm.py").write_text(GATED)
+    result = _pytest(warm_suite)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "PASSED test_warm.py::test_two_node_mpi" in out
+    assert "PASSED test_warm.py::test_hold" in out  # it saw all 8 ranks collect
+    hold_end = float((warm_suite / "hold_end").read_text())
+    starts = [float(p.read_text()) for p in warm_suite.glob("mpi_start.*")]
+    assert len(starts) == 8, starts
+    assert min(starts) >= hold_end, (starts, hold_end)  # the gate held every rank
+    gate = next((warm_suite / "work_dirs").glob("*8gpu*/gate"))
+    # every rank said it collected, and that it exited (the nodes were given back then)
+    assert sorted(p.name for p in gate.iterdir()) == sorted(
+        ["open", "ready", *(f"ready.{r}" for r in range(8)), *(f"done.{r}" for r in range(8))])
+    assert (gate / "ready").read_text() == "8\n"
+
+
+def test_the_gate_says_ready_once_every_rank_is_and_gives_up_after_its_wait(
+        tmp_path: Path) -> None:
+    from pytest_trtllm_slurm.gate import wait_at_gate
+
+    gate = tmp_path / "gate"
+    assert wait_at_gate(gate, rank=1, size=2, max_wait=0.1, poll=0.01) is False
+    assert not (gate / "ready").exists()  # only rank 0 says so, once all are ready
+    assert wait_at_gate(gate, rank=0, size=2, max_wait=0.1, poll=0.01) is False
+    assert (gate / "ready").exists() and not (gate / "open").exists()
+    (gate / "open").write_text("")
+    assert wait_at_gate(gate, rank=0, size=2, max_wait=0.1, poll=0.01) is True

@@ -11,6 +11,11 @@ The pool is also the allocation's scheduler for this run: it places batches on
 nodes (best fit by free GPUs), holds back what does not fit, and gives a
 multi-node MPI batch (which needs srun, so it stays a step) whole nodes, so
 that a step never shares GPUs with a served batch.
+
+Such a step is launched *gated* as soon as it is known (see ``gate``): its ranks
+import and collect while other batches use its nodes, and the pool opens the gate
+once every rank is ready and the nodes are free. From the moment its ranks are
+ready, nothing new is placed on those nodes, so it waits at most for what runs there.
 """
 
 from __future__ import annotations
@@ -86,6 +91,17 @@ class WarmJob:
     state: JobState = field(default_factory=lambda: JobState(
         status=JobStatus.PENDING, reason="waiting for GPUs in the allocation"))
     cancelled: bool = False
+    gated: bool = False  # a step launched before its nodes are free (see ``gate``)
+    reserved: list[Node] = field(default_factory=list)  # a gated step's nodes, once launched
+    gate_dir: str = ""
+    ready: bool = False  # every rank of the gated step has collected
+    ranks: int = 0  # how many (rank 0 writes it in ``ready``)
+    done: int = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+
+    @property
+    def launched_early(self) -> bool:
+        """A gated step that runs (collecting, or waiting at its gate) without GPUs yet."""
+        return bool(self.reserved) and self.placement is None and not self.cancelled
 
 
 class AgentPool:
@@ -119,19 +135,32 @@ class AgentPool:
         """The run's node ids, so one session per node collects them all at once."""
         self.expected |= nodeids
 
-    def add(self, job_id: str, spec: JobSpec, *, warm: bool) -> WarmJob:
-        job = WarmJob(spec, warm)
+    def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False) -> WarmJob:
+        job = WarmJob(spec, warm, gated=gated and not warm)
+        if job.gated:
+            job.gate_dir = str(PurePosixPath(spec.work_dir) / "gate")
         self.jobs[job_id] = job
         self.order.append(job_id)
         return job
 
     def place_waiting(self, launch_step: Callable[[str, WarmJob], None]) -> bool:
-        """Start what fits, in submission order; True when anything started."""
+        """Start what fits, in submission order; True when anything started. A gated
+        step is launched once nodes can be set aside for it, and let in later."""
         started = False
         for job_id in list(self.order):
             job = self.jobs[job_id]
             if job.placement is not None or job.cancelled:
                 self.order.remove(job_id)
+                continue
+            if job.gated:
+                if not job.reserved:
+                    if self._reserve(job):
+                        launch_step(job_id, job)
+                    continue
+                if not self._let_in(job):
+                    continue
+                self.order.remove(job_id)
+                started = True
                 continue
             placement = self._fit(job)
             if placement is None:
@@ -152,11 +181,61 @@ class AgentPool:
         whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
         count = max(1, spec.node_count)
         need = self.alloc.gpus_per_node if whole else spec.devices_per_node
-        fits = [n for n in self.nodes if n.free >= need and (not whole or n.used == 0)]
+        held = {id(n) for j in self.jobs.values() if j.launched_early and j.ready
+                for n in j.reserved}  # drained for a gated step whose ranks are ready
+        fits = [n for n in self.nodes if n.free >= need and (not whole or n.used == 0)
+                and id(n) not in held]
         if len(fits) < count:
             return None
         fits.sort(key=lambda n: (n.free, self.nodes.index(n)))  # best fit
         return Placement(nodes=fits[:count], gpus=need)
+
+    def _reserve(self, job: WarmJob) -> bool:
+        """Nodes for a gated step, among those no other waiting gated step has (one
+        early launch per node: its ranks hold memory there while they wait)."""
+        count = max(1, job.spec.node_count)
+        taken = {id(n) for j in self.jobs.values() if j.launched_early for n in j.reserved}
+        free = [n for n in self.nodes if id(n) not in taken]
+        if len(free) < count:
+            return False
+        free.sort(key=lambda n: (n.used, self.nodes.index(n)))  # the least busy
+        job.reserved = free[:count]
+        job.state = JobState(status=JobStatus.PENDING, reason=(
+            "launched early: its ranks collect while other batches use "
+            + ",".join(n.name for n in job.reserved)))
+        return True
+
+    def _let_in(self, job: WarmJob) -> bool:
+        """Open a gated step's gate once its ranks are ready and its nodes are free."""
+        if not job.ready:
+            text = self._read(f"{job.gate_dir}/ready").strip()
+            if not text:
+                return False
+            job.ready, job.ranks = True, int(text) if text.isdigit() else 0
+            job.state = JobState(status=JobStatus.PENDING, reason=(
+                "ranks ready, waiting for the batches on "
+                + ",".join(n.name for n in job.reserved) + " to end"))
+        if any(n.used for n in job.reserved):
+            return False
+        job.placement = Placement(nodes=list(job.reserved), gpus=self.alloc.gpus_per_node)
+        for node in job.placement.nodes:
+            node.used += job.placement.gpus
+        self.shell.write_file(f"{job.gate_dir}/open", "")
+        return True
+
+    def ranks_exited(self, job: WarmJob) -> bool:
+        """Every rank of a gated step that runs has exited (its ``done.<rank>``): its
+        nodes can take the next batches while srun and the accounting finish."""
+        if not (job.gated and job.ranks and job.placement and job.placement.gpus):
+            return False
+        while job.done < job.ranks and self.shell.exists(f"{job.gate_dir}/done.{job.done}"):
+            job.done += 1
+        return job.done >= job.ranks
+
+    def drop(self, job: WarmJob) -> None:
+        """A gated step that ended before its gate opened: its nodes are no longer set aside."""
+        job.cancelled = True
+        job.reserved = []
 
     def release(self, job: WarmJob) -> None:
         if job.placement is not None:

@@ -48,6 +48,7 @@ class TrackedJob:
     settled: bool = False  # final state may be shown (its reports are complete or given up on)
     settle_since: float | None = None
     warm: WarmJob | None = None  # placed by the allocation's AgentPool (warm workers)
+    extra_env: dict[str, str] = field(default_factory=dict)  # the launch's, not the batch's
 
     @property
     def served(self) -> bool:
@@ -57,7 +58,8 @@ class TrackedJob:
     @property
     def waiting(self) -> bool:
         """Held back by the pool until GPUs in the allocation are free."""
-        return self.warm is not None and self.warm.placement is None
+        return (self.warm is not None and self.warm.placement is None
+                and not self.warm.launched_early)
 
     @property
     def is_step(self) -> bool:

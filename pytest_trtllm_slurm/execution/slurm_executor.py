@@ -43,6 +43,7 @@ from ..containers import (
     wrapper_script,
 )
 from ..errors import ExecutionError
+from ..gate import GATE_ENV, GATE_WAIT_ENV
 from ..jobspec import JobSpec, SlurmEnv
 from ..models import Launch
 from ..scripts import (
@@ -213,7 +214,9 @@ class SlurmExecutor:
         handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self._seq)}", spec=spec,
                            submitted_at=time.time(), nodelist=alloc.nodelist)
         job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc))
-        job.warm = pool.add(handle.job_id, spec, warm=serves_warm(spec))
+        warm = serves_warm(spec)
+        job.warm = pool.add(handle.job_id, spec, warm=warm,
+                            gated=not warm and self._gates(spec))
         if not pool.warmed and job.warm.warm:
             pool.warmed = True
             pool.warm_up(spec)
@@ -222,17 +225,29 @@ class SlurmExecutor:
         self._sync_warm(job)
         return job
 
+    def _gates(self, spec: JobSpec) -> bool:
+        """A step worth launching before its nodes are free: the worker plugin's ranks
+        (they wait at the gate after collecting), not a docker/podman-wrapped task (the
+        gate's variables would not reach inside)."""
+        return spec.workflow == "pytest" and bool(spec.nodeids) and not self._wraps(spec)
+
     def _start_granted_step(self, job_id: str, warm: WarmJob) -> None:
-        """A step the pool gave whole nodes: pinned to them, sharing them with the agents."""
+        """A step the pool gave whole nodes (or set them aside for a gated step): pinned
+        to them, sharing them with the agents."""
         job = self._jobs[job_id]
-        assert warm.placement is not None
-        nodes = ",".join(n.name for n in warm.placement.nodes)
+        assert warm.placement is not None or warm.gated
+        nodes = ",".join(n.name for n in (warm.placement.nodes if warm.placement
+                                          else warm.reserved))
         base = job.share or StepShare()
         job.share = StepShare(cpus_per_task=base.cpus_per_task, mem_mb=base.mem_mb,
                               overlap=True, extra=(*base.extra, f"--nodelist={nodes}"))
         try:
+            if warm.gated:
+                self.shell.mkdir(warm.gate_dir)
+                job.extra_env = {GATE_ENV: warm.gate_dir,
+                                 GATE_WAIT_ENV: str(job.handle.spec.monitor_timeout_seconds)}
             self._start_step(job)
-        except SchedulerError as exc:
+        except (SchedulerError, ExecutionError, OSError) as exc:
             job.state = JobState(status=JobStatus.ERROR, reason=str(exc))
             warm.state = job.state
 
@@ -261,7 +276,7 @@ class SlurmExecutor:
         launcher = render_step_launcher(
             argv, log_path=spec.log_path, pid_path=job.path("srun.pid"),
             exit_path=job.path("exit_code"), cwd=spec.invocation_dir or spec.rootdir,
-            env=spec.env,
+            env={**spec.env, **job.extra_env},
         )
         step_sh = job.path("step.sh")
         self.shell.write_file(step_sh, launcher)
@@ -415,12 +430,15 @@ class SlurmExecutor:
             if job.served and not job.state.status.finished:
                 self._pools[job.alloc.job_id].refresh(warm)
                 self._sync_warm(job)
-            elif not job.state.status.finished and warm.placement is not None and (
-                    self._read(job.path("exit_code")).strip() == "0"):
-                # a step of the pool that srun says succeeded: its nodes are needed now,
-                # not after the next squeue and sacct (a failure still goes that way)
-                job.state = JobState(status=JobStatus.COMPLETED, exit_code=0,
-                                     nodelist=job.state.nodelist)
+            elif not job.state.status.finished and warm.placement is not None:
+                pool = self._pools[job.alloc.job_id]
+                if pool.ranks_exited(warm):  # its state still comes from srun and sacct
+                    pool.release(warm)
+                elif self._read(job.path("exit_code")).strip() == "0":
+                    # a step of the pool that srun says succeeded: its nodes are needed
+                    # now, not after the next squeue and sacct (a failure still goes that way)
+                    job.state = JobState(status=JobStatus.COMPLETED, exit_code=0,
+                                         nodelist=job.state.nodelist)
         self._place_waiting()
         for job in jobs:
             self._sync_warm(job)
@@ -430,9 +448,13 @@ class SlurmExecutor:
         about a job once it ended, so look at all of them), then start what now fits."""
         for job in self._jobs.values():
             warm = job.warm
-            if (warm is not None and job.alloc is not None and not job.served
-                    and job.state.status.finished and warm.placement and warm.placement.gpus):
+            if (warm is None or job.alloc is None or job.served
+                    or not job.state.status.finished):
+                continue
+            if warm.placement and warm.placement.gpus:
                 self._pools[job.alloc.job_id].release(warm)
+            elif warm.launched_early:
+                self._pools[job.alloc.job_id].drop(warm)
         for pool in self._pools.values():
             if pool.place_waiting(self._start_granted_step):
                 self._wake()
@@ -541,6 +563,8 @@ class SlurmExecutor:
             code_text = self._read(job.path("exit_code")).strip()
             if code_text.lstrip("-").isdigit():
                 ended.append((job, int(code_text)))
+            elif job.warm is not None and job.warm.launched_early:
+                self._hold_at_gate(job, now)
             elif job.step_id is not None and steps is not None and job.step_id in steps:
                 row = steps[job.step_id]
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=row.nodelist)
@@ -561,6 +585,20 @@ class SlurmExecutor:
                     ended.append((job, -1))
         if ended:
             self._finalize_steps(ended)
+
+    def _hold_at_gate(self, job: TrackedJob, now: float) -> None:
+        """A gated step before its gate opens shows as pending (the monitor's timeout
+        starts when it runs); ranks that never get ready within the monitor timeout
+        (e.g. an import that hangs) end it."""
+        assert job.warm is not None
+        limit = job.handle.spec.monitor_timeout_seconds
+        if not job.warm.ready and job.launched_at and now - job.launched_at > limit:
+            self._cancel([job])
+            job.state = JobState(status=JobStatus.TIMEOUT, reason=(
+                f"its ranks did not finish collecting within the monitor timeout ({limit} s);"
+                f" see {job.handle.spec.log_path}"))
+            return
+        job.state = job.warm.state
 
     def _finalize_steps(self, ended: list[tuple[TrackedJob, int]]) -> None:
         """Final step states: sacct of ``<alloc>.<step>`` (OUT_OF_MEMORY, TIMEOUT and
