@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,38 @@ def dispatch_enabled(config: pytest.Config) -> bool:
         return False
     # the cheap check first: a plain run imports no pydantic and reads no file
     return options.remote_requested(config) and options.resolve_settings(config).remote
+
+
+_EARLY_SESSIONS_STARTED: list[int] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Before the suite's conftests are imported: start this run's warm-worker sessions
+    (a warm allocation only), so their imports overlap the controller's (warm_start)."""
+    ns = early_config.known_args_namespace
+    if (getattr(ns, "trtllm_worker_reports", None) or getattr(ns, "collectonly", False)
+            or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
+            or any(getattr(ns, options.BY_NAME[n].dest, None) for n in ("plan", "plan_json"))):
+        return
+    from .warm_start import EarlyConfig
+
+    if not options.remote_requested(EarlyConfig(early_config)):  # type: ignore[arg-type]
+        return  # a plain run: nothing imported, no file read
+    from .warm_start import start_early_sessions
+
+    try:
+        _EARLY_SESSIONS_STARTED.append(start_early_sessions(early_config))
+    except (ConfigError, ExecutionError, OSError):
+        pass  # an optimization: the run itself reports a bad setting
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _EARLY_SESSIONS_STARTED:
+        from .warm_start import stop_unused_sessions
+
+        stop_unused_sessions()
+        _EARLY_SESSIONS_STARTED.clear()
 
 
 @pytest.hookimpl(tryfirst=True)

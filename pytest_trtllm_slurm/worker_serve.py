@@ -23,6 +23,7 @@ from .agent import GPU_LOCKS_ENV
 from .forkloop import ForkLoop, redirect_output, spawn, write_atomic
 
 SESSION_IDLE_EXIT = 300.0  # a session whose controller vanished leaves after this
+EARLY_MISS = 75  # execution.agents.EARLY_MISS (the target side imports no controller code)
 
 
 class GpuLeases:
@@ -110,6 +111,10 @@ class SessionServer:
         return 2
 
     def _run_batch(self, request: dict[str, Any], gpu_ids: list[str]) -> int:
+        if not self.writer.wanted and any(n not in self.items for n in request["nodeids"]):
+            # collected from the run's arguments, and they did not give this node id here:
+            # the controller sends the batch to a session that collects it by node id
+            return EARLY_MISS
         for key, value in (request.get("env") or {}).items():
             os.environ[key] = value
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)

@@ -370,3 +370,62 @@ def test_the_gate_says_ready_once_every_rank_is_and_gives_up_after_its_wait(
     assert (gate / "ready").exists() and not (gate / "open").exists()
     (gate / "open").write_text("")
     assert wait_at_gate(gate, rank=0, size=2, max_wait=0.1, poll=0.01) is True
+
+
+TIMED_CONFTEST = '''import os, time
+from pathlib import Path
+
+# who collected this suite and when: the controller, or a session on a node (in the job)
+_start = time.time()
+time.sleep(1.5)  # stands in for the imports of a real suite
+with open(Path(__file__).parent / "collected.log", "a") as log:
+    who = "target" if os.environ.get("SLURM_JOB_ID") else "controller"
+    log.write(f"{who} {_start} {time.time()}\\n")
+'''
+
+
+def _sessions(suite: Path) -> list[Path]:
+    return sorted((suite / "work_dirs" / ".agents").glob("*/*/sessions/*"),
+                  key=lambda p: p.stat().st_mtime)
+
+
+def test_a_warm_run_starts_its_sessions_before_it_collects(warm_suite: Path) -> None:
+    """In a warm allocation the sessions collect while the controller does: the batch
+    finds its session ready instead of waiting for a second import of the suite."""
+    conftest = (warm_suite / "conftest.py").read_text()
+    (warm_suite / "conftest.py").write_text(conftest + "\n" + TIMED_CONFTEST)
+    first = _pytest(warm_suite, "-k", "one_gpu")  # the allocation and its agents
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = set(_sessions(warm_suite))
+    (warm_suite / "collected.log").unlink()
+    second = _pytest(warm_suite, "-k", "one_gpu")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "PASSED test_warm.py::test_one_gpu" in second.stdout
+    new = [p for p in _sessions(warm_suite) if p not in before]
+    assert new and all(p.name.startswith("early-") for p in new), new  # no other session
+    rows = [line.split() for line in (warm_suite / "collected.log").read_text().splitlines()]
+    controller = [(float(a), float(b)) for who, a, b in rows if who == "controller"]
+    targets = [(float(a), float(b)) for who, a, b in rows if who == "target"]
+    assert len(controller) == 1 and targets, rows
+    # a session started collecting before the controller had finished its own collection
+    assert min(a for a, _ in targets) < controller[0][1], rows
+
+
+def test_a_test_the_early_session_did_not_collect_runs_in_a_session_by_node_id(
+        warm_suite: Path) -> None:
+    """Collection that depends on the environment: the session (in the job) ignores
+    test_late.py when it collects the run's directory, the controller does not. The batch
+    is handed to a session that collects its node ids, and the test runs."""
+    conftest = (warm_suite / "conftest.py").read_text()
+    (warm_suite / "conftest.py").write_text(
+        conftest + '\ncollect_ignore = ["test_late.py"] if os.environ.get("SLURM_JOB_ID") '
+        'else []\n')
+    (warm_suite / "test_late.py").write_text(
+        "import pytest\n\n\n@pytest.mark.skip_less_device(1)\ndef test_late():\n    pass\n")
+    first = _pytest(warm_suite, "-k", "one_gpu")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = _pytest(warm_suite, "-k", "late")
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out
+    assert "PASSED test_late.py::test_late" in out
+    assert "collecting again by node id" in out

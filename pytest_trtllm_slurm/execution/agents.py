@@ -42,6 +42,14 @@ from .slurm_parse import expand_hostlist
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
 HEALTH_EVERY = 2.0
+# a served batch sent to a session that collected the run's arguments (not its node ids)
+# and lacks one of its node ids exits with this before running anything: sent again to a
+# session that collects exactly the run's node ids
+EARLY_MISS = 75
+
+# agent dir -> session dir: sessions this process started before it collected (see
+# ``early_sessions``), each taken by the first pool that needs that node
+EARLY_SESSIONS: dict[str, str] = {}
 
 
 def serves_warm(spec: JobSpec) -> bool:
@@ -62,7 +70,7 @@ class Node:
     agent_started: float | None = None  # when this run launched its agent
     healthy_at: float | None = None
     session: str | None = None  # this run's session dir on this node
-    session_ids: frozenset[str] = frozenset()
+    session_ids: frozenset[str] | None = frozenset()  # None: all the run's arguments select
     session_checked: float = 0.0  # when the session's exit code may be looked at again
     session_ended: str | None = None  # the session dir whose exit code appeared
 
@@ -79,6 +87,7 @@ class Placement:
     pid_path: str = ""
     exit_path: str = ""
     node_for_cancel: Node | None = None
+    session: str = ""  # the session the request went to
 
 
 @dataclass
@@ -87,6 +96,7 @@ class WarmJob:
 
     spec: JobSpec
     warm: bool  # served by an agent (else: a step the executor launches once placed)
+    job_id: str = ""
     placement: Placement | None = None
     state: JobState = field(default_factory=lambda: JobState(
         status=JobStatus.PENDING, reason="waiting for GPUs in the allocation"))
@@ -136,7 +146,7 @@ class AgentPool:
         self.expected |= nodeids
 
     def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False) -> WarmJob:
-        job = WarmJob(spec, warm, gated=gated and not warm)
+        job = WarmJob(spec, warm, job_id=job_id, gated=gated and not warm)
         if job.gated:
             job.gate_dir = str(PurePosixPath(spec.work_dir) / "gate")
         self.jobs[job_id] = job
@@ -259,11 +269,8 @@ class AgentPool:
         return str(PurePosixPath(spec.work_dir).parent / ".agents" / self.alloc.job_id)
 
     def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
-        python = spec.command[0]
-        tag = hashlib.sha1(python.encode()).hexdigest()[:8]
-        node.agent_dir = f"{self._base(spec)}/{node.name}-{tag}"
-        beat = self._heartbeat(node)
-        if beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE:
+        node.agent_dir = agent_dir(self._base(spec), node.name, spec.command[0])
+        if agent_alive(self.shell, node.agent_dir):
             node.healthy_at = time.monotonic()
             return
         self._launch_agent(node, spec)
@@ -297,18 +304,19 @@ class AgentPool:
                   f"(log: {d}/agent.log).")
 
     def _heartbeat(self, node: Node) -> dict | None:
-        raw = self.shell.read_from(f"{node.agent_dir}/heartbeat.json", 0, 4096)
-        try:
-            return json.loads(raw) if raw else None
-        except ValueError:
-            return None
+        return read_heartbeat(self.shell, node.agent_dir)
 
     def _ensure_session(self, node: Node, spec: JobSpec) -> str:
         wanted = set(spec.nodeids)
-        if node.session and wanted <= node.session_ids:
+        if node.session and (node.session_ids is None or wanted <= node.session_ids):
             return node.session
         if not node.agent_dir:
             self._ensure_agent(node, spec)
+        if node.session is None:
+            early = EARLY_SESSIONS.pop(node.agent_dir, None)
+            if early:  # started before the controller collected: it collects everything
+                node.session, node.session_ids = early, None
+                return early
         if node.session:  # a batch this session did not collect (e.g. run without expect)
             self.shell.write_file(f"{node.session}/inbox/stop", "")
         ids = sorted(self.expected | wanted)
@@ -316,24 +324,14 @@ class AgentPool:
         sdir = f"{node.agent_dir}/sessions/{name}"
         self.shell.mkdir(f"{sdir}/inbox")
         self.shell.write_file(f"{sdir}/nodeids.json", json.dumps(ids))
-        request = {
-            "name": name,
-            "argv": session_argv(spec, sdir, ids),
-            "cwd": spec.invocation_dir or spec.rootdir,
-            "env": self._session_env(spec),
-            "log_path": f"{sdir}/session.log",
-            "exit_path": f"{sdir}/exit_code",
-        }
-        self.shell.write_file(f"{node.agent_dir}/inbox/{name}.json", json.dumps(request))
+        base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
+        argv = session_argv(spec.command[0], base, sdir, sorted({_module(n) for n in ids}),
+                            capture_no="--capture=no" in spec.command, nodeids_file=True)
+        send_session(self.shell, node.agent_dir, name, argv,
+                     cwd=spec.invocation_dir or spec.rootdir,
+                     env=session_env(spec.env, local=isinstance(self.shell, LocalShell)))
         node.session, node.session_ids = sdir, frozenset(ids)
         return sdir
-
-    def _session_env(self, spec: JobSpec) -> dict[str, str]:
-        env: dict[str, str] = {}
-        if isinstance(self.shell, LocalShell):  # srun would have passed the controller's env
-            env.update({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
-        env.update(spec.env)
-        return env
 
     def _send(self, job_id: str, job: WarmJob) -> None:
         assert job.placement is not None
@@ -350,6 +348,7 @@ class AgentPool:
         job.placement.exit_path = str(work / "exit_code")
         job.placement.request_name = job_id.replace("~", "_")
         job.placement.node_for_cancel = node
+        job.placement.session = sdir
         self._remove(job.placement.pid_path, job.placement.exit_path)  # a retry's leftovers
         request = {
             "name": job.placement.request_name,
@@ -383,6 +382,9 @@ class AgentPool:
             return
         node = placement.nodes[0]
         code = self._read(placement.exit_path).strip()
+        if code == str(EARLY_MISS) and not job.cancelled:
+            self._resend(job, node)
+            return
         if code.lstrip("-").isdigit():
             job.state = self._end_state(job, int(code), node)
             self.release(job)
@@ -394,6 +396,17 @@ class AgentPool:
         if dead:
             job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
             self.release(job)
+
+    def _resend(self, job: WarmJob, node: Node) -> None:
+        """The early session lacked one of the batch's node ids (it ran nothing): end it,
+        and send the batch to a session that collects the run's node ids."""
+        assert job.placement is not None
+        if node.session == job.placement.session and node.session_ids is None:
+            self.shell.write_file(f"{node.session}/inbox/stop", "")
+            node.session = None
+        self.warn(f"the warm worker on {node.name} collected other tests than this run "
+                  "(e.g. collection depends on the environment); collecting again by node id")
+        self._send(job.job_id, job)
 
     def check_health(self) -> None:
         """At most every HEALTH_EVERY seconds: is each used node's agent and session alive?"""
@@ -466,15 +479,56 @@ class AgentPool:
                 node.session = None
 
 
-def session_argv(spec: JobSpec, sdir: str, nodeids: list[str]) -> list[str]:
-    """The served session's pytest: the batch's options (``rerun_argv``), the worker
-    plugin in serve mode, every module of the run's node ids."""
-    base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
-    capture = "--capture=no" if "--capture=no" in spec.command else "--capture=tee-sys"
-    modules = sorted({n.split("::", 1)[0] for n in nodeids})
-    return [spec.command[0], *base[1:], "-p", "pytest_trtllm_slurm.worker",
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def session_argv(python: str, base: list[str], sdir: str, targets: list[str], *,
+                 capture_no: bool, nodeids_file: bool) -> list[str]:
+    """The served session's pytest: the run's options (``base``: ``rerun_argv``), the
+    worker plugin in serve mode, what to collect (the modules of the run's node ids,
+    narrowed to them by ``sdir/nodeids.json``; or the run's own arguments)."""
+    ids = ["--trtllm-worker-nodeids", f"{sdir}/nodeids.json"] if nodeids_file else []
+    return [python, *base[1:], "-p", "pytest_trtllm_slurm.worker",
             "-p", "no:cacheprovider",
-            "--trtllm-worker-reports", f"{sdir}/reports.jsonl",
-            "--trtllm-worker-nodeids", f"{sdir}/nodeids.json",
-            "--trtllm-worker-serve", sdir, "--continue-on-collection-errors", capture,
-            "-W", "ignore::pytest.PytestAssertRewriteWarning", *modules]
+            "--trtllm-worker-reports", f"{sdir}/reports.jsonl", *ids,
+            "--trtllm-worker-serve", sdir, "--continue-on-collection-errors",
+            "--capture=no" if capture_no else "--capture=tee-sys",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning", *targets]
+
+
+def session_env(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if local:  # srun would have passed the controller's env
+        env.update({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    env.update(batch_env)
+    return env
+
+
+def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cwd: str,
+                 env: dict[str, str]) -> str:
+    """Ask the agent in ``agent_dir`` for a session; its directory."""
+    sdir = f"{agent_dir}/sessions/{name}"
+    shell.mkdir(f"{sdir}/inbox")
+    request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
+               "log_path": f"{sdir}/session.log", "exit_path": f"{sdir}/exit_code"}
+    shell.write_file(f"{agent_dir}/inbox/{name}.json", json.dumps(request))
+    return sdir
+
+
+def agent_dir(base: str, node: str, python: str) -> str:
+    """One agent per node and interpreter (a run with another python gets its own)."""
+    return f"{base}/{node}-{hashlib.sha1(python.encode()).hexdigest()[:8]}"
+
+
+def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
+    raw = shell.read_from(f"{agent_dir}/heartbeat.json", 0, 4096)
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def agent_alive(shell: Shell, agent_dir: str) -> bool:
+    beat = read_heartbeat(shell, agent_dir)
+    return beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE
