@@ -64,14 +64,14 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
         return
     from .warm_start import EarlyConfig
 
-    if not options.remote_requested(EarlyConfig(early_config)):  # type: ignore[arg-type]
-        return  # a plain run: nothing imported, no file read
-    from .warm_start import start_early_sessions
-
     try:
+        if not options.remote_requested(EarlyConfig(early_config)):  # type: ignore[arg-type]
+            return  # a plain run: nothing imported, no file read
+        from .warm_start import start_early_sessions
+
         _EARLY_SESSIONS_STARTED.append(start_early_sessions(early_config))
     except (ConfigError, ExecutionError, OSError):
-        pass  # an optimization: the run itself reports a bad setting
+        pass  # an optimization: the run itself reports a bad setting, once configured
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

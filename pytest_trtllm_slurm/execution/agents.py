@@ -529,6 +529,11 @@ def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
         return None
 
 
+def agents_running(alloc_job_id: str) -> bool:
+    """This process started early sessions on agents of that allocation (alive then)."""
+    return any(f"/.agents/{alloc_job_id}/" in adir for adir in EARLY_SESSIONS)
+
+
 def agent_alive(shell: Shell, agent_dir: str) -> bool:
     beat = read_heartbeat(shell, agent_dir)
     return beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE

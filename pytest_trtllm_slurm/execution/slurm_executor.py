@@ -58,7 +58,7 @@ from ..scripts import (
     render_step_launcher,
     rerun_argv,
 )
-from .agents import AgentPool, WarmJob, serves_warm
+from .agents import AgentPool, WarmJob, agents_running, serves_warm
 from .allocation import AllocationManager, AllocationState
 from .base import JobHandle
 from .docker import TRTLLM_RUN_FLAGS
@@ -296,7 +296,9 @@ class SlurmExecutor:
             except ExecutionError as exc:  # e.g. the queue is too busy: sbatch still queues
                 self.warn(f"No persistent allocation ({exc}); batches run as one-shot jobs.")
                 self._alloc = None
-            if self._alloc is not None:
+            if self._alloc is not None and not agents_running(self._alloc.job_id):
+                # (the check is skipped while steps run: this run's early sessions went
+                # to agents, steps of this allocation, whose heartbeat was fresh)
                 self.allocations.check_gpu_processes(self._alloc)
         if self._alloc is None:
             return None
