@@ -48,7 +48,7 @@ HEALTH_EVERY = 2.0
 EARLY_MISS = 75
 
 # agent dir -> session dir: sessions this process started before it collected (see
-# ``early_sessions``), each taken by the first pool that needs that node
+# ``warm_start``), each taken by the first pool that needs that node
 EARLY_SESSIONS: dict[str, str] = {}
 
 
@@ -322,14 +322,13 @@ class AgentPool:
         ids = sorted(self.expected | wanted)
         name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
         sdir = f"{node.agent_dir}/sessions/{name}"
-        self.shell.mkdir(f"{sdir}/inbox")
-        self.shell.write_file(f"{sdir}/nodeids.json", json.dumps(ids))
         base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
         argv = session_argv(spec.command[0], base, sdir, sorted({_module(n) for n in ids}),
                             capture_no="--capture=no" in spec.command, nodeids_file=True)
         send_session(self.shell, node.agent_dir, name, argv,
                      cwd=spec.invocation_dir or spec.rootdir,
-                     env=session_env(spec.env, local=isinstance(self.shell, LocalShell)))
+                     env=session_env(spec.env, local=isinstance(self.shell, LocalShell)),
+                     files={"nodeids.json": json.dumps(ids)})
         node.session, node.session_ids = sdir, frozenset(ids)
         return sdir
 
@@ -506,10 +505,13 @@ def session_env(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
 
 
 def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cwd: str,
-                 env: dict[str, str]) -> str:
-    """Ask the agent in ``agent_dir`` for a session; its directory."""
+                 env: dict[str, str], files: dict[str, str] | None = None) -> str:
+    """Ask the agent in ``agent_dir`` for a session (``files`` are written to its
+    directory first); the session's directory."""
     sdir = f"{agent_dir}/sessions/{name}"
     shell.mkdir(f"{sdir}/inbox")
+    for file_name, text in (files or {}).items():
+        shell.write_file(f"{sdir}/{file_name}", text)
     request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
                "log_path": f"{sdir}/session.log", "exit_path": f"{sdir}/exit_code"}
     shell.write_file(f"{agent_dir}/inbox/{name}.json", json.dumps(request))
