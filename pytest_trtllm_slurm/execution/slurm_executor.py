@@ -183,7 +183,8 @@ class SlurmExecutor:
             job = TrackedJob(handle, opts, state=JobState(status=JobStatus.ERROR, reason=str(exc)))
         self._jobs[job.handle.job_id] = job
         self._by_work_dir[spec.work_dir] = job
-        self._wake()
+        if not (job.served or job.waiting):  # the scheduler knows of it: ask soon
+            self._wake()
         return job.handle
 
     def _sbatch(self, spec: JobSpec, opts: SlurmOptions) -> TrackedJob:
@@ -247,6 +248,7 @@ class SlurmExecutor:
                 job.extra_env = {GATE_ENV: warm.gate_dir,
                                  GATE_WAIT_ENV: str(job.handle.spec.monitor_timeout_seconds)}
             self._start_step(job)
+            self._wake()
         except (SchedulerError, ExecutionError, OSError) as exc:
             job.state = JobState(status=JobStatus.ERROR, reason=str(exc))
             warm.state = job.state
@@ -392,11 +394,17 @@ class SlurmExecutor:
         jobs = [self._jobs[h.job_id] for h in handles if h.job_id in self._jobs]
         self._poll_warm(jobs)
         now = time.monotonic()
+        for job in jobs:  # served batches: files only, every call
+            if job.served and job.state.status.finished and not job.settled:
+                job.settled = self._reports_settled(job, now)
         active = [j for j in jobs if not j.state.status.finished and not j.served
                   and not j.waiting]
         unsettled = [j for j in jobs if j.state.status.finished and not j.settled]
         if (active or unsettled) and now >= self._next_at:
-            before = {j.handle.job_id: visible_state(j) for j in jobs}
+            # the scheduler is asked again soon only when what it reports changed (served
+            # batches change through files: they do not hurry it)
+            asked = [j for j in (*active, *unsettled) if not j.served]
+            before = {j.handle.job_id: visible_state(j).status for j in asked}
             try:
                 if active:
                     self._refresh(active)
@@ -414,7 +422,8 @@ class SlurmExecutor:
                     job.settled = self._reports_settled(job, now)
             if self._pools:
                 self._place_waiting()
-            changed = any(visible_state(j) != before[j.handle.job_id] for j in jobs)
+            # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
+            changed = any(visible_state(j).status != before[j.handle.job_id] for j in asked)
             self._interval = self.min_interval if changed else min(
                 self._interval * 1.5, self.max_interval)
             self._next_at = time.monotonic() + self._interval
@@ -457,9 +466,8 @@ class SlurmExecutor:
                 self._pools[job.alloc.job_id].release(warm)
             elif warm.launched_early:
                 self._pools[job.alloc.job_id].drop(warm)
-        for pool in self._pools.values():
-            if pool.place_waiting(self._start_granted_step):
-                self._wake()
+        for pool in self._pools.values():  # a step it launches wakes the scheduler polls
+            pool.place_waiting(self._start_granted_step)
 
     def _reports_settled(self, job: TrackedJob, now: float) -> bool:
         """Shared file systems lag: a job can end before its last report lines are visible
@@ -554,7 +562,9 @@ class SlurmExecutor:
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist)
 
     def _refresh_steps(self, alloc_id: str, jobs: list[TrackedJob]) -> None:
-        steps = self.jobs.squeue_steps(alloc_id)
+        # a gated step waiting at its gate is followed through its files alone
+        steps = self.jobs.squeue_steps(alloc_id) if any(
+            j.warm is None or not j.warm.launched_early for j in jobs) else {}
         ended: list[tuple[TrackedJob, int]] = []
         now = time.monotonic()
         for job in jobs:
