@@ -38,6 +38,7 @@ SETTING_FLAGS = {
     "scenario": "scenario",
     "persistent": "persistent",
     "alloc_time_limit": "alloc_time_limit",
+    "alloc_nodes": "alloc_nodes",
     "config": "config",
     "work_dir": "work_dir",
     "monitor_timeout": "monitor_timeout",
@@ -101,6 +102,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="one sbatch job for this case")
     target.add_argument("--alloc-time-limit", metavar="DURATION",
                         help="wall time of a new persistent allocation (default 4h)")
+    target.add_argument("--alloc-nodes", metavar="N",
+                        help="nodes of the persistent allocation (default: as many as the "
+                        "case needs)")
     target.add_argument("--config", metavar="PATH", help="clusters file (TOML)")
     target.add_argument("--rootdir", metavar="PATH", default=None,
                         help="repository root: the job's working directory and where "

@@ -155,6 +155,7 @@ class Settings(BaseModel):
     persistent: bool = True
     warm_workers: bool = True
     alloc_time_limit: str = "04:00:00"
+    alloc_nodes: int | None = None
     negotiate_walltime: bool = False
     release_allocation: bool = False
     plan: bool = False

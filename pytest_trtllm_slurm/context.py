@@ -144,7 +144,8 @@ def remote_slurm_executor(
     manager = None
     if settings.persistent:
         request = AllocationRequest.covering(
-            list(keys), slurm_env, time_limit=settings.alloc_time_limit
+            list(keys), slurm_env, time_limit=settings.alloc_time_limit,
+            nodes=settings.alloc_nodes,
         )
         manager = AllocationManager(
             shell,
@@ -153,6 +154,7 @@ def remote_slurm_executor(
             request=with_containers(request, cluster, remote_root),
             user=slurm_env.user,
             warn=warn,
+            agents_dir=f"{paths.remote_work_root}/.agents",
         )
     inner = SlurmExecutor(
         shell,
@@ -183,7 +185,8 @@ def local_slurm_executor(
     manager = None
     if settings.persistent:
         request = AllocationRequest.covering(
-            list(keys), ctx.slurm_env, time_limit=settings.alloc_time_limit
+            list(keys), ctx.slurm_env, time_limit=settings.alloc_time_limit,
+            nodes=settings.alloc_nodes,
         )
         manager = allocation_manager(ctx, request, warn=warn)
     local_cfg = local_cluster_config(ctx)
@@ -231,6 +234,7 @@ def allocation_manager(
         request=with_containers(request, cluster, str(ctx.rootdir)) if cluster else request,
         user=ctx.slurm_env.user if ctx.slurm_env else None,
         warn=warn,
+        agents_dir=str(Path(ctx.settings.work_dir or ctx.rootdir / "work_dirs") / ".agents"),
     )
 
 

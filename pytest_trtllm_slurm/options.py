@@ -110,6 +110,9 @@ OPTIONS: tuple[Opt, ...] = (
         false_flag="--trtllm-no-warm-workers"),
     Opt("alloc_time_limit", "alloc_time_limit", "--trtllm-alloc-time-limit", "time", "4h",
         f"wall time of a new persistent allocation ({TIME_FORMATS})"),
+    Opt("alloc_nodes", "alloc_nodes", "--trtllm-alloc-nodes", "int", None,
+        "nodes of the persistent allocation (default: as many as the run's largest batch "
+        "needs); more nodes run more batches side by side"),
     Opt("negotiate_walltime", "negotiate_walltime", "--trtllm-negotiate-walltime", "bool", False,
         "shorten the time limit (to 1h) of a one-shot job pending long with a far start"),
     Opt("release_allocation", "release_allocation", "--trtllm-release-allocation", "bool", False,

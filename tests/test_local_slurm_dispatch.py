@@ -144,3 +144,40 @@ def test_one_shot_runs_each_batch_as_its_own_job(suite: Path) -> None:
     assert result.returncode == 0, out
     assert "PASSED test_single_gpu.py::test_one_gpu[fp8]" in out
     assert "sbatch" in out and "srun --jobid=" not in out
+
+
+def test_alloc_nodes_grows_the_allocation_and_a_partition_too_small_is_a_usage_error(
+        devcluster: dict, tmp_path: Path) -> None:
+    """--trtllm-alloc-nodes: 1-GPU tests alone get a 1-node allocation (with its idle warm
+    worker); asked for 2, that allocation is replaced by a 2-node one. More nodes than the
+    partition has: a usage error."""
+    suite = tmp_path / "alloc_nodes"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    trtllm_slurm: resources\n")
+    (suite / "test_one.py").write_text(
+        "import pytest\n\n\n@pytest.mark.trtllm_slurm(devices=1)\ndef test_one():\n    pass\n")
+    jobs: list[str] = []
+    try:
+        first = pytest_in(suite, "--trtllm-remote", "--slurm-partition=batch")
+        assert first.returncode == 0, first.stdout + first.stderr
+        state = alloc_state(suite)
+        assert state is not None and state["nodes"] == 1, state
+        jobs.append(state["job_id"])
+        second = pytest_in(suite, "--trtllm-remote", "--slurm-partition=batch",
+                           "--trtllm-alloc-nodes=2")
+        out = second.stdout + second.stderr
+        assert second.returncode == 0, out
+        assert "PASSED test_one.py::test_one" in out
+        assert f"Allocation {jobs[0]} does not fit (1 node(s), wanted 2)" in out
+        state = alloc_state(suite)
+        assert state is not None and state["nodes"] == 2 and state["job_id"] != jobs[0], state
+        jobs.append(state["job_id"])
+        nodes = sh(["squeue", "-h", "-j", state["job_id"], "-o", "%D"], check=False).stdout
+        assert nodes.strip() == "2"
+        bad = pytest_in(suite, "--trtllm-remote", "--slurm-partition=batch",
+                        "--trtllm-alloc-nodes=3")
+        assert bad.returncode == 4, bad.stdout + bad.stderr
+        assert "--trtllm-alloc-nodes 3: partition batch has 2 node(s)" in bad.stderr
+    finally:
+        if jobs:  # never leave our allocations behind on the shared dev cluster
+            sh(["scancel", *jobs], check=False)

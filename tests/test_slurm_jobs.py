@@ -210,6 +210,21 @@ def test_allocation_request_covering_batches() -> None:
     assert req.job_name == "acct_a-trtllm.persistent"
 
 
+def test_allocation_request_takes_at_least_the_nodes_the_user_asks_for() -> None:
+    from pytest_trtllm_slurm.batching import BatchKey
+    from pytest_trtllm_slurm.errors import ConfigError
+    from pytest_trtllm_slurm.execution.allocation import AllocationRequest
+    from pytest_trtllm_slurm.jobspec import PartitionInfo, SlurmEnv
+
+    env = SlurmEnv(partitions=[PartitionInfo(name="batch", gpus_per_node=4, nodes=["n1", "n2"])])
+    keys = [BatchKey(scenario=Scenario.LOCAL_SLURM, partition="batch", total_devices=1,
+                     devices_per_node=1, node_count=1)]
+    assert AllocationRequest.covering(keys, env).nodes == 1
+    assert AllocationRequest.covering(keys, env, nodes=2).nodes == 2
+    with pytest.raises(ConfigError, match="--trtllm-alloc-nodes 3: partition batch has 2"):
+        AllocationRequest.covering(keys, env, nodes=3)
+
+
 def test_finished_job_waits_a_bounded_time_for_its_reports(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     shell = ScriptedShell({"sbatch": [(0, "11\n", "")], "squeue": [(0, "", "")],

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import ExecutionError
+from ..errors import ConfigError, ExecutionError
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -34,7 +34,7 @@ from ..jobspec import JobSpec, SlurmEnv, write_private_atomic
 from ..scripts import GresStyle, gpu_flag
 from .alloc_containers import SETUP_TIMEOUT, ContainerSetup, set_up_container, setup_name
 from .shell import Shell
-from .slurm_jobs import SchedulerError, SlurmJobs, format_duration, parse_duration
+from .slurm_jobs import SchedulerError, SlurmJobs, StepRow, format_duration, parse_duration
 from .slurm_parse import parse_key_values
 
 STATE_NAME = ".slurm_alloc.json"
@@ -151,9 +151,10 @@ class AllocationRequest:
 
     @classmethod
     def covering(cls, shapes: Sequence[Shape], slurm_env: SlurmEnv | None = None, *,
-                 time_limit: str | None = None) -> AllocationRequest:
+                 time_limit: str | None = None, nodes: int | None = None) -> AllocationRequest:
         """One allocation for a run's batches (JobSpecs or BatchKeys): the partition most
-        of them use, as many nodes as the largest needs, whole nodes' GPUs."""
+        of them use, as many nodes as the largest needs (at least ``nodes``, the user's
+        --trtllm-alloc-nodes), whole nodes' GPUs."""
         if not shapes:
             raise ValueError("no batches to size an allocation for")
         parts = Counter(s.partition for s in shapes)
@@ -164,8 +165,13 @@ class AllocationRequest:
         gres_style: GresStyle = "gres" if info and (info.requires_gres or info.gpu_type) else (
             "gpus-per-node")
         images = list(dict.fromkeys(s.container_image for s in mine if s.container_image))
+        count = max([s.node_count for s in mine] + [nodes or 0])
+        if nodes and info and info.nodes and count > len(info.nodes):
+            raise ConfigError(
+                f"--trtllm-alloc-nodes {nodes}: partition {partition} has "
+                f"{len(info.nodes)} node(s) ({', '.join(info.nodes)}); ask for at most that")
         return cls(partition=partition, account=mine[0].account,
-                   nodes=max(s.node_count for s in mine), gpus_per_node=per_node,
+                   nodes=count, gpus_per_node=per_node,
                    time_limit=time_limit or DEFAULT_TIME_LIMIT,
                    docker_image=mine[0].container_image, gres_style=gres_style,
                    gres_type=info.gpu_type if info else None, container_images=images)
@@ -236,8 +242,11 @@ class AllocationManager:
         warn: Callable[[str], None] | None = None,
         wait_seconds: int = 600,
         pyxis: bool = False,
+        agents_dir: str | None = None,
     ) -> None:
         self.shell = shell
+        # where warm workers keep their agents (``<dir>/<job id>/<node>-<tag>/``)
+        self.agents_dir = agents_dir or str(Path(rootdir) / "work_dirs" / ".agents")
         self.request = replace(request, container_runtime="pyxis") if pyxis else request
         self.jobs = jobs or SlurmJobs(shell)
         self.work_dirs = Path(rootdir) / "work_dirs"
@@ -362,9 +371,33 @@ class AllocationManager:
         if why is None:
             return None
         steps = self.jobs.squeue_steps(state.job_id)
-        if steps:
+        if steps and not self._only_idle_agents(state, steps):
             return "busy", why
         return "incompatible", f"does not fit ({why})"
+
+    def _only_idle_agents(self, state: AllocationState, steps: dict[str, StepRow]) -> bool:
+        """The allocation's steps are warm workers' agents (named ``*.agent``) that serve
+        no session but this process's own: nothing of another run would be lost."""
+        if any(not row.name.endswith(".agent") for row in steps.values()):
+            return False
+        from .agents import EARLY_SESSIONS  # (agents imports this module)
+
+        base = f"{self.agents_dir}/{state.job_id}"
+        script = ('for f in "$1"/*/heartbeat.json; do [ -f "$f" ] && '
+                  'printf "%s\\t%s\\n" "${f%/heartbeat.json}" "$(cat "$f")"; done; true')
+        res = self.shell.run(["sh", "-c", script, "sh", base], timeout=30)
+        if not res.ok:
+            return False
+        for line in res.stdout.splitlines():
+            agent, _, text = line.partition("\t")
+            try:
+                beat = json.loads(text)
+                serving = int(beat.get("running", 0)) + int(beat.get("pending", 0))
+            except (ValueError, TypeError, AttributeError):
+                return False
+            if serving - (1 if agent in EARLY_SESSIONS else 0) > 0:
+                return False
+        return True
 
     def _cancel_orphans(self) -> None:
         """Allocations with our name but no state file: ours (or untagged) are cancelled,
