@@ -1,4 +1,4 @@
-"""The start gate of a step launched before its GPUs are free (target side, stdlib only).
+"""The start gate of a step launched before its GPUs are free (target side).
 
 A multi-node MPI batch runs as a Slurm step whose ranks each start an interpreter and
 import the suite: seconds (torch, tensorrt_llm) during which the batch's nodes would sit
@@ -9,8 +9,8 @@ before running a test. The controller writes ``open`` when the step's nodes are 
 the imports overlap the batches running there meanwhile. Each rank also writes
 ``DIR/done.<rank>`` as its interpreter exits (after the tests' own exit handlers): the
 controller gives the nodes to the next batches then, not seconds later when srun and
-the step's accounting are through. ``wait_at_gate`` is standard
-library only; ``Gate`` is its pytest face, registered by the worker plugin.
+the step's accounting are through. ``wait_at_gate`` is standard library only; ``Gate``
+is its pytest face, registered by the worker plugin.
 """
 
 from __future__ import annotations

@@ -26,8 +26,6 @@ import pytest
 
 from . import options
 
-STATE_NAME = ".slurm_alloc.json"  # execution.allocation.STATE_NAME, without its imports
-
 
 class EarlyConfig:
     """What ``options`` and ``pytest_base_argv`` read of a pytest.Config, before the
@@ -75,6 +73,7 @@ def start_early_sessions(config: pytest.Config) -> int:
         session_argv,
         session_env,
     )
+    from .execution.allocation import STATE_NAME
     from .execution.shell import LocalShell
     from .execution.slurm_parse import expand_hostlist
 
