@@ -23,7 +23,7 @@ from .agent import GPU_LOCKS_ENV
 from .forkloop import ForkLoop, redirect_output, spawn, write_atomic
 
 SESSION_IDLE_EXIT = 300.0  # a session whose controller vanished leaves after this
-EARLY_MISS = 75  # execution.agents.EARLY_MISS (the target side imports no controller code)
+EARLY_MISS = 75  # a batch this session did not collect: the controller re-sends it
 
 
 class GpuLeases:

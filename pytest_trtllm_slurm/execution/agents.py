@@ -34,6 +34,11 @@ from ..errors import ExecutionError
 from ..jobspec import JobSpec
 from ..models import Launch
 from ..scripts import gpu_flag, render_step_launcher
+
+# a served batch sent to a session that collected the run's arguments (not its node ids)
+# and lacks one of its node ids exits with EARLY_MISS before running anything: sent again
+# to a session that collects exactly the run's node ids
+from ..worker_serve import EARLY_MISS
 from .allocation import AllocationState
 from .outcome import JobState, JobStatus
 from .shell import LocalShell, Shell
@@ -42,11 +47,6 @@ from .slurm_parse import expand_hostlist
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
 HEALTH_EVERY = 2.0
-# a served batch sent to a session that collected the run's arguments (not its node ids)
-# and lacks one of its node ids exits with this before running anything: sent again to a
-# session that collects exactly the run's node ids
-EARLY_MISS = 75
-
 # agent dir -> session dir: sessions this process started before it collected (see
 # ``warm_start``), each taken by the first pool that needs that node
 EARLY_SESSIONS: dict[str, str] = {}
