@@ -32,9 +32,9 @@ def rank_and_size() -> tuple[int, int]:
     for rank_var, size_var in (("SLURM_PROCID", "SLURM_NTASKS"),
                                ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
                                ("PMI_RANK", "PMI_SIZE")):
-        rank, size = os.environ.get(rank_var), os.environ.get(size_var)
-        if rank and size and rank.isdigit() and size.isdigit():
-            return int(rank), int(size)
+        rank, size = os.environ.get(rank_var, ""), os.environ.get(size_var, "")
+        if rank.isdigit():
+            return int(rank), int(size) if size.isdigit() else 1
     return 0, 1
 
 

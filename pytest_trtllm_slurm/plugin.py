@@ -62,16 +62,14 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
             or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
             or any(getattr(ns, options.BY_NAME[n].dest, None) for n in ("plan", "plan_json"))):
         return
-    from .warm_start import EarlyConfig
+    from .warm_start import start_early_sessions
 
     try:
-        if not options.remote_requested(EarlyConfig(early_config)):  # type: ignore[arg-type]
-            return  # a plain run: nothing imported, no file read
-        from .warm_start import start_early_sessions
-
-        _EARLY_SESSIONS_STARTED.append(start_early_sessions(early_config))
+        started = start_early_sessions(early_config)
     except (ConfigError, ExecutionError, OSError):
-        pass  # an optimization: the run itself reports a bad setting, once configured
+        return  # an optimization: the run itself reports a bad setting, once configured
+    if started:
+        _EARLY_SESSIONS_STARTED.append(started)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

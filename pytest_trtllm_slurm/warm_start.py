@@ -64,7 +64,11 @@ def run_targets(config: pytest.Config) -> list[str]:
 
 
 def start_early_sessions(config: pytest.Config) -> int:
-    """One session per live agent of the local persistent allocation; how many."""
+    """One session per live agent of the local persistent allocation; how many. A plain
+    run (no dispatch asked for) returns at once: nothing imported, no file read."""
+    early = EarlyConfig(config)
+    if not options.remote_requested(early):  # type: ignore[arg-type]
+        return 0
     from .execution.agents import (
         EARLY_SESSIONS,
         agent_alive,
@@ -77,9 +81,6 @@ def start_early_sessions(config: pytest.Config) -> int:
     from .execution.shell import LocalShell
     from .execution.slurm_parse import expand_hostlist
 
-    early = EarlyConfig(config)
-    if not options.remote_requested(early):  # type: ignore[arg-type]
-        return 0
     settings = options.resolve_settings(early)  # type: ignore[arg-type]
     if not (settings.remote and settings.persistent and settings.warm_workers):
         return 0

@@ -34,9 +34,10 @@ class ReportWriter:
     def __init__(self, config: pytest.Config, path: Path) -> None:
         self.config = config
         self._fd = self._open(path)
+        from .gate import rank_and_size
+
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
-        rank = os.environ.get("SLURM_PROCID") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
-        self.enabled = rank == "0"
+        self.enabled = rank_and_size()[0] == 0
         self.wanted: list[str] = []
         self.collect_errors: list[dict[str, Any]] = []
 

@@ -521,9 +521,13 @@ class AllocationManager:
     def check_gpu_processes(self, state: AllocationState) -> list[str]:
         """Leftover GPU processes on the allocation's nodes (warned; nothing is killed).
 
-        Skipped while steps run in the allocation: their processes are not leftovers.
+        Skipped while steps run in the allocation: their processes are not leftovers
+        (known without squeue when this run's early sessions went to its live agents).
         """
-        if state.gpus_per_node <= 0 or self.jobs.squeue_steps(state.job_id):
+        from .agents import agents_running  # (agents imports this module)
+
+        if state.gpus_per_node <= 0 or agents_running(state.job_id) or (
+                self.jobs.squeue_steps(state.job_id)):
             return []
         argv = ["srun", f"--jobid={state.job_id}", "-N", str(state.nodes),
                 "--ntasks-per-node=1", "--overlap", "--label", *GPU_CHECK]

@@ -58,7 +58,7 @@ from ..scripts import (
     render_step_launcher,
     rerun_argv,
 )
-from .agents import AgentPool, WarmJob, agents_running, serves_warm
+from .agents import AgentPool, WarmJob, serves_warm
 from .allocation import AllocationManager, AllocationState
 from .base import JobHandle
 from .docker import TRTLLM_RUN_FLAGS
@@ -298,9 +298,7 @@ class SlurmExecutor:
             except ExecutionError as exc:  # e.g. the queue is too busy: sbatch still queues
                 self.warn(f"No persistent allocation ({exc}); batches run as one-shot jobs.")
                 self._alloc = None
-            if self._alloc is not None and not agents_running(self._alloc.job_id):
-                # (the check is skipped while steps run: this run's early sessions went
-                # to agents, steps of this allocation, whose heartbeat was fresh)
+            if self._alloc is not None:
                 self.allocations.check_gpu_processes(self._alloc)
         if self._alloc is None:
             return None
@@ -397,13 +395,13 @@ class SlurmExecutor:
         for job in jobs:  # served batches: files only, every call
             if job.served and job.state.status.finished and not job.settled:
                 job.settled = self._reports_settled(job, now)
+        # what the scheduler reports on, polled at the adaptive interval
         active = [j for j in jobs if not j.state.status.finished and not j.served
                   and not j.waiting]
-        unsettled = [j for j in jobs if j.state.status.finished and not j.settled]
+        unsettled = [j for j in jobs if j.state.status.finished and not j.settled
+                     and not j.served]
         if (active or unsettled) and now >= self._next_at:
-            # the scheduler is asked again soon only when what it reports changed (served
-            # batches change through files: they do not hurry it)
-            asked = [j for j in (*active, *unsettled) if not j.served]
+            asked = [*active, *unsettled]
             before = {j.handle.job_id: visible_state(j).status for j in asked}
             try:
                 if active:
@@ -417,11 +415,10 @@ class SlurmExecutor:
                     for job in active:
                         job.state = JobState(status=JobStatus.ERROR, reason=(
                             f"scheduler not answering ({self._failures} tries): {exc}"))
-            for job in jobs:
-                if job.state.status.finished and not job.settled:
+            for job in jobs:  # those that ended just now too
+                if job.state.status.finished and not job.settled and not job.served:
                     job.settled = self._reports_settled(job, now)
-            if self._pools:
-                self._place_waiting()
+            # nodes of steps that ended here are given back by the next call's _poll_warm
             # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
             changed = any(visible_state(j).status != before[j.handle.job_id] for j in asked)
             self._interval = self.min_interval if changed else min(
