@@ -49,6 +49,7 @@ from .errors import ConfigError
 from .execution.base import Executor
 from .execution.monitor import Monitor, WatchedJob
 from .execution.outcome import JobState, JobStatus
+from .execution.work_root import ensure_work_root
 from .jobspec import JobSpec, SlurmEnv, write_private_atomic
 from .models import LocalEnv, Scenario
 
@@ -217,7 +218,7 @@ class PreparedCase:
 
 def _new_work_dir(root: Path, name: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
-    root.mkdir(parents=True, exist_ok=True)
+    ensure_work_root(root)
     return Path(tempfile.mkdtemp(prefix=f"{name}_{stamp}_", dir=root))
 
 

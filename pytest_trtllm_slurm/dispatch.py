@@ -25,6 +25,7 @@ from .execution.base import Executor, JobHandle
 from .execution.build import BUILD_LOG_LINES, build_command, build_failed, run_build
 from .execution.monitor import JobEvent, Monitor, WatchedJob, log_tail
 from .execution.outcome import JobState, JobStatus
+from .execution.work_root import ensure_work_root
 from .jobspec import JobSpec
 from .models import Scenario
 from .packing import pools_from_executors
@@ -199,7 +200,7 @@ class DispatchLoop:
         return broken
 
     def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
-        self.work_root.mkdir(parents=True, exist_ok=True)
+        ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"build_{self.stamp}_", dir=self.work_root))
         env = getattr(self.executors[key.scenario], "slurm_env", None)
         part = env.partition(key.partition) if env and key.partition else None
@@ -273,7 +274,7 @@ class DispatchLoop:
         key = batch.key
         name = f"{batch.label}" + (f"-retry{attempt}" if attempt else "")
         # unique even across xdist workers and concurrent runs started in the same second
-        self.work_root.mkdir(parents=True, exist_ok=True)
+        ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
         ids_file = work_dir / "nodeids.json"
         ids_file.write_text(json.dumps(batch.nodeids), encoding="utf-8")

@@ -29,6 +29,7 @@ The resource defaults of the executor do not all work on such a machine (no CAP_
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata as md
 import inspect
@@ -171,9 +172,8 @@ def build_rootfs(root: Path, tag: str) -> None:
     os.chmod(root / "tmp", 0o1777)
     os.chmod(root / "var/tmp", 0o1777)
 
+    ensure_packages()
     busybox = Path("/bin/busybox")
-    if not busybox.exists():
-        raise RuntimeError("busybox not found: apt-get install -y busybox-static")
     _copy_file(busybox, root, "/usr/bin/busybox")
     listing = subprocess.run([str(busybox), "--list-full"], capture_output=True, text=True,
                              check=True).stdout.split()
@@ -254,12 +254,27 @@ def ensure_image() -> LocalImage:
 
 # --------------------------------------------------------------------------- engines
 
+@functools.cache
+def ensure_packages() -> None:
+    """The engines and busybox, installed by the suite itself when missing (root + apt-get):
+    README's test command must work on a fresh machine, not only after .ci/run."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "trtllm_tests_debian", Path(__file__).resolve().parent / "cluster" / "debian.py")
+    debian = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(debian)
+    try:
+        debian.ensure("containers")
+    except debian.PackagesMissing as e:
+        raise RuntimeError(str(e)) from None
+
+
 def _which(name: str) -> str:
+    ensure_packages()
     path = shutil.which(name)
     if path is None:
-        raise RuntimeError(f"{name} not found: apt-get install -y --no-install-recommends "
-                           "docker.io containerd podman runc crun fuse-overlayfs slirp4netns "
-                           "uidmap busybox-static")
+        raise RuntimeError(f"{name} not found after installing the container packages "
+                           "(tests/cluster/debian.py, group 'containers')")
     return path
 
 

@@ -36,6 +36,7 @@ from .alloc_containers import SETUP_TIMEOUT, ContainerSetup, set_up_container, s
 from .shell import Shell
 from .slurm_jobs import SchedulerError, SlurmJobs, StepRow, format_duration, parse_duration
 from .slurm_parse import parse_key_values
+from .work_root import ensure_work_root
 
 STATE_NAME = ".slurm_alloc.json"
 NAME_SUFFIX = "-trtllm.persistent"
@@ -440,7 +441,7 @@ class AllocationManager:
                   f"{req.time_limit}.")
         argv = self.salloc_argv()
         res = self.jobs.run(argv, timeout=self.wait_seconds + 60)
-        self.salloc_log.parent.mkdir(parents=True, exist_ok=True)
+        ensure_work_root(self.salloc_log.parent)
         write_private_atomic(self.salloc_log, res.stdout + res.stderr)
         m = re.search(r"Granted job allocation (\d+)", res.stderr + res.stdout)
         if not res.ok or not m:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..jobspec import SlurmEnv, write_private_atomic
+from .work_root import ensure_work_root
 
 DEFAULT_TTL = 300.0
 
@@ -38,7 +39,8 @@ def cached_discovery(
     env = discover()
     if not env.errors and ttl > 0:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_work_root(path.parent.parent)  # <work_dirs>/.cache/<file>
+            path.parent.mkdir(exist_ok=True)
             write_private_atomic(path, json.dumps(
                 {"key": key, "at": time.time(), "env": env.model_dump(mode="json")}))
         except OSError:

@@ -28,7 +28,6 @@ PLUGSTACK = pathlib.Path("/etc/slurm/plugstack.conf")
 PLUGSTACK_D = pathlib.Path("/etc/slurm/plugstack.conf.d")
 CONF = PLUGSTACK_D / "pyxis-test-double.conf"
 HEADER = pathlib.Path("/usr/include/slurm/spank.h")
-PACKAGES = ["libslurm-dev", "gcc", "libc6-dev"]
 
 
 def paths(state: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -75,20 +74,16 @@ def stale(state: pathlib.Path, marker: str) -> str | None:
 
 
 def _install_packages(log) -> bool:
-    if HEADER.exists() and shutil.which("gcc"):
-        return True
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        log(f"pyxis test double: {HEADER} or gcc missing; install {' '.join(PACKAGES)}")
-        return False
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]
-    log("pyxis test double: " + " ".join(cmd))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if r.returncode != 0:
-        subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=600)
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if r.returncode != 0:
-        log(f"pyxis test double: package install failed:\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
+    """libslurm-dev and gcc, through the suite's one package list (tests/cluster/debian.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "trtllm_tests_debian", pathlib.Path(__file__).resolve().parent.parent / "debian.py")
+    debian = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(debian)
+    try:
+        debian.ensure("spank", log=log)
+    except debian.PackagesMissing as e:
+        log(f"pyxis test double: {e}")
         return False
     return HEADER.exists() and bool(shutil.which("gcc"))
 
