@@ -65,13 +65,23 @@ class ClustersFile(BaseModel):
     path: str | None = None
     clusters: dict[str, ClusterConfig] = Field(default_factory=dict)
 
-    def get(self, name: str) -> ClusterConfig:
+    def find(self, name: str) -> ClusterConfig | None:
+        """The cluster named ``name`` (case-insensitive), or None."""
         for key, cluster in self.clusters.items():
             if key.lower() == name.lower():
                 return cluster
+        return None
+
+    def get(self, name: str) -> ClusterConfig:
+        cluster = self.find(name)
+        if cluster is not None:
+            return cluster
+        raise ConfigError(self.unknown_message(name))
+
+    def unknown_message(self, name: str) -> str:
         known = ", ".join(sorted(self.clusters)) or "none"
         where = self.path or "no clusters file found"
-        raise ConfigError(
+        return (
             f"unknown cluster {name!r} (--slurm-cluster): clusters defined in {where}: {known}. "
             "Add a [clusters.NAME] table to the clusters file (--trtllm-config PATH, "
             "trtllm-slurm.toml at the rootdir, or ~/.config/trtllm-slurm/clusters.toml)."

@@ -14,7 +14,7 @@ import pytest
 
 from . import options
 from .batching import BatchKey
-from .config import ClusterConfig, Settings, load_clusters_file
+from .config import ClusterConfig, ClustersFile, Settings, load_clusters_file
 from .errors import ConfigError
 from .execution.base import Executor
 from .jobspec import JobSpec
@@ -55,6 +55,7 @@ def planning_context(config: pytest.Config) -> PlanningContext:
             slurm_env = cached_discovery(
                 Path(config.rootpath) / "work_dirs" / ".cache" / "slurm_env.json",
                 cache_key(local.cluster_name), SlurmClient(LocalShell()).discover)
+        _check_named_cluster(settings.slurm_cluster, clusters, local.cluster_name)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     ctx = PlanningContext(
@@ -67,6 +68,18 @@ def planning_context(config: pytest.Config) -> PlanningContext:
     )
     config.stash[_CONTEXT_KEY] = ctx
     return ctx
+
+
+def _check_named_cluster(name: str | None, clusters: ClustersFile, here: str | None) -> None:
+    """--slurm-cluster NAME is this machine's Slurm cluster (any case; no clusters file
+    needed) or a cluster of the clusters file: say so before anything runs, even when no
+    test would be routed by it."""
+    if not name or clusters.find(name) is not None:
+        return
+    if here and name.lower() == here.lower():
+        return
+    where = f"this machine's Slurm cluster is {here!r}" if here else "this machine has no Slurm"
+    raise ConfigError(f"{clusters.unknown_message(name)} ({where})")
 
 
 def make_executors(

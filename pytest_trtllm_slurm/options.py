@@ -351,8 +351,10 @@ def build_settings(
     if values.get("slurm_cluster") or values.get("config_path"):
         path = values.get("config_path")
         clusters = load(Path(path) if path else None, rootdir)
-    if values.get("slurm_cluster"):
-        cluster = clusters.get(values["slurm_cluster"])
+    # a name the file lacks may be this machine's own Slurm cluster (routing decides, with
+    # the probe's cluster name; an unknown remote name is a usage error there)
+    cluster = clusters.find(values["slurm_cluster"]) if values.get("slurm_cluster") else None
+    if cluster is not None:
         for opt in OPTIONS:
             fallback = getattr(cluster, opt.cluster_key) if opt.cluster_key else None
             if opt.field not in values and fallback:

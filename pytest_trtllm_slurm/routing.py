@@ -163,7 +163,12 @@ class _Ctx:
     # ------------------------------------------------------------------ slurm
 
     def named_cluster(self, name: str) -> RouteDecision:
+        """Seed rule: this machine's own Slurm cluster name (any case) is local_slurm, with or
+        without a clusters file; any other name is a remote cluster of the clusters file."""
         if self.local.cluster_name and name.lower() == self.local.cluster_name.lower():
+            if not self.local.slurm_available:
+                raise ConfigError(f"--slurm-cluster {name}: names this machine's Slurm "
+                                  f"cluster, but it does not answer ({self._notes('slurm')})")
             return self.local_slurm()
         return self.remote(name)
 
