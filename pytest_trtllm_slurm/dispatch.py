@@ -51,6 +51,7 @@ class ItemPlan:
     item: pytest.Item
     key: BatchKey | None  # None: runs here
     skip_reason: str | None = None  # set when nothing can serve it
+    error: str | None = None  # set when its markers or perf-sanity id cannot be read
 
 
 @dataclass
@@ -143,9 +144,12 @@ class DispatchLoop:
                 expect(nodeids)
 
     def _run_local(self, plans: list[ItemPlan]) -> None:
-        runnable = [p for p in plans if p.skip_reason is None]
+        runnable = [p for p in plans if p.skip_reason is None and p.error is None]
         for plan in plans:
-            if plan.skip_reason is not None:
+            if plan.error is not None:
+                self.replayer.track(plan.item)
+                self.replayer.planning_error(plan.item, plan.error)
+            elif plan.skip_reason is not None:
                 self._unsatisfied(plan)
         for index, plan in enumerate(runnable):
             nextitem = runnable[index + 1].item if index + 1 < len(runnable) else None

@@ -13,3 +13,10 @@ class ConfigError(Exception):
 
 class ExecutionError(Exception):
     """A job could not be submitted or watched (scheduler, shell, engine)."""
+
+
+class TestSpecError(ConfigError):
+    """One test's own device markers or perf-sanity id cannot be read: that test errors
+    with the message, the others plan and run (not a usage error of the whole run)."""
+
+    __test__ = False  # not a test class, even when imported into a test module

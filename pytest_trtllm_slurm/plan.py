@@ -20,11 +20,13 @@ RequirementFn = Callable[[Any], DeviceRequirement]
 
 
 class PlanRow(BaseModel):
-    """Where one test goes. ``scenario`` None: nothing can serve it (see ``reason``)."""
+    """Where one test goes. ``scenario`` None: nothing can serve it (see ``reason``), or
+    its markers / perf-sanity id cannot be read (see ``error``: the test errors)."""
 
     model_config = ConfigDict(extra="forbid")
 
     nodeid: str
+    name: str | None = None  # as the user wrote it, when pytest renamed a long id
     devices: int
     devices_per_node: int
     nodes: int
@@ -34,14 +36,18 @@ class PlanRow(BaseModel):
     batch: str | None = None
     source: str = "default"  # which marker / YAML the device count came from
     reason: str | None = None
+    error: str | None = None
 
 
 def plan_row(nodeid: str, req: DeviceRequirement, decision: RouteDecision,
-             partition: str | None = None, batch: str | None = None) -> PlanRow:
+             partition: str | None = None, batch: str | None = None, *,
+             name: str | None = None, error: str | None = None) -> PlanRow:
     """One row from a requirement and its routing decision (node math on the target's GPUs)."""
     target = decision.target_gpus_per_node
     return PlanRow(
         nodeid=nodeid,
+        name=name if name and name != nodeid else None,
+        error=error,
         devices=req.total,
         devices_per_node=req.resolve_per_node(target),
         nodes=req.nodes(target),
@@ -50,7 +56,7 @@ def plan_row(nodeid: str, req: DeviceRequirement, decision: RouteDecision,
         partition=decision.partition or partition,
         batch=batch,
         source=req.source,
-        reason=decision.reason,
+        reason=None if error else decision.reason,
     )
 
 
@@ -58,6 +64,14 @@ def format_plan_lines(rows: Iterable[PlanRow]) -> list[str]:
     """One human-readable line per test."""
     lines = []
     for row in rows:
+        shown = f"{row.name} (pytest id {row.nodeid})" if row.name else row.nodeid
+        if row.error is not None:
+            for prefix in (f"{row.name}: ", f"{row.nodeid}: "):
+                error = row.error.removeprefix(prefix)
+                if error != row.error:
+                    break
+            lines.append(f"{shown}: ERROR {error}")
+            continue
         if row.devices == 0:
             need = "CPU only"
         else:
@@ -66,7 +80,7 @@ def format_plan_lines(rows: Iterable[PlanRow]) -> list[str]:
         where = row.scenario or f"not served ({row.reason or 'no route'})"
         extras = "".join(f" {key}={value}" for key, value in
                          (("partition", row.partition), ("batch", row.batch)) if value)
-        lines.append(f"{row.nodeid}: {need} -> {where}{extras}")
+        lines.append(f"{shown}: {need} -> {where}{extras}")
     return lines
 
 

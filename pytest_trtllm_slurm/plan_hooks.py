@@ -27,6 +27,7 @@ class PlanPlugin:
         from .batching import make_batches
         from .context import planning_context
         from .planning import plan_items
+        from .requirements import name_as_written
 
         try:
             planned = plan_items(session.items, planning_context(session.config))
@@ -35,7 +36,8 @@ class PlanPlugin:
         batches = make_batches([(p.item.nodeid, p.plan.key) for p in planned if p.plan.key])
         label = {nodeid: batch.label for batch in batches for nodeid in batch.nodeids}
         self.rows = [
-            plan_row(p.item.nodeid, p.requirement, p.decision, batch=label.get(p.item.nodeid))
+            plan_row(p.item.nodeid, p.requirement, p.decision, batch=label.get(p.item.nodeid),
+                     name=name_as_written(p.item), error=p.plan.error)
             for p in planned
         ]
 
@@ -43,7 +45,10 @@ class PlanPlugin:
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         lines = format_plan_lines(self.rows)
         served = sum(row.scenario is not None for row in self.rows)
-        summary = f"{len(self.rows)} test(s): {served} routed, {len(self.rows) - served} not served"
+        errors = sum(row.error is not None for row in self.rows)
+        summary = (f"{len(self.rows)} test(s): {served} routed, "
+                   f"{len(self.rows) - served - errors} not served"
+                   + (f", {errors} error(s)" if errors else ""))
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if self.settings.plan or not self.settings.plan_json:
             if reporter is not None:
@@ -57,4 +62,6 @@ class PlanPlugin:
             path = write_plan_json(self.rows, self.settings.plan_json)
             if reporter is not None:
                 reporter.write_line(f"trtllm-slurm plan written to {path}")
+        # a test that cannot be planned fails the plan run (exit 1), after the whole plan
+        session.testsfailed += errors
         return True

@@ -14,6 +14,7 @@ from . import requirements, routing
 from .batching import BatchKey
 from .config import ClustersFile, Settings
 from .dispatch import ItemPlan
+from .errors import TestSpecError
 from .jobspec import SlurmEnv
 from .models import DeviceRequirement, Launch, LocalEnv, RouteDecision, Scenario
 from .resolve import normalize_device_type, resolve_container_image
@@ -98,8 +99,17 @@ def batch_image(
 
 
 def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
+    """Where one item goes. Its own markers or perf-sanity id unreadable (TestSpecError):
+    the item errors with the message and nothing else stops; any other ConfigError (an
+    option, the clusters file, a trtllm_slurm marker value) propagates as a usage error."""
     settings = ctx.settings
-    req = requirements.requirement_for_item(item, settings, ctx.perf)
+    try:
+        req = requirements.requirement_for_item(item, settings, ctx.perf)
+    except TestSpecError as exc:
+        message = str(exc)
+        decision = RouteDecision(scenario=None, reason=message)
+        return PlannedItem(item, DeviceRequirement(source="error"), decision,
+                           ItemPlan(item, None, error=message))
     test_cfg = requirements.test_config_for_item(item)
     typed = with_keyword_type(req, ctx)
     if isinstance(typed, str):

@@ -104,7 +104,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     from .planning import plan_items
 
     planned = plan_items([item], planning_context(config))
-    if planned[0].plan.key is None and planned[0].plan.skip_reason is None:
+    plan = planned[0].plan
+    if plan.key is None and plan.skip_reason is None and plan.error is None:
         return None  # runs right here, as usual
     _run(item.session, [item], planned)
     return True

@@ -170,6 +170,14 @@ class Replayer:
         self._synth(item, "teardown", "passed", None, None)
         self._finish(item.nodeid)
 
+    def planning_error(self, item: pytest.Item, message: str) -> None:
+        """A test whose markers or perf-sanity id cannot be read: an error at setup whose
+        text is the message (no traceback: nothing of the test ran)."""
+        self._start(item.nodeid, JobContext("-", "-", "-", "-"))
+        self._synth(item, "setup", "failed", f"[PLANNING ERROR] {message}", None)
+        self._synth(item, "teardown", "passed", None, None)
+        self._finish(item.nodeid)
+
     def _synth(
         self, item: pytest.Item, when: str, outcome: str, longrepr: Any, ctx: JobContext | None
     ) -> None:

@@ -22,8 +22,24 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from .config import Settings
-from .errors import ConfigError
+from .errors import ConfigError, TestSpecError
 from .models import DeviceRequirement, Launch
+from .perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
+    DEFAULT_AGG_FOLDER,
+    DEFAULT_DISAGG_FOLDER,
+    GRAMMAR,
+    GRAMMAR_VERSION,
+    PERF_PARAM,
+    PERF_PREFIXES,
+    PerfCase,
+    PerfSources,
+    load_perf_yaml,
+    name_as_written,
+    parse_perf_case,
+    perf_label,
+    perf_requirement,
+    server_gpus,
+)
 
 # --------------------------------------------------------------------------- time limits
 
@@ -227,13 +243,13 @@ def _count_arg(nodeid: str, mark: MarkLike, name: str, unit: str) -> int:
         found = ", ".join(
             [repr(a) for a in mark.args] + [f"{k}={v!r}" for k, v in mark.kwargs.items()]
         )
-        raise ConfigError(
+        raise TestSpecError(
             f"{nodeid}: {name}({found}): found {len(mark.args) + len(mark.kwargs)} arguments; "
             f"expected {expected}"
         )
     value = mark.args[0]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{nodeid}: {name}({value!r}): found {value!r}; expected {expected}")
+        raise TestSpecError(f"{nodeid}: {name}({value!r}): found {value!r}; expected {expected}")
     return value
 
 
@@ -242,7 +258,7 @@ def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not value or not all(isinstance(v, str) for v in value):
-        raise ConfigError(
+        raise TestSpecError(
             f"{nodeid}: skip_device_not_contain{tuple(mark.args)!r}: expected a list of device "
             "name keywords, e.g. @pytest.mark.skip_device_not_contain(['H100', 'H200'])"
         )
@@ -265,7 +281,7 @@ def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
     found = f"devices={total}, devices_per_node={per_node}, nodes={nodes}"
     if total is None:
         if per_node is None:
-            raise ConfigError(
+            raise TestSpecError(
                 f"{nodeid}: trtllm_slurm({found}): nodes alone says nothing about devices; "
                 "expected devices= or devices_per_node= as well"
             )
@@ -275,237 +291,11 @@ def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
     if per_node is None:
         per_node = math.ceil(total / (nodes or 1))
     if per_node > total or (nodes is not None and math.ceil(total / per_node) != nodes):
-        raise ConfigError(
+        raise TestSpecError(
             f"{nodeid}: trtllm_slurm({found}) is inconsistent; expected "
             "nodes == ceil(devices / devices_per_node) and devices_per_node <= devices"
         )
     return total, per_node
-
-
-# --------------------------------------------------------------------------- perf-sanity
-
-PERF_PREFIXES = ("aggr", "aggr_upload", "disagg", "disagg_upload")
-PERF_PARAM = "perf_sanity_test_case"
-DEFAULT_AGG_FOLDER = "tests/scripts/perf-sanity/aggregated"
-DEFAULT_DISAGG_FOLDER = "tests/scripts/perf-sanity/disaggregated"
-
-
-@dataclass(frozen=True)
-class PerfCase:
-    """A parsed perf-sanity label such as ``aggr-gpt_oss-gpt_oss_tp4ep4pp2_mtp1``."""
-
-    label: str
-    config: str  # YAML base name
-    mode: Literal["aggr", "disagg", "ctx_only"]
-    servers: tuple[str, ...] = ()  # aggr: selected server_configs names; () = all of them
-    benchmark_mode: str | None = None  # disagg: e2e | gen_only
-
-
-def parse_perf_case(label: str, nodeid: str = "") -> PerfCase:
-    """Split a perf-sanity label the way TensorRT-LLM's test_perf_sanity.py does."""
-    where = nodeid or label
-    labels = label.split("-")
-    prefix = labels[0]
-    if prefix not in PERF_PREFIXES or len(labels) < 2 or not labels[1]:
-        raise ConfigError(
-            f"{where}: perf-sanity id {label!r}; expected '<prefix>-<config>[-<server>]' "
-            f"with prefix one of {', '.join(PERF_PREFIXES)}"
-        )
-    if prefix.startswith("disagg"):
-        if len(labels) < 3 or labels[1] not in ("e2e", "gen_only"):
-            raise ConfigError(
-                f"{where}: disaggregated perf-sanity id {label!r}; expected "
-                f"'{prefix}-{{e2e|gen_only}}-<config_base>'"
-            )
-        return PerfCase(label, "-".join(labels[2:]), "disagg", (), labels[1])
-    if len(labels) > 2 and labels[1] == "ctx_only":
-        return PerfCase(label, "-".join(labels[2:]), "ctx_only", (), "ctx_only")
-    servers = "-".join(labels[2:])
-    names = tuple(s.strip() for s in servers.split(",") if s.strip()) if servers else ()
-    return PerfCase(label, labels[1], "aggr", names)
-
-
-@dataclass(frozen=True)
-class PerfSources:
-    """Where perf YAML files are looked for (built once per run, hashable for caching)."""
-
-    yaml_path: Path | None = None  # --perf-config-yaml: one file for every perf id
-    config_dirs: tuple[Path, ...] = ()  # trtllm_perf_config_dir
-    agg_dirs: tuple[Path, ...] = ()  # AGG_CONFIG_FOLDER or TRT-LLM's default
-    disagg_dirs: tuple[Path, ...] = ()  # DISAGG_CONFIG_FOLDER or TRT-LLM's default
-
-    @classmethod
-    def from_settings(
-        cls, settings: Settings, rootdir: Path, environ: Mapping[str, str] | None = None
-    ) -> PerfSources:
-        env = os.environ if environ is None else environ
-
-        def anchored(folder: str) -> tuple[Path, ...]:
-            path = Path(folder).expanduser()
-            if path.is_absolute():
-                return (path,)
-            return tuple(base / path for base in (rootdir, *rootdir.parents))
-
-        return cls(
-            yaml_path=Path(settings.perf_config_yaml) if settings.perf_config_yaml else None,
-            config_dirs=anchored(settings.perf_config_dir) if settings.perf_config_dir else (),
-            agg_dirs=anchored(env.get("AGG_CONFIG_FOLDER") or DEFAULT_AGG_FOLDER),
-            disagg_dirs=anchored(env.get("DISAGG_CONFIG_FOLDER") or DEFAULT_DISAGG_FOLDER),
-        )
-
-    def yaml_for(self, case: PerfCase, nodeid: str) -> Path:
-        """The YAML of ``case``; ConfigError listing what was tried when none exists."""
-        if self.yaml_path is not None:
-            if not self.yaml_path.is_file():
-                raise ConfigError(
-                    f"{nodeid}: perf config {self.yaml_path} (--perf-config-yaml) does not exist"
-                )
-            return self.yaml_path
-        found, tried = _find_yaml(self, case.mode, case.config)
-        if found is not None:
-            return found
-        shown = ", ".join(str(p) for p in tried[:4]) + (", ..." if len(tried) > 4 else "")
-        env = "AGG_CONFIG_FOLDER" if case.mode == "aggr" else "DISAGG_CONFIG_FOLDER"
-        name = case.config if case.config.endswith(".yaml") else f"{case.config}.yaml"
-        raise ConfigError(
-            f"{nodeid}: perf config {name} not found (tried {shown or 'no folder'}); "
-            "set --perf-config-yaml PATH, ini trtllm_perf_config_dir / env "
-            f"TRTLLM_SLURM_PERF_CONFIG_DIR, or env {env}"
-        )
-
-
-@functools.lru_cache(maxsize=1024)
-def _find_yaml(
-    sources: PerfSources, mode: str, config: str
-) -> tuple[Path | None, tuple[Path, ...]]:
-    """(the first existing candidate or None, every candidate) for one config name."""
-    name = config if config.endswith(".yaml") else f"{config}.yaml"
-    folders = sources.agg_dirs if mode == "aggr" else sources.disagg_dirs
-    tried = tuple(folder / name for folder in (*sources.config_dirs, *folders))
-    return next((c for c in tried if c.is_file()), None), tried
-
-
-def load_perf_yaml(path: Path) -> dict[str, Any]:
-    """Parsed YAML mapping, cached per (path, mtime, size): thousands of ids share a file."""
-    try:
-        stat = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"perf config {path}: cannot be read ({exc})") from None
-    return _load_yaml_cached(str(path), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=256)
-def _load_yaml_cached(path: str, _mtime_ns: int, _size: int) -> dict[str, Any]:
-    import yaml  # only perf-sanity runs pay for it
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"perf config {path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"perf config {path}: found {type(data).__name__}; expected a mapping")
-    return data
-
-
-def _positive(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{where}: found {value!r}; expected a positive integer")
-    return value
-
-
-def _table(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    value = data.get(key)
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: {key!r} is {'missing' if value is None else repr(value)}; "
-                          "expected a mapping")
-    return value
-
-
-def server_gpus(server: Mapping[str, Any], where: str) -> int:
-    """GPUs of one server config: ``gpus`` if set, else tp * cp * pp (EP adds none)."""
-    if "gpus" in server:
-        return _positive(server["gpus"], f"{where}.gpus")
-    product = 1
-    for key in ("tensor_parallel_size", "context_parallel_size", "pipeline_parallel_size"):
-        product *= _positive(server.get(key, 1), f"{where}.{key}")
-    return product
-
-
-def perf_requirement(
-    case: PerfCase, data: Mapping[str, Any], path: Path, nodeid: str
-) -> tuple[int, int]:
-    """(total devices, devices per node) of a perf-sanity case from its parsed YAML."""
-    hardware = _table(data, "hardware", f"{nodeid}: {path}")
-    if "gpus_per_node" not in hardware:
-        raise ConfigError(f"{nodeid}: {path}: hardware.gpus_per_node is missing; expected a "
-                          "positive integer (GPUs per node of the target)")
-    per_node = _positive(hardware["gpus_per_node"], f"{nodeid}: {path}: hardware.gpus_per_node")
-    if case.mode == "aggr":
-        gpus = _aggr_gpus(case, data, path, nodeid)
-        return gpus, min(gpus, per_node)
-    workers = _table(data, "worker_config", f"{nodeid}: {path}")
-    if case.mode == "ctx_only":
-        gpus = server_gpus(_table(workers, "ctx", f"{nodeid}: {path}: worker_config"),
-                           f"{nodeid}: {path}: worker_config.ctx")
-        return gpus, min(gpus, per_node)
-    nodes = 0
-    for role in ("ctx", "gen"):
-        count_key = f"num_{role}_servers"
-        if count_key not in hardware:
-            raise ConfigError(f"{nodeid}: {path}: hardware.{count_key} is missing; expected "
-                              "a non-negative integer")
-        count = hardware[count_key]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ConfigError(f"{nodeid}: {path}: hardware.{count_key}: found {count!r}; "
-                              "expected a non-negative integer")
-        if role == "ctx" and case.benchmark_mode == "gen_only":
-            bench = data.get("benchmark") or {}
-            if isinstance(bench, Mapping) and "gen_only_no_context" in str(bench.get("mode", "")):
-                count = 0
-        if count:
-            where = f"{nodeid}: {path}: worker_config.{role}"
-            gpus = server_gpus(_table(workers, role, f"{nodeid}: {path}: worker_config"), where)
-            nodes += math.ceil(gpus / per_node) * count
-    if nodes == 0:
-        raise ConfigError(f"{nodeid}: {path}: no ctx or gen servers; expected "
-                          "hardware.num_ctx_servers + num_gen_servers > 0")
-    return nodes * per_node, per_node
-
-
-def _aggr_gpus(case: PerfCase, data: Mapping[str, Any], path: Path, nodeid: str) -> int:
-    servers = data.get("server_configs")
-    if not isinstance(servers, list) or not servers:
-        raise ConfigError(f"{nodeid}: {path}: server_configs is missing or empty; expected a list")
-    by_name = {str(s.get("name", "")): s for s in servers if isinstance(s, Mapping)}
-    if len(by_name) != len(servers) and not case.servers:
-        raise ConfigError(f"{nodeid}: {path}: server_configs entries must be mappings")
-    if case.servers:
-        missing = [name for name in case.servers if name not in by_name]
-        if missing:
-            raise ConfigError(
-                f"{nodeid}: {path}: server {', '.join(missing)!s} not in server_configs; "
-                f"expected one of {', '.join(sorted(by_name))}"
-            )
-        chosen = [by_name[name] for name in case.servers]
-    else:
-        chosen = list(by_name.values())  # no server named: the largest one decides
-    return max(server_gpus(s, f"{nodeid}: {path}: server_configs[{s.get('name')}]") for s in chosen)
-
-
-def perf_case_of(item: Any) -> str | None:
-    """The perf-sanity label of a ``test_e2e[...]`` item, or None."""
-    if getattr(item, "originalname", None) != "test_e2e":
-        return None
-    callspec = getattr(item, "callspec", None)
-    params = getattr(callspec, "params", {}) if callspec is not None else {}
-    label = params.get(PERF_PARAM)
-    if not isinstance(label, str):
-        match = re.fullmatch(r"test_e2e\[(.+)\]", getattr(item, "name", ""))
-        label = match.group(1) if match else None
-    if label is None or label.split("-", 1)[0] not in PERF_PREFIXES:
-        return None
-    return label
 
 
 # --------------------------------------------------------------------------- the requirement
@@ -559,7 +349,7 @@ def requirement_from_marks(
             device_keywords=keywords, source=source, **memory,
         )
     except ValidationError as exc:
-        raise ConfigError(f"{nodeid}: {_validation_message(exc)}") from None
+        raise TestSpecError(f"{nodeid}: {_validation_message(exc)}") from None
 
 
 MARKER_NAMES = frozenset({"trtllm_slurm", "skip_less_device", "skip_less_mpi_world_size",
@@ -579,13 +369,18 @@ def closest_markers(item: Any) -> MarkerLookup:
 def requirement_for_item(
     item: Any, settings: Settings, perf: PerfSources | None = None
 ) -> DeviceRequirement:
-    """DeviceRequirement of a pytest item (closest marker wins: method > class > module)."""
+    """DeviceRequirement of a pytest item (closest marker wins: method > class > module).
+    Messages name the test as the user wrote it (name_as_written), not a renamed id."""
     def sources() -> PerfSources:
         return perf or PerfSources.from_settings(settings, Path(item.config.rootpath))
 
     return requirement_from_marks(
-        item.nodeid, closest_markers(item), settings, perf_case=perf_case_of(item), perf=sources
+        name_as_written(item), closest_markers(item), settings, perf_case=perf_label(item),
+        perf=sources,
     )
+
+
+perf_case_of = perf_label  # the older name
 
 
 def test_config_for_item(item: Any) -> TestConfig:

@@ -47,7 +47,7 @@ def test_plan_row_node_math_uses_the_target() -> None:
     assert row.model_dump() == {
         "nodeid": "t::a", "devices": 8, "devices_per_node": 4, "nodes": 2,
         "device_type": "H200", "scenario": "remote_slurm", "partition": "p", "batch": "b1",
-        "source": "mpi", "reason": None,
+        "source": "mpi", "reason": None, "name": None, "error": None,
     }
     unrouted = plan_row("t::b", req, RouteDecision(scenario=None, reason="no H200"), "fallback")
     assert (unrouted.scenario, unrouted.partition, unrouted.nodes) == (None, "fallback", 1)
@@ -166,6 +166,9 @@ def test_plan_device_type_from_option(pytester: pytest.Pytester, devcluster: dic
     assert {row["device_type"] for row in rows} == {"H200"}
 
 
+GOOD_TEST = "@pytest.mark.skip_less_device(2)\ndef test_good():\n    pass\n"
+
+
 @pytest.mark.parametrize(
     "source, needles",
     [
@@ -175,19 +178,37 @@ def test_plan_device_type_from_option(pytester: pytest.Pytester, devcluster: dic
          ["test_bad.py::test_bad", "found 0 arguments"]),
         ("@pytest.mark.skip_less_mpi_world_size(-8)\ndef test_bad():\n    pass\n",
          ["test_bad.py::test_bad", "-8"]),
-        ("@pytest.mark.trtllm_slurm(devcies=2)\ndef test_bad():\n    pass\n",
-         ["test_bad.py::test_bad", "devcies"]),
+        ("@pytest.mark.trtllm_slurm(devices=4, nodes=3)\ndef test_bad():\n    pass\n",
+         ["test_bad.py::test_bad", "inconsistent"]),
     ],
 )
-def test_bad_markers_exit_4_naming_the_test(pytester: pytest.Pytester, source: str,
-                                            needles: list[str]) -> None:
-    pytester.makepyfile(test_bad="import pytest\n\n" + source)
+def test_unreadable_device_markers_error_that_test_only(
+    pytester: pytest.Pytester, source: str, needles: list[str]
+) -> None:
+    """A test whose device markers cannot be read errors with the message; the plan of the
+    others is written and printed (exit 1: a test errored, not 4: the run is usable)."""
+    pytester.makepyfile(test_bad="import pytest\n\n" + source + "\n\n" + GOOD_TEST)
+    result, rows = run_plan_json(pytester, "--trtllm-plan")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+    by_name = {row["nodeid"].split("::")[-1]: row for row in rows}
+    assert by_name["test_good"]["devices"] == 2 and by_name["test_good"]["error"] is None
+    for needle in needles:
+        assert needle in by_name["test_bad"]["error"]
+    result.stdout.fnmatch_lines(["*test_bad.py::test_bad: ERROR *",
+                                 "*test_bad.py::test_good: 2 x any GPU*",
+                                 "2 test(s): *, 1 error(s)"])
+
+
+def test_bad_trtllm_slurm_marker_value_stays_a_usage_error(pytester: pytest.Pytester) -> None:
+    """A trtllm_slurm marker key or value pytest cannot accept (a typo, an env name, a
+    mount) is a configuration error of the suite: exit 4 naming the test."""
+    pytester.makepyfile(test_bad="import pytest\n\n@pytest.mark.trtllm_slurm(devcies=2)\n"
+                        "def test_bad():\n    pass\n\n" + GOOD_TEST)
     result, _ = run_plan_json(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    err = result.stderr.str()
-    assert "Traceback" not in err + result.stdout.str()
-    for needle in needles:
-        assert needle in err
+    assert "test_bad.py::test_bad" in result.stderr.str() and "devcies" in result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
 
 
 PERF_TEST = """
@@ -246,23 +267,37 @@ def test_perf_env_folders(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyP
          ["test_e2e[aggr-cfg-small]", "hardware.gpus_per_node", "cfg.yaml"]),
     ],
 )
-def test_bad_perf_yaml_exit_4(pytester: pytest.Pytester, yaml_text: str,
-                              needles: list[str]) -> None:
+def test_bad_perf_yaml_errors_that_test(pytester: pytest.Pytester, yaml_text: str,
+                                        needles: list[str]) -> None:
     perf_suite(pytester)
     (pytester.path / "perf" / "cfg.yaml").write_text(yaml_text)
-    result, _ = run_plan_json(pytester, f"--perf-config-yaml={pytester.path / 'perf' / 'cfg.yaml'}",
-                              "-k", "small")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result, rows = run_plan_json(pytester, "--trtllm-plan", "-k", "small",
+                                 f"--perf-config-yaml={pytester.path / 'perf' / 'cfg.yaml'}")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str() + result.stderr.str()
+    errors = {row["nodeid"]: row["error"] for row in rows if row["error"]}
+    assert list(errors) == ["test_perf_sanity.py::test_e2e[aggr-cfg-small]"]
     for needle in needles:
-        assert needle in result.stderr.str()
+        assert needle in errors["test_perf_sanity.py::test_e2e[aggr-cfg-small]"]
 
 
-def test_missing_perf_yaml_exit_4(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_perf_sanity=PERF_TEST)
-    result = pytester.runpytest("--trtllm-plan")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "test_e2e[aggr-cfg-small]" in result.stderr.str()
-    assert "cfg.yaml not found" in result.stderr.str()
+def test_missing_perf_yaml_errors_that_test(pytester: pytest.Pytester) -> None:
+    perf_suite(pytester)
+    (pytester.path / "perf" / "cfg.yaml").unlink()
+    pytester.makeini("[pytest]\ntrtllm_perf_config_dir = perf\n")
+    result, rows = run_plan_json(pytester, "--trtllm-plan")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    by_id = {row["nodeid"].split("[")[1].rstrip("]"): row for row in rows}
+    assert "cfg.yaml not found" in by_id["aggr-cfg-small"]["error"]
+    assert by_id["disagg-e2e-dis"]["error"] is None and by_id["disagg-e2e-dis"]["devices"] == 20
+    result.stdout.fnmatch_lines(["*test_e2e?aggr-cfg-small?: ERROR perf config cfg.yaml not found*"])
+
+
+def test_missing_perf_config_yaml_option_stays_a_usage_error(pytester: pytest.Pytester) -> None:
+    """--perf-config-yaml naming no file is the option's fault: exit 4, nothing planned."""
+    perf_suite(pytester)
+    result, rows = run_plan_json(pytester, "--perf-config-yaml=nosuch.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and rows == []
+    assert "nosuch.yaml (--perf-config-yaml) does not exist" in result.stderr.str()
 
 
 def test_plan_wins_over_remote(pytester: pytest.Pytester) -> None:
