@@ -136,14 +136,19 @@ class PerfSources:
             disagg_dirs=anchored(env.get("DISAGG_CONFIG_FOLDER") or DEFAULT_DISAGG_FOLDER),
         )
 
+    def check_option(self, nodeid: str) -> None:
+        """--perf-config-yaml naming no file: ConfigError (the option's fault, exit 4),
+        checked before any id is read so an unreadable id cannot hide it."""
+        if self.yaml_path is not None and not self.yaml_path.is_file():
+            raise ConfigError(
+                f"{nodeid}: perf config {self.yaml_path} (--perf-config-yaml) does not exist"
+            )
+
     def yaml_for(self, case: PerfCase, nodeid: str) -> Path:
         """The YAML of ``case``: TestSpecError listing what was tried when none exists; a
         missing --perf-config-yaml is the option's fault (ConfigError, a usage error)."""
+        self.check_option(nodeid)
         if self.yaml_path is not None:
-            if not self.yaml_path.is_file():
-                raise ConfigError(
-                    f"{nodeid}: perf config {self.yaml_path} (--perf-config-yaml) does not exist"
-                )
             return self.yaml_path
         found, tried = _find_yaml(self, case.disaggregated_yaml, case.config)
         if found is not None:

@@ -172,9 +172,10 @@ class Replayer:
 
     def planning_error(self, item: pytest.Item, message: str) -> None:
         """A test whose markers or perf-sanity id cannot be read: an error at setup whose
-        text is the message (no traceback: nothing of the test ran)."""
+        text is the message (no traceback: nothing of the test ran). The message leads with
+        the test's name only where pytest renamed its id (the header shows the node id)."""
         self._start(item.nodeid, JobContext("-", "-", "-", "-"))
-        self._synth(item, "setup", "failed", f"[PLANNING ERROR] {message}", None)
+        self._synth(item, "setup", "failed", message.removeprefix(f"{item.nodeid}: "), None)
         self._synth(item, "teardown", "passed", None, None)
         self._finish(item.nodeid)
 

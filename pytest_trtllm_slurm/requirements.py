@@ -337,6 +337,7 @@ def requirement_from_marks(
         per_node = total or None
     elif perf_case is not None:
         sources = (perf() if callable(perf) else perf) or PerfSources()
+        sources.check_option(nodeid)
         case = parse_perf_case(perf_case, nodeid)
         path = sources.yaml_for(case, nodeid)
         total, per_node = perf_requirement(case, load_perf_yaml(path), path, nodeid)

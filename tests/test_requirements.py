@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_trtllm_slurm.config import Settings
-from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
 from pytest_trtllm_slurm.models import DeviceRequirement, Launch
 from pytest_trtllm_slurm.requirements import (
+    GRAMMAR_VERSION,
     PerfCase,
     PerfSources,
     format_slurm_time,
@@ -311,17 +312,53 @@ def test_bad_skip_device_not_contain() -> None:
         ("disagg_upload-gen_only-x", PerfCase("disagg_upload-gen_only-x", "x", "disagg", (),
                                               "gen_only")),
         ("aggr-ctx_only-x", PerfCase("aggr-ctx_only-x", "x", "ctx_only", (), "ctx_only")),
+        # the modifier sits between the mode and a config name that may hold '-'
+        ("disagg_upload-e2e-time_breakdown-gb300_ds-v4-pro_ccb-NIXL",
+         PerfCase("disagg_upload-e2e-time_breakdown-gb300_ds-v4-pro_ccb-NIXL",
+                  "gb300_ds-v4-pro_ccb-NIXL", "disagg", (), "e2e", True)),
+        ("disagg-gen_only-time_breakdown-x",
+         PerfCase("disagg-gen_only-time_breakdown-x", "x", "disagg", (), "gen_only", True)),
+        ("aggr_upload-ctx_only-time_breakdown-a-b",
+         PerfCase("aggr_upload-ctx_only-time_breakdown-a-b", "a-b", "ctx_only", (), "ctx_only",
+                  True)),
+        # the generation worker alone, from the disaggregated YAML, on the aggregated path
+        ("aggr-gen_only_no_context-c-UCX",
+         PerfCase("aggr-gen_only_no_context-c-UCX", "c-UCX", "gen_only_no_context", (),
+                  "gen_only_no_context")),
+        ("aggr_upload-gen_only_no_context-time_breakdown-c",
+         PerfCase("aggr_upload-gen_only_no_context-time_breakdown-c", "c",
+                  "gen_only_no_context", (), "gen_only_no_context", True)),
+        # a config name that merely contains the modifier is not a modifier
+        ("disagg-e2e-time_breakdownx-c",
+         PerfCase("disagg-e2e-time_breakdownx-c", "time_breakdownx-c", "disagg", (), "e2e")),
+        # plain aggr ids have no modifier segment: the rest names the server
+        ("aggr-cfg-time_breakdown", PerfCase("aggr-cfg-time_breakdown", "cfg", "aggr",
+                                             ("time_breakdown",))),
     ],
 )
 def test_parse_perf_case(label: str, expected: PerfCase) -> None:
     assert parse_perf_case(label) == expected
 
 
-@pytest.mark.parametrize("label", ["aggr", "aggr-", "bogus-x-y", "disagg-x", "disagg-ctx-x"])
-def test_parse_perf_case_errors(label: str) -> None:
-    with pytest.raises(ConfigError) as info:
+@pytest.mark.parametrize(
+    "label, needle",
+    [("aggr", "no config name"), ("aggr-", "no config name"),
+     ("bogus-x-y", "prefix 'bogus'"), ("disagg-x", "'x' is not one of e2e, gen_only"),
+     ("disagg-ctx-x", "'ctx' is not one of"),
+     ("disagg-e2e-time_breakdown", "no config name after the mode and modifier"),
+     ("aggr-ctx_only-time_breakdown", "no config name after the mode and modifier"),
+     ("disagg-e2e--x", "no config name"),
+     ("disagg_upload-gen_only_no_context-c", "write it 'aggr-gen_only_no_context-<config>'"),
+     ("disagg-ctx_only-c", "aggregated launch path")],
+)
+def test_parse_perf_case_errors(label: str, needle: str) -> None:
+    """The message names the test, the id, what is wrong, the grammar and its version."""
+    with pytest.raises(TestSpecError) as info:
         parse_perf_case(label, NODEID)
-    assert NODEID in str(info.value) and "expected" in str(info.value)
+    text = str(info.value)
+    assert text.startswith(f"{NODEID}: perf-sanity id {label!r}: ")
+    assert needle in text and f"grammar {GRAMMAR_VERSION}" in text
+    assert "time_breakdown" in text and "gen_only_no_context" in text  # the grammar is spelled
 
 
 AGG = {
@@ -397,10 +434,33 @@ def test_ctx_only_uses_ctx_worker() -> None:
     assert perf_requirement(parse_perf_case("aggr-ctx_only-x"), data, Path("x"), NODEID) == (2, 2)
 
 
+def test_gen_only_no_context_is_one_gen_worker() -> None:
+    """One gen worker (num_gen_servers does not multiply it), no ctx worker at all."""
+    data = disagg(4, 8, 12, 4, 4)
+    for label in ("aggr-gen_only_no_context-x", "aggr_upload-gen_only_no_context-time_breakdown-x"):
+        assert perf_requirement(parse_perf_case(label), data, Path("x"), NODEID) == (8, 4)
+    # the same YAML for gen_only keeps both fleets: 12 x 1 node + 4 x 2 nodes
+    assert perf_requirement(parse_perf_case("disagg-gen_only-x"), data, Path("x"), NODEID) == (
+        80, 4)
+    with pytest.raises(TestSpecError, match="worker_config"):
+        perf_requirement(parse_perf_case("aggr-gen_only_no_context-x"),
+                         {"hardware": {"gpus_per_node": 4}}, Path("x"), NODEID)
+
+
+def test_world_size_wins_over_parallel_sizes() -> None:
+    """A server's explicit world_size is what the launchers size it by."""
+    data = disagg(2, 8, 1, 1, 4)
+    data["worker_config"]["ctx"]["world_size"] = 8
+    assert perf_requirement(parse_perf_case("aggr-ctx_only-x"), data, Path("x"), NODEID) == (8, 4)
+    agg = {"hardware": {"gpus_per_node": 8},
+           "server_configs": [{"name": "s", "tensor_parallel_size": 2, "world_size": 4}]}
+    assert perf_requirement(parse_perf_case("aggr-c-s"), agg, Path("x"), NODEID) == (4, 4)
+
+
 def test_disagg_errors() -> None:
     data = disagg(4, 8, 1, 1, 4)
     del data["hardware"]["num_gen_servers"]
-    with pytest.raises(ConfigError, match="num_gen_servers"):
+    with pytest.raises(TestSpecError, match="num_gen_servers"):
         perf_requirement(parse_perf_case("disagg-e2e-x"), data, Path("x"), NODEID)
     with pytest.raises(ConfigError, match="no ctx or gen"):
         perf_requirement(parse_perf_case("disagg-e2e-x"), disagg(1, 1, 0, 0, 4), Path("x"), NODEID)
