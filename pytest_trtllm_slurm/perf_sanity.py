@@ -325,7 +325,7 @@ def perf_label(item: Any) -> str | None:
 
 def name_as_written(item: Any) -> str:
     """The node id as a test list spells it. pytest 9's ``parametrize_long_str_id_strategy``
-    (``short`` by default from 9.1) renames a parameter over 100 characters to
+    (``short`` by default, pytest >= 9.2) renames a parameter over 100 characters to
     ``perf_sanity_test_case<N>`` (``sha256``: its digest); every perf-sanity id is that long.
     The user wrote, and messages show, the perf-sanity label itself."""
     nodeid = str(getattr(item, "nodeid", ""))

@@ -5,7 +5,7 @@ Every id of the copied stage lists is collected as TensorRT-LLM collects it
 against the copied configs. The expected sizing comes from what each stage list declares
 about its own machines (name segments and ``system_gpu_count``), never from the plugin.
 Both pytest id strategies are checked: the full id, and pytest 9's renaming of parameters
-over 100 characters (``parametrize_long_str_id_strategy``, ``short`` by default from 9.1).
+over 100 characters (``parametrize_long_str_id_strategy``, ``short`` by default from 9.2).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytest_plugins = ["pytester"]
 
 DATA = Path(__file__).resolve().parent / "data" / "perf_sanity"
 LINE = re.compile(r"^perf/test_perf_sanity\.py::test_e2e\[(?P<id>[^\]]+)\](?:\s+TIMEOUT\s*\(\d+\))?$")
-# pytest >= 9.1 has the ini; on older pytest the conftest below emulates it
+# pytest >= 9.2 has the ini; on older pytest the conftest below emulates it
 NATIVE_STRATEGY = hasattr(_pytest.python, "LongStrIdStrategy")
 
 
@@ -90,7 +90,7 @@ UNREADABLE = {
     f"agg2_upload-{CON4301}": "prefix 'agg2_upload'",
 }
 
-# A fake of pytest >= 9.1's parametrize_long_str_id_strategy for the pytest installed here
+# A fake of pytest >= 9.2's parametrize_long_str_id_strategy for the pytest installed here
 # when it predates the option: the same renaming, by the hook pytest calls for every value.
 EMULATION = '''
 import hashlib
