@@ -306,7 +306,8 @@ def perf_label(item: Any) -> str | None:
 
     A ``perf_sanity_test_case`` parameter is a perf-sanity id whatever it looks like (one
     the grammar does not know must error, not run as a CPU test); without the parameter,
-    the bracketed id is one only when it starts with an aggr/disagg prefix.
+    the bracketed id is one only when it starts with a prefix upstream mints (another
+    suite's ``test_e2e[aggregate-...]`` stays an ordinary test).
     """
     if getattr(item, "originalname", None) != "test_e2e":
         return None
@@ -319,8 +320,7 @@ def perf_label(item: Any) -> str | None:
     if not (name.startswith("test_e2e[") and name.endswith("]")):
         return None
     label = name[len("test_e2e["):-1]
-    prefix = label.split("-", 1)[0]
-    return label if AGGR_TOKEN in prefix or DISAGG_TOKEN in prefix else None
+    return label if label.split("-", 1)[0] in PERF_PREFIXES else None
 
 
 def name_as_written(item: Any) -> str:

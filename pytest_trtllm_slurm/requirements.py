@@ -384,7 +384,7 @@ perf_case_of = perf_label  # the older name
 
 def test_config_for_item(item: Any) -> TestConfig:
     """TestConfig of the item's closest ``trtllm_slurm`` marker (defaults when none)."""
-    return marker_config(item.nodeid, item.get_closest_marker("trtllm_slurm"))
+    return marker_config(name_as_written(item), item.get_closest_marker("trtllm_slurm"))
 
 
 test_config_for_item.__test__ = False  # type: ignore[attr-defined]  # not a test when imported

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import shlex
 from pathlib import Path
@@ -587,3 +588,54 @@ def test_yaml_cache_and_invalidation(tmp_path: Path) -> None:
     path.write_text("a: [unclosed\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_perf_yaml(path)
+
+
+# --------------------------------------------------------------------------- perf items
+
+
+def perf_item(nodeid: str, params: dict[str, Any] | None = None) -> Any:
+    from types import SimpleNamespace
+
+    name = nodeid.rsplit("::", 1)[-1]
+    return SimpleNamespace(nodeid=nodeid, name=name, originalname=name.split("[", 1)[0],
+                           callspec=SimpleNamespace(params=params) if params else None)
+
+
+LONG = "disagg_upload-e2e-time_breakdown-gb300_deepseek-v4-pro-fp4_8k1k_con4301_ctx12_dep4_gen1_dep8_ccb-NIXL"
+
+
+@pytest.mark.parametrize(
+    "nodeid, params, label",
+    [
+        # the parameter makes it a perf-sanity id, whatever its spelling (then it errors)
+        ("t.py::test_e2e[agg-x]", {"perf_sanity_test_case": "agg-x"}, "agg-x"),
+        ("t.py::test_e2e[perf_sanity_test_case0]", {"perf_sanity_test_case": LONG}, LONG),
+        # without it, only a prefix upstream mints
+        ("t.py::test_e2e[aggr_upload-c-s]", None, "aggr_upload-c-s"),
+        ("t.py::test_e2e[aggregate-x]", None, None),
+        ("t.py::test_other[aggr-c-s]", None, None),
+    ],
+)
+def test_perf_label(nodeid: str, params: dict[str, Any] | None, label: str | None) -> None:
+    from pytest_trtllm_slurm.requirements import perf_label
+
+    assert perf_label(perf_item(nodeid, params)) == label
+
+
+@pytest.mark.parametrize(
+    "nodeid, written",
+    [
+        ("perf/test_perf_sanity.py::test_e2e[perf_sanity_test_case12]",
+         f"perf/test_perf_sanity.py::test_e2e[{LONG}]"),
+        (f"perf/test_perf_sanity.py::test_e2e[{hashlib.sha256(LONG.encode()).hexdigest()}]",
+         f"perf/test_perf_sanity.py::test_e2e[{LONG}]"),
+        ("perf/test_perf_sanity.py::test_e2e[perf_sanity_test_case3-fp8]",
+         f"perf/test_perf_sanity.py::test_e2e[{LONG}-fp8]"),
+        (f"perf/test_perf_sanity.py::test_e2e[{LONG}]", f"perf/test_perf_sanity.py::test_e2e[{LONG}]"),
+    ],
+)
+def test_name_as_written_undoes_pytest_renaming(nodeid: str, written: str) -> None:
+    from pytest_trtllm_slurm.requirements import name_as_written
+
+    assert name_as_written(perf_item(nodeid, {"perf_sanity_test_case": LONG})) == written
+    assert name_as_written(perf_item("t.py::test_x[a]")) == "t.py::test_x[a]"
