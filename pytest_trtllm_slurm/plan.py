@@ -65,11 +65,9 @@ def format_plan_lines(rows: Iterable[PlanRow]) -> list[str]:
     lines = []
     for row in rows:
         shown = f"{row.name} (pytest id {row.nodeid})" if row.name else row.nodeid
-        if row.error is not None:
-            for prefix in (f"{row.name}: ", f"{row.nodeid}: "):
-                error = row.error.removeprefix(prefix)
-                if error != row.error:
-                    break
+        if row.error is not None:  # the message leads with the name the line shows already
+            error = next((row.error[len(n) + 2:] for n in (row.name, row.nodeid)
+                          if n and row.error.startswith(f"{n}: ")), row.error)
             lines.append(f"{shown}: ERROR {error}")
             continue
         if row.devices == 0:

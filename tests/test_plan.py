@@ -67,6 +67,27 @@ def test_format_plan_lines() -> None:
     ]
 
 
+def test_format_plan_lines_names_as_written_and_errors() -> None:
+    """A renamed id shows the test list's spelling first; an error row shows its message
+    (without repeating the name it leads with)."""
+    rows = [
+        PlanRow(nodeid="p.py::test_e2e[perf_sanity_test_case0]", name="p.py::test_e2e[aggr-c-s]",
+                devices=8, devices_per_node=4, nodes=2, scenario="local_slurm"),
+        PlanRow(nodeid="p.py::test_e2e[perf_sanity_test_case1]", name="p.py::test_e2e[agg-c]",
+                devices=0, devices_per_node=0, nodes=1,
+                error="p.py::test_e2e[agg-c]: perf-sanity id 'agg-c': prefix 'agg' ..."),
+        PlanRow(nodeid="t.py::test_x", devices=0, devices_per_node=0, nodes=1,
+                error="t.py::test_x: skip_less_device('four'): found 'four'"),
+    ]
+    assert format_plan_lines(rows) == [
+        "p.py::test_e2e[aggr-c-s] (pytest id p.py::test_e2e[perf_sanity_test_case0]): "
+        "8 x any GPU = 2 node(s) x 4 -> local_slurm",
+        "p.py::test_e2e[agg-c] (pytest id p.py::test_e2e[perf_sanity_test_case1]): "
+        "ERROR perf-sanity id 'agg-c': prefix 'agg' ...",
+        "t.py::test_x: ERROR skip_less_device('four'): found 'four'",
+    ]
+
+
 def test_write_plan_json(tmp_path: Path) -> None:
     rows = [PlanRow(nodeid="a[x-y]", devices=4, devices_per_node=4, nodes=1)]
     path = write_plan_json(rows, tmp_path / "sub" / "plan.json")
