@@ -65,3 +65,32 @@ def test_a_bad_option_still_stops_the_run(pytester: pytest.Pytester, devcluster:
                                            "--perf-config-yaml=nosuch.yaml")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--perf-config-yaml" in result.stderr.str()
+
+
+LONG_BAD = ("disagg_upload-gen_only_no_context-"
+            "gb300_deepseek-v4-pro-fp4_8k1k_con4301_ctx12_dep4_gen1_dep8_eplb384_mtp1_ccb-NIXL")
+
+
+def test_a_renamed_id_errors_under_the_name_the_test_list_uses(pytester: pytest.Pytester,
+                                                               devcluster: dict) -> None:
+    """pytest's short id strategy calls it test_e2e[perf_sanity_test_case0]; the error says
+    test_e2e[<the id as written>]."""
+    from test_perf_sanity_stages import EMULATION, NATIVE_STRATEGY
+
+    assert len(LONG_BAD) > 100  # what pytest renames
+
+    pytester.makepyfile(test_perf_sanity=(
+        "import pytest\n\n"
+        f"@pytest.mark.parametrize('perf_sanity_test_case', [{LONG_BAD!r}])\n"
+        "def test_e2e(perf_sanity_test_case):\n    raise AssertionError('must not run')\n\n"
+        "def test_cpu():\n    pass\n"))
+    args = ["-o", "parametrize_long_str_id_strategy=short"] if NATIVE_STRATEGY else []
+    if not NATIVE_STRATEGY:
+        pytester.makeconftest(f"STRATEGY = 'short'\n{EMULATION}")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--trtllm-remote", *args)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR at setup of test_e2e?perf_sanity_test_case0?*",
+        f"test_perf_sanity.py::test_e2e?{LONG_BAD}?: perf-sanity id '{LONG_BAD}': mode "
+        "'gen_only_no_context' runs on the aggregated launch path*",
+    ])
