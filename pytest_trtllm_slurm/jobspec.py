@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .masking import mask_env
 from .models import Launch, Scenario
 
 
@@ -93,13 +94,8 @@ class JobSpec(BaseModel):
     slurm_env: SlurmEnv | None = None
 
     def masked(self) -> JobSpec:
-        """A copy safe to write: env values that look secret are masked."""
-        secret_words = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "OTP", "KEY", "CREDENTIAL")
-        env = {
-            k: ("***" if any(w in k.upper() for w in secret_words) else v)
-            for k, v in self.env.items()
-        }
-        return self.model_copy(update={"env": env})
+        """A copy safe to write: secret env values masked (``masking.mask_env``)."""
+        return self.model_copy(update={"env": mask_env(self.env)})
 
     def write(self, path: Path | None = None) -> Path:
         """Write job_spec.json atomically, mode 0600, secrets masked."""

@@ -53,6 +53,7 @@ from ..containers import (
 )
 from ..errors import ConfigError
 from ..jobspec import JobSpec
+from ..masking import is_secret
 from ..models import LocalEnv
 from ..scripts import rerun_argv
 from .base import JobHandle
@@ -297,11 +298,11 @@ class ContainerExecutor(LocalProcessExecutor):
                               include_plugin=self.mount_plugin),
             env={}, network=self.network, user=self.user, python=self.python, command=command,
         )
-        env = container_env(spec.masked(), models_root=self.models_root,
+        env = container_env(spec, models_root=self.models_root,
                             include_plugin=self.mount_plugin)
         flags: list[str] = []
         for key, value in sorted(env.items()):
-            flags += ["-e", key if value == "***" else f"{key}={value}"]
+            flags += ["-e", key if is_secret(key, value) else f"{key}={value}"]
         image_at = argv.index(spec.container_image or "")
         argv[image_at:image_at] = flags
         return f"cd {shlex.quote(workdir_of(spec))} && {shlex.join(argv)}"

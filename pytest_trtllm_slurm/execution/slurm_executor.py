@@ -45,6 +45,7 @@ from ..containers import (
 from ..errors import ExecutionError
 from ..gate import GATE_ENV, GATE_WAIT_ENV
 from ..jobspec import JobSpec, SlurmEnv
+from ..masking import is_secret
 from ..models import Launch
 from ..scripts import (
     ContainerOptions,
@@ -709,7 +710,7 @@ class SlurmExecutor:
             env, argv = self._wrapped(base.masked(), rerun_argv(base, nodeid),
                                       script if job is not None else None)
             assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
-                              if v != "***")
+                              if not is_secret(k, base.env.get(k, v)))
             spec = base.model_copy(update={"command": argv, "rerun_argv": []})
         if job is not None and job.alloc is not None:
             text = render_rerun_step(spec, nodeid, job.alloc.job_id, opts, job.share)
