@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import otp_env
 from .errors import ConfigError
 from .execution.probe import probe_local_env
 from .execution.shell import LocalShell
@@ -148,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    otp_env.take_from_environ()  # no job or process this command starts inherits it
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from . import options
+from . import options, otp_env
 from .errors import ConfigError, ExecutionError
 
 
@@ -33,9 +33,20 @@ def pytest_configure(config: pytest.Config) -> None:
     # plugin's), so it runs after that cleanup's gc.collect() calls: see _freeze_gc
     config.add_cleanup(lambda: _unfreeze_gc(config))
     options.register_markers(config)
+    otp_env.take_from_environ()
+    otp_env.hold(getattr(config, "workerinput", {}).get(otp_env.WORKERINPUT_KEY))
     from .case_items import register_if_wanted  # YAML case files; a no-op unless asked for
 
     register_if_wanted(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """pytest-xdist controller: hand the one-time code to each worker through its
+    workerinput (the workers start without it in their environment)."""
+    code = otp_env.current()
+    if code:
+        node.workerinput[otp_env.WORKERINPUT_KEY] = code  # type: ignore[attr-defined]
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -55,8 +66,10 @@ _EARLY_SESSIONS_STARTED: list[int] = []
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    """Before the suite's conftests are imported: start this run's warm-worker sessions
-    (a warm allocation only), so their imports overlap the controller's (warm_start)."""
+    """Before the suite's conftests are imported: take TRTLLM_SLURM_OTP out of the
+    environment (nothing this run starts inherits it), then start this run's warm-worker
+    sessions (a warm allocation only), so their imports overlap the controller's (warm_start)."""
+    otp_env.take_from_environ()
     ns = early_config.known_args_namespace
     if (getattr(ns, "trtllm_worker_reports", None) or getattr(ns, "collectonly", False)
             or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")

@@ -20,12 +20,12 @@ from collections.abc import Callable
 import paramiko
 
 from ..errors import ConfigError
+from ..otp_env import OTP_ENV, current as current_env_otp
 from .ssh_hostkeys import fingerprint
 from .ssh_target import SSHTarget
 
 log = logging.getLogger(__name__)
 
-OTP_ENV = "TRTLLM_SLURM_OTP"
 DEFAULT_KEY_FILES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 KI = "keyboard-interactive"
 
@@ -60,7 +60,7 @@ def can_prompt() -> bool:
 
 def default_otp_provider(target: SSHTarget) -> OneTimeCode:
     """TRTLLM_SLURM_OTP, else ``otp_command`` (run locally), else a terminal prompt."""
-    value = os.environ.get(OTP_ENV, "").strip()
+    value = current_env_otp()  # taken out of os.environ: no child process inherits it
     if value:
         return OneTimeCode(value, f"the {OTP_ENV} environment variable")
     if target.otp_command:
@@ -198,7 +198,7 @@ def _second_step(transport: paramiko.Transport, target: SSHTarget, otp_provider:
 
 def _keyboard_interactive(transport: paramiko.Transport, target: SSHTarget,
                           otp_provider: OtpProvider) -> None:
-    attempts = 3 if (can_prompt() and not os.environ.get(OTP_ENV) and not target.otp_command) else 1
+    attempts = 3 if (can_prompt() and not current_env_otp() and not target.otp_command) else 1
     for attempt in range(1, attempts + 1):
         code = otp_provider(target)
         if isinstance(code, str):

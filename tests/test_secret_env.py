@@ -1,0 +1,64 @@
+"""TRTLLM_SLURM_OTP is read once and passed on to nothing: not to the tests, not to local
+workers, not to their children (srun and sbatch would export the same environment)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CODE = "731904"
+DISPATCH = ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_direct"]
+
+SUITE = '''
+import json, os, subprocess, sys
+from pathlib import Path
+
+def test_sees_no_code():
+    child = subprocess.run([sys.executable, "-c",
+                            "import os; print(os.environ.get('TRTLLM_SLURM_OTP'))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    from pytest_trtllm_slurm import otp_env
+    seen = {"test": os.environ.get("TRTLLM_SLURM_OTP"), "child": child,
+            "held": otp_env.current(), "pid": os.getpid()}
+    with open(os.environ["SEEN_FILE"], "a") as fh:
+        fh.write(json.dumps(seen) + "\\n")
+'''
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    suite = tmp_path / "suite"
+    suite.mkdir(exist_ok=True)
+    (suite / "test_otp.py").write_text(SUITE)
+    seen = tmp_path / f"seen-{len(list(tmp_path.glob('seen-*')))}.jsonl"
+    env = {**os.environ, "TRTLLM_SLURM_OTP": CODE, "SEEN_FILE": str(seen)}
+    env.pop("PYTEST_ADDOPTS", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                          cwd=suite, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    lines = seen.read_text().splitlines() if seen.exists() else []
+    return proc, [json.loads(line) for line in lines]
+
+
+def test_dispatched_worker_and_its_children_do_not_inherit_the_code(tmp_path: Path) -> None:
+    proc, seen = _run(tmp_path, *DISPATCH)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(seen) == 1
+    assert seen[0]["test"] is None and seen[0]["child"] == "None"
+    assert CODE not in json.dumps(seen)
+
+
+def test_plain_run_takes_the_code_out_of_the_environment(tmp_path: Path) -> None:
+    proc, seen = _run(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert seen[0]["test"] is None and seen[0]["child"] == "None"
+    assert seen[0]["held"] == CODE  # the controller still has it for its own SSH logins
+
+
+def test_xdist_workers_get_the_code_without_the_environment(tmp_path: Path) -> None:
+    proc, seen = _run(tmp_path, "-n", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert seen[0]["test"] is None and seen[0]["child"] == "None"
+    assert seen[0]["held"] == CODE  # a worker dispatching over SSH can still log in
