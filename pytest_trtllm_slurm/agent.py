@@ -26,9 +26,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .forkloop import ForkLoop, redirect_output, spawn, write_atomic
+from .forkloop import AGENTS_TREE, ForkLoop, redirect_output, spawn, write_atomic
+from .private_files import (
+    LOCK_ROOT,
+    UntrustedPath,
+    close_own_dirs,
+    make_private_dirs,
+    private_lock_dir,
+    tree_up_to,
+)
 
 GPU_LOCKS_ENV = "TRTLLM_SLURM_GPU_LOCKS"  # node-local directory of the GPUs' flock files
+LOCK_ROOT_ENV = "TRTLLM_SLURM_LOCK_ROOT"  # node-local folder to put it in (default /tmp)
 AGENT_ENV = "TRTLLM_SLURM_AGENT"
 IDLE_EXIT = 6 * 3600.0
 # the agent's step environment wins over a request's for these (they describe the node)
@@ -106,9 +115,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT)
     args = parser.parse_args(argv)
     root = Path(args.dir)
-    locks = Path("/tmp") / (
-        f"trtllm-slurm-{os.getuid()}-{os.environ.get('SLURM_JOB_ID', 'nojob')}-{args.node}")
-    locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:  # a lock folder or mailbox someone else made: serve nothing, and say why
+        locks = private_lock_dir(os.environ.get("SLURM_JOB_ID", "nojob"), args.node,
+                                 os.environ.get(LOCK_ROOT_ENV) or LOCK_ROOT)
+        make_private_dirs(root / "inbox")
+        close_own_dirs([root / "inbox", *tree_up_to(root, AGENTS_TREE)])
+    except (UntrustedPath, OSError) as exc:
+        print(f"[trtllm-slurm] agent on {args.node} refuses to start: {exc}", flush=True)
+        sys.exit(2)
     os.environ[GPU_LOCKS_ENV] = str(locks)
     os.environ[AGENT_ENV] = str(root)
     preload()

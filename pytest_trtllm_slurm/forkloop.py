@@ -8,6 +8,10 @@ test and everything it started; the child's exit status is written atomically
 to the request's ``exit_path``. Files rather than sockets: the controller may
 be on the other side of SSH, and a shared file system is what every Slurm
 cluster gives both sides.
+
+Only this user may write a mailbox: its folders are made 0700, and a file that is not
+a regular file of ours or that group or others may write is refused (logged, removed,
+never run): see ``private_files``.
 """
 
 from __future__ import annotations
@@ -24,9 +28,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .private_files import (
+    UntrustedPath,
+    close_own_dirs,
+    make_private_dirs,
+    open_trusted,
+    tree_up_to,
+)
+
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
 HEARTBEAT_EVERY = 1.0
 FAST, SLOW = 0.005, 0.05  # poll interval while busy / when idle for a while
+AGENTS_TREE = ".agents"  # the top of the warm workers' mailboxes (``work_dirs/.agents``)
 
 
 def write_atomic(path: str | Path, text: str) -> None:
@@ -38,6 +51,14 @@ def write_atomic(path: str | Path, text: str) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def _refuse(path: Path, why: str) -> None:
+    """A request someone else could have written: said in the log, and removed unread."""
+    print(f"[trtllm-slurm] refused {why}; removed it without running it", file=sys.stderr,
+          flush=True)
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def redirect_output(log_path: str) -> None:
@@ -114,9 +135,12 @@ class ForkLoop:
 
     def __post_init__(self) -> None:
         self.inbox = self.root / "inbox"
-        self.inbox.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.inbox)
+        # UntrustedPath when a folder of the tree is someone else's (or a link): never served
+        close_own_dirs([self.inbox, *tree_up_to(self.root, AGENTS_TREE)])
         self._parent = os.getppid()
         self._stopping = False
+        self._inbox_refused = False
 
     def run(self) -> None:
         """Serve until ``stop`` (and nothing runs), idleness, or the parent's death."""
@@ -150,8 +174,19 @@ class ForkLoop:
         except FileNotFoundError:
             return False
         found = False
+        if names and not self._inbox_trusted():
+            return False
         for name in names:
             path = self.inbox / name
+            if not (name == "stop" or name.endswith((".cancel", ".json"))):
+                continue  # a writer's temporary name
+            try:
+                text = open_trusted(path).decode("utf-8")
+            except UntrustedPath as exc:
+                _refuse(path, str(exc))
+                continue
+            except (OSError, UnicodeDecodeError):
+                continue  # gone, or not complete yet: next round
             if name == "stop":
                 self._stopping = found = True
                 continue
@@ -161,8 +196,8 @@ class ForkLoop:
                 found = True
             elif name.endswith(".json"):
                 try:
-                    request = json.loads(path.read_text("utf-8"))
-                except (OSError, ValueError):
+                    request = json.loads(text)
+                except ValueError:
                     continue  # not complete yet (a writer that does not rename): next round
                 path.unlink(missing_ok=True)
                 request.setdefault("name", name[: -len(".json")])
@@ -171,6 +206,19 @@ class ForkLoop:
                 self.pending.append(request)
                 found = True
         return found
+
+    def _inbox_trusted(self) -> bool:
+        """The inbox is our own folder (made 0700 again if someone opened it up); a folder
+        that is someone else's, or a link, is never read (said once in the log)."""
+        try:
+            close_own_dirs([self.inbox])
+        except (UntrustedPath, OSError) as exc:
+            if not self._inbox_refused:
+                self._inbox_refused = True
+                print(f"[trtllm-slurm] not reading the mailbox: {exc}", file=sys.stderr,
+                      flush=True)
+            return False
+        return True
 
     def _start_pending(self) -> bool:
         started = False

@@ -6,7 +6,8 @@ the warm workers' mailboxes, re-run lines, logs):
 - by name: a variable whose name has a secret word as one of its parts (``HF_TOKEN``,
   ``GITHUB_PAT``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``, ``githubToken``), or a part
   ending in one of the longer ones (``APIKEY``, ``HFTOKEN``). Parts, not substrings: ``PATH``,
-  ``KEYBOARD``, ``TOKENIZERS_PARALLELISM`` or ``AUTHOR`` are not secrets;
+  ``KEYBOARD``, ``TOKENIZERS_PARALLELISM`` or ``AUTHOR`` are not secrets, nor are names
+  that say where a secret is (``SSH_AUTH_SOCK``, ``SSL_KEY_FILE``, ``XDG_SESSION_TYPE``);
 - by value: credentials in a URL (``http://user:pass@proxy``: only the password is hidden;
   ``https://<token>@host``) and values that look like well-known tokens (``ghp_...``,
   ``hf_...``, private keys).
@@ -29,6 +30,14 @@ SECRET_PARTS = frozenset({
 SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIALS",
                    "CREDENTIAL", "COOKIE", "AUTH")
 
+#: a name ending in one of these parts names where a secret is, not the secret itself
+#: (``SSH_AUTH_SOCK``, ``SSL_KEY_FILE``, ``XDG_SESSION_TYPE``): such values change with each
+#: login, and hiding them would only hide where things are
+LOCATOR_PARTS = frozenset({"SOCK", "SOCKET", "PID", "FILE", "PATH", "DIR", "TYPE", "CLASS",
+                           "HOST", "PORT", "ADDRESS", "MANAGER", "DESKTOP"})
+#: well-known names of the login session that only look secret
+NOT_SECRET = frozenset({"XDG_SESSION_ID", "DESKTOP_SESSION"})
+
 # camelCase and digit boundaries as well as separators: githubToken -> GITHUB, TOKEN
 _NAME_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 # scheme://user:password@host -> the password part (group 2)
@@ -48,8 +57,10 @@ def name_parts(name: str) -> list[str]:
 
 def is_secret_name(name: str) -> bool:
     """True when a variable of this name holds a secret, whatever its value."""
-    return any(part in SECRET_PARTS or part.endswith(SECRET_SUFFIXES)
-               for part in name_parts(name))
+    parts = name_parts(name)
+    if not parts or parts[-1] in LOCATOR_PARTS or name.upper() in NOT_SECRET:
+        return False
+    return any(part in SECRET_PARTS or part.endswith(SECRET_SUFFIXES) for part in parts)
 
 
 def has_secret_value(value: str) -> bool:

@@ -73,6 +73,7 @@ def start_early_sessions(config: pytest.Config) -> int:
         EARLY_SESSIONS,
         agent_alive,
         agent_dir,
+        secrets_key,
         send_session,
         session_argv,
         session_env,
@@ -96,10 +97,11 @@ def start_early_sessions(config: pytest.Config) -> int:
     shell = LocalShell()
     targets = run_targets(config)
     capture_no = getattr(early.option, "capture", "fd") == "no"
-    env = session_env({"PYTHONUNBUFFERED": "1"}, local=True)
+    env = session_env({"PYTHONUNBUFFERED": "1"}, local=True)  # without secrets
+    secrets = secrets_key(local=True)
     started = 0
     for node in expand_hostlist(nodelist):
-        adir = agent_dir(str(work_root / ".agents" / job_id), node, base[0])
+        adir = agent_dir(str(work_root / ".agents" / job_id), node, base[0], secrets)
         if adir in EARLY_SESSIONS or not agent_alive(shell, adir):
             continue
         name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -18,7 +18,10 @@ SECRET_NAMES = ["HF_TOKEN", "GITHUB_PAT", "GH_PAT", "AWS_SECRET_ACCESS_KEY", "DB
                 "githubToken", "hfToken", "SMTP_PASS", "NGC_API_KEY", "CI_JOB_TOKEN"]
 PLAIN_NAMES = ["PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "KEYBOARD", "KEYBOARD_LAYOUT",
                "TOKENIZERS_PARALLELISM", "AUTHOR", "PWD", "HOME", "CUDA_VISIBLE_DEVICES",
-               "PATCH_LEVEL", "PASSTHROUGH", "SPATH", "LLM_MODELS_ROOT", "OMP_NUM_THREADS"]
+               "PATCH_LEVEL", "PASSTHROUGH", "SPATH", "LLM_MODELS_ROOT", "OMP_NUM_THREADS",
+               # they say where something is, and change with every login
+               "SSH_AUTH_SOCK", "SSL_KEY_FILE", "XDG_SESSION_ID", "XDG_SESSION_TYPE",
+               "DBUS_SESSION_BUS_ADDRESS", "SESSION_MANAGER"]
 
 
 @pytest.mark.parametrize("name", SECRET_NAMES)

@@ -32,6 +32,7 @@ from pathlib import PurePosixPath
 
 from ..errors import ExecutionError
 from ..jobspec import JobSpec
+from ..masking import only_secrets, without_secrets
 from ..models import Launch
 from ..scripts import gpu_flag, render_step_launcher
 
@@ -269,7 +270,8 @@ class AgentPool:
         return str(PurePosixPath(spec.work_dir).parent / ".agents" / self.alloc.job_id)
 
     def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
-        node.agent_dir = agent_dir(self._base(spec), node.name, spec.command[0])
+        node.agent_dir = agent_dir(self._base(spec), node.name, spec.command[0],
+                                   secrets_key(local=isinstance(self.shell, LocalShell)))
         if agent_alive(self.shell, node.agent_dir):
             node.healthy_at = time.monotonic()
             return
@@ -277,7 +279,7 @@ class AgentPool:
 
     def _launch_agent(self, node: Node, spec: JobSpec) -> None:
         d = node.agent_dir
-        self.shell.mkdir(f"{d}/inbox")
+        self.shell.mkdir(f"{d}/inbox", private=True)
         argv = ["srun", f"--jobid={self.alloc.job_id}", "--overlap", "-N", "1", "-n", "1",
                 f"--nodelist={node.name}", f"--job-name={self.alloc.job_name or 'trtllm'}.agent"]
         flag = gpu_flag(self.alloc.gpus_per_node, self.gres_style,  # type: ignore[arg-type]
@@ -496,12 +498,30 @@ def session_argv(python: str, base: list[str], sdir: str, targets: list[str], *,
             "-W", "ignore::pytest.PytestAssertRewriteWarning", *targets]
 
 
+def controller_env() -> dict[str, str]:
+    """What srun would pass from this process to a step (SLURM_* describe this process)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+
+
 def session_env(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
-    env: dict[str, str] = {}
-    if local:  # srun would have passed the controller's env
-        env.update({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    """The environment a session request carries: locally, the controller's (what srun
+    would have passed) without its secrets, then the batch's own. The request is a file,
+    and a secret is never written to one: the session inherits the secrets from its agent,
+    which srun started with them (``secrets_key`` picks the agent that has this run's)."""
+    env: dict[str, str] = without_secrets(controller_env()) if local else {}
     env.update(batch_env)
     return env
+
+
+def secrets_key(*, local: bool) -> str:
+    """Which secrets a local agent must have inherited to serve this run: '' for none (and
+    for a remote cluster, whose agents get the login's environment, not ours), else a
+    digest of the controller's secret variables. Part of the agent's folder name, so a run
+    whose secrets differ from the agent's gets an agent started with its own."""
+    secrets = sorted(only_secrets(controller_env()).items()) if local else []
+    if not secrets:
+        return ""
+    return hashlib.sha256(json.dumps(secrets).encode()).hexdigest()[:16]
 
 
 def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cwd: str,
@@ -509,7 +529,8 @@ def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cw
     """Ask the agent in ``agent_dir`` for a session (``files`` are written to its
     directory first); the session's directory."""
     sdir = f"{agent_dir}/sessions/{name}"
-    shell.mkdir(f"{sdir}/inbox")
+    shell.mkdir(f"{sdir}/inbox", private=True)
+    shell.mkdir(f"{agent_dir}/inbox", private=True)
     for file_name, text in (files or {}).items():
         shell.write_file(f"{sdir}/{file_name}", text)
     request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
@@ -518,9 +539,11 @@ def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cw
     return sdir
 
 
-def agent_dir(base: str, node: str, python: str) -> str:
-    """One agent per node and interpreter (a run with another python gets its own)."""
-    return f"{base}/{node}-{hashlib.sha1(python.encode()).hexdigest()[:8]}"
+def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
+    """One agent per node, interpreter and set of secrets (``secrets_key``): a run with
+    another python, or other secrets in its environment, gets its own."""
+    key = python if not secrets else f"{python}\0{secrets}"
+    return f"{base}/{node}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:

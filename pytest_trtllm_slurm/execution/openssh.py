@@ -162,8 +162,9 @@ class OpenSSHShell:
     def exists(self, path: str) -> bool:
         return self._sh('test -e "$1"', [path])[0] == 0
 
-    def mkdir(self, path: str) -> None:
-        rc, _, err = self._sh('mkdir -p "$1"', [path])
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        script = '(umask 077 && mkdir -p "$1")' if private else 'mkdir -p "$1"'
+        rc, _, err = self._sh(script, [path])
         if rc != 0:
             raise ExecutionError(f"mkdir -p {path} on {self.target.alias} failed: "
                           f"{err.decode(errors='replace').strip()}")

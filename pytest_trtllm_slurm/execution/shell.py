@@ -67,7 +67,9 @@ class Shell(Protocol):
         sees no file or the whole of it (the warm workers' mailboxes rely on it)."""
         ...
 
-    def mkdir(self, path: str) -> None: ...
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        """``mkdir -p``; ``private``: the folders it creates are 0700 (mailboxes)."""
+        ...
 
     def exists(self, path: str) -> bool: ...
 
@@ -129,8 +131,13 @@ class LocalShell:
         if mode != 0o600:
             os.chmod(path, mode)
 
-    def mkdir(self, path: str) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        if private:
+            from ..private_files import make_private_dirs
+
+            make_private_dirs(path)
+        else:
+            Path(path).mkdir(parents=True, exist_ok=True)
 
     def exists(self, path: str) -> bool:
         return Path(path).exists()

@@ -272,8 +272,9 @@ class SSHShell:
 
         return self._sftp(op)
 
-    def mkdir(self, path: str) -> None:
-        """``mkdir -p``: create missing parents; an existing directory is fine."""
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        """``mkdir -p``: create missing parents; an existing directory is fine. ``private``:
+        the folders it creates are 0700."""
 
         def make(sftp: paramiko.SFTPClient, p: str) -> None:
             try:
@@ -285,9 +286,12 @@ class SSHShell:
             if parent and parent != p:
                 make(sftp, parent)
             try:
-                sftp.mkdir(p)
+                sftp.mkdir(p, 0o700 if private else 0o777)
             except OSError:
                 sftp.stat(p)  # created meanwhile by someone else: fine; else the error
+                return
+            if private:
+                sftp.chmod(p, 0o700)  # whatever the server's umask left
 
         try:
             self._sftp(lambda sftp: make(sftp, path))

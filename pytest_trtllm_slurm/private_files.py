@@ -1,0 +1,125 @@
+"""Folders and files only this user can have written (target side, standard library only).
+
+The warm workers run whatever request they find in their mailbox (``pytest.main`` with its
+argv, environment and working directory), and take GPUs through lock files in a node-local
+folder. Whoever can write there can run code as the user or hold the user's GPUs. So:
+
+- the mailboxes are created 0700 (``make_private_dirs``), and folders of ours found more
+  open (a tree an older version made under umask 002) are closed (``close_own_dirs``);
+- a folder that is not ours, or is a symbolic link, is not used at all;
+- a request file is read only when it is a regular file of ours that neither group nor
+  others may write (``open_trusted``), checked on the open file, not on its name;
+- the GPU lock folder is ``/tmp/trtllm-slurm-<uid>/<job>-<node>``, and the first part is
+  verified (ours, 0700, not a link) before use: another user who created it first gets
+  a refusal that names it, not our GPUs (``private_lock_dir``).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+LOCK_ROOT = "/tmp"  # node-local; the folder inside it is per user and verified
+
+
+class UntrustedPath(Exception):
+    """A folder or file someone else could have written: its path and why, for the log."""
+
+
+def why_untrusted(st: os.stat_result, *, directory: bool) -> str | None:
+    """Why a file (or folder) with this lstat/fstat may not be trusted; None if it may."""
+    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not kind_ok:
+        return "it is not a " + ("folder" if directory else "regular file")
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group or others may write it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def make_private_dirs(path: str | Path) -> Path:
+    """``mkdir -p`` whose new folders are 0700 (whatever the umask)."""
+    target = Path(path)
+    missing = []
+    for folder in (target, *target.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # another process made it meanwhile; checked by whoever trusts it
+        os.chmod(folder, 0o700)
+    return target
+
+
+def close_own_dirs(folders: list[Path]) -> None:
+    """Each folder must be ours and not a link (UntrustedPath otherwise); one of ours that
+    group or others may write is made 0700."""
+    for folder in folders:
+        st = os.lstat(folder)
+        why = why_untrusted(st, directory=True)
+        if why is None:
+            continue
+        if (stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode)
+                and st.st_uid == os.geteuid()):
+            os.chmod(folder, 0o700)
+            continue
+        raise UntrustedPath(f"{folder}: {why}")
+
+
+def tree_up_to(root: Path, top_name: str) -> list[Path]:
+    """``root`` and its parents up to the first one named ``top_name`` (only ``root``
+    when none is): the folders of a mailbox tree such as ``work_dirs/.agents/...``."""
+    chain = [root]
+    if root.name == top_name:
+        return chain
+    for parent in root.parents:
+        chain.append(parent)
+        if parent.name == top_name:
+            return chain
+    return [root]
+
+
+def open_trusted(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file of ours that only we may write;
+    UntrustedPath (naming the file and why) otherwise. Checked on the opened file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        why = why_untrusted(os.fstat(fd), directory=False)
+        if why is not None:
+            raise UntrustedPath(f"{path}: {why}")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
+    """``<root>/trtllm-slurm-<uid>/<job>-<node>``: made and verified ours, 0700, not a
+    link (UntrustedPath, naming the folder and its owner, when someone else made it)."""
+    base = make_private_dirs(root) / f"trtllm-slurm-{os.geteuid()}"  # root: usually /tmp
+    try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    try:
+        close_own_dirs([base])
+    except UntrustedPath as exc:
+        raise UntrustedPath(
+            f"the GPU lock folder {exc}. Someone may have created it to take this user's "
+            "GPU locks: remove it (or have an administrator remove it) and run again") from None
+    locks = base / f"{job}-{node}".replace("/", "_")
+    try:
+        locks.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    close_own_dirs([locks])
+    return locks
