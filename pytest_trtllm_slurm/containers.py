@@ -46,11 +46,14 @@ JOB_LABEL = "trtllm-slurm.job"
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# variables that would change the engine CLI itself if set in ITS environment: passed with
-# their value on the command line instead (-e NAME=VALUE); all others as -e NAME
+# variables that would change the engine CLI itself if set in ITS environment: passed in an
+# env file instead (--env-file: a pipe, so the values are neither in ps nor on disk); all
+# others as -e NAME, the value in the CLI's environment
 _CLIENT_NAMES = {"PATH", "HOME", "TMPDIR", "LD_PRELOAD", "LD_LIBRARY_PATH", "XDG_RUNTIME_DIR",
                  "XDG_CONFIG_HOME", "XDG_DATA_HOME", "SSL_CERT_FILE", "HTTP_PROXY",
                  "HTTPS_PROXY", "NO_PROXY"}
+#: prefix under which a Slurm task's CLI-sensitive variables reach the container wrapper
+CENV_PREFIX = "TRTLLM_SLURM_CENV_"
 _CLIENT_PREFIXES = ("DOCKER_", "CONTAINERS_", "CONTAINER_", "PODMAN_", "BUILDAH_", "REGISTRY_")
 
 
@@ -58,6 +61,20 @@ def client_sensitive(name: str) -> bool:
     """True for env names the docker/podman CLI reads itself (never put in its environment)."""
     upper = name.upper()
     return upper in _CLIENT_NAMES or upper.startswith(_CLIENT_PREFIXES)
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """``NAME=VALUE`` lines of docker/podman's ``--env-file`` (read as they are: no quotes,
+    no expansion). A value with a newline cannot be written there: ValueError naming it."""
+    lines = []
+    for name, value in sorted(env.items()):
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise ValueError(f"environment variable {name}: its value holds a line break or "
+                             "NUL, which an engine's --env-file cannot carry; remove it")
+        lines.append(f"{name}={value}\n")
+    return "".join(lines)
 
 
 def plugin_dir() -> str:
@@ -274,7 +291,7 @@ def engine_run_argv(
     all_gpus: bool = False,
     mounts: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
-    pass_env_values: bool = False,
+    env_file: str | None = None,
     network: str | None = "host",
     user: str | None = None,
     labels: Mapping[str, str] | None = None,
@@ -283,9 +300,10 @@ def engine_run_argv(
 ) -> list[str]:
     """``<engine> run --rm --name NAME --pull=never ... IMAGE <worker argv>`` for one batch.
 
-    Env values are not put on the command line (``-e NAME``: the engine takes the value
-    from its own environment, which the executor sets) unless ``pass_env_values`` or the
-    name is one the CLI itself reads (``client_sensitive``: PATH, HOME, DOCKER_*, ...).
+    Env values are never put on the command line: ``-e NAME`` (the engine takes the value
+    from its own environment, which the executor sets), and the names the CLI itself reads
+    (``client_sensitive``: PATH, HOME, DOCKER_*, proxies, ...) come from ``env_file``
+    (``--env-file``; the executor passes a pipe holding ``env_file_text``).
     """
     img = image or spec.container_image
     if not img:
@@ -302,9 +320,16 @@ def engine_run_argv(
     for m in job_mounts(spec) if mounts is None else mounts:
         argv += ["-v", m]
     argv += ["-w", workdir_of(spec)]
-    for key, value in sorted((container_env(spec) if env is None else env).items()):
-        inline = pass_env_values or client_sensitive(key)
-        argv += ["-e", f"{key}={value}" if inline else key]
+    names = sorted(container_env(spec) if env is None else env)
+    in_file = [name for name in names if client_sensitive(name)]
+    if in_file and not env_file:
+        raise ValueError(f"{', '.join(in_file)} must reach the container through an env file "
+                         "(the engine CLI reads them itself): pass env_file")
+    if in_file:
+        argv += ["--env-file", env_file]
+    for name in names:
+        if not client_sensitive(name):
+            argv += ["-e", name]
     argv.append(img)
     return argv + in_container_argv(spec.command if command is None else command, python)
 
@@ -331,10 +356,16 @@ fi
 # docker: the task's user, not root, owns what the test writes (rootless podman maps root)
 uid=$(id -u)
 if [ "$engine" = docker ] && [ "$uid" != 0 ]; then extra+=(--user "$uid:$(id -g)"); fi
+# variables the engine CLI reads itself arrive as TRTLLM_SLURM_CENV_<NAME>: the container
+# gets them through --env-file, a pipe (neither in ps nor on disk), the CLI never sees them
+cenv=""
+for v in $(compgen -e); do
+  case "$v" in TRTLLM_SLURM_CENV_*) cenv+="${v#TRTLLM_SLURM_CENV_}=${!v}"$'\n'; unset "$v" ;; esac
+done
 rmflags=(-f); if [ "$engine" = podman ]; then rmflags+=(--time 0); fi
 cleanup() { "${cli[@]}" rm "${rmflags[@]}" "$name" >/dev/null 2>&1; }
 trap 'cleanup; exit 143' TERM INT HUP
-"${cli[@]}" run --name "$name" "${extra[@]}" "$@" &
+"${cli[@]}" run --name "$name" --env-file <(printf '%s' "$cenv") "${extra[@]}" "$@" &
 wait "$!"
 rc=$?
 cleanup
@@ -373,7 +404,9 @@ def wrap_in_container(
       ``--gpus all`` when Slurm set none;
     - docker: run as the task's uid:gid unless that is root (files in the work dir and the
       repo stay the user's);
-    - env: the listed names are passed from the task's environment (``-e NAME``);
+    - env: the listed names are passed from the task's environment (``-e NAME``); names the
+      engine CLI reads itself are exported as ``CENV_PREFIX + NAME`` and reach the
+      container through ``--env-file`` (a pipe), never the CLI's environment or argv;
     - when the step ends or is cancelled (SIGTERM from scancel), the container is removed
       (``rm -f``): the engine's daemon would otherwise keep it running.
     """

@@ -49,11 +49,13 @@ MARKER = {marker!r}
 
 
 @pytest.mark.skip_less_device(1)
-@pytest.mark.trtllm_slurm(env={{"BATCH_VALUE": "x y"}})
+@pytest.mark.trtllm_slurm(env={{"BATCH_VALUE": "x y",
+                                "HTTPS_PROXY": "http://alice:pr0xy-pw@proxy.invalid:3128"}})
 def test_in_image():
     assert Path(MARKER).read_text().startswith("trtllm-test-image ")
     assert os.environ.get("CUDA_VISIBLE_DEVICES") == "0"
     assert os.environ["BATCH_VALUE"] == "x y"
+    assert os.environ["HTTPS_PROXY"] == "http://alice:pr0xy-pw@proxy.invalid:3128"
     assert os.environ["PYTHONPATH"].split(":")[0] == "/opt/trtllm-slurm"
     assert os.getcwd() == {suite!r}
 
@@ -176,7 +178,9 @@ def test_batches_run_wrapped_in_containers(request, devcluster, trtllm_image, en
 def test_wrapped_batch_and_its_rerun_line_render(tmp_path: Path) -> None:
     """podman runtime, an MPI batch: the launcher prefix runs inside the container with the
     image's python; env names go as -e NAME (exported by the launcher), those the engine
-    CLI reads itself inline; the re-run line sets the exported values, not secret ones."""
+    CLI reads itself are exported as TRTLLM_SLURM_CENV_<NAME> for the wrapper's --env-file
+    (no value on any command line); the re-run line sets the exported values, not secret
+    ones (by name or by value)."""
     spec = JobSpec(
         scenario=Scenario.LOCAL_SLURM, name="b", job_name="acct.b", rootdir="/repo",
         invocation_dir="/repo", work_dir=str(tmp_path / "w"), log_path=str(tmp_path / "l"),
@@ -184,15 +188,18 @@ def test_wrapped_batch_and_its_rerun_line_render(tmp_path: Path) -> None:
         node_count=1, total_devices=2, devices_per_node=2,
         command=["/host/venv/bin/python", "-m", "pytest", "-p", "w"],
         rerun_argv=["/host/venv/bin/python", "-m", "pytest"],
-        env={"HF_TOKEN": "s3cret", "HOME": "/h", "A": "x y"})
+        env={"HF_TOKEN": "s3cret", "HOME": "/h", "A": "x y",
+             "HTTPS_PROXY": "http://u:pr0xy-pw@proxy:3128"})
     ex = SlurmExecutor(LocalShell(), persistent=False, container_runtime="podman",
                        launcher_prefix=["trtllm-llmapi-launch"], container_run_flags=["--ipc=host"])
     env, argv = ex._wrapped(spec, spec.command, "/w/container_run.sh")
-    assert env == {"HF_TOKEN": "s3cret", "A": "x y", "PYTHONPATH": PLUGIN_ROOT}
+    assert env == {"HF_TOKEN": "s3cret", "A": "x y", "PYTHONPATH": PLUGIN_ROOT,
+                   "TRTLLM_SLURM_CENV_HOME": "/h",
+                   "TRTLLM_SLURM_CENV_HTTPS_PROXY": "http://u:pr0xy-pw@proxy:3128"}
     assert argv[:6] == ["bash", "/w/container_run.sh", "trtllm-b", "1", "podman", "gpus"]
     run = argv[6:]
     assert run[:5] == ["podman", "--rm", "--pull=never", "--label", "trtllm-slurm.job=acct.b"]
-    assert run[run.index("--ipc=host") + 1:run.index("--ipc=host") + 3] == ["-e", "HOME=/h"]
+    assert not any("/h" == a.split("=")[-1] or "pr0xy-pw" in a for a in argv), argv
     assert ["-e", "A", "-e", "HF_TOKEN", "-e", "PYTHONPATH", "img:1"] == run[
         run.index("img:1") - 6:run.index("img:1") + 1]
     assert run[run.index("img:1") + 1:] == ["trtllm-llmapi-launch", "python3", "-m", "pytest",
@@ -200,8 +207,9 @@ def test_wrapped_batch_and_its_rerun_line_render(tmp_path: Path) -> None:
     assert ex._options(spec).launcher_prefix == ()  # not again outside the container
 
     line = ex.rerun_command(spec, "t.py::x")
-    assert line.startswith("A='x y' PYTHONPATH=/opt/trtllm-slurm sbatch ")
-    assert "s3cret" not in line and "HF_TOKEN" in line
+    assert line.startswith("A='x y' PYTHONPATH=/opt/trtllm-slurm TRTLLM_SLURM_CENV_HOME=/h "
+                           "sbatch ")
+    assert "s3cret" not in line and "HF_TOKEN" in line and "pr0xy-pw" not in line
     wrapped = shlex.split(shlex.split(line)[-1])  # the --wrap text
     assert wrapped[0] == "srun" and wrapped[wrapped.index("bash") + 1] == "-c"
     assert wrapped[-6:] == ["img:1", "trtllm-llmapi-launch", "python3", "-m", "pytest", "t.py::x"]

@@ -22,6 +22,7 @@ from pytest_trtllm_slurm.containers import (
     PLUGIN_ROOT,
     client_sensitive,
     engine_run_argv,
+    env_file_text,
     in_container_argv,
     job_mounts,
 )
@@ -228,6 +229,48 @@ def test_orphans_of_a_dead_controller_are_removed(engine, trtllm_image):
     assert name not in engine.containers()
 
 
+ENV_SUITE = '''
+import os
+
+def test_env_arrives():
+    assert os.environ["HTTPS_PROXY"] == "http://alice:pr0xy-pw@proxy.invalid:3128"
+    assert os.environ["HF_TOKEN"] == "hf_t0ken-value"
+    assert os.environ["SUITE_VALUE"] == "plain"
+'''
+
+
+def test_env_values_reach_the_container_but_not_the_command_line(engine, trtllm_image,
+                                                                  tmp_path):
+    """A secret name, and a proxy (a name the engine CLI reads itself) with a password:
+    both arrive in the container, and neither value is on the client's command line
+    (what ``ps`` shows every user)."""
+    root = write_suite(tmp_path / "suite", ENV_SUITE)
+    env = {"HTTPS_PROXY": "http://alice:pr0xy-pw@proxy.invalid:3128",
+           "HF_TOKEN": "hf_t0ken-value", "SUITE_VALUE": "plain"}
+    spec = worker_spec(root, tmp_path / "work", ["test_suite.py"],
+                       ["test_suite.py::test_env_arrives"], trtllm_image.name, env=env)
+    executor = make_executor(engine)
+    argvs = []
+    spawn = executor._spawn
+
+    def recording_spawn(job, argv, **kw):
+        argvs.append(list(argv))
+        return spawn(job, argv, **kw)
+
+    executor._spawn = recording_spawn  # type: ignore[method-assign]
+    try:
+        final, outcomes = run_all(executor, [spec])[spec.name]
+    finally:
+        executor.close()
+    log = Path(spec.log_path).read_text(errors="replace")
+    assert final.status is JobStatus.COMPLETED, log
+    assert outcomes == {"test_suite.py::test_env_arrives": "passed"}, log
+    assert len(argvs) == 1
+    for value in ("pr0xy-pw", "hf_t0ken-value"):
+        assert not any(value in arg for arg in argvs[0]), argvs[0]
+    assert not list((tmp_path / "work").rglob("*env*")), "an env file was left on disk"
+
+
 # --------------------------------------------------------------------------- pure parts
 
 def _spec(tmp_path, **kw) -> JobSpec:
@@ -242,7 +285,10 @@ def _spec(tmp_path, **kw) -> JobSpec:
 
 def test_run_argv_mounts_env_gpus(tmp_path):
     spec = _spec(tmp_path, mounts=["/data:/data:ro"], env={"A": "1", "PATH": "/x", "TOKEN": "s"})
-    argv = engine_run_argv("docker", spec, name="n1", run_flags=["--ipc=host"], gpu_ids=[2, 3])
+    with pytest.raises(ValueError, match="PATH must reach the container through an env file"):
+        engine_run_argv("docker", spec, name="n1")  # no value may land on the command line
+    argv = engine_run_argv("docker", spec, name="n1", run_flags=["--ipc=host"], gpu_ids=[2, 3],
+                           env_file="/dev/fd/7")
     plugin = job_mounts(spec)[-1]
     assert argv[:6] == ["docker", "run", "--rm", "--name", "n1", "--pull=never"]
     assert argv[argv.index("--gpus") + 1] == '"device=2,3"'
@@ -251,10 +297,16 @@ def test_run_argv_mounts_env_gpus(tmp_path):
         "/repo:/repo", "/data:/data:ro", plugin]
     assert plugin.endswith(f":{PLUGIN_ROOT}/pytest_trtllm_slurm:ro")
     envs = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
-    assert envs == ["A", "PATH=/x", "PYTHONPATH", "TOKEN"]  # values via the engine's env
+    assert envs == ["A", "PYTHONPATH", "TOKEN"]  # values via the engine's env
+    assert argv[argv.index("--env-file") + 1] == "/dev/fd/7"  # PATH: the CLI reads its own
+    assert env_file_text({"PATH": "/x", "HTTPS_PROXY": "http://u:p@h"}) == (
+        "HTTPS_PROXY=http://u:p@h\nPATH=/x\n")
+    with pytest.raises(ValueError, match="HTTP_PROXY: its value holds a line break"):
+        env_file_text({"HTTP_PROXY": "a\nb"})
     assert argv[argv.index("-w") + 1] == "/repo"
     assert argv[-5:] == ["nvcr.io/nv/trt:1", "python3", "-m", "pytest", "x.py"]
-    podman = engine_run_argv("podman", spec, name="n1", gpu_ids=[0], all_gpus=True)
+    podman = engine_run_argv("podman", spec, name="n1", gpu_ids=[0], all_gpus=True,
+                             env_file="/dev/fd/7")
     assert podman[podman.index("--device") + 1] == "nvidia.com/gpu=all"
     assert client_sensitive("DOCKER_HOST") and not client_sensitive("CUDA_VISIBLE_DEVICES")
     assert in_container_argv(["/usr/bin/env", "x"]) == ["/usr/bin/env", "x"]
@@ -289,5 +341,5 @@ def test_rerun_command_is_copy_pasteable(tmp_path):
                  rerun_argv=[sys.executable, "-m", "pytest", "-q"])
     line = ContainerExecutor("docker", run_flags=[]).rerun_command(spec, "x.py::t[a b]")
     assert line.startswith("cd /repo && docker run --rm --name trtllm-rerun-b --pull=never")
-    assert "secret" not in line and "-e API_TOKEN " in line and "'MODE=x y'" in line
+    assert "=secret" not in line and "-e API_TOKEN " in line and "'MODE=x y'" in line
     assert line.endswith("nvcr.io/nv/trt:1 python3 -m pytest -q 'x.py::t[a b]'")

@@ -62,3 +62,31 @@ def test_xdist_workers_get_the_code_without_the_environment(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert seen[0]["test"] is None and seen[0]["child"] == "None"
     assert seen[0]["held"] == CODE  # a worker dispatching over SSH can still log in
+
+
+def test_a_session_request_holds_no_secret_even_when_no_agent_reads_it(
+        tmp_path: Path, monkeypatch) -> None:
+    """The local warm start's request (left on disk when its agent is dead) carries the
+    controller's environment without its secrets; the agent it goes to is the one that
+    was started with them (its folder name depends on them)."""
+    from pytest_trtllm_slurm.execution.agents import send_session, session_env
+    from pytest_trtllm_slurm.execution.shell import LocalShell
+
+    monkeypatch.setenv("HF_TOKEN", "hf_secretvalue0123456789abcdef")
+    monkeypatch.setenv("HTTPS_PROXY", "http://alice:pr0xypass@proxy:3128")
+    monkeypatch.setenv("PLAIN_SETTING", "visible")
+    env = session_env({"PYTHONUNBUFFERED": "1"}, local=True)
+    sdir = send_session(LocalShell(), str(tmp_path / "agent"), "s1", ["python"],
+                        cwd=str(tmp_path), env=env)
+    request = tmp_path / "agent" / "inbox" / "s1.json"
+    text = request.read_text()
+    assert "hf_secretvalue" not in text and "pr0xypass" not in text
+    assert json.loads(text)["env"]["PLAIN_SETTING"] == "visible"
+    assert oct(request.stat().st_mode & 0o777) == "0o600"
+    assert Path(sdir).is_dir()
+    from pytest_trtllm_slurm.execution.agents import secrets_key
+
+    key = secrets_key(local=True)
+    monkeypatch.setenv("HF_TOKEN", "hf_anothervalue0123456789abcdef")
+    assert key and secrets_key(local=True) != key  # another token: another agent
+    assert secrets_key(local=False) == ""  # remote agents get the login's environment

@@ -429,3 +429,47 @@ def test_a_test_the_early_session_did_not_collect_runs_in_a_session_by_node_id(
     assert second.returncode == 0, out
     assert "PASSED test_late.py::test_late" in out
     assert "collecting again by node id" in out
+
+
+SECRET_TEST = '''import os, pytest
+from pathlib import Path
+
+
+@pytest.mark.skip_less_device(1)
+def test_secret():
+    seen = [os.environ.get(k) for k in ("HF_TOKEN", "PIP_INDEX_URL", "TRTLLM_SLURM_OTP")]
+    Path(os.environ["SEEN"]).write_text(repr(seen))
+'''
+
+
+def _files_holding(top: Path, needles: list[str]) -> list[str]:
+    found = []
+    for path in top.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            found += [f"{path}: {n}" for n in needles if n.encode() in data]
+    return found
+
+
+def test_secrets_reach_the_warm_session_through_its_agent_and_no_file(warm_suite: Path,
+                                                                     tmp_path: Path) -> None:
+    """HF_TOKEN (a secret name), a URL password and TRTLLM_SLURM_OTP in the controller's
+    environment: the served test sees the first two, never the code, and no file of the
+    run holds any of them. A run with another token gets an agent that has that token."""
+    (warm_suite / "test_secret.py").write_text(SECRET_TEST)
+    seen_file, otp = tmp_path / "seen", "615243"
+    secrets = []
+    for run in range(2):
+        token, password = f"hf_{uuid.uuid4().hex}", f"pw{uuid.uuid4().hex[:12]}"
+        secrets += [token, password]
+        url = f"https://alice:{password}@pypi.invalid/simple"
+        result = _pytest(warm_suite, "-k", "secret", env={
+            "HF_TOKEN": token, "PIP_INDEX_URL": url, "TRTLLM_SLURM_OTP": otp,
+            "SEEN": str(seen_file)})
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "PASSED test_secret.py::test_secret" in result.stdout
+        assert "Starting a warm worker on" in result.stdout  # each set of secrets: its agent
+        assert seen_file.read_text() == repr([token, url, None])
+    job_id = json.loads((warm_suite / "work_dirs" / ".slurm_alloc.json").read_text())["job_id"]
+    assert list((warm_suite / "work_dirs" / ".agents" / job_id).glob("*/sessions/*"))
+    assert _files_holding(warm_suite / "work_dirs", [*secrets, otp]) == []

@@ -12,8 +12,9 @@ Like local_direct, but the worker pytest runs inside the JobSpec's image:
 - Paths keep their host names inside the container, so the worker's argv works unchanged
   and reports.jsonl / the job log come back through the mounted work dir. The plugin is
   mounted read-only and put first on PYTHONPATH (the image needs Python and pytest only).
-- Env values reach the engine through its environment (``-e NAME``), not its argv (except
-  names the CLI reads itself, such as PATH or DOCKER_*: ``containers.client_sensitive``).
+- Env values reach the engine through its environment (``-e NAME``), never its argv; names
+  the CLI reads itself (PATH, proxies, DOCKER_*: ``containers.client_sensitive``) through
+  ``--env-file /dev/fd/N``, a pipe (not in ``ps``, not on disk).
 - The image must be in the engine's local store: ``--pull=never``, and a missing image is
   a ConfigError naming it and the engine (checked once per image, before the first run).
 - GPUs: when this machine has GPUs, each job gets a disjoint slice (``--gpus "device=.."``
@@ -37,6 +38,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -47,6 +49,7 @@ from ..containers import (
     client_sensitive,
     container_env,
     engine_run_argv,
+    env_file_text,
     job_mounts,
     safe_name,
     workdir_of,
@@ -246,8 +249,9 @@ class ContainerExecutor(LocalProcessExecutor):
         return JobHandle(job_id=job_id, spec=spec, submitted_at=time.time(), nodelist="localhost")
 
     def run_argv(self, spec: JobSpec, name: str, gpus: Sequence[int] = (),
-                 command: Sequence[str] | None = None) -> list[str]:
-        """The engine argv of one batch (also used for the re-run line)."""
+                 command: Sequence[str] | None = None, env_file: str | None = None) -> list[str]:
+        """The engine argv of one batch (``env_file``: where the CLI-sensitive variables
+        are, see ``engine_run_argv``)."""
         all_gpus = bool(gpus) and sorted(gpus) == sorted(self._all_gpus)
         return engine_run_argv(
             self.engine, spec, name=name, cli=self.cli, run_flags=self.run_flags,
@@ -256,18 +260,36 @@ class ContainerExecutor(LocalProcessExecutor):
                               include_plugin=self.mount_plugin),
             env=container_env(spec, models_root=self.models_root,
                               include_plugin=self.mount_plugin),
-            network=self.network, user=self.user, python=self.python, command=command,
-            labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name},
+            env_file=env_file, network=self.network, user=self.user, python=self.python,
+            command=command, labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name},
         )
 
     def _launch(self, job: LocalJob) -> None:
-        argv = self.run_argv(job.spec, job.name, job.gpus)
+        """Values reach the engine through its environment (``-e NAME``) and, for the names
+        its CLI reads itself, a pipe given as ``--env-file /dev/fd/N``: none is in ``ps``
+        (the command line) or on disk."""
         job_env = container_env(job.spec, models_root=self.models_root,
                                 include_plugin=self.mount_plugin)
+        in_file = {k: v for k, v in job_env.items() if client_sensitive(k)}
         env = self._env({k: v for k, v in job_env.items() if not client_sensitive(k)})
         banner = (f"[trtllm-slurm] container {job.name}: {self.engine} "
                   f"{job.spec.container_image}\n")
-        self._spawn(job, argv, cwd=workdir_of(job.spec), env=env, banner=banner)
+        if not in_file:
+            argv = self.run_argv(job.spec, job.name, job.gpus)
+            self._spawn(job, argv, cwd=workdir_of(job.spec), env=env, banner=banner)
+            return
+        text = env_file_text(in_file).encode()
+        read_fd, write_fd = os.pipe()
+        try:
+            argv = self.run_argv(job.spec, job.name, job.gpus, env_file=f"/dev/fd/{read_fd}")
+            self._spawn(job, argv, cwd=workdir_of(job.spec), env=env, banner=banner,
+                        pass_fds=(read_fd,))
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        threading.Thread(target=_write_and_close, args=(write_fd, text), daemon=True).start()
 
     def _exit_state(self, code: int) -> JobState:
         if code == 0:
@@ -335,6 +357,17 @@ def _exit_reason(engine: str, code: int) -> str | None:
     if code < 0:
         return f"the {engine} client was killed by signal {signal.Signals(-code).name}"
     return None
+
+
+def _write_and_close(fd: int, data: bytes) -> None:
+    """Feed the engine's env-file pipe (a client that dies early: EPIPE, nothing to do)."""
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -72,7 +72,8 @@ class LocalProcessExecutor:
         self._launch(job)
 
     def _spawn(self, job: LocalJob, argv: Sequence[str], *, cwd: str,
-               env: Mapping[str, str], banner: str | None = None) -> None:
+               env: Mapping[str, str], banner: str | None = None,
+               pass_fds: Sequence[int] = ()) -> None:
         os.makedirs(job.spec.work_dir, exist_ok=True)
         job.log = open(job.spec.log_path, "ab")  # noqa: SIM115 - closed when the job ends
         if banner:
@@ -86,6 +87,7 @@ class LocalProcessExecutor:
             stdout=job.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
 
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:

@@ -30,11 +30,13 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
 from ..containers import (
+    CENV_PREFIX,
     JOB_LABEL,
     Engine,
     client_sensitive,
     container_env,
     container_name_for,
+    env_file_text,
     in_container_argv,
     job_mounts,
     pyxis_args,
@@ -321,23 +323,24 @@ class SlurmExecutor:
         """(env to export, task argv): ``command`` run by the image's python inside a
         docker/podman container of the batch's image, with the repo, invocation and work
         dirs and the JobSpec's mounts at their host paths, the invocation dir as working
-        directory, the job's env names (``-e NAME``; the values are exported before srun,
-        except those the engine CLI reads itself: ``-e NAME=VALUE``), the step's GPUs,
+        directory, the job's env names (``-e NAME``; the values are exported before srun;
+        those the engine CLI reads itself as ``CENV_PREFIX + NAME``, which the wrapper
+        passes through ``--env-file``, a pipe), the step's GPUs,
         TensorRT-LLM's resource flags and a label naming the batch. An MPI batch's
         launcher prefix runs inside the container too."""
         assert spec.container_image
         env = container_env(spec)
-        inline = {k: v for k, v in env.items() if client_sensitive(k)}
+        in_file = {k: v for k, v in env.items() if client_sensitive(k)}
+        env_file_text(in_file)  # ValueError now for a value the wrapper could not pass
         flags = list(self.container_run_flags)
-        for key, value in sorted(inline.items()):
-            flags += ["-e", f"{key}={value}"]
-        exported = {k: v for k, v in env.items() if k not in inline}
+        passed = {k: v for k, v in env.items() if k not in in_file}  # -e NAME
+        exported = {**passed, **{CENV_PREFIX + k: v for k, v in in_file.items()}}
         prefix = list(self.launcher_prefix) if spec.launch is Launch.MPI else []
         runtime: Engine = "podman" if self.container_runtime == "podman" else "docker"
         argv = wrap_in_container(
             [*prefix, *in_container_argv(command)], runtime, spec.container_image,
             name_prefix=f"trtllm-{spec.name}", mounts=job_mounts(spec),
-            workdir=workdir_of(spec), env_names=sorted(exported),
+            workdir=workdir_of(spec), env_names=sorted(passed),
             gpus=spec.devices_per_node > 0, run_flags=flags,
             labels={JOB_LABEL: spec.job_name}, script=script,
         )
@@ -710,7 +713,7 @@ class SlurmExecutor:
             env, argv = self._wrapped(base.masked(), rerun_argv(base, nodeid),
                                       script if job is not None else None)
             assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
-                              if not is_secret(k, base.env.get(k, v)))
+                              if not is_secret(k, base.env.get(k.removeprefix(CENV_PREFIX), v)))
             spec = base.model_copy(update={"command": argv, "rerun_argv": []})
         if job is not None and job.alloc is not None:
             text = render_rerun_step(spec, nodeid, job.alloc.job_id, opts, job.share)

@@ -16,7 +16,8 @@ import paramiko
 
 from ..errors import ConfigError, ExecutionError
 from .ssh_auth import OtpProvider, authenticate
-from .ssh_hostkeys import known_keys, verify_host_key
+from .ssh_hostcerts import CERT_SUFFIX
+from .ssh_hostkeys import known_hosts_for, verify_host_key
 from .ssh_target import SSHTarget
 
 log = logging.getLogger(__name__)
@@ -156,14 +157,18 @@ def _login(target: SSHTarget, sock: Any, otp_provider: OtpProvider) -> paramiko.
 
 
 def _prefer_known_key_types(transport: paramiko.Transport, target: SSHTarget) -> None:
-    """Ask first for a host key type known_hosts already has (as OpenSSH does)."""
-    recorded, _ = known_keys(target.known_hosts, target.known_hosts_name)
-    if not recorded:
+    """Ask first for a host key type known_hosts already has (as OpenSSH does): host
+    certificates when an @cert-authority line covers the host."""
+    known = known_hosts_for(target.known_hosts, target.known_hosts_name)
+    if not known.keys and not known.authorities:
         return
     opts = transport.get_security_options()
-    names = {k.get_name() for k in recorded}
+    names = {k.get_name() for k in known.keys}
     if "ssh-rsa" in names:
         names |= {"rsa-sha2-512", "rsa-sha2-256"}
     first = [t for t in opts.key_types if t in names]
+    if known.authorities:  # paramiko offers certificates last unless asked
+        first = [f"{t}{CERT_SUFFIX}" for t in opts.key_types
+                 if f"{t}{CERT_SUFFIX}" in paramiko.Transport._key_info] + first
     if first:
         opts.key_types = first + [t for t in opts.key_types if t not in first]

@@ -2,7 +2,9 @@
 
 An unknown key is refused unless the user opted in (``accept_new_host_key = true``,
 OpenSSH's ``accept-new``); a changed or revoked key is always refused. paramiko's
-auto-add policy is never used: it would silently trust whoever answers.
+auto-add policy is never used: it would silently trust whoever answers. A host
+certificate is accepted when an ``@cert-authority`` line for the host names its CA (see
+``ssh_hostcerts``); with no such line its key is checked as a plain key, as OpenSSH does.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import hashlib
 import logging
 import os
 import re
+from dataclasses import dataclass, field
 
 import paramiko
 
 from ..errors import ConfigError
+from .ssh_hostcerts import certificate_blob, check_host_certificate
 from .ssh_target import SSHTarget
 
 log = logging.getLogger(__name__)
@@ -27,15 +31,29 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+@dataclass
+class KnownHosts:
+    """What a known_hosts file says about one host name."""
+
+    keys: list[paramiko.PKey] = field(default_factory=list)  # its recorded keys
+    revoked: list[paramiko.PKey] = field(default_factory=list)  # @revoked (any host)
+    authorities: list[paramiko.PKey] = field(default_factory=list)  # @cert-authority for it
+
+
 def known_keys(path: str, name: str) -> tuple[list[paramiko.PKey], list[paramiko.PKey]]:
     """(keys recorded for ``name``, keys marked @revoked) from the known_hosts file."""
-    keys: list[paramiko.PKey] = []
-    revoked: list[paramiko.PKey] = []
+    known = known_hosts_for(path, name)
+    return known.keys, known.revoked
+
+
+def known_hosts_for(path: str, name: str) -> KnownHosts:
+    """Keys, revoked keys and certificate authorities for ``name`` in the file."""
+    known = KnownHosts()
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             lines = fh.read().splitlines()
     except FileNotFoundError:
-        return keys, revoked
+        return known
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -43,8 +61,9 @@ def known_keys(path: str, name: str) -> tuple[list[paramiko.PKey], list[paramiko
         marker = None
         if line.startswith("@"):
             marker, _, line = line.partition(" ")
-            if marker not in ("@revoked",):
-                continue  # @cert-authority: certificates are not supported
+            if marker not in ("@revoked", "@cert-authority"):
+                continue  # not a marker OpenSSH knows: OpenSSH skips the line too
+            line = line.strip()
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
         except (paramiko.SSHException, ValueError):
@@ -52,10 +71,14 @@ def known_keys(path: str, name: str) -> tuple[list[paramiko.PKey], list[paramiko
         if entry is None or entry.key is None:
             continue
         if marker == "@revoked":
-            revoked.append(entry.key)
-        elif _matches(name, entry.hostnames):
-            keys.append(entry.key)
-    return keys, revoked
+            known.revoked.append(entry.key)
+        elif not _matches(name, entry.hostnames):
+            continue
+        elif marker == "@cert-authority":
+            known.authorities.append(entry.key)
+        else:
+            known.keys.append(entry.key)
+    return known
 
 
 def _matches(name: str, patterns: list[str]) -> bool:
@@ -82,9 +105,16 @@ def _glob(pattern: str) -> re.Pattern[str]:
 def verify_host_key(target: SSHTarget, key: paramiko.PKey) -> None:
     """Accept ``key`` for ``target`` or raise ConfigError saying why and what to do."""
     name = target.known_hosts_name
-    recorded, revoked = known_keys(target.known_hosts, name)
+    known = known_hosts_for(target.known_hosts, name)
+    recorded, revoked = known.keys, known.revoked
     fp = fingerprint(key)
     where = f"{target.hostname} port {target.port}"
+    cert = certificate_blob(key)
+    if cert is not None and known.authorities and not any(k == key for k in revoked):
+        check_host_certificate(cert, hostname=target.hostname, where=where,
+                               authorities=known.authorities, revoked=revoked,
+                               known_hosts=target.known_hosts)
+        return
     if any(k == key for k in revoked):
         raise ConfigError(
             f"the SSH host key of {where} ({key.get_name()} {fp}) is marked @revoked in "
