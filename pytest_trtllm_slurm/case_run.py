@@ -51,6 +51,7 @@ from .execution.monitor import Monitor, WatchedJob
 from .execution.outcome import JobState, JobStatus
 from .execution.work_root import ensure_work_root
 from .jobspec import JobSpec, SlurmEnv, write_private_atomic
+from .masking import is_masked
 from .models import LocalEnv, Scenario
 
 Say = Callable[[str], None]
@@ -519,12 +520,12 @@ def rerun_job_spec(path: Path, ctx: CaseContext, *,
         raise ConfigError(f"--job-spec {path}: not a valid job_spec.json "
                           f"({str(exc).splitlines()[0]})") from None
     notes = [f"re-run of {path}"]
-    masked = [k for k, v in spec.env.items() if v == "***"]
+    masked = [k for k, v in spec.env.items() if is_masked(v)]
     if masked:
         notes.append(f"env {', '.join(masked)} were masked when the spec was written; "
                      "set them in this environment")
         spec = spec.model_copy(update={"env": {k: v for k, v in spec.env.items()
-                                               if v != "***"}})
+                                               if not is_masked(v)}})
     if spec.slurm_env is None and ctx.slurm_env is not None:
         spec = spec.model_copy(update={"slurm_env": ctx.slurm_env})
     copy = rerun_spec_copy(spec, monitor_timeout_seconds=monitor_timeout_seconds)

@@ -322,10 +322,10 @@ def engine_run_argv(
     argv += ["-w", workdir_of(spec)]
     names = sorted(container_env(spec) if env is None else env)
     in_file = [name for name in names if client_sensitive(name)]
-    if in_file and not env_file:
-        raise ValueError(f"{', '.join(in_file)} must reach the container through an env file "
-                         "(the engine CLI reads them itself): pass env_file")
     if in_file:
+        if not env_file:
+            raise ValueError(f"{', '.join(in_file)} must reach the container through an env "
+                             "file (the engine CLI reads them itself): pass env_file")
         argv += ["--env-file", env_file]
     for name in names:
         if not client_sensitive(name):

@@ -84,6 +84,11 @@ def mask_value(name: str, value: str) -> str:
     return MASK if is_secret_name(name) else mask_text(value)
 
 
+def is_masked(value: str) -> bool:
+    """A value (or part of one) that ``mask_value`` hid: not usable as it is."""
+    return MASK in value
+
+
 def mask_env(env: Mapping[str, str]) -> dict[str, str]:
     """An environment safe to write or log (same names, secret values hidden)."""
     return {name: mask_value(name, value) for name, value in env.items()}

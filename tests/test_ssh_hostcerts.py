@@ -121,7 +121,7 @@ def test_paramiko_refuses_a_certificate_of_a_ca_known_hosts_does_not_trust(
         sh.run(["true"])
     sh.close()
     known.write_text(known.read_text() + "@revoked * " + " ".join(
-        (pki / "ca.pub").read_text().split()[:2]) + "\n" + f"@cert-authority * "
+        (pki / "ca.pub").read_text().split()[:2]) + "\n" + "@cert-authority * "
         + " ".join((pki / "ca.pub").read_text().split()[:2]) + "\n")
     sh = SSHShell(target_for({**ca_sshd, "known_hosts": str(known)}))
     with pytest.raises(ConfigError, match="@revoked"):

@@ -459,7 +459,7 @@ def test_secrets_reach_the_warm_session_through_its_agent_and_no_file(warm_suite
     (warm_suite / "test_secret.py").write_text(SECRET_TEST)
     seen_file, otp = tmp_path / "seen", "615243"
     secrets = []
-    for run in range(2):
+    for _ in range(2):
         token, password = f"hf_{uuid.uuid4().hex}", f"pw{uuid.uuid4().hex[:12]}"
         secrets += [token, password]
         url = f"https://alice:{password}@pypi.invalid/simple"

@@ -20,7 +20,8 @@ from collections.abc import Callable
 import paramiko
 
 from ..errors import ConfigError
-from ..otp_env import OTP_ENV, current as current_env_otp
+from ..otp_env import OTP_ENV
+from ..otp_env import current as current_env_otp
 from .ssh_hostkeys import fingerprint
 from .ssh_target import SSHTarget
 
