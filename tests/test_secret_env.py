@@ -75,12 +75,15 @@ def test_a_session_request_holds_no_secret_even_when_no_agent_reads_it(
     monkeypatch.setenv("HF_TOKEN", "hf_secretvalue0123456789abcdef")
     monkeypatch.setenv("HTTPS_PROXY", "http://alice:pr0xypass@proxy:3128")
     monkeypatch.setenv("PLAIN_SETTING", "visible")
-    env = session_env({"PYTHONUNBUFFERED": "1"}, local=True)
+    # a marker that copies the controller's token: the agent has it already, not written
+    env = session_env({"PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_secretvalue0123456789abcdef",
+                       "MARKER_ONLY_TOKEN": "given-in-a-marker"}, local=True)
+    assert env["MARKER_ONLY_TOKEN"] == "given-in-a-marker"  # already in a file of the user's
     sdir = send_session(LocalShell(), str(tmp_path / "agent"), "s1", ["python"],
                         cwd=str(tmp_path), env=env)
     request = tmp_path / "agent" / "inbox" / "s1.json"
     text = request.read_text()
-    assert "hf_secretvalue" not in text and "pr0xypass" not in text
+    assert "hf_secretvalue" not in text and "given-in-a-marker" in text and "pr0xypass" not in text
     assert json.loads(text)["env"]["PLAIN_SETTING"] == "visible"
     assert oct(request.stat().st_mode & 0o777) == "0o600"
     assert Path(sdir).is_dir()

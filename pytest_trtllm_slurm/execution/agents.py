@@ -32,7 +32,7 @@ from pathlib import PurePosixPath
 
 from ..errors import ExecutionError
 from ..jobspec import JobSpec
-from ..masking import only_secrets, without_secrets
+from ..masking import is_secret, only_secrets, without_secrets
 from ..models import Launch
 from ..scripts import gpu_flag, render_step_launcher
 
@@ -294,7 +294,9 @@ class AgentPool:
         self._remove(f"{d}/exit_code", f"{d}/heartbeat.json")
         launcher = render_step_launcher(argv, log_path=f"{d}/agent.log", pid_path=f"{d}/srun.pid",
                                         exit_path=f"{d}/exit_code",
-                                        cwd=spec.invocation_dir or spec.rootdir, env=spec.env)
+                                        cwd=spec.invocation_dir or spec.rootdir,
+                                        env=not_inherited(spec.env, local=isinstance(
+                                            self.shell, LocalShell)))
         self.shell.write_file(f"{d}/agent.sh", launcher)
         res = self.shell.run(["setsid", "-f", "bash", f"{d}/agent.sh"], timeout=30,
                              retry_on_drop=False)
@@ -360,7 +362,7 @@ class AgentPool:
             "log_path": spec.log_path,
             "exit_path": job.placement.exit_path,
             "pid_path": job.placement.pid_path,
-            "env": dict(spec.env),
+            "env": not_inherited(spec.env, local=isinstance(self.shell, LocalShell)),
         }
         self.shell.write_file(f"{sdir}/inbox/{job.placement.request_name}.json",
                               json.dumps(request))
@@ -509,8 +511,18 @@ def session_env(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
     and a secret is never written to one: the session inherits the secrets from its agent,
     which srun started with them (``secrets_key`` picks the agent that has this run's)."""
     env: dict[str, str] = without_secrets(controller_env()) if local else {}
-    env.update(batch_env)
+    env.update(not_inherited(batch_env, local=local))
     return env
+
+
+def not_inherited(env: dict[str, str], *, local: bool) -> dict[str, str]:
+    """``env`` less the secrets a local agent inherits anyway (same name, same value in
+    this process's environment, which srun passed on): those need not be written to a
+    request or launcher file. A secret given only in a marker or the clusters file is
+    already in a file of yours, and stays."""
+    if not local:
+        return dict(env)
+    return {k: v for k, v in env.items() if not (is_secret(k, v) and os.environ.get(k) == v)}
 
 
 def secrets_key(*, local: bool) -> str:
