@@ -17,6 +17,7 @@ never run): see ``private_files``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -185,7 +186,11 @@ class ForkLoop:
             except UntrustedPath as exc:
                 _refuse(path, str(exc))
                 continue
-            except (OSError, UnicodeDecodeError):
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+                    _refuse(path, f"{path}: it is a symbolic link")
+                continue  # gone, or not complete yet: next round
+            except UnicodeDecodeError:
                 continue  # gone, or not complete yet: next round
             if name == "stop":
                 self._stopping = found = True

@@ -147,6 +147,12 @@ def test_a_request_from_another_user_is_refused_and_removed(neighbour: str,
         loose.write_text(json.dumps({**request, "name": "loose"}))
         loose.chmod(0o664)
         wait_for(lambda: not loose.exists(), "the agent to remove the group-writable request")
+        # a link to a file of ours elsewhere (it may hold anything): refused, not followed
+        decoy = shared_tmp / "decoy.json"
+        decoy.write_text(json.dumps({**request, "name": "decoy"}))
+        (mail / "inbox" / "linked.json").symlink_to(decoy)
+        wait_for(lambda: not (mail / "inbox" / "linked.json").is_symlink(),
+                 "the agent to remove the link")
         # a request that is the user's own and private still runs (the agent is serving)
         ours = {**request, "name": "ours", "env": {"PWNED_AT": str(shared_tmp / "ours-ran")},
                 "exit_path": str(shared_tmp / "ours.exit")}
@@ -161,6 +167,7 @@ def test_a_request_from_another_user_is_refused_and_removed(neighbour: str,
     uid = pwd.getpwnam(neighbour).pw_uid
     assert f"refused {mail / 'inbox' / 'evil.json'}: it is owned by uid {uid}" in log, log
     assert f"refused {loose}: group or others may write it (mode 0664)" in log, log
+    assert "linked.json: it is a symbolic link" in log and decoy.exists(), log
 
 
 def test_a_lock_folder_another_user_made_first_is_not_used(neighbour: str,

@@ -164,6 +164,19 @@ def test_wrong_certificates_are_refused_with_the_reason(pki: Path, tmp_path: Pat
                                revoked=[], known_hosts="kh")
 
 
+@pytest.mark.parametrize("ca_type,host_type", [("ed25519", "ed25519"), ("rsa", "ecdsa"),
+                                               ("ecdsa", "rsa")])
+def test_certificates_of_every_key_type_pass(tmp_path: Path, ca_type: str,
+                                             host_type: str) -> None:
+    keygen("-t", ca_type, "-N", "", "-f", str(tmp_path / "ca"))
+    keygen("-t", host_type, "-N", "", "-f", str(tmp_path / "host"))
+    keygen("-s", str(tmp_path / "ca"), "-I", "h", "-h", "-n", "login.example,127.0.0.1",
+           str(tmp_path / "host.pub"))
+    check_host_certificate(cert_blob(tmp_path / "host-cert.pub"), hostname="login.example",
+                           where="w", authorities=[pub_key(tmp_path / "ca.pub")], revoked=[],
+                           known_hosts="kh")
+
+
 def test_a_good_certificate_passes_and_any_other_ca_fails(pki: Path) -> None:
     blob = cert_blob(pki / "host-cert.pub")
     check_host_certificate(blob, hostname="127.0.0.1", where="w",
@@ -171,4 +184,11 @@ def test_a_good_certificate_passes_and_any_other_ca_fails(pki: Path) -> None:
     with pytest.raises(ConfigError, match="its CA is not listed"):
         check_host_certificate(blob, hostname="127.0.0.1", where="w",
                                authorities=[pub_key(pki / "other_ca.pub")], revoked=[],
+                               known_hosts="kh")
+    kind_len = int.from_bytes(blob[:4], "big")
+    nonce_at = 4 + kind_len + 4  # the first byte of the nonce, which the CA signed too
+    forged = blob[:nonce_at] + bytes([blob[nonce_at] ^ 1]) + blob[nonce_at + 1:]
+    with pytest.raises(ConfigError, match="signature on it does not verify"):
+        check_host_certificate(forged, hostname="127.0.0.1", where="w",
+                               authorities=[pub_key(pki / "ca.pub")], revoked=[],
                                known_hosts="kh")
