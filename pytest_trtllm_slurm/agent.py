@@ -145,8 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         loop.run()
-    finally:
+    except SystemExit:
+        # SIGTERM: the allocation ends, and every agent of it on this node with it; an
+        # agent leaving alone (idle) keeps the folder, which another agent of the
+        # allocation (another python, other secrets) may still be taking GPUs in
         shutil.rmtree(locks, ignore_errors=True)
+        raise
 
 
 if __name__ == "__main__":
