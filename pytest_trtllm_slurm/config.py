@@ -36,7 +36,10 @@ class ClusterConfig(BaseModel):
     user_root_dir: str | None = None
     remote_cwd: str | None = None
     python: str = "python3"  # the interpreter that runs the worker pytest on the cluster
-    sync: Literal["git", "none"] = "none"
+    # git: the snapshot over the run's SSH connection (a bundle); git-origin: through a temp
+    # branch on origin (the seed's way); none: a shared file system
+    sync: Literal["git", "git-origin", "none"] = "none"
+    sync_secrets: bool = False  # also ship untracked files that look like secrets (.env, keys)
     account: str | None = None
     partition: str | None = None
     device_type: str | None = None

@@ -24,6 +24,7 @@ from .requirements import PerfSources
 
 if TYPE_CHECKING:
     from .execution.allocation import AllocationManager, AllocationRequest
+    from .execution.remote_clusters import RemoteClusters
     from .execution.slurm_batch import WalltimePolicy
 
 # what the executor builders read of a batch: a BatchKey (plugin) or a JobSpec (trtllm-slurm run)
@@ -65,6 +66,7 @@ def planning_context(config: pytest.Config) -> PlanningContext:
         slurm_env=slurm_env,
         perf=PerfSources.from_settings(settings, Path(config.rootpath)),
         rootdir=Path(config.rootpath),
+        remote_env=remote_clusters(config) if clusters.clusters else None,
     )
     config.stash[_CONTEXT_KEY] = ctx
     return ctx
@@ -80,6 +82,23 @@ def _check_named_cluster(name: str | None, clusters: ClustersFile, here: str | N
         return
     where = f"this machine's Slurm cluster is {here!r}" if here else "this machine has no Slurm"
     raise ConfigError(f"{clusters.unknown_message(name)} ({where})")
+
+
+def remote_clusters(config: pytest.Config) -> RemoteClusters:
+    """The run's connections to remote clusters and their discoveries (cached on disk
+    under work_dirs/.cache, like the local one); closed when the run ends."""
+    from .execution.remote_clusters import RemoteClusters
+
+    remotes = RemoteClusters(Path(config.rootpath) / "work_dirs" / ".cache")
+    config.add_cleanup(remotes.close)
+    return remotes
+
+
+def _remotes_of(ctx: PlanningContext) -> RemoteClusters:
+    from .execution.remote_clusters import RemoteClusters
+
+    found = ctx.remote_env
+    return found if isinstance(found, RemoteClusters) else RemoteClusters(None)
 
 
 def make_executors(
@@ -130,9 +149,7 @@ def remote_slurm_executor(
     from .execution.allocation import AllocationManager, AllocationRequest
     from .execution.remote import preflight, remote_paths, sync_cluster
     from .execution.remote_executor import PathMap, RemoteSlurmExecutor
-    from .execution.slurm import SlurmClient
     from .execution.slurm_executor import SlurmExecutor
-    from .execution.ssh import shell_for_cluster
 
     names = sorted({k.cluster or "" for k in keys})
     if len(names) != 1 or not names[0]:
@@ -141,12 +158,12 @@ def remote_slurm_executor(
         )
     cluster = ctx.clusters.get(names[0])
     settings = ctx.settings
-    shell = shell_for_cluster(cluster)
-    shell.connect()
+    remotes = _remotes_of(ctx)
+    shell = remotes.shell(cluster)  # the connection planning's discovery made, if any
     preflight(shell, cluster)
     rootdir = ctx.rootdir
-    sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}")
-    slurm_env = SlurmClient(shell).discover()
+    sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn)
+    slurm_env = remotes.env(cluster)
     paths = remote_paths(cluster, rootdir)
     local_work_root = Path(settings.work_dir) if settings.work_dir else rootdir / "work_dirs"
     remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]

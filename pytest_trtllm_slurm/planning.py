@@ -30,6 +30,16 @@ class PlanningContext:
     slurm_env: SlurmEnv | None = None
     perf: requirements.PerfSources | None = None
     rootdir: Path = Path(".")
+    # what discovery over SSH finds on a remote cluster (None: the clusters file alone)
+    remote_env: routing.RemoteEnv | None = None
+
+    def slurm_env_of(self, decision: RouteDecision) -> SlurmEnv | None:
+        """The discovery of the Slurm cluster a test was routed to (local or remote)."""
+        if decision.scenario is Scenario.LOCAL_SLURM:
+            return self.slurm_env
+        if decision.scenario is Scenario.REMOTE_SLURM and decision.cluster and self.remote_env:
+            return self.remote_env(self.clusters.get(decision.cluster))
+        return None
 
 
 @dataclass
@@ -68,11 +78,16 @@ def with_keyword_type(req: DeviceRequirement, ctx: PlanningContext) -> DeviceReq
 
 def target_device_type(decision: RouteDecision, ctx: PlanningContext) -> str | None:
     """The GPU type of where a test was routed (for job names and the build arch)."""
-    if decision.scenario is Scenario.LOCAL_SLURM and ctx.slurm_env and decision.partition:
-        part = ctx.slurm_env.partition(decision.partition)
-        return normalize_device_type(part.gpu_type) if part else None
     if decision.scenario is Scenario.REMOTE_SLURM and decision.cluster:
-        return normalize_device_type(ctx.clusters.get(decision.cluster).device_type)
+        configured = ctx.clusters.get(decision.cluster).device_type
+        if configured:  # the clusters file overrides discovery
+            return normalize_device_type(configured)
+    env = ctx.slurm_env_of(decision)
+    if env and decision.partition:
+        part = env.partition(decision.partition)
+        return normalize_device_type(part.gpu_type) if part else None
+    if decision.scenario is Scenario.REMOTE_SLURM:
+        return None
     return ctx.local.device_type
 
 
@@ -90,8 +105,9 @@ def batch_image(
     if cluster is None or cluster.container_runtime == "none":
         return explicit
     arch = None
-    if decision.scenario is Scenario.LOCAL_SLURM and ctx.slurm_env and decision.partition:
-        part = ctx.slurm_env.partition(decision.partition)
+    env = ctx.slurm_env_of(decision)
+    if env and decision.partition:
+        part = env.partition(decision.partition)
         arch = part.arch if part else None
     device_type = req.device_type or target_device_type(decision, ctx)
     return resolve_container_image(explicit, cluster, ctx.rootdir,
@@ -126,6 +142,7 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         slurm_env=ctx.slurm_env,
         pinned_local=bool(test_cfg.local),
         partition=test_cfg.partition,
+        remote_env=ctx.remote_env,
     )
     if decision.scenario is None:
         return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=decision.reason))

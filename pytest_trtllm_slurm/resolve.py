@@ -169,6 +169,22 @@ def _prefer_default(parts: list[PartitionInfo], slurm_env: SlurmEnv) -> Partitio
     return next((p for p in parts if p.name == slurm_env.default_partition), parts[0])
 
 
+def with_cluster_overrides(env: SlurmEnv, cluster: ClusterConfig) -> SlurmEnv:
+    """Discovery with the clusters file's word on top: its ``gpus_per_node`` and
+    ``device_type`` replace what was found for its partition (every partition when it
+    names none), so a site whose gres discovery cannot read is still sized right."""
+    if not (cluster.gpus_per_node or cluster.device_type):
+        return env
+    update: dict[str, object] = {}
+    if cluster.gpus_per_node:
+        update["gpus_per_node"] = cluster.gpus_per_node
+    if cluster.device_type:
+        update["gpu_type"] = cluster.device_type
+    parts = [p.model_copy(update=update) if not cluster.partition or p.name == cluster.partition
+             else p for p in env.partitions]
+    return env.model_copy(update={"partitions": parts})
+
+
 def resolve_partition(
     req: DeviceRequirement,
     option: str | None,

@@ -27,9 +27,17 @@ Rules, first match wins (each is a row of tests/test_routing.py):
 8. Otherwise, exactly one configured remote cluster that fits -> remote_slurm;
    else unsatisfied: scenario None with a reason naming what exists and how to
    choose (the plugin skips the test, or fails it with --trtllm-unsatisfied=fail).
+
+A remote cluster is sized like the local one: ``remote_env(cluster)`` (when given) returns
+what discovery over SSH found there (partitions, GPUs per node and type), with the
+clusters-file keys (partition, gpus_per_node, device_type) overriding it; the partition is
+then chosen by resolve.select_partition as for the local Slurm. Without discovery the
+clusters-file keys alone decide, as before.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from .config import ClusterConfig, ClustersFile, Settings
 from .errors import ConfigError
@@ -42,9 +50,12 @@ from .resolve import (
     partition_fits,
     resolve_account,
     select_partition,
+    with_cluster_overrides,
 )
 
 _HOW = "use --slurm-cluster NAME / --slurm-partition NAME to serve it"
+
+RemoteEnv = Callable[[ClusterConfig], "SlurmEnv | None"]
 
 
 def route(
@@ -56,9 +67,11 @@ def route(
     slurm_env: SlurmEnv | None,
     pinned_local: bool = False,
     partition: str | None = None,
+    remote_env: RemoteEnv | None = None,
 ) -> RouteDecision:
     """Where ``req``'s test runs (see the module docstring for the rules, in order)."""
-    ctx = _Ctx(req, settings, local, clusters, slurm_env, partition or settings.partition)
+    ctx = _Ctx(req, settings, local, clusters, slurm_env, partition or settings.partition,
+               remote_env)
     if pinned_local:
         return RouteDecision(scenario=Scenario.LOCAL_DIRECT, dispatched=False)
     if settings.scenario != "auto":
@@ -96,8 +109,10 @@ class _Ctx:
         clusters: ClustersFile,
         slurm_env: SlurmEnv | None,
         partition: str | None,
+        remote_env: RemoteEnv | None = None,
     ) -> None:
         self.req = req
+        self.remote_env = remote_env
         self.settings = settings
         self.local = local
         self.clusters = clusters
@@ -215,17 +230,48 @@ class _Ctx:
             if key.lower() != local
         ]
 
+    def _discovered(self, cfg: ClusterConfig) -> SlurmEnv | None:
+        """What discovery found on ``cfg``'s cluster, clusters-file keys applied; None when
+        there is no discovery (or it found no partitions)."""
+        if self.remote_env is None:
+            return None
+        env = self.remote_env(cfg)
+        return with_cluster_overrides(env, cfg) if env and env.partitions else None
+
+    def _needs_discovery(self, cfg: ClusterConfig) -> bool:
+        """For choosing among clusters: only when the clusters file cannot tell alone."""
+        return self.req.total > 0 and (
+            cfg.gpus_per_node is None or bool(self.wanted and not cfg.device_type))
+
     def _cluster_fits(self, cfg: ClusterConfig) -> bool:
         """Per-node need within the cluster's gpus_per_node (unknown: cannot rule it out)."""
+        env = self._discovered(cfg) if self._needs_discovery(cfg) else None
+        if env is not None:
+            return self._remote_partition(cfg, env) is not None
         if not self._type_ok(cfg.device_type):
             return False
         if self.req.per_node is None or cfg.gpus_per_node is None:
             return True
         return self.req.per_node <= cfg.gpus_per_node
 
+    def _remote_partition(self, cfg: ClusterConfig, env: SlurmEnv) -> str | None:
+        """The discovered partition that serves the test (None: none can)."""
+        try:
+            name = select_partition(self.req, env, explicit=self.partition, cluster=cfg,
+                                    device_type=self.wanted)
+        except ConfigError:
+            return None
+        part = env.partition(name) if name else None
+        if part is None or not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
+            return None
+        return name
+
     def remote(self, name: str) -> RouteDecision:
         cfg = self.clusters.get(name)  # ConfigError listing the known names
         key = cfg.name or name
+        env = self._discovered(cfg.model_copy(update={"name": key}))
+        if env is not None:
+            return self._remote_sized(key, cfg, env)
         if not self._cluster_fits(cfg):
             return self.unsatisfied(
                 f"cluster {key!r} ({cfg.device_type or '?'}, "
@@ -239,9 +285,36 @@ class _Ctx:
             target_gpus_per_node=cfg.gpus_per_node,
         )
 
+    def _remote_sized(self, key: str, cfg: ClusterConfig, env: SlurmEnv) -> RouteDecision:
+        """A remote cluster routed like the local Slurm, on what discovery found there."""
+        name = select_partition(self.req, env, explicit=self.partition, cluster=cfg,
+                                device_type=self.wanted)
+        part = env.partition(name) if name else None
+        if part is None:
+            return self.unsatisfied(f"no partition of cluster {key!r} "
+                                    f"({_describe_partitions(env)}) can")
+        if not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
+            return self.unsatisfied(f"partition {name!r} of cluster {key!r} "
+                                    f"({_describe_partitions(env, name)}) cannot")
+        return RouteDecision(
+            scenario=Scenario.REMOTE_SLURM,
+            cluster=key,
+            partition=name,
+            account=resolve_account(self.settings.account, cfg, env),
+            target_gpus_per_node=part.gpus_per_node or None,
+        )
+
+    def _offers_type(self, cfg: ClusterConfig) -> bool:
+        """The clusters file's device_type, else (with discovery) a partition's GPU type."""
+        if cfg.device_type:
+            return _same_type(cfg.device_type, self.wanted)
+        env = self._discovered(cfg)
+        return bool(env) and any(p.gpu_type and device_type_matches(p, self.wanted)
+                                 for p in env.partitions)  # type: ignore[union-attr]
+
     def remote_by_type(self) -> RouteDecision:
         remote = self._remote_clusters()
-        typed = [c for c in remote if c.device_type and _same_type(c.device_type, self.wanted)]
+        typed = [c for c in remote if self._offers_type(c)]
         if not typed:
             raise ConfigError(
                 f"device type {self.wanted} is not on this machine ({self._here()}), "
@@ -305,3 +378,10 @@ class _Ctx:
             f"{c.name} ({c.device_type or 'any type'}, {c.gpus_per_node or '?'} GPUs per node)"
             for c in cfgs
         )
+
+
+def _describe_partitions(env: SlurmEnv, only: str | None = None) -> str:
+    return ", ".join(
+        f"{p.name}: {p.gpus_per_node}x {p.gpu_type or 'GPU'} per node, {len(p.nodes)} nodes"
+        for p in env.partitions if only is None or p.name == only
+    ) or "no partitions"

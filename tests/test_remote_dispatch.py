@@ -71,6 +71,12 @@ def remote_setup(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
         f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
         f'mfa = true\nsync = "git"\nuser_root_dir = "{remote_root}"\n'
         f'python = "{sys.executable}"\npartition = "batch"\n'
+        # no partition / gpus_per_node / device_type: sized by discovery over SSH
+        "\n[clusters.devsize]\n"
+        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
+        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+        f'mfa = false\nsync = "git"\nuser_root_dir = "{base / "size_home"}"\n'
+        f'python = "{sys.executable}"\n'
         "\n[clusters.strangehost]\n"
         f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
         f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{base / "empty_known_hosts"}"\n'
@@ -79,7 +85,7 @@ def remote_setup(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
     (base / "empty_known_hosts").write_text("")
     before = snapshot(local)
     yield local, remote_root, before
-    for name in ("devssh", "devotp"):
+    for name in ("devssh", "devotp", "devsize"):
         state = local / "work_dirs" / f".remote-{name}" / "work_dirs" / ".slurm_alloc.json"
         if state.exists():  # never leave an allocation behind on the shared dev cluster
             sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
@@ -203,3 +209,70 @@ def test_failed_build_fails_every_test_and_dispatches_nothing(remote_setup) -> N
         assert (remote_root / "local" / "built.txt").read_text().strip() == "built-for-90-real"
     finally:
         (local / "trtllm-slurm.toml").write_text(original)
+
+
+WORLD_OF_EIGHT = """\
+import os, pytest
+
+
+@pytest.mark.trtllm_slurm(launch="mpi")  # one pytest per rank: the world size check passes
+@pytest.mark.skip_less_mpi_world_size(8)
+def test_world_of_eight():
+    \"\"\"TensorRT-LLM's shape: 8 ranks, which may span nodes.\"\"\"
+    assert os.environ["SLURM_JOB_NUM_NODES"] == "2"
+    assert os.environ["SLURM_NTASKS"] == "8"
+    assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 4
+"""
+
+
+def _world_of_eight(local: Path) -> Path:
+    test = local / "test_untracked_world8.py"
+    test.write_text(WORLD_OF_EIGHT)
+    return test
+
+
+def test_remote_cluster_without_sizing_keys_is_planned_from_discovery(remote_setup) -> None:
+    """The clusters-file entry names no partition and no gpus_per_node: the plan comes from
+    Slurm discovery over SSH (4 GPUs per node on the dev cluster), so 8 ranks = 2 x 4."""
+    local, _, _ = remote_setup
+    test = _world_of_eight(local)
+    cache = local / "work_dirs" / ".cache" / "slurm_env-remote-devsize.json"
+    cache.unlink(missing_ok=True)
+    try:
+        plan = local / "work_dirs" / "plan-devsize.json"
+        proc = run_pytest(local, "--slurm-cluster=devsize", "--trtllm-plan",
+                          f"--trtllm-plan-json={plan}", "test_untracked_world8.py",
+                          "test_multi_gpu.py")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        assert ("test_untracked_world8.py::test_world_of_eight: 8 x any GPU = 2 node(s) x 4 "
+                "-> remote_slurm partition=batch") in out, out
+        assert "test_multi_gpu.py::test_eight_gpus: 8 x any GPU = 1 node(s) x 8 -> not served" \
+            in out, out
+        # cached like the local discovery, keyed by the cluster, private
+        data = json.loads(cache.read_text())
+        assert data["key"].startswith("remote|devsize|")
+        assert {p["name"]: p["gpus_per_node"] for p in data["env"]["partitions"]} == {
+            "batch": 4, "gb200": 4}
+        assert oct(cache.stat().st_mode & 0o777) == "0o600"
+    finally:
+        test.unlink()
+
+
+def test_remote_world_of_eight_runs_on_two_nodes_of_four(remote_setup) -> None:
+    """End to end: sbatch accepts the discovered shape and the test passes on 2 nodes."""
+    local, remote_root, _ = remote_setup
+    test = _world_of_eight(local)
+    try:
+        proc = run_pytest(local, "--slurm-cluster=devsize", "--trtllm-one-shot",
+                          "test_untracked_world8.py", timeout=420)
+    finally:
+        test.unlink()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "PASSED test_untracked_world8.py::test_world_of_eight" in out, out
+    spec = json.loads(next(
+        (remote_root.parent / "size_home" / "local" / "work_dirs").glob("*/job_spec.json")
+    ).read_text())
+    assert (spec["partition"], spec["account"]) == ("batch", "acct_a")
+    assert (spec["total_devices"], spec["devices_per_node"], spec["node_count"]) == (8, 4, 2)

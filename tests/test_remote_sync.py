@@ -28,6 +28,7 @@ from pytest_trtllm_slurm.execution.remote import (
     sync_workspace,
 )
 from pytest_trtllm_slurm.execution.remote_sync import temp_branch_name
+from pytest_trtllm_slurm.execution.secret_files import looks_secret
 from pytest_trtllm_slurm.execution.shell import LocalShell
 from pytest_trtllm_slurm.execution.ssh import SSHShell, SSHTarget
 
@@ -193,7 +194,7 @@ def test_push_failure_leaves_local_repo_untouched(repos: dict[str, Path],
     before = snapshot(local)
     origin.rename(origin.with_name("moved.git"))  # origin unreachable from here on
     with pytest.raises(ExecutionError) as err:
-        sync_workspace(local, ssh_shell, str(remote), user="root", name="m")
+        sync_workspace(local, ssh_shell, str(remote), user="root", name="m", via="origin")
     assert "pushing the snapshot to origin" in str(err.value)
     assert "local repository was not changed" in str(err.value)
     assert snapshot(local) == before
@@ -208,7 +209,7 @@ def test_remote_failure_after_push_deletes_temp_branch(repos: dict[str, Path],
     modify(local)
     before = snapshot(local)
     with pytest.raises(ExecutionError) as err:
-        sync_workspace(local, ssh_shell, str(remote), user="root", name="m")
+        sync_workspace(local, ssh_shell, str(remote), user="root", name="m", via="origin")
     assert "fetching" in str(err.value) and "127.0.0.1" in str(err.value)
     assert origin_branches(origin) == ["main"]  # pushed, then deleted despite the failure
     assert snapshot(local) == before
@@ -219,8 +220,126 @@ def test_unreachable_origin_for_first_clone(repos: dict[str, Path], ssh_shell: S
     git(local, "remote", "set-url", "origin", str(repos["origin"].with_name("gone.git")))
     before = snapshot(local)
     with pytest.raises(ExecutionError, match=r"cloning .* \(is origin reachable"):
-        sync_workspace(local, ssh_shell, str(repos["remote_root"] / "proj"), user="u", name="m")
+        sync_workspace(local, ssh_shell, str(repos["remote_root"] / "proj"), user="u", name="m",
+                       via="origin")
     assert snapshot(local) == before
+    # over SSH (the default) origin is not needed: the whole history goes as a bundle
+    result = sync_workspace(local, ssh_shell, str(repos["remote_root"] / "proj"), user="u",
+                            name="m")
+    assert result.cloned and "could not be cloned" in result.warnings[0]
+    remote = repos["remote_root"] / "proj"
+    assert git(remote, "rev-parse", "HEAD").strip() == result.commit
+    assert (remote / "tracked.txt").read_text() == "tracked v1\n"
+    assert snapshot(local) == before
+
+
+# -- sync over SSH: nothing reaches origin, only what changed travels, no secrets ----------
+def _guard_origin(origin: Path) -> Path:
+    """A pre-receive hook that records any push to origin and refuses it."""
+    marker = origin / "PUSHED"
+    hook = origin / "hooks" / "pre-receive"
+    hook.write_text(f"#!/bin/sh\ntouch '{marker}'\nexit 1\n")
+    hook.chmod(0o755)
+    return marker
+
+
+def test_default_sync_never_writes_to_origin(repos: dict[str, Path], ssh_shell: SSHShell) -> None:
+    """Origin may be a public fork: uncommitted work goes over the run's SSH connection."""
+    local, origin = repos["local"], repos["origin"]
+    marker = _guard_origin(origin)
+    refs_before = git(origin, "for-each-ref")
+    modify(local)
+    before = snapshot(local)
+    remote = repos["remote_root"] / "proj"
+    result = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert result.via == "ssh" and result.bundle_bytes > 0 and not result.warnings
+    assert not marker.exists(), "something was pushed to origin"
+    assert git(origin, "for-each-ref") == refs_before
+    assert (remote / "tracked.txt").read_text() == "tracked v2 (local edit)\n"
+    assert (remote / "staged_new.txt").read_text() == "staged new\n"
+    assert not (remote / "deleted.txt").exists()
+    assert git(remote, "rev-parse", "HEAD").strip() == result.commit
+    assert not list((remote / ".git").glob("*.bundle")), "the bundle was left on the cluster"
+    assert snapshot(local) == before
+
+
+def test_second_sync_sends_only_the_new_commits(repos: dict[str, Path],
+                                                ssh_shell: SSHShell) -> None:
+    """No origin at all: the first sync sends the whole history, the next only the snapshot."""
+    local = repos["local"]
+    git(local, "remote", "remove", "origin")
+    (local / "big.bin").write_bytes(os.urandom(300_000))
+    git(local, "add", "big.bin")
+    git(local, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "big")
+    remote = repos["remote_root"] / "proj"
+    first = sync_workspace(local, ssh_shell, str(remote), user="u", name="m",
+                           now=datetime(2026, 1, 1, 10, 0, 0))
+    assert first.cloned and first.bundle_bytes > 300_000
+    (local / "tracked.txt").write_text("small change\n")
+    second = sync_workspace(local, ssh_shell, str(remote), user="u", name="m",
+                            now=datetime(2026, 1, 1, 10, 0, 5))
+    assert not second.cloned and 0 < second.bundle_bytes < 5_000
+    assert (remote / "tracked.txt").read_text() == "small change\n"
+    assert (remote / "big.bin").read_bytes() == (local / "big.bin").read_bytes()
+    assert git(remote, "rev-parse", "HEAD").strip() == second.commit
+
+
+SECRETS = [".env", "config/.env.local", "certs/server.pem", "deploy/id_ed25519", ".netrc",
+           "config/api.key", "home/.ssh/config", "hf_token"]
+
+
+def test_untracked_files_are_listed_first_and_secrets_never_shipped(
+        repos: dict[str, Path], ssh_shell: SSHShell) -> None:
+    local = repos["local"]
+    (local / "config").mkdir()
+    (local / "config" / "app.key").write_text("committed key\n")  # tracked, then edited
+    git(local, "add", "config/app.key")
+    git(local, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "key")
+    (local / "config" / "app.key").write_text("NEW SECRET KEY\n")
+    for name in SECRETS:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_text("SECRET=1\n")
+    (local / "notes.txt").write_text("plain\n")
+    (local / "tests").mkdir()
+    (local / "tests" / "test_id_map.py").write_text("def test_x():\n    pass\n")
+    remote = repos["remote_root"] / "proj"
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "shipping" in line:  # listed before anything is unpacked there
+            assert not (remote / "notes.txt").exists()
+
+    result = sync_workspace(local, ssh_shell, str(remote), user="u", name="m", say=say)
+    assert sorted(result.untracked) == ["notes.txt", "tests/test_id_map.py"]
+    assert (remote / "notes.txt").exists() and (remote / "tests" / "test_id_map.py").exists()
+    for name in SECRETS:
+        assert not (remote / name).exists(), name
+    assert (remote / "config" / "app.key").read_text() == "committed key\n"
+    assert sorted(result.withheld) == sorted([*SECRETS, "config/app.key"])
+    shipping = next(line for line in said if "shipping 2 untracked file(s)" in line)
+    assert "notes.txt" in shipping and "tests/test_id_map.py" in shipping
+    withheld = next(line for line in said if "NOT shipped" in line)
+    assert all(name in withheld for name in SECRETS) and "sync_secrets = true" in withheld
+
+    # asked for: shipped
+    again = sync_workspace(local, ssh_shell, str(remote), user="u", name="m2",
+                           ship_secrets=True)
+    assert not again.withheld and (remote / ".env").read_text() == "SECRET=1\n"
+    assert (remote / "config" / "app.key").read_text() == "NEW SECRET KEY\n"
+
+
+@pytest.mark.parametrize(("path", "secret"), [
+    (".env", True), (".env.production", True), ("sub/dir/.env.local", True), ("prod.env", True),
+    ("server.pem", True), ("tls/private.KEY", True), ("id_rsa", True), ("keys/id_ed25519", True),
+    ("id_work", True), (".netrc", True), (".git-credentials", True), (".pypirc", True),
+    ("home/.aws/credentials", True), ("x/.ssh/known_hosts", True), ("cert.p12", True),
+    ("id_utils.py", False), ("tests/test_env.py", False), ("environment.yml", False),
+    ("keyboard.py", False), ("README.md", False), ("tokenizer.json", False),
+    ("docs/env.md", False), ("monkey.py", False),
+])
+def test_looks_secret(path: str, secret: bool) -> None:
+    assert looks_secret(path) is secret
 
 
 def test_sync_cluster_none_and_paths(repos: dict[str, Path], ssh_shell: SSHShell) -> None:
@@ -244,10 +363,22 @@ def test_sync_cluster_end_to_end(repos: dict[str, Path], ssh_shell: SSHShell,
                                  devcluster: dict[str, Any]) -> None:
     local = repos["local"]
     (local / "new_untracked.py").write_text("x = 1\n")
+    (local / ".env").write_text("TOKEN=x\n")
     cluster = make_cluster(devcluster["ssh"], user_root_dir=str(repos["remote_root"]))
     result = sync_cluster(cluster, local, ssh_shell, name="e2e")
     assert result is not None and result.remote_repo == f"{repos['remote_root']}/proj"
+    assert result.via == "ssh" and result.withheld == [".env"]
     assert (repos["remote_root"] / "proj" / "new_untracked.py").read_text() == "x = 1\n"
+    assert not (repos["remote_root"] / "proj" / ".env").exists()
+    # the clusters file's keys: the seed's way through origin, and secrets when asked
+    (local / "tracked.txt").write_text("through origin\n")
+    seed_way = make_cluster(devcluster["ssh"], user_root_dir=str(repos["remote_root"]),
+                            sync="git-origin", sync_secrets=True)
+    result = sync_cluster(seed_way, local, ssh_shell, name="e2e")
+    assert result is not None and result.via == "origin" and not result.withheld
+    assert (repos["remote_root"] / "proj" / "tracked.txt").read_text() == "through origin\n"
+    assert (repos["remote_root"] / "proj" / ".env").read_text() == "TOKEN=x\n"
+    assert origin_branches(repos["origin"]) == ["main"]
 
 
 # -- preflight ---------------------------------------------------------------------------

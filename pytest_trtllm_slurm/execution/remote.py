@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -45,16 +46,16 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
     start = time.monotonic()
     host = shell.name
     directory = cluster.user_root_dir or cluster.remote_cwd
-    if cluster.sync == "git" and not directory:
+    if cluster.sync != "none" and not directory:
         raise ConfigError(
-            f"[clusters.{cluster.name}] has sync = \"git\" but no user_root_dir: set "
+            f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: set "
             "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
         )
     created = False
     if directory:
         created = _ensure_dir(shell, cluster, directory, create_dirs)
     version = _slurm_version(shell, cluster)
-    tools = [*SLURM_TOOLS, *(SYNC_TOOLS if cluster.sync == "git" else ())]
+    tools = [*SLURM_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
     res = shell.run(["sh", "-c", _MISSING, "sh", *tools], timeout=60)
     missing = res.stdout.split()
     if not res.ok or missing:
@@ -124,8 +125,8 @@ def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
         base = cluster.user_root_dir or cluster.remote_cwd
         if not base:
             raise ConfigError(
-                f"[clusters.{cluster.name}] has sync = \"git\" but no user_root_dir: set "
-                "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
+                f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: "
+                "set user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
             )
         repo = f"{base.rstrip('/')}/{top.name}"
     root = repo if rel in ("", ".") else f"{repo}/{rel}"
@@ -148,10 +149,14 @@ def _toplevel(path: Path) -> Path:
 
 
 def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,
-                 user: str | None = None) -> SyncResult | None:
-    """Seed Step 4 for a cluster: nothing for ``sync = "none"``, else sync_workspace."""
+                 user: str | None = None, say: Callable[[str], None] | None = None
+                 ) -> SyncResult | None:
+    """Seed Step 4 for a cluster: nothing for ``sync = "none"``, else sync_workspace over
+    the SSH connection (``"git"``) or through origin (``"git-origin"``)."""
     if cluster.sync == "none":
         return None
     paths = remote_paths(cluster, local_rootdir)
     who = user or cluster.user or getattr(getattr(shell, "target", None), "user", None) or "user"
-    return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who, name=name)
+    return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who, name=name,
+                          via="origin" if cluster.sync == "git-origin" else "ssh",
+                          ship_secrets=cluster.sync_secrets, say=say)

@@ -1,0 +1,42 @@
+"""Which files look like secrets, so code sync never ships them unless asked.
+
+Matched on the file's name (case-insensitive) and on a few folders that hold only
+credentials (``.ssh``, ``.aws``, ``.gnupg``...). A false positive costs a file the user can
+ship on purpose (``sync_secrets = true``); a false negative leaks a key, so the list errs on
+the side of withholding.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import PurePosixPath
+
+# file names (fnmatch, lower case)
+SECRET_NAME_PATTERNS = (
+    ".env", ".env.*", "*.env", ".envrc",
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk", "*.kdbx",
+    "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk",
+    "*_rsa", "*_dsa", "*_ecdsa", "*_ed25519",
+    ".netrc", "_netrc", ".pgpass", ".git-credentials", ".npmrc", ".pypirc", ".htpasswd",
+    ".dockercfg", "credentials", "credentials.json", "credentials.yaml", "credentials.yml",
+    "credentials.toml", "credentials.ini", "credentials.txt", "*.credentials",
+    "secrets.json", "secrets.yaml", "secrets.yml", "secrets.toml", "secrets.env",
+    ".secrets", "*.secret", "*.secrets",
+    "service-account*.json", "service_account*.json",
+    "token", ".token", "*.token", "*_token", ".vault-token",
+)
+# folders whose files are credentials whatever their names
+SECRET_DIRS = (".ssh", ".aws", ".gnupg", ".docker", ".kube", ".azure", ".gcloud")
+
+
+def looks_secret(path: str) -> bool:
+    """True when ``path`` (relative, ``/``-separated) looks like a credential file."""
+    parts = PurePosixPath(path).parts
+    if not parts:
+        return False
+    name = parts[-1].lower()
+    if any(d in SECRET_DIRS for d in (p.lower() for p in parts[:-1])):
+        return True
+    if name.startswith("id_") and "." not in name:  # ssh keys under any name (id_work)
+        return True
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_NAME_PATTERNS)
