@@ -58,6 +58,7 @@ def remote_setup(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
         "def test_untracked_on_cluster():\n"
         "    assert os.environ.get('SLURM_JOB_ID'), 'not inside a Slurm job'\n"
     )
+    (local / ".env").write_text("HF_TOKEN=hf_not_for_the_cluster\n")  # untracked, not ignored
     ssh = devcluster["ssh"]
     remote_root = base / "cluster_home"
     (local / "trtllm-slurm.toml").write_text(
@@ -85,6 +86,8 @@ def remote_setup(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
     (base / "empty_known_hosts").write_text("")
     before = snapshot(local)
     yield local, remote_root, before
+    assert git(origin, "for-each-ref", "--format=%(refname)") == "refs/heads/main\n", \
+        "a run pushed to origin"
     for name in ("devssh", "devotp", "devsize"):
         state = local / "work_dirs" / f".remote-{name}" / "work_dirs" / ".slurm_alloc.json"
         if state.exists():  # never leave an allocation behind on the shared dev cluster
@@ -117,6 +120,79 @@ def test_examples_run_remotely_over_ssh(remote_setup) -> None:
     assert (remote_root / "local" / "test_untracked_new.py").exists()
     assert list((remote_root / "local" / "work_dirs").glob("*/reports.jsonl"))
     assert snapshot(local) == before, "the local repository changed"
+    # untracked files are listed before they are shipped; a secret-looking one never is
+    assert ("code sync: shipping 2 untracked file(s) to 127.0.0.1:"
+            f"{remote_root}/local: test_untracked_new.py, trtllm-slurm.toml") in out, out
+    assert "NOT shipped to 127.0.0.1 (1 file(s) that look like secrets" in out
+    assert not (remote_root / "local" / ".env").exists()
+    assert "hf_not_for_the_cluster" not in out
+
+
+WORLD_OF_EIGHT = """\
+import os, pytest
+
+
+@pytest.mark.trtllm_slurm(launch="mpi")  # one pytest per rank: the world size check passes
+@pytest.mark.skip_less_mpi_world_size(8)
+def test_world_of_eight():
+    \"\"\"TensorRT-LLM's shape: 8 ranks, which may span nodes.\"\"\"
+    assert os.environ["SLURM_JOB_NUM_NODES"] == "2"
+    assert os.environ["SLURM_NTASKS"] == "8"
+    assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 4
+"""
+
+
+def _world_of_eight(local: Path) -> Path:
+    test = local / "test_untracked_world8.py"
+    test.write_text(WORLD_OF_EIGHT)
+    return test
+
+
+def test_remote_cluster_without_sizing_keys_is_planned_from_discovery(remote_setup) -> None:
+    """The clusters-file entry names no partition and no gpus_per_node: the plan comes from
+    Slurm discovery over SSH (4 GPUs per node on the dev cluster), so 8 ranks = 2 x 4."""
+    local, _, _ = remote_setup
+    test = _world_of_eight(local)
+    cache = local / "work_dirs" / ".cache" / "slurm_env-remote-devsize.json"
+    cache.unlink(missing_ok=True)
+    try:
+        plan = local / "work_dirs" / "plan-devsize.json"
+        proc = run_pytest(local, "--slurm-cluster=devsize", "--trtllm-plan",
+                          f"--trtllm-plan-json={plan}", "test_untracked_world8.py",
+                          "test_multi_gpu.py")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        assert ("test_untracked_world8.py::test_world_of_eight: 8 x any GPU = 2 node(s) x 4 "
+                "-> remote_slurm partition=batch") in out, out
+        assert "test_multi_gpu.py::test_eight_gpus: 8 x any GPU = 1 node(s) x 8 -> not served" \
+            in out, out
+        # cached like the local discovery, keyed by the cluster, private
+        data = json.loads(cache.read_text())
+        assert data["key"].startswith("remote|devsize|")
+        assert {p["name"]: p["gpus_per_node"] for p in data["env"]["partitions"]} == {
+            "batch": 4, "gb200": 4}
+        assert oct(cache.stat().st_mode & 0o777) == "0o600"
+    finally:
+        test.unlink()
+
+
+def test_remote_world_of_eight_runs_on_two_nodes_of_four(remote_setup) -> None:
+    """End to end: sbatch accepts the discovered shape and the test passes on 2 nodes."""
+    local, remote_root, _ = remote_setup
+    test = _world_of_eight(local)
+    try:
+        proc = run_pytest(local, "--slurm-cluster=devsize", "--trtllm-one-shot",
+                          "test_untracked_world8.py", timeout=420)
+    finally:
+        test.unlink()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "PASSED test_untracked_world8.py::test_world_of_eight" in out, out
+    spec = json.loads(next(
+        (remote_root.parent / "size_home" / "local" / "work_dirs").glob("*/job_spec.json")
+    ).read_text())
+    assert (spec["partition"], spec["account"]) == ("batch", "acct_a")
+    assert (spec["total_devices"], spec["devices_per_node"], spec["node_count"]) == (8, 4, 2)
 
 
 def test_unknown_host_key_is_refused_with_a_clear_error(remote_setup) -> None:
@@ -210,69 +286,3 @@ def test_failed_build_fails_every_test_and_dispatches_nothing(remote_setup) -> N
     finally:
         (local / "trtllm-slurm.toml").write_text(original)
 
-
-WORLD_OF_EIGHT = """\
-import os, pytest
-
-
-@pytest.mark.trtllm_slurm(launch="mpi")  # one pytest per rank: the world size check passes
-@pytest.mark.skip_less_mpi_world_size(8)
-def test_world_of_eight():
-    \"\"\"TensorRT-LLM's shape: 8 ranks, which may span nodes.\"\"\"
-    assert os.environ["SLURM_JOB_NUM_NODES"] == "2"
-    assert os.environ["SLURM_NTASKS"] == "8"
-    assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 4
-"""
-
-
-def _world_of_eight(local: Path) -> Path:
-    test = local / "test_untracked_world8.py"
-    test.write_text(WORLD_OF_EIGHT)
-    return test
-
-
-def test_remote_cluster_without_sizing_keys_is_planned_from_discovery(remote_setup) -> None:
-    """The clusters-file entry names no partition and no gpus_per_node: the plan comes from
-    Slurm discovery over SSH (4 GPUs per node on the dev cluster), so 8 ranks = 2 x 4."""
-    local, _, _ = remote_setup
-    test = _world_of_eight(local)
-    cache = local / "work_dirs" / ".cache" / "slurm_env-remote-devsize.json"
-    cache.unlink(missing_ok=True)
-    try:
-        plan = local / "work_dirs" / "plan-devsize.json"
-        proc = run_pytest(local, "--slurm-cluster=devsize", "--trtllm-plan",
-                          f"--trtllm-plan-json={plan}", "test_untracked_world8.py",
-                          "test_multi_gpu.py")
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out
-        assert ("test_untracked_world8.py::test_world_of_eight: 8 x any GPU = 2 node(s) x 4 "
-                "-> remote_slurm partition=batch") in out, out
-        assert "test_multi_gpu.py::test_eight_gpus: 8 x any GPU = 1 node(s) x 8 -> not served" \
-            in out, out
-        # cached like the local discovery, keyed by the cluster, private
-        data = json.loads(cache.read_text())
-        assert data["key"].startswith("remote|devsize|")
-        assert {p["name"]: p["gpus_per_node"] for p in data["env"]["partitions"]} == {
-            "batch": 4, "gb200": 4}
-        assert oct(cache.stat().st_mode & 0o777) == "0o600"
-    finally:
-        test.unlink()
-
-
-def test_remote_world_of_eight_runs_on_two_nodes_of_four(remote_setup) -> None:
-    """End to end: sbatch accepts the discovered shape and the test passes on 2 nodes."""
-    local, remote_root, _ = remote_setup
-    test = _world_of_eight(local)
-    try:
-        proc = run_pytest(local, "--slurm-cluster=devsize", "--trtllm-one-shot",
-                          "test_untracked_world8.py", timeout=420)
-    finally:
-        test.unlink()
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    assert "PASSED test_untracked_world8.py::test_world_of_eight" in out, out
-    spec = json.loads(next(
-        (remote_root.parent / "size_home" / "local" / "work_dirs").glob("*/job_spec.json")
-    ).read_text())
-    assert (spec["partition"], spec["account"]) == ("batch", "acct_a")
-    assert (spec["total_devices"], spec["devices_per_node"], spec["node_count"]) == (8, 4, 2)
