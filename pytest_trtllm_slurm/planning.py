@@ -38,7 +38,10 @@ class PlanningContext:
         if decision.scenario is Scenario.LOCAL_SLURM:
             return self.slurm_env
         if decision.scenario is Scenario.REMOTE_SLURM and decision.cluster and self.remote_env:
-            return self.remote_env(self.clusters.get(decision.cluster))
+            cluster = self.clusters.get(decision.cluster)
+            if cluster.partition and cluster.gpus_per_node:
+                return None  # the clusters file says enough: used as given, no connection
+            return self.remote_env(cluster)
         return None
 
 

@@ -30,9 +30,11 @@ Rules, first match wins (each is a row of tests/test_routing.py):
 
 A remote cluster is sized like the local one: ``remote_env(cluster)`` (when given) returns
 what discovery over SSH found there (partitions, GPUs per node and type), with the
-clusters-file keys (partition, gpus_per_node, device_type) overriding it; the partition is
-then chosen by resolve.select_partition as for the local Slurm. Without discovery the
-clusters-file keys alone decide, as before.
+clusters-file keys (partition, gpus_per_node, device_type, account) overriding it; the
+partition is then chosen by resolve.select_partition as for the local Slurm. It is asked
+only when the clusters file cannot tell alone (no partition, or a GPU test and no
+gpus_per_node, or a wanted type and no device_type); otherwise, and without discovery,
+the clusters-file keys decide, as before.
 """
 
 from __future__ import annotations
@@ -238,8 +240,11 @@ class _Ctx:
         env = self.remote_env(cfg)
         return with_cluster_overrides(env, cfg) if env and env.partitions else None
 
-    def _needs_discovery(self, cfg: ClusterConfig) -> bool:
-        """For choosing among clusters: only when the clusters file cannot tell alone."""
+    def _needs_discovery(self, cfg: ClusterConfig, *, partition: bool = False) -> bool:
+        """Only when the clusters file cannot tell alone: GPUs per node (or the type, when
+        one is wanted) for a GPU test, and with ``partition`` the partition to use."""
+        if partition and not (self.partition or cfg.partition):
+            return True
         return self.req.total > 0 and (
             cfg.gpus_per_node is None or bool(self.wanted and not cfg.device_type))
 
@@ -269,7 +274,8 @@ class _Ctx:
     def remote(self, name: str) -> RouteDecision:
         cfg = self.clusters.get(name)  # ConfigError listing the known names
         key = cfg.name or name
-        env = self._discovered(cfg.model_copy(update={"name": key}))
+        named = cfg.model_copy(update={"name": key})
+        env = self._discovered(named) if self._needs_discovery(named, partition=True) else None
         if env is not None:
             return self._remote_sized(key, cfg, env)
         if not self._cluster_fits(cfg):

@@ -117,3 +117,11 @@ def test_auto_selection_by_type_uses_discovery_only_when_the_file_cannot_tell() 
               local=LAPTOP, clusters=clusters, slurm_env=None, remote_env=discovery)
     assert (d.scenario, d.cluster, d.partition) == (Scenario.REMOTE_SLURM, "far", "gb200")
     assert "eos" not in discovery.asked  # its table says enough
+
+
+def test_a_table_that_says_enough_is_used_as_given_without_connecting() -> None:
+    discovery = Discovery(REMOTE_ENV)
+    d = go(world(8), far(partition="batch", gpus_per_node=2), discovery)
+    assert (d.partition, d.target_gpus_per_node) == ("batch", 2)
+    assert world(8).nodes(d.target_gpus_per_node) == 4
+    assert discovery.asked == []
