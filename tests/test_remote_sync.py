@@ -410,3 +410,19 @@ def test_preflight_failures_name_host_and_fix(ssh_shell: SSHShell, tmp_path: Pat
     local = cc(name="here", sync="none")
     with pytest.raises(ExecutionError, match="localhost: Slurm's `sinfo` is not found"):
         preflight(LocalShell(), local)
+
+
+def test_credentials_in_the_origin_url_never_reach_the_cluster(repos: dict[str, Path],
+                                                                ssh_shell: SSHShell) -> None:
+    """An https origin with a token in it: the cluster clones without it (here it cannot
+    clone at all, so the history goes over SSH), and no message shows it."""
+    local = repos["local"]
+    git(local, "remote", "set-url", "origin", "https://me:s3cret-token@127.0.0.1:9/proj.git")
+    remote = repos["remote_root"] / "proj"
+    result = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert result.cloned and git(remote, "rev-parse", "HEAD").strip() == result.commit
+    assert "s3cret" not in " ".join(result.warnings)
+    assert "s3cret" not in (remote / ".git" / "config").read_text()
+    with pytest.raises(ExecutionError) as err:
+        sync_workspace(local, ssh_shell, str(remote), user="u", name="m", via="origin")
+    assert "s3cret" not in str(err.value) and "https://127.0.0.1:9/proj.git" in str(err.value)

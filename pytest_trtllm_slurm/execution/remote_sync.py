@@ -69,6 +69,25 @@ class SyncResult(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
 
+def without_credentials(url: str) -> str:
+    """``url`` without a password or token in it (``https://TOKEN@host/...`` and
+    ``scheme://user:secret@host/...``): what may be written on the cluster and in messages.
+    An ssh user name (``ssh://git@host``, ``git@host:org/repo``) is no secret and stays."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/@]*)@(.*)$", url)
+    if not match:
+        return url
+    scheme, userinfo, rest = match.groups()
+    if ":" in userinfo or scheme.lower() in ("http://", "https://"):
+        return scheme + rest
+    return url
+
+
+def _masked(words: list[str] | tuple[str, ...]) -> str:
+    """Words for a message, any URL in them without its credentials."""
+    return " ".join(re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://\S+",
+                           lambda m: without_credentials(m.group(0)), w) for w in words)
+
+
 def temp_branch_name(user: str, name: str, now: datetime | None = None) -> str:
     """``<user>_<name>_<YYYYmmddHHMMSS>``, each part made git-ref safe."""
     stamp = (now or datetime.now()).strftime("%Y%m%d%H%M%S")
@@ -98,13 +117,14 @@ class _Git:
                                   input=input,
                                   stdin=subprocess.DEVNULL if input is None else None)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ExecutionError(f"code sync: `git {' '.join(args)}` could not run: {exc}; "
+            raise ExecutionError(f"code sync: `git {_masked(args)}` could not run: {exc}; "
                                  "the local repository was not changed") from None
         if check and proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().splitlines()
             raise ExecutionError(
-                f"code sync failed while {check}: `git {' '.join(args)}` exit code "
-                f"{proc.returncode}: {detail[-1] if detail else ''}; the local repository was "
+                f"code sync failed while {check}: `git {_masked(args)}` exit code "
+                f"{proc.returncode}: {_masked([detail[-1]]) if detail else ''}; the local "
+                "repository was "
                 "not changed"
             )
         return proc
@@ -122,7 +142,8 @@ def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: st
     head = git("rev-parse", "--verify", "HEAD^{commit}").stdout.strip()
     if not head:
         raise ConfigError(f"code sync: {git.top} has no commit yet; commit something first")
-    fetch_url = git("remote", "get-url", "origin").stdout.strip()
+    # the cluster clones origin without the credentials a URL may carry (never on its disk)
+    fetch_url = without_credentials(git("remote", "get-url", "origin").stdout.strip())
     branch = temp_branch_name(user, name, now)
     result = SyncResult(branch=branch, commit="", remote_repo=remote_repo, via=via)
     result.commit = _snapshot(git, head, ship_secrets, result)
@@ -153,7 +174,8 @@ def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
     branch = result.branch
     result.cloned = _ensure_clone(shell, remote_repo, fetch_url)
     git("push", "--quiet", "--no-progress", push_url, f"{result.commit}:refs/heads/{branch}",
-        timeout=600, check=f"pushing the snapshot to origin ({push_url}) as {branch}")
+        timeout=600,
+        check=f"pushing the snapshot to origin ({without_credentials(push_url)}) as {branch}")
     try:
         _remote_checkout(shell, remote_repo, result, ["origin", f"refs/heads/{branch}"],
                          f"fetching {branch} from origin")
