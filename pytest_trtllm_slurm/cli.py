@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import otp_env
-from .errors import ConfigError
+from .errors import ConfigError, ExecutionError
 from .execution.probe import probe_local_env
 from .execution.shell import LocalShell
 from .execution.slurm import SlurmClient
@@ -48,7 +48,13 @@ def add_env(subparsers: Subparsers) -> None:
         "--cluster",
         default=None,
         metavar="NAME",
-        help="cluster to inspect (for now only the local one)",
+        help="cluster to inspect: the local one, or a [clusters.NAME] of the clusters file "
+        "(discovered over SSH)",
+    )
+    p.add_argument(
+        "--config", default=None, metavar="PATH",
+        help="clusters file (default: trtllm-slurm.toml here, then "
+        "~/.config/trtllm-slurm/clusters.toml)",
     )
     p.add_argument(
         "--timeout",
@@ -63,14 +69,10 @@ def add_env(subparsers: Subparsers) -> None:
 def run_env(args: argparse.Namespace) -> int:
     shell = LocalShell()
     local = probe_local_env(shell, timeout=min(args.timeout, 10))
-    if args.cluster and (args.cluster.lower() != (local.cluster_name or "").lower()):
-        raise ConfigError(
-            f"--cluster {args.cluster}: not the local Slurm cluster "
-            f"({local.cluster_name or 'none found here'}); discovery on a remote cluster "
-            "over SSH is not implemented yet"
-        )
-    client = SlurmClient(shell, timeout=args.timeout)
     partitions = [p.strip() for p in (args.partitions or "").split(",") if p.strip()] or None
+    if args.cluster and (args.cluster.lower() != (local.cluster_name or "").lower()):
+        return run_remote_env(args, local, partitions)
+    client = SlurmClient(shell, timeout=args.timeout)
     tools = client.tools_found()
     slurm = client.discover(partitions) if tools else None
     if args.format == "json":
@@ -84,6 +86,46 @@ def run_env(args: argparse.Namespace) -> int:
     if not tools:
         return EXIT_NO_SLURM
     return EXIT_PARTIAL if slurm and slurm.errors else EXIT_OK
+
+
+def run_remote_env(args: argparse.Namespace, local: LocalEnv,
+                   partitions: list[str] | None) -> int:
+    """``env --cluster NAME`` for a remote cluster: the same discovery over SSH."""
+    from pathlib import Path
+
+    from .config import load_clusters_file
+    from .execution.remote_clusters import RemoteClusters
+
+    clusters = load_clusters_file(Path(args.config) if args.config else None, Path.cwd())
+    try:
+        cluster = clusters.get(args.cluster)
+    except ConfigError as exc:
+        raise ConfigError(f"--cluster {args.cluster}: not the local Slurm cluster "
+                          f"({local.cluster_name or 'none found here'}) and {exc}") from None
+    if not cluster.is_remote:
+        raise ConfigError(f"--cluster {args.cluster}: [clusters.{cluster.name}] has no ssh_host "
+                          f"and it is not the local Slurm cluster "
+                          f"({local.cluster_name or 'none found here'})")
+    remotes = RemoteClusters(None)
+    try:
+        try:
+            shell = remotes.shell(cluster)
+        except ExecutionError as exc:
+            raise ConfigError(str(exc)) from None
+        slurm = SlurmClient(shell, timeout=args.timeout).discover(partitions)
+    finally:
+        remotes.close()
+    if args.format == "json":
+        print(json.dumps({"cluster": cluster.name, "ssh_host": cluster.ssh_host,
+                          "slurm": slurm.model_dump(mode="json")}, indent=2))
+    else:
+        text = format_env_text(local, slurm).split("\n")
+        start = next(i for i, line in enumerate(text) if line.startswith("Slurm"))
+        print("\n".join([f"Cluster {cluster.name} over SSH ({cluster.ssh_host}):",
+                         *text[start:]]))
+    if any(e.startswith("Slurm client tools not found") for e in slurm.errors):
+        return EXIT_NO_SLURM
+    return EXIT_PARTIAL if slurm.errors else EXIT_OK
 
 
 def format_env_text(local: LocalEnv, slurm: SlurmEnv | None) -> str:

@@ -282,11 +282,37 @@ def test_cli_env_partial_exit_2(devcluster: dict, capsys: pytest.CaptureFixture)
     assert any("nosuch not found" in e for e in doc["slurm"]["errors"])
 
 
-def test_cli_env_remote_cluster_not_yet(devcluster: dict, capsys: pytest.CaptureFixture) -> None:
+def test_cli_env_unknown_cluster(devcluster: dict, capsys: pytest.CaptureFixture,
+                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
     assert cli.main(["env", "--cluster", "eos"]) == 4
     err = capsys.readouterr().err
     assert "--cluster eos: not the local Slurm cluster (devcluster)" in err
-    assert "not implemented yet" in err
+    assert "unknown cluster 'eos'" in err
+
+
+def test_cli_env_remote_cluster_over_ssh(devcluster: dict, capsys: pytest.CaptureFixture,
+                                         tmp_path: Path) -> None:
+    """A [clusters.NAME] with ssh_host: the same discovery, over SSH (the dev cluster's sshd)."""
+    ssh = devcluster["ssh"]
+    config = tmp_path / "clusters.toml"
+    config.write_text(
+        "[clusters.far]\n"
+        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
+        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+        "mfa = false\n"
+    )
+    assert cli.main(["env", "--cluster", "far", "--config", str(config), "--format",
+                     "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    parts = {p["name"]: p for p in doc["slurm"]["partitions"]}
+    assert (parts["batch"]["gpus_per_node"], parts["batch"]["gpu_type"]) == (4, "h200")
+    assert doc["slurm"]["cluster_name"] == "devcluster" and doc["slurm"]["accounts"]
+    assert cli.main(["env", "--cluster", "far", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Cluster far over SSH (127.0.0.1):")
+    assert "4 x gb200 per node" in out and "This machine" not in out
 
 
 def test_cli_env_no_slurm_tools_exit_1(
