@@ -74,6 +74,8 @@ class CaseContext:
     warn: Say = _stderr  # execution-layer warnings
     say: Say = _stderr  # progress (submitted, pending, running)
     executors: dict[str, Executor] = field(default_factory=dict)
+    # remote clusters: one SSH connection each and their discovery (execution.remote_clusters)
+    remote_env: routing.RemoteEnv | None = None
 
     @property
     def work_root(self) -> Path:
@@ -93,8 +95,13 @@ def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, 
         from .execution.slurm import SlurmClient
 
         slurm_env = SlurmClient(LocalShell()).discover()
+    remote_env = None
+    if clusters.clusters:
+        from .execution.remote_clusters import RemoteClusters
+
+        remote_env = RemoteClusters(rootdir / "work_dirs" / ".cache")
     return CaseContext(settings=settings, clusters=clusters, local=local, slurm_env=slurm_env,
-                       rootdir=rootdir, warn=warn, say=say)
+                       rootdir=rootdir, warn=warn, say=say, remote_env=remote_env)
 
 
 # --------------------------------------------------------------------------- collection
@@ -182,7 +189,8 @@ def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
     if key in ctx.executors:
         return ctx.executors[key]
     planning = PlanningContext(settings=ctx.settings, local=ctx.local, clusters=ctx.clusters,
-                               slurm_env=ctx.slurm_env, rootdir=ctx.rootdir)
+                               slurm_env=ctx.slurm_env, rootdir=ctx.rootdir,
+                               remote_env=ctx.remote_env)
     executor: Executor
     if spec.scenario is Scenario.LOCAL_DIRECT:
         executor = DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
@@ -200,6 +208,9 @@ def close_executors(ctx: CaseContext) -> None:
     for executor in ctx.executors.values():
         executor.close()
     ctx.executors.clear()
+    close = getattr(ctx.remote_env, "close", None)
+    if close is not None:
+        close()
 
 
 # --------------------------------------------------------------------------- prepare
@@ -257,7 +268,8 @@ def prepare_case(
     work_dir = _new_work_dir(ctx.work_root, f"{model}_{workflow.value}")
     prepared = PreparedCase(inp, classified, devices, notes=notes)
     decision = routing.route(req, settings=run_settings, local=ctx.local, clusters=ctx.clusters,
-                             slurm_env=ctx.slurm_env, partition=inp.partition)
+                             slurm_env=ctx.slurm_env, partition=inp.partition,
+                             remote_env=ctx.remote_env)
     per_node = req.resolve_per_node(decision.target_gpus_per_node)
     case_devices = CaseDevices(required=devices.required, total=req.total, per_node=per_node,
                                nodes=req.nodes(decision.target_gpus_per_node),
