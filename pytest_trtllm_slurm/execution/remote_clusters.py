@@ -43,6 +43,7 @@ class RemoteClusters:
         self._shell_factory = shell_factory
         self._shells: dict[str, Any] = {}
         self._envs: dict[str, SlurmEnv] = {}
+        self._failed: dict[str, ConfigError] = {}
 
     def shell(self, cluster: ClusterConfig) -> Any:
         """The connected shell of ``cluster`` (connected on the first call)."""
@@ -64,14 +65,19 @@ class RemoteClusters:
         name = cluster.name
         if name in self._envs:
             return self._envs[name]
+        if name in self._failed:  # once per run: not one connection attempt per test
+            raise self._failed[name]
         try:
             env = self._discover(cluster)
+        except ConfigError as exc:  # a setting to fix (host key, ssh_host, ...): as it is
+            self._failed[name] = exc
+            raise
         except (ExecutionError, OSError) as exc:
-            raise ConfigError(
+            self._failed[name] = ConfigError(
                 f"cluster {name!r}: Slurm discovery over SSH ({cluster.ssh_host}) failed: "
                 f"{exc}. Fix the connection, or set partition, gpus_per_node and device_type "
-                f"in [clusters.{name}] (they are then used as given)"
-            ) from None
+                f"in [clusters.{name}] (they are then used as given)")
+            raise self._failed[name] from None
         if env.errors:
             log.warning("discovery on cluster %s was partial: %s", name, "; ".join(env.errors))
         self._envs[name] = env
