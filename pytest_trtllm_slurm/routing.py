@@ -315,8 +315,8 @@ class _Ctx:
         if cfg.device_type:
             return _same_type(cfg.device_type, self.wanted)
         env = self._discovered(cfg)
-        return bool(env) and any(p.gpu_type and device_type_matches(p, self.wanted)
-                                 for p in env.partitions)  # type: ignore[union-attr]
+        return env is not None and any(p.gpu_type and device_type_matches(p, self.wanted)
+                                       for p in env.partitions)
 
     def remote_by_type(self) -> RouteDecision:
         remote = self._remote_clusters()
