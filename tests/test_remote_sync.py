@@ -330,7 +330,7 @@ def test_untracked_files_are_listed_first_and_secrets_never_shipped(
 
 
 @pytest.mark.parametrize(("path", "secret"), [
-    (".env", True), (".env.production", True), ("sub/dir/.env.local", True), ("prod.env", True),
+    (".env", True), (".env.production", True), (".envrc", True), (".env_local", True), ("sub/dir/.env.local", True), ("prod.env", True),
     ("server.pem", True), ("tls/private.KEY", True), ("id_rsa", True), ("keys/id_ed25519", True),
     ("id_work", True), (".netrc", True), (".git-credentials", True), (".pypirc", True),
     ("home/.aws/credentials", True), ("x/.ssh/known_hosts", True), ("cert.p12", True),

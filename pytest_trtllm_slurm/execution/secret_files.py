@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 
 # file names (fnmatch, lower case)
 SECRET_NAME_PATTERNS = (
-    ".env", ".env.*", "*.env", ".envrc",
+    ".env*", "*.env",
     "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk", "*.kdbx",
     "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk",
     "*_rsa", "*_dsa", "*_ecdsa", "*_ed25519",
