@@ -296,6 +296,8 @@ def test_untracked_files_are_listed_first_and_secrets_never_shipped(
     git(local, "add", "config/app.key")
     git(local, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "key")
     (local / "config" / "app.key").write_text("NEW SECRET KEY\n")
+    (local / "staged [1].pem").write_text("staged, never committed\n")  # in the index only
+    git(local, "add", "staged [1].pem")
     for name in SECRETS:
         (local / name).parent.mkdir(parents=True, exist_ok=True)
         (local / name).write_text("SECRET=1\n")
@@ -316,7 +318,8 @@ def test_untracked_files_are_listed_first_and_secrets_never_shipped(
     for name in SECRETS:
         assert not (remote / name).exists(), name
     assert (remote / "config" / "app.key").read_text() == "committed key\n"
-    assert sorted(result.withheld) == sorted([*SECRETS, "config/app.key"])
+    assert not (remote / "staged [1].pem").exists()
+    assert sorted(result.withheld) == sorted([*SECRETS, "config/app.key", "staged [1].pem"])
     shipping = next(line for line in said if "shipping 2 untracked file(s)" in line)
     assert "notes.txt" in shipping and "tests/test_id_map.py" in shipping
     withheld = next(line for line in said if "NOT shipped" in line)
@@ -327,6 +330,7 @@ def test_untracked_files_are_listed_first_and_secrets_never_shipped(
                            ship_secrets=True)
     assert not again.withheld and (remote / ".env").read_text() == "SECRET=1\n"
     assert (remote / "config" / "app.key").read_text() == "NEW SECRET KEY\n"
+    assert (remote / "staged [1].pem").read_text() == "staged, never committed\n"
 
 
 @pytest.mark.parametrize(("path", "secret"), [

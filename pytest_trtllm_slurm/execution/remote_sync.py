@@ -263,7 +263,7 @@ def _make_bundle(git: _Git, tmp: Path, result: SyncResult, haves: set[str]) -> P
     git("update-ref", ref, result.commit, env=env, cwd=tmp, check="naming the snapshot")
     bundle = tmp / "snapshot.bundle"
     revs = "\n".join([ref, *(f"^{h}" for h in sorted(haves))]) + "\n"
-    git("bundle", "create", "--quiet", str(bundle), "--stdin", env=env, cwd=tmp,
+    git("bundle", "create", str(bundle), "--stdin", env=env, cwd=tmp,
         input=revs, timeout=1800, check="writing the bundle")
     return bundle
 
@@ -309,10 +309,7 @@ def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> s
                           check="listing tracked changes").stdout.split("\0")
             secret = [n for n in changed if n and looks_secret(n)]
             if secret:
-                git("--literal-pathspecs", "reset", "--quiet", head,
-                    "--pathspec-from-file=-", "--pathspec-file-nul", env=env,
-                    input="\0".join(secret) + "\0",
-                    check="keeping changes to secret-looking files out of the snapshot")
+                _keep_head_version(git, head, secret, env)
                 result.withheld.extend(secret)
         tree = git("write-tree", env=env, check="writing the snapshot tree").stdout.strip()
     ident = {}
@@ -322,6 +319,17 @@ def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> s
                                      ("EMAIL", "pytest-trtllm-slurm@invalid"))}
     return git("commit-tree", tree, "-p", head, "-m", SNAPSHOT_MESSAGE, env=ident,
                check="creating the snapshot commit").stdout.strip()
+
+
+def _keep_head_version(git: _Git, head: str, paths: list[str], env: dict[str, str]) -> None:
+    """In the private index ``env`` names, put ``paths`` back as HEAD has them (dropped when
+    HEAD lacks them). update-index --index-info: in every git, no pathspec magic."""
+    listed = git("--literal-pathspecs", "ls-tree", "-r", "-z", "--full-tree", head, "--",
+                 *paths, check="reading HEAD's version of secret-looking files").stdout
+    present = {record.split("\t", 1)[1] for record in listed.split("\0") if "\t" in record}
+    removed = "".join(f"0 {'0' * len(head)}\t{p}\0" for p in paths if p not in present)
+    git("update-index", "-z", "--index-info", env=env, input=listed + removed,
+        check="keeping changes to secret-looking files out of the snapshot")
 
 
 def _remote(shell: Shell, argv: list[str], what: str, *, timeout: float = 300,
