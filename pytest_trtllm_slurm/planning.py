@@ -54,13 +54,28 @@ class PlannedItem:
 
 
 def available_device_types(ctx: PlanningContext) -> list[str]:
-    """Device types some target offers: this machine, the local Slurm, configured clusters."""
-    found = [ctx.local.device_type] if ctx.local.gpu_count else []
+    """Device types some target offers: the remote cluster --slurm-cluster names (what
+    discovery found there, unless its table names a device_type), this machine, the local
+    Slurm, configured clusters."""
+    found = _named_remote_types(ctx)
+    found += [ctx.local.device_type] if ctx.local.gpu_count else []
     if ctx.slurm_env is not None:
         found += [p.gpu_type for p in ctx.slurm_env.partitions if p.gpu_type]
     found += [c.device_type for c in ctx.clusters.clusters.values() if c.device_type]
     types = [normalize_device_type(t) for t in found]
     return list(dict.fromkeys(t for t in types if t))
+
+
+def _named_remote_types(ctx: PlanningContext) -> list[str]:
+    named = ctx.settings.slurm_cluster
+    if not named or ctx.remote_env is None or (
+            ctx.local.cluster_name and named.lower() == ctx.local.cluster_name.lower()):
+        return []
+    cluster = ctx.clusters.find(named)
+    if cluster is None or cluster.device_type or not cluster.is_remote:
+        return []
+    env = ctx.remote_env(cluster)
+    return [p.gpu_type for p in env.partitions if p.gpu_type] if env else []
 
 
 def with_keyword_type(req: DeviceRequirement, ctx: PlanningContext) -> DeviceRequirement | str:

@@ -125,3 +125,19 @@ def test_a_table_that_says_enough_is_used_as_given_without_connecting() -> None:
     assert (d.partition, d.target_gpus_per_node) == ("batch", 2)
     assert world(8).nodes(d.target_gpus_per_node) == 4
     assert discovery.asked == []
+
+
+def test_device_keywords_resolve_against_the_named_remote_cluster() -> None:
+    """skip_device_not_contain(["H100", "H200"]) from a laptop, --slurm-cluster far whose table
+    names no device_type: the type comes from far's discovery, then far serves it."""
+    from pathlib import Path
+
+    from pytest_trtllm_slurm.planning import PlanningContext, with_keyword_type
+
+    ctx = PlanningContext(settings=Settings(slurm_cluster="far"), local=LAPTOP, clusters=far(),
+                          remote_env=Discovery(REMOTE_ENV), rootdir=Path("."))
+    req = DeviceRequirement(total=4, per_node=4, device_keywords=("H100", "H200"))
+    typed = with_keyword_type(req, ctx)
+    assert isinstance(typed, DeviceRequirement) and typed.device_type == "H200"
+    d = go(typed, far(), Discovery(REMOTE_ENV))
+    assert (d.scenario, d.partition) == (Scenario.REMOTE_SLURM, "batch")
