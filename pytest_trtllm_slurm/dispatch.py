@@ -24,7 +24,7 @@ from .errors import ExecutionError
 from .execution.base import Executor, JobHandle
 from .execution.build import BUILD_LOG_LINES, build_command, build_failed, run_build
 from .execution.monitor import JobEvent, Monitor, WatchedJob, log_tail
-from .execution.outcome import JobState, JobStatus
+from .execution.outcome import JobState, JobStatus, signal_name
 from .execution.work_root import ensure_work_root
 from .jobspec import JobSpec
 from .models import Scenario
@@ -383,7 +383,8 @@ class DispatchLoop:
         lines = [
             f"{status.value}: job {running.handle.job_id} ({running.spec.scenario.value}) ended "
             f"with state {state.status.value}"
-            + (f", exit code {state.exit_code}" if state.exit_code is not None else "")
+            + (f", killed by {signal_name(state.signal)}" if state.signal
+               else f", exit code {state.exit_code}" if state.exit_code is not None else "")
             + (f" ({state.reason})" if state.reason else ""),
             f"log: {running.spec.log_path}",
             f"work dir: {running.spec.work_dir}",

@@ -41,7 +41,7 @@ from ..scripts import gpu_flag, render_step_launcher
 # to a session that collects exactly the run's node ids
 from ..worker_serve import EARLY_MISS
 from .allocation import AllocationState
-from .outcome import JobState, JobStatus
+from .outcome import CRASH_SIGNALS, JobState, JobStatus, signal_name, signal_of_exit_code
 from .shell import LocalShell, Shell
 from .slurm_parse import expand_hostlist
 
@@ -447,13 +447,20 @@ class AgentPool:
     def _end_state(self, job: WarmJob, code: int, node: Node) -> JobState:
         if code == 0:
             return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=node.name)
-        status = JobStatus.CANCELLED if job.cancelled else JobStatus.FAILED
-        why = f"the batch exited with {code} on {node.name}"
-        if code == 128 + 9 and not job.cancelled:  # the cgroup's OOM killer sends SIGKILL
-            why += (" (killed by SIGKILL: out of memory? the node's batches share the warm "
+        sig = signal_of_exit_code(code)  # the fork loop writes 128 + N for a signal
+        if job.cancelled:
+            status = JobStatus.CANCELLED
+        elif sig in CRASH_SIGNALS:
+            status = JobStatus.CRASHED
+        else:
+            status = JobStatus.FAILED
+        why = (f"the batch was killed by {signal_name(sig)} on {node.name}" if sig
+               else f"the batch exited with {code} on {node.name}")
+        if sig == 9 and not job.cancelled:  # the cgroup's OOM killer sends SIGKILL
+            why += (" (out of memory? the node's batches share the warm "
                     "worker's memory limit; --trtllm-no-warm-workers gives each its own step)")
-        return JobState(status=status, exit_code=code, nodelist=node.name,
-                        reason=f"{why}; see {job.spec.log_path}")
+        return JobState(status=status, exit_code=None if sig else code, signal=sig,
+                        nodelist=node.name, reason=f"{why}; see {job.spec.log_path}")
 
     def _read(self, path: str) -> str:
         if not path:

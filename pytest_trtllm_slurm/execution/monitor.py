@@ -103,9 +103,8 @@ class Monitor:
             del self.jobs[job.handle.job_id]
             final = job.state
             if job.forced_status is not None:
-                final = JobState(
+                final = JobState(  # it ended because we stopped it: its code says nothing
                     status=job.forced_status,
-                    exit_code=job.state.exit_code,
                     nodelist=job.state.nodelist,
                     reason=job.forced_reason,
                 )

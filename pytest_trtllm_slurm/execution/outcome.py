@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal as _signal
 from enum import Enum
 
 from pydantic import BaseModel
@@ -69,3 +70,31 @@ class JobState(BaseModel):
     exit_code: int | None = None
     nodelist: str | None = None
     reason: str | None = None  # pending reason, or why it ended
+    signal: int | None = None  # the signal that killed the job's process, when one did
+    ended_at: float | None = None  # when the scheduler ended it (epoch s), for a lost node
+
+
+# signals a process gets from its own fault (not from a cancel, a limit or a person):
+# a CANCELLED or FAILED step ended by one of them is a crash of the test
+CRASH_SIGNALS = frozenset(int(s) for s in (
+    _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGABRT, _signal.SIGFPE, _signal.SIGILL,
+    _signal.SIGSYS, _signal.SIGTRAP))
+
+
+def signal_name(number: int) -> str:
+    """``11`` -> ``signal 11 (SIGSEGV)``."""
+    try:
+        return f"signal {number} ({_signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+def signal_of_exit_code(code: int | None) -> int | None:
+    """The shell's convention (128 + N, or -N from Python): the signal, else None."""
+    if code is None:
+        return None
+    if code < 0 and -code < 65:
+        return -code
+    if 128 < code < 128 + 65:
+        return code - 128
+    return None

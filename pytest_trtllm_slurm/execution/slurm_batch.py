@@ -16,7 +16,14 @@ from ..scripts import SlurmOptions, StepShare
 from .agents import WarmJob
 from .allocation import AllocationState
 from .base import JobHandle
-from .outcome import JobState, JobStatus, map_slurm_state
+from .outcome import (
+    CRASH_SIGNALS,
+    JobState,
+    JobStatus,
+    map_slurm_state,
+    signal_name,
+    signal_of_exit_code,
+)
 from .slurm_jobs import AcctRow
 
 
@@ -78,33 +85,46 @@ def visible_state(job: TrackedJob) -> JobState:
 
 
 def final_state(job: TrackedJob, row: AcctRow, exit_code: int | None = None) -> JobState:
-    """The end state from sacct/scontrol (a cancel we asked for wins over FAILED)."""
+    """The end state from sacct/scontrol (a cancel we asked for wins over FAILED; a step
+    ended by a crash signal that nobody sent, e.g. SIGSEGV, is CRASHED, not CANCELLED)."""
     status = map_slurm_state(row.state)
     code = exit_code if exit_code is not None else row.exit_code
+    sig = row.signal or signal_of_exit_code(code)
     if job.cancelled and status is JobStatus.FAILED:
         status = JobStatus.CANCELLED
+    crashed = (not job.cancelled and sig in CRASH_SIGNALS
+               and status in (JobStatus.CANCELLED, JobStatus.FAILED))
+    if crashed:
+        status = JobStatus.CRASHED
+    if sig:  # srun and the shell turn a signal into an exit code: name the signal instead
+        code = None
     reason = None
     if status is not JobStatus.COMPLETED:
         where = f"step {job.step_id}" if job.step_id else f"job {job.handle.job_id}"
-        reason = f"{where}: {row.state}" + (f" (exit {code})" if code else "") + (
-            f", signal {row.signal}" if row.signal else "") + (
+        what = f"killed by {signal_name(sig)}" if crashed and sig else row.state
+        reason = f"{where}: {what}" + (f" (exit {code})" if code else "") + (
+            f", {signal_name(sig)}" if sig and not crashed else "") + (
             f"; {row.reason}" if row.reason and row.reason != "None" else "")
-    return JobState(status=status, exit_code=code, nodelist=row.nodelist or
-                    job.state.nodelist, reason=reason)
+    return JobState(status=status, exit_code=code, signal=sig or None,
+                    nodelist=row.nodelist or job.state.nodelist, reason=reason)
 
 
 def exit_code_state(job: TrackedJob, code: int) -> JobState:
     """A step's end state from srun's exit code (-1: the launcher died without one)."""
     if code == 0:
         return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=job.state.nodelist)
+    sig = signal_of_exit_code(code) if code > 0 else None
     if job.cancelled:
         status = JobStatus.CANCELLED
+    elif sig in CRASH_SIGNALS:
+        status = JobStatus.CRASHED
     else:
         status = JobStatus.FAILED if code > 0 else JobStatus.ERROR
     where = f"step {job.step_id}" if job.step_id else "srun (no step was created)"
-    return JobState(status=status, exit_code=code if code >= 0 else None,
-                    nodelist=job.state.nodelist,
-                    reason=f"{where} exited with {code}; see {job.handle.spec.log_path}")
+    how = f"was killed by {signal_name(sig)}" if sig else f"exited with {code}"
+    return JobState(status=status, exit_code=code if code >= 0 and not sig else None,
+                    signal=sig, nodelist=job.state.nodelist,
+                    reason=f"{where} {how}; see {job.handle.spec.log_path}")
 
 
 def step_share(spec: JobSpec, alloc: AllocationState) -> StepShare:

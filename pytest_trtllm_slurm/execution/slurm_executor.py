@@ -472,18 +472,28 @@ class SlurmExecutor:
 
     def _reports_settled(self, job: TrackedJob, now: float) -> bool:
         """Shared file systems lag: a job can end before its last report lines are visible
-        here. Wait (bounded by ``report_wait``) for the worker's ``session_finish`` line,
-        refreshing the directory's attribute cache once. Killed jobs never write it."""
+        here. A batch whose process ended (exit code, sacct) has closed its reports file,
+        so after one refresh of the directory's attribute cache what is there is all there
+        is: a crash (no ``session_finish`` line, ever) is decided at once. Only a batch
+        that exited 0 (a clean pytest always writes the line) waits for it, bounded by
+        ``report_wait``."""
         if job.state.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
             return True
-        spec = job.handle.spec
-        size = self.shell.size(spec.reports_path)
-        if b'"session_finish"' in self.shell.read_from(spec.reports_path, max(0, size - 4096)):
+        if self._session_finished(job):
             return True
         if job.settle_since is None:
             job.settle_since = now
-            self.shell.run(["ls", "-a", spec.work_dir], timeout=30)  # NFS attribute refresh
+            self.shell.run(["ls", "-a", job.handle.spec.work_dir], timeout=30)  # NFS refresh
+            if self._session_finished(job):
+                return True
+        if job.state.status is not JobStatus.COMPLETED:
+            return True
         return now - job.settle_since >= self.report_wait
+
+    def _session_finished(self, job: TrackedJob) -> bool:
+        path = job.handle.spec.reports_path
+        tail = self.shell.read_from(path, max(0, self.shell.size(path) - 4096))
+        return b'"session_finish"' in tail
 
     def _refresh(self, active: list[TrackedJob]) -> None:
         oneshot = [j for j in active if not j.is_step]
@@ -545,10 +555,14 @@ class SlurmExecutor:
         if self.jobs.accounting is not False:
             rows = self.jobs.sacct([j.handle.job_id for j in jobs])
         failed = [i for i, r in rows.items() if map_slurm_state(r.state) is JobStatus.FAILED]
-        for job_id, step_id in (self.jobs.oom_steps(failed) if failed else {}).items():
+        for job_id, step in (self.jobs.failed_steps(failed) if failed else {}).items():
             was = rows[job_id]
-            rows[job_id] = AcctRow(job_id, "OUT_OF_MEMORY", was.exit_code, was.signal,
-                                   was.nodelist, f"step {step_id} ran out of memory")
+            if step.state.startswith("OUT_OF_MEMORY"):
+                rows[job_id] = AcctRow(job_id, "OUT_OF_MEMORY", was.exit_code, was.signal,
+                                       was.nodelist, f"step {step.job_id} ran out of memory")
+            elif step.signal and not was.signal:  # srun's exit code is the task's signal
+                rows[job_id] = AcctRow(job_id, was.state, None, step.signal, was.nodelist,
+                                       f"step {step.job_id}: {step.state}")
         for job in jobs:
             row = rows.get(job.handle.job_id)
             if row is None and self.jobs.accounting is False:

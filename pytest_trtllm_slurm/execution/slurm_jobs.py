@@ -306,14 +306,20 @@ class SlurmJobs:
             rows.update(parse_sacct(res.stdout, steps=steps))
         return rows
 
-    def oom_steps(self, job_ids: Iterable[str]) -> dict[str, str]:
-        """job id -> its first OUT_OF_MEMORY step: a task OOM-killed inside ``srun`` marks
-        the step OUT_OF_MEMORY while the job itself only says FAILED."""
-        found: dict[str, str] = {}
+    def failed_steps(self, job_ids: Iterable[str]) -> dict[str, AcctRow]:
+        """job id -> the step that explains its failure: the first OUT_OF_MEMORY step (a
+        task OOM-killed inside ``srun`` marks the step, the job only says FAILED), else
+        the first step a signal ended (a SIGSEGV in ``srun`` leaves the job FAILED with
+        exit code 11, the step ``CANCELLED 0:11``)."""
+        oom: dict[str, AcctRow] = {}
+        signalled: dict[str, AcctRow] = {}
         for step_id, row in self.sacct(job_ids, steps=True).items():
+            job_id, _, step = step_id.partition(".")
             if row.state.startswith("OUT_OF_MEMORY"):
-                found.setdefault(step_id.split(".", 1)[0], step_id)
-        return found
+                oom.setdefault(job_id, row)
+            elif row.signal and step not in ("batch", "extern"):
+                signalled.setdefault(job_id, row)
+        return {**signalled, **oom}
 
     def scontrol_job(self, job_id: str) -> AcctRow | None:
         """One job from slurmctld's memory (finished jobs stay there for MinJobAge)."""

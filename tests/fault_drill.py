@@ -1,0 +1,192 @@
+"""Helpers of the fault drills (tests/test_faults.py): a suite whose tests fault on demand,
+runs of it through the plugin on the real dev cluster, and what a user checks afterwards
+(one junit outcome per collected test, the status named, nothing of ours left queued).
+
+The suite needs 4 GPUs per test, so a node runs one batch at a time and a fault leaves
+tests of its batch unstarted. ``FAULT`` picks the fault; ``FAULT_DIR`` is where the tests
+leave their marks (``<name>.started``, ``fault_at``) and where the controller's conftest
+writes the moment it replays a faulted test (``seen``), so detection times are measured
+from the user's side without a timed assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from devcluster import run as sh
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = {"warm": [], "no-warm": ["--trtllm-no-warm-workers"], "one-shot": ["--trtllm-one-shot"]}
+
+SUITE = '''import os, signal, time
+from pathlib import Path
+
+import pytest
+
+MARKS = Path(os.environ.get("FAULT_DIR", "."))
+
+
+def _started(name):
+    (MARKS / f"{name}.started").write_text(os.environ.get("SLURMD_NODENAME", "?"))
+
+
+def _fault():
+    fault = os.environ.get("FAULT", "")
+    if fault == "segv":
+        (MARKS / "fault_at").write_text(str(time.time()))
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "wait":  # until the drill has done its fault from outside
+        (MARKS / "waiting").write_text(os.environ.get("SLURMD_NODENAME", "?"))
+        deadline = time.time() + 120
+        while not (MARKS / "release").exists() and time.time() < deadline:
+            time.sleep(0.1)
+
+
+@pytest.mark.skip_less_device(4)
+def test_1_first():
+    _started("test_1_first")
+
+
+@pytest.mark.skip_less_device(4)
+def test_2_fault():
+    _started("test_2_fault")
+    _fault()
+
+
+@pytest.mark.skip_less_device(4)
+def test_3_after():
+    _started("test_3_after")
+
+
+@pytest.mark.skip_less_device(4)
+def test_4_after():
+    _started("test_4_after")
+'''
+
+# the controller (not the worker) notes when it replays a test's failure
+SEEN_HOOK = '''
+
+def pytest_runtest_logreport(report):
+    seen = os.environ.get("FAULT_SEEN")
+    if seen and not os.environ.get("TRTLLM_SLURM_WORKER") and report.failed:
+        import time
+        with open(seen, "a") as out:
+            out.write(f"{time.time()} {report.nodeid}\\n")
+'''
+
+COLLECTED = ["test_fault.py::test_1_first", "test_fault.py::test_2_fault",
+             "test_fault.py::test_3_after", "test_fault.py::test_4_after"]
+
+
+def make_suite(root: Path) -> Path:
+    suite = root / "faults"
+    suite.mkdir()
+    conftest = (REPO / "conftest_examples" / "conftest.py").read_text()
+    (suite / "conftest.py").write_text(conftest + SEEN_HOOK)
+    (suite / "pytest.ini").write_text((REPO / "conftest_examples" / "pytest.ini").read_text())
+    (suite / "test_fault.py").write_text(SUITE)
+    (suite / "marks").mkdir()
+    return suite
+
+
+@dataclass
+class DrillRun:
+    returncode: int
+    out: str
+    outcomes: dict[str, list[str]]  # junit: name -> outcomes (one each, if all is well)
+    wall: float
+
+    def status_of(self, name: str) -> str:
+        return self.outcomes[name][0]
+
+
+def start(suite: Path, mode: str, *args: str, fault: str = "", partition: str = "gb200",
+          tag: str = "run") -> tuple[subprocess.Popen, Path]:
+    """Start a dispatched run of the suite (returns at once; see ``finish``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    marks = suite / "marks"
+    env.update(FAULT=fault, FAULT_DIR=str(marks), FAULT_SEEN=str(marks / "seen"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    junit = suite / f"{tag}.junit.xml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
+         f"--slurm-partition={partition}", f"--junitxml={junit}", *MODES[mode], *args],
+        cwd=suite, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return proc, junit
+
+
+def finish(proc: subprocess.Popen, junit: Path, started: float, timeout: float = 240) -> DrillRun:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"the run did not end within {timeout} s:\n{out}") from None
+    return DrillRun(proc.returncode, out, junit_outcomes(junit), time.monotonic() - started)
+
+
+def run(suite: Path, mode: str, *args: str, fault: str = "", tag: str = "run") -> DrillRun:
+    started = time.monotonic()
+    proc, junit = start(suite, mode, *args, fault=fault, tag=tag)
+    return finish(proc, junit, started)
+
+
+def junit_outcomes(path: Path) -> dict[str, list[str]]:
+    """testcase name -> the outcomes recorded for it (passed / failed / error / skipped)."""
+    result: dict[str, list[str]] = {}
+    if not path.exists():
+        return result
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
+        for kind in kinds or ["passed"]:
+            result.setdefault(name, []).append(kind)
+    return result
+
+
+def assert_one_outcome_each(run: DrillRun) -> None:
+    """Every collected test is in the junit exactly once (nothing lost, nothing twice)."""
+    assert sorted(run.outcomes) == sorted(COLLECTED), run.out
+    for name, kinds in run.outcomes.items():
+        assert len(kinds) == 1, (name, kinds, run.out)
+
+
+def detection_seconds(suite: Path, since: float) -> float | None:
+    """From ``since`` (epoch) to the first failure the controller replayed."""
+    seen = suite / "marks" / "seen"
+    if not seen.exists():
+        return None
+    times = [float(line.split()[0]) for line in seen.read_text().splitlines() if line.strip()]
+    return min(times) - since if times else None
+
+
+def alloc_id(suite: Path) -> str | None:
+    path = suite / "work_dirs" / ".slurm_alloc.json"
+    return json.loads(path.read_text())["job_id"] if path.exists() else None
+
+
+def our_steps(job_id: str) -> list[str]:
+    """Steps of the allocation other than the warm-worker agents."""
+    out = sh(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], check=False).stdout
+    return [line for line in out.splitlines() if line.strip() and not line.endswith(".agent")]
+
+
+def our_jobs(suite: Path) -> list[str]:
+    """Queued one-shot jobs of this suite's batches (job names end with the batch label)."""
+    out = sh(["squeue", "-h", "-o", "%i|%j|%Z"], check=False).stdout
+    return [line for line in out.splitlines() if str(suite) in line]
+
+
+def wait_until(pred, what: str, timeout: float = 60.0, poll: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)
