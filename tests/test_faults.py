@@ -7,6 +7,9 @@ Detection times are printed (``-s`` shows them), never asserted.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -16,10 +19,12 @@ from fault_drill import (
     alloc_id,
     assert_one_outcome_each,
     detection_seconds,
+    finish,
     make_suite,
     our_jobs,
     our_steps,
     run,
+    start,
     wait_until,
 )
 from devcluster import run as sh
@@ -67,3 +72,33 @@ def test_a_segfault_is_a_crash_with_its_signal_and_the_rest_run_again(suite: Pat
           f"{detection_seconds(suite, fault_at):.1f} s, run took {result.wall:.1f} s")
     _nothing_of_ours_left(suite, mode)
     _next_run_passes(suite, mode)
+
+
+def test_a_lost_warm_worker_is_noticed_at_once_and_a_new_one_runs_the_rest(suite: Path) -> None:
+    marks = suite / "marks"
+    started = time.monotonic()
+    proc, junit = start(suite, "warm", fault="wait")
+    try:
+        wait_until(lambda: (marks / "waiting").exists(), "the faulting test to start", 120)
+        job_id = alloc_id(suite)
+        assert job_id is not None
+        beat = next((suite / "work_dirs" / ".agents" / job_id).glob("*/heartbeat.json"))
+        killed_at = time.time()
+        os.kill(json.loads(beat.read_text())["pid"], signal.SIGKILL)  # the agent, not srun
+        result = finish(proc, junit, started)
+    finally:
+        (marks / "release").write_text("")
+        if proc.poll() is None:
+            proc.kill()
+    assert_one_outcome_each(result)
+    assert result.status_of("test_fault.py::test_2_fault") == "failure", result.out
+    for name in ("test_1_first", "test_3_after", "test_4_after"):
+        assert result.status_of(f"test_fault.py::{name}") == "passed", (name, result.out)
+    assert "[CRASHED]" in result.out and "warm worker on" in result.out, result.out
+    assert "was lost" in result.out, result.out
+    assert result.out.count("Starting a warm worker on") == 2, result.out
+    assert result.returncode == 1
+    print(f"\n[drill] lost agent, warm: detected after "
+          f"{detection_seconds(suite, killed_at):.1f} s, run took {result.wall:.1f} s")
+    _nothing_of_ours_left(suite, "warm")
+    _next_run_passes(suite, "warm")

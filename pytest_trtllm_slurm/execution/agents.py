@@ -74,6 +74,7 @@ class Node:
     session_ids: frozenset[str] | None = frozenset()  # None: all the run's arguments select
     session_checked: float = 0.0  # when the session's exit code may be looked at again
     session_ended: str | None = None  # the session dir whose exit code appeared
+    agent_checked: float = 0.0  # when the agent's exit code may be looked at again
 
     @property
     def free(self) -> int:
@@ -140,6 +141,9 @@ class AgentPool:
         self.expected: set[str] = set()
         self._next_health = 0.0
         self.warmed = False  # sessions started on every node (SlurmExecutor asks once)
+        # session dir -> why it is gone (its agent was lost, or it ended early): every
+        # batch sent there ends CRASHED, and the node's next batch gets a new agent
+        self.lost: dict[str, str] = {}
 
     # -- placement ------------------------------------------------------------
     def expect(self, nodeids: set[str]) -> None:
@@ -396,7 +400,11 @@ class AgentPool:
                 self._read(placement.pid_path).strip().isdigit()):
             job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
         dead = self._dead(node)
-        if dead:
+        if placement.session in self.lost:
+            job.state = JobState(status=JobStatus.CRASHED, nodelist=node.name,
+                                 reason=self.lost[placement.session])
+            self.release(job)
+        elif dead:
             job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
             self.release(job)
 
@@ -425,24 +433,47 @@ class AgentPool:
                 node.healthy_at = now
 
     def _dead(self, node: Node) -> str | None:
+        """Why the node's agent cannot serve (None: it can). A lost agent or session
+        (its exit code is written the moment it ends) goes to ``lost``: its batches end
+        CRASHED, their unstarted tests run again, and the node starts a new agent."""
         self.check_health()
         now = time.monotonic()
-        if node.session and node.session_ended != node.session and (
-                now >= node.session_checked):
+        if node.session and now >= node.session_checked:
             node.session_checked = now + HEALTH_EVERY / 4
-            if self._read(f"{node.session}/exit_code").strip():
+            code = self._read(f"{node.agent_dir}/exit_code").strip()
+            if code:
+                self._lose(node, f"the warm worker on {node.name} was lost (its srun step "
+                           f"ended with exit code {code}){self._agent_errors(node)}")
+                return None
+            if node.session_ended != node.session and self._read(
+                    f"{node.session}/exit_code").strip():
                 node.session_ended = node.session
-        if node.session and node.session_ended == node.session:
-            return (f"the worker session on {node.name} ended early; see "
-                    f"{node.session}/session.log")
-        if node.healthy_at is not None and now - node.healthy_at > HEARTBEAT_STALE:
-            return (f"the warm worker on {node.name} stopped answering; see "
-                    f"{node.agent_dir}/agent.log")
+                self._lose(node, f"the worker session on {node.name} ended early; see "
+                           f"{node.session}/session.log")
+                return None
+        if node.session and node.healthy_at is not None and (
+                now - node.healthy_at > HEARTBEAT_STALE):
+            self._lose(node, f"the warm worker on {node.name} stopped answering (no heartbeat"
+                       f" for {HEARTBEAT_STALE:.0f} s){self._agent_errors(node)}")
+            return None
         if node.healthy_at is None and node.agent_started is not None and (
                 now - node.agent_started > AGENT_START_GRACE):
             return (f"the warm worker on {node.name} did not start within "
-                    f"{AGENT_START_GRACE:.0f} s; see {node.agent_dir}/agent.log")
+                    f"{AGENT_START_GRACE:.0f} s{self._agent_errors(node)}")
         return None
+
+    def _lose(self, node: Node, why: str) -> None:
+        """The node's session is gone: fail what was sent there, start afresh next time."""
+        if node.session:
+            self.lost[node.session] = why
+        self.warn(f"{why}; its tests that had not started run again with a new warm worker.")
+        node.session, node.session_ids = None, frozenset()
+        node.agent_dir, node.agent_started, node.healthy_at = "", None, None
+
+    def _agent_errors(self, node: Node) -> str:
+        """``; see <agent.log>``, with the srun and Python error lines found in it."""
+        log = f"{node.agent_dir}/agent.log"
+        return f"; see {log}" + error_lines(self.shell, log)
 
     def _end_state(self, job: WarmJob, code: int, node: Node) -> JobState:
         if code == 0:
@@ -579,5 +610,24 @@ def agents_running(alloc_job_id: str) -> bool:
 
 
 def agent_alive(shell: Shell, agent_dir: str) -> bool:
+    """A fresh heartbeat, and no exit code yet (the launcher writes it when srun ends,
+    before the last heartbeat grows stale)."""
     beat = read_heartbeat(shell, agent_dir)
-    return beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE
+    if beat is None or time.time() - beat.get("time", 0) >= HEARTBEAT_STALE:
+        return False
+    return not shell.read_from(f"{agent_dir}/exit_code", 0, 64).strip()
+
+
+ERROR_MARKS = ("error", "Error", "Traceback", "Killed", "killed", "CANCELLED")
+
+
+def error_lines(shell: Shell, log: str, lines: int = 6, max_bytes: int = 16384) -> str:
+    """The last error lines of a log (srun's ``srun: error: ...``, a Python exception),
+    as ``":\n    line..."``; empty when there are none."""
+    try:
+        start = max(0, shell.size(log) - max_bytes)
+        text = shell.read_from(log, start, max_bytes).decode("utf-8", "replace")
+    except (ExecutionError, OSError):
+        return ""
+    found = [ln.rstrip() for ln in text.splitlines() if any(m in ln for m in ERROR_MARKS)]
+    return (":\n    " + "\n    ".join(found[-lines:])) if found else ""
