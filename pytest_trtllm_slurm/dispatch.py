@@ -23,6 +23,7 @@ from .durations import History
 from .errors import ExecutionError
 from .execution.base import Executor, JobHandle
 from .execution.build import BUILD_LOG_LINES, build_command, build_failed, run_build
+from .execution.disk import is_disk_full, space_problem
 from .execution.monitor import JobEvent, Monitor, WatchedJob, log_tail
 from .execution.outcome import JobState, JobStatus, signal_name
 from .execution.work_root import ensure_work_root
@@ -259,14 +260,25 @@ class DispatchLoop:
     # -- submission --------------------------------------------------------
     def _submit(self, batch: Batch, attempt: int) -> None:
         executor = self.executors[batch.key.scenario]
-        spec = self._spec_for(batch, attempt)
+        full = space_problem(str(self.work_root))
+        if full is not None:  # a full disk is named, not an INTERNALERROR in a write
+            self._fail_batch(batch, JobStatus.ERROR, f"the batch was not started: {full}")
+            return
+        try:
+            spec = self._spec_for(batch, attempt)
+        except OSError as exc:
+            why = space_problem(str(self.work_root), failed=True) if is_disk_full(exc) else None
+            self._fail_batch(batch, JobStatus.ERROR, f"the batch was not started: {why or exc}")
+            return
         try:
             handle = executor.submit(spec)
-        except ExecutionError as exc:  # e.g. the connection dropped during the submission
+        except (ExecutionError, OSError) as exc:  # e.g. the connection dropped meanwhile
             ctx = JobContext("-", spec.scenario.value, spec.work_dir, spec.log_path)
+            why = space_problem(spec.work_dir, failed=True) if is_disk_full(exc) else None
             for nodeid in batch.nodeids:
                 self.replayer.fail_unreported(
-                    nodeid, JobStatus.ERROR.value, f"the batch could not be submitted: {exc}", ctx
+                    nodeid, JobStatus.ERROR.value,
+                    f"the batch could not be submitted: {why or exc}", ctx
                 )
             return
         # the executor's view of the spec: remote executors map its paths to the cluster's
@@ -321,7 +333,10 @@ class DispatchLoop:
     def _on_event(self, event: JobEvent) -> None:
         running = self.running[event.job.handle.job_id]
         ctx = running.context
-        for record in event.records:
+        records = event.records
+        if event.final is not None and event.final.ended_at is not None:
+            records = _before(records, event.final.ended_at)
+        for record in records:
             kind = record.get("type")
             if kind == "missing":
                 for nodeid in record.get("nodeids", []):
@@ -389,6 +404,8 @@ class DispatchLoop:
             f"log: {running.spec.log_path}",
             f"work dir: {running.spec.work_dir}",
         ]
+        full = space_problem(running.spec.work_dir)  # why the batch could not write
+        lines += [full] if full else []
         lines += running.collect_errors
         lines += ["--- last lines of the job log ---", tail]
         return "\n".join(lines)
@@ -401,6 +418,17 @@ class DispatchLoop:
         reason = plan.skip_reason or "no target can serve this test"
         self.replayer.track(plan.item)
         self.replayer.skip_unsatisfied(plan.item, reason, fail=self.settings.unsatisfied == "fail")
+
+
+def _before(records: list[dict], ended_at: float) -> list[dict]:
+    """The records written before the scheduler ended the job (a node set DOWN may keep
+    its processes running, and they keep writing): from the first test report that
+    stopped after ``ended_at`` (whole seconds: one more), nothing counts."""
+    for index, record in enumerate(records):
+        data = record.get("data") if record.get("type") == "report" else None
+        if isinstance(data, dict) and float(data.get("stop") or 0) > ended_at + 1.0:
+            return records[:index]
+    return records
 
 
 def _collect_error_text(record: dict) -> str:

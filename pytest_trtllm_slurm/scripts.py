@@ -265,10 +265,21 @@ def render_step_command(
         argv += opts.container.flags()
     payload = _payload(spec, opts)
     if stepid_path:
-        record = '[ "${SLURM_PROCID:-0}" != 0 ] || echo "$SLURM_STEP_ID" > "$1"; shift; exec "$@"'
         # POSIX sh: a container image may have no bash
-        payload = ["sh", "-c", record, "trtllm-step", stepid_path, *payload]
+        payload = ["sh", "-c", STEP_WRAPPER, "trtllm-step", stepid_path, *payload]
     return argv + payload
+
+
+# In a step the SLURM_JOB_* variables describe the persistent allocation; a test sees
+# what a one-shot job of its own shape would show (the step's nodes), and rank 0
+# records $SLURM_STEP_ID so a hang cancels exactly this step.
+STEP_WRAPPER = (
+    'export SLURM_JOB_NUM_NODES="$SLURM_STEP_NUM_NODES" SLURM_NNODES="$SLURM_STEP_NUM_NODES"'
+    ' SLURM_JOB_NODELIST="$SLURM_STEP_NODELIST" SLURM_NODELIST="$SLURM_STEP_NODELIST"'
+    ' SLURM_NTASKS="$SLURM_STEP_NUM_TASKS" SLURM_NPROCS="$SLURM_STEP_NUM_TASKS"'
+    ' SLURM_TASKS_PER_NODE="$SLURM_STEP_TASKS_PER_NODE"; '
+    '[ "${SLURM_PROCID:-0}" != 0 ] || echo "$SLURM_STEP_ID" > "$1"; shift; exec "$@"'
+)
 
 
 def render_step_launcher(

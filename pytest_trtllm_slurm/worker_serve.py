@@ -60,6 +60,26 @@ class GpuLeases:
         return None
 
 
+def one_node_job_env(gpu_ids: list[str]) -> dict[str, str]:
+    """What a one-shot job of a served batch's shape (one node, one task, these GPUs)
+    shows its test; the agent's own step describes the whole allocation. SLURM_JOB_ID
+    stays the allocation's (a job of its own would have another)."""
+    node = os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODENAME", "")
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)}
+    if not os.environ.get("SLURM_JOB_ID"):  # not under Slurm (a local agent): nothing more
+        return env
+    one = {"SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1",
+           "SLURM_NTASKS": "1", "SLURM_NPROCS": "1", "SLURM_STEP_NUM_TASKS": "1",
+           "SLURM_TASKS_PER_NODE": "1", "SLURM_STEP_TASKS_PER_NODE": "1",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_GPUS_ON_NODE": str(len(gpu_ids))}
+    if node:
+        one.update(SLURM_JOB_NODELIST=node, SLURM_NODELIST=node, SLURM_STEP_NODELIST=node)
+    if os.environ.get("SLURM_JOB_GPUS") or os.environ.get("SLURM_STEP_GPUS"):
+        one.update(SLURM_JOB_GPUS=",".join(gpu_ids), SLURM_STEP_GPUS=",".join(gpu_ids))
+    return {**env, **one}
+
+
 def visible_gpus(total: int) -> list[str]:
     """The GPUs the agent's step was given (CUDA_VISIBLE_DEVICES), else 0..total-1."""
     text = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -117,7 +137,7 @@ class SessionServer:
             return EARLY_MISS
         for key, value in (request.get("env") or {}).items():
             os.environ[key] = value
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+        os.environ.update(one_node_job_env(gpu_ids))
         redirect_output(request["log_path"])
         self.writer.reopen(Path(request["reports_path"]))
         wanted = list(request["nodeids"])

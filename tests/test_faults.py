@@ -15,15 +15,22 @@ from pathlib import Path
 
 import pytest
 from fault_drill import (
+    fail_node,
+    fill,
+    job_gone,
+    restore_node,
     MODES,
     alloc_id,
     assert_one_outcome_each,
     detection_seconds,
     finish,
+    make_env_suite,
     make_suite,
     our_jobs,
     our_steps,
     run,
+    seen_env,
+    small_disk,
     start,
     wait_until,
 )
@@ -34,9 +41,11 @@ from devcluster import run as sh
 def suite(devcluster: dict, tmp_path: Path):
     target = make_suite(tmp_path)
     yield target
+    # never leave our allocation (or a request for one) behind on the shared dev cluster
+    ids = [line.split("|", 1)[0] for line in our_jobs(target)]
     job_id = alloc_id(target)
-    if job_id:  # never leave our allocation behind on the shared dev cluster
-        sh(["scancel", job_id], check=False)
+    if job_id or ids:
+        sh(["scancel", *([job_id] if job_id else []), *ids], check=False)
 
 
 def _nothing_of_ours_left(suite: Path, mode: str) -> None:
@@ -102,3 +111,105 @@ def test_a_lost_warm_worker_is_noticed_at_once_and_a_new_one_runs_the_rest(suite
           f"{detection_seconds(suite, killed_at):.1f} s, run took {result.wall:.1f} s")
     _nothing_of_ours_left(suite, "warm")
     _next_run_passes(suite, "warm")
+
+
+@pytest.mark.parametrize("how", ["slurmd-killed", "down-processes-alive"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_failed_node_is_node_fail_and_the_unstarted_tests_run_elsewhere(
+        suite: Path, mode: str, how: str) -> None:
+    marks = suite / "marks"
+    started = time.monotonic()
+    proc, junit = start(suite, mode, fault="wait")
+    node = None
+    try:
+        wait_until(lambda: (marks / "waiting").exists(), "the faulting test to start", 120)
+        node = (marks / "waiting").read_text().strip()
+        job_id = alloc_id(suite) if mode != "one-shot" else None
+        fault_at = time.time()
+        fail_node(node, kill_slurmd=how == "slurmd-killed")
+        if job_id:
+            wait_until(lambda: job_gone(job_id), f"Slurm to end allocation {job_id}", 60)
+        else:
+            time.sleep(2)
+        # the test on the failed node goes on if its processes live: it must not count
+        (marks / "release").write_text("")
+        time.sleep(1)
+        restore_node(node)
+        node = None
+        result = finish(proc, junit, started)
+    finally:
+        (marks / "release").write_text("")
+        if node is not None:
+            restore_node(node)
+        if proc.poll() is None:
+            proc.kill()
+    assert_one_outcome_each(result)
+    assert result.status_of("test_fault.py::test_2_fault") == "failure", result.out
+    assert "[NODE_FAIL]" in result.out, result.out
+    for name in ("test_1_first", "test_3_after", "test_4_after"):
+        assert result.status_of(f"test_fault.py::{name}") == "passed", (name, result.out)
+    assert result.returncode == 1
+    print(f"\n[drill] failed node ({how}), {mode}: detected after "
+          f"{detection_seconds(suite, fault_at):.1f} s, run took {result.wall:.1f} s")
+    if job_id:
+        assert job_gone(job_id)
+        assert alloc_id(suite) != job_id, "the next batches did not get a new allocation"
+    _nothing_of_ours_left(suite, mode)
+    _next_run_passes(suite, mode)
+
+
+@pytest.fixture
+def env_suite(devcluster: dict, tmp_path: Path):
+    target = make_env_suite(tmp_path)
+    yield target
+    ids = [line.split("|", 1)[0] for line in our_jobs(target)]
+    job_id = alloc_id(target)
+    if job_id or ids:
+        sh(["scancel", *([job_id] if job_id else []), *ids], check=False)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_dispatched_test_sees_the_slurm_variables_of_a_job_of_its_own_shape(
+        env_suite: Path, mode: str) -> None:
+    # a two-node allocation, so that a one-node test differs from the allocation
+    result = run(env_suite, mode, "--trtllm-alloc-nodes=2", partition="batch")
+    assert result.returncode == 0, result.out
+    (one,) = seen_env(env_suite, "two_gpus")
+    assert (one["SLURM_JOB_NUM_NODES"], one["SLURM_NNODES"], one["SLURM_NTASKS"]) == (
+        "1", "1", "1"), one
+    assert one["SLURM_JOB_NODELIST"] == one["SLURM_NODELIST"] == one["SLURMD_NODENAME"], one
+    assert (one["SLURM_PROCID"], one["SLURM_LOCALID"]) == ("0", "0"), one
+    assert len((one["CUDA_VISIBLE_DEVICES"] or "").split(",")) == 2, one
+    ranks = seen_env(env_suite, "eight_ranks")
+    assert len(ranks) == 8, ranks
+    for rank, env in enumerate(ranks):
+        assert (env["SLURM_JOB_NUM_NODES"], env["SLURM_NNODES"], env["SLURM_NTASKS"]) == (
+            "2", "2", "8"), env
+        assert env["SLURM_JOB_NODELIST"] == env["SLURM_NODELIST"] == ranks[0]["SLURM_NODELIST"]
+        assert (env["SLURM_PROCID"], env["SLURM_LOCALID"]) == (str(rank), str(rank % 4)), env
+        assert len((env["CUDA_VISIBLE_DEVICES"] or "").split(",")) == 4, env
+    assert len({env["SLURMD_NODENAME"] for env in ranks}) == 2, ranks
+
+
+@pytest.mark.parametrize("mode", ["local", *MODES])
+@pytest.mark.parametrize("when", ["from-the-start", "mid-run"])
+def test_a_full_disk_is_named_and_every_test_keeps_one_outcome(
+        devcluster: dict, tmp_path: Path, mode: str, when: str) -> None:
+    suite = make_suite(tmp_path, gpus=mode != "local")
+    with small_disk(suite / "work_dirs"):
+        try:
+            if when == "from-the-start":
+                fill(suite / "work_dirs")
+            result = run(suite, mode, fault="fill" if when == "mid-run" else "")
+        finally:
+            ids = [line.split("|", 1)[0] for line in our_jobs(suite)]
+            job_id = alloc_id(suite)
+            if job_id or ids:
+                sh(["scancel", *([job_id] if job_id else []), *ids], check=False)
+    assert_one_outcome_each(result)
+    assert result.returncode == 1, result.out  # not 3: no INTERNALERROR in the controller
+    assert f"no space left on the file system of {suite / 'work_dirs'}" in result.out, result.out
+    assert "a batch needs at least" in result.out, result.out
+    assert result.returncode == 1, result.out
+    if when == "mid-run":  # what finished before the disk filled is kept
+        assert result.status_of("test_fault.py::test_1_first") == "passed", result.out

@@ -41,6 +41,7 @@ from ..scripts import gpu_flag, render_step_launcher
 # to a session that collects exactly the run's node ids
 from ..worker_serve import EARLY_MISS
 from .allocation import AllocationState
+from .disk import space_problem
 from .outcome import CRASH_SIGNALS, JobState, JobStatus, signal_name, signal_of_exit_code
 from .shell import LocalShell, Shell
 from .slurm_parse import expand_hostlist
@@ -473,7 +474,8 @@ class AgentPool:
     def _agent_errors(self, node: Node) -> str:
         """``; see <agent.log>``, with the srun and Python error lines found in it."""
         log = f"{node.agent_dir}/agent.log"
-        return f"; see {log}" + error_lines(self.shell, log)
+        full = space_problem(node.agent_dir) if isinstance(self.shell, LocalShell) else None
+        return (f"; {full}" if full else "") + f"; see {log}" + error_lines(self.shell, log)
 
     def _end_state(self, job: WarmJob, code: int, node: Node) -> JobState:
         if code == 0:

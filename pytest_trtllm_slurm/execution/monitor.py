@@ -30,6 +30,7 @@ class WatchedJob:
     forced_status: JobStatus | None = None
     forced_reason: str | None = None
     state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
+    held: list[dict[str, Any]] = field(default_factory=list)  # reports newer than alive_at
 
 
 @dataclass
@@ -82,7 +83,7 @@ class Monitor:
         now = time.monotonic()
         if job.state.status is JobStatus.RUNNING and job.started is None:
             job.started = now
-        records = self._read_records(job)
+        records = self._hold(job, self._read_records(job))
         if not job.state.status.finished and job.forced_status is None:
             if self._hang_seen(job):
                 self._stop(job, JobStatus.HANG_DETECTED, "hang pattern found in the job log")
@@ -111,6 +112,23 @@ class Monitor:
             yield JobEvent(job, records, final)
         elif records:
             yield JobEvent(job, records)
+
+    @staticmethod
+    def _hold(job: WatchedJob, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The records that may be shown now: while the job's state carries ``alive_at``
+        (the scheduler's last word that its allocation runs), a test report that stopped
+        later waits, with everything after it, until the scheduler has said so again."""
+        pending = job.held + records
+        limit = job.state.alive_at
+        cut = len(pending)
+        if limit is not None and not job.state.status.finished:
+            for index, record in enumerate(pending):
+                data = record.get("data") if record.get("type") == "report" else None
+                if isinstance(data, dict) and float(data.get("stop") or 0) > limit:
+                    cut = index
+                    break
+        job.held = pending[cut:]
+        return pending[:cut]
 
     def _stop(self, job: WatchedJob, status: JobStatus, reason: str) -> None:
         job.forced_status, job.forced_reason = status, reason

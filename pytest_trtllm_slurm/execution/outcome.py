@@ -71,7 +71,11 @@ class JobState(BaseModel):
     nodelist: str | None = None
     reason: str | None = None  # pending reason, or why it ended
     signal: int | None = None  # the signal that killed the job's process, when one did
-    ended_at: float | None = None  # when the scheduler ended it (epoch s), for a lost node
+    # epoch seconds: when the scheduler ended it (a failed node), reports stamped later do
+    # not count; when the scheduler last said its allocation runs (warm batches, whose
+    # processes it does not track), reports stamped later wait for the next look
+    ended_at: float | None = None
+    alive_at: float | None = None
 
 
 # signals a process gets from its own fault (not from a cancel, a limit or a person):

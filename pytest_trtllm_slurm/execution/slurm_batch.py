@@ -56,6 +56,7 @@ class TrackedJob:
     settle_since: float | None = None
     warm: WarmJob | None = None  # placed by the allocation's AgentPool (warm workers)
     extra_env: dict[str, str] = field(default_factory=dict)  # the launch's, not the batch's
+    ended_wall: float | None = None  # when a served batch was seen to end (epoch s)
 
     @property
     def served(self) -> bool:

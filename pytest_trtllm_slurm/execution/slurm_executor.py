@@ -82,6 +82,10 @@ MPI_FALLBACKS = ("pmix", "pmi2")
 WRAPPING_RUNTIMES = ("docker", "podman")
 CONTAINER_SCRIPT = "container_run.sh"  # the wrapper script, in the batch's work dir
 CONTAINER_STOP_WAIT = 15.0  # seconds a cancelled wrapped step has to remove its container
+# seconds between looks at a persistent allocation whose warm workers serve this run's
+# batches (nothing else asks the scheduler then): a failed node ends the allocation
+ALLOC_WATCH_EVERY = 2.0
+ALLOC_WATCH_GAP = 0.5  # at least this long between two looks when a served batch ended
 
 
 class SlurmExecutor:
@@ -150,6 +154,10 @@ class SlurmExecutor:
         self.poll_hint = (0.02 if local else 0.2) if self.warm_workers else None
         self._pools: dict[str, AgentPool] = {}
         self._expected: set[str] = set()
+        self._watch_at: dict[str, float] = {}  # allocation -> when to look at it next
+        self._watched_at: dict[str, float] = {}  # allocation -> when it was last looked at
+        self._alive: dict[str, float] = {}  # allocation -> when squeue last said it runs (epoch)
+        self._ended: set[str] = set()  # allocations the scheduler ended during this run
 
     def expect(self, specs_nodeids: set[str]) -> None:
         """The run's node ids (before the first submit): one worker session collects all."""
@@ -396,9 +404,13 @@ class SlurmExecutor:
         jobs = [self._jobs[h.job_id] for h in handles if h.job_id in self._jobs]
         self._poll_warm(jobs)
         now = time.monotonic()
+        for job in jobs:
+            if job.served and job.state.status.finished and job.ended_wall is None:
+                job.ended_wall = time.time()
+        self._watch_allocations(jobs, now)
         for job in jobs:  # served batches: files only, every call
             if job.served and job.state.status.finished and not job.settled:
-                job.settled = self._reports_settled(job, now)
+                job.settled = self._confirmed(job) and self._reports_settled(job, now)
         # what the scheduler reports on, polled at the adaptive interval
         active = [j for j in jobs if not j.state.status.finished and not j.served
                   and not j.waiting]
@@ -428,7 +440,85 @@ class SlurmExecutor:
             self._interval = self.min_interval if changed else min(
                 self._interval * 1.5, self.max_interval)
             self._next_at = time.monotonic() + self._interval
-        return {j.handle.job_id: visible_state(j) for j in jobs}
+        return {j.handle.job_id: self._shown(j) for j in jobs}
+
+    def _shown(self, job: TrackedJob) -> JobState:
+        """The monitor's view; a served batch's carries when its allocation was last seen
+        running (its reports wait until the scheduler vouched for the time they ended)."""
+        state = visible_state(job)
+        if job.served and job.alloc is not None and not state.status.finished:
+            state = state.model_copy(update={"alive_at": self._alive.get(job.alloc.job_id, 0.0)})
+        return state
+
+    def _confirmed(self, job: TrackedJob) -> bool:
+        """A served batch that ended shows its end once the scheduler, asked after it
+        ended, still had its allocation running (else the allocation's end decides)."""
+        assert job.alloc is not None
+        return self._alive.get(job.alloc.job_id, 0.0) >= (job.ended_wall or 0.0)
+
+    def _watch_allocations(self, jobs: list[TrackedJob], now: float) -> None:
+        """Every ALLOC_WATCH_EVERY s, one squeue of each allocation serving this run's
+        warm batches: a failed node (NODE_FAIL), its time limit or a scancel ends it, and
+        the agents' files alone would not say so (a DOWN node's processes may live on)."""
+        watched = {j.alloc.job_id for j in jobs if j.alloc is not None and j.warm is not None
+                   and (j.served or j.waiting) and not j.state.status.finished}
+        ending = {j.alloc.job_id for j in jobs if j.alloc is not None and j.served
+                  and j.state.status.finished and not j.settled and not self._confirmed(j)}
+        for alloc_id in watched | ending:
+            due = self._watch_at.get(alloc_id, 0.0)
+            if alloc_id in ending:  # a batch waits for this look to show its end
+                due = min(due, self._watched_at.get(alloc_id, 0.0) + ALLOC_WATCH_GAP)
+            if now < due or alloc_id in self._ended:
+                continue
+            self._watched_at[alloc_id] = now
+            self._watch_at[alloc_id] = now + ALLOC_WATCH_EVERY
+            asked = time.time()
+            try:
+                row = self.jobs.squeue_jobs([alloc_id]).get(alloc_id)
+                if row is not None and row.state in ("RUNNING", "SUSPENDED"):
+                    self._alive[alloc_id] = asked
+                    continue
+                self._check_allocation(alloc_id)
+            except SchedulerError:
+                continue  # a slurmctld restart: the next look, or the step polls, tell
+
+    def _check_allocation(self, alloc_id: str) -> bool:
+        """Has the scheduler ended the allocation? Then every unfinished batch in it ends
+        with the allocation's state (NODE_FAIL, TIMEOUT, ...), its end time attached (no
+        report written later counts), this run's sessions there are stopped, and the next
+        batch asks for a new allocation. True when it ended."""
+        if alloc_id in self._ended:
+            return True
+        ended = self.jobs.ended(alloc_id)
+        if ended is None:
+            return False
+        row, end = ended
+        self._ended.add(alloc_id)
+        status = map_slurm_state(row.state)
+        if status is JobStatus.COMPLETED:
+            status = JobStatus.ERROR
+        why = f"allocation {alloc_id} ended: {row.state}" + (
+            f" on {row.nodelist}" if row.nodelist else "") + (
+            f" ({row.reason})" if row.reason and row.reason != "None" else "")
+        for job in self._jobs.values():  # and served batches whose end was not vouched for
+            if job.alloc is None or job.alloc.job_id != alloc_id or job.settled or (
+                    job.state.status.finished and not job.served):
+                continue
+            job.state = JobState(status=status, nodelist=job.state.nodelist, reason=why,
+                                 ended_at=end)
+            job.settled = True
+            if job.warm is not None:
+                job.warm.state = job.state
+                job.warm.cancelled = True
+        pool = self._pools.get(alloc_id)
+        if pool is not None:
+            pool.close()
+        if self._alloc is not None and self._alloc.job_id == alloc_id:
+            self._alloc, self._alloc_checked = None, False  # the next batch: a new one
+        self.warn(f"{why[0].upper()}{why[1:]}; the tests that had not started run again "
+                  "in a new allocation.")
+        self._wake()
+        return True
 
     def _poll_warm(self, jobs: list[TrackedJob]) -> None:
         """Every call (files only, no scheduler): served batches' states, pool slots of
@@ -580,6 +670,8 @@ class SlurmExecutor:
         # a gated step waiting at its gate is followed through its files alone
         steps = self.jobs.squeue_steps(alloc_id) if any(
             j.warm is None or not j.warm.launched_early for j in jobs) else {}
+        if steps is None and self._check_allocation(alloc_id):
+            return
         ended: list[tuple[TrackedJob, int]] = []
         now = time.monotonic()
         for job in jobs:
@@ -634,8 +726,16 @@ class SlurmExecutor:
         rows: dict[str, AcctRow] = {}
         if ids and self.jobs.accounting is not False:
             rows = self.jobs.sacct(ids, steps=True)
+        # a step that Slurm ended without us asking: did its allocation end (a failed node)?
+        suspects = {j.alloc.job_id for j, code in ended if j.alloc is not None and not j.cancelled
+                    and (code != 0 or map_slurm_state(
+                        rows[j.step_id].state if j.step_id in rows else "COMPLETED")
+                        is not JobStatus.COMPLETED)}
+        gone = {a for a in suspects if self._check_allocation(a)}
         now = time.monotonic()
         for job, code in ended:
+            if job.alloc is not None and job.alloc.job_id in gone:
+                continue  # _check_allocation gave it the allocation's end
             row = rows.get(job.step_id or "")
             if row is not None and map_slurm_state(row.state).finished:
                 job.state = final_state(job, row, exit_code=code if code >= 0 else None)

@@ -13,6 +13,7 @@ import shlex
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 from ..errors import ExecutionError
 from .shell import CommandResult, Shell
@@ -212,6 +213,14 @@ def parse_scontrol_job(stdout: str) -> AcctRow | None:
     return None
 
 
+def _epoch(stamp: str) -> float | None:
+    """A Slurm timestamp (cluster local time) as epoch seconds; None for ``Unknown``."""
+    try:
+        return datetime.fromisoformat(stamp.strip()).timestamp()
+    except ValueError:
+        return None
+
+
 def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
     batch: list[str] = []
     for job_id in ids:
@@ -320,6 +329,34 @@ class SlurmJobs:
             elif row.signal and step not in ("batch", "extern"):
                 signalled.setdefault(job_id, row)
         return {**signalled, **oom}
+
+    def ended(self, job_id: str) -> tuple[AcctRow, float | None] | None:
+        """A job that is no longer running: its final row and end time (epoch s), from
+        slurmctld (``scontrol``: no accounting lag), else sacct once slurmctld forgot it
+        (MinJobAge); None while the scheduler says it still runs."""
+        row: AcctRow | None = None
+        end: float | None = None
+        res = self.run(["scontrol", "show", "job", "-o", job_id])
+        if res.ok:
+            row = parse_scontrol_job(res.stdout)
+            match = re.search(r"\bEndTime=(\S+)", res.stdout)
+            end = _epoch(match.group(1)) if match else None
+            if row is not None and row.state.startswith("COMPLETING"):
+                row = None  # ending, but how: accounting has the final state
+        elif _INVALID_ID not in (res.stderr + res.stdout).lower():
+            raise SchedulerError(res)
+        if row is None and self.accounting is not False:
+            res = self.run(["sacct", "-X", "-n", "-P", "-j", job_id,
+                            "--format=JobID,State,ExitCode,NodeList,Reason,End"])
+            if not res.ok:
+                raise SchedulerError(res)
+            row = parse_sacct(res.stdout).get(job_id)
+            ends = [ln.rsplit("|", 1)[-1] for ln in res.stdout.splitlines() if ln.strip()]
+            end = _epoch(ends[0]) if ends else None
+        if row is None or row.state.split(" ", 1)[0] in (
+                "RUNNING", "PENDING", "CONFIGURING", "SUSPENDED", "RESIZING"):
+            return None
+        return row, end
 
     def scontrol_job(self, job_id: str) -> AcctRow | None:
         """One job from slurmctld's memory (finished jobs stay there for MinJobAge)."""
