@@ -423,10 +423,11 @@ class DispatchLoop:
 def _before(records: list[dict], ended_at: float) -> list[dict]:
     """The records written before the scheduler ended the job (a node set DOWN may keep
     its processes running, and they keep writing): from the first test report that
-    stopped after ``ended_at`` (whole seconds: one more), nothing counts."""
+    stopped after ``ended_at``, nothing counts (a test that ended in the very second of
+    the failure runs again rather than count on a doubt)."""
     for index, record in enumerate(records):
         data = record.get("data") if record.get("type") == "report" else None
-        if isinstance(data, dict) and float(data.get("stop") or 0) > ended_at + 1.0:
+        if isinstance(data, dict) and float(data.get("stop") or 0) > ended_at:
             return records[:index]
     return records
 

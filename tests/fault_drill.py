@@ -45,13 +45,13 @@ def _fault():
         (MARKS / "fault_at").write_text(str(time.time()))
         os.kill(os.getpid(), signal.SIGSEGV)
     if fault == "fill":  # the disk under work_dirs fills up while the batch runs
-        with open(os.environ["FAULT_FILL"], "wb") as out:
-            try:
-                while True:
-                    out.write(b"x" * 65536)
-                    out.flush()
-            except OSError:
-                pass
+        with open(os.environ["FAULT_FILL"], "wb", buffering=0) as out:
+            for chunk in (65536, 4096, 1):  # to the last byte
+                try:
+                    while True:
+                        out.write(b"x" * chunk)
+                except OSError:
+                    pass
     if fault == "wait":  # until the drill has done its fault from outside
         (MARKS / "waiting").write_text(os.environ.get("SLURMD_NODENAME", "?"))
         deadline = time.time() + 120
@@ -124,13 +124,13 @@ def small_disk(path: Path, size: str = "8m") -> Iterator[Path]:
 
 def fill(path: Path) -> None:
     """Fill the file system of ``path`` to the last byte."""
-    with open(path / "fill", "wb") as out:
-        try:
-            while True:
-                out.write(b"x" * 65536)
-                out.flush()
-        except OSError:
-            pass
+    with open(path / "fill", "wb", buffering=0) as out:
+        for chunk in (65536, 4096, 1):
+            try:
+                while True:
+                    out.write(b"x" * chunk)
+            except OSError:
+                pass
 
 
 @dataclass
@@ -144,7 +144,7 @@ class DrillRun:
         return self.outcomes[name][0]
 
 
-def start(suite: Path, mode: str, *args: str, fault: str = "", partition: str = "gb200",
+def start(suite: Path, mode: str, *args: str, fault: str = "", partition: str = "batch",
           tag: str = "run") -> tuple[subprocess.Popen, Path]:
     """Start a dispatched run of the suite (returns at once; see ``finish``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
@@ -162,7 +162,7 @@ def start(suite: Path, mode: str, *args: str, fault: str = "", partition: str = 
     return proc, junit
 
 
-def finish(proc: subprocess.Popen, junit: Path, started: float, timeout: float = 240) -> DrillRun:
+def finish(proc: subprocess.Popen, junit: Path, started: float, timeout: float = 420) -> DrillRun:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -173,7 +173,7 @@ def finish(proc: subprocess.Popen, junit: Path, started: float, timeout: float =
 
 
 def run(suite: Path, mode: str, *args: str, fault: str = "", tag: str = "run",
-        partition: str = "gb200") -> DrillRun:
+        partition: str = "batch") -> DrillRun:
     started = time.monotonic()
     proc, junit = start(suite, mode, *args, fault=fault, tag=tag, partition=partition)
     return finish(proc, junit, started)

@@ -125,6 +125,7 @@ def test_a_failed_node_is_node_fail_and_the_unstarted_tests_run_elsewhere(
         wait_until(lambda: (marks / "waiting").exists(), "the faulting test to start", 120)
         node = (marks / "waiting").read_text().strip()
         job_id = alloc_id(suite) if mode != "one-shot" else None
+        time.sleep(2.5)  # test_1 ended well before the fault (Slurm's times are whole seconds)
         fault_at = time.time()
         fail_node(node, kill_slurmd=how == "slurmd-killed")
         if job_id:
@@ -207,9 +208,13 @@ def test_a_full_disk_is_named_and_every_test_keeps_one_outcome(
             if job_id or ids:
                 sh(["scancel", *([job_id] if job_id else []), *ids], check=False)
     assert_one_outcome_each(result)
-    assert result.returncode == 1, result.out  # not 3: no INTERNALERROR in the controller
-    assert f"no space left on the file system of {suite / 'work_dirs'}" in result.out, result.out
-    assert "a batch needs at least" in result.out, result.out
-    assert result.returncode == 1, result.out
+    assert result.returncode in (0, 1), result.out  # not 3: no INTERNALERROR in the controller
+    if when == "from-the-start" or result.returncode == 1:  # a test the disk failed says why
+        assert f"no space left on the file system of {suite / 'work_dirs'}" in result.out, (
+            result.out)
+        assert "a batch needs at least" in result.out, result.out
     if when == "mid-run":  # what finished before the disk filled is kept
         assert result.status_of("test_fault.py::test_1_first") == "passed", result.out
+    else:
+        assert result.returncode == 1, result.out
+        assert all(kinds == ["failure"] for kinds in result.outcomes.values()), result.out

@@ -157,6 +157,7 @@ class SlurmExecutor:
         self._watch_at: dict[str, float] = {}  # allocation -> when to look at it next
         self._watched_at: dict[str, float] = {}  # allocation -> when it was last looked at
         self._alive: dict[str, float] = {}  # allocation -> when squeue last said it runs (epoch)
+        self._watch_failing: dict[str, float] = {}  # allocation -> since when squeue fails
         self._ended: set[str] = set()  # allocations the scheduler ended during this run
 
     def expect(self, specs_nodeids: set[str]) -> None:
@@ -405,7 +406,7 @@ class SlurmExecutor:
         self._poll_warm(jobs)
         now = time.monotonic()
         for job in jobs:
-            if job.served and job.state.status.finished and job.ended_wall is None:
+            if job.alloc is not None and job.state.status.finished and job.ended_wall is None:
                 job.ended_wall = time.time()
         self._watch_allocations(jobs, now)
         for job in jobs:  # served batches: files only, every call
@@ -433,7 +434,7 @@ class SlurmExecutor:
                             f"scheduler not answering ({self._failures} tries): {exc}"))
             for job in jobs:  # those that ended just now too
                 if job.state.status.finished and not job.settled and not job.served:
-                    job.settled = self._reports_settled(job, now)
+                    job.settled = self._confirmed(job) and self._reports_settled(job, now)
             # nodes of steps that ended here are given back by the next call's _poll_warm
             # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
             changed = any(visible_state(j).status != before[j.handle.job_id] for j in asked)
@@ -446,23 +447,25 @@ class SlurmExecutor:
         """The monitor's view; a served batch's carries when its allocation was last seen
         running (its reports wait until the scheduler vouched for the time they ended)."""
         state = visible_state(job)
-        if job.served and job.alloc is not None and not state.status.finished:
+        if job.alloc is not None and not state.status.finished:
             state = state.model_copy(update={"alive_at": self._alive.get(job.alloc.job_id, 0.0)})
         return state
 
     def _confirmed(self, job: TrackedJob) -> bool:
-        """A served batch that ended shows its end once the scheduler, asked after it
-        ended, still had its allocation running (else the allocation's end decides)."""
-        assert job.alloc is not None
+        """A batch in the allocation (served, or a step: a node set DOWN with its slurmd
+        dead keeps its processes) shows its end once the scheduler, asked after it ended,
+        still had the allocation running (else the allocation's end decides)."""
+        if job.alloc is None:
+            return True
         return self._alive.get(job.alloc.job_id, 0.0) >= (job.ended_wall or 0.0)
 
     def _watch_allocations(self, jobs: list[TrackedJob], now: float) -> None:
-        """Every ALLOC_WATCH_EVERY s, one squeue of each allocation serving this run's
-        warm batches: a failed node (NODE_FAIL), its time limit or a scancel ends it, and
-        the agents' files alone would not say so (a DOWN node's processes may live on)."""
-        watched = {j.alloc.job_id for j in jobs if j.alloc is not None and j.warm is not None
-                   and (j.served or j.waiting) and not j.state.status.finished}
-        ending = {j.alloc.job_id for j in jobs if j.alloc is not None and j.served
+        """Every ALLOC_WATCH_EVERY s, one squeue of each allocation running this run's
+        batches: a failed node (NODE_FAIL), its time limit or a scancel ends it, and the
+        batches' files alone would not say so (a DOWN node's processes may live on)."""
+        watched = {j.alloc.job_id for j in jobs if j.alloc is not None
+                   and not j.state.status.finished}
+        ending = {j.alloc.job_id for j in jobs if j.alloc is not None
                   and j.state.status.finished and not j.settled and not self._confirmed(j)}
         for alloc_id in watched | ending:
             due = self._watch_at.get(alloc_id, 0.0)
@@ -475,12 +478,21 @@ class SlurmExecutor:
             asked = time.time()
             try:
                 row = self.jobs.squeue_jobs([alloc_id]).get(alloc_id)
+                self._watch_failing.pop(alloc_id, None)
                 if row is not None and row.state in ("RUNNING", "SUSPENDED"):
                     self._alive[alloc_id] = asked
                     continue
                 self._check_allocation(alloc_id)
-            except SchedulerError:
-                continue  # a slurmctld restart: the next look, or the step polls, tell
+            except SchedulerError as exc:
+                # a slurmctld restart is ridden out (results wait); a longer outage must
+                # not hold them forever: after fail_grace the agents' files are trusted
+                since = self._watch_failing.setdefault(alloc_id, now)
+                if now - since >= self.fail_grace:
+                    self._alive[alloc_id] = asked
+                    self._warn_once(f"watch:{alloc_id}", (
+                        f"The scheduler has not answered for {now - since:.0f} s ({exc}); "
+                        f"results of allocation {alloc_id} are shown from the warm workers' "
+                        "files without its confirmation."))
 
     def _check_allocation(self, alloc_id: str) -> bool:
         """Has the scheduler ended the allocation? Then every unfinished batch in it ends
@@ -493,6 +505,9 @@ class SlurmExecutor:
         if ended is None:
             return False
         row, end = ended
+        # Slurm's end time is in whole seconds: our own last look that found it running,
+        # when later, is the closer bound (what ended before it surely counts)
+        end = max(end or 0.0, self._alive.get(alloc_id, 0.0)) or None
         self._ended.add(alloc_id)
         status = map_slurm_state(row.state)
         if status is JobStatus.COMPLETED:
@@ -500,9 +515,8 @@ class SlurmExecutor:
         why = f"allocation {alloc_id} ended: {row.state}" + (
             f" on {row.nodelist}" if row.nodelist else "") + (
             f" ({row.reason})" if row.reason and row.reason != "None" else "")
-        for job in self._jobs.values():  # and served batches whose end was not vouched for
-            if job.alloc is None or job.alloc.job_id != alloc_id or job.settled or (
-                    job.state.status.finished and not job.served):
+        for job in self._jobs.values():  # and those whose end was not vouched for
+            if job.alloc is None or job.alloc.job_id != alloc_id or job.settled:
                 continue
             job.state = JobState(status=status, nodelist=job.state.nodelist, reason=why,
                                  ended_at=end)
