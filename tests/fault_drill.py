@@ -44,6 +44,9 @@ def _fault():
     if fault == "segv":
         (MARKS / "fault_at").write_text(str(time.time()))
         os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "hang":
+        print("hang detected", flush=True)
+        time.sleep(120)
     if fault == "fill":  # the disk under work_dirs fills up while the batch runs
         with open(os.environ["FAULT_FILL"], "wb", buffering=0) as out:
             for chunk in (65536, 4096, 1):  # to the last byte

@@ -218,3 +218,15 @@ def test_a_full_disk_is_named_and_every_test_keeps_one_outcome(
     else:
         assert result.returncode == 1, result.out
         assert all(kinds == ["failure"] for kinds in result.outcomes.values()), result.out
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_hang_is_named_without_the_cancelled_jobs_exit_code(suite: Path, mode: str) -> None:
+    result = run(suite, mode, fault="hang")
+    assert_one_outcome_each(result)
+    assert result.status_of("test_fault.py::test_2_fault") == "failure", result.out
+    assert "[HANG_DETECTED]" in result.out, result.out
+    assert "exit code 0" not in result.out, result.out
+    for name in ("test_1_first", "test_3_after", "test_4_after"):
+        assert result.status_of(f"test_fault.py::{name}") == "passed", (name, result.out)
+    _nothing_of_ours_left(suite, mode)

@@ -449,8 +449,9 @@ class AgentPool:
             if node.session_ended != node.session and self._read(
                     f"{node.session}/exit_code").strip():
                 node.session_ended = node.session
-                self._lose(node, f"the worker session on {node.name} ended early; see "
-                           f"{node.session}/session.log")
+                log = f"{node.session}/session.log"
+                self._lose(node, f"the worker session on {node.name} ended early; see {log}"
+                           + error_lines(self.shell, log))
                 return None
         if node.session and node.healthy_at is not None and (
                 now - node.healthy_at > HEARTBEAT_STALE):
