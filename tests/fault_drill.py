@@ -25,6 +25,9 @@ from pathlib import Path
 from devcluster import run as sh
 
 REPO = Path(__file__).resolve().parent.parent
+# the drills' partition (both of the dev cluster's have two 4-GPU nodes); another engineer's
+# jobs may hold one: DRILL_PARTITION=gb200 picks the other
+PARTITION = os.environ.get("DRILL_PARTITION", "batch")
 MODES = {"warm": [], "no-warm": ["--trtllm-no-warm-workers"], "one-shot": ["--trtllm-one-shot"]}
 
 SUITE = '''import os, signal, time
@@ -147,7 +150,7 @@ class DrillRun:
         return self.outcomes[name][0]
 
 
-def start(suite: Path, mode: str, *args: str, fault: str = "", partition: str = "batch",
+def start(suite: Path, mode: str, *args: str, fault: str = "", partition: str = PARTITION,
           tag: str = "run") -> tuple[subprocess.Popen, Path]:
     """Start a dispatched run of the suite (returns at once; see ``finish``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
@@ -176,7 +179,7 @@ def finish(proc: subprocess.Popen, junit: Path, started: float, timeout: float =
 
 
 def run(suite: Path, mode: str, *args: str, fault: str = "", tag: str = "run",
-        partition: str = "batch") -> DrillRun:
+        partition: str = PARTITION) -> DrillRun:
     started = time.monotonic()
     proc, junit = start(suite, mode, *args, fault=fault, tag=tag, partition=partition)
     return finish(proc, junit, started)

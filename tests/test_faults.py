@@ -173,7 +173,7 @@ def env_suite(devcluster: dict, tmp_path: Path):
 def test_a_dispatched_test_sees_the_slurm_variables_of_a_job_of_its_own_shape(
         env_suite: Path, mode: str) -> None:
     # a two-node allocation, so that a one-node test differs from the allocation
-    result = run(env_suite, mode, "--trtllm-alloc-nodes=2", partition="batch")
+    result = run(env_suite, mode, "--trtllm-alloc-nodes=2")
     assert result.returncode == 0, result.out
     (one,) = seen_env(env_suite, "two_gpus")
     assert (one["SLURM_JOB_NUM_NODES"], one["SLURM_NNODES"], one["SLURM_NTASKS"]) == (
