@@ -14,27 +14,27 @@ import time
 from pathlib import Path
 
 import pytest
+from devcluster import run as sh
 from fault_drill import (
-    fail_node,
-    fill,
-    job_gone,
-    restore_node,
     MODES,
     alloc_id,
     assert_one_outcome_each,
     detection_seconds,
+    fail_node,
+    fill,
     finish,
+    job_gone,
     make_env_suite,
     make_suite,
     our_jobs,
     our_steps,
+    restore_node,
     run,
     seen_env,
     small_disk,
     start,
     wait_until,
 )
-from devcluster import run as sh
 
 
 @pytest.fixture
