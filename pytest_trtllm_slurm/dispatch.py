@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from .artefacts import ArtefactCollector, forwarded_args, prefix_mapper
 from .batching import Batch, BatchKey, make_batches
 from .config import ClusterConfig, Settings
 from .durations import History
@@ -103,6 +104,7 @@ class DispatchLoop:
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
                                poll_interval=min([0.2, *hints]))
         self.running: dict[str, RunningBatch] = {}
+        self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
 
     # -- the loop ----------------------------------------------------------
     def run(self) -> None:
@@ -133,6 +135,7 @@ class DispatchLoop:
             if self.monitor.active:
                 self.monitor.cancel_all()
             history.finish()
+            self.artefacts.finish([p.item.nodeid for p in self.plans])
 
     def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
         """Tell each executor that wants it (warm workers) all node ids it will get."""
@@ -355,6 +358,8 @@ class DispatchLoop:
     def _on_job_end(self, running: RunningBatch, state: JobState) -> None:
         del self.running[running.handle.job_id]
         ctx = running.context
+        self.artefacts.collect(running.executor.shell, running.spec.work_dir,
+                               prefix_mapper(running.spec.rootdir, str(self.config.rootpath)))
         for nodeid, worker_root in running.missing.items():
             self.replayer.fail_unreported(
                 nodeid,
@@ -500,6 +505,7 @@ def pytest_base_argv(config: pytest.Config) -> list[str]:
         if plugin.startswith("pytest_trtllm_slurm"):
             continue  # ours loads by its entry point there; by module name it would load twice
         argv += ["-p", plugin]
+    argv += forwarded_args(config)  # pytest-cov's and pytest-benchmark's (artefacts)
     return argv
 
 

@@ -122,6 +122,18 @@ class ReportWriter:
         self.close()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
+    """Before pytest-cov starts measuring: its data files go into the work dir."""
+    reports = getattr(early_config.known_args_namespace, "trtllm_worker_reports", None)
+    if reports:
+        from .gate import rank_and_size
+        from .worker_artefacts import point_coverage_at
+
+        point_coverage_at(Path(reports).parent, rank_and_size()[0])
+    return (yield)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     reports = config.getoption("trtllm_worker_reports")
     if not reports:
@@ -132,6 +144,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if ids_file:
         writer.wanted = list(json.loads(Path(ids_file).read_text("utf-8")))
     config.pluginmanager.register(writer, "trtllm-slurm-report-writer")
+    from .worker_artefacts import BatchArtefacts  # coverage and benchmark data come back
+
+    config.pluginmanager.register(
+        BatchArtefacts(config, Path(reports).parent, enabled=writer.enabled),
+        "trtllm-slurm-artefacts")
     from .gate import gate_from_env  # a step launched before its GPUs were free
 
     gate = gate_from_env()

@@ -154,6 +154,9 @@ class SessionServer:
             nextitem = items[index + 1] if index + 1 < len(items) else None
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         status = 1 if session.testsfailed > failed_before else 0
+        artefacts = self.config.pluginmanager.get_plugin("trtllm-slurm-artefacts")
+        if artefacts is not None:  # this child ends without pytest-cov's own finish
+            artefacts.write(Path(request["reports_path"]).parent, running=True)
         self.writer.emit({"type": "session_finish", "exitstatus": status})
         with contextlib.suppress(Exception):
             self.writer.close()
