@@ -1,0 +1,5 @@
+import mymod
+
+
+def test_covered():
+    assert mymod.covered(1) == "positive"

@@ -1,0 +1,251 @@
+"""Third-party pytest plugins, plain versus dispatched: the compatibility table.
+
+Each row names a plugin, the sample tests that exercise it (tests/data/compat) and the
+options it is run with. The sample project runs once plainly and once per dispatch mode
+(local_direct; local Slurm with warm workers, on the real dev cluster), and every row
+must read the same: exit code, pytest's closing line, each test's reports (every phase,
+every attempt) and the plugin's own artefact (coverage table, benchmark JSON, timeout
+message, rerun counts, junit properties...). Rows with the same options share one run per
+mode, so the table grows without a run per row.
+
+Plugins deliberately not in the table: pytest-randomly (active as soon as it is installed:
+it would shuffle this project's own suite and every suite its tests run) and flaky (its
+``flaky`` marker clashes with pytest-rerunfailures', which is in the table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from devcluster import run as sh
+from dispatch_helpers import SuiteRun, run_suite, without_addresses
+
+DATA = Path(__file__).parent / "data" / "compat"
+MODES = {
+    "local_direct": ["--trtllm-remote", "--trtllm-dispatch=all",
+                     "--trtllm-scenario=local_direct"],
+    "slurm_warm": ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_slurm",
+                   "--slurm-partition=batch"],
+}
+F1 = "needs f1-replay: "  # the replay and option-forwarding work on branch f1-replay
+
+
+def _lines(text: str, pattern: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines() if re.search(pattern, line)]
+
+
+def _call_longrepr(run: SuiteRun, nodeid: str, pattern: str) -> list[str]:
+    return [line.strip() for r in run.reports if r["nodeid"] == nodeid
+            for line in (r["longrepr"] or "").splitlines() if re.search(pattern, line)]
+
+
+def coverage_table(run: SuiteRun, state: Path) -> object:
+    """pytest-cov's report rows and its fail-under verdict, as the user reads them."""
+    return _lines(run.stdout, r"^(mymod\.py|TOTAL)\s|Required test coverage|Coverage failure")
+
+
+def benchmark_results(run: SuiteRun, state: Path) -> object:
+    """--benchmark-json's content that does not depend on timing, and the table's rows."""
+    data = json.loads((state / "bench.json").read_text())
+    benches = [(b["fullname"], b["name"], b["group"], b["params"], b["extra_info"],
+                b["stats"]["rounds"], b["stats"]["iterations"], len(b["stats"]["data"]),
+                sorted(b["stats"]), sorted(b["options"]))
+               for b in data["benchmarks"]]
+    table = [line.split()[0] for line in _lines(run.stdout, r"^test_(sum|sorted)\s")]
+    return sorted(data), benches, table, re.findall(r"benchmark: \d+ tests", run.stdout)
+
+
+def timeout_message(nodeid: str) -> Callable[[SuiteRun, Path], object]:
+    return lambda run, state: _call_longrepr(run, nodeid, r"Timeout \(>")
+
+
+def crash_message(nodeid: str) -> Callable[[SuiteRun, Path], object]:
+    return lambda run, state: _call_longrepr(run, nodeid, r"CRASHED")
+
+
+def summary_counts(run: SuiteRun, state: Path) -> object:
+    return _summary(run)
+
+
+def report_order(prefix: str) -> Callable[[SuiteRun, Path], object]:
+    return lambda run, state: [r["nodeid"] for r in run.reports
+                               if r["when"] == "call" and r["nodeid"].startswith(prefix)]
+
+
+def subtest_lines(run: SuiteRun, state: Path) -> object:
+    return sorted(_lines(run.stdout, r"^(SUBFAIL|SUBPASS|FAILED|PASSED) check_subtests"))
+
+
+def junit_properties(run: SuiteRun, state: Path) -> object:
+    root = ET.parse(run.junit).getroot()
+    return [(case.get("name"), [(p.get("name"), p.get("value")) for p in case.iter("property")])
+            for case in root.iter("testcase") if case.get("classname") == "check_junit_properties"]
+
+
+def junit_suite_properties(run: SuiteRun, state: Path) -> object:
+    root = ET.parse(run.junit).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    assert suite is not None
+    props = [(p.get("name"), p.get("value")) for p in suite.findall("properties/property")]
+    owners = [case.get("owner") for case in suite.iter("testcase")
+              if case.get("classname") == "check_junit_suite_properties"]
+    return props, owners
+
+
+@dataclass(frozen=True)
+class Row:
+    plugin: str  # the distribution (pinned in pyproject.toml's test extra)
+    case: str  # what is exercised
+    files: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    artefact: Callable[[SuiteRun, Path], object] | None = None  # the plugin's own output
+    xfail: dict[str, str] = field(default_factory=dict)  # mode -> why it differs for now
+    modes: tuple[str, ...] = tuple(MODES)
+
+    @property
+    def id(self) -> str:
+        return f"{self.plugin}-{self.case}"
+
+
+ALL_MODES_F1 = lambda why: {m: F1 + why for m in MODES}  # noqa: E731
+
+ROWS = [
+    Row("pytest-cov", "cov-fail-under", ("check_cov.py",),
+        ("--cov=mymod", "--cov-report=term-missing", "--cov-fail-under=50"), coverage_table),
+    Row("pytest-cov", "below-fail-under", ("check_cov.py",),
+        ("--cov=mymod", "--cov-branch", "--cov-fail-under=90"), coverage_table),
+    Row("pytest-benchmark", "json-and-table", ("check_benchmark.py",),
+        ("--benchmark-json={state}/bench.json",), benchmark_results),
+    Row("pytest-timeout", "marker", ("check_timeout_marker.py",), (),
+        timeout_message("check_timeout_marker.py::test_times_out")),
+    Row("pytest-forked", "marker", ("check_forked_marker.py",), (),
+        crash_message("check_forked_marker.py::test_crashes_in_its_fork")),
+    Row("pytest-asyncio", "marker", ("check_asyncio_marker.py",)),
+    Row("pytest-mock", "mocker", ("check_mock.py",)),
+    Row("pytest-env", "ini-env", ("check_env.py",)),
+    Row("pytest-order", "order-marker", ("check_order.py",), (),
+        report_order("check_order.py")),
+    Row("pytest", "junit-record-property", ("check_junit_properties.py",), (),
+        junit_properties),
+    Row("pytest", "subtests", ("check_subtests.py",), (), subtest_lines),
+    Row("pytest-rerunfailures", "flaky-marker", ("check_rerunfailures_marker.py",), (),
+        summary_counts, xfail=ALL_MODES_F1("every attempt of a rerun test replayed")),
+    Row("pytest-rerunfailures", "reruns-option", ("check_rerunfailures_option.py",),
+        ("--reruns=1",), summary_counts,
+        xfail=ALL_MODES_F1("--reruns forwarded, every attempt replayed")),
+    Row("pytest-timeout", "timeout-option", ("check_timeout_option.py",), ("--timeout=1",),
+        timeout_message("check_timeout_option.py::test_times_out_by_the_option"),
+        xfail=ALL_MODES_F1("--timeout forwarded to the worker")),
+    Row("pytest-asyncio", "asyncio-mode-option", ("check_asyncio_option.py",),
+        ("--asyncio-mode=auto",), xfail=ALL_MODES_F1("--asyncio-mode forwarded")),
+    Row("pytest-forked", "forked-option", ("check_forked_option.py",), ("--forked",),
+        crash_message("check_forked_option.py::test_crashes_in_its_fork"),
+        xfail=ALL_MODES_F1("--forked forwarded")),
+    Row("pytest-repeat", "count-option", ("check_repeat_option.py",), ("--count=2",),
+        report_order("check_repeat_option.py"), xfail=ALL_MODES_F1("--count forwarded")),
+    Row("pytest-xdist", "worker-identity", ("check_xdist_identity.py",), ("-n", "2"),
+        xfail=ALL_MODES_F1("xdist worker_id, testrun_uid and PYTEST_XDIST_* in the test")),
+    Row("pytest", "junit-suite-property-and-xml-attribute", ("check_junit_suite_properties.py",),
+        (), junit_suite_properties,
+        xfail=ALL_MODES_F1("record_testsuite_property / record_xml_attribute replayed")),
+]
+
+
+def _group(row: Row) -> tuple:
+    """Rows run together: same options, and all expected to match (or all not yet)."""
+    return (row.args, bool(row.xfail))
+
+
+def _summary(run: SuiteRun) -> str:
+    """pytest's closing line without its time."""
+    lines = [line for line in run.stdout.splitlines() if line.startswith("=") and " in " in line]
+    return lines[-1].split(" in ")[0].strip("= ") if lines else ""
+
+
+@dataclass
+class CompatRuns:
+    """Runs the sample project once per group and mode, on first use."""
+
+    root: Path
+    runs: dict[tuple, tuple[SuiteRun, Path]] = field(default_factory=dict)
+
+    def get(self, row: Row, mode: str) -> tuple[SuiteRun, Path]:
+        key = (_group(row), mode)
+        if key not in self.runs:
+            members = [r for r in ROWS if _group(r) == _group(row)]
+            files = sorted({f for r in members for f in r.files})
+            tag = f"g{len(self.runs)}-{mode}"
+            state = self.root / "state" / tag
+            state.mkdir(parents=True)
+            args = [a.format(state=state) for a in row.args]
+            self.runs[key] = (run_suite(self.root, "-p", "no:cacheprovider", *files, *args,
+                                        *MODES.get(mode, []), tag=tag,
+                                        env={"COMPAT_STATE": str(state)}), state)
+        return self.runs[key]
+
+
+@pytest.fixture(scope="module")
+def compat(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("compat") / "compat"
+    shutil.copytree(DATA, root)
+    yield CompatRuns(root)
+    state = root / "work_dirs" / ".slurm_alloc.json"
+    if state.exists():  # never leave our allocation behind on the shared dev cluster
+        sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
+
+
+def _params():
+    for row in ROWS:
+        for mode in row.modes:
+            marks = []
+            if mode in row.xfail:
+                marks.append(pytest.mark.xfail(strict=True, reason=row.xfail[mode]))
+            yield pytest.param(row, mode, id=f"{row.id}-{mode}", marks=marks)
+
+
+def _outcomes(run: SuiteRun, files: tuple[str, ...]) -> dict[str, list[tuple[str, str, str]]]:
+    """Every report of the row's tests, in order: (when, outcome, the failure's last line)."""
+    result: dict[str, list[tuple[str, str, str]]] = {}
+    for r in run.reports:
+        if r["nodeid"].split("::")[0] in files:
+            last = without_addresses((r["longrepr"] or "").strip().splitlines()[-1:])
+            result.setdefault(r["nodeid"], []).append((r["when"], r["outcome"], str(last)))
+    return result
+
+
+@pytest.mark.parametrize(("row", "mode"), list(_params()))
+def test_plugin_reads_the_same_dispatched(compat: CompatRuns, row: Row, mode: str,
+                                          request: pytest.FixtureRequest) -> None:
+    if mode == "slurm_warm":
+        request.getfixturevalue("devcluster")  # fails loudly when the cluster is missing
+    plain, plain_state = compat.get(row, "plain")
+    dispatched, state = compat.get(row, mode)
+    assert plain.reports, plain.stdout  # the plain run itself worked
+    assert _outcomes(dispatched, row.files) == _outcomes(plain, row.files), dispatched.stdout
+    assert dispatched.returncode == plain.returncode, dispatched.stdout
+    assert _summary(dispatched) == _summary(plain), dispatched.stdout
+    if row.artefact is not None:
+        expected = row.artefact(plain, plain_state)
+        assert expected, f"the plain run shows no {row.plugin} artefact:\n{plain.stdout}"
+        assert row.artefact(dispatched, state) == expected, dispatched.stdout
+
+
+def test_the_table_covers_the_plugins_users_expect() -> None:
+    """The issue's list, and every plugin pinned in the test extra, has a row."""
+    wanted = {"pytest-timeout", "pytest-rerunfailures", "pytest-forked", "pytest-xdist",
+              "pytest-asyncio", "pytest-cov", "pytest-benchmark", "pytest-mock", "pytest-env",
+              "pytest-order", "pytest-repeat"}
+    assert wanted <= {row.plugin for row in ROWS}
+    assert {"junit-record-property", "subtests"} <= {row.case for row in ROWS}
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    for plugin in wanted - {"pytest-xdist"}:  # xdist is a runtime dependency
+        assert f'"{plugin}==' in pyproject, f"{plugin} is not pinned in the test extra"
+    assert os.path.isdir(DATA)
