@@ -116,6 +116,8 @@ class Row:
 
 
 ALL_MODES_F1 = lambda why: {m: F1 + why for m in MODES}  # noqa: E731
+CLI_OPTIONS = ("--timeout=1", "--asyncio-mode=auto")  # (a rerun would not re-arm --timeout)
+COLLECTION_OPTIONS = ("--forked", "--count=2")
 
 ROWS = [
     Row("pytest-cov", "cov-fail-under", ("check_cov.py",),
@@ -138,18 +140,19 @@ ROWS = [
     Row("pytest", "subtests", ("check_subtests.py",), (), subtest_lines),
     Row("pytest-rerunfailures", "flaky-marker", ("check_rerunfailures_marker.py",), (),
         summary_counts, xfail=ALL_MODES_F1("every attempt of a rerun test replayed")),
+    # options on the command line (rows sharing their options share their runs)
     Row("pytest-rerunfailures", "reruns-option", ("check_rerunfailures_option.py",),
         ("--reruns=1",), summary_counts,
         xfail=ALL_MODES_F1("--reruns forwarded, every attempt replayed")),
-    Row("pytest-timeout", "timeout-option", ("check_timeout_option.py",), ("--timeout=1",),
+    Row("pytest-timeout", "timeout-option", ("check_timeout_option.py",), CLI_OPTIONS,
         timeout_message("check_timeout_option.py::test_times_out_by_the_option"),
         xfail=ALL_MODES_F1("--timeout forwarded to the worker")),
     Row("pytest-asyncio", "asyncio-mode-option", ("check_asyncio_option.py",),
-        ("--asyncio-mode=auto",), xfail=ALL_MODES_F1("--asyncio-mode forwarded")),
-    Row("pytest-forked", "forked-option", ("check_forked_option.py",), ("--forked",),
+        CLI_OPTIONS, xfail=ALL_MODES_F1("--asyncio-mode forwarded")),
+    Row("pytest-forked", "forked-option", ("check_forked_option.py",), COLLECTION_OPTIONS,
         crash_message("check_forked_option.py::test_crashes_in_its_fork"),
         xfail=ALL_MODES_F1("--forked forwarded")),
-    Row("pytest-repeat", "count-option", ("check_repeat_option.py",), ("--count=2",),
+    Row("pytest-repeat", "count-option", ("check_repeat_option.py",), COLLECTION_OPTIONS,
         report_order("check_repeat_option.py"), xfail=ALL_MODES_F1("--count forwarded")),
     Row("pytest-xdist", "worker-identity", ("check_xdist_identity.py",), ("-n", "2"),
         xfail=ALL_MODES_F1("xdist worker_id, testrun_uid and PYTEST_XDIST_* in the test")),

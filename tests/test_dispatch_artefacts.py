@@ -1,0 +1,126 @@
+"""Coverage measured where the tests ran, in every kind of target, reads as in a plain run.
+
+The same small project (4 of mymod's 6 statements run: 67%) runs plainly and dispatched:
+local_direct, local Slurm one-shot and with steps (warm workers are in the compatibility
+table, tests/test_plugin_compat.py) and remote Slurm over SSH, whose checkout lives under
+another path. pytest-cov's JSON report must list the same files with the same executed
+lines, and ``--cov-fail-under`` must judge the same total.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from devcluster import run as sh
+from test_remote_dispatch import remote_setup, run_pytest  # noqa: F401  (fixture)
+
+DATA = Path(__file__).parent / "data" / "compat"
+FILES = ("mymod.py", "check_cov.py", "check_benchmark.py", "pytest.ini")
+LOCAL_DIRECT = ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_direct"]
+LOCAL_SLURM = ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_slurm",
+               "--slurm-partition=batch"]
+
+
+def _project(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for name in FILES:
+        shutil.copy(DATA / name, dest / name)
+    return dest
+
+
+def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "check_cov.py", *args],
+        cwd=project, capture_output=True, text=True, timeout=300, env=env, check=False)
+
+
+def _measured(report: Path, root: Path) -> dict[str, object]:
+    """pytest-cov's JSON report: executed and missing lines per file (relative to root),
+    and the total."""
+    data = json.loads(report.read_text())
+    files = {os.path.relpath(os.path.join(root, name), root) if not os.path.isabs(name)
+             else os.path.relpath(name, root):
+             (info["executed_lines"], info["missing_lines"])
+             for name, info in data["files"].items()}
+    return {"files": files, "total": data["totals"]["percent_covered_display"]}
+
+
+def _coverage_run(project: Path, tag: str, *args: str) -> tuple[subprocess.CompletedProcess,
+                                                                 dict[str, object]]:
+    report = project / f"{tag}.cov.json"
+    proc = _pytest(project, "--cov=mymod", f"--cov-report=json:{report}",
+                   "--cov-fail-under=60", *args)
+    assert report.exists(), proc.stdout + proc.stderr
+    return proc, _measured(report, project)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory):
+    project = _project(tmp_path_factory.mktemp("artefacts") / "plain")
+    proc, measured = _coverage_run(project, "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert measured["total"] == "67", measured
+    return measured
+
+
+def test_local_direct_coverage_matches_and_stays_out_of_the_rootdir(plain, tmp_path: Path
+                                                                    ) -> None:
+    project = _project(tmp_path / "direct")
+    proc, measured = _coverage_run(project, "direct", *LOCAL_DIRECT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert measured == plain
+    assert "Required test coverage of 60% reached. Total coverage: 66.67%" in proc.stdout
+    # the worker's own data files live in the batch's work dir, never beside the user's
+    leftovers = sorted(p.name for p in project.glob(".coverage*"))
+    assert leftovers in ([], [".coverage"]), leftovers
+    assert list(project.glob("work_dirs/*/coverage.db"))
+
+
+def test_a_threshold_above_the_total_fails_dispatched_as_plainly(tmp_path: Path) -> None:
+    results = []
+    for tag, extra in (("plain", []), ("direct", LOCAL_DIRECT)):
+        project = _project(tmp_path / tag)
+        proc = _pytest(project, "--cov=mymod", "--cov-fail-under=70", *extra)
+        results.append((proc.returncode, "FAIL Required test coverage of 70% not reached. "
+                        "Total coverage: 66.67%" in proc.stdout))
+    assert results == [(1, True), (1, True)]
+
+
+@pytest.fixture(scope="module")
+def slurm_project(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
+    project = _project(tmp_path_factory.mktemp("artefacts") / "slurm")
+    yield project
+    state = project / "work_dirs" / ".slurm_alloc.json"
+    if state.exists():  # never leave our allocation behind on the shared dev cluster
+        sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
+
+
+@pytest.mark.parametrize("mode", ["--trtllm-one-shot", "--trtllm-no-warm-workers"])
+def test_local_slurm_coverage_matches(plain, slurm_project: Path, mode: str) -> None:
+    proc, measured = _coverage_run(slurm_project, mode.strip("-"), *LOCAL_SLURM, mode)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "] on batch: RUNNING" in proc.stdout, proc.stdout  # it ran as a Slurm job
+    assert measured == plain, proc.stdout
+
+
+def test_remote_slurm_coverage_is_mapped_to_the_local_checkout(plain, remote_setup  # noqa: F811
+                                                               ) -> None:
+    local, remote_root, _ = remote_setup
+    for name in FILES[:2]:
+        shutil.copy(DATA / name, local / name)
+    report = local / "remote.cov.json"
+    proc = run_pytest(local, "--slurm-cluster=devssh", "--trtllm-dispatch=all",
+                      "--trtllm-one-shot", "check_cov.py", "-o", "python_files=check_*.py",
+                      "--cov=mymod", f"--cov-report=json:{report}", "--cov-fail-under=60")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # the batch really measured the cluster's checkout, then its paths were mapped here
+    assert list((remote_root / "local" / "work_dirs").glob("*/coverage.db")), out
+    assert _measured(report, local) == plain, out
