@@ -176,6 +176,7 @@ class ArtefactCollector:
         self.config = config
         self.cov_plugin = active_cov_plugin(config)
         self.bench = getattr(config, "_benchmarksession", None)
+        self.no_coverage: list[str] = []  # work dirs of batches that returned none
 
     def collect(self, shell: Shell, work_dir: str, map_path: Callable[[str], str]) -> None:
         """Read the batch's artefacts from ``work_dir`` (the target's path)."""
@@ -183,6 +184,8 @@ class ArtefactCollector:
             data = read_whole(shell, f"{work_dir}/{COVERAGE_FILE}")
             if data:
                 self._merge_coverage(data, map_path)
+            else:
+                self.no_coverage.append(work_dir)
         if self.bench is not None:
             raw = read_whole(shell, f"{work_dir}/{BENCHMARKS_FILE}")
             if raw:
@@ -220,7 +223,15 @@ class ArtefactCollector:
         self.bench.benchmarks.extend(ReturnedBenchmark(r) for r in records)
 
     def finish(self, order: list[str]) -> None:
-        """Benchmarks in collection order, as a plain run lists them."""
+        """Say once which batches' coverage is missing (as pytest-cov does for xdist
+        workers); benchmarks in collection order, as a plain run lists them."""
+        if self.no_coverage:
+            shown = ", ".join(self.no_coverage[:3]) + (", ..." if len(self.no_coverage) > 3
+                                                        else "")
+            self._warn(f"coverage: {len(self.no_coverage)} dispatched batch(es) returned no "
+                       "coverage data, so the coverage report leaves their tests out; "
+                       "ensure pytest-cov is installed where they run and not disabled there "
+                       f"(work dirs: {shown})")
         if self.bench is None or not self.bench.benchmarks:
             return
         index = {nodeid: i for i, nodeid in enumerate(order)}
@@ -229,6 +240,7 @@ class ArtefactCollector:
     def _warn(self, message: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
+            reporter.ensure_newline()
             reporter.write_line(f"trtllm-slurm: {message}", yellow=True)
 
 

@@ -93,6 +93,22 @@ def test_a_threshold_above_the_total_fails_dispatched_as_plainly(tmp_path: Path)
     assert results == [(1, True), (1, True)]
 
 
+def test_a_batch_that_returns_no_coverage_is_named_once(tmp_path: Path) -> None:
+    """A target where coverage is off (here: the batch's env disables it, as a missing
+    pytest-cov would) must not silently lower the total: the run says so, once."""
+    project = _project(tmp_path / "nocov")
+    test = project / "check_cov.py"
+    test.write_text(test.read_text().replace(
+        "def test_covered", "import pytest\n\n\n"
+        "@pytest.mark.trtllm_slurm(env={'PYTEST_ADDOPTS': '--no-cov'})\ndef test_covered"))
+    proc = _pytest(project, "--cov=mymod", *LOCAL_DIRECT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "returned no coverage data" in line]
+    assert len(lines) == 1, proc.stdout
+    assert "1 dispatched batch(es)" in lines[0] and "pytest-cov" in lines[0]
+    assert str(project / "work_dirs") in lines[0]
+
+
 @pytest.fixture(scope="module")
 def slurm_project(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
     project = _project(tmp_path_factory.mktemp("artefacts") / "slurm")
