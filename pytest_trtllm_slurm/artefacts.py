@@ -212,9 +212,10 @@ class ArtefactCollector:
             finally:
                 for db in (batch, merged):
                     with contextlib.suppress(Exception):
-                        db.close()  # type: ignore[attr-defined]
+                        db.close()
 
     def _merge_benchmarks(self, raw: bytes) -> None:
+        assert self.bench is not None
         try:
             records = json.loads(raw)
         except ValueError as exc:

@@ -95,7 +95,7 @@ class BatchArtefacts:
         out.update(data)
         out.write()
         with contextlib.suppress(Exception):
-            out.close()  # type: ignore[attr-defined]
+            out.close()
         os.chmod(tmp, 0o600)
         os.replace(tmp, target)  # complete or absent: the controller reads it once
         if running:  # the forked child's own data file (in the session's dir) is copied

@@ -124,6 +124,8 @@ ROWS = [
         ("--cov=mymod", "--cov-report=term-missing", "--cov-fail-under=50"), coverage_table),
     Row("pytest-cov", "below-fail-under", ("check_cov.py",),
         ("--cov=mymod", "--cov-branch", "--cov-fail-under=90"), coverage_table),
+    Row("pytest-cov", "under-xdist", ("check_cov.py",), ("--cov=mymod", "-n", "2"),
+        coverage_table),
     Row("pytest-benchmark", "json-and-table", ("check_benchmark.py",),
         ("--benchmark-json={state}/bench.json",), benchmark_results),
     Row("pytest-timeout", "marker", ("check_timeout_marker.py",), (),
