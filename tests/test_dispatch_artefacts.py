@@ -109,6 +109,48 @@ def test_a_batch_that_returns_no_coverage_is_named_once(tmp_path: Path) -> None:
     assert str(project / "work_dirs") in lines[0]
 
 
+def _site_mounts(*dists: str) -> list[str]:
+    """Read-only mounts that put these installed distributions (package and metadata) into
+    a container under /opt/compat-site: the test image itself has only pytest."""
+    import importlib.metadata as md
+
+    mounts = []
+    for name in dists:
+        dist = md.distribution(name)
+        info = Path(dist._path)  # type: ignore[attr-defined]  # its .dist-info directory
+        top = (dist.read_text("top_level.txt") or name.replace("-", "_")).split()[0]
+        for path in (info, info.parent / top):
+            mounts.append(f"{path}:/opt/compat-site/{path.name}:ro")
+    return mounts
+
+
+def test_local_docker_coverage_matches(plain, docker_engine, trtllm_image, tmp_path: Path
+                                       ) -> None:
+    from test_docker_dispatch import _engine_env
+
+    project = _project(tmp_path / "docker")
+    test = project / "check_cov.py"
+    mounts = _site_mounts("pytest-cov", "coverage")
+    test.write_text(test.read_text().replace(
+        "def test_covered():\n", "import os\nimport pytest\n\n\n"
+        f"@pytest.mark.trtllm_slurm(mounts={mounts!r}, env={{'PYTHONPATH': '/opt/compat-site'}})\n"
+        "def test_covered():\n"
+        f"    assert os.path.exists({trtllm_image.marker_path!r}), 'not in the image'\n"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    env.update(_engine_env(docker_engine))
+    report = project / "docker.cov.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "check_cov.py",
+         "--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_docker",
+         "--trtllm-container-engine=docker", f"--trtllm-container-image={trtllm_image.name}",
+         "--cov=mymod", f"--cov-report=json:{report}", "--cov-fail-under=60"],
+        cwd=project, capture_output=True, text=True, timeout=300, env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "returned no coverage data" not in out, out
+    assert _measured(report, project) == plain, out
+
+
 @pytest.fixture(scope="module")
 def slurm_project(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
     project = _project(tmp_path_factory.mktemp("artefacts") / "slurm")
