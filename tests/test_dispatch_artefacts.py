@@ -38,7 +38,7 @@ def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "check_cov.py", *args],
-        cwd=project, capture_output=True, text=True, timeout=300, env=env, check=False)
+        cwd=project, capture_output=True, text=True, timeout=900, env=env, check=False)
 
 
 def _measured(report: Path, root: Path) -> dict[str, object]:
