@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from .errors import ExecutionError
 from .execution.shell import Shell
 from .worker_artefacts import BENCHMARKS_FILE, COVERAGE_FILE
 
@@ -179,17 +180,22 @@ class ArtefactCollector:
         self.no_coverage: list[str] = []  # work dirs of batches that returned none
 
     def collect(self, shell: Shell, work_dir: str, map_path: Callable[[str], str]) -> None:
-        """Read the batch's artefacts from ``work_dir`` (the target's path)."""
-        if self.cov_plugin is not None:
-            data = read_whole(shell, f"{work_dir}/{COVERAGE_FILE}")
-            if data:
-                self._merge_coverage(data, map_path)
-            else:
-                self.no_coverage.append(work_dir)
-        if self.bench is not None:
-            raw = read_whole(shell, f"{work_dir}/{BENCHMARKS_FILE}")
-            if raw:
-                self._merge_benchmarks(raw)
+        """Read the batch's artefacts from ``work_dir`` (the target's path). A file that
+        cannot be read (a dropped connection) is said, and the run goes on."""
+        try:
+            if self.cov_plugin is not None:
+                data = read_whole(shell, f"{work_dir}/{COVERAGE_FILE}")
+                if data:
+                    self._merge_coverage(data, map_path)
+                else:
+                    self.no_coverage.append(work_dir)
+            if self.bench is not None:
+                raw = read_whole(shell, f"{work_dir}/{BENCHMARKS_FILE}")
+                if raw:
+                    self._merge_benchmarks(raw)
+        except (OSError, ExecutionError) as exc:
+            self._warn(f"the coverage or benchmark results in {work_dir} could not be read: "
+                       f"{exc}")
 
     def _merge_coverage(self, data: bytes, map_path: Callable[[str], str]) -> None:
         from coverage import CoverageData
