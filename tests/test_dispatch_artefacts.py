@@ -151,9 +151,11 @@ def test_local_docker_coverage_matches(plain, docker_engine, trtllm_image, tmp_p
     assert _measured(report, project) == plain, out
 
 
-@pytest.fixture(scope="module")
-def slurm_project(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
-    project = _project(tmp_path_factory.mktemp("artefacts") / "slurm")
+@pytest.fixture
+def slurm_project(devcluster: dict, tmp_path: Path):
+    """A project whose allocation (if its run makes one) is released right after the test:
+    held until the module ends, it could keep the next test's job waiting behind it."""
+    project = _project(tmp_path / "slurm")
     yield project
     state = project / "work_dirs" / ".slurm_alloc.json"
     if state.exists():  # never leave our allocation behind on the shared dev cluster
