@@ -178,7 +178,8 @@ def test_remote_slurm_coverage_is_mapped_to_the_local_checkout(plain, remote_set
     report = local / "remote.cov.json"
     proc = run_pytest(local, "--slurm-cluster=devssh", "--trtllm-dispatch=all",
                       "--trtllm-one-shot", "check_cov.py", "-o", "python_files=check_*.py",
-                      "--cov=mymod", f"--cov-report=json:{report}", "--cov-fail-under=60")
+                      "--cov=mymod", f"--cov-report=json:{report}", "--cov-fail-under=60",
+                      timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     # the batch really measured the cluster's checkout, then its paths were mapped here
