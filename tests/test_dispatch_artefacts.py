@@ -21,6 +21,7 @@ from devcluster import run as sh
 from test_remote_dispatch import remote_setup, run_pytest  # noqa: F401  (fixture)
 
 DATA = Path(__file__).parent / "data" / "compat"
+REPO = Path(__file__).resolve().parent.parent
 FILES = ("mymod.py", "check_cov.py", "check_benchmark.py", "pytest.ini")
 LOCAL_DIRECT = ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_direct"]
 LOCAL_SLURM = ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_slurm",
@@ -175,6 +176,12 @@ def test_remote_slurm_coverage_is_mapped_to_the_local_checkout(plain, remote_set
     local, remote_root, _ = remote_setup
     for name in FILES[:2]:
         shutil.copy(DATA / name, local / name)
+    # the cluster runs the plugin under test (an SSH job does not inherit our PYTHONPATH;
+    # the machine's installed copy may be another checkout)
+    test = local / "check_cov.py"
+    test.write_text(test.read_text().replace(
+        "def test_covered", "import pytest\n\n\n"
+        f"@pytest.mark.trtllm_slurm(env={{'PYTHONPATH': {str(REPO)!r}}})\ndef test_covered"))
     report = local / "remote.cov.json"
     proc = run_pytest(local, "--slurm-cluster=devssh", "--trtllm-dispatch=all",
                       "--trtllm-one-shot", "check_cov.py", "-o", "python_files=check_*.py",
