@@ -94,6 +94,30 @@ def test_a_threshold_above_the_total_fails_dispatched_as_plainly(tmp_path: Path)
     assert results == [(1, True), (1, True)]
 
 
+def test_a_source_path_relative_to_a_subdirectory_measures_the_same(tmp_path: Path) -> None:
+    """``--cov=../src`` typed in a subdirectory: the worker (which runs elsewhere) measures
+    the same directory."""
+    results = []
+    for tag, extra in (("plain", []), ("direct", LOCAL_DIRECT)):
+        project = tmp_path / tag
+        (project / "src").mkdir(parents=True)
+        shutil.copy(DATA / "mymod.py", project / "src" / "mymod.py")
+        (project / "pytest.ini").write_text("[pytest]\npythonpath = src\n")
+        (project / "tests").mkdir()
+        shutil.copy(DATA / "check_cov.py", project / "tests" / "test_cov.py")
+        report = project / "cov.json"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--cov=../src",
+             f"--cov-report=json:{report}", *extra],
+            cwd=project / "tests", capture_output=True, text=True, timeout=300, env=env,
+            check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        results.append(_measured(report, project))
+    assert results[1] == results[0]
+    assert results[0]["total"] == "67", results[0]
+
+
 def test_a_batch_that_returns_no_coverage_is_named_once(tmp_path: Path) -> None:
     """A target where coverage is off (here: the batch's env disables it, as a missing
     pytest-cov would) must not silently lower the total: the run says so, once."""
