@@ -1,9 +1,9 @@
 """Coverage measured where the tests ran, in every kind of target, reads as in a plain run.
 
 The same small project (4 of mymod's 6 statements run: 67%) runs plainly and dispatched:
-local_direct, local Slurm one-shot and with steps (warm workers are in the compatibility
-table, tests/test_plugin_compat.py) and remote Slurm over SSH, whose checkout lives under
-another path. pytest-cov's JSON report must list the same files with the same executed
+local_direct, local_docker, local Slurm with steps (warm workers are in the compatibility
+table, tests/test_plugin_compat.py) and remote Slurm over SSH (one-shot sbatch jobs), whose
+checkout lives under another path. pytest-cov's JSON report must list the same files with the same executed
 lines, and ``--cov-fail-under`` must judge the same total.
 """
 
@@ -187,9 +187,11 @@ def slurm_project(devcluster: dict, tmp_path: Path):
         sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
 
 
-@pytest.mark.parametrize("mode", ["--trtllm-one-shot", "--trtllm-no-warm-workers"])
-def test_local_slurm_coverage_matches(plain, slurm_project: Path, mode: str) -> None:
-    proc, measured = _coverage_run(slurm_project, mode.strip("-"), *LOCAL_SLURM, mode)
+def test_local_slurm_steps_coverage_matches(plain, slurm_project: Path) -> None:
+    """Batches as Slurm steps of the allocation (warm workers are in the compatibility
+    table; a one-shot sbatch job is the remote test's)."""
+    proc, measured = _coverage_run(slurm_project, "steps", *LOCAL_SLURM,
+                                   "--trtllm-no-warm-workers")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "] on batch: RUNNING" in proc.stdout, proc.stdout  # it ran as a Slurm job
     assert measured == plain, proc.stdout

@@ -120,10 +120,9 @@ CLI_OPTIONS = ("--timeout=1", "--asyncio-mode=auto")  # (a rerun would not re-ar
 COLLECTION_OPTIONS = ("--forked", "--count=2")
 
 ROWS = [
-    Row("pytest-cov", "cov-fail-under", ("check_cov.py",),
-        ("--cov=mymod", "--cov-report=term-missing", "--cov-fail-under=50"), coverage_table),
-    Row("pytest-cov", "below-fail-under", ("check_cov.py",),
-        ("--cov=mymod", "--cov-branch", "--cov-fail-under=90"), coverage_table),
+    Row("pytest-cov", "branch-and-fail-under", ("check_cov.py",),
+        ("--cov=mymod", "--cov-branch", "--cov-report=term-missing", "--cov-fail-under=50"),
+        coverage_table),
     Row("pytest-cov", "under-xdist", ("check_cov.py",), ("--cov=mymod", "-n", "2"),
         coverage_table),
     Row("pytest-benchmark", "json-and-table", ("check_benchmark.py",),

@@ -2,4 +2,4 @@ import time
 
 
 def test_times_out_by_the_option():
-    time.sleep(5)
+    time.sleep(3)
