@@ -30,6 +30,7 @@ from .execution.outcome import JobState, JobStatus, signal_name
 from .execution.work_root import ensure_work_root
 from .jobspec import JobSpec
 from .models import Scenario
+from .ordering import ORDER_NOTE, asks_for_order
 from .packing import pools_from_executors
 from .reporting import JobContext, Replayer
 from .resolve import build_arch
@@ -113,8 +114,14 @@ class DispatchLoop:
         try:
             broken = self._run_builds(dispatched)
             self._announce(dispatched)
+            one_batch_per_shape = None
+            ordered = [p.item for p in self.plans if p.key is not None]
+            if len(ordered) > 1 and asks_for_order(self.config, ordered):
+                self._say(ORDER_NOTE)
+                one_batch_per_shape = {key: 1 for _, key in dispatched}
             for batch in make_batches(
-                dispatched, pools=history.pools, estimates=history.estimates()
+                dispatched, one_batch_per_shape, pools=history.pools,
+                estimates=history.estimates()
             ):
                 if batch.key.scenario in broken:
                     self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[batch.key.scenario])

@@ -191,7 +191,7 @@ class CompatRuns:
             state.mkdir(parents=True)
             args = [a.format(state=state) for a in row.args]
             self.runs[key] = (run_suite(self.root, "-p", "no:cacheprovider", *files, *args,
-                                        *MODES.get(mode, []), tag=tag,
+                                        *MODES.get(mode, []), tag=tag, timeout=900,
                                         env={"COMPAT_STATE": str(state)}), state)
         return self.runs[key]
 
@@ -221,6 +221,7 @@ def _outcomes(run: SuiteRun, files: tuple[str, ...]) -> dict[str, list[tuple[str
     for r in run.reports:
         if r["nodeid"].split("::")[0] in files:
             last = without_addresses((r["longrepr"] or "").strip().splitlines()[-1:])
+            last = [re.sub(r"^\[gw\d+\] ", "[gw?] ", line) for line in last]  # any xdist worker
             result.setdefault(r["nodeid"], []).append((r["when"], r["outcome"], str(last)))
     return result
 
@@ -240,6 +241,20 @@ def test_plugin_reads_the_same_dispatched(compat: CompatRuns, row: Row, mode: st
         expected = row.artefact(plain, plain_state)
         assert expected, f"the plain run shows no {row.plugin} artefact:\n{plain.stdout}"
         assert row.artefact(dispatched, state) == expected, dispatched.stdout
+
+
+def test_an_ordered_suite_runs_each_shape_as_one_batch_and_says_what_is_not_kept(
+        compat: CompatRuns, request: pytest.FixtureRequest) -> None:
+    """pytest-order on warm workers: split into batches running side by side, ordered tests
+    would run in any order. They stay in one batch, and the run says once what it cannot
+    keep (the order between shapes, and versus this machine's tests)."""
+    request.getfixturevalue("devcluster")
+    row = next(r for r in ROWS if r.case == "order-marker")
+    dispatched, _ = compat.get(row, "slurm_warm")
+    assert dispatched.stdout.count("pytest-order: ordered tests keep their order") == 1, (
+        dispatched.stdout)
+    jobs = set(re.findall(r"^job id:\s+(\S+)", dispatched.stdout, re.MULTILINE))
+    assert len(jobs) == 1, jobs
 
 
 def test_the_table_covers_the_plugins_users_expect() -> None:

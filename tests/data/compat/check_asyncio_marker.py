@@ -1,9 +1,10 @@
 import asyncio
 
 import pytest
+import pytest_asyncio
 
 
-@pytest.fixture
+@pytest_asyncio.fixture  # strict mode: an async fixture says whose it is
 async def answer():
     await asyncio.sleep(0)
     return 42
