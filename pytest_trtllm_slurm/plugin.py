@@ -125,6 +125,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None = None) -> None:
+    from .interrupts import signals_as_interrupt
+
+    with signals_as_interrupt():  # SIGTERM / SIGHUP take Ctrl-C's path below
+        _dispatch(session, items, planned)
+
+
+def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list | None) -> None:
     from .context import build_targets, make_executors, planning_context
     from .dispatch import DispatchLoop
     from .planning import plan_items
