@@ -159,7 +159,7 @@ def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list |
         for executor in executors.values():
             executor.close()
         if settings.release_allocation:
-            release_allocation(ctx, config)
+            release_allocation(ctx, config, executors)
 
 
 def _freeze_gc(config: pytest.Config) -> None:
@@ -187,12 +187,18 @@ def _unfreeze_gc(config: pytest.Config) -> None:
         config.stash[_FROZEN] = False
 
 
-def release_allocation(ctx, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
-    """--trtllm-release-allocation: free the persistent allocation once the run is over."""
+def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-def]
+                       executors: dict | None = None) -> None:
+    """--trtllm-release-allocation: free the persistent allocations once the run is over:
+    that of each Slurm target the run used (a remote cluster's over its connection), else
+    the local one."""
     from .context import allocation_manager, terminal_warning
 
     warn = terminal_warning(config)
-    if ctx.slurm_env is None:
+    managers = [m for m in (getattr(getattr(e, "inner", e), "allocations", None)
+                            for e in (executors or {}).values()) if m is not None]
+    if not managers and ctx.slurm_env is None:
         warn("no local Slurm: there is no allocation to release")
         return
-    warn(allocation_manager(ctx, warn=warn).release())
+    for manager in managers or [allocation_manager(ctx, warn=warn)]:
+        warn(manager.release())
