@@ -598,8 +598,9 @@ class AllocationManager:
         granted. (salloc --no-shell exits once granted.)"""
         base = f"{PurePosixPath(self.agents_dir).parent}/.salloc-{self.runs.me.run_id}"
         out, rc = f"{base}.out", f"{base}.rc"
-        script = ('out=$1; rc=$2; shift 2; "$@" >"$out" 2>&1; echo $? >"$rc.tmp"; '
-                  'mv "$rc.tmp" "$rc"')
+        # (the detached shell lets go of this command's pipes at once)
+        script = ('exec </dev/null >/dev/null 2>&1; out=$1; rc=$2; shift 2; '
+                  '"$@" >"$out" 2>&1; echo $? >"$rc.tmp"; mv "$rc.tmp" "$rc"')
         self.shell.mkdir(str(PurePosixPath(base).parent))
         self.shell.run(["rm", "-f", out, rc], timeout=30)
         self.jobs.counts["salloc"] += 1

@@ -16,7 +16,7 @@ def own_allocations(jobs: SlurmJobs, user: str, partition: str | None,
     plugin, any checkout) on ``partition`` (any, when None)."""
     argv = ["squeue", "-h", "-u", user, "-t", "RUNNING", "-o", "%i|%j|%N|%P"]
     if partition:
-        argv[5:5] = ["-p", partition]
+        argv += ["-p", partition]
     res = jobs.run(argv)
     if not res.ok:
         raise SchedulerError(res)
