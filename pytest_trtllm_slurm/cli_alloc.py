@@ -56,7 +56,7 @@ def manager_for(rootdir: str | Path, account: str | None = None,
     shell = shell or LocalShell()
     manager = AllocationManager(shell, rootdir=rootdir, request=AllocationRequest(account=account))
     if account is None:
-        state = manager.read_state()
+        state = manager.peek_state()  # (looking changes nothing: a bad file stays)
         if state is not None and state.account:
             manager.request.account = state.account
     return manager

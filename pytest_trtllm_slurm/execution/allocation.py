@@ -321,7 +321,7 @@ class AllocationManager:
                 self._delete_state()
             return None
 
-    def _peek_state(self) -> AllocationState | None:
+    def peek_state(self) -> AllocationState | None:
         """The state file if it parses, without the lock and without removing a bad one
         (it is replaced atomically, so a read sees a whole file, old or new)."""
         try:
@@ -347,7 +347,7 @@ class AllocationManager:
         """
         if not self.pyxis:  # the common case without the lock: a valid allocation
             with self.runs.locked():  # (nobody cancels it between the check and the lease)
-                state = self._peek_state()
+                state = self.peek_state()
                 if state is not None and self._validate(state) is None:
                     self.runs.use_allocation(state.job_id)
                     self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
@@ -606,7 +606,8 @@ class AllocationManager:
         self.jobs.counts["salloc"] += 1
         res = self.shell.run(["setsid", "-f", "sh", "-c", script, "sh", out, rc, *argv],
                              timeout=30, retry_on_drop=False)
-        if not res.ok:
+        if not res.ok:  # (it may have started all the same: never leave a request behind)
+            self._cancel_request(None)
             raise ExecutionError(f"could not start salloc: {res.describe()}")
         started, since = time.monotonic(), datetime.now().strftime("%H:%M:%S")
         say_at = started + 10.0
@@ -741,7 +742,7 @@ class AllocationManager:
     # -- status / release -----------------------------------------------------------------
     def status(self) -> dict[str, object]:
         """The state file plus the scheduler's view (for ``trtllm-slurm alloc status``)."""
-        state = self._peek_state()  # never waits for a run that holds the lock
+        state = self.peek_state()  # never waits for a run that holds the lock
         if state is None:
             info: dict[str, object] = {"state_file": str(self.state_path), "allocation": None}
             if self.state_path.exists():
