@@ -160,6 +160,8 @@ def remote_slurm_executor(
     settings = ctx.settings
     remotes = _remotes_of(ctx)
     shell = remotes.shell(cluster)  # the connection planning's discovery made, if any
+    if hasattr(shell, "notify"):
+        shell.notify = warn  # a reconnect after a drop is said, not silent
     preflight(shell, cluster)
     rootdir = ctx.rootdir
     sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn)
