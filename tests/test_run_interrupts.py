@@ -171,3 +171,42 @@ def test_a_signal_cancels_the_allocation_request_that_was_never_granted(
     assert gone_from_queue(request), squeue_state(request)
     assert not (suite / "work_dirs" / ".slurm_alloc.json").exists()
     assert squeue_state(blocker)[0] == "RUNNING"  # the other checkout's allocation stays
+
+
+def test_after_a_sigkill_the_next_run_cancels_the_killed_runs_warm_batches(
+        devcluster: dict, tmp_path: Path) -> None:
+    """Warm workers (the default): the killed run's batch keeps its GPU in the allocation
+    until the next run cancels it through the session's inbox."""
+    suite = make_suite(tmp_path / "suite")
+    (suite / "test_sleeps.py").write_text(
+        "import os, pathlib, time, pytest\n\n\n@pytest.mark.trtllm_slurm(devices=1)\n"
+        "def test_sleeps():\n"
+        "    pathlib.Path(__file__).with_name('sleeper.pid').write_text(str(os.getpid()))\n"
+        "    time.sleep(300)\n")
+    state_file = suite / "work_dirs" / ".slurm_alloc.json"
+    try:
+        ctl = Controller(suite, "--trtllm-remote", "--slurm-partition=batch", "-k", "sleeps")
+        end = time.monotonic() + 180
+        while not (suite / "sleeper.pid").exists():
+            assert time.monotonic() < end and ctl.proc.poll() is None, ctl.text
+            time.sleep(0.3)
+        ctl.proc.kill()
+        ctl.finish()
+        pid = int((suite / "sleeper.pid").read_text())
+        assert Path(f"/proc/{pid}").exists(), "a SIGKILL leaves the batch running"
+        nxt = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
+             "--slurm-partition=batch", "-k", "one"],
+            cwd=suite, capture_output=True, text=True, timeout=300, env=_env(), check=False)
+        out = nxt.stdout + nxt.stderr
+        assert nxt.returncode == 0, out
+        assert re.search(rf"Cancelled 1 warm-worker batch\(es\) of an earlier run that was "
+                         rf"killed \(pid {ctl.proc.pid} ", out), out
+        end = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists():
+            assert time.monotonic() < end, f"the killed run's test (pid {pid}) still runs"
+            time.sleep(0.3)
+    finally:
+        if state_file.exists():  # never leave our allocation behind on the shared cluster
+            import json
+            sh(["scancel", json.loads(state_file.read_text())["job_id"]], check=False)

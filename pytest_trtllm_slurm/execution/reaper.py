@@ -1,10 +1,11 @@
 """Cancel what a controller killed with SIGKILL left in the queue (the next run does it).
 
 A run killed without a chance to clean up leaves its file in the run registry (see
-``runs``): its one-shot jobs and its allocation steps. The next run on the same target
-finds files of runs whose process is gone, cancels those of their jobs and steps that
-are still queued (checking that each job is the user's and has the recorded name), says
-so, and removes the file.
+``runs``): its one-shot jobs, its allocation steps and the batches it sent to warm
+workers. The next run on the same target finds files of runs whose process is gone,
+cancels those of their jobs and steps that are still queued (checking that each job is
+the user's and has the recorded name) and its warm batches (a cancel file in the
+session's inbox, then ``stop``), says so, and removes the file.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def reap_dead_runs(runs: RunRegistry, jobs: SlurmJobs, shell: Shell, user: str |
             cancelled += ids
             say(f"Cancelled {', '.join(ids)}, left in the queue by an earlier run that was "
                 f"killed (pid {record.pid} on {record.host}, run {record.run_id}).")
+        warm = _cancel_warm(shell, record)
+        if warm:
+            cancelled += warm
+            say(f"Cancelled {len(warm)} warm-worker batch(es) of an earlier run that was "
+                f"killed (pid {record.pid} on {record.host}, run {record.run_id}).")
         path.unlink(missing_ok=True)
     return cancelled
 
@@ -51,6 +57,27 @@ def _queued_jobs(jobs: SlurmJobs, record: RunRecord, user: str | None) -> list[s
                     user is None or cols[1] == user):
                 found.append(cols[0])
     return found
+
+
+def _cancel_warm(shell: Shell, record: RunRecord) -> list[str]:
+    """Cancel the dead run's warm batches and end its sessions (files in their inboxes;
+    a session that already ended ignores them)."""
+    done = []
+    for item in record.warm:
+        if not shell.exists(f"{item.session}/inbox"):
+            continue
+        try:
+            shell.write_file(f"{item.session}/inbox/{item.request}.cancel", "")
+            done.append(item.request)
+        except OSError:
+            continue
+    for session in dict.fromkeys(item.session for item in record.warm):
+        if shell.exists(f"{session}/inbox"):
+            try:
+                shell.write_file(f"{session}/inbox/stop", "")
+            except OSError:
+                continue
+    return done
 
 
 def _running_steps(jobs: SlurmJobs, shell: Shell, record: RunRecord) -> list[str]:

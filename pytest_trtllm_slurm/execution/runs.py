@@ -41,6 +41,13 @@ class StepRecord(BaseModel):
     work_dir: str
 
 
+class WarmRecord(BaseModel):
+    """A batch sent to a warm worker's session: cancelled by ``<session>/inbox/<request>.cancel``."""
+
+    session: str
+    request: str
+
+
 class RunRecord(BaseModel):
     run_id: str
     pid: int
@@ -49,6 +56,7 @@ class RunRecord(BaseModel):
     allocation: str | None = None  # the persistent allocation this run uses
     jobs: dict[str, str] = Field(default_factory=dict)  # one-shot job id -> job name
     steps: list[StepRecord] = Field(default_factory=list)
+    warm: list[WarmRecord] = Field(default_factory=list)
 
 
 def process_start(pid: int) -> str:
@@ -122,6 +130,10 @@ class RunRegistry:
 
     def add_step(self, allocation: str, work_dir: str) -> None:
         self.me.steps.append(StepRecord(allocation=allocation, work_dir=work_dir))
+        self.save()
+
+    def add_warm(self, session: str, request: str) -> None:
+        self.me.warm.append(WarmRecord(session=session, request=request))
         self.save()
 
     def finish(self) -> None:

@@ -158,6 +158,7 @@ class SlurmExecutor:
         # this run's record (what it submitted, for the next run after a SIGKILL)
         self.runs = runs or (allocation_manager.runs if allocation_manager else None)
         self._reaped = False
+        self._recorded: set[str] = set()  # warm batches noted in this run's record
         self._blockers: dict[str, str] = {}  # job id -> who holds the nodes it waits for
         self._said_failing = 0.0
 
@@ -245,6 +246,16 @@ class SlurmExecutor:
         self._sync_warm(job)
         return job
 
+    def _record_warm(self, job: TrackedJob) -> None:
+        """Note a batch sent to a session in this run's record (once), so that the next run
+        can cancel it if this controller is killed."""
+        placement = job.warm.placement if job.warm else None
+        if (self.runs is None or placement is None or not placement.session
+                or job.handle.job_id in self._recorded):
+            return
+        self._recorded.add(job.handle.job_id)
+        self.runs.add_warm(placement.session, placement.request_name)
+
     def _gates(self, spec: JobSpec) -> bool:
         """A step worth launching before its nodes are free: the worker plugin's ranks
         (they wait at the gate after collecting), not a docker/podman-wrapped task (the
@@ -280,6 +291,7 @@ class SlurmExecutor:
         job.state = warm.state
         if warm.placement is not None:
             job.handle.nodelist = ",".join(n.name for n in warm.placement.nodes)
+            self._record_warm(job)
         if job.state.status is JobStatus.RUNNING and job.handle.started_at is None:
             job.handle.started_at = time.time()
 
