@@ -96,11 +96,7 @@ def test_a_state_file_naming_another_users_job_is_not_used(own, devcluster: dict
     theirs = sh(["sbatch", "--parsable", "--uid=testuser", "-A", "acct_b", "-p", "gb200",
                  "-n1", "--mem=50", "-t", "5", "-J", "acct_b-trtllm.persistent", "--chdir=/tmp",
                  "-o", "/dev/null", "--wrap", "sleep 300"]).stdout.strip().split(";")[0]
-    try:
-        end = time.monotonic() + 120
-        while (squeue_state(theirs) or ("?",))[0] != "RUNNING":
-            assert time.monotonic() < end, f"testuser's job {theirs}: {squeue_state(theirs)}"
-            time.sleep(0.5)
+    try:  # (running or pending: either way it is in the queue, and not ours)
         mgr.work_dirs.mkdir(parents=True)
         (mgr.work_dirs / STATE).write_text(json.dumps({
             "job_id": theirs, "job_name": "acct_b-trtllm.persistent", "partition": "batch",
@@ -112,6 +108,12 @@ def test_a_state_file_naming_another_users_job_is_not_used(own, devcluster: dict
                 "user testuser): not used, not cancelled") in text, text
         assert squeue_state(theirs) is not None  # theirs still runs
         assert list(mgr.work_dirs.glob(f"{STATE}.foreign-*"))
+        # nor does a release cancel it (ours, now without its state file, goes)
+        (mgr.work_dirs / STATE).write_text(json.dumps({"job_id": theirs, "nodes": 1}))
+        said = mgr.release()
+        assert f"State file named job {theirs}, which is not this checkout's allocation" in said
+        assert f"Orphaned allocation {state.job_id} released." in said
+        assert squeue_state(theirs) is not None
     finally:
         sh(["scancel", theirs], check=False)
 

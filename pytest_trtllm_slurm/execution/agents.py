@@ -578,11 +578,14 @@ def agents_running(alloc_job_id: str) -> bool:
 
 
 # under the agent folder's lock (flock(1), on the target): a start claimed less than
-# AGENT_START_GRACE seconds ago by another run (whose agent has not beaten yet) stands
+# AGENT_START_GRACE seconds ago stands while that agent is starting (no heartbeat and no
+# exit code yet: the winner removes both before it lets go of the lock)
 _CLAIM = ('d=$1; mkdir -p "$d" && exec 9>>"$d/agent.lock" && flock -w 30 9 || exit 3; '
           'now=$(date +%s); then=$(cat "$d/agent.starting" 2>/dev/null); '
-          'if [ -n "$then" ] && [ "$((now - then))" -lt "$2" ]; then echo taken; exit 0; fi; '
-          'echo "$now" >"$d/agent.starting" && echo mine')
+          'if [ -n "$then" ] && [ "$((now - then))" -lt "$2" ] && [ ! -e "$d/exit_code" ] '
+          '&& [ ! -e "$d/heartbeat.json" ]; then echo taken; exit 0; fi; '
+          'rm -f "$d/exit_code" "$d/heartbeat.json"; echo "$now" >"$d/agent.starting" '
+          '&& echo mine')
 
 
 def claim_agent_start(shell: Shell, agent_dir: str) -> bool:

@@ -763,7 +763,12 @@ class AllocationManager:
         with self.holding_lock():
             state = self.read_state()
             msgs = []
-            if state is not None:
+            ident = self.jobs.identity(state.job_id) if state is not None else None
+            foreign = self._foreign(state, ident) if state is not None and ident else None
+            if state is not None and foreign:
+                msgs.append(f"State file named job {state.job_id}, which is not this "
+                            f"checkout's allocation ({foreign}): not cancelled.")
+            elif state is not None:
                 out = " ".join(r.stderr + r.stdout for r in self.jobs.scancel([state.job_id]))
                 gone = "invalid job id" in out.lower()
                 msgs.append(f"Allocation {state.job_id} " + (
