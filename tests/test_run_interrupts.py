@@ -151,10 +151,12 @@ def test_after_a_sigkill_the_next_run_cancels_what_the_killed_one_left(
     assert gone_from_queue(job_id), squeue_state(job_id)
 
 
-def test_a_signal_cancels_the_allocation_request_that_was_never_granted(
-        blocker: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_the_allocation_request_that_was_never_granted_is_cancelled(
+        blocker: str, tmp_path: Path, signum: int) -> None:
     """Persistent mode: the allocation request waits behind the user's own allocation of
-    another checkout; the wait says so (and since when); SIGTERM cancels the request."""
+    another checkout; the wait says so (and since when). SIGTERM cancels the request at
+    once; after a SIGKILL the next run does."""
     suite = make_suite(tmp_path / "suite")
     ctl = Controller(suite, "--trtllm-remote", "--slurm-partition=gb200", "-k", "two_nodes")
     found = ctl.wait_for(r"Waiting since \d\d:\d\d:\d\d for the persistent allocation (\d+) "
@@ -163,11 +165,22 @@ def test_a_signal_cancels_the_allocation_request_that_was_never_granted(
     request = found.group(1)
     assert f"Allocation {blocker} (RUNNING) has our name but belongs to another checkout" in (
         ctl.text)
-    ctl.proc.send_signal(signal.SIGTERM)
+    ctl.proc.send_signal(signum)
     code = ctl.finish()
     out = ctl.text
-    assert code == 2, out
-    assert f"Cancelled the allocation request {request} that was not granted" in out, out
+    if signum == signal.SIGTERM:
+        assert code == 2, out
+        assert f"Cancelled the allocation request {request} that was not granted" in out, out
+    else:
+        assert squeue_state(request) is not None, "a SIGKILL leaves the request queued"
+        nxt = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
+             "--trtllm-one-shot", "--slurm-partition=batch", "-k", "one"],
+            cwd=suite, capture_output=True, text=True, timeout=300, env=_env(), check=False)
+        out = nxt.stdout + nxt.stderr
+        assert nxt.returncode == 0, out
+        assert re.search(rf"Cancelled {request}, left in the queue by an earlier run that was "
+                         rf"killed \(pid {ctl.proc.pid} ", out), out
     assert gone_from_queue(request), squeue_state(request)
     assert not (suite / "work_dirs" / ".slurm_alloc.json").exists()
     assert squeue_state(blocker)[0] == "RUNNING"  # the other checkout's allocation stays

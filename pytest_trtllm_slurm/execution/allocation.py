@@ -618,9 +618,12 @@ class AllocationManager:
                 output = self._read(out)
                 if code.lstrip("-").isdigit():
                     self.shell.run(["rm", "-f", out, rc], timeout=30)
+                    self.runs.waiting_for(None)
                     return int(code), output
                 found = re.search(r"job allocation (\d+)", output)
-                job_id = job_id or (found.group(1) if found else None)
+                if found and job_id is None:
+                    job_id = found.group(1)
+                    self.runs.waiting_for(job_id)  # the next run cancels it if we are killed
                 now = time.monotonic()
                 if now - started > self.wait_seconds + 60:
                     raise ExecutionError(f"salloc did not finish within {self.wait_seconds + 60}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
+from .own_blockers import NAME_SUFFIX
 from .runs import RunRecord, RunRegistry
 from .shell import Shell
 from .slurm_jobs import SchedulerError, SlurmJobs, chunks
@@ -43,18 +44,23 @@ def reap_dead_runs(runs: RunRegistry, jobs: SlurmJobs, shell: Shell, user: str |
 
 
 def _queued_jobs(jobs: SlurmJobs, record: RunRecord, user: str | None) -> list[str]:
-    """The record's one-shot jobs still queued, owned by ``user`` and named as recorded."""
+    """The record's one-shot jobs still queued, owned by ``user`` and named as recorded,
+    and its allocation request if it still waits (named as any persistent allocation)."""
     found = []
-    for part in chunks(list(record.jobs)):
-        res = jobs.run(["squeue", "-h", "-j", ",".join(part), "-o", "%i|%u|%j"])
+    wanted = dict(record.jobs)
+    for part in chunks(list(wanted) + ([record.request] if record.request else [])):
+        res = jobs.run(["squeue", "-h", "-j", ",".join(part), "-o", "%i|%u|%j|%T"])
         if not res.ok:
             if "invalid job id" in (res.stderr + res.stdout).lower():
                 continue
             raise SchedulerError(res)
         for line in res.stdout.splitlines():
-            cols = line.strip().split("|", 2)
-            if len(cols) == 3 and record.jobs.get(cols[0]) == cols[2] and (
-                    user is None or cols[1] == user):
+            cols = line.strip().split("|", 3)
+            if len(cols) < 4 or (user is not None and cols[1] != user):
+                continue
+            if wanted.get(cols[0]) == cols[2] or (
+                    cols[0] == record.request and cols[2].endswith(NAME_SUFFIX)
+                    and cols[3] == "PENDING"):
                 found.append(cols[0])
     return found
 

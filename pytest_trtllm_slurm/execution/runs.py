@@ -54,6 +54,7 @@ class RunRecord(BaseModel):
     host: str
     started: str = ""  # the process' start time (/proc/<pid>/stat field 22)
     allocation: str | None = None  # the persistent allocation this run uses
+    request: str | None = None  # its allocation request while it waits (not granted yet)
     jobs: dict[str, str] = Field(default_factory=dict)  # one-shot job id -> job name
     steps: list[StepRecord] = Field(default_factory=list)
     warm: list[WarmRecord] = Field(default_factory=list)
@@ -122,6 +123,12 @@ class RunRegistry:
     def use_allocation(self, job_id: str | None) -> None:
         if self.me.allocation != job_id or not self._saved:
             self.me.allocation = job_id
+            self.save()
+
+    def waiting_for(self, request: str | None) -> None:
+        """Note (or clear) the allocation request this run waits for."""
+        if self.me.request != request:
+            self.me.request = request
             self.save()
 
     def add_job(self, job_id: str, name: str) -> None:
