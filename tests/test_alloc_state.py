@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -88,7 +89,6 @@ def own(devcluster: dict, tmp_path: Path) -> Iterator[tuple[AllocationManager, l
     made = re.findall(r"Allocation (\d+) granted", " ".join(mgr.messages))
     if made:  # never leave our allocations behind on the shared dev cluster
         sh(["scancel", *made], check=False)
-    mgr.close()
 
 
 def test_a_state_file_naming_another_users_job_is_not_used(own, devcluster: dict) -> None:
@@ -126,18 +126,17 @@ def test_replacing_never_cancels_an_allocation_a_live_run_uses(own, tmp_path: Pa
     assert state is not None
     run_a = subprocess.Popen(["sleep", "120"])
     try:
-        record = RunRecord(run_id="run-a", pid=run_a.pid, host=mgr.runs.me.host,
+        record = RunRecord(run_id="run-a", pid=run_a.pid, host=socket.gethostname(),
                            started=process_start(run_a.pid), allocation=state.job_id)
-        (mgr.runs.folder / "run-a.json").write_text(record.model_dump_json())
+        getattr(mgr, "close", lambda: None)()  # (this process no longer uses it: only A)
+        (mgr.work_dirs / ".runs").mkdir(parents=True, exist_ok=True)
+        (mgr.work_dirs / ".runs" / "run-a.json").write_text(record.model_dump_json())
         bigger: list[str] = []
         b = AllocationManager(LocalShell(), rootdir=mgr.work_dirs.parent,
                               request=AllocationRequest(partition="batch", account="acct_a",
                                                         nodes=2, time_limit="15"),
                               user="root", warn=bigger.append, wait_seconds=20)
-        try:
-            assert b.ensure() is None
-        finally:
-            b.close()
+        assert b.ensure() is None
         assert f"Allocation {state.job_id} does not fit (1 node(s), wanted 2), but live run" in (
             "\n".join(bigger)), bigger
         assert squeue_state(state.job_id)[0] == "RUNNING"
@@ -194,7 +193,6 @@ def test_two_cold_runs_in_one_rootdir_start_one_agent_per_node(devcluster: dict,
 def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
         devcluster: dict, tmp_path: Path) -> None:
     from pytest_trtllm_slurm.config import load_clusters_file
-    from pytest_trtllm_slurm.context import remote_state_root
     from pytest_trtllm_slurm.execution.ssh import shell_for_cluster
 
     ssh = devcluster["ssh"]
@@ -206,7 +204,7 @@ def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
     cluster = load_clusters_file(None, tmp_path).get("devssh")
     shell = shell_for_cluster(cluster)
     shell.connect()
-    remote = AllocationManager(shell, rootdir=remote_state_root(tmp_path, "devssh"),
+    remote = AllocationManager(shell, rootdir=tmp_path / "work_dirs" / ".remote-devssh",
                                request=AllocationRequest(partition="batch", account="acct_a",
                                                          time_limit="15"),
                                agents_dir=str(tmp_path / "remote_work" / ".agents"))
@@ -227,5 +225,4 @@ def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
             assert time.monotonic() < end, squeue_state(state.job_id)
             time.sleep(0.5)
     finally:
-        remote.close()
         sh(["scancel", state.job_id], check=False)
