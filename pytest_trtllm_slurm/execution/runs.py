@@ -30,6 +30,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from .work_root import ensure_work_root
+
 FOREIGN_HOST_TTL = 24 * 3600.0  # a run on another host (shared file system) counts as
 # alive this long after its file last changed: its pids cannot be checked from here
 
@@ -90,6 +92,10 @@ class RunRegistry:
                             pid=pid, host=socket.gethostname(), started=process_start(pid))
         self._saved = False
 
+    def _make_folder(self) -> None:
+        ensure_work_root(self.folder.parent)  # (work_dirs: created git-ignored)
+        self.folder.mkdir(exist_ok=True, mode=0o700)
+
     @property
     def path(self) -> Path:
         return self.folder / f"{self.me.run_id}.json"
@@ -98,7 +104,7 @@ class RunRegistry:
     def locked(self) -> Iterator[None]:
         """The registry's short lock: held while a run registers as an allocation's user,
         and while a run checks for users before it cancels an allocation."""
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._make_folder()
         fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -109,7 +115,7 @@ class RunRegistry:
     def save(self) -> None:
         """Write this run's file (atomically, 0600; no fsync: it matters only while the
         machine runs)."""
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._make_folder()
         fd, tmp = tempfile.mkstemp(prefix=f".{self.me.run_id}.", dir=self.folder)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
