@@ -179,7 +179,7 @@ def test_two_cold_runs_in_one_rootdir_start_one_agent_per_node(devcluster: dict,
     outs = [p.communicate(timeout=600)[0] for p in procs]
     state = json.loads((suite / "work_dirs" / STATE).read_text())
     try:
-        for proc, out in zip(procs, outs):
+        for proc, out in zip(procs, outs, strict=True):
             assert proc.returncode == 0, out
         steps = sh(["squeue", "-h", "-s", "-j", state["job_id"], "-o", "%j|%N"]).stdout
         agents = Counter(line.split("|")[1] for line in steps.splitlines()

@@ -44,7 +44,8 @@ class StepRecord(BaseModel):
 
 
 class WarmRecord(BaseModel):
-    """A batch sent to a warm worker's session: cancelled by ``<session>/inbox/<request>.cancel``."""
+    """A batch sent to a warm worker's session (``<session>/inbox/<request>.cancel``
+    cancels it)."""
 
     session: str
     request: str

@@ -564,6 +564,7 @@ class SlurmExecutor:
         its partition (asked once per job, once it has waited BLOCKER_AFTER seconds)."""
         job_id = job.handle.job_id
         if (job_id not in self._blockers and self.slurm_env is not None
+                and self.slurm_env.user
                 and time.time() - job.handle.submitted_at >= BLOCKER_AFTER):
             self._blockers[job_id] = blocker_note(
                 self.jobs, self.slurm_env.user, job.handle.spec.partition,
