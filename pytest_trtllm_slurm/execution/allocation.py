@@ -304,7 +304,7 @@ class AllocationManager:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             aside = self._move_aside()
             self._state_note = f"state file was unreadable ({first})"
-            self._say(f"State file {self.state_path} is unreadable ({first}); "
+            self._say(f"State file {self.state_path} is unreadable or corrupt ({first}); "
                       + (f"moved to {aside}; " if aside else "")
                       + "continuing without it.", warn=True)
             return None
