@@ -169,8 +169,11 @@ _CASE_FLAGS = ("test_cmd", "bench_cmd", "eval_cmd", "custom_cmd", "custom_script
 
 
 def run_run(args: argparse.Namespace) -> int:
+    from .interrupts import signals_as_interrupt
+
     try:
-        result = _run(args)
+        with signals_as_interrupt():  # SIGTERM / SIGHUP cancel the job as Ctrl-C does
+            result = _run(args)
     except ConfigError as exc:
         if args.json:
             print(json.dumps({"status": CaseStatus.ERROR.value, "exit_code": None,

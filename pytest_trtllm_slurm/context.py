@@ -160,6 +160,8 @@ def remote_slurm_executor(
     settings = ctx.settings
     remotes = _remotes_of(ctx)
     shell = remotes.shell(cluster)  # the connection planning's discovery made, if any
+    if hasattr(shell, "notify"):
+        shell.notify = warn  # a reconnect after a drop is said, not silent
     preflight(shell, cluster)
     rootdir = ctx.rootdir
     sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn)
@@ -180,18 +182,22 @@ def remote_slurm_executor(
         manager = AllocationManager(
             shell,
             # the state of a remote allocation is kept here, one file per cluster
-            rootdir=rootdir / "work_dirs" / f".remote-{cluster.name}",
+            rootdir=remote_state_root(rootdir, cluster.name),
             request=with_containers(request, cluster, remote_root),
             user=slurm_env.user,
             warn=warn,
             agents_dir=f"{paths.remote_work_root}/.agents",
         )
+    from .execution.runs import RunRegistry
+
     inner = SlurmExecutor(
         shell,
         slurm_env=slurm_env,
         persistent=settings.persistent,
         allocation_manager=manager,
         warn=warn,
+        runs=manager.runs if manager else RunRegistry(
+            remote_state_root(rootdir, cluster.name) / "work_dirs" / ".runs"),
         container_runtime=cluster.container_runtime,
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
@@ -227,11 +233,14 @@ def local_slurm_executor(
 
         # the nodes are this machine's kind: the resource flags it can grant
         run_flags = default_run_flags("podman" if runtime == "podman" else "docker")
+    from .execution.runs import RunRegistry
+
     return SlurmExecutor(
         shell,
         slurm_env=ctx.slurm_env,
         persistent=settings.persistent,
         allocation_manager=manager,
+        runs=manager.runs if manager else RunRegistry(ctx.rootdir / "work_dirs" / ".runs"),
         jobs=jobs,
         warn=warn,
         container_runtime=runtime,
@@ -239,6 +248,12 @@ def local_slurm_executor(
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
     )
+
+
+def remote_state_root(rootdir: Path, cluster: str) -> Path:
+    """Where a remote cluster's allocation state is kept here (one folder per cluster;
+    its ``work_dirs/.slurm_alloc.json``)."""
+    return rootdir / "work_dirs" / f".remote-{cluster}"
 
 
 def local_cluster_config(ctx: PlanningContext) -> ClusterConfig | None:

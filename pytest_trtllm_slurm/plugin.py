@@ -125,6 +125,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None = None) -> None:
+    from .interrupts import signals_as_interrupt
+
+    with signals_as_interrupt():  # SIGTERM / SIGHUP take Ctrl-C's path below
+        _dispatch(session, items, planned)
+
+
+def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list | None) -> None:
     from .context import build_targets, make_executors, planning_context
     from .dispatch import DispatchLoop
     from .planning import plan_items
@@ -152,7 +159,7 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
         for executor in executors.values():
             executor.close()
         if settings.release_allocation:
-            release_allocation(ctx, config)
+            release_allocation(ctx, config, executors)
 
 
 def _freeze_gc(config: pytest.Config) -> None:
@@ -180,12 +187,18 @@ def _unfreeze_gc(config: pytest.Config) -> None:
         config.stash[_FROZEN] = False
 
 
-def release_allocation(ctx, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
-    """--trtllm-release-allocation: free the persistent allocation once the run is over."""
+def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-def]
+                       executors: dict | None = None) -> None:
+    """--trtllm-release-allocation: free the persistent allocations once the run is over:
+    that of each Slurm target the run used (a remote cluster's over its connection), else
+    the local one."""
     from .context import allocation_manager, terminal_warning
 
     warn = terminal_warning(config)
-    if ctx.slurm_env is None:
+    managers = [m for m in (getattr(getattr(e, "inner", e), "allocations", None)
+                            for e in (executors or {}).values()) if m is not None]
+    if not managers and ctx.slurm_env is None:
         warn("no local Slurm: there is no allocation to release")
         return
-    warn(allocation_manager(ctx, warn=warn).release())
+    for manager in managers or [allocation_manager(ctx, warn=warn)]:
+        warn(manager.release())

@@ -280,6 +280,12 @@ class AgentPool:
         if agent_alive(self.shell, node.agent_dir):
             node.healthy_at = time.monotonic()
             return
+        if not claim_agent_start(self.shell, node.agent_dir):
+            # another run launches this node's agent right now: wait for its heartbeat
+            node.agent_started = time.monotonic()
+            self.warn(f"The warm worker on {node.name} in allocation {self.alloc.job_id} is "
+                      "being started by another run; this run uses it too.")
+            return
         self._launch_agent(node, spec)
 
     def _launch_agent(self, node: Node, spec: JobSpec) -> None:
@@ -610,6 +616,28 @@ def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
 def agents_running(alloc_job_id: str) -> bool:
     """This process started early sessions on agents of that allocation (alive then)."""
     return any(f"/.agents/{alloc_job_id}/" in adir for adir in EARLY_SESSIONS)
+
+
+# under the agent folder's lock (flock(1), on the target): a start claimed less than
+# AGENT_START_GRACE seconds ago stands while that agent is starting (no heartbeat and no
+# exit code yet: the winner removes both before it lets go of the lock)
+_CLAIM = ('d=$1; mkdir -p "$d" && exec 9>>"$d/agent.lock" && flock -w 30 9 || exit 3; '
+          'now=$(date +%s); then=$(cat "$d/agent.starting" 2>/dev/null); '
+          'if [ -n "$then" ] && [ "$((now - then))" -lt "$2" ] && [ ! -e "$d/exit_code" ] '
+          '&& [ ! -e "$d/heartbeat.json" ]; then echo taken; exit 0; fi; '
+          'rm -f "$d/exit_code" "$d/heartbeat.json"; echo "$now" >"$d/agent.starting" '
+          '&& echo mine')
+
+
+def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
+    """True when this run is to launch the agent of ``agent_dir``: one agent per node and
+    mailbox, even when two cold runs find it missing at the same moment. (A claim whose
+    agent never started goes stale after AGENT_START_GRACE seconds.)"""
+    res = shell.run(["sh", "-c", _CLAIM, "sh", agent_dir, str(int(AGENT_START_GRACE))],
+                    timeout=60)
+    if not res.ok:  # no flock on the target: launch, as before
+        return True
+    return res.stdout.strip() != "taken"
 
 
 def agent_alive(shell: Shell, agent_dir: str) -> bool:

@@ -14,14 +14,17 @@ next to the others in the same allocation instead of reallocating.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import time
+import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,15 +36,24 @@ if TYPE_CHECKING:
 from ..jobspec import JobSpec, SlurmEnv, write_private_atomic
 from ..scripts import GresStyle, gpu_flag
 from .alloc_containers import SETUP_TIMEOUT, ContainerSetup, set_up_container, setup_name
+from .own_blockers import NAME_SUFFIX, blocker_note
+from .runs import RunRegistry
 from .shell import Shell
-from .slurm_jobs import SchedulerError, SlurmJobs, StepRow, format_duration, parse_duration
+from .slurm_jobs import (
+    JobIdentity,
+    SchedulerError,
+    SlurmJobs,
+    StepRow,
+    format_duration,
+    parse_duration,
+)
 from .slurm_parse import parse_key_values
 from .work_root import ensure_work_root
 
 STATE_NAME = ".slurm_alloc.json"
-NAME_SUFFIX = "-trtllm.persistent"
 MIN_LEFT_SECONDS = 300  # an allocation with less left is not reused
 DEFAULT_TIME_LIMIT = "04:00:00"
+SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
 GPU_CHECK = ["nvidia-smi", "--query-compute-apps=pid,name,used_memory", "--format=csv,noheader"]
 
 
@@ -244,6 +256,7 @@ class AllocationManager:
         wait_seconds: int = 600,
         pyxis: bool = False,
         agents_dir: str | None = None,
+        runs: RunRegistry | None = None,
     ) -> None:
         self.shell = shell
         # where warm workers keep their agents (``<dir>/<job id>/<node>-<tag>/``)
@@ -264,6 +277,9 @@ class AllocationManager:
         self.warn = warn or (lambda msg: None)
         self.wait_seconds = wait_seconds
         self.messages: list[str] = []  # what ensure() did, for the run's summary
+        # this run's lease on the allocation (and its record for the next run, see runs)
+        self.runs = runs or RunRegistry(self.work_dirs / ".runs")
+        self._state_note = "state file was missing"  # why there is no state (orphan message)
 
     @property
     def lock(self) -> FileLock:
@@ -277,20 +293,35 @@ class AllocationManager:
 
     # -- state file -------------------------------------------------------------
     def read_state(self) -> AllocationState | None:
-        """The state file, or None; a corrupt one is reported and removed."""
+        """The state file, or None. One that cannot be read or is not a state (binary
+        garbage, truncated, wrong types, a folder) is moved aside and reported."""
         try:
-            text = self.state_path.read_text(encoding="utf-8")
+            return AllocationState.model_validate(
+                json.loads(self.state_path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             return None
-        try:
-            return AllocationState.model_validate(json.loads(text))
-        except (ValueError, ValidationError) as exc:
-            self._say(f"State file {self.state_path} is corrupt ({str(exc).splitlines()[0]}); "
-                      "removing it.", warn=True)
-            self._delete_state()
+        except (OSError, ValueError, ValidationError) as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            aside = self._move_aside()
+            self._state_note = f"state file was unreadable ({first})"
+            self._say(f"State file {self.state_path} is unreadable or corrupt ({first}); "
+                      + (f"moved to {aside}; " if aside else "")
+                      + "continuing without it.", warn=True)
             return None
 
-    def _peek_state(self) -> AllocationState | None:
+    def _move_aside(self, why: str = "bad") -> Path | None:
+        """Keep a bad state file for a look (``.slurm_alloc.json.<why>-<time>``)."""
+        aside = self.state_path.with_name(
+            f"{STATE_NAME}.{why}-{datetime.now().strftime('%Y%m%d_%H%M%S')}-{uuid.uuid4().hex[:4]}")
+        try:
+            self.state_path.rename(aside)
+            return aside
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._delete_state()
+            return None
+
+    def peek_state(self) -> AllocationState | None:
         """The state file if it parses, without the lock and without removing a bad one
         (it is replaced atomically, so a read sees a whole file, old or new)."""
         try:
@@ -315,15 +346,64 @@ class AllocationManager:
         setup step fails; the allocation is kept and the next run tries again).
         """
         if not self.pyxis:  # the common case without the lock: a valid allocation
-            state = self._peek_state()
-            if state is not None and self._validate(state) is None:
-                self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
-                return state
-        with self.lock:
+            with self.runs.locked():  # (nobody cancels it between the check and the lease)
+                state = self.peek_state()
+                if state is not None and self._validate(state) is None:
+                    self.runs.use_allocation(state.job_id)
+                    self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
+                    return state
+        with self.holding_lock():
             state = self._reuse_or_allocate()
             if state is not None and self.pyxis:
                 self._set_up_images(state)
             return state
+
+    def close(self) -> None:
+        """This run no longer uses the allocation (its lease and record go)."""
+        self.runs.finish()
+
+    @contextlib.contextmanager
+    def holding_lock(self) -> Iterator[None]:
+        """The state file's lock, waited for with a line every SAY_EVERY seconds naming
+        its holder; an ExecutionError naming the lock file and its holder after
+        ``_lock_timeout`` seconds (never a bare filelock.Timeout)."""
+        from filelock import Timeout
+
+        started, since = time.monotonic(), datetime.now().strftime("%H:%M:%S")
+        say_at = started + 5.0
+        while True:
+            left = started + self._lock_timeout - time.monotonic()
+            try:
+                self.lock.acquire(timeout=max(0.01, min(5.0, left)))
+                break
+            except Timeout:
+                now = time.monotonic()
+                if now - started >= self._lock_timeout:
+                    raise ExecutionError(
+                        f"another run held {self.lock.lock_file} for more than "
+                        f"{self._lock_timeout:.0f} s ({self._holder()}); if that run is gone, "
+                        "delete the lock file") from None
+                if now >= say_at:
+                    say_at = now + SAY_EVERY
+                    self.warn(f"Waiting since {since} for {self.lock.lock_file} "
+                              f"({self._holder()}).")
+        holder = Path(str(self.lock.lock_file) + ".holder")
+        try:
+            me = self.runs.me
+            write_private_atomic(holder, json.dumps(
+                {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": since}))
+            yield
+        finally:
+            holder.unlink(missing_ok=True)
+            self.lock.release()
+
+    def _holder(self) -> str:
+        try:
+            info = json.loads(Path(str(self.lock.lock_file) + ".holder").read_text("utf-8"))
+            return (f"held by pid {info['pid']} on {info['host']} since {info['since']}, "
+                    f"run {info['run_id']}")
+        except (OSError, ValueError, KeyError, TypeError):
+            return "its holder is not recorded"
 
     @property
     def pyxis(self) -> bool:
@@ -335,6 +415,8 @@ class AllocationManager:
         if state is not None:
             verdict = self._validate(state)
             if verdict is None:
+                with self.runs.locked():
+                    self.runs.use_allocation(state.job_id)
                 self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
                 return state
             kind, why = verdict
@@ -342,26 +424,48 @@ class AllocationManager:
                 self._say(f"Allocation {state.job_id} is gone ({why}); stale state file "
                           "removed.", warn=True)
                 self._delete_state()
+                self._state_note = f"allocation {state.job_id} was gone"
+            elif kind == "foreign":
+                aside = self._move_aside("foreign")
+                self._state_note = f"state file named job {state.job_id}, not ours"
+                self._say(f"State file {self.state_path} names job {state.job_id}, which is not "
+                          f"this checkout's allocation ({why}): not used, not cancelled; "
+                          + (f"the file is moved to {aside}." if aside else "file removed."),
+                          warn=True)
             elif kind == "busy":
                 self._say(f"Allocation {state.job_id} does not fit this run ({why}) but "
                           "other steps run in it: left alone; batches run one-shot.",
                           warn=True)
                 return None
             else:
+                with self.runs.locked():  # no run starts using it while we decide
+                    users = self.runs.users_of(state.job_id)
+                    if not users:
+                        self.jobs.scancel([state.job_id])
+                        self._delete_state()
+                if users:
+                    pids = ", ".join(f"pid {u.pid} on {u.host}" for u in users)
+                    self._say(f"Allocation {state.job_id} {why}, but live run(s) use it "
+                              f"({pids}): left alone; batches run one-shot.", warn=True)
+                    return None
                 self._say(f"Allocation {state.job_id} {why}: released, allocating anew.",
                           warn=True)
-                self.jobs.scancel([state.job_id])
-                self._delete_state()
+                self._state_note = f"allocation {state.job_id} was replaced"
         self._cancel_orphans()
         state = self._allocate()
         self._write_state(state)
+        with self.runs.locked():
+            self.runs.use_allocation(state.job_id)
         return state
 
     def _validate(self, state: AllocationState) -> tuple[str, str] | None:
-        left = self.jobs.time_left(state.job_id)
-        if left is None:
+        ident = self.jobs.identity(state.job_id)
+        if ident is None:
             return "gone", "not in the queue"
-        status, remaining = left
+        foreign = self._foreign(state, ident)
+        if foreign:
+            return "foreign", foreign
+        status, remaining = ident.state, ident.time_left
         if status != "RUNNING":
             return ("gone", f"state {status}") if status not in ("PENDING", "CONFIGURING") else (
                 "incompatible", f"is {status}")
@@ -375,6 +479,18 @@ class AllocationManager:
         if steps and not self._only_idle_agents(state, steps):
             return "busy", why
         return "incompatible", f"does not fit ({why})"
+
+    def _foreign(self, state: AllocationState, ident: JobIdentity) -> str | None:
+        """Why the job a state file names is not this checkout's allocation (another
+        user's job, another job of ours, another checkout's allocation), or None."""
+        if ident.user and ident.user != self.user:
+            return f"it belongs to user {ident.user}"
+        if not ident.name.endswith(NAME_SUFFIX) or (
+                state.job_name and ident.name != state.job_name):
+            return f"it is named {ident.name!r}, not {state.job_name or '*' + NAME_SUFFIX!r}"
+        if ident.comment and ident.comment != self.owner:
+            return f"its comment {ident.comment!r} is another checkout's, not {self.owner!r}"
+        return None
 
     def _only_idle_agents(self, state: AllocationState, steps: dict[str, StepRow]) -> bool:
         """The allocation's steps are warm workers' agents (named ``*.agent``) that serve
@@ -411,10 +527,18 @@ class AllocationManager:
         for job_id, status, comment in found:
             if comment and comment != self.owner:
                 self._say(f"Allocation {job_id} ({status}) has our name but belongs to another "
-                          f"checkout ({comment}); left alone.", warn=True)
+                          f"checkout ({comment}); left alone (one persistent allocation per "
+                          "rootdir).", warn=True)
                 continue
-            self.jobs.scancel([job_id])
-            self._say(f"Released orphaned allocation {job_id} - state file was missing.",
+            with self.runs.locked():
+                users = self.runs.users_of(job_id)
+                if not users:
+                    self.jobs.scancel([job_id])
+            if users:
+                self._say(f"Allocation {job_id} ({status}) has no state file but a live run "
+                          f"(pid {users[0].pid}) uses it: left alone.", warn=True)
+                continue
+            self._say(f"Released orphaned allocation {job_id} - {self._state_note}.",
                       warn=True)
 
     # -- allocate -------------------------------------------------------------------
@@ -439,18 +563,15 @@ class AllocationManager:
         where = req.partition or "the default partition"
         self._say(f"No reusable allocation found. Allocating {req.nodes} node(s) on {where} for "
                   f"{req.time_limit}.")
-        argv = self.salloc_argv()
-        res = self.jobs.run(argv, timeout=self.wait_seconds + 60)
+        code, output = self._salloc(self.salloc_argv())
         ensure_work_root(self.salloc_log.parent)
-        write_private_atomic(self.salloc_log, res.stdout + res.stderr)
-        m = re.search(r"Granted job allocation (\d+)", res.stderr + res.stdout)
-        if not res.ok or not m:
-            pending = re.search(r"job allocation (\d+)", res.stderr + res.stdout)
-            if pending:  # killed while pending (timeout): never leave the request behind
-                self.jobs.scancel([pending.group(1)])
+        write_private_atomic(self.salloc_log, output)
+        m = re.search(r"Granted job allocation (\d+)", output)
+        if code != 0 or not m:
             raise ExecutionError(
-                f"could not allocate: {res.describe()}\n(log: {self.salloc_log}; check the "
-                "partition, the account and the allocation's time limit, or run one-shot)"
+                f"could not allocate: salloc exited with {code}: {output.strip()[-2000:]}\n"
+                f"(log: {self.salloc_log}; check the partition, the account and the "
+                "allocation's time limit, or run one-shot)"
             )
         job_id = m.group(1)
         state = AllocationState(
@@ -468,6 +589,84 @@ class AllocationManager:
         self._fill_from_scontrol(state)
         self._say(f"Allocation {job_id} granted on {state.nodelist}.")
         return state
+
+    def _salloc(self, argv: list[str]) -> tuple[int, str]:
+        """Run salloc detached, its output in a file on the target, and wait for it here:
+        a line every SAY_EVERY seconds says what it waits for and since when (and names the
+        user's own allocation when that is what holds the nodes); an interrupt (Ctrl-C,
+        SIGTERM, SIGHUP) or a wait past the limit cancels the request that was never
+        granted. (salloc --no-shell exits once granted.)"""
+        base = f"{PurePosixPath(self.agents_dir).parent}/.salloc-{self.runs.me.run_id}"
+        out, rc = f"{base}.out", f"{base}.rc"
+        # (the detached shell lets go of this command's pipes at once)
+        script = ('exec </dev/null >/dev/null 2>&1; out=$1; rc=$2; shift 2; '
+                  '"$@" >"$out" 2>&1; echo $? >"$rc.tmp"; mv "$rc.tmp" "$rc"')
+        self.shell.mkdir(str(PurePosixPath(base).parent))
+        self.shell.run(["rm", "-f", out, rc], timeout=30)
+        self.jobs.counts["salloc"] += 1
+        res = self.shell.run(["setsid", "-f", "sh", "-c", script, "sh", out, rc, *argv],
+                             timeout=30, retry_on_drop=False)
+        if not res.ok:  # (it may have started all the same: never leave a request behind)
+            self._cancel_request(None)
+            raise ExecutionError(f"could not start salloc: {res.describe()}")
+        started, since = time.monotonic(), datetime.now().strftime("%H:%M:%S")
+        say_at = started + 10.0
+        job_id: str | None = None
+        try:
+            while True:
+                code = self._read(rc).strip()
+                output = self._read(out)
+                if code.lstrip("-").isdigit():
+                    self.shell.run(["rm", "-f", out, rc], timeout=30)
+                    self.runs.waiting_for(None)
+                    return int(code), output
+                found = re.search(r"job allocation (\d+)", output)
+                if found and job_id is None:
+                    job_id = found.group(1)
+                    self.runs.waiting_for(job_id)  # the next run cancels it if we are killed
+                now = time.monotonic()
+                if now - started > self.wait_seconds + 60:
+                    raise ExecutionError(f"salloc did not finish within {self.wait_seconds + 60}"
+                                         f" s: {output.strip()[-500:]}")
+                if now >= say_at:
+                    say_at = now + SAY_EVERY
+                    self.warn(self._waiting_line(job_id, since))
+                time.sleep(0.2)
+        except BaseException:  # interrupted, or waited too long: never leave the request
+            self._cancel_request(job_id)
+            raise
+
+    def _waiting_line(self, job_id: str | None, since: str) -> str:
+        """What the allocation request waits for, since when, and who holds the nodes
+        when it is the user's own allocation."""
+        reason = f" ({self._queue_state(job_id)})" if job_id else ""
+        line = (f"Waiting since {since} for the persistent allocation "
+                f"{job_id or '(request not queued yet)'}{reason} on "
+                f"{self.request.partition or 'the default partition'}.")
+        note = blocker_note(self.jobs, self.user, self.request.partition, one_shot=False,
+                            exclude=job_id)
+        return f"{line} {note[0].upper()}{note[1:]}." if note else line
+
+    def _queue_state(self, job_id: str) -> str:
+        """``PENDING Resources``: the request's state and reason as squeue has them."""
+        res = self.jobs.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"])
+        return (res.stdout.strip() or "not in the queue") if res.ok else "squeue failed"
+
+    def _cancel_request(self, job_id: str | None) -> None:
+        """scancel an allocation request of this run that was never granted (found by its
+        id, else by name, owner and comment among the user's pending jobs)."""
+        ids = [job_id] if job_id else []
+        if not ids:
+            with contextlib.suppress(SchedulerError):
+                ids = [j for j, status, comment in self.jobs.by_name(self.user,
+                                                                     self.request.job_name)
+                       if status == "PENDING" and comment == self.owner]
+        if ids:
+            self.jobs.scancel(ids)
+            self.warn(f"Cancelled the allocation request {', '.join(ids)} that was not granted.")
+
+    def _read(self, path: str) -> str:
+        return self.shell.read_from(path, 0, 1 << 16).decode("utf-8", "replace")
 
     def _fill_from_scontrol(self, state: AllocationState) -> None:
         res = self.jobs.run(["scontrol", "show", "job", "-o", state.job_id])
@@ -546,10 +745,12 @@ class AllocationManager:
     # -- status / release -----------------------------------------------------------------
     def status(self) -> dict[str, object]:
         """The state file plus the scheduler's view (for ``trtllm-slurm alloc status``)."""
-        with self.lock:
-            state = self.read_state()
+        state = self.peek_state()  # never waits for a run that holds the lock
         if state is None:
-            return {"state_file": str(self.state_path), "allocation": None}
+            info: dict[str, object] = {"state_file": str(self.state_path), "allocation": None}
+            if self.state_path.exists():
+                info["unreadable"] = True
+            return info
         left = self.jobs.time_left(state.job_id)
         steps = self.jobs.squeue_steps(state.job_id) if left else None
         return {
@@ -562,10 +763,15 @@ class AllocationManager:
 
     def release(self) -> str:
         """scancel the allocation of the state file (and our orphans); delete the state."""
-        with self.lock:
+        with self.holding_lock():
             state = self.read_state()
             msgs = []
-            if state is not None:
+            ident = self.jobs.identity(state.job_id) if state is not None else None
+            foreign = self._foreign(state, ident) if state is not None and ident else None
+            if state is not None and foreign:
+                msgs.append(f"State file named job {state.job_id}, which is not this "
+                            f"checkout's allocation ({foreign}): not cancelled.")
+            elif state is not None:
                 out = " ".join(r.stderr + r.stdout for r in self.jobs.scancel([state.job_id]))
                 gone = "invalid job id" in out.lower()
                 msgs.append(f"Allocation {state.job_id} " + (

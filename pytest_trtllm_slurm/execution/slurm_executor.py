@@ -66,6 +66,9 @@ from .allocation import AllocationManager, AllocationState
 from .base import JobHandle
 from .docker import TRTLLM_RUN_FLAGS
 from .outcome import JobState, JobStatus, map_slurm_state
+from .own_blockers import WAITING_REASONS, blocker_note
+from .reaper import reap_dead_runs
+from .runs import RunRegistry
 from .shell import LocalShell, Shell
 from .slurm_batch import (
     TrackedJob,
@@ -81,6 +84,7 @@ from .slurm_jobs import AcctRow, QueueRow, SchedulerError, SlurmJobs, parse_dura
 MPI_FALLBACKS = ("pmix", "pmi2")
 WRAPPING_RUNTIMES = ("docker", "podman")
 CONTAINER_SCRIPT = "container_run.sh"  # the wrapper script, in the batch's work dir
+BLOCKER_AFTER = 5.0  # seconds a job waits before we look for the user's own allocation
 CONTAINER_STOP_WAIT = 15.0  # seconds a cancelled wrapped step has to remove its container
 # seconds between looks at a persistent allocation whose warm workers serve this run's
 # batches (nothing else asks the scheduler then): a failed node ends the allocation
@@ -112,6 +116,7 @@ class SlurmExecutor:
         report_wait: float = 15.0,
         walltime: WalltimePolicy | None = None,
         warm_workers: bool = False,
+        runs: RunRegistry | None = None,
     ) -> None:
         if persistent and allocation_manager is None:
             raise ValueError("persistent=True needs an allocation_manager")
@@ -159,6 +164,12 @@ class SlurmExecutor:
         self._alive: dict[str, float] = {}  # allocation -> when squeue last said it runs (epoch)
         self._watch_failing: dict[str, float] = {}  # allocation -> since when squeue fails
         self._ended: set[str] = set()  # allocations the scheduler ended during this run
+        # this run's record (what it submitted, for the next run after a SIGKILL)
+        self.runs = runs or (allocation_manager.runs if allocation_manager else None)
+        self._reaped = False
+        self._recorded: set[str] = set()  # warm batches noted in this run's record
+        self._blockers: dict[str, str] = {}  # job id -> who holds the nodes it waits for
+        self._said_failing = 0.0
 
     def expect(self, specs_nodeids: set[str]) -> None:
         """The run's node ids (before the first submit): one worker session collects all."""
@@ -170,6 +181,10 @@ class SlurmExecutor:
     def submit(self, spec: JobSpec) -> JobHandle:
         """Start the batch without waiting for it; a refused submission comes back as a
         handle in state ERROR (its tests then fail with the scheduler's message)."""
+        if self.runs is not None and not self._reaped:
+            self._reaped = True  # what killed runs left behind goes first
+            reap_dead_runs(self.runs, self.jobs, self.shell,
+                           self.slurm_env.user if self.slurm_env else None, self.warn)
         if self.container_runtime == "pyxis" and spec.container_image:
             # inside the image: its python, and the plugin mounted on PYTHONPATH
             spec = spec.model_copy(update={"env": container_env(spec),
@@ -206,6 +221,8 @@ class SlurmExecutor:
         path = str(PurePosixPath(spec.work_dir) / "job.sbatch")
         self.shell.write_file(path, script)
         job_id = self.jobs.sbatch(path, cwd=spec.work_dir)
+        if self.runs is not None:
+            self.runs.add_job(job_id, spec.job_name)
         return TrackedJob(JobHandle(job_id=job_id, spec=spec, submitted_at=time.time()), opts)
 
     def _launch_step(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState) -> TrackedJob:
@@ -237,6 +254,16 @@ class SlurmExecutor:
         pool.place_waiting(self._start_granted_step)
         self._sync_warm(job)
         return job
+
+    def _record_warm(self, job: TrackedJob) -> None:
+        """Note a batch sent to a session in this run's record (once), so that the next run
+        can cancel it if this controller is killed."""
+        placement = job.warm.placement if job.warm else None
+        if (self.runs is None or placement is None or not placement.session
+                or job.handle.job_id in self._recorded):
+            return
+        self._recorded.add(job.handle.job_id)
+        self.runs.add_warm(placement.session, placement.request_name)
 
     def _gates(self, spec: JobSpec) -> bool:
         """A step worth launching before its nodes are free: the worker plugin's ranks
@@ -273,6 +300,7 @@ class SlurmExecutor:
         job.state = warm.state
         if warm.placement is not None:
             job.handle.nodelist = ",".join(n.name for n in warm.placement.nodes)
+            self._record_warm(job)
         if job.state.status is JobStatus.RUNNING and job.handle.started_at is None:
             job.handle.started_at = time.time()
 
@@ -294,6 +322,8 @@ class SlurmExecutor:
         )
         step_sh = job.path("step.sh")
         self.shell.write_file(step_sh, launcher)
+        if self.runs is not None:
+            self.runs.add_step(alloc.job_id, spec.work_dir)
         # a launch cut by a dropped connection may have started: never launch it twice
         res = self.shell.run(["setsid", "-f", "bash", step_sh], timeout=30, retry_on_drop=False)
         if not res.ok:
@@ -427,6 +457,7 @@ class SlurmExecutor:
             except SchedulerError as exc:
                 self._failures += 1
                 self._failing_since = self._failing_since or now
+                self._say_failing(exc, now)
                 if self._failures >= self.max_failures and (
                         now - self._failing_since >= self.fail_grace):
                     for job in active:
@@ -534,6 +565,18 @@ class SlurmExecutor:
         self._wake()
         return True
 
+    def _say_failing(self, exc: SchedulerError, now: float) -> None:
+        """A scheduler outage is not silent: from the second failure in a row, a line at
+        most every 30 s with what fails and since when."""
+        if self._failures < 2 or now - self._said_failing < 30.0:
+            return
+        self._said_failing = now
+        since = time.strftime("%H:%M:%S", time.localtime(
+            time.time() - (now - (self._failing_since or now))))
+        first = (str(exc).splitlines() or ["?"])[0]
+        self.warn(f"The scheduler has not answered since {since} ({self._failures} tries; "
+                  f"last: {first}); still waiting for it.")
+
     def _poll_warm(self, jobs: list[TrackedJob]) -> None:
         """Every call (files only, no scheduler): served batches' states, pool slots of
         ended steps given back, held-back batches placed."""
@@ -618,6 +661,8 @@ class SlurmExecutor:
             status = map_slurm_state(row.state) if row else None
             if row is not None and status is not None and not status.finished:
                 reason = row.reason if status is JobStatus.PENDING else None
+                if reason in WAITING_REASONS:
+                    reason = self._with_blocker(job, reason)
                 job.state = JobState(status=status, nodelist=row.nodelist, reason=reason)
                 if status is JobStatus.PENDING and self.walltime and not job.negotiated:
                     self._negotiate(job, row)
@@ -627,6 +672,19 @@ class SlurmExecutor:
                 left.append(job)
         if left:
             self._finalize_jobs(left)
+
+    def _with_blocker(self, job: TrackedJob, reason: str) -> str:
+        """A waiting job's reason, plus the user's own allocation when one holds nodes of
+        its partition (asked once per job, once it has waited BLOCKER_AFTER seconds)."""
+        job_id = job.handle.job_id
+        if (job_id not in self._blockers and self.slurm_env is not None
+                and self.slurm_env.user
+                and time.time() - job.handle.submitted_at >= BLOCKER_AFTER):
+            self._blockers[job_id] = blocker_note(
+                self.jobs, self.slurm_env.user, job.handle.spec.partition,
+                one_shot=not self.persistent) or ""
+        note = self._blockers.get(job_id)
+        return f"{reason}: {note}" if note else reason
 
     def _negotiate(self, job: TrackedJob, row: QueueRow) -> None:
         """Shorten the time limit of a job that would wait long (seed: walltime strategy)."""
@@ -826,6 +884,10 @@ class SlurmExecutor:
         self._cancel([j for j in self._jobs.values() if not j.state.status.finished])
         for pool in self._pools.values():
             pool.close()
+        if self.allocations is not None:
+            self.allocations.close()  # this run's lease on the allocation and its record
+        elif self.runs is not None:
+            self.runs.finish()
 
     # -- helpers ----------------------------------------------------------------------------
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:

@@ -56,6 +56,18 @@ class StepRow:
 
 
 @dataclass(frozen=True)
+class JobIdentity:
+    """Who a queued job belongs to (``squeue -o '%T|%L|%j|%u|%k'``)."""
+
+    job_id: str
+    state: str
+    time_left: str
+    name: str
+    user: str
+    comment: str
+
+
+@dataclass(frozen=True)
 class AcctRow:
     """Final (or current) state of a job or step from sacct / scontrol."""
 
@@ -380,6 +392,21 @@ class SlurmJobs:
             raise SchedulerError(res)
         fields = res.stdout.split()
         return (fields[0], fields[1] if len(fields) > 1 else "") if fields else None
+
+    def identity(self, job_id: str) -> JobIdentity | None:
+        """State, time left, name, owner and comment of one job; None when it is gone."""
+        res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%L|%j|%u|%k"])
+        if not res.ok:
+            if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
+                return None
+            raise SchedulerError(res)
+        line = next((ln for ln in res.stdout.splitlines() if ln.strip()), "")
+        cols = line.strip().split("|", 4)
+        if not cols[0]:
+            return None
+        cols += [""] * (5 - len(cols))
+        return JobIdentity(job_id, cols[0], cols[1], cols[2], cols[3],
+                           "" if cols[4] == "(null)" else cols[4])
 
     def by_name(self, user: str, name: str) -> list[tuple[str, str, str]]:
         """(job id, state, comment) of ``user``'s jobs named ``name`` (user AND name filter)."""

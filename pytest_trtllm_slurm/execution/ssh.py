@@ -72,6 +72,9 @@ class SSHShell:
         self._sftp_lock = threading.Lock()  # one SFTP request at a time
         self._conn: Connection | None = None
         self._ever_connected = False
+        # told while a dropped connection is re-established (the run shows it: a frozen
+        # run is worse than a line); None: the log only
+        self.notify: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
         state = "connected" if self._conn and self._conn.active else "not connected"
@@ -116,8 +119,14 @@ class SSHShell:
 
     def _reconnect(self) -> Connection:
         last: Exception | None = None
-        for delay in (0.0, *self._backoff):
+        since, started, said = time.strftime("%H:%M:%S"), time.monotonic(), -1e9
+        for attempt, delay in enumerate((0.0, *self._backoff), 1):
             if delay:
+                if self.notify is not None and time.monotonic() - said >= 30.0:
+                    said = time.monotonic()
+                    self.notify(f"The SSH connection to {self.target.display} dropped at "
+                                f"{since}; reconnecting (attempt {attempt} of "
+                                f"{len(self._backoff) + 1}; last error: {last}).")
                 time.sleep(delay)
             try:
                 conn = connect(self.target, self._otp_provider)
@@ -127,6 +136,9 @@ class SSHShell:
                 continue
             self.reconnects += 1
             log.warning("ssh: connection to %s re-established", self.target.display)
+            if self.notify is not None and attempt > 1:
+                self.notify(f"The SSH connection to {self.target.display} is back (dropped at "
+                            f"{since}, {time.monotonic() - started:.0f} s ago).")
             return conn
         raise SSHConnectError(
             f"the SSH connection to {self.target.display} dropped and could not be "

@@ -1,0 +1,50 @@
+"""SIGTERM and SIGHUP do what Ctrl-C does while a run dispatches.
+
+CI systems end a job with SIGTERM (abort, timeout) and a closed terminal sends SIGHUP.
+Python's default for both is to die at once, leaving this run's jobs, steps and a
+pending allocation request in the queue. Raised as a KeyboardInterrupt instead, they
+take Ctrl-C's path: the run's jobs are cancelled, the persistent allocation stays, the
+summary of what finished is printed and pytest exits with its "interrupted" code (2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
+                if s is not None)
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM or SIGHUP, taken as Ctrl-C (pytest reports it as an interruption)."""
+
+
+@contextlib.contextmanager
+def signals_as_interrupt() -> Iterator[None]:
+    """While inside: the first SIGTERM/SIGHUP raises Terminated in the main thread; later
+    ones are ignored, so the cleanup they started runs to its end. Outside the main
+    thread (no signal handlers there) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if received:
+            return  # already cleaning up: let it finish
+        received.append(signum)
+        raise Terminated(f"{signal.Signals(signum).name} received: cancelling this run's "
+                         "jobs (the persistent allocation stays)")
+
+    previous = {}
+    for sig in SIGNALS:
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
