@@ -116,16 +116,18 @@ def task_layout(spec: JobSpec) -> tuple[int, int]:
     return 1, 1
 
 
-def shell_word(value: object) -> str:
-    """``value`` as one bash word that stays on its line.
+def shell_word(value: object, *, one_line: bool = False) -> str:
+    """``value`` as one bash word.
 
-    shlex.quote keeps a newline or carriage return inside the quotes: a script line
-    would then span lines (and sbatch refuses a script with ``\r\n``). A value with
-    control characters is written with bash's ``$'...'`` escapes instead, so every
-    rendered line is one physical line. NUL cannot be passed to a program at all.
+    shlex.quote keeps control characters inside the quotes as they are: a carriage
+    return or an escape sequence would then hide text when the line is shown, and
+    sbatch refuses a script with ``\r\n``. Such a value is written with bash's
+    ``$'...'`` escapes instead; so is a newline or tab when ``one_line`` (a script
+    line that must be one physical line). NUL cannot be passed to a program at all.
     """
     text = str(value)
-    if not control_chars(text):
+    found = set(control_chars(text)) - (set() if one_line else {"\\n", "\\t"})
+    if not found:
         return shlex.quote(text)
     if "\x00" in text:
         raise ValueError(f"{text!r} contains a NUL character: no shell or program can take it")
@@ -172,7 +174,8 @@ def _env_lines(env: dict[str, str]) -> list[str]:
     problem = env_problem(env)
     if problem:
         raise ValueError(f"job environment: {problem}")
-    return [f"export {key}={_q(value)}" for key, value in sorted(env.items())]
+    return [f"export {key}={shell_word(value, one_line=True)}"
+            for key, value in sorted(env.items())]
 
 
 def _cwd(spec: JobSpec) -> str:

@@ -58,6 +58,7 @@ from ..errors import ConfigError
 from ..jobspec import JobSpec
 from ..masking import is_secret
 from ..models import LocalEnv
+from ..safe_values import argument_problem
 from ..scripts import rerun_argv
 from .base import JobHandle
 from .local_process import LocalJob, LocalProcessExecutor
@@ -201,6 +202,10 @@ class ContainerExecutor(LocalProcessExecutor):
         """ConfigError unless ``image`` is in the engine's local store (never pulled)."""
         if image in self._images_ok:
             return
+        problem = argument_problem(image)
+        if problem:  # "docker image inspect -x" would take it as an option
+            raise ConfigError(f"container image {image!r} {problem}; choose another image "
+                              "with --trtllm-container-image")
         res = self._engine("image", "inspect", "--format", "{{.Id}}", image)
         if res.returncode != 0:
             lines = (res.stderr or res.stdout).strip().splitlines()
