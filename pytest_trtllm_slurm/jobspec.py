@@ -123,6 +123,11 @@ class JobSpec(BaseModel):
     def _mounts(cls, value: list[str]) -> list[str]:
         return checked(value, safe_values.mounts_problem)
 
+    @field_validator("command", "rerun_argv")
+    @classmethod
+    def _argv(cls, value: list[str]) -> list[str]:
+        return checked(value, safe_values.argv_problem)
+
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:

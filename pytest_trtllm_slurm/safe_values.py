@@ -150,6 +150,12 @@ def env_problem(env: Mapping[str, str]) -> str | None:
     return "; ".join(out) or None
 
 
+def argv_problem(argv: Iterable[str]) -> str | None:
+    """No argv element can hold NUL: execve would cut it there."""
+    bad = [a for a in argv if "\x00" in a]
+    return f"argument {bad[0]!r} contains a NUL character (\\x00)" if bad else None
+
+
 def path_problem(value: str, *, absolute: bool = False) -> str | None:
     """Problem with a path that is rendered into directives and scripts."""
     if not value:

@@ -59,7 +59,7 @@ from ..jobspec import JobSpec
 from ..masking import is_secret
 from ..models import LocalEnv
 from ..safe_values import argument_problem
-from ..scripts import rerun_argv
+from ..scripts import rerun_argv, shell_join, shell_word
 from .base import JobHandle
 from .local_process import LocalJob, LocalProcessExecutor
 from .outcome import JobState, JobStatus
@@ -332,7 +332,7 @@ class ContainerExecutor(LocalProcessExecutor):
             flags += ["-e", key if is_secret(key, value) else f"{key}={value}"]
         image_at = argv.index(spec.container_image or "")
         argv[image_at:image_at] = flags
-        return f"cd {shlex.quote(workdir_of(spec))} && {shlex.join(argv)}"
+        return f"cd -- {shell_word(workdir_of(spec))} && {shell_join(argv)}"
 
     def close(self) -> None:
         """Cancel what still runs, then remove anything of this executor the engine has."""
