@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -21,7 +21,7 @@ from .models import Scenario
 T = TypeVar("T")
 
 
-def checked(value: T, check: Callable[[T], str | None]) -> T:
+def checked(value: T, check: Callable[[Any], str | None]) -> T:
     """``value`` unchanged, or the ValueError pydantic reports for its field when ``check``
     (a safe_values check) finds a problem; None passes."""
     if value is not None:

@@ -16,12 +16,12 @@ from . import options
 from .batching import BatchKey
 from .config import ClusterConfig, ClustersFile, Settings, load_clusters_file
 from .errors import ConfigError
-from .safe_values import line_problem
 from .execution.base import Executor
 from .jobspec import JobSpec
 from .models import Scenario
 from .planning import PlanningContext
 from .requirements import PerfSources
+from .safe_values import line_problem
 
 if TYPE_CHECKING:
     from .execution.allocation import AllocationManager, AllocationRequest

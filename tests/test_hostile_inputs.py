@@ -22,9 +22,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from devcluster import wait_for_job
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
-from devcluster import wait_for_job
 from pydantic import ValidationError
 
 from pytest_trtllm_slurm import options, safe_values
