@@ -529,3 +529,17 @@ def test_newline_in_account_is_a_usage_error_naming_its_source(tmp_path, where) 
     assert res.returncode == 4, out
     assert expected in out and "INTERNALERROR" not in out
     assert not list(tmp_path.rglob(f"{SENTINEL}*"))
+
+
+def test_bad_marker_value_under_xdist_errors_that_test_only(tmp_path) -> None:
+    """An xdist worker cannot end the run with a usage error (xdist would report a crashed
+    worker): the test whose marker is bad errors with the message; the others run."""
+    (tmp_path / "test_hostile.py").write_text(
+        SUITE.replace("MARKER", 'env={"A=B": "x"}') + "\ndef test_fine(): pass\n",
+        encoding="utf-8")
+    res = _pytest(tmp_path, "-n", "2", "--trtllm-remote", "--trtllm-scenario", "local_direct",
+                  "--trtllm-dispatch", "all", "-rA")
+    out = res.stdout + res.stderr
+    assert res.returncode == 1 and "INTERNALERROR" not in out, out
+    assert "ERROR test_hostile.py::test_hostile - trtllm_slurm marker: env: name 'A=B'" in out
+    assert "PASSED test_hostile.py::test_fine" in out
