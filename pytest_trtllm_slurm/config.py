@@ -39,7 +39,7 @@ class ClusterConfig(BaseModel):
 
     name: str = ""
     ssh_host: str | None = None
-    ssh_port: int | None = None
+    ssh_port: int | None = Field(None, ge=1, le=65535)
     user: str | None = None
     identity_file: str | None = None
     known_hosts: str | None = None
@@ -89,8 +89,17 @@ class ClusterConfig(BaseModel):
     def _argument(cls, value: str | None) -> str | None:
         return checked(value, safe_values.argument_problem)
 
-    @field_validator("identity_file", "known_hosts", "user_root_dir", "remote_cwd",
-                     "models_root", "device_type", "time_limit")
+    @field_validator("models_root")
+    @classmethod
+    def _mount_path(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.mount_path_problem)
+
+    @field_validator("user_root_dir", "remote_cwd")
+    @classmethod
+    def _remote_dir(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)  # `cd DIR`: not an option
+
+    @field_validator("identity_file", "known_hosts", "device_type", "time_limit")
     @classmethod
     def _one_line(cls, value: str | None) -> str | None:
         return checked(value, safe_values.line_problem)

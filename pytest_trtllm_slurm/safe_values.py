@@ -192,6 +192,19 @@ def mount_problem(text: str) -> str | None:
     return None
 
 
+def mount_path_problem(path: str) -> str | None:
+    """Problem with a path mounted at itself (the models root): absolute, and no ``,`` or
+    ``:`` (the separators of docker -v and pyxis --container-mounts)."""
+    problem = _line_problem(path)
+    if problem:
+        return problem
+    if not path.startswith("/"):
+        return "is not an absolute path"
+    if "," in path or ":" in path:
+        return "contains ',' or ':' (the separators of docker -v and pyxis --container-mounts)"
+    return None
+
+
 def mounts_problem(mounts: Iterable[str]) -> str | None:
     """The first bad mount of ``mounts`` and its problem, or None."""
     for text in mounts:

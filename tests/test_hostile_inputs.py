@@ -409,7 +409,8 @@ def test_option_values_are_checked_with_their_source(value, name) -> None:
 
 @FAST
 @given(value=hostile, key=st.sampled_from(["account", "partition", "ssh_host", "user",
-                                           "container_image", "python", "remote_cwd"]))
+                                           "container_image", "python", "remote_cwd",
+                                           "user_root_dir", "models_root", "known_hosts"]))
 def test_clusters_file_values_are_checked_with_their_key(tmp_path_factory, value, key) -> None:
     assume("\x00" not in value)  # TOML cannot carry NUL at all
     folder = tmp_path_factory.mktemp("clusters")
@@ -424,6 +425,29 @@ def test_clusters_file_values_are_checked_with_their_key(tmp_path_factory, value
         return
     assert getattr(clusters.get("c"), key) == value
     assert not safe_values.control_chars(value)
+
+
+@FAST
+@given(value=hostile, key=st.sampled_from(["account", "partition", "model_name",
+                                           "container_image", "mounts", "custom_env"]))
+def test_case_inputs_are_checked_with_their_source(value, key) -> None:
+    """Cases (``trtllm-slurm run`` flags, case files) feed the same job scripts."""
+    from pytest_trtllm_slurm.cases import CaseInput
+
+    field: object = {"mounts": [f"/data/{value}"], "custom_env": {"X": value}}.get(key, value)
+    try:
+        case = CaseInput.build("case file cases.yaml, case 3", **{key: field})
+    except ConfigError as exc:
+        assert str(exc).startswith(f"case file cases.yaml, case 3: {key}: ")
+        return
+    got = getattr(case, key)
+    if key == "custom_env":
+        assert "\x00" not in got["X"]
+    elif key == "mounts":
+        assert safe_values.mounts_problem(got) is None
+    else:
+        assert not safe_values.control_chars(got)
+        assert key == "model_name" or not got.startswith("-")
 
 
 # --------------------------------------------------------------------------- end to end
