@@ -25,6 +25,7 @@ import pytest
 from devcluster import wait_for_job
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from pydantic import ValidationError
 
 from pytest_trtllm_slurm import options, safe_values
@@ -144,6 +145,12 @@ def sandbox(fake_bin: Path):
         box.close()
 
 
+def _event(text: str) -> None:
+    """Count ``text`` in hypothesis' statistics (--hypothesis-show-statistics)."""
+    if currently_in_test_context():
+        event(text)
+
+
 def spec_or_refusal(**fields: object) -> JobSpec | None:
     """The JobSpec, or None when the model refuses a value (asserting it says why)."""
     base: dict[str, object] = dict(
@@ -158,9 +165,9 @@ def spec_or_refusal(**fields: object) -> JobSpec | None:
         spec = JobSpec(**base)
     except ValidationError as exc:
         assert exc.errors() and all(e["msg"] for e in exc.errors())
-        event(f"refused by JobSpec: {sorted({str(e['loc'][0]) for e in exc.errors()})}")
+        _event(f"refused by JobSpec: {sorted({str(e['loc'][0]) for e in exc.errors()})}")
         return None
-    event("rendered and run")
+    _event("rendered and run")
     return spec
 
 
@@ -567,3 +574,46 @@ def test_bad_marker_value_under_xdist_errors_that_test_only(tmp_path) -> None:
     assert res.returncode == 1 and "INTERNALERROR" not in out, out
     assert "ERROR test_hostile.py::test_hostile - trtllm_slurm marker: env: name 'A=B'" in out
     assert "PASSED test_hostile.py::test_fine" in out
+
+
+# --------------------------------------------------------------------------- option injection
+
+
+@pytest.mark.parametrize("bad", ["--user=root", "-u", "123 --user=root", "", "123\n456"])
+def test_scancel_takes_only_job_ids(sandbox, monkeypatch, bad) -> None:
+    """An id read back from a damaged state or step file must not become an option of
+    scancel (``--user=root`` cancels every job of root)."""
+    from pytest_trtllm_slurm.errors import ExecutionError
+    from pytest_trtllm_slurm.execution.shell import LocalShell
+    from pytest_trtllm_slurm.execution.slurm_jobs import SlurmJobs
+
+    box = sandbox()
+    monkeypatch.setenv("PATH", box.env["PATH"])
+    monkeypatch.setenv("REC_DIR", str(box.rec))
+    jobs = SlurmJobs(LocalShell())
+    if bad:
+        with pytest.raises(ExecutionError, match="refusing Slurm job id"):
+            jobs.scancel(["77", bad])
+        assert box.calls("scancel") == []
+    jobs.scancel(["77", "77.3", "78_2", "79.batch"])
+    assert box.argv("scancel") == ["scancel", "77", "77.3", "78_2", "79.batch"]
+
+
+@pytest.mark.parametrize("image", ["--privileged", "-v/:/host", "img\n--privileged", ""])
+def test_container_images_are_never_options(image) -> None:
+    """docker/podman read the image as a positional argument: one that starts with '-'
+    would be one more option of ``run`` (or of ``image inspect``)."""
+    from pytest_trtllm_slurm.containers import engine_run_argv
+    from pytest_trtllm_slurm.execution.docker import ContainerExecutor
+
+    spec = spec_or_refusal(container_image=image or None)
+    assert spec is None or not image
+    base = spec_or_refusal()
+    assert base is not None
+    with pytest.raises(ValueError):
+        engine_run_argv("docker", base, name="n", image=image)
+    with pytest.raises(ValueError):
+        wrap_in_container(["true"], "podman", image)
+    if image:
+        with pytest.raises(ConfigError, match="container image"):
+            ContainerExecutor("docker", run_flags=[]).check_image(image)
