@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
+from . import safe_values  # stdlib only: registering options still imports no pydantic
 from .errors import ConfigError
 
 if TYPE_CHECKING:  # config/requirements import pydantic: loaded only when settings are needed
@@ -48,7 +49,7 @@ class Opt:
     false_flag: str | None = None  # bool: a second flag storing False into the same dest
     cluster_key: str | None = None  # ClusterConfig attribute used as a fallback
     # what the text must look like beyond its kind (safe_values check), e.g. a Slurm name
-    check: Literal["slurm_name", "cluster_name", "argument"] | None = None
+    check: Literal["slurm_name", "argument"] | None = None
 
     @property
     def ini(self) -> str:
@@ -74,7 +75,7 @@ OPTIONS: tuple[Opt, ...] = (
         "dispatch tests that need other hardware (on by default when --slurm-cluster or "
         "--device-type is given on the command line)"),
     Opt("slurm_cluster", "slurm_cluster", "--slurm-cluster", "str", None,
-        "cluster name from the clusters file ([clusters.NAME])", check="cluster_name"),
+        "cluster name from the clusters file ([clusters.NAME])", check="slurm_name"),
     Opt("device_type", "device_type", "--device-type", "str", None,
         "device type the tests need, e.g. H200", cluster_key="device_type"),
     Opt("scenario", "scenario", "--trtllm-scenario", "choice", "auto",
@@ -259,10 +260,8 @@ def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -
 
 
 def _expected(opt: Opt) -> str:
-    if opt.check in ("slurm_name", "cluster_name"):
-        from .safe_values import SLURM_NAME_RULE
-
-        return f"a non-empty Slurm name ({SLURM_NAME_RULE})"
+    if opt.check == "slurm_name":
+        return f"a non-empty Slurm name ({safe_values.SLURM_NAME_RULE})"
     if opt.check == "argument":
         return "a non-empty line of text that does not start with '-'"
     return {
@@ -336,9 +335,7 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
 def _text_problem(opt: Opt, text: str) -> str | None:
     """Why ``text`` cannot be used: every text must stay on one line (it may reach an
     #SBATCH line or a script); names and positional arguments have stricter rules."""
-    from . import safe_values
-
-    if opt.check in ("slurm_name", "cluster_name"):
+    if opt.check == "slurm_name":
         return safe_values.slurm_name_problem(text)
     if opt.check == "argument":
         return safe_values.argument_problem(text)

@@ -13,6 +13,7 @@ env, and no injected command ran (the ``PWNED`` sentinel file never appears).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -617,3 +618,20 @@ def test_container_images_are_never_options(image) -> None:
     if image:
         with pytest.raises(ConfigError, match="container image"):
             ContainerExecutor("docker", run_flags=[]).check_image(image)
+
+
+@pytest.mark.parametrize("config, names", [
+    ("Host c\n  HostName -oProxyCommand=touch_PWNED\n", "HostName of c in ssh config"),
+    ("Host c\n  User -oProxyCommand=x\n", "the SSH user of [clusters.c]"),
+    ("Host c\n  ProxyJump -J@jump\n", "ProxyJump"),
+    ("Host c\n  ProxyJump jump\nHost jump\n  HostName -ojump\n", "ProxyJump host 'jump'"),
+])
+def test_ssh_config_values_that_are_options_are_refused(tmp_path, config, names) -> None:
+    """ssh config is another source of hosts and users: one that ssh would read as an
+    option is a usage error naming where it was found."""
+    path = tmp_path / "ssh_config"
+    path.write_text(config, encoding="utf-8")
+    with pytest.raises(ConfigError, match=re.escape(names)):
+        target = SSHTarget.from_cluster(ClusterConfig(name="c", ssh_host="c"),
+                                        ssh_config_path=path)
+        target.jump_hosts()

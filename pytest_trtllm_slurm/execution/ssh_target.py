@@ -83,7 +83,7 @@ class SSHTarget(BaseModel):
         _check(cluster.ssh_host, host_problem, f"ssh_host of {where}")
         _check(hostname, host_problem, f"HostName of {cluster.ssh_host} in ssh config")
         _check(user, user_problem, f"the SSH user of {where} (user, ssh config User or "
-               "your login name)")
+               "your login name)", fix=f"set user = \"NAME\" in {where}")
         return cls(
             cluster=cluster.name,
             alias=cluster.ssh_host,
@@ -114,7 +114,8 @@ class SSHTarget(BaseModel):
             _check(found.get("hostname", host), host_problem,
                    f"ProxyJump host {host!r} of {self.alias} in ssh config")
             _check(user or found.get("user") or self.user, user_problem,
-                   f"the user of ProxyJump host {host!r} of {self.alias} in ssh config")
+                   f"the user of ProxyJump host {host!r} of {self.alias} in ssh config",
+                   fix="give the hop a user name (user@host) in ssh config")
             ids = found.get("identityfile") or list(self.identity_files)
             hops.append(
                 self.model_copy(
@@ -163,13 +164,13 @@ def parse_jump_spec(spec: str) -> tuple[str | None, str, int | None]:
     return (user or None), host, port
 
 
-def _check(value: str, check: Callable[[str], str | None], what: str) -> None:
+def _check(value: str, check: Callable[[str], str | None], what: str,
+           fix: str = "use a host name, an IP address or an alias from ~/.ssh/config") -> None:
     """ConfigError naming ``what`` when ``check`` refuses ``value`` (e.g. a host that
     starts with '-' would reach ssh as an option)."""
     problem = check(value)
     if problem:
-        raise ConfigError(f"{what}: found {value!r}, which {problem}; use a host name, an "
-                          "IP address or an alias from ~/.ssh/config")
+        raise ConfigError(f"{what}: found {value!r}, which {problem}; {fix}")
 
 
 def _first(value: str | list[str] | None) -> str | None:
