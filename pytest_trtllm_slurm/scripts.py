@@ -385,4 +385,4 @@ def render_rerun_step(spec: JobSpec, nodeid: str, alloc_job_id: str, opts: Slurm
         launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=share,
         container=opts.container,
     )
-    return f"cd -- {_q(_cwd(spec))} && " + shell_join(argv)
+    return f"cd {_q(_cwd(spec))} && " + shell_join(argv)

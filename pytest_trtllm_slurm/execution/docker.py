@@ -332,7 +332,7 @@ class ContainerExecutor(LocalProcessExecutor):
             flags += ["-e", key if is_secret(key, value) else f"{key}={value}"]
         image_at = argv.index(spec.container_image or "")
         argv[image_at:image_at] = flags
-        return f"cd -- {shell_word(workdir_of(spec))} && {shell_join(argv)}"
+        return f"cd {shell_word(workdir_of(spec))} && {shell_join(argv)}"
 
     def close(self) -> None:
         """Cancel what still runs, then remove anything of this executor the engine has."""
