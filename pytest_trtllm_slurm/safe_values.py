@@ -19,8 +19,6 @@ from collections.abc import Iterable, Mapping
 #: Slurm account, QOS, reservation and partition names: letters, digits, ``_.+-``,
 #: not starting with ``-`` (what sacctmgr and slurm.conf accept in practice).
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
-#: node features: names joined by Slurm's constraint operators
-_CONSTRAINT = re.compile(r"[A-Za-z0-9_\[(!][A-Za-z0-9_.+\-&|\[\]*(),:!]*\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _HOST = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9_.:%\[\]-]*\Z")
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@$-]*\Z")
@@ -55,27 +53,15 @@ def _dash_problem(value: str) -> str | None:
     return "starts with '-' (it would be read as an option)" if value.startswith("-") else None
 
 
-def slurm_name_problem(value: str, *, allow_list: bool = False) -> str | None:
-    """Problem with an account / partition / QOS / reservation name (or a comma list)."""
+def slurm_name_problem(value: str) -> str | None:
+    """Problem with an account / partition / QOS / reservation / cluster name."""
     if not isinstance(value, str):
         return f"is a {type(value).__name__}, not a text"
     problem = _line_problem(value) or _dash_problem(value)
     if problem:
         return problem
-    parts = value.split(",") if allow_list else [value]
-    if not all(_SLURM_NAME.match(p) for p in parts):
-        rule = SLURM_NAME_RULE + (", several joined by ','" if allow_list else "")
-        return f"is not a Slurm name ({rule})"
-    return None
-
-
-def constraint_problem(value: str) -> str | None:
-    """Problem with a ``--constraint`` expression (features joined by ``& | , [] * ()``)."""
-    problem = _line_problem(value) or _dash_problem(value)
-    if problem:
-        return problem
-    if not _CONSTRAINT.match(value):
-        return "is not a Slurm constraint (feature names joined by & | , [ ] * ( ) : !)"
+    if not _SLURM_NAME.match(value):
+        return f"is not a Slurm name ({SLURM_NAME_RULE})"
     return None
 
 
@@ -154,18 +140,6 @@ def argv_problem(argv: Iterable[str]) -> str | None:
     """No argv element can hold NUL: execve would cut it there."""
     bad = [a for a in argv if "\x00" in a]
     return f"argument {bad[0]!r} contains a NUL character (\\x00)" if bad else None
-
-
-def path_problem(value: str, *, absolute: bool = False) -> str | None:
-    """Problem with a path that is rendered into directives and scripts."""
-    if not value:
-        return "is empty"
-    problem = _line_problem(value)
-    if problem:
-        return problem
-    if absolute and not value.startswith("/"):
-        return "is not an absolute path"
-    return None
 
 
 def mount_problem(text: str) -> str | None:
