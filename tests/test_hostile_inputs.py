@@ -180,6 +180,25 @@ def _paths_in(box: Sandbox, name: str) -> tuple[str, str]:
     return str(work), str(work / "job.log")
 
 
+@pytest.mark.parametrize("check, good, bad", [
+    (safe_values.slurm_name_problem, ["acct_a", "gpu-h200", "p.q+1", "A1"],
+     ["", "-p", "a b", "acct'a", "a,b", "a\nb", "é", "a;b", "$(x)"]),
+    (safe_values.env_name_problem, ["A", "_X1", "lower"], ["", "1A", "A=B", "A B", "A-B", "é"]),
+    (safe_values.mount_problem, ["/a", "/a:/b", "/a:/b:ro", "/a::ro", "/a:/b:ro+rprivate"],
+     ["", "a:/b", "/a,/etc:/x", "/a:b", "/a:/b:r,o", "/a:/b:ro:x", "/a\n:/b", ":/b"]),
+    (safe_values.host_problem, ["login.example", "10.0.0.1", "[::1]", "gpu_login-2"],
+     ["", "-oProxyCommand=x", "a b", "a;b", "me@login", "a\nb", "$(x)"]),
+    (safe_values.user_problem, ["alice", "a.b-c", "svc$", "a@corp"], ["", "-l", "a b", "a;b"]),
+    (safe_values.argument_problem, ["nvcr.io/nv/img:1", "img with space"],
+     ["", "--privileged", "-v/:/x", "img\n-x"]),
+    (safe_values.job_name_problem, ["acct.$(x) `y`;z 'q'", "a/b"], ["", "-x", "a\rb", "a\x00"]),
+])
+def test_safe_value_rules(check, good, bad) -> None:
+    """The rules in words (README): each good value passes, each bad one gets a reason."""
+    assert [v for v in good if check(v)] == []
+    assert [v for v in bad if not check(v)] == []
+
+
 # --------------------------------------------------------------------------- sbatch script
 
 
