@@ -654,3 +654,33 @@ def test_ssh_config_values_that_are_options_are_refused(tmp_path, config, names)
         target = SSHTarget.from_cluster(ClusterConfig(name="c", ssh_host="c"),
                                         ssh_config_path=path)
         target.jump_hosts()
+
+
+HOSTILE_SUITE = '''
+import os
+import pytest
+
+VALUE = "line1\\nline2\\r\\n#SBATCH --uid=0\\n$(touch PWNED) `touch PWNED` 'q' \\u00e9\\t"
+
+
+@pytest.mark.trtllm_slurm(devices=1, env={"HOSTILE": VALUE})
+@pytest.mark.parametrize("x", ["it's $(touch PWNED) ;x `touch PWNED`"])
+def test_env_arrives(x):
+    assert os.environ["HOSTILE"] == VALUE
+    assert x == "it's $(touch PWNED) ;x `touch PWNED`"
+'''
+
+
+def test_hostile_marker_env_and_test_id_through_a_real_one_shot_job(devcluster, tmp_path) -> None:
+    """The whole plugin on the dev cluster: a marker env value with line breaks, CR and
+    command substitutions, and a test id full of quotes, reach the test unchanged through a
+    real sbatch script; nothing injected runs."""
+    (tmp_path / "test_hostile_env.py").write_text(HOSTILE_SUITE, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
+                          "--trtllm-remote", "--trtllm-one-shot"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "PASSED test_hostile_env.py::test_env_arrives[" in out
+    assert [str(p) for p in tmp_path.rglob("*") if p.name.startswith(SENTINEL)] == []
