@@ -34,6 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from . import safe_values
+from .config import checked
 from .errors import ConfigError
 from .execution.outcome import JobStatus
 from .models import DeviceRequirement
@@ -132,6 +134,32 @@ class CaseInput(BaseModel):
     def _one(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
 
+    # the same checks as the trtllm_slurm marker's: these reach #SBATCH lines and argv
+    @field_validator("partition", "account")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.slurm_name_problem)
+
+    @field_validator("container_image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)
+
+    @field_validator("name", "model_name", "device_type", "time_limit", "perf_config_yaml")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.line_problem)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        return checked(value, safe_values.mounts_problem)
+
+    @field_validator("custom_env")
+    @classmethod
+    def _env_values(cls, value: dict[str, str]) -> dict[str, str]:
+        return checked(value, safe_values.env_problem)
+
     @field_validator("checks")
     @classmethod
     def _checks(cls, value: list[str]) -> list[str]:
@@ -148,7 +176,8 @@ class CaseInput(BaseModel):
             return cls(**fields)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}"
+                f"{'.'.join(str(p) for p in err['loc']) or 'value'}: "
+                f"{err['msg'].removeprefix('Value error, ')}"
                 + (f" (found {err['input']!r})" if err["type"] != "extra_forbidden" else "")
                 for err in exc.errors()
             )

@@ -8,13 +8,27 @@ Precedence for every setting: CLI > env (TRTLLM_SLURM_<NAME>) > ini (trtllm_<nam
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from . import safe_values
 from .errors import ConfigError
 from .models import Scenario
+
+T = TypeVar("T")
+
+
+def checked(value: T, check: Callable[[Any], str | None]) -> T:
+    """``value`` unchanged, or the ValueError pydantic reports for its field when ``check``
+    (a safe_values check) finds a problem; None passes."""
+    if value is not None:
+        problem = check(value)
+        if problem:
+            raise ValueError(problem)
+    return value
 
 
 class ClusterConfig(BaseModel):
@@ -25,7 +39,7 @@ class ClusterConfig(BaseModel):
 
     name: str = ""
     ssh_host: str | None = None
-    ssh_port: int | None = None
+    ssh_port: int | None = Field(None, ge=1, le=65535)
     user: str | None = None
     identity_file: str | None = None
     known_hosts: str | None = None
@@ -54,6 +68,51 @@ class ClusterConfig(BaseModel):
     time_limit: str | None = None
     build_project: bool = False
     build_cmd: str | None = None
+
+    @field_validator("account", "partition")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.slurm_name_problem)
+
+    @field_validator("ssh_host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.host_problem)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.user_problem)
+
+    @field_validator("python", "container_image")
+    @classmethod
+    def _argument(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)
+
+    @field_validator("models_root")
+    @classmethod
+    def _mount_path(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.mount_path_problem)
+
+    @field_validator("user_root_dir", "remote_cwd")
+    @classmethod
+    def _remote_dir(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)  # `cd DIR`: not an option
+
+    @field_validator("identity_file", "known_hosts", "device_type", "time_limit")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.line_problem)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        return checked(value, safe_values.mounts_problem)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return checked(value, safe_values.env_problem)
 
     @property
     def is_remote(self) -> bool:
@@ -131,6 +190,10 @@ def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:
         )
     clusters: dict[str, ClusterConfig] = {}
     for name, table in (raw.get("clusters") or {}).items():
+        problem = safe_values.slurm_name_problem(name)
+        if problem:
+            raise ConfigError(f"clusters file {path}: cluster name {name!r} {problem} (it "
+                              "names the cluster's jobs); rename the [clusters.NAME] table")
         if not isinstance(table, dict):
             raise ConfigError(f"clusters file {path}: clusters.{name} must be a table")
         try:

@@ -33,6 +33,7 @@ from typing import Literal
 
 from .jobspec import JobSpec
 from .resolve import enroot_uri
+from .safe_values import argument_problem, line_problem, mount_problem
 
 Engine = Literal["docker", "podman"]
 
@@ -105,25 +106,25 @@ def container_name_for(image: str, *, account: str | None = None, salt: str = ""
 
 def parse_mount(text: str) -> tuple[str, str, str]:
     """``SRC[:DST[:FLAGS]]`` -> (src, dst, flags); DST defaults to SRC."""
+    problem = mount_problem(text)
+    if problem:
+        raise ValueError(f"mount {text!r} {problem}; expected SRC[:DST[:FLAGS]] with "
+                         "absolute paths")
     parts = text.split(":")
-    if len(parts) > 3 or not parts[0]:
-        raise ValueError(f"mount {text!r}: expected SRC[:DST[:FLAGS]] with absolute paths")
     src = parts[0]
     dst = parts[1] if len(parts) > 1 and parts[1] else src
     flags = parts[2] if len(parts) > 2 else ""
-    for path in (src, dst):
-        if not path.startswith("/"):
-            raise ValueError(f"mount {text!r}: {path!r} is not an absolute path")
     return src, dst, flags
 
 
 def _mount(src: str, dst: str | None = None, flags: str = "") -> str:
     dst = dst or src
     for path in (src, dst):
-        if any(c in path for c in ":,\n"):
+        if any(c in path for c in ":,") or line_problem(path):
             raise ValueError(
                 f"path {path!r} cannot be mounted into a container: it contains ':' or ',' "
-                "(the separators of docker -v and pyxis --container-mounts); use another path"
+                "(the separators of docker -v and pyxis --container-mounts) or a line break; "
+                "use another path"
             )
     return f"{src}:{dst}" + (f":{flags}" if flags else "")
 
@@ -265,6 +266,17 @@ def pyxis_setup_argvs(
 # --------------------------------------------------------------------------- docker / podman
 
 
+def positional_image(image: str | None, what: str) -> str:
+    """``image`` where docker/podman expect the image (a positional argument): an image
+    that starts with ``-`` would be read as one more option of ``run``."""
+    if not image:
+        raise ValueError(f"job spec {what!r} has no container image")
+    problem = argument_problem(image)
+    if problem:
+        raise ValueError(f"container image {image!r} {problem}")
+    return image
+
+
 def gpu_flags(engine: Engine, gpu_ids: Sequence[int] | None, all_gpus: bool = False) -> list[str]:
     """``--gpus all`` / ``--gpus "device=0,1"`` (docker), CDI devices (podman); none for CPU."""
     if all_gpus:
@@ -305,9 +317,7 @@ def engine_run_argv(
     (``client_sensitive``: PATH, HOME, DOCKER_*, proxies, ...) come from ``env_file``
     (``--env-file``; the executor passes a pipe holding ``env_file_text``).
     """
-    img = image or spec.container_image
-    if not img:
-        raise ValueError(f"job spec {spec.name!r} has no container image")
+    img = positional_image(image or spec.container_image, spec.name)
     argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never"]
     for key, value in sorted((labels or {}).items()):
         argv += ["--label", f"{key}={value}"]
@@ -411,6 +421,7 @@ def wrap_in_container(
       (``rm -f``): the engine's daemon would otherwise keep it running.
     """
     cli = list(cli or [runtime])
+    image = positional_image(image, name_prefix)
     run = ["--rm", "--pull=never"]
     for key, value in sorted((labels or {}).items()):
         run += ["--label", f"{key}={value}"]

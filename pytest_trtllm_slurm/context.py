@@ -21,6 +21,7 @@ from .jobspec import JobSpec
 from .models import Scenario
 from .planning import PlanningContext
 from .requirements import PerfSources
+from .safe_values import line_problem
 
 if TYPE_CHECKING:
     from .execution.allocation import AllocationManager, AllocationRequest
@@ -33,6 +34,16 @@ Shape = BatchKey | JobSpec
 _CONTEXT_KEY = pytest.StashKey[PlanningContext]()
 
 
+def check_rootdir(rootdir: Path) -> None:
+    """The rootdir is every job's working directory (``#SBATCH --chdir``, ``cd``) and holds
+    its work dirs: a line break in it cannot be rendered into a job script."""
+    problem = line_problem(str(rootdir))
+    if problem:
+        raise ConfigError(f"the pytest rootdir {str(rootdir)!r} {problem}; dispatched jobs "
+                          "run there and their scripts cannot name it: run from a checkout "
+                          "whose path has no line breaks or control characters")
+
+
 def planning_context(config: pytest.Config) -> PlanningContext:
     """Probe this machine and the local Slurm, load the clusters file: once per run."""
     cached = config.stash.get(_CONTEXT_KEY, None)
@@ -42,6 +53,7 @@ def planning_context(config: pytest.Config) -> PlanningContext:
 
     try:
         settings = options.resolve_settings(config)
+        check_rootdir(Path(config.rootpath))
         clusters = options.clusters_file(config)
         if not clusters.clusters and not settings.config_path:
             clusters = load_clusters_file(None, config.rootpath)  # the default locations

@@ -11,8 +11,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from . import safe_values
+from .config import checked
 from .masking import mask_env
 from .models import Launch, Scenario
 
@@ -92,6 +94,44 @@ class JobSpec(BaseModel):
     hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])
     build_arch: str | None = None
     slurm_env: SlurmEnv | None = None
+
+    # The last line of defence: planning refuses these values with their source; a spec
+    # read back from a job_spec.json that was edited by hand is checked here too.
+    @field_validator("account", "partition")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.slurm_name_problem)
+
+    @field_validator("job_name")
+    @classmethod
+    def _job_name(cls, value: str) -> str:
+        return checked(value, safe_values.job_name_problem)
+
+    @field_validator("container_image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)
+
+    @field_validator("rootdir", "invocation_dir", "work_dir", "log_path", "reports_path",
+                     "nodeids_file", "remote_work_dir", "time_limit", "device_type", "cluster")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.line_problem)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        return checked(value, safe_values.mounts_problem)
+
+    @field_validator("command", "rerun_argv")
+    @classmethod
+    def _argv(cls, value: list[str]) -> list[str]:
+        return checked(value, safe_values.argv_problem)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return checked(value, safe_values.env_problem)
 
     def masked(self) -> JobSpec:
         """A copy safe to write: secret env values masked (``masking.mask_env``)."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
+from . import safe_values  # stdlib only: registering options still imports no pydantic
 from .errors import ConfigError
 
 if TYPE_CHECKING:  # config/requirements import pydantic: loaded only when settings are needed
@@ -47,6 +48,8 @@ class Opt:
     choices: tuple[str, ...] = ()
     false_flag: str | None = None  # bool: a second flag storing False into the same dest
     cluster_key: str | None = None  # ClusterConfig attribute used as a fallback
+    # what the text must look like beyond its kind (safe_values check), e.g. a Slurm name
+    check: Literal["slurm_name", "argument"] | None = None
 
     @property
     def ini(self) -> str:
@@ -72,7 +75,7 @@ OPTIONS: tuple[Opt, ...] = (
         "dispatch tests that need other hardware (on by default when --slurm-cluster or "
         "--device-type is given on the command line)"),
     Opt("slurm_cluster", "slurm_cluster", "--slurm-cluster", "str", None,
-        "cluster name from the clusters file ([clusters.NAME])"),
+        "cluster name from the clusters file ([clusters.NAME])", check="slurm_name"),
     Opt("device_type", "device_type", "--device-type", "str", None,
         "device type the tests need, e.g. H200", cluster_key="device_type"),
     Opt("scenario", "scenario", "--trtllm-scenario", "choice", "auto",
@@ -80,13 +83,13 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("dispatch", "dispatch", "--trtllm-dispatch", "choice", "needed",
         "dispatch only tests this machine cannot serve, or all", choices=("needed", "all")),
     Opt("slurm_partition", "partition", "--slurm-partition", "str", None,
-        "Slurm partition", cluster_key="partition"),
+        "Slurm partition", cluster_key="partition", check="slurm_name"),
     Opt("slurm_account", "account", "--slurm-account", "str", None,
-        "Slurm account", cluster_key="account"),
+        "Slurm account", cluster_key="account", check="slurm_name"),
     Opt("slurm_time_limit", "time_limit", "--slurm-time-limit", "time", None,
         f"Slurm wall time ({TIME_FORMATS})", cluster_key="time_limit"),
     Opt("container_image", "container_image", "--trtllm-container-image", "str", None,
-        "container image for dispatched tests", cluster_key="container_image"),
+        "container image for dispatched tests", cluster_key="container_image", check="argument"),
     Opt("container_engine", "container_engine", "--trtllm-container-engine", "choice", "auto",
         "local_docker engine: the one that answers (docker first), or forced",
         choices=("auto", "docker", "podman")),
@@ -257,6 +260,10 @@ def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -
 
 
 def _expected(opt: Opt) -> str:
+    if opt.check == "slurm_name":
+        return f"a non-empty Slurm name ({safe_values.SLURM_NAME_RULE})"
+    if opt.check == "argument":
+        return "a non-empty line of text that does not start with '-'"
     return {
         "bool": "true/false (1/0, yes/no, on/off)",
         "choice": "one of " + ", ".join(opt.choices),
@@ -298,6 +305,9 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
     text = str(value).strip()
     if not text:
         raise bad()
+    problem = _text_problem(opt, text)
+    if problem:
+        raise bad(f" ({problem})")
     if opt.kind == "choice":
         if text not in opt.choices:
             raise bad()
@@ -320,6 +330,16 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
         path = Path(text).expanduser()
         return str(path if path.is_absolute() or base is None else (base / path))
     return text
+
+
+def _text_problem(opt: Opt, text: str) -> str | None:
+    """Why ``text`` cannot be used: every text must stay on one line (it may reach an
+    #SBATCH line or a script); names and positional arguments have stricter rules."""
+    if opt.check == "slurm_name":
+        return safe_values.slurm_name_problem(text)
+    if opt.check == "argument":
+        return safe_values.argument_problem(text)
+    return safe_values.line_problem(text)
 
 
 # --------------------------------------------------------------------------- settings

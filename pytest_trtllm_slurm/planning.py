@@ -132,6 +132,13 @@ def batch_image(
                                    device_type=device_type, arch=arch)
 
 
+def errored_item(item: pytest.Item, message: str) -> PlannedItem:
+    """An item that cannot be planned: it errors at setup with ``message``."""
+    decision = RouteDecision(scenario=None, reason=message)
+    return PlannedItem(item, DeviceRequirement(source="error"), decision,
+                       ItemPlan(item, None, error=message))
+
+
 def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
     """Where one item goes. Its own markers or perf-sanity id unreadable (TestSpecError):
     the item errors with the message and nothing else stops; any other ConfigError (an
@@ -140,10 +147,7 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
     try:
         req = requirements.requirement_for_item(item, settings, ctx.perf)
     except TestSpecError as exc:
-        message = str(exc)
-        decision = RouteDecision(scenario=None, reason=message)
-        return PlannedItem(item, DeviceRequirement(source="error"), decision,
-                           ItemPlan(item, None, error=message))
+        return errored_item(item, str(exc))
     test_cfg = requirements.test_config_for_item(item)
     typed = with_keyword_type(req, ctx)
     if isinstance(typed, str):

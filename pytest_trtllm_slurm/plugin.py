@@ -114,9 +114,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not hasattr(config, "workerinput") or not dispatch_enabled(config):
         return None
     from .context import planning_context
-    from .planning import plan_items
+    from .planning import errored_item, plan_items
 
-    planned = plan_items([item], planning_context(config))
+    try:
+        planned = plan_items([item], planning_context(config))
+    except ConfigError as exc:
+        # A worker cannot end the run with a usage error (xdist reports a crashed worker
+        # and loses the item): the item errors with the message instead.
+        planned = [errored_item(item, str(exc))]
     plan = planned[0].plan
     if plan.key is None and plan.skip_reason is None and plan.error is None:
         return None  # runs right here, as usual

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from .config import Settings
+from . import safe_values
+from .config import Settings, checked
 from .errors import ConfigError, TestSpecError
 from .models import DeviceRequirement, Launch
 from .perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
@@ -193,6 +194,33 @@ class TestConfig(BaseModel):
     def _one_mount(cls, value: object) -> object:
         return (value,) if isinstance(value, str) else value
 
+    # Checked here, at planning time, like the clusters file's: these values reach
+    # #SBATCH lines, srun/docker argv and the job's environment.
+    @field_validator("partition", "account")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.slurm_name_problem)
+
+    @field_validator("container_image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)
+
+    @field_validator("device_type")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.line_problem)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return checked(value, safe_values.mounts_problem)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return checked(value, safe_values.env_problem)
+
     @property
     def has_devices(self) -> bool:
         return any(v is not None for v in (self.devices, self.devices_per_node, self.nodes))
@@ -203,7 +231,8 @@ _NO_CONFIG = TestConfig()  # shared by every test without a trtllm_slurm marker 
 
 def _validation_message(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']} (found {err['input']!r})"
+        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: "
+        f"{err['msg'].removeprefix('Value error, ')} (found {err['input']!r})"
         for err in exc.errors()
     )
 
@@ -226,9 +255,10 @@ def marker_config(nodeid: str, mark: MarkLike | None) -> TestConfig:
     except ConfigError as exc:
         raise ConfigError(f"{nodeid}: trtllm_slurm marker: {exc}") from None
     except ValidationError as exc:
+        unknown = any(err["type"] == "extra_forbidden" for err in exc.errors())
+        expected = f"; expected keywords {', '.join(TestConfig.model_fields)}" if unknown else ""
         raise ConfigError(
-            f"{nodeid}: trtllm_slurm marker: {_validation_message(exc)}; expected keywords "
-            f"{', '.join(TestConfig.model_fields)}"
+            f"{nodeid}: trtllm_slurm marker: {_validation_message(exc)}{expected}"
         ) from None
 
 

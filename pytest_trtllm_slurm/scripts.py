@@ -20,7 +20,6 @@ Launch layouts:
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,10 +27,10 @@ from typing import Literal
 
 from .jobspec import JobSpec
 from .models import Launch
+from .safe_values import control_chars, env_problem, line_problem
 
 GresStyle = Literal["gres", "gpus-per-node"]
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 @dataclass(frozen=True)
 class SlurmOptions:
     """How this cluster wants GPUs and MPI asked for (from discovery)."""
@@ -117,8 +116,53 @@ def task_layout(spec: JobSpec) -> tuple[int, int]:
     return 1, 1
 
 
-def _q(value: object) -> str:
-    return shlex.quote(str(value))
+def shell_word(value: object, *, one_line: bool = False) -> str:
+    """``value`` as one bash word.
+
+    shlex.quote keeps control characters inside the quotes as they are: a carriage
+    return or an escape sequence would then hide text when the line is shown, and
+    sbatch refuses a script with ``\r\n``. Such a value is written with bash's
+    ``$'...'`` escapes instead; so is a newline or tab when ``one_line`` (a script
+    line that must be one physical line). NUL cannot be passed to a program at all.
+    """
+    text = str(value)
+    found = set(control_chars(text)) - (set() if one_line else {"\\n", "\\t"})
+    if not found:
+        return shlex.quote(text)
+    if "\x00" in text:
+        raise ValueError(f"{text!r} contains a NUL character: no shell or program can take it")
+    out = []
+    for ch in text:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch.isprintable() and not control_chars(ch):
+            out.append(ch)
+        else:
+            out.append("".join(f"\\x{b:02x}" for b in ch.encode("utf-8")))
+    return "$'" + "".join(out) + "'"
+
+
+def shell_join(argv: Sequence[object]) -> str:
+    """A bash command line of ``argv`` (``shell_word`` of each element)."""
+    return " ".join(shell_word(a) for a in argv)
+
+
+_q = shell_word
+
+
+def _directive(*parts: str) -> str:
+    """One ``#SBATCH`` line. sbatch ends a directive at the line break, so a value with
+    one would run the rest of it as a command: refused (ValueError), never escaped."""
+    for part in parts:
+        problem = line_problem(part)
+        if problem:
+            raise ValueError(f"#SBATCH value {part!r} {problem}: it cannot stay on its line")
+    return "#SBATCH " + " ".join(shlex.quote(p) if i else p for i, p in enumerate(parts))
+
+
+def _comment(text: str) -> str:
+    """A ``#`` comment line: control characters shown as escapes, never as line breaks."""
+    return "# " + "".join(repr(c)[1:-1] if control_chars(c) else c for c in text)
 
 
 def _slurm_path(path: str) -> str:
@@ -127,12 +171,11 @@ def _slurm_path(path: str) -> str:
 
 
 def _env_lines(env: dict[str, str]) -> list[str]:
-    lines = []
-    for key, value in sorted(env.items()):
-        if not _ENV_NAME.match(key):
-            raise ValueError(f"environment variable name {key!r} is not a valid shell name")
-        lines.append(f"export {key}={_q(value)}")
-    return lines
+    problem = env_problem(env)
+    if problem:
+        raise ValueError(f"job environment: {problem}")
+    return [f"export {key}={shell_word(value, one_line=True)}"
+            for key, value in sorted(env.items())]
 
 
 def _cwd(spec: JobSpec) -> str:
@@ -200,23 +243,21 @@ def render_sbatch(
     while i < len(directives):
         flag = directives[i]
         if flag.startswith("-") and not flag.startswith("--") and i + 1 < len(directives):
-            lines.append(f"#SBATCH {flag} {_q(directives[i + 1])}")
+            lines.append(_directive(flag, directives[i + 1]))
             i += 2
         else:
-            lines.append(f"#SBATCH {_q(flag)}")
+            lines.append(_directive(shlex.quote(flag)))
             i += 1
     log = _slurm_path(spec.log_path)
     lines += [
-        f"#SBATCH -o {_q(log)}",
-        f"#SBATCH -e {_q(log)}",
+        _directive("-o", log),
+        _directive("-e", log),
         "#SBATCH --open-mode=append",
-        f"#SBATCH --chdir={_q(_cwd(spec))}",
-        f"# pytest-trtllm-slurm batch {spec.name}; spec: {spec.work_dir}/job_spec.json".replace(
-            "\n", " "
-        ),
+        _directive("--chdir=" + shlex.quote(_cwd(spec))),
+        _comment(f"pytest-trtllm-slurm batch {spec.name}; spec: {spec.work_dir}/job_spec.json"),
         *_env_lines(spec.env),
         'echo "[trtllm-slurm] job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}"',
-        shlex.join(srun_in_job(spec, opts)),
+        shell_join(srun_in_job(spec, opts)),
         "",
     ]
     return "\n".join(lines)
@@ -304,10 +345,10 @@ def render_step_launcher(
         "# pytest-trtllm-slurm step launcher (started detached with setsid)",
         f"exec >>{_q(log_path)} 2>&1 </dev/null",
         'for v in $(compgen -e); do case "$v" in SLURM_CONF) ;; SLURM_*) unset "$v" ;; esac; done',
-        f"cd {_q(cwd)} || {{ echo 127 > {_q(exit_tmp)}; mv -f {_q(exit_tmp)} {_q(exit_path)}; "
+        f"cd -- {_q(cwd)} || {{ echo 127 > {_q(exit_tmp)}; mv -f {_q(exit_tmp)} {_q(exit_path)}; "
         "exit 127; }",
         *_env_lines(env or {}),
-        f"{shlex.join(step_argv)} &",
+        f"{shell_join(step_argv)} &",
         "pid=$!",
         f'echo "$pid" > {_q(pid_path)}',
         'wait "$pid"',
@@ -331,8 +372,8 @@ def render_rerun_sbatch(spec: JobSpec, nodeid: str, opts: SlurmOptions) -> str:
     inner = spec.model_copy(update={"command": rerun_argv(spec, nodeid)})
     srun = srun_in_job(inner, opts)
     argv = ["sbatch", *sbatch_directives(spec, opts), f"--chdir={_cwd(spec)}"]
-    argv += ["--wrap", shlex.join(srun)]
-    return shlex.join(argv)
+    argv += ["--wrap", shlex.join(srun)]  # sbatch runs it with /bin/sh: POSIX quoting
+    return shell_join(argv)
 
 
 def render_rerun_step(spec: JobSpec, nodeid: str, alloc_job_id: str, opts: SlurmOptions,
@@ -344,4 +385,4 @@ def render_rerun_step(spec: JobSpec, nodeid: str, alloc_job_id: str, opts: Slurm
         launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=share,
         container=opts.container,
     )
-    return f"cd {_q(_cwd(spec))} && " + shlex.join(argv)
+    return f"cd {_q(_cwd(spec))} && " + shell_join(argv)

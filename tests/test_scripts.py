@@ -81,15 +81,50 @@ def test_mpi_eight_ranks_two_nodes_with_launcher_prefix() -> None:
     assert task_layout(spec) == (8, 4)
 
 
+#: values a JobSpec accepts that still hold every shell and sbatch metacharacter: line
+#: breaks and control characters live in env values (rendered with $'...' escapes)
+HOSTILE_ENV = {
+    "A_B": "$HOME `id`",
+    "MULTI": "line1\nline2\r\n#SBATCH --uid=0\ntouch PWNED #",
+    "QUOTES": "it's \"q\" \\ $(touch PWNED); `touch PWNED` \t\x1b[2J \u2028 é",
+}
+
+
 def test_hostile_values_are_quoted() -> None:
-    spec = make_spec(job_name="acct a.$(rm -rf ~)", account="acct'a", partition="p q",
-                     log_path=f"{WORK}/odd dir/%j.log", invocation_dir="/work/re po",
-                     total_devices=0, devices_per_node=0, time_limit=None,
-                     env={"A_B": "$HOME `id`"})
+    spec = make_spec(job_name="acct_a.$(rm -rf ~) `id`; x", account="acct_a", partition="p.q-1",
+                     log_path=f"{WORK}/odd dir'$(touch PWNED)/%j.log",
+                     invocation_dir="/work/re po;touch PWNED", total_devices=0,
+                     devices_per_node=0, time_limit=None, env=HOSTILE_ENV)
     text = render_sbatch(spec)
     check_golden("hostile_values.sbatch", text)
+    lines = text.splitlines()
+    assert "\r" not in text and "\x00" not in text and "\u2028" not in text
+    # every directive stays on its line and nothing but the shebang, directives, one
+    # comment, the exports, the echo and srun is a line of the script
+    starts = ("#!/bin/bash", "#SBATCH ", "# pytest-trtllm-slurm ", "export ", "echo ", "srun ")
+    assert [line for line in lines if not line.startswith(starts)] == []
+    assert len(lines) == 1 + 10 + 1 + len(HOSTILE_ENV) + 2 and lines[-1].startswith("srun ")
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "a\rb", "a\x00b", "a\u2028b"])
+@pytest.mark.parametrize("field", ["account", "partition", "job_name", "log_path",
+                                   "invocation_dir", "time_limit"])
+def test_directive_values_with_line_breaks_are_refused(field: str, bad: str) -> None:
+    """The model refuses them (planning names the source); the renderer refuses them again
+    when a spec bypassed validation (defense in depth): never rendered, never escaped."""
     with pytest.raises(ValueError):
-        render_sbatch(make_spec(env={"BAD NAME": "x"}))
+        make_spec(**{field: bad})
+    spec = make_spec().model_copy(update={field: bad})
+    with pytest.raises(ValueError, match="cannot stay on its line|NUL"):
+        render_sbatch(spec)
+
+
+@pytest.mark.parametrize("env", [{"BAD NAME": "x"}, {"A=B": "x"}, {"1A": "x"}, {"A": "x\x00y"}])
+def test_bad_env_is_refused(env: dict[str, str]) -> None:
+    with pytest.raises(ValueError):
+        make_spec(env=env)
+    with pytest.raises(ValueError):
+        render_sbatch(make_spec().model_copy(update={"env": env}))
 
 
 def test_container_flags() -> None:

@@ -58,7 +58,8 @@ from ..errors import ConfigError
 from ..jobspec import JobSpec
 from ..masking import is_secret
 from ..models import LocalEnv
-from ..scripts import rerun_argv
+from ..safe_values import argument_problem
+from ..scripts import rerun_argv, shell_join, shell_word
 from .base import JobHandle
 from .local_process import LocalJob, LocalProcessExecutor
 from .outcome import JobState, JobStatus
@@ -201,6 +202,10 @@ class ContainerExecutor(LocalProcessExecutor):
         """ConfigError unless ``image`` is in the engine's local store (never pulled)."""
         if image in self._images_ok:
             return
+        problem = argument_problem(image)
+        if problem:  # "docker image inspect -x" would take it as an option
+            raise ConfigError(f"container image {image!r} {problem}; choose another image "
+                              "with --trtllm-container-image")
         res = self._engine("image", "inspect", "--format", "{{.Id}}", image)
         if res.returncode != 0:
             lines = (res.stderr or res.stdout).strip().splitlines()
@@ -327,7 +332,7 @@ class ContainerExecutor(LocalProcessExecutor):
             flags += ["-e", key if is_secret(key, value) else f"{key}={value}"]
         image_at = argv.index(spec.container_image or "")
         argv[image_at:image_at] = flags
-        return f"cd {shlex.quote(workdir_of(spec))} && {shlex.join(argv)}"
+        return f"cd {shell_word(workdir_of(spec))} && {shell_join(argv)}"
 
     def close(self) -> None:
         """Cancel what still runs, then remove anything of this executor the engine has."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ..errors import ConfigError, ExecutionError
+from ..safe_values import control_chars
 from .shell import CommandResult
 from .ssh import remote_command
 from .ssh_connect import SSHConnectionLost
@@ -29,6 +30,17 @@ _WRITE = ('umask 077; t="$(dirname "$1")/.$(basename "$1").tmp.$$"; '
           'rm -f "$t"; exit 1')
 _SSH_FAILURE = ("Connection closed", "Connection reset", "Broken pipe", "mux_client",
                 "Control socket", "ssh: ", "Connection timed out", "kex_exchange")
+
+
+def ssh_option_path(path: str, *, tokens: bool = False) -> str:
+    """A path as the value of ``ssh -o NAME=VALUE``: ssh splits such values at blanks
+    (UserKnownHostsFile takes several files) unless quoted, and expands ``%`` tokens.
+    ``tokens``: keep ``%`` tokens (a ControlPath such as ``%r@%h:%p``)."""
+    if '"' in path or control_chars(path):
+        raise ConfigError(f"path {path!r} cannot be passed to ssh -o: it contains '\"' or a "
+                          "control character; use another path")
+    value = path if tokens else path.replace("%", "%%")
+    return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
 class OpenSSHShell:
@@ -50,19 +62,20 @@ class OpenSSHShell:
     def _base(self, control_path: str | None) -> list[str]:
         t = self.target
         argv = [self.ssh_binary, "-o", "BatchMode=yes", "-o", "ControlMaster=no",
-                "-p", str(t.port), "-l", t.user, "-o", f"UserKnownHostsFile={t.known_hosts}",
+                "-p", str(t.port), "-l", t.user,
+                "-o", f"UserKnownHostsFile={ssh_option_path(t.known_hosts)}",
                 "-o", f"StrictHostKeyChecking={'accept-new' if t.accept_new_host_key else 'yes'}"]
         if t.identity_file_explicit:
             argv += [arg for path in t.identity_files for arg in ("-i", path)]
         if control_path:
-            argv += ["-o", f"ControlPath={control_path}"]
+            argv += ["-o", f"ControlPath={ssh_option_path(control_path, tokens=True)}"]
         return argv
 
     def check_master(self) -> None:
         """Find a running master (ssh config's ControlPath, then the trtllm one) or explain."""
         candidates = [self._control_path] if self._control_path else [None, TRTLLM_CONTROL_PATH]
         for path in candidates:
-            proc = subprocess.run([*self._base(path), "-O", "check", self.target.alias],
+            proc = subprocess.run([*self._base(path), "-O", "check", "--", self.target.alias],
                                   capture_output=True, text=True, timeout=30,
                                   stdin=subprocess.DEVNULL, check=False)
             if proc.returncode == 0:
@@ -82,7 +95,8 @@ class OpenSSHShell:
 
     def _ssh(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 60,
              producer: Callable[[IO[bytes]], Any] | None = None) -> tuple[int, bytes, bytes, bool]:
-        argv = [*self._base(self._control_path), self.target.alias, "--", command]
+        # "--" before the host: nothing after it is read as an option of ssh
+        argv = [*self._base(self._control_path), "--", self.target.alias, command]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         feeder = None

@@ -105,9 +105,9 @@ class RemoteSlurmExecutor:
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
         target = getattr(self.shell, "target", None)
         if target is None:
-            where = [self.shell.name]
+            where = ["--", self.shell.name]
         else:
-            where = ["-p", str(target.port), f"{target.user}@{target.hostname}"]
+            where = ["-p", str(target.port), "--", f"{target.user}@{target.hostname}"]
         return shlex.join(["ssh", *where, self.inner.rerun_command(spec, nodeid)])
 
     def close(self) -> None:

@@ -247,6 +247,19 @@ def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
 _SUBMISSIONS = frozenset({"sbatch", "salloc"})
 
 
+def job_ids(ids: list[str]) -> list[str]:
+    """``ids`` unchanged when each is a Slurm job or step id (``123``, ``123_4``, ``123.0``).
+
+    They are positional arguments of scancel and scontrol: an id read back from a damaged
+    state or step file such as ``--user=me`` would otherwise cancel every job of a user.
+    """
+    bad = [i for i in ids if not _JOB_ID.fullmatch(str(i))]
+    if bad:
+        raise ExecutionError(f"refusing Slurm job id(s) {bad!r}: expected numbers such as "
+                             "123, 123_4 or 123.0 (a state file or step file may be damaged)")
+    return ids
+
+
 class SlurmJobs:
     """sbatch / squeue / sacct / scontrol / scancel / salloc / srun through one Shell."""
 
@@ -372,7 +385,7 @@ class SlurmJobs:
 
     def scontrol_job(self, job_id: str) -> AcctRow | None:
         """One job from slurmctld's memory (finished jobs stay there for MinJobAge)."""
-        res = self.run(["scontrol", "show", "job", "-o", job_id])
+        res = self.run(["scontrol", "show", "job", "-o", *job_ids([job_id])])
         if not res.ok:
             if _INVALID_ID in (res.stderr + res.stdout).lower():
                 return None
@@ -421,9 +434,10 @@ class SlurmJobs:
         return out
 
     # -- cancel ---------------------------------------------------------------
+
     def scancel(self, ids: Iterable[str]) -> list[CommandResult]:
         """Cancel exactly these jobs or ``job.step`` ids (never by user or name)."""
         results = []
-        for part in chunks([i for i in ids if i], self.chunk):
+        for part in chunks(job_ids([i for i in ids if i]), self.chunk):
             results.append(self.run(["scancel", *part]))
         return results

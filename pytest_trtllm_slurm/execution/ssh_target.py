@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..config import ClusterConfig
 from ..errors import ConfigError
+from ..safe_values import host_problem, user_problem
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -75,12 +77,19 @@ class SSHTarget(BaseModel):
         ids = [cluster.identity_file] if cluster.identity_file else found.get("identityfile", [])
         known = (cluster.known_hosts or _first(found.get("userknownhostsfile"))
                  or DEFAULT_KNOWN_HOSTS)
+        hostname = found.get("hostname", cluster.ssh_host)
+        user = cluster.user or found.get("user") or getpass.getuser()
+        where = f"[clusters.{cluster.name}] in the clusters file"
+        _check(cluster.ssh_host, host_problem, f"ssh_host of {where}")
+        _check(hostname, host_problem, f"HostName of {cluster.ssh_host} in ssh config")
+        _check(user, user_problem, f"the SSH user of {where} (user, ssh config User or "
+               "your login name)", fix=f"set user = \"NAME\" in {where}")
         return cls(
             cluster=cluster.name,
             alias=cluster.ssh_host,
-            hostname=found.get("hostname", cluster.ssh_host),
+            hostname=hostname,
             port=cluster.ssh_port or int(found.get("port", 22)),
-            user=cluster.user or found.get("user") or getpass.getuser(),
+            user=user,
             identity_files=tuple(os.path.expanduser(p) for p in ids),
             identity_file_explicit=explicit_id,
             identities_only=found.get("identitiesonly", "no").lower() == "yes",
@@ -102,6 +111,11 @@ class SSHTarget(BaseModel):
         for spec in self.proxy_jump.split(","):
             user, host, port = parse_jump_spec(spec.strip())
             found = lookup_ssh_config(host, self.ssh_config_path)
+            _check(found.get("hostname", host), host_problem,
+                   f"ProxyJump host {host!r} of {self.alias} in ssh config")
+            _check(user or found.get("user") or self.user, user_problem,
+                   f"the user of ProxyJump host {host!r} of {self.alias} in ssh config",
+                   fix="give the hop a user name (user@host) in ssh config")
             ids = found.get("identityfile") or list(self.identity_files)
             hops.append(
                 self.model_copy(
@@ -148,6 +162,15 @@ def parse_jump_spec(spec: str) -> tuple[str | None, str, int | None]:
     if not host:
         raise ConfigError(f"ProxyJump entry {spec!r} in ssh config names no host")
     return (user or None), host, port
+
+
+def _check(value: str, check: Callable[[str], str | None], what: str,
+           fix: str = "use a host name, an IP address or an alias from ~/.ssh/config") -> None:
+    """ConfigError naming ``what`` when ``check`` refuses ``value`` (e.g. a host that
+    starts with '-' would reach ssh as an option)."""
+    problem = check(value)
+    if problem:
+        raise ConfigError(f"{what}: found {value!r}, which {problem}; {fix}")
 
 
 def _first(value: str | list[str] | None) -> str | None:
