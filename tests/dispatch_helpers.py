@@ -76,16 +76,42 @@ def without_addresses(value: object) -> object:
     return value
 
 
+DISPATCH_PROPERTY = "trtllm_slurm_"  # testcase properties only a dispatched run adds
+
+
 def junit_cases(path: Path) -> list[dict]:
-    """Testcases of a junit XML without times and host names."""
+    """Testcases of a junit XML without times, host names and the properties that say
+    where a dispatched test ran (``dispatch_properties`` reads those)."""
     root = ET.parse(path).getroot()
     cases = []
     for case in root.iter("testcase"):
         children = []
         for child in case:
+            if child.tag == "properties":
+                props = [(p.get("name"), p.get("value")) for p in child
+                         if not (p.get("name") or "").startswith(DISPATCH_PROPERTY)]
+                if props:
+                    children.append(("properties", {}, props))
+                continue
             attrs = {k: v for k, v in child.attrib.items() if k not in ("time",)}
             text = _ADDRESS.sub("0x?", (child.text or "").strip())
             children.append((child.tag, {k: _ADDRESS.sub("0x?", v) for k, v in attrs.items()}, text))
         attrs = {k: v for k, v in case.attrib.items() if k != "time"}
         cases.append({"attrs": attrs, "children": children})
     return sorted(cases, key=lambda c: (c["attrs"].get("classname", ""), c["attrs"].get("name", "")))
+
+
+def dispatch_properties(path: Path) -> dict[str, dict[str, str]]:
+    """testcase name -> the properties a dispatched run adds (job id, nodes, ...)."""
+    root = ET.parse(path).getroot()
+    return {case.get("name", ""): {p.get("name", ""): p.get("value", "")
+                                   for p in case.iter("property")
+                                   if p.get("name", "").startswith(DISPATCH_PROPERTY)}
+            for case in root.iter("testcase")}
+
+
+def suite_properties(path: Path) -> list[tuple[str, str]]:
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    props = suite.find("properties") if suite is not None else None
+    return [(p.get("name", ""), p.get("value", "")) for p in props] if props is not None else []
