@@ -24,7 +24,14 @@ from .errors import ExecutionError
 from .execution.base import Executor, JobHandle
 from .execution.build import BUILD_LOG_LINES, build_command, build_failed, run_build
 from .execution.disk import is_disk_full, space_problem
-from .execution.monitor import JobEvent, Monitor, WatchedJob, log_tail, report_stop
+from .execution.monitor import (
+    JobEvent,
+    Monitor,
+    UnreadableLine,
+    WatchedJob,
+    log_tail,
+    report_stop,
+)
 from .execution.outcome import JobState, JobStatus, signal_name
 from .execution.work_root import ensure_work_root
 from .jobspec import JobSpec
@@ -325,7 +332,7 @@ class DispatchLoop:
                                    options=self.worker_options),
             rerun_argv=pytest_base_argv(self.config, options=self.worker_options),
             rootdir=str(self.config.rootpath),
-            invocation_dir=str(self.config.rootpath),
+            invocation_dir=str(worker_cwd(self.config)),
             node_count=key.node_count,
             total_devices=key.total_devices,
             devices_per_node=key.devices_per_node,
@@ -357,13 +364,13 @@ class DispatchLoop:
         records = event.records
         if event.final is not None and event.final.ended_at is not None:
             records = _before(records, event.final.ended_at)
-        for line in event.bad_lines:
-            self._refuse(running, describe_line(line))
         for raw in records:
             if running.refused is not None:
                 break  # nothing more of this batch is trusted
             running.records_seen += 1
             try:
+                if isinstance(raw, UnreadableLine):
+                    raise describe_line(raw.line)
                 record = parse_record(raw, running.nodeids)
                 self._accept(running, record, raw, ctx)
             except BadRecord as exc:
@@ -501,6 +508,14 @@ def _collect_error_text(record: dict) -> str:
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
 
+def worker_cwd(config: pytest.Config) -> Path:
+    """Where the worker runs: where the user ran pytest (relative paths in tracebacks and
+    in the tests read the same), unless that is outside the rootdir (a remote cluster
+    has the rootdir's copy only)."""
+    here = Path(config.invocation_params.dir)
+    return here if here.is_relative_to(config.rootpath) else config.rootpath
+
+
 def worker_env(config: pytest.Config) -> dict[str, str]:
     """The environment every worker gets: unbuffered output (what a test prints reaches
     the job log at once: hang patterns), no PYTEST_ADDOPTS (the worker's argv has the
@@ -533,7 +548,8 @@ def worker_command(
     argv += ["--junitxml", str(work_dir / "junit.xml"), "--continue-on-collection-errors"]
     opt = config.option
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
-    argv += sorted({_module_path(n) for n in nodeids})
+    cwd = worker_cwd(config)
+    argv += sorted({_module_path(n, config.rootpath, cwd) for n in nodeids})
     return argv
 
 
@@ -548,6 +564,8 @@ def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) ->
     return argv + (options if options is not None else forwarded_options(config)[0])
 
 
-def _module_path(nodeid: str) -> str:
-    """The file part of a node id, which is relative to the rootdir (the worker's cwd)."""
-    return nodeid.split("::", 1)[0]
+def _module_path(nodeid: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
+    """The file part of a node id, which is relative to the rootdir: as it is when the
+    worker runs there, else absolute."""
+    module = nodeid.split("::", 1)[0]
+    return module if rootdir is None or cwd == rootdir else str(rootdir / module)

@@ -91,9 +91,10 @@ def start_early_sessions(config: pytest.Config) -> int:
         job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")
     except (OSError, ValueError, KeyError, TypeError):
         return 0
-    from .dispatch import pytest_base_argv, worker_env
+    from .dispatch import pytest_base_argv, worker_cwd, worker_env
 
     base = pytest_base_argv(early)  # type: ignore[arg-type]
+    cwd = worker_cwd(early)  # type: ignore[arg-type]
     work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
     shell = LocalShell()
     targets = run_targets(config)
@@ -109,7 +110,7 @@ def start_early_sessions(config: pytest.Config) -> int:
         sdir = f"{adir}/sessions/{name}"
         argv = session_argv(base[0], base, sdir, targets, capture_no=capture_no,
                             nodeids_file=False)
-        EARLY_SESSIONS[adir] = send_session(shell, adir, name, argv, cwd=str(config.rootpath),
+        EARLY_SESSIONS[adir] = send_session(shell, adir, name, argv, cwd=str(cwd),
                                             env=env)
         started += 1
     return started

@@ -42,16 +42,17 @@ class SuiteRun:
 
 
 def run_suite(suite: Path, *args: str, env: dict[str, str] | None = None, tag: str = "run",
-              timeout: float = 300) -> SuiteRun:
+              timeout: float = 300, cwd: Path | None = None) -> SuiteRun:
+    """pytest in ``cwd`` (default: the suite) with the report recorder and a junit file."""
     dump = suite / f"{tag}.reports.jsonl"
     junit = suite / f"{tag}.junit.xml"
     pythonpath = os.pathsep.join(filter(None, [str(DATA), os.environ.get("PYTHONPATH")]))
-    full_env = {**os.environ, "REPORT_DUMP": str(dump), "PYTHONPATH": pythonpath, **(env or {})}
-    full_env.pop("PYTEST_ADDOPTS", None)
+    outer = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    full_env = {**outer, "REPORT_DUMP": str(dump), "PYTHONPATH": pythonpath, **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "report_recorder", "-rA", f"--junitxml={junit}",
          *args],
-        cwd=suite,
+        cwd=cwd or suite,
         env=full_env,
         capture_output=True,
         text=True,

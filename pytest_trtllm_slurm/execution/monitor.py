@@ -79,7 +79,15 @@ class JobEvent:
     job: WatchedJob
     records: list[dict[str, Any]] = field(default_factory=list)
     final: JobState | None = None  # set once, when the job has ended
-    bad_lines: list[str] = field(default_factory=list)  # report lines that are no JSON object
+
+
+class UnreadableLine(dict):  # type: ignore[type-arg]
+    """A line of reports.jsonl that is no JSON object, kept in its place among the
+    records (empty as a dict: a reader that does not look for it skips it)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__()
+        self.line = line
 
 
 def report_stop(record: dict[str, Any]) -> float:
@@ -135,8 +143,7 @@ class Monitor:
         now = time.monotonic()
         if job.state.status is JobStatus.RUNNING and job.started is None:
             job.started = now
-        bad: list[str] = []
-        records = self._hold(job, self._read_records(job, bad))
+        records = self._hold(job, self._read_records(job))
         if not job.state.status.finished and job.forced_status is None:
             if self._hang_seen(job):
                 self._stop(job, JobStatus.HANG_DETECTED, "hang pattern found in the job log")
@@ -151,7 +158,7 @@ class Monitor:
         if job.state.status.finished:
             while True:  # everything that landed, to the end of the file
                 offset = job.reports_offset
-                records += self._read_records(job, bad)
+                records += self._read_records(job)
                 if job.reports_offset == offset:
                     break
             del self.jobs[job.handle.job_id]
@@ -162,9 +169,9 @@ class Monitor:
                     nodelist=job.state.nodelist,
                     reason=job.forced_reason,
                 )
-            yield JobEvent(job, records, final, bad)
-        elif records or bad:
-            yield JobEvent(job, records, bad_lines=bad)
+            yield JobEvent(job, records, final)
+        elif records:
+            yield JobEvent(job, records)
 
     def stop(self, job_id: str, status: JobStatus, reason: str) -> None:
         """Cancel a job the caller gave up on; its final state will say ``status``."""
@@ -193,7 +200,7 @@ class Monitor:
         job.executor.cancel(job.handle)
         job.state = job.executor.poll([job.handle]).get(job.handle.job_id, job.state)
 
-    def _read_records(self, job: WatchedJob, bad: list[str]) -> list[dict[str, Any]]:
+    def _read_records(self, job: WatchedJob) -> list[dict[str, Any]]:
         shell = job.executor.shell
         chunk = shell.read_from(job.handle.spec.reports_path, job.reports_offset)
         if not chunk:
@@ -210,10 +217,9 @@ class Monitor:
                 record = json.loads(line)
             except ValueError:
                 record = None
-            if isinstance(record, dict):
-                records.append(record)
-            else:  # the reader decides what a line that is no record means
-                bad.append(line.decode("utf-8", "replace"))
+            # the reader decides what a line that is no record means
+            records.append(record if isinstance(record, dict) else
+                           UnreadableLine(line.decode("utf-8", "replace")))
         return records
 
     def _hang_seen(self, job: WatchedJob) -> bool:
