@@ -46,6 +46,7 @@ class ReportWriter:
         self.enabled = rank_and_size()[0] == 0
         self.wanted: list[str] = []
         self.collect_errors: list[dict[str, Any]] = []
+        self.marked: MarkedLines | None = None  # pytest's terminal output, marked
 
     @staticmethod
     def _open(path: Path) -> int:
@@ -95,11 +96,16 @@ class ReportWriter:
             self.collect_errors.append(record)  # a served batch repeats them (worker_serve)
             self.emit(record)
 
+    @pytest.hookimpl(trylast=True)
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self.emit({"type": "start", "nodeid": nodeid, "location": list(location)})
-        # a marker line in the job log (progress); marked, so the hang scan skips it
+        # a line in the job log (progress), marked so the hang scan skips it; last, after
+        # pytest's own output (-v: the node id), so what the test prints starts a new line
         shown = nodeid.replace("\r", "\\r").replace("\n", "\\n")
-        print(f"\n{LOG_MARK}START {shown}", file=sys.__stdout__, flush=True)
+        if self.marked is not None:
+            self.marked.line(f"START {shown}")
+        else:
+            print(f"\n{LOG_MARK}START {shown}", file=sys.__stdout__, flush=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
@@ -211,6 +217,12 @@ class MarkedLines:
         self._file.write("".join(out))
         return len(text)
 
+    def line(self, text: str) -> None:
+        """A marked line of the plugin's own, on a line of its own."""
+        self._file.write(("" if self._at_line_start else "\n") + LOG_MARK + text + "\n")
+        self._file.flush()
+        self._at_line_start = True
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
 
@@ -233,7 +245,7 @@ def pytest_configure(config: pytest.Config) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     terminal = getattr(reporter, "_tw", None)
     if terminal is not None and hasattr(terminal, "_file"):
-        terminal._file = MarkedLines(terminal._file)
+        terminal._file = writer.marked = MarkedLines(terminal._file)
     from .gate import gate_from_env  # a step launched before its GPUs were free
 
     gate = gate_from_env()

@@ -191,3 +191,10 @@ def test_a_warning_category_in_a_record_imports_nothing(suite: Path) -> None:
     assert run.returncode == 0, run.stdout
     assert "Beautiful is better than ugly" not in run.stdout
     assert "UserWarning: from a record" in run.stdout
+
+
+def test_a_hang_the_test_prints_is_still_seen_among_pytests_own_lines(suite: Path) -> None:
+    run = run_suite(suite, "-p", "no:cacheprovider", "-v", "check_hang.py", *DISPATCH,
+                    tag="hang")
+    assert run.returncode == 1, run.stdout
+    assert "HANG_DETECTED" in run.stdout, run.stdout
