@@ -34,8 +34,8 @@ from .execution.monitor import (
 )
 from .execution.outcome import JobState, JobStatus, signal_name
 from .execution.work_root import ensure_work_root
-from .jobspec import JobSpec
 from .forwarding import forwarded_options
+from .jobspec import JobSpec
 from .models import Scenario
 from .packing import pools_from_executors
 from .records import (

@@ -1,7 +1,5 @@
 """One test per promise of a dispatched run (see tests/test_invocation_fidelity.py)."""
 
-import json
-import os
 import time
 from pathlib import Path
 
