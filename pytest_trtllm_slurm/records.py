@@ -1,8 +1,9 @@
 """The records of ``reports.jsonl``, as the controller accepts them (the boundary).
 
 The node writes them as plain dicts (``worker.ReportWriter``: stdlib and pytest only,
-every record with ``v`` = ``worker.RECORD_VERSION``); this module is the one definition
-of their shape, and everything the controller reads from a target passes through
+every record with ``v`` = ``worker.RECORD_VERSION``; a record without ``v`` comes from a
+worker older than the version, whose records have the same shapes); this module is the
+one definition of their shape, and everything the controller reads from a target passes through
 ``parse_record`` first. What a target writes is not trusted: a record of another
 version, of an unknown type, of the wrong shape, or naming a test that is not the
 batch's own is refused with a ``BadRecord`` that says which and why, never replayed.
@@ -23,7 +24,7 @@ RAW_SHOWN = 500  # characters of a refused line kept in the message
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    v: Literal[RECORD_VERSION]  # type: ignore[valid-type]
+    v: Literal[RECORD_VERSION] = RECORD_VERSION  # type: ignore[valid-type]
 
 
 class StartRecord(_Record):
@@ -144,7 +145,8 @@ def _nodeids(record: Any) -> list[str]:
 def parse_record(data: dict[str, Any], batch_nodeids: frozenset[str] | set[str]) -> Record:
     """``data`` (one JSON object of reports.jsonl) as a typed record of this batch."""
     raw = json.dumps(data, default=repr)
-    version = data.get("v")
+    # no "v": a worker from before records had a version (the same shapes, without "done")
+    version = data.get("v", RECORD_VERSION)
     if version != RECORD_VERSION:
         raise BadRecord(
             f"record version {version!r}, this controller reads version {RECORD_VERSION} "

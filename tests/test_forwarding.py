@@ -93,7 +93,7 @@ def _report(**over):
 
 
 @pytest.mark.parametrize(("record", "why"), [
-    ({"type": "start", "nodeid": "t.py::a"}, "record version None"),
+    ({"v": 2, "type": "start", "nodeid": "t.py::a"}, "record version 2"),
     ({"v": 1, "type": "shell", "cmd": "x"}, "malformed 'shell' record"),
     ({"v": 1, "type": "start", "nodeid": "t.py::other"}, "not a test of this batch"),
     ({"v": 1, "type": "missing", "nodeids": ["t.py::a", "u.py::b"]}, "not a test of this batch"),
@@ -107,6 +107,7 @@ def test_records_of_another_shape_version_or_batch_are_refused(record, why) -> N
 
 
 def test_well_formed_records_are_accepted() -> None:
+    assert parse_record({"type": "start", "nodeid": "t.py::a"}, BATCH).v == 1  # before "v"
     assert parse_record(_report(), BATCH).data.outcome == "passed"
     assert parse_record(_report(outcome="rerun"), BATCH).data.outcome == "rerun"
     rec = parse_record({"v": 1, "type": "warning", "when": "runtest", "nodeid": "t.py::a",
