@@ -60,7 +60,6 @@ def test_short_flags_run_together_are_split_and_values_stay_with_their_flag(conf
 
 
 def test_plugin_options_pass_with_their_values_and_pdb_is_refused(configured) -> None:
-    pytest.importorskip("pytest_rerunfailures")
     config = configured("--reruns", "2", "--reruns-delay=0", "--only-rerun", "Err",
                         "--pdb", "-p", "pytest_trtllm_slurm.worker", "-o", "addopts=")
     options, refused = forwarded_options(config)

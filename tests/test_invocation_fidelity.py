@@ -15,6 +15,10 @@ import json
 from pathlib import Path
 
 import pytest
+
+# the suite's flaky marker and --reruns are pytest-rerunfailures' (the test extra pins it);
+# without it this module must fail, not skip
+import pytest_rerunfailures  # noqa: E402,F401
 from dispatch_helpers import (
     copy_suite,
     dispatch_properties,
@@ -23,8 +27,6 @@ from dispatch_helpers import (
     suite_properties,
     without_addresses,
 )
-
-pytest.importorskip("pytest_rerunfailures", reason="the test extra installs it")
 
 DISPATCH = ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_direct"]
 # what a user types, from a sub-directory of the rootdir: options of a plugin the

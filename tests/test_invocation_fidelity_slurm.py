@@ -27,7 +27,6 @@ def suite(devcluster: dict, tmp_path: Path):
 
 
 def test_warm_workers_run_the_invocation_as_the_plain_run_does(suite: Path) -> None:
-    pytest.importorskip("pytest_rerunfailures", reason="the test extra installs it")
     env = {**USER_ENV, "TRTLLM_SLURM_WARM_WORKERS": "1"}
     here = suite / "sub"
     plain = run_suite(suite, *USER_ARGS, env=env, tag="plain", cwd=here)
