@@ -11,9 +11,8 @@ pytest-xdist's controller does with what its workers send:
 - benchmarks: each result joins this run's BenchmarkSession, so the table, the
   ``--benchmark-json``, ``--benchmark-save`` and ``--benchmark-compare`` see every test.
 
-The options that make the worker measure the same things are forwarded by
-``forwarded_args`` (small and isolated: the worker's option forwarding is being replaced
-by forwarding the whole invocation, which carries these too).
+The options that make the worker measure the same things reach it with the rest of the
+invocation (``forwarding``); reports, thresholds and output files stay with the controller.
 """
 
 from __future__ import annotations
@@ -42,88 +41,6 @@ def active_cov_plugin(config: pytest.Config) -> Any:
     if getattr(plugin, "cov_controller", None) is None:
         return None
     return plugin
-
-
-def forwarded_args(config: pytest.Config) -> list[str]:
-    """pytest-cov's and pytest-benchmark's options that change what a worker measures.
-    Paths are made absolute (the worker runs in the rootdir, maybe on another machine,
-    where the remote executor maps them). Reports, thresholds and output files stay
-    with the controller."""
-    return _coverage_args(config) + _benchmark_args(config)
-
-
-def _coverage_args(config: pytest.Config) -> list[str]:
-    """Read from the options, not from pytest-cov's plugin: a warm-worker session is started
-    before that plugin exists (``warm_start``)."""
-    opt = config.option
-    sources = getattr(opt, "cov_source", None)
-    if not sources and sources is not None or getattr(opt, "no_cov", False):
-        return []  # no --cov (or --no-cov): coverage is off
-    args: list[str] = []
-    if sources is None or True in sources:  # --cov alone: measure everything
-        args.append("--cov")
-    for source in sources or []:
-        if isinstance(source, str):
-            # coverage.py's own rule: an existing directory is a path, else a package name
-            args.append(f"--cov={os.path.abspath(source) if os.path.isdir(source) else source}")
-    cov_config = getattr(opt, "cov_config", None)
-    if cov_config and os.path.isfile(cov_config):
-        args.append(f"--cov-config={os.path.abspath(cov_config)}")
-    if getattr(opt, "cov_branch", None):
-        args.append("--cov-branch")
-    if getattr(opt, "cov_context", None):
-        args.append(f"--cov-context={opt.cov_context}")
-    return args
-
-
-# pytest-benchmark's options that change how (or whether) a benchmark runs
-_BENCHMARK_VALUES = {
-    "benchmark_min_time": "--benchmark-min-time",
-    "benchmark_max_time": "--benchmark-max-time",
-    "benchmark_min_rounds": "--benchmark-min-rounds",
-    "benchmark_timer": "--benchmark-timer",
-    "benchmark_calibration_precision": "--benchmark-calibration-precision",
-    "benchmark_warmup_iterations": "--benchmark-warmup-iterations",
-    "benchmark_cprofile": "--benchmark-cprofile",
-    "benchmark_cprofile_loops": "--benchmark-cprofile-loops",
-    "benchmark_cprofile_top": "--benchmark-cprofile-top",
-}
-_BENCHMARK_FLAGS = {
-    "benchmark_skip": "--benchmark-skip",
-    "benchmark_only": "--benchmark-only",
-    "benchmark_disable": "--benchmark-disable",
-    "benchmark_enable": "--benchmark-enable",
-    "benchmark_disable_gc": "--benchmark-disable-gc",
-}
-
-
-def _benchmark_args(config: pytest.Config) -> list[str]:
-    """Only what differs from pytest-benchmark's defaults: a run that does not use it sends
-    nothing a worker without it could not parse."""
-    if not hasattr(config.option, "benchmark_min_rounds"):
-        return []  # pytest-benchmark is not installed here
-    defaults = _option_defaults(config)
-    args: list[str] = []
-    for dest, flag in _BENCHMARK_VALUES.items():
-        value = getattr(config.option, dest, None)
-        if value is not None and str(value) != str(getattr(defaults, dest, None)):
-            args.append(f"{flag}={value}")  # timers and seconds print as they were written
-    for dest, flag in _BENCHMARK_FLAGS.items():
-        if getattr(config.option, dest, False):
-            args.append(flag)
-    warmup = getattr(config.option, "benchmark_warmup", None)
-    if warmup is not None and warmup != getattr(defaults, "benchmark_warmup", None):
-        args.append(f"--benchmark-warmup={'yes' if warmup else 'no'}")
-    return args
-
-
-def _option_defaults(config: pytest.Config) -> object:
-    """Every option's default value (the parse of an empty command line)."""
-    real = getattr(config, "_config", config)  # warm_start's EarlyConfig wraps the config
-    try:
-        return real._parser.parse_known_args([])  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - then every set value counts as changed
-        return object()
 
 
 class ReturnedBenchmark:

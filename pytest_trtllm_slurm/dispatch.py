@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .artefacts import ArtefactCollector, forwarded_args, prefix_mapper
+from .artefacts import ArtefactCollector, prefix_mapper
 from .batching import Batch, BatchKey, make_batches
 from .config import ClusterConfig, Settings
 from .durations import History
@@ -25,13 +25,30 @@ from .errors import ExecutionError
 from .execution.base import Executor, JobHandle
 from .execution.build import BUILD_LOG_LINES, build_command, build_failed, run_build
 from .execution.disk import is_disk_full, space_problem
-from .execution.monitor import JobEvent, Monitor, WatchedJob, log_tail
+from .execution.monitor import (
+    JobEvent,
+    Monitor,
+    UnreadableLine,
+    WatchedJob,
+    log_tail,
+    report_stop,
+)
 from .execution.outcome import JobState, JobStatus, signal_name
 from .execution.work_root import ensure_work_root
+from .forwarding import forwarded_options
 from .jobspec import JobSpec
 from .models import Scenario
 from .ordering import ORDER_NOTE, asks_for_order
 from .packing import pools_from_executors
+from .records import (
+    BadRecord,
+    CollectErrorRecord,
+    FinishRecord,
+    MissingRecord,
+    SessionFinishRecord,
+    describe_line,
+    parse_record,
+)
 from .reporting import JobContext, Replayer
 from .resolve import build_arch
 
@@ -67,6 +84,12 @@ class RunningBatch:
     collect_errors: list[str] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)  # nodeid -> worker rootdir
     session_finished: bool = False
+    records_seen: int = 0
+    refused: BadRecord | None = None  # the first record the controller refused
+
+    @property
+    def nodeids(self) -> frozenset[str]:
+        return frozenset(self.batch.nodeids)
 
     @property
     def context(self) -> JobContext:
@@ -106,6 +129,10 @@ class DispatchLoop:
                                poll_interval=min([0.2, *hints]))
         self.running: dict[str, RunningBatch] = {}
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
+        self.worker_options, refused = forwarded_options(self.config)
+        if refused:
+            self._say(f"{', '.join(refused)}: dispatched tests cannot stop in a debugger (a "
+                      "target has no terminal); they run without it, tests run here stop")
 
     # -- the loop ----------------------------------------------------------
     def run(self) -> None:
@@ -311,10 +338,11 @@ class DispatchLoop:
             job_name=f"{key.account or 'trtllm'}.{name}",
             nodeids=batch.nodeids,
             nodeids_file=str(ids_file),
-            command=worker_command(self.config, batch.nodeids, ids_file, reports, work_dir),
-            rerun_argv=pytest_base_argv(self.config),
+            command=worker_command(self.config, batch.nodeids, ids_file, reports, work_dir,
+                                   options=self.worker_options),
+            rerun_argv=pytest_base_argv(self.config, options=self.worker_options),
             rootdir=str(self.config.rootpath),
-            invocation_dir=str(self.config.rootpath),
+            invocation_dir=str(worker_cwd(self.config)),
             node_count=key.node_count,
             total_devices=key.total_devices,
             devices_per_node=key.devices_per_node,
@@ -327,7 +355,7 @@ class DispatchLoop:
             container_image=key.container_image,
             mounts=list(key.mounts),
             # unbuffered: what a test prints reaches the job log at once (hang patterns)
-            env={"PYTHONUNBUFFERED": "1", **dict(key.env)},
+            env={**worker_env(self.config), **dict(key.env)},
             work_dir=str(work_dir),
             log_path=str(work_dir / "job.log"),
             reports_path=str(reports),
@@ -346,21 +374,48 @@ class DispatchLoop:
         records = event.records
         if event.final is not None and event.final.ended_at is not None:
             records = _before(records, event.final.ended_at)
-        for record in records:
-            kind = record.get("type")
-            if kind == "missing":
-                for nodeid in record.get("nodeids", []):
-                    running.missing[nodeid] = record.get("rootdir", "?")
-            elif kind == "collect_error":
-                running.collect_errors.append(_collect_error_text(record))
-            elif kind == "session_finish":
-                running.session_finished = True
-            else:
-                self.replayer.handle(record, ctx)
-                if kind == "finish":
-                    self._check_stop()  # -x / --maxfail: as pytest does after each test
+        for raw in records:
+            if running.refused is not None:
+                break  # nothing more of this batch is trusted
+            running.records_seen += 1
+            try:
+                if isinstance(raw, UnreadableLine):
+                    raise describe_line(raw.line)
+                record = parse_record(raw, running.nodeids)
+                self._accept(running, record, raw, ctx)
+            except BadRecord as exc:
+                self._refuse(running, exc)
+            except Exception as exc:  # noqa: BLE001 - pytest could not rebuild the report
+                self._refuse(running, BadRecord(
+                    f"pytest could not rebuild the report ({type(exc).__name__}: {exc})",
+                    json.dumps(raw, default=repr)))
         if event.final is not None:
             self._on_job_end(running, event.final)
+
+    def _accept(self, running: RunningBatch, record: object, raw: dict, ctx: JobContext) -> None:
+        if isinstance(record, MissingRecord):
+            for nodeid in record.nodeids:
+                running.missing[nodeid] = record.rootdir
+        elif isinstance(record, CollectErrorRecord):
+            running.collect_errors.append(_collect_error_text(raw))
+        elif isinstance(record, SessionFinishRecord):
+            running.session_finished = True
+        else:
+            self.replayer.handle(record, raw, ctx)
+            if isinstance(record, FinishRecord):
+                self._check_stop()  # -x / --maxfail: as pytest does after each test
+
+    def _refuse(self, running: RunningBatch, bad: BadRecord) -> None:
+        """A record the controller cannot accept: the batch's unfinished tests fail with
+        it, its job is stopped, the run goes on."""
+        if running.refused is not None:
+            return
+        running.refused = bad
+        self._say(f"job {running.handle.job_id} [{running.spec.name}] wrote a record the "
+                  f"controller refuses: {bad}; its remaining tests fail "
+                  f"(reports: {running.spec.reports_path})")
+        self.monitor.stop(running.handle.job_id, JobStatus.ERROR,
+                          f"it wrote a record the controller refuses: {bad.why}")
 
     def _on_job_end(self, running: RunningBatch, state: JobState) -> None:
         del self.running[running.handle.job_id]
@@ -376,6 +431,7 @@ class DispatchLoop:
                 + "".join(f"\n{e}" for e in running.collect_errors),
                 ctx,
             )
+        self.replayer.settle(running.batch.nodeids)
         unfinished = [n for n in running.batch.nodeids if not self.replayer.is_finished(n)]
         if not unfinished:
             return
@@ -400,6 +456,10 @@ class DispatchLoop:
     @staticmethod
     def _status_of(running: RunningBatch, state: JobState) -> JobStatus:
         """Why the job left tests unreported: the monitor's verdict, else the scheduler's."""
+        if running.refused is not None:
+            return JobStatus.ERROR
+        if not running.records_seen and state.exit_code == USAGE_ERROR:
+            return JobStatus.ERROR  # pytest refused its command line: no retry helps
         if state.status in (JobStatus.COMPLETED, JobStatus.FAILED) and not running.session_finished:
             return JobStatus.CRASHED
         if state.status is JobStatus.COMPLETED:
@@ -418,6 +478,13 @@ class DispatchLoop:
         ]
         full = space_problem(running.spec.work_dir)  # why the batch could not write
         lines += [full] if full else []
+        if running.refused is not None:
+            lines.append("the job wrote a record the controller refuses (line kept in "
+                         f"{running.spec.reports_path}): {running.refused}")
+        elif not running.records_seen and state.exit_code == USAGE_ERROR:
+            lines.append("pytest on the target refused its command line (exit code 4, a "
+                         "usage error): an option the target's pytest or its plugins do not "
+                         "know? pytest's message is in the log below")
         lines += running.collect_errors
         lines += ["--- last lines of the job log ---", tail]
         return "\n".join(lines)
@@ -438,8 +505,7 @@ def _before(records: list[dict], ended_at: float) -> list[dict]:
     stopped after ``ended_at``, nothing counts (a test that ended in the very second of
     the failure runs again rather than count on a doubt)."""
     for index, record in enumerate(records):
-        data = record.get("data") if record.get("type") == "report" else None
-        if isinstance(data, dict) and float(data.get("stop") or 0) > ended_at:
+        if report_stop(record) > ended_at:
             return records[:index]
     return records
 
@@ -451,71 +517,67 @@ def _collect_error_text(record: dict) -> str:
     return f"collection error on the target in {data.get('nodeid', '?')}: {text}"
 
 
-# options that change what a test does or how its report reads, passed to the worker
-_PASSTHROUGH_VALUES = {
-    "tbstyle": "--tb",
-    "importmode": "--import-mode",
-    "log_level": "--log-level",
-    "log_format": "--log-format",
-    "log_date_format": "--log-date-format",
-    "assertmode": "--assert",
-}
-_PASSTHROUGH_FLAGS = {
-    "showlocals": "--showlocals",
-    "fulltrace": "--full-trace",
-    "runxfail": "--runxfail",
-    "strict_markers": "--strict-markers",
-}
+USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
+
+
+def worker_cwd(config: pytest.Config) -> Path:
+    """Where the worker runs: where the user ran pytest (relative paths in tracebacks and
+    in the tests read the same), unless that is outside the rootdir (a remote cluster
+    has the rootdir's copy only)."""
+    here = Path(config.invocation_params.dir)
+    return here if here.is_relative_to(config.rootpath) else config.rootpath
+
+
+def worker_env(config: pytest.Config) -> dict[str, str]:
+    """The environment every worker gets: unbuffered output (what a test prints reaches
+    the job log at once: hang patterns), no PYTEST_ADDOPTS (the worker's argv has the
+    options already), and, under pytest-xdist, the identity of the xdist worker that
+    dispatches (``worker_id``, ``testrun_uid`` and PYTEST_XDIST_* as there)."""
+    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": ""}
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput:
+        env["PYTEST_XDIST_WORKER"] = str(workerinput.get("workerid", ""))
+        env["PYTEST_XDIST_TESTRUNUID"] = str(workerinput.get("testrunuid", ""))
+        env["PYTEST_XDIST_WORKER_COUNT"] = str(workerinput.get("workercount", ""))
+    return env
 
 
 def worker_command(
-    config: pytest.Config, nodeids: list[str], ids_file: Path, reports: Path, work_dir: Path
+    config: pytest.Config, nodeids: list[str], ids_file: Path, reports: Path, work_dir: Path,
+    options: list[str] | None = None,
 ) -> list[str]:
-    """argv of the worker pytest: the user's options that matter remotely, the worker
+    """argv of the worker pytest: the user's invocation (``forwarding``), the worker
     plugin, node ids in a file, the batch's module paths. Never a shell string."""
-    argv = pytest_base_argv(config)
+    argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.worker"]
     argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
     if config.pluginmanager.has_plugin("cacheprovider"):
         # the worker must not write the controller's cache (--lf is the controller's)
         argv += ["-o", f"cache_dir={work_dir / '.pytest_cache'}"]
+    basetemp = getattr(config.option, "basetemp", None)
+    if basetemp:  # pytest empties a --basetemp: each batch gets its own below the user's
+        argv.append(f"--basetemp={Path(config.invocation_params.dir, basetemp) / work_dir.name}")
     argv += ["--junitxml", str(work_dir / "junit.xml"), "--continue-on-collection-errors"]
     opt = config.option
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
-    argv += sorted({_module_path(n) for n in nodeids})
+    cwd = worker_cwd(config)
+    argv += sorted({_module_path(n, config.rootpath, cwd) for n in nodeids})
     return argv
 
 
-def pytest_base_argv(config: pytest.Config) -> list[str]:
-    """``python -m pytest`` with the same rootdir and ini file and the user's options that
-    change what a test does or how its report reads."""
-    opt = config.option
+def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
+    """``python -m pytest`` with the same rootdir and ini file and the user's invocation
+    less what the controller owns (``forwarding``); the ini's addopts are among those
+    options, so the worker does not read them again. The "re-run:" line is this argv."""
     argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         argv += ["-c", str(config.inipath)]
-    if opt.verbose > 0:
-        argv.append("-" + "v" * opt.verbose)
-    elif opt.verbose < 0:
-        argv.append("-" + "q" * -opt.verbose)
-    for dest, flag in _PASSTHROUGH_VALUES.items():
-        value = getattr(opt, dest, None)
-        if value not in (None, "", "auto"):
-            argv.append(f"{flag}={value}")
-    for dest, flag in _PASSTHROUGH_FLAGS.items():
-        if getattr(opt, dest, False):
-            argv.append(flag)
-    for override in getattr(opt, "override_ini", None) or []:
-        argv += ["-o", override]
-    for warning in getattr(opt, "pythonwarnings", None) or []:
-        argv += ["-W", warning]
-    for plugin in getattr(opt, "plugins", None) or []:
-        if plugin.startswith("pytest_trtllm_slurm"):
-            continue  # ours loads by its entry point there; by module name it would load twice
-        argv += ["-p", plugin]
-    argv += forwarded_args(config)  # pytest-cov's and pytest-benchmark's (artefacts)
-    return argv
+    argv += ["-o", "addopts="]
+    return argv + (options if options is not None else forwarded_options(config)[0])
 
 
-def _module_path(nodeid: str) -> str:
-    """The file part of a node id, which is relative to the rootdir (the worker's cwd)."""
-    return nodeid.split("::", 1)[0]
+def _module_path(nodeid: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
+    """The file part of a node id, which is relative to the rootdir: as it is when the
+    worker runs there, else absolute."""
+    module = nodeid.split("::", 1)[0]
+    return module if rootdir is None or cwd == rootdir else str(rootdir / module)

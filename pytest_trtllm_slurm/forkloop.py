@@ -37,6 +37,8 @@ from .private_files import (
     tree_up_to,
 )
 
+# starts every line the plugin (not the test) writes to a job log: the hang scan skips them
+LOG_MARK = "[trtllm-slurm] "
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
 HEARTBEAT_EVERY = 1.0
 FAST, SLOW = 0.005, 0.05  # poll interval while busy / when idle for a while

@@ -1,23 +1,36 @@
 """Replay what a worker reported into the local items (the pytest face).
 
-Records from reports.jsonl go through the item's own hooks
-(logstart / logreport per phase / logfinish), exactly as pytest-xdist's
-controller does, so terminal output, junitxml, --lf, -x and --durations behave
-as for a local run. Each test ends with exactly one outcome: once a test is
-finished, later records for it are ignored.
+Records from reports.jsonl (typed and checked by ``records``) go through the item's
+own hooks (logstart / logreport per phase / logfinish), exactly as pytest-xdist's
+controller does, so terminal output, junitxml, --lf, -x and --durations behave as
+for a local run. Every report is replayed, in order, including each attempt of a
+test that a plugin runs again (pytest-rerunfailures logs start..finish per attempt);
+a test is finished once the worker says its whole protocol returned (``done``), and
+later records for it are ignored: each test ends with exactly one outcome.
 """
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from .records import (
+    DoneRecord,
+    FinishRecord,
+    ReportRecord,
+    StartRecord,
+    SuitePropertyRecord,
+    WarningRecord,
+    XmlAttributeRecord,
+    warning_category,
+)
+
 SECTION = "trtllm-slurm"
 PHASES = ("setup", "call", "teardown")
+JUNIT_PROPERTY = "trtllm_slurm_"  # prefix of the testcase properties a dispatched test gets
 
 
 @dataclass
@@ -43,11 +56,19 @@ class JobContext:
             lines.append(f"re-run:   {self.rerun[nodeid]}")
         return "\n".join(lines)
 
+    def junit_properties(self) -> list[tuple[str, str]]:
+        """What CI dashboards read from a dispatched testcase's <properties>."""
+        return [(JUNIT_PROPERTY + name, value) for name, value in (
+            ("job_id", self.job_id), ("nodes", self.nodelist or "?"),
+            ("scenario", self.scenario), ("log", self.log_path))]
+
 
 @dataclass
 class TestProgress:
-    started: bool = False
-    phases: list[tuple[str, str]] = field(default_factory=list)  # (when, outcome)
+    started: bool = False  # an attempt was ever started
+    attempt_open: bool = False  # logstart seen, logfinish not yet
+    phases: list[tuple[str, str]] = field(default_factory=list)  # this attempt's (when, outcome)
+    rerun: bool = False  # this attempt reported an outcome "rerun": another one follows
     finished: bool = False
 
 
@@ -58,6 +79,8 @@ class Replayer:
         self.config = config
         self.items = items
         self.progress: dict[str, TestProgress] = {nodeid: TestProgress() for nodeid in items}
+        self._suite_properties: dict[tuple[str, str], int] = {}  # added to the junit xml
+        self._suite_seen: dict[tuple[str, tuple[str, str]], int] = {}  # (job, property) -> n
 
     # -- state -----------------------------------------------------------
     def track(self, item: pytest.Item) -> None:
@@ -68,6 +91,14 @@ class Replayer:
     def is_finished(self, nodeid: str) -> bool:
         return self.progress[nodeid].finished
 
+    def settle(self, nodeids: list[str]) -> None:
+        """The job ended: a test whose last attempt ended without asking for another one
+        is finished, even if the worker died before saying ``done``."""
+        for nodeid in nodeids:
+            prog = self.progress[nodeid]
+            if prog.started and not prog.attempt_open and not prog.rerun:
+                prog.finished = True
+
     def running_test(self, nodeids: list[str]) -> str | None:
         """The test of ``nodeids`` that started but did not finish (where a job died)."""
         return next(
@@ -76,23 +107,33 @@ class Replayer:
         )
 
     # -- records ---------------------------------------------------------
-    def handle(self, record: dict[str, Any], ctx: JobContext) -> None:
-        kind = record.get("type")
-        if kind == "start":
-            self._start(record["nodeid"], ctx)
-        elif kind == "report":
-            self._report(record["data"], ctx)
-        elif kind == "finish":
-            self._finish(record["nodeid"])
-        elif kind == "warning" and record.get("when") == "runtest":
+    def handle(self, record: Any, raw: dict[str, Any], ctx: JobContext) -> None:
+        """Replay one record (already checked by ``records.parse_record``); ``raw`` is
+        its JSON object, whose report data goes to pytest's own deserializer."""
+        if isinstance(record, StartRecord):
+            self._start(record.nodeid, ctx)
+        elif isinstance(record, ReportRecord):
+            self._report(raw["data"], ctx)
+        elif isinstance(record, FinishRecord):
+            self._finish(record.nodeid)
+        elif isinstance(record, DoneRecord):
+            self._done(record.nodeid)
+        elif isinstance(record, WarningRecord) and record.when == "runtest":
             # config/collect warnings were already seen by the local collection
             self._warning(record)
+        elif isinstance(record, XmlAttributeRecord):
+            xml = _junit_xml(self.config)
+            if xml is not None and not self.progress[record.nodeid].finished:
+                xml.node_reporter(record.nodeid).add_attribute(record.name, record.value)
+        elif isinstance(record, SuitePropertyRecord):
+            self._suite_property(ctx.job_id, record.name, record.value)
 
     def _start(self, nodeid: str, ctx: JobContext) -> None:
         prog = self.progress.get(nodeid)
-        if prog is None or prog.finished or prog.started:
+        if prog is None or prog.finished or prog.attempt_open:
             return
-        prog.started = True
+        prog.started = prog.attempt_open = True
+        prog.phases, prog.rerun = [], False
         item = self.items[nodeid]
         item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=item.location)
 
@@ -104,36 +145,67 @@ class Replayer:
         if report is None or not isinstance(report, pytest.TestReport):
             return
         prog = self.progress.get(report.nodeid)
-        if prog is None or prog.finished or not prog.started:
+        if prog is None or prog.finished or not prog.attempt_open:
             return
         if report.when == "call" or report.failed:
             report.sections.append((SECTION, ctx.section_text(report.nodeid)))
+        self._log(self.items[report.nodeid], report, ctx)
+
+    def _log(self, item: pytest.Item, report: pytest.TestReport, ctx: JobContext | None) -> None:
+        prog = self.progress[item.nodeid]
         prog.phases.append((report.when, report.outcome))
-        self.items[report.nodeid].ihook.pytest_runtest_logreport(report=report)
+        prog.rerun = prog.rerun or report.outcome == "rerun"
+        xml = _junit_xml(self.config)
+        if xml is not None and report.when == "teardown" and ctx is not None and ctx.job_id != "-":
+            # before the teardown report, which closes the junit testcase
+            reporter = xml.node_reporter(report)
+            for name, value in ctx.junit_properties():
+                reporter.add_property(name, value)
+        item.ihook.pytest_runtest_logreport(report=report)
 
     def _finish(self, nodeid: str) -> None:
         prog = self.progress.get(nodeid)
-        if prog is None or prog.finished or not prog.started:
+        if prog is None or prog.finished or not prog.attempt_open:
             return
-        prog.finished = True
+        prog.attempt_open = False
         item = self.items[nodeid]
         item.ihook.pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
 
-    def _warning(self, record: dict[str, Any]) -> None:
+    def _done(self, nodeid: str) -> None:
+        prog = self.progress.get(nodeid)
+        if prog is None or prog.finished or not prog.started:
+            return
+        self._finish(nodeid)
+        prog.finished = True
+
+    def _warning(self, record: WarningRecord) -> None:
+        category = warning_category(record.category)
         message = warnings.WarningMessage(
-            message=_warning_category(record.get("category", ""))(record.get("message", "")),
-            category=_warning_category(record.get("category", "")),
-            filename=record.get("filename", ""),
-            lineno=record.get("lineno") or 0,
+            message=category(record.message),
+            category=category,
+            filename=record.filename,
+            lineno=record.lineno or 0,
         )
         self.config.hook.pytest_warning_recorded.call_historic(
             kwargs={
                 "warning_message": message,
-                "when": record.get("when", "runtest"),
-                "nodeid": record.get("nodeid", ""),
+                "when": record.when,
+                "nodeid": record.nodeid,
                 "location": None,
             }
         )
+
+    def _suite_property(self, job_id: str, name: str, value: str) -> None:
+        """A suite property as often as the batch that recorded it most often did: a
+        session fixture runs once per batch, once in a plain run."""
+        xml = _junit_xml(self.config)
+        if xml is None:
+            return
+        key = (job_id, (name, value))
+        self._suite_seen[key] = self._suite_seen.get(key, 0) + 1
+        if self._suite_seen[key] > self._suite_properties.get((name, value), 0):
+            self._suite_properties[(name, value)] = self._suite_seen[key]
+            xml.add_global_property(name, value)
 
     # -- outcomes the worker never wrote ----------------------------------
     def fail_unreported(self, nodeid: str, status: str, text: str, ctx: JobContext | None) -> None:
@@ -142,7 +214,7 @@ class Replayer:
         if prog.finished:
             return
         item = self.items[nodeid]
-        if not prog.started:
+        if not prog.attempt_open:  # not started, or between two attempts
             self._start(nodeid, ctx or JobContext("-", "-", "-", "-"))
         done = [when for when, _ in prog.phases]
         longrepr = f"[{status}] {text}"
@@ -155,7 +227,7 @@ class Replayer:
             self._synth(item, "teardown", "passed", None, ctx)
         elif "teardown" not in done:
             self._synth(item, "teardown", "failed", longrepr, ctx)
-        self._finish(nodeid)
+        self._done(nodeid)
 
     def skip_unsatisfied(self, item: pytest.Item, reason: str, *, fail: bool) -> None:
         """Report a test nothing can serve: skipped (as the suite would) or failed."""
@@ -168,7 +240,7 @@ class Replayer:
                 item, "setup", "skipped", (str(path), (lineno or 0) + 1, f"Skipped: {reason}"), None
             )
         self._synth(item, "teardown", "passed", None, None)
-        self._finish(item.nodeid)
+        self._done(item.nodeid)
 
     def planning_error(self, item: pytest.Item, message: str) -> None:
         """A test whose markers or perf-sanity id cannot be read: an error at setup whose
@@ -196,14 +268,11 @@ class Replayer:
             duration=0.0,
             user_properties=list(item.user_properties),
         )
-        self.progress[item.nodeid].phases.append((when, outcome))
-        item.ihook.pytest_runtest_logreport(report=report)
+        self._log(item, report, ctx)
 
 
-def _warning_category(qualified: str) -> type[Warning]:
-    module, _, name = qualified.rpartition(".")
-    try:
-        category = getattr(importlib.import_module(module or "builtins"), name)
-    except (ImportError, AttributeError, ValueError):
-        return UserWarning
-    return category if isinstance(category, type) and issubclass(category, Warning) else UserWarning
+def _junit_xml(config: pytest.Config) -> Any:
+    """The session's junit writer (``--junitxml``), or None."""
+    from _pytest.junitxml import xml_key
+
+    return config.stash.get(xml_key, None)

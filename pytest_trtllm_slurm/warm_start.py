@@ -39,6 +39,7 @@ class EarlyConfig:
         self.inipath = config.inipath
         self.invocation_params = config.invocation_params
         self.pluginmanager = config.pluginmanager
+        self._parser = config._parser  # forwarding reads the options' flags and nargs
         self.stash = pytest.Stash()
 
     def getoption(self, name: str, default: Any = None, skip: bool = False) -> Any:
@@ -90,14 +91,15 @@ def start_early_sessions(config: pytest.Config) -> int:
         job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")
     except (OSError, ValueError, KeyError, TypeError):
         return 0
-    from .dispatch import pytest_base_argv
+    from .dispatch import pytest_base_argv, worker_cwd, worker_env
 
     base = pytest_base_argv(early)  # type: ignore[arg-type]
+    cwd = worker_cwd(early)  # type: ignore[arg-type]
     work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
     shell = LocalShell()
     targets = run_targets(config)
     capture_no = getattr(early.option, "capture", "fd") == "no"
-    env = session_env({"PYTHONUNBUFFERED": "1"}, local=True)  # without secrets
+    env = session_env(worker_env(early), local=True)  # type: ignore[arg-type]  # no secrets
     secrets = secrets_key(local=True)
     started = 0
     for node in expand_hostlist(nodelist):
@@ -108,7 +110,7 @@ def start_early_sessions(config: pytest.Config) -> int:
         sdir = f"{adir}/sessions/{name}"
         argv = session_argv(base[0], base, sdir, targets, capture_no=capture_no,
                             nodeids_file=False)
-        EARLY_SESSIONS[adir] = send_session(shell, adir, name, argv, cwd=str(config.rootpath),
+        EARLY_SESSIONS[adir] = send_session(shell, adir, name, argv, cwd=str(cwd),
                                             env=env)
         started += 1
     return started

@@ -12,12 +12,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .forkloop import LOG_MARK
+
 WORKER_ENV = "TRTLLM_SLURM_WORKER"
+# the version of the records below; the controller's ``records`` module reads exactly this
+RECORD_VERSION = 1
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,6 +46,7 @@ class ReportWriter:
         self.enabled = rank_and_size()[0] == 0
         self.wanted: list[str] = []
         self.collect_errors: list[dict[str, Any]] = []
+        self.marked: MarkedLines | None = None  # pytest's terminal output, marked
 
     @staticmethod
     def _open(path: Path) -> int:
@@ -57,9 +64,10 @@ class ReportWriter:
             self._fd = -1
 
     def emit(self, record: dict[str, Any]) -> None:
+        """One record (plain dict, the keys ``records`` defines, and ``v``) as one line."""
         if not self.enabled or self._fd < 0:
             return
-        line = (json.dumps(record, default=repr) + "\n").encode()
+        line = (json.dumps({"v": RECORD_VERSION, **record}, default=repr) + "\n").encode()
         os.write(self._fd, line)
         os.fsync(self._fd)
 
@@ -88,10 +96,16 @@ class ReportWriter:
             self.collect_errors.append(record)  # a served batch repeats them (worker_serve)
             self.emit(record)
 
+    @pytest.hookimpl(trylast=True)
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self.emit({"type": "start", "nodeid": nodeid, "location": list(location)})
-        # a marker line in the job log: progress and hang patterns are read from there
-        print(f"\n[trtllm-slurm] START {nodeid}", file=sys.__stdout__, flush=True)
+        # a line in the job log (progress), marked so the hang scan skips it; last, after
+        # pytest's own output (-v: the node id), so what the test prints starts a new line
+        shown = nodeid.replace("\r", "\\r").replace("\n", "\\n")
+        if self.marked is not None:
+            self.marked.line(f"START {shown}")
+        else:
+            print(f"\n{LOG_MARK}START {shown}", file=sys.__stdout__, flush=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
@@ -99,6 +113,16 @@ class ReportWriter:
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self.emit({"type": "finish", "nodeid": nodeid})
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        """``done`` once the item's whole protocol returned: a plugin that runs a test
+        several times (pytest-rerunfailures) logs start..finish once per attempt, and
+        only this says that no attempt follows (pytest-xdist's runtest_protocol_complete)."""
+        try:
+            return (yield)
+        finally:
+            self.emit({"type": "done", "nodeid": item.nodeid})
 
     def pytest_warning_recorded(
         self, warning_message: Any, when: str, nodeid: str, location: Any
@@ -134,6 +158,88 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
     return (yield)
 
 
+class JunitRecorders:
+    """pytest's junit recorders, also sent to the controller: the target's junit.xml is not
+    the one the user reads (``record_xml_attribute`` sets the testcase's attributes,
+    ``record_testsuite_property`` the suite's properties). Each wraps pytest's own fixture,
+    so its warnings and checks stay pytest's."""
+
+    def __init__(self, writer: ReportWriter) -> None:
+        self.writer = writer
+
+    @pytest.fixture
+    def record_xml_attribute(
+        self, record_xml_attribute: Callable[[str, object], None], request: pytest.FixtureRequest
+    ) -> Callable[[str, object], None]:
+        nodeid = request.node.nodeid
+
+        def record(name: str, value: object) -> None:
+            record_xml_attribute(name, value)
+            self.writer.emit({"type": "xml_attribute", "nodeid": nodeid,
+                              "name": str(name), "value": str(value)})
+
+        return record
+
+    @pytest.fixture(scope="session")
+    def record_testsuite_property(
+        self, record_testsuite_property: Callable[[str, object], None]
+    ) -> Callable[[str, object], None]:
+        def record(name: str, value: object) -> None:
+            __tracebackhide__ = True
+            record_testsuite_property(name, value)
+            self.writer.emit({"type": "suite_property", "name": name, "value": str(value)})
+
+        return record
+
+
+class XdistIdentity:
+    """Under ``pytest -n N`` the dispatching process is an xdist worker: a test it sends
+    to a target sees that worker's ``worker_id`` and ``testrun_uid`` (the controller puts
+    them in ``PYTEST_XDIST_*``, read when the fixture runs: a served session's batches
+    may come from different xdist workers). Without them, xdist's own answers."""
+
+    @pytest.fixture(scope="session")
+    def worker_id(self) -> str:
+        return os.environ.get("PYTEST_XDIST_WORKER") or "master"
+
+    @pytest.fixture(scope="session")
+    def testrun_uid(self) -> str:
+        return os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+
+
+class MarkedLines:
+    """pytest's own terminal output in the job log, each line starting with ``LOG_MARK``:
+    the hang scan reads only the test's own output, never a node id pytest printed."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self._at_line_start = True
+
+    def write(self, text: str) -> int:
+        out: list[str] = []
+        for index, part in enumerate(text.split("\n")):
+            if index:
+                out.append("\n")
+                self._at_line_start = True
+            if part:
+                if self._at_line_start:
+                    out.append(LOG_MARK)
+                out.append(part)
+                self._at_line_start = False
+        self._file.write("".join(out))
+        return len(text)
+
+    def line(self, text: str) -> None:
+        """A marked line of the plugin's own, on a line of its own."""
+        self._file.write(("" if self._at_line_start else "\n") + LOG_MARK + text + "\n")
+        self._file.flush()
+        self._at_line_start = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     reports = config.getoption("trtllm_worker_reports")
     if not reports:
@@ -149,6 +255,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(
         BatchArtefacts(config, Path(reports).parent, enabled=writer.enabled),
         "trtllm-slurm-artefacts")
+    # registered after every other plugin, so these fixtures override theirs
+    config.pluginmanager.register(JunitRecorders(writer), "trtllm-slurm-junit-recorders")
+    if config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(XdistIdentity(), "trtllm-slurm-xdist-identity")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    terminal = getattr(reporter, "_tw", None)
+    if terminal is not None and hasattr(terminal, "_file"):
+        terminal._file = writer.marked = MarkedLines(terminal._file)
     from .gate import gate_from_env  # a step launched before its GPUs were free
 
     gate = gate_from_env()

@@ -138,6 +138,7 @@ class SessionServer:
         for key, value in (request.get("env") or {}).items():
             os.environ[key] = value
         os.environ.update(one_node_job_env(gpu_ids))
+        self._own_basetemp(str(request.get("name", os.getpid())))
         redirect_output(request["log_path"])
         self.writer.reopen(Path(request["reports_path"]))
         wanted = list(request["nodeids"])
@@ -161,6 +162,16 @@ class SessionServer:
         with contextlib.suppress(Exception):
             self.writer.close()
         return status
+
+
+    def _own_basetemp(self, name: str) -> None:
+        """A --basetemp is emptied by whoever uses it first: batches that run side by side
+        get their own folder below it (as pytest-xdist's workers do)."""
+        factory = getattr(self.config, "_tmp_path_factory", None)
+        given = getattr(factory, "_given_basetemp", None)
+        if factory is not None and given is not None:
+            factory._given_basetemp = Path(given) / name
+            factory._basetemp = None
 
 
 def register(config: pytest.Config, serve_dir: str, writer: Any) -> None:

@@ -42,16 +42,17 @@ class SuiteRun:
 
 
 def run_suite(suite: Path, *args: str, env: dict[str, str] | None = None, tag: str = "run",
-              timeout: float = 300) -> SuiteRun:
+              timeout: float = 300, cwd: Path | None = None) -> SuiteRun:
+    """pytest in ``cwd`` (default: the suite) with the report recorder and a junit file."""
     dump = suite / f"{tag}.reports.jsonl"
     junit = suite / f"{tag}.junit.xml"
     pythonpath = os.pathsep.join(filter(None, [str(DATA), os.environ.get("PYTHONPATH")]))
-    full_env = {**os.environ, "REPORT_DUMP": str(dump), "PYTHONPATH": pythonpath, **(env or {})}
-    full_env.pop("PYTEST_ADDOPTS", None)
+    outer = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    full_env = {**outer, "REPORT_DUMP": str(dump), "PYTHONPATH": pythonpath, **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "report_recorder", "-rA", f"--junitxml={junit}",
          *args],
-        cwd=suite,
+        cwd=cwd or suite,
         env=full_env,
         capture_output=True,
         text=True,
@@ -76,16 +77,42 @@ def without_addresses(value: object) -> object:
     return value
 
 
+DISPATCH_PROPERTY = "trtllm_slurm_"  # testcase properties only a dispatched run adds
+
+
 def junit_cases(path: Path) -> list[dict]:
-    """Testcases of a junit XML without times and host names."""
+    """Testcases of a junit XML without times, host names and the properties that say
+    where a dispatched test ran (``dispatch_properties`` reads those)."""
     root = ET.parse(path).getroot()
     cases = []
     for case in root.iter("testcase"):
         children = []
         for child in case:
+            if child.tag == "properties":
+                props = [(p.get("name"), p.get("value")) for p in child
+                         if not (p.get("name") or "").startswith(DISPATCH_PROPERTY)]
+                if props:
+                    children.append(("properties", {}, props))
+                continue
             attrs = {k: v for k, v in child.attrib.items() if k not in ("time",)}
             text = _ADDRESS.sub("0x?", (child.text or "").strip())
             children.append((child.tag, {k: _ADDRESS.sub("0x?", v) for k, v in attrs.items()}, text))
         attrs = {k: v for k, v in case.attrib.items() if k != "time"}
         cases.append({"attrs": attrs, "children": children})
     return sorted(cases, key=lambda c: (c["attrs"].get("classname", ""), c["attrs"].get("name", "")))
+
+
+def dispatch_properties(path: Path) -> dict[str, dict[str, str]]:
+    """testcase name -> the properties a dispatched run adds (job id, nodes, ...)."""
+    root = ET.parse(path).getroot()
+    return {case.get("name", ""): {p.get("name", ""): p.get("value", "")
+                                   for p in case.iter("property")
+                                   if p.get("name", "").startswith(DISPATCH_PROPERTY)}
+            for case in root.iter("testcase")}
+
+
+def suite_properties(path: Path) -> list[tuple[str, str]]:
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    props = suite.find("properties") if suite is not None else None
+    return [(p.get("name", ""), p.get("value", "")) for p in props] if props is not None else []

@@ -338,7 +338,8 @@ class AgentPool:
         name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
         sdir = f"{node.agent_dir}/sessions/{name}"
         base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
-        argv = session_argv(spec.command[0], base, sdir, sorted({_module(n) for n in ids}),
+        argv = session_argv(spec.command[0], base, sdir,
+                            sorted({_module(n, spec.rootdir, spec.invocation_dir) for n in ids}),
                             capture_no="--capture=no" in spec.command, nodeids_file=True)
         send_session(self.shell, node.agent_dir, name, argv,
                      cwd=spec.invocation_dir or spec.rootdir,
@@ -529,8 +530,10 @@ class AgentPool:
                 node.session = None
 
 
-def _module(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
+def _module(nodeid: str, rootdir: str | None = None, cwd: str | None = None) -> str:
+    """A node id's file, relative to the rootdir; absolute when the session runs elsewhere."""
+    module = nodeid.split("::", 1)[0]
+    return module if not rootdir or not cwd or cwd == rootdir else f"{rootdir}/{module}"
 
 
 def session_argv(python: str, base: list[str], sdir: str, targets: list[str], *,

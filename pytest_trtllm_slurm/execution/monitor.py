@@ -12,10 +12,51 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..forkloop import LOG_MARK
 from .base import Executor, JobHandle
 from .outcome import JobState, JobStatus
 
 LOG_OVERLAP = 256  # bytes kept from the previous log chunk so a pattern split across reads is seen
+_MARK = LOG_MARK.encode()
+
+
+class OwnOutput:
+    """What the test itself wrote to its job log, read chunk by chunk: lines that start
+    with ``LOG_MARK`` are the plugin's (START lines, pytest's own terminal output on the
+    target, which show node ids) and are left out, so a test whose id contains a hang
+    pattern is not taken for a hang."""
+
+    def __init__(self) -> None:
+        self._pending = b""  # the start of a line that may still turn out marked
+        self._state = "start"  # at a line's start | in the test's own line | in a marked line
+        self._overlap = b""  # the end of the test's line so far: a pattern split across reads
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The test's own text in ``chunk`` (with a little of the line before it)."""
+        out: list[bytes] = []
+        pos = 0
+        while True:
+            end = chunk.find(b"\n", pos)
+            piece = chunk[pos:] if end < 0 else chunk[pos:end]
+            if self._state == "start":
+                line = self._pending + piece
+                if line.startswith(_MARK):
+                    self._state, self._pending = "marked", b""
+                elif end < 0 and _MARK.startswith(line):
+                    self._pending = line  # undecided until more of the line arrives
+                    break
+                else:
+                    self._state, self._pending = "own", b""
+                    piece = line
+            if self._state == "own":
+                text = self._overlap + piece
+                out.append(text)
+                self._overlap = text[-LOG_OVERLAP:]
+            if end < 0:
+                break
+            self._state, self._pending, self._overlap = "start", b"", b""
+            pos = end + 1
+        return b"\n".join(out)
 
 
 @dataclass
@@ -25,7 +66,7 @@ class WatchedJob:
     reports_offset: int = 0
     partial: bytes = b""
     log_offset: int = 0
-    log_tail: bytes = b""
+    own_output: OwnOutput = field(default_factory=lambda: OwnOutput())
     started: float | None = None
     forced_status: JobStatus | None = None
     forced_reason: str | None = None
@@ -38,6 +79,25 @@ class JobEvent:
     job: WatchedJob
     records: list[dict[str, Any]] = field(default_factory=list)
     final: JobState | None = None  # set once, when the job has ended
+
+
+class UnreadableLine(dict):  # type: ignore[type-arg]
+    """A line of reports.jsonl that is no JSON object, kept in its place among the
+    records (empty as a dict: a reader that does not look for it skips it)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__()
+        self.line = line
+
+
+def report_stop(record: dict[str, Any]) -> float:
+    """When a test report's phase stopped (0 for other records and for a ``stop`` that is
+    no number: what a target wrote is checked later, it must not break the read)."""
+    data = record.get("data") if record.get("type") == "report" else None
+    try:
+        return float(data.get("stop") or 0) if isinstance(data, dict) else 0.0
+    except (TypeError, ValueError):
+        return 0.0
 
 
 class Monitor:
@@ -113,6 +173,12 @@ class Monitor:
         elif records:
             yield JobEvent(job, records)
 
+    def stop(self, job_id: str, status: JobStatus, reason: str) -> None:
+        """Cancel a job the caller gave up on; its final state will say ``status``."""
+        job = self.jobs.get(job_id)
+        if job is not None and not job.state.status.finished and job.forced_status is None:
+            self._stop(job, status, reason)
+
     @staticmethod
     def _hold(job: WatchedJob, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The records that may be shown now: while the job's state carries ``alive_at``
@@ -123,8 +189,7 @@ class Monitor:
         cut = len(pending)
         if limit is not None and not job.state.status.finished:
             for index, record in enumerate(pending):
-                data = record.get("data") if record.get("type") == "report" else None
-                if isinstance(data, dict) and float(data.get("stop") or 0) > limit:
+                if report_stop(record) > limit:
                     cut = index
                     break
         job.held = pending[cut:]
@@ -146,10 +211,15 @@ class Monitor:
         job.partial = lines.pop()  # an unterminated last line waits for the next read
         records = []
         for line in lines:
+            if not line.strip():
+                continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
-                continue  # a torn line (the writer died mid-write) is skipped, not fatal
+                record = None
+            # the reader decides what a line that is no record means
+            records.append(record if isinstance(record, dict) else
+                           UnreadableLine(line.decode("utf-8", "replace")))
         return records
 
     def _hang_seen(self, job: WatchedJob) -> bool:
@@ -159,9 +229,8 @@ class Monitor:
         if not chunk:
             return False
         job.log_offset += len(chunk)
-        window = (job.log_tail + chunk).lower()
-        job.log_tail = window[-LOG_OVERLAP:]
-        return any(p in window for p in self.hang_patterns)
+        text = job.own_output.feed(chunk).lower()
+        return any(p in text for p in self.hang_patterns)
 
     def cancel_all(self) -> None:
         for job in list(self.jobs.values()):

@@ -1,0 +1,217 @@
+"""The user's invocation, as the worker gets it (the pytest face).
+
+The worker runs with every option of the user's command line, ``PYTEST_ADDOPTS`` and
+the ini file's ``addopts``, except those the controller owns; unknown plugins' options
+pass through with their values. Which tokens form one option and how many values it
+takes is read from pytest's own parser (each option's flags and nargs), never from a
+list of options: ``--timeout=1``, ``--reruns 2``, ``--forked``, ``--asyncio-mode=auto``
+reach the tests as in a plain run. The controller owns:
+
+- test selection: the positional arguments, ``-k``, ``-m``, ``--deselect``, ``--ignore``,
+  ``--lf``/``--ff``/``--nf``/``--sw`` and friends (the worker gets node ids);
+- how the run stops: ``-x``/``--maxfail`` (the controller cancels the other jobs);
+- output files and reports written once for the run: ``--junitxml``, ``--html``,
+  ``--report-log``, ``--log-file``, coverage reports and thresholds, benchmark files;
+- pytest-xdist's options (``-n``, ``--dist``, ...): the worker runs its batch itself;
+- this plugin's options, the rootdir and ini file (the worker gets the controller's);
+- ``--pdb``/``--trace``: a target has no terminal (the run says so once).
+
+Values that name a path relative to the invocation directory are made absolute (the
+worker runs in the rootdir, perhaps on another machine where paths are mapped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# dests of pytest's own options (and of the report writers users commonly add) that
+# the controller owns; an option of a plugin not named here is forwarded
+SELECTION = {
+    "file_or_dir", "keyword", "markexpr", "deselect", "ignore", "ignore_glob", "lf",
+    "failedfirst", "newfirst", "last_failed_no_failures", "cacheclear", "cacheshow",
+    "stepwise", "stepwise_skip", "stepwise_reset", "keepduplicates", "collectonly",
+    "pyargs", "continue_on_collection_errors",
+}
+STOPPING = {"maxfail", "exitfirst"}
+OUTPUT_FILES = {
+    "xmlpath", "junitprefix", "resultlog", "report_log", "htmlpath", "self_contained_html",
+    "css", "json_report", "json_report_file", "json_report_indent", "json_report_omit",
+    "allure_report_dir", "log_file", "pastebin", "debug",
+    "cov_report", "cov_fail_under", "benchmark_json", "benchmark_save",
+    "benchmark_autosave", "benchmark_save_data", "benchmark_histogram",
+}
+SETUP = {"rootdir", "inifilename", "help", "version"}
+NO_TERMINAL = {"usepdb", "trace", "usepdb_cls"}  # need the user's terminal
+CONTROLLER_DESTS = SELECTION | STOPPING | OUTPUT_FILES | SETUP | NO_TERMINAL
+CONTROLLER_GROUPS = ("trtllm-slurm", "xdist")  # group names (prefixes) the controller owns
+NEVER_A_PATH = {"plugins", "pythonwarnings", "override_ini", "verbose", "reportchars"}
+_PATH_WORDS = ("path", "file", "dir", "basetemp", "storage", "config")
+
+
+@dataclass
+class Occurrence:
+    """One option as written (its tokens), or one positional argument (action None)."""
+
+    tokens: list[str]
+    action: argparse.Action | None
+    flag: str = ""
+    value_at: int | None = None  # tokens[value_at:] are values (a joined value: its own token)
+
+
+def _argparser(parser: Any) -> argparse.ArgumentParser:
+    optparser = getattr(parser, "optparser", None)  # pytest 9
+    return optparser if optparser is not None else parser._getparser()  # pytest 8
+
+
+def _groups_by_flag(parser: Any) -> dict[str, str]:
+    return {name: group.name for group in parser._groups for opt in group.options
+            for name in opt.names()}
+
+
+def _nargs_taken(action: argparse.Action, rest: list[str]) -> int:
+    """How many of ``rest`` (the tokens after the flag) argparse gives ``action``."""
+    nargs = action.nargs
+    if nargs == 0:
+        return 0
+    if nargs is None:
+        return min(1, len(rest))
+    if isinstance(nargs, int):
+        return min(nargs, len(rest))
+    count = 0
+    for token in rest:
+        if token.startswith("-") and token != "-":
+            break
+        count += 1
+        if nargs == "?":
+            break
+    return count
+
+
+def split_options(args: list[str], actions: dict[str, argparse.Action]) -> Iterator[Occurrence]:
+    """``args`` cut into options and positional arguments, as argparse reads them."""
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--":
+            for rest in args[i + 1 :]:
+                yield Occurrence([rest], None)
+            return
+        if not token.startswith("-") or token == "-":
+            yield Occurrence([token], None)
+            i += 1
+            continue
+        flag, eq, joined = token.partition("=")
+        action = actions.get(token)
+        if action is None and eq and flag in actions:
+            yield Occurrence([flag, joined], actions[flag], flag, 1)
+            i += 1
+            continue
+        parts = [Occurrence([token], action, token)] if action is not None else (
+            _short_cluster(token, actions) if not token.startswith("--") else [])
+        if not parts:  # not pytest's: passed on as written, the worker says what it is
+            yield Occurrence([token], None, token)
+            i += 1
+            continue
+        last = parts[-1]
+        if last.value_at is None and last.action is not None:
+            taken = _nargs_taken(last.action, args[i + 1 :])
+            if taken:
+                last.tokens += args[i + 1 : i + 1 + taken]
+                last.value_at = 1
+            i += taken
+        yield from parts
+        i += 1
+
+
+def _short_cluster(token: str, actions: dict[str, argparse.Action]) -> list[Occurrence]:
+    """Short options run together, one occurrence each: ``-vvx`` (flags), ``-rA`` and
+    ``-pno:cacheprovider`` (a flag and its value); [] when it is no such thing."""
+    parts: list[Occurrence] = []
+    rest = token[1:]
+    while rest:
+        flag = "-" + rest[0]
+        action = actions.get(flag)
+        if action is None:
+            return []
+        rest = rest[1:]
+        if action.nargs != 0 and rest:
+            parts.append(Occurrence([flag, rest], action, flag, 1))
+            return parts
+        parts.append(Occurrence([flag], action, flag))
+    return parts
+
+
+def invocation_args(config: pytest.Config) -> list[str]:
+    """What pytest parsed: ini addopts, PYTEST_ADDOPTS, then the command line."""
+    env = os.environ.get("PYTEST_ADDOPTS", "")
+    return [*config.getini("addopts"), *shlex.split(env), *map(str, config.invocation_params.args)]
+
+
+class Forwarder:
+    """Decides, option by option, what the worker gets."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        parser = config._parser  # type: ignore[attr-defined]
+        self.actions = dict(_argparser(parser)._option_string_actions)
+        self.groups = _groups_by_flag(parser)
+        self.here = Path(config.invocation_params.dir)
+        self.refused: list[str] = []  # options the run cannot honour on a target
+
+    def owned(self, occurrence: Occurrence) -> bool:
+        action = occurrence.action
+        if action is None:
+            return not occurrence.flag  # a positional argument (test selection)
+        if action.dest in NO_TERMINAL:
+            self.refused.append(occurrence.flag)
+        group = self.groups.get(occurrence.flag, "")
+        if any(group.startswith(g) for g in CONTROLLER_GROUPS):
+            return True
+        if action.dest == "plugins":
+            value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
+            return value.startswith("pytest_trtllm_slurm")
+        if action.dest == "override_ini":
+            value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
+            return value.split("=", 1)[0].strip() == "addopts"  # folded in already
+        return action.dest in CONTROLLER_DESTS
+
+    def render(self, occurrence: Occurrence) -> list[str]:
+        tokens = list(occurrence.tokens)
+        if occurrence.value_at is None or occurrence.action is None:
+            return tokens
+        values = [self._path(occurrence.action, v) for v in tokens[occurrence.value_at :]]
+        if len(tokens) == 2 and occurrence.flag.startswith("--"):
+            return [f"{occurrence.flag}={values[0]}"]  # a value that starts with '-' stays its
+        return [*tokens[: occurrence.value_at], *values]
+
+    def _path(self, action: argparse.Action, value: str) -> str:
+        """``value`` made absolute when it names a path relative to the invocation dir."""
+        if (not value or os.path.isabs(value) or action.choices or action.dest in NEVER_A_PATH
+                or action.type in (int, float) or value.startswith("-") or "://" in value):
+            return value
+        named = f"{action.dest} {action.metavar or ''}".lower()
+        if any(word in named for word in _PATH_WORDS) or (self.here / value).exists():
+            return str(self.here / value)
+        return value
+
+    def forwarded(self) -> list[str]:
+        out: list[str] = []
+        for occurrence in split_options(invocation_args(self.config), self.actions):
+            if not self.owned(occurrence):
+                out += self.render(occurrence)
+        return out
+
+
+def forwarded_options(config: pytest.Config) -> tuple[list[str], list[str]]:
+    """(the options the worker gets, the flags a target cannot honour)."""
+    forwarder = Forwarder(config)
+    options = forwarder.forwarded()
+    return options, sorted(set(forwarder.refused))
