@@ -35,7 +35,6 @@ MODES = {
     "slurm_warm": ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local_slurm",
                    "--slurm-partition=batch"],
 }
-F1 = "needs f1-replay: "  # the replay and option-forwarding work on branch f1-replay
 
 
 def _lines(text: str, pattern: str) -> list[str]:
@@ -115,7 +114,6 @@ class Row:
         return f"{self.plugin}-{self.case}"
 
 
-ALL_MODES_F1 = lambda why: {m: F1 + why for m in MODES}  # noqa: E731
 CLI_OPTIONS = ("--timeout=1", "--asyncio-mode=auto")  # (a rerun would not re-arm --timeout)
 COLLECTION_OPTIONS = ("--forked", "--count=2")
 
@@ -140,26 +138,21 @@ ROWS = [
         junit_properties),
     Row("pytest", "subtests", ("check_subtests.py",), (), subtest_lines),
     Row("pytest-rerunfailures", "flaky-marker", ("check_rerunfailures_marker.py",), (),
-        summary_counts, xfail=ALL_MODES_F1("every attempt of a rerun test replayed")),
+        summary_counts),
     # options on the command line (rows sharing their options share their runs)
     Row("pytest-rerunfailures", "reruns-option", ("check_rerunfailures_option.py",),
-        ("--reruns=1",), summary_counts,
-        xfail=ALL_MODES_F1("--reruns forwarded, every attempt replayed")),
+        ("--reruns=1",), summary_counts),
     Row("pytest-timeout", "timeout-option", ("check_timeout_option.py",), CLI_OPTIONS,
-        timeout_message("check_timeout_option.py::test_times_out_by_the_option"),
-        xfail=ALL_MODES_F1("--timeout forwarded to the worker")),
+        timeout_message("check_timeout_option.py::test_times_out_by_the_option")),
     Row("pytest-asyncio", "asyncio-mode-option", ("check_asyncio_option.py",),
-        CLI_OPTIONS, xfail=ALL_MODES_F1("--asyncio-mode forwarded")),
+        CLI_OPTIONS),
     Row("pytest-forked", "forked-option", ("check_forked_option.py",), COLLECTION_OPTIONS,
-        crash_message("check_forked_option.py::test_crashes_in_its_fork"),
-        xfail=ALL_MODES_F1("--forked forwarded")),
+        crash_message("check_forked_option.py::test_crashes_in_its_fork")),
     Row("pytest-repeat", "count-option", ("check_repeat_option.py",), COLLECTION_OPTIONS,
-        report_order("check_repeat_option.py"), xfail=ALL_MODES_F1("--count forwarded")),
-    Row("pytest-xdist", "worker-identity", ("check_xdist_identity.py",), ("-n", "2"),
-        xfail=ALL_MODES_F1("xdist worker_id, testrun_uid and PYTEST_XDIST_* in the test")),
+        report_order("check_repeat_option.py")),
+    Row("pytest-xdist", "worker-identity", ("check_xdist_identity.py",), ("-n", "2")),
     Row("pytest", "junit-suite-property-and-xml-attribute", ("check_junit_suite_properties.py",),
-        (), junit_suite_properties,
-        xfail=ALL_MODES_F1("record_testsuite_property / record_xml_attribute replayed")),
+        (), junit_suite_properties),
 ]
 
 
