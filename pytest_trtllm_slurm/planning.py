@@ -58,7 +58,7 @@ def available_device_types(ctx: PlanningContext) -> list[str]:
     discovery found there, unless its table names a device_type), this machine, the local
     Slurm, configured clusters."""
     found = _named_remote_types(ctx)
-    found += [ctx.local.device_type] if ctx.local.gpu_count else []
+    found += [ctx.local.device_type] if ctx.local.gpu_count and ctx.local.device_type else []
     if ctx.slurm_env is not None:
         found += [p.gpu_type for p in ctx.slurm_env.partitions if p.gpu_type]
     found += [c.device_type for c in ctx.clusters.clusters.values() if c.device_type]
