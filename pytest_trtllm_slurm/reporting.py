@@ -149,6 +149,7 @@ class Replayer:
             return
         if report.when == "call" or report.failed:
             report.sections.append((SECTION, ctx.section_text(report.nodeid)))
+        _count_failed_subtest(self.config, report)
         self._log(self.items[report.nodeid], report, ctx)
 
     def _log(self, item: pytest.Item, report: pytest.TestReport, ctx: JobContext | None) -> None:
@@ -276,3 +277,18 @@ def _junit_xml(config: pytest.Config) -> Any:
     from _pytest.junitxml import xml_key
 
     return config.stash.get(xml_key, None)
+
+
+def _count_failed_subtest(config: pytest.Config, report: pytest.TestReport) -> None:
+    """pytest's subtests fail a passing test that holds failed subtests by a count kept in
+    the process that ran them; a replayed failed subtest adds to this process's count, so
+    the test's own report reads as in a plain run (pytest >= 9 only)."""
+    if not report.failed or type(report).__name__ != "SubtestReport":
+        return
+    try:
+        from _pytest.subtests import failed_subtests_key
+    except ImportError:
+        return
+    counts = config.stash.get(failed_subtests_key, None)
+    if counts is not None:
+        counts[report.nodeid] += 1

@@ -42,7 +42,9 @@ def _lines(text: str, pattern: str) -> list[str]:
 
 
 def _call_longrepr(run: SuiteRun, nodeid: str, pattern: str) -> list[str]:
-    return [line.strip() for r in run.reports if r["nodeid"] == nodeid
+    """``nodeid`` and its parametrized copies (pytest-repeat's ``[1-2]``)."""
+    return [line.strip() for r in run.reports
+            if r["nodeid"] == nodeid or r["nodeid"].startswith(nodeid + "[")
             for line in (r["longrepr"] or "").splitlines() if re.search(pattern, line)]
 
 
@@ -85,7 +87,9 @@ def subtest_lines(run: SuiteRun, state: Path) -> object:
 
 def junit_properties(run: SuiteRun, state: Path) -> object:
     root = ET.parse(run.junit).getroot()
-    return [(case.get("name"), [(p.get("name"), p.get("value")) for p in case.iter("property")])
+    # the plugin's own per-testcase properties (job id, nodes, ...) are dispatch-only
+    return [(case.get("name"), [(p.get("name"), p.get("value")) for p in case.iter("property")
+                                if not p.get("name", "").startswith("trtllm_slurm_")])
             for case in root.iter("testcase") if case.get("classname") == "check_junit_properties"]
 
 
