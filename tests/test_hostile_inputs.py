@@ -47,6 +47,7 @@ from pytest_trtllm_slurm.scripts import (
     render_sbatch,
     render_step_command,
     render_step_launcher,
+    rerun_argv,
     sbatch_directives,
     srun_in_job,
 )
@@ -329,14 +330,15 @@ def test_rerun_lines_run_only_the_test(sandbox, nodeid, folder) -> None:
     assert got[-2] == "--wrap"
     res = box.run(["sh", "-c", got[-1]])  # what sbatch runs the --wrap text with
     assert res.returncode == 0, res.stderr
-    inner = spec.model_copy(update={"command": [*spec.rerun_argv, nodeid]})
+    # the node id as the re-run gives it (made absolute when pytest ran outside the rootdir)
+    inner = spec.model_copy(update={"command": rerun_argv(spec, nodeid)})
     assert box.argv("srun") == srun_in_job(inner, opts)
     box.assert_nothing_injected()
 
     line = render_rerun_step(spec, nodeid, "55", opts)
     res = box.run(["bash", "-c", line])
     assert res.returncode == 0, res.stderr
-    assert box.argv("srun")[-1] == nodeid and box.argv("srun")[1] == "--jobid=55"
+    assert box.argv("srun")[-1] == rerun_argv(spec, nodeid)[-1] and box.argv("srun")[1] == "--jobid=55"
     box.assert_nothing_injected()
 
 
