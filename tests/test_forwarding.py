@@ -96,7 +96,7 @@ def _report(**over):
     ({"v": 1, "type": "shell", "cmd": "x"}, "malformed 'shell' record"),
     ({"v": 1, "type": "start", "nodeid": "t.py::other"}, "not a test of this batch"),
     ({"v": 1, "type": "missing", "nodeids": ["t.py::a", "u.py::b"]}, "not a test of this batch"),
-    (_report(when="sometime"), "malformed 'report' record"),
+    (_report(when=None), "malformed 'report' record"),
     (_report(nodeid="u.py::b"), "not a test of this batch"),
     ({"v": 1, "type": "start", "nodeid": ["t.py::a"]}, "malformed 'start' record"),
 ])
