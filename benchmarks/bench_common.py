@@ -148,7 +148,7 @@ def cancel_jobs(ids: Sequence[str]) -> None:
 def release_allocation(rootdir: Path) -> None:
     """``trtllm-slurm alloc release`` for ``rootdir``; also a remote one kept under
     ``work_dirs/.remote-*/``. Never leaves an allocation behind on the shared cluster."""
-    sh([sys.executable, "-m", "pytest_trtllm_slurm.cli", "alloc", "release",
+    sh([sys.executable, "-m", "pytest_trtllm_slurm.cli.main", "alloc", "release",
         "--rootdir", str(rootdir)], timeout=120)
     for state in rootdir.glob("work_dirs/.remote-*/work_dirs/.slurm_alloc.json"):
         try:

@@ -43,8 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("trtllm_worker_reports", default=None) or not os.environ.get(
             "BENCH_PROBE_OUT"):
         return  # only the controller of a benchmark run
-    from pytest_trtllm_slurm import dispatch, planning
-    from pytest_trtllm_slurm.execution import slurm_jobs
+    import pytest_trtllm_slurm.controller.item_plans as planning
+    import pytest_trtllm_slurm.controller.run_loop as dispatch
+    import pytest_trtllm_slurm.execution.slurm.jobs as slurm_jobs
 
     init = slurm_jobs.SlurmJobs.__init__
 
@@ -67,10 +68,10 @@ def pytest_configure(config: pytest.Config) -> None:
     dispatch.make_batches = recording_make_batches  # type: ignore[assignment]
     dispatch.DispatchLoop.run = _timed("dispatch_loop", dispatch.DispatchLoop.run)  # type: ignore[method-assign]
     if os.environ.get("BENCH_FAKE_EXECUTOR") == "1":
-        from pytest_trtllm_slurm import context
+        import pytest_trtllm_slurm.controller.session as context
 
         def fake_executors(ctx: Any, cfg: Any, keys: Any, *a: Any, **kw: Any) -> Any:
-            from pytest_trtllm_slurm.models import Scenario
+            from pytest_trtllm_slurm.planning.models import Scenario
 
             return {Scenario.LOCAL_DIRECT: InstantExecutor(cfg)}
 
@@ -103,14 +104,14 @@ class InstantExecutor:
     holds a passed setup/call/teardown per test, serialized like the worker does."""
 
     def __init__(self, config: pytest.Config) -> None:
-        from pytest_trtllm_slurm.execution.shell import LocalShell
+        from pytest_trtllm_slurm.transport.shell import LocalShell
 
         self.config = config
         self.shell = LocalShell()
         self.polls: dict[str, int] = {}
 
     def submit(self, spec: Any) -> Any:
-        from pytest_trtllm_slurm.execution.base import JobHandle
+        from pytest_trtllm_slurm.execution.protocol import JobHandle
 
         start = time.perf_counter()
         lines = []

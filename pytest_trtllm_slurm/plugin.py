@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from . import options, otp_env
-from .errors import ConfigError, ExecutionError
+import pytest_trtllm_slurm.controller.options as options
+import pytest_trtllm_slurm.transport.ssh.otp_env as otp_env
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from .case_items import add_options as add_case_options
+    from pytest_trtllm_slurm.cases.items import add_options as add_case_options
 
     options.register(parser)
     add_case_options(parser)
@@ -32,10 +33,17 @@ def pytest_configure(config: pytest.Config) -> None:
     # added before pytest's own unraisable-exception cleanup (this hook runs before that
     # plugin's), so it runs after that cleanup's gc.collect() calls: see _freeze_gc
     config.add_cleanup(lambda: _unfreeze_gc(config))
-    options.register_markers(config)
+    settings = options.register_markers(config)
+    if settings is not None and (settings.plan or settings.plan_json) and not hasattr(
+            config, "workerinput"):
+        from pytest_trtllm_slurm.controller.plan_report import PlanPlugin
+
+        config.pluginmanager.register(PlanPlugin(settings), "trtllm-slurm-plan")
     otp_env.take_from_environ()
     otp_env.hold(getattr(config, "workerinput", {}).get(otp_env.WORKERINPUT_KEY))
-    from .case_items import register_if_wanted  # YAML case files; a no-op unless asked for
+    from pytest_trtllm_slurm.cases.items import (
+        register_if_wanted,  # YAML case files; a no-op unless asked for
+    )
 
     register_if_wanted(config)
 
@@ -75,7 +83,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
             or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
             or any(getattr(ns, options.BY_NAME[n].dest, None) for n in ("plan", "plan_json"))):
         return
-    from .warm_start import start_early_sessions
+    from pytest_trtllm_slurm.controller.warm_start import start_early_sessions
 
     try:
         started = start_early_sessions(early_config)
@@ -87,7 +95,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _EARLY_SESSIONS_STARTED:
-        from .warm_start import stop_unused_sessions
+        from pytest_trtllm_slurm.controller.warm_start import stop_unused_sessions
 
         stop_unused_sessions()
         _EARLY_SESSIONS_STARTED.clear()
@@ -113,8 +121,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     config = item.config
     if not hasattr(config, "workerinput") or not dispatch_enabled(config):
         return None
-    from .context import planning_context
-    from .planning import errored_item, plan_items
+    from pytest_trtllm_slurm.controller.item_plans import errored_item, plan_items
+    from pytest_trtllm_slurm.controller.session import planning_context
 
     try:
         planned = plan_items([item], planning_context(config))
@@ -130,16 +138,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None = None) -> None:
-    from .interrupts import signals_as_interrupt
+    from pytest_trtllm_slurm.controller.interrupts import signals_as_interrupt
 
     with signals_as_interrupt():  # SIGTERM / SIGHUP take Ctrl-C's path below
         _dispatch(session, items, planned)
 
 
 def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list | None) -> None:
-    from .context import build_targets, make_executors, planning_context
-    from .dispatch import DispatchLoop
-    from .planning import plan_items
+    from pytest_trtllm_slurm.controller.item_plans import plan_items
+    from pytest_trtllm_slurm.controller.run_loop import DispatchLoop
+    from pytest_trtllm_slurm.controller.session import (
+        build_targets,
+        make_executors,
+        planning_context,
+    )
 
     config = session.config
     settings = options.resolve_settings(config)
@@ -197,7 +209,7 @@ def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-de
     """--trtllm-release-allocation: free the persistent allocations once the run is over:
     that of each Slurm target the run used (a remote cluster's over its connection), else
     the local one."""
-    from .context import allocation_manager, terminal_warning
+    from pytest_trtllm_slurm.controller.session import allocation_manager, terminal_warning
 
     warn = terminal_warning(config)
     managers = [m for m in (getattr(getattr(e, "inner", e), "allocations", None)

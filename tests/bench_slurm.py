@@ -23,16 +23,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_trtllm_slurm.execution.allocation import (  # noqa: E402
+from pytest_trtllm_slurm.execution.monitor import Monitor  # noqa: E402
+from pytest_trtllm_slurm.execution.slurm.allocation import (  # noqa: E402
     AllocationManager,
     AllocationRequest,
 )
-from pytest_trtllm_slurm.execution.monitor import Monitor  # noqa: E402
-from pytest_trtllm_slurm.execution.shell import LocalShell  # noqa: E402
-from pytest_trtllm_slurm.execution.slurm import SlurmClient  # noqa: E402
-from pytest_trtllm_slurm.execution.slurm_executor import SlurmExecutor  # noqa: E402
-from pytest_trtllm_slurm.jobspec import JobSpec  # noqa: E402
-from pytest_trtllm_slurm.models import Scenario  # noqa: E402
+from pytest_trtllm_slurm.execution.slurm.client import SlurmClient  # noqa: E402
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor  # noqa: E402
+from pytest_trtllm_slurm.planning.jobspec import JobSpec  # noqa: E402
+from pytest_trtllm_slurm.planning.models import Scenario  # noqa: E402
+from pytest_trtllm_slurm.transport.shell import LocalShell  # noqa: E402
 
 PREFIX = "bench6"
 
@@ -45,7 +45,7 @@ def worker_spec(root: Path, name: str, partition: str, sleep: float = 0) -> JobS
     ids = work / "nodeids.json"
     ids.write_text(json.dumps(["test_b.py::test_b"]))
     reports = work / "reports.jsonl"
-    cmd = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.worker", "-p",
+    cmd = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker", "-p",
            "no:cacheprovider", "--trtllm-worker-reports", str(reports),
            "--trtllm-worker-nodeids", str(ids), "--rootdir", str(work), "-q"]
     return JobSpec(scenario=Scenario.LOCAL_SLURM, name=name, job_name=f"{PREFIX}.{name}",

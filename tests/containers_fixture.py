@@ -23,7 +23,7 @@ Measured on a 2-CPU Debian 12 VM (packages installed), from nothing: rootfs 1.7 
 busybox, python 3.11 + stdlib 50 MB + libpython 23 MB, pytest & deps 7 MB), tar 0.15 s,
 dockerd start 0.5 s, docker import 1.7 s, podman import 2.8 s: 7.7 s in all. Cached: 0.1 s.
 The resource defaults of the executor do not all work on such a machine (no CAP_SYS_RESOURCE:
-``--ulimit memlock=-1`` fails); see pytest_trtllm_slurm/execution/docker.py.
+``--ulimit memlock=-1`` fails); see pytest_trtllm_slurm/execution/local/docker.py.
 """
 
 from __future__ import annotations

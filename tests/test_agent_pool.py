@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_trtllm_slurm.execution.agents import AgentPool, WarmJob
-from pytest_trtllm_slurm.execution.allocation import AllocationState
-from pytest_trtllm_slurm.execution.shell import LocalShell
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import Scenario
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.warm_pool import AgentPool, WarmJob
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.transport.shell import LocalShell
 
 
 def make_spec(root: Path, name: str, nodes: int) -> JobSpec:

@@ -20,9 +20,9 @@ from devcluster import run as sh
 from devcluster import squeue_state
 
 from pytest_trtllm_slurm.errors import ExecutionError
-from pytest_trtllm_slurm.execution.allocation import AllocationManager, AllocationRequest
-from pytest_trtllm_slurm.execution.runs import RunRecord, process_start
-from pytest_trtllm_slurm.execution.shell import LocalShell
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
+from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, process_start
+from pytest_trtllm_slurm.transport.shell import LocalShell
 
 STATE = ".slurm_alloc.json"
 
@@ -39,7 +39,7 @@ def manager(root: Path, warnings: list[str], **request: object) -> AllocationMan
 
 
 def alloc_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from pytest_trtllm_slurm.cli import main; "
+    return subprocess.run([sys.executable, "-c", "from pytest_trtllm_slurm.cli.main import main; "
                            "import sys; sys.exit(main(sys.argv[1:]))", "alloc", *args],
                           capture_output=True, text=True, timeout=timeout, env=_env(),
                           check=False)
@@ -192,8 +192,8 @@ def test_two_cold_runs_in_one_rootdir_start_one_agent_per_node(devcluster: dict,
 
 def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
         devcluster: dict, tmp_path: Path) -> None:
-    from pytest_trtllm_slurm.config import load_clusters_file
-    from pytest_trtllm_slurm.execution.ssh import shell_for_cluster
+    from pytest_trtllm_slurm.planning.settings import load_clusters_file
+    from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
     ssh = devcluster["ssh"]
     (tmp_path / "trtllm-slurm.toml").write_text(

@@ -13,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm import case_parse
-from pytest_trtllm_slurm.case_items import case_fields
-from pytest_trtllm_slurm.case_parse import MetricCheck, parse_accuracy, scan_text
-from pytest_trtllm_slurm.case_run import (
-    CaseContext,
-    prepare_case,
-    pytest_args_of,
-    rerun_spec_copy,
-    run_case,
-)
-from pytest_trtllm_slurm.cases import (
+import pytest_trtllm_slurm.cases.parse as case_parse
+from pytest_trtllm_slurm.cases.items import case_fields
+from pytest_trtllm_slurm.cases.model import (
     CASE_WRAPPER,
     EXIT_CODES,
     CaseInput,
@@ -39,12 +31,20 @@ from pytest_trtllm_slurm.cases import (
     model_name_of,
     parse_custom_env,
 )
-from pytest_trtllm_slurm.cli import main as cli_main
-from pytest_trtllm_slurm.config import ClustersFile, Settings
+from pytest_trtllm_slurm.cases.parse import MetricCheck, parse_accuracy, scan_text
+from pytest_trtllm_slurm.cases.run import (
+    CaseContext,
+    prepare_case,
+    pytest_args_of,
+    rerun_spec_copy,
+    run_case,
+)
+from pytest_trtllm_slurm.cli.main import main as cli_main
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.outcome import JobStatus
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import LocalEnv
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import LocalEnv
+from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 
@@ -501,7 +501,7 @@ def test_cli_input_errors_exit_4(capsys: pytest.CaptureFixture[str], tmp_path: P
 
 def test_cli_runs_a_local_case(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_trtllm_slurm.cli", "run", "--custom-cmd", "echo hi",
+        [sys.executable, "-m", "pytest_trtllm_slurm.cli.main", "run", "--custom-cmd", "echo hi",
          "--required-devices", "0", "--rootdir", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=120, check=False,
         env={k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")})
@@ -538,7 +538,7 @@ def test_case_file_collection_and_errors(tmp_path: Path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\ntrtllm_case_files = cases/good.yaml\n"
                                          "markers = trtllm_case\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
-    base = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.case_items",
+    base = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.cases.items",
             "--collect-only", "-q", "-p", "no:cacheprovider"]
     by_ini = subprocess.run([*base, "-m", "trtllm_case"], cwd=tmp_path, capture_output=True,
                             text=True, env=env, timeout=120, check=False)
@@ -557,7 +557,7 @@ def test_case_file_collection_and_errors(tmp_path: Path) -> None:
 
 
 def test_human_output_of_a_failed_result() -> None:
-    from pytest_trtllm_slurm.cli_run import format_result
+    from pytest_trtllm_slurm.cases.report import format_result
 
     result = CaseResult(
         status=CaseStatus.FAILED, exit_code=1, workflow="eval", command="trtllm-eval mmlu",

@@ -49,7 +49,7 @@ class Run:
         self.name = f"{TAG}_{name}"
         self.json = "--json" in args
         named = [] if "--job-spec" in args else ["--model-name", self.name]
-        argv = [sys.executable, "-m", "pytest_trtllm_slurm.cli", "run", *named, *args]
+        argv = [sys.executable, "-m", "pytest_trtllm_slurm.cli.main", "run", *named, *args]
         self.proc = subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True,
                                      stdin=subprocess.DEVNULL)
@@ -309,7 +309,7 @@ def test_case_file_items_with_metric_checks(devcluster: dict[str, Any],
     """))
     junit = tmp_path / "junit.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.case_items",
+        [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.cases.items",
          "--trtllm-cases", "cases/fake.yaml", "--trtllm-one-shot", "-p", "no:cacheprovider",
          "-rA", f"--junitxml={junit}"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240, check=False)
@@ -358,7 +358,7 @@ def test_persistent_allocation_step(devcluster: dict[str, Any], tmp_path: Path) 
         assert result["job_id"].startswith(f"{state['job_id']}~"), (result["job_id"], err)
         assert result["summary"]["last_lines"][-1].startswith("step ")
     finally:
-        release = subprocess.run([sys.executable, "-m", "pytest_trtllm_slurm.cli", "alloc",
+        release = subprocess.run([sys.executable, "-m", "pytest_trtllm_slurm.cli.main", "alloc",
                                   "release", "--rootdir", str(tmp_path)], env=_env(),
                                  capture_output=True, text=True, timeout=120, check=False)
         assert release.returncode == 0, release.stderr

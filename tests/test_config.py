@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pytest_trtllm_slurm.config import (
+from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.planning.settings import (
     ClustersFile,
     Settings,
     default_clusters_paths,
     load_clusters_file,
 )
-from pytest_trtllm_slurm.errors import ConfigError
 
 pytest_plugins = ["pytester"]
 

@@ -32,11 +32,11 @@ import pytest
 from devcluster import run as sh
 from test_docker_dispatch import _engine_env
 
-from pytest_trtllm_slurm.containers import PLUGIN_ROOT
-from pytest_trtllm_slurm.execution.shell import LocalShell
-from pytest_trtllm_slurm.execution.slurm_executor import SlurmExecutor
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import Launch, Scenario
+from pytest_trtllm_slurm.execution.render.containers import PLUGIN_ROOT
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Launch, Scenario
+from pytest_trtllm_slurm.transport.shell import LocalShell
 
 SUITE = '''
 import os

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_trtllm_slurm.execution.discovery_cache import cached_discovery
-from pytest_trtllm_slurm.jobspec import SlurmEnv
+from pytest_trtllm_slurm.execution.slurm.discovery_cache import cached_discovery
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 
 
 class Discover:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.containers import OWNER_LABEL
+from pytest_trtllm_slurm.execution.render.containers import OWNER_LABEL
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "conftest_examples"
 

@@ -2,7 +2,7 @@
 
 The engines and the image come from tests/containers_fixture.py (own daemon/store, image
 built from this interpreter; the plugin is NOT in the image, the executor mounts it). Each
-batch is a real worker pytest (``python3 -m pytest -p pytest_trtllm_slurm.worker``) in the
+batch is a real worker pytest (``python3 -m pytest -p pytest_trtllm_slurm.node.worker``) in the
 container; its reports come back through the mounted work dir, as in a dispatched run.
 """
 
@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.containers import (
+from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor, default_run_flags
+from pytest_trtllm_slurm.execution.monitor import Monitor
+from pytest_trtllm_slurm.execution.outcome import JobStatus
+from pytest_trtllm_slurm.execution.render.containers import (
     OWNER_LABEL,
     PLUGIN_ROOT,
     client_sensitive,
@@ -26,12 +30,8 @@ from pytest_trtllm_slurm.containers import (
     in_container_argv,
     job_mounts,
 )
-from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.execution.docker import ContainerExecutor, default_run_flags
-from pytest_trtllm_slurm.execution.monitor import Monitor
-from pytest_trtllm_slurm.execution.outcome import JobStatus
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import LocalEnv, Scenario
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "conftest_examples"
@@ -81,7 +81,7 @@ def worker_spec(rootdir: Path, work: Path, files: list[str], nodeids: list[str],
     ids = work / "nodeids.json"
     ids.write_text(json.dumps(nodeids))
     reports = work / "reports.jsonl"
-    command = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.worker",
+    command = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
                "--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids),
                "--rootdir", str(rootdir), "-c", str(rootdir / "pytest.ini"),
                "-o", f"cache_dir={work / '.pytest_cache'}", "--junitxml", str(work / "junit.xml"),
@@ -336,7 +336,7 @@ def test_engine_choice_follows_the_probe_and_can_be_forced():
 
 def test_rerun_command_is_copy_pasteable(tmp_path):
     spec = _spec(tmp_path, env={"API_TOKEN": "secret", "MODE": "x y"},
-                 command=[sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.worker",
+                 command=[sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
                           "--trtllm-worker-reports", "/w/r.jsonl", "x.py"],
                  rerun_argv=[sys.executable, "-m", "pytest", "-q"])
     line = ContainerExecutor("docker", run_flags=[]).rerun_command(spec, "x.py::t[a b]")

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_trtllm_slurm.dispatch import _before
-from pytest_trtllm_slurm.execution.base import JobHandle
+from pytest_trtllm_slurm.controller.run_loop import _before
 from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_of_exit_code
-from pytest_trtllm_slurm.execution.slurm_batch import TrackedJob, exit_code_state, final_state
-from pytest_trtllm_slurm.execution.slurm_jobs import AcctRow
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import Scenario
-from pytest_trtllm_slurm.scripts import SlurmOptions
+from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions
+from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow
+from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, exit_code_state, final_state
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Scenario
 
 
 def _job(tmp_path: Path, *, cancelled: bool = False) -> TrackedJob:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from _pytest.config import _prepareconfig
 
+from pytest_trtllm_slurm.controller.forwarding import forwarded_options
 from pytest_trtllm_slurm.execution.monitor import OwnOutput
-from pytest_trtllm_slurm.forkloop import LOG_MARK
-from pytest_trtllm_slurm.forwarding import forwarded_options
-from pytest_trtllm_slurm.records import BadRecord, parse_record, warning_category
+from pytest_trtllm_slurm.execution.records import BadRecord, parse_record, warning_category
+from pytest_trtllm_slurm.node.forkloop import LOG_MARK
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_short_flags_run_together_are_split_and_values_stay_with_their_flag(conf
 
 def test_plugin_options_pass_with_their_values_and_pdb_is_refused(configured) -> None:
     config = configured("--reruns", "2", "--reruns-delay=0", "--only-rerun", "Err",
-                        "--pdb", "-p", "pytest_trtllm_slurm.worker", "-o", "addopts=")
+                        "--pdb", "-p", "pytest_trtllm_slurm.node.worker", "-o", "addopts=")
     options, refused = forwarded_options(config)
     assert options == ["--reruns=2", "--reruns-delay=0", "--only-rerun=Err"]
     assert refused == ["--pdb"]

@@ -30,17 +30,11 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from pydantic import ValidationError
 
-from pytest_trtllm_slurm import options, safe_values
-from pytest_trtllm_slurm.config import ClusterConfig, load_clusters_file
-from pytest_trtllm_slurm.containers import wrap_in_container, wrapper_script
+import pytest_trtllm_slurm.controller.options as options
+import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.execution.openssh import OpenSSHShell
-from pytest_trtllm_slurm.execution.ssh import remote_command
-from pytest_trtllm_slurm.execution.ssh_target import SSHTarget
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import Scenario
-from pytest_trtllm_slurm.requirements import marker_config
-from pytest_trtllm_slurm.scripts import (
+from pytest_trtllm_slurm.execution.render.containers import wrap_in_container, wrapper_script
+from pytest_trtllm_slurm.execution.render.scripts import (
     SlurmOptions,
     render_rerun_sbatch,
     render_rerun_step,
@@ -51,6 +45,13 @@ from pytest_trtllm_slurm.scripts import (
     sbatch_directives,
     srun_in_job,
 )
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.requirements import marker_config
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, load_clusters_file
+from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+from pytest_trtllm_slurm.transport.ssh.openssh_shell import OpenSSHShell
+from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 SENTINEL = "PWNED"
 #: what an attacker puts in a value: each one ends a line, a quote, a word or an option
@@ -462,7 +463,7 @@ def test_clusters_file_values_are_checked_with_their_key(tmp_path_factory, value
                                            "container_image", "mounts", "custom_env"]))
 def test_case_inputs_are_checked_with_their_source(value, key) -> None:
     """Cases (``trtllm-slurm run`` flags, case files) feed the same job scripts."""
-    from pytest_trtllm_slurm.cases import CaseInput
+    from pytest_trtllm_slurm.cases.model import CaseInput
 
     field: object = {"mounts": [f"/data/{value}"], "custom_env": {"X": value}}.get(key, value)
     try:
@@ -487,8 +488,8 @@ def test_real_sbatch_reads_hostile_values_as_intended(devcluster, tmp_path) -> N
     """The real sbatch of the dev cluster parses the #SBATCH lines (its own quoting rules,
     not bash's): the job gets exactly the name, log file, working directory, env and argv
     it was given, and nothing injected runs."""
-    from pytest_trtllm_slurm.execution.shell import LocalShell
-    from pytest_trtllm_slurm.execution.slurm_jobs import SlurmJobs
+    from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
+    from pytest_trtllm_slurm.transport.shell import LocalShell
 
     work = tmp_path / "w d'$(touch PWNED);x `touch PWNED` é"
     work.mkdir()
@@ -611,8 +612,8 @@ def test_scancel_takes_only_job_ids(sandbox, monkeypatch, bad) -> None:
     """An id read back from a damaged state or step file must not become an option of
     scancel (``--user=root`` cancels every job of root)."""
     from pytest_trtllm_slurm.errors import ExecutionError
-    from pytest_trtllm_slurm.execution.shell import LocalShell
-    from pytest_trtllm_slurm.execution.slurm_jobs import SlurmJobs
+    from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
+    from pytest_trtllm_slurm.transport.shell import LocalShell
 
     box = sandbox()
     monkeypatch.setenv("PATH", box.env["PATH"])
@@ -630,8 +631,8 @@ def test_scancel_takes_only_job_ids(sandbox, monkeypatch, bad) -> None:
 def test_container_images_are_never_options(image) -> None:
     """docker/podman read the image as a positional argument: one that starts with '-'
     would be one more option of ``run`` (or of ``image inspect``)."""
-    from pytest_trtllm_slurm.containers import engine_run_argv
-    from pytest_trtllm_slurm.execution.docker import ContainerExecutor
+    from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor
+    from pytest_trtllm_slurm.execution.render.containers import engine_run_argv
 
     spec = spec_or_refusal(container_image=image or None)
     assert spec is None or not image

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.execution.agents import send_session
-from pytest_trtllm_slurm.execution.shell import LocalShell
-from pytest_trtllm_slurm.private_files import UntrustedPath, private_lock_dir
+from pytest_trtllm_slurm.execution.slurm.warm_pool import send_session
+from pytest_trtllm_slurm.node.files import UntrustedPath, private_lock_dir
+from pytest_trtllm_slurm.transport.shell import LocalShell
 
 REPO = Path(__file__).resolve().parent.parent
 NEIGHBOUR = "trtllm-neighbour"
@@ -80,7 +80,7 @@ def wait_for(pred, what: str, timeout: float = 60.0) -> None:
 
 
 class HandAgent:
-    """``python -m pytest_trtllm_slurm.agent`` as its Slurm step runs it."""
+    """``python -m pytest_trtllm_slurm.node.agent`` as its Slurm step runs it."""
 
     def __init__(self, mail: Path, log: Path, lock_root: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TRTLLM_"))}
@@ -88,7 +88,7 @@ class HandAgent:
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_trtllm_slurm.agent", "--dir", str(mail),
+            [sys.executable, "-m", "pytest_trtllm_slurm.node.agent", "--dir", str(mail),
              "--node", "n1", "--idle-exit", "60"],
             env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
         wait_for(lambda: (mail / "heartbeat.json").exists() or self.proc.poll() is not None,

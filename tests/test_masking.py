@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.masking import is_secret_name, mask_env, mask_text
-from pytest_trtllm_slurm.models import Scenario
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.masking import is_secret_name, mask_env, mask_text
+from pytest_trtllm_slurm.planning.models import Scenario
 
 SECRET_NAMES = ["HF_TOKEN", "GITHUB_PAT", "GH_PAT", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD",
                 "NETRC_PASSWD", "API_KEY", "OPENAI_APIKEY", "MY_CREDENTIAL", "GOOGLE_CREDENTIALS",

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm import options
-from pytest_trtllm_slurm.config import ClusterConfig, ClustersFile
+import pytest_trtllm_slurm.controller.options as options
+from pytest_trtllm_slurm.controller.options import BY_NAME, MARKERS, OPTIONS, build_settings, coerce
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.options import BY_NAME, MARKERS, OPTIONS, build_settings, coerce
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile
 
 pytest_plugins = ["pytester"]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "conftest_examples"
 
 SETTINGS_PROBE = """
-from pytest_trtllm_slurm.options import resolve_settings
+from pytest_trtllm_slurm.controller.options import resolve_settings
 
 def pytest_collection_finish(session):
     print("SETTINGS=" + resolve_settings(session.config).model_dump_json())
@@ -65,7 +65,7 @@ def test_names_follow_the_documented_rule() -> None:
 
 
 def test_time_formats_documented_once() -> None:
-    from pytest_trtllm_slurm import requirements
+    import pytest_trtllm_slurm.planning.requirements as requirements
 
     assert options.TIME_FORMATS == requirements.TIME_FORMATS
 
@@ -74,7 +74,7 @@ def test_registering_options_imports_no_pydantic() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, pytest_trtllm_slurm.options; "
+    code = ("import sys, pytest_trtllm_slurm.controller.options; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'yaml')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -299,8 +299,8 @@ def test_bad_values_are_usage_errors(pytester: pytest.Pytester, monkeypatch: pyt
 def test_dispatch_off_costs_nothing(pytester: pytest.Pytester,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Off by default: no per-item work, no clusters file read, no plan plugin."""
-    from pytest_trtllm_slurm import config as config_module
-    from pytest_trtllm_slurm import requirements
+    import pytest_trtllm_slurm.planning.requirements as requirements
+    import pytest_trtllm_slurm.planning.settings as config_module
 
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("work done with dispatch off")

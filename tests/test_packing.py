@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_trtllm_slurm.batching import BatchKey, make_batches
-from pytest_trtllm_slurm.durations import DURATIONS_KEY, STARTUP_KEY, History
-from pytest_trtllm_slurm.jobspec import PartitionInfo, SlurmEnv
-from pytest_trtllm_slurm.models import Scenario
-from pytest_trtllm_slurm.packing import (
+from pytest_trtllm_slurm.controller.history import DURATIONS_KEY, STARTUP_KEY, History
+from pytest_trtllm_slurm.planning.batching import BatchKey, make_batches
+from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
+from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.packing import (
     Chunk,
     Estimates,
     Pool,

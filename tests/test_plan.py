@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.models import DeviceRequirement, RouteDecision, Scenario
-from pytest_trtllm_slurm.plan import (
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, RouteDecision, Scenario
+from pytest_trtllm_slurm.planning.plan import (
     PlanRow,
     format_plan_lines,
     plan_row,
@@ -128,7 +128,7 @@ def test_cpu():
 
 
 def test_closest_markers_match_get_closest_marker(pytester: pytest.Pytester) -> None:
-    from pytest_trtllm_slurm.requirements import MARKER_NAMES, closest_markers
+    from pytest_trtllm_slurm.planning.requirements import MARKER_NAMES, closest_markers
 
     items = pytester.getitems(SUITE)
     assert len(items) == 6

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.config import ClusterConfig, ClustersFile, Settings
-from pytest_trtllm_slurm.jobspec import PartitionInfo, SlurmEnv
-from pytest_trtllm_slurm.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
-from pytest_trtllm_slurm.planning import PlanningContext, batch_image, target_device_type
+from pytest_trtllm_slurm.controller.item_plans import (
+    PlanningContext,
+    batch_image,
+    target_device_type,
+)
+from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
 
 
 def context(tmp_path: Path, runtime: str) -> PlanningContext:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from devcluster import run
 
-from pytest_trtllm_slurm.containers import (
+from pytest_trtllm_slurm.execution.render.containers import (
     PLUGIN_ROOT,
     container_env,
     container_name_for,
@@ -36,8 +36,8 @@ from pytest_trtllm_slurm.containers import (
     wrap_in_container,
     wrapper_script,
 )
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import Scenario
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Scenario
 
 INSTALL = "echo installed-once > /opt/installed-by-setup"
 
@@ -130,7 +130,7 @@ def worker_spec(tmp_path: Path, image: str) -> JobSpec:
                "test_in_pyxis.py::test_rootfs_is_read_only"]
     ids.write_text(json.dumps(nodeids))
     reports = work / "reports.jsonl"
-    command = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.worker",
+    command = [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
                "--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids),
                "--rootdir", str(root), "-c", str(root / "pytest.ini"),
                "-o", f"cache_dir={work / '.pytest_cache'}", "--capture=tee-sys",

@@ -17,18 +17,18 @@ import pytest
 from devcluster import run
 from test_pyxis_double import imports, pyxis  # noqa: F401  (module fixture)
 
-from pytest_trtllm_slurm.containers import container_name_for
 from pytest_trtllm_slurm.errors import ExecutionError
-from pytest_trtllm_slurm.execution.alloc_containers import setup_mounts
-from pytest_trtllm_slurm.execution.allocation import (
+from pytest_trtllm_slurm.execution.render.containers import container_name_for
+from pytest_trtllm_slurm.execution.slurm.alloc_containers import setup_mounts
+from pytest_trtllm_slurm.execution.slurm.allocation import (
     AllocationManager,
     AllocationRequest,
     AllocationState,
 )
-from pytest_trtllm_slurm.execution.shell import CommandResult, LocalShell
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import Scenario
-from pytest_trtllm_slurm.resolve import enroot_uri
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.resolve import enroot_uri
+from pytest_trtllm_slurm.transport.shell import CommandResult, LocalShell
 
 pytestmark = pytest.mark.devcluster
 

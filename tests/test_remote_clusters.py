@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.config import ClusterConfig
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.execution.remote_clusters import RemoteClusters, remote_cache_path
-from pytest_trtllm_slurm.execution.ssh import shell_for_cluster
+from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters, remote_cache_path
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
 pytestmark = pytest.mark.devcluster
 

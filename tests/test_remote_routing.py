@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.config import ClusterConfig, ClustersFile, Settings
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.jobspec import PartitionInfo, SlurmEnv
-from pytest_trtllm_slurm.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
-from pytest_trtllm_slurm.routing import route
+from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
+from pytest_trtllm_slurm.planning.routing import route
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
 
 LAPTOP = LocalEnv()
 REMOTE_ENV = SlurmEnv(
@@ -132,7 +132,7 @@ def test_device_keywords_resolve_against_the_named_remote_cluster() -> None:
     names no device_type: the type comes from far's discovery, then far serves it."""
     from pathlib import Path
 
-    from pytest_trtllm_slurm.planning import PlanningContext, with_keyword_type
+    from pytest_trtllm_slurm.controller.item_plans import PlanningContext, with_keyword_type
 
     ctx = PlanningContext(settings=Settings(slurm_cluster="far"), local=LAPTOP, clusters=far(),
                           remote_env=Discovery(REMOTE_ENV), rootdir=Path("."))

@@ -18,19 +18,19 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.config import ClusterConfig
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
-from pytest_trtllm_slurm.execution.remote import (
+from pytest_trtllm_slurm.execution.remote.secret_files import looks_secret
+from pytest_trtllm_slurm.execution.remote.sync import temp_branch_name
+from pytest_trtllm_slurm.execution.remote.workspace import (
     preflight,
     remote_paths,
     remote_work_dir,
     sync_cluster,
     sync_workspace,
 )
-from pytest_trtllm_slurm.execution.remote_sync import temp_branch_name
-from pytest_trtllm_slurm.execution.secret_files import looks_secret
-from pytest_trtllm_slurm.execution.shell import LocalShell
-from pytest_trtllm_slurm.execution.ssh import SSHShell, SSHTarget
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.shell import LocalShell
+from pytest_trtllm_slurm.transport.ssh.paramiko_shell import SSHShell, SSHTarget
 
 pytestmark = pytest.mark.devcluster
 

@@ -13,10 +13,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_trtllm_slurm.config import Settings
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
-from pytest_trtllm_slurm.models import DeviceRequirement, Launch
-from pytest_trtllm_slurm.requirements import (
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
+from pytest_trtllm_slurm.planning.requirements import (
     GRAMMAR_VERSION,
     PerfCase,
     PerfSources,
@@ -30,6 +29,7 @@ from pytest_trtllm_slurm.requirements import (
     perf_requirement,
     requirement_from_marks,
 )
+from pytest_trtllm_slurm.planning.settings import Settings
 
 NODEID = "tests/test_x.py::test_y[a]"
 
@@ -617,7 +617,7 @@ LONG = "disagg_upload-e2e-time_breakdown-gb300_deepseek-v4-pro-fp4_8k1k_con4301_
     ],
 )
 def test_perf_label(nodeid: str, params: dict[str, Any] | None, label: str | None) -> None:
-    from pytest_trtllm_slurm.requirements import perf_label
+    from pytest_trtllm_slurm.planning.requirements import perf_label
 
     assert perf_label(perf_item(nodeid, params)) == label
 
@@ -635,7 +635,7 @@ def test_perf_label(nodeid: str, params: dict[str, Any] | None, label: str | Non
     ],
 )
 def test_name_as_written_undoes_pytest_renaming(nodeid: str, written: str) -> None:
-    from pytest_trtllm_slurm.requirements import name_as_written
+    from pytest_trtllm_slurm.planning.requirements import name_as_written
 
     assert name_as_written(perf_item(nodeid, {"perf_sanity_test_case": LONG})) == written
     assert name_as_written(perf_item("t.py::test_x[a]")) == "t.py::test_x[a]"

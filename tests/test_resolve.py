@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.config import ClusterConfig
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.jobspec import PartitionInfo, SlurmEnv
-from pytest_trtllm_slurm.models import DeviceRequirement
-from pytest_trtllm_slurm.resolve import (
+from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
+from pytest_trtllm_slurm.planning.models import DeviceRequirement
+from pytest_trtllm_slurm.planning.resolve import (
     build_arch,
     enroot_uri,
     job_name,
@@ -23,6 +22,7 @@ from pytest_trtllm_slurm.resolve import (
     target_arch,
     work_dir,
 )
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
 ENV = SlurmEnv(
     default_account="acct_a",

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_trtllm_slurm.config import ClusterConfig, ClustersFile, Settings
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.jobspec import PartitionInfo, SlurmEnv
-from pytest_trtllm_slurm.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
-from pytest_trtllm_slurm.routing import route
+from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
+from pytest_trtllm_slurm.planning.routing import route
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
 
 D, K, S, R = (
     Scenario.LOCAL_DIRECT,

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.jobspec import JobSpec, PartitionInfo, PmixInfo, SlurmEnv
-from pytest_trtllm_slurm.models import Launch, Scenario
-from pytest_trtllm_slurm.scripts import (
+from pytest_trtllm_slurm.execution.render.scripts import (
     ContainerOptions,
     SlurmOptions,
     StepShare,
@@ -24,11 +22,13 @@ from pytest_trtllm_slurm.scripts import (
     rerun_argv,
     task_layout,
 )
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, PartitionInfo, PmixInfo, SlurmEnv
+from pytest_trtllm_slurm.planning.models import Launch, Scenario
 
 GOLDEN = Path(__file__).parent / "golden"
 WORK = "/work/repo/work_dirs/batch-4gpu-1n-0_20250101_000000_1"
 WORKER = [
-    "/usr/bin/python3", "-m", "pytest", "-p", "pytest_trtllm_slurm.worker",
+    "/usr/bin/python3", "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
     "--trtllm-worker-reports", f"{WORK}/reports.jsonl",
     "--trtllm-worker-nodeids", f"{WORK}/nodeids.json",
     "--rootdir", "/work/repo", "-o", f"cache_dir={WORK}/.pytest_cache",

@@ -20,7 +20,7 @@ def test_sees_no_code():
     child = subprocess.run([sys.executable, "-c",
                             "import os; print(os.environ.get('TRTLLM_SLURM_OTP'))"],
                            capture_output=True, text=True, check=True).stdout.strip()
-    from pytest_trtllm_slurm import otp_env
+    from pytest_trtllm_slurm.transport.ssh import otp_env
     seen = {"test": os.environ.get("TRTLLM_SLURM_OTP"), "child": child,
             "held": otp_env.current(), "pid": os.getpid()}
     with open(os.environ["SEEN_FILE"], "a") as fh:
@@ -69,8 +69,8 @@ def test_a_session_request_holds_no_secret_even_when_no_agent_reads_it(
     """The local warm start's request (left on disk when its agent is dead) carries the
     controller's environment without its secrets; the agent it goes to is the one that
     was started with them (its folder name depends on them)."""
-    from pytest_trtllm_slurm.execution.agents import send_session, session_env
-    from pytest_trtllm_slurm.execution.shell import LocalShell
+    from pytest_trtllm_slurm.execution.slurm.warm_pool import send_session, session_env
+    from pytest_trtllm_slurm.transport.shell import LocalShell
 
     monkeypatch.setenv("HF_TOKEN", "hf_secretvalue0123456789abcdef")
     monkeypatch.setenv("HTTPS_PROXY", "http://alice:pr0xypass@proxy:3128")
@@ -87,7 +87,7 @@ def test_a_session_request_holds_no_secret_even_when_no_agent_reads_it(
     assert json.loads(text)["env"]["PLAIN_SETTING"] == "visible"
     assert oct(request.stat().st_mode & 0o777) == "0o600"
     assert Path(sdir).is_dir()
-    from pytest_trtllm_slurm.execution.agents import secrets_key
+    from pytest_trtllm_slurm.execution.slurm.warm_pool import secrets_key
 
     key = secrets_key(local=True)
     monkeypatch.setenv("HF_TOKEN", "hf_anothervalue0123456789abcdef")

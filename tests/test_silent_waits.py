@@ -13,8 +13,8 @@ from pathlib import Path
 
 from test_slurm_executor import make_spec
 
-from pytest_trtllm_slurm.execution.shell import LocalShell
-from pytest_trtllm_slurm.execution.slurm_executor import SlurmExecutor
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.transport.shell import LocalShell
 
 
 class UnreachableController(LocalShell):

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm import cli
-from pytest_trtllm_slurm.execution.shell import CommandResult, LocalShell
-from pytest_trtllm_slurm.execution.slurm import SlurmClient
-from pytest_trtllm_slurm.execution.slurm_parse import (
+import pytest_trtllm_slurm.cli.main as cli
+from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
+from pytest_trtllm_slurm.execution.slurm.parse import (
     expand_hostlist,
     parse_accounts,
     parse_gres,
@@ -25,6 +24,7 @@ from pytest_trtllm_slurm.execution.slurm_parse import (
     parse_scontrol_config,
     parse_version,
 )
+from pytest_trtllm_slurm.transport.shell import CommandResult, LocalShell
 
 # --------------------------------------------------------------------------- captured output
 # Captured from the dev cluster (Slurm 22.05.8); trimmed to the fields that matter.
@@ -253,7 +253,7 @@ def test_client_cluster_name_and_tools(devcluster: dict) -> None:
 
 def test_cli_env_json(devcluster: dict) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "pytest_trtllm_slurm.cli", "env", "--format", "json"],
+        [sys.executable, "-m", "pytest_trtllm_slurm.cli.main", "env", "--format", "json"],
         capture_output=True, text=True, timeout=120,
     )
     assert res.returncode == 0, res.stderr + res.stdout

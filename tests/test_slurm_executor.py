@@ -22,19 +22,19 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.execution.allocation import (
+from pytest_trtllm_slurm.execution.monitor import Monitor
+from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
+from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.slurm.allocation import (
     AllocationManager,
     AllocationRequest,
     AllocationState,
 )
-from pytest_trtllm_slurm.execution.base import JobHandle
-from pytest_trtllm_slurm.execution.monitor import Monitor
-from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
-from pytest_trtllm_slurm.execution.shell import LocalShell
-from pytest_trtllm_slurm.execution.slurm import SlurmClient
-from pytest_trtllm_slurm.execution.slurm_executor import SlurmExecutor, WalltimePolicy
-from pytest_trtllm_slurm.jobspec import JobSpec, SlurmEnv
-from pytest_trtllm_slurm.models import Launch, Scenario
+from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, WalltimePolicy
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
+from pytest_trtllm_slurm.planning.models import Launch, Scenario
+from pytest_trtllm_slurm.transport.shell import LocalShell
 
 pytestmark = [pytest.mark.devcluster, pytest.mark.xdist_group("slurm_executor")]
 
@@ -222,7 +222,7 @@ def test_eight_devices_on_two_nodes_and_mpi_eight_ranks(slurm_env: SlurmEnv, tmp
                     launch=Launch.MPI, invocation_dir=str(suite))
     reports = mpi.reports_path
     mpi = mpi.model_copy(update={"command": [
-        sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.worker", "-p",
+        sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker", "-p",
         "no:cacheprovider", "--trtllm-worker-reports", reports, "--trtllm-worker-nodeids",
         str(ids), "--rootdir", str(suite), "-q"]})
     handles = [executor.submit(single), executor.submit(mpi)]
@@ -475,7 +475,7 @@ def test_nothing_of_ours_left_behind(alloc_root: Path) -> None:
 
 def test_cli_alloc_status_and_release(alloc_root: Path, capsys: pytest.CaptureFixture[str]
                                       ) -> None:
-    from pytest_trtllm_slurm.cli import main
+    from pytest_trtllm_slurm.cli.main import main
 
     state_file = alloc_root / "work_dirs" / ".slurm_alloc.json"
     job_id = AllocationState.model_validate_json(state_file.read_text()).job_id

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.execution.allocation import parse_gpu_processes, parse_tres
 from pytest_trtllm_slurm.execution.outcome import JobStatus, map_slurm_state
-from pytest_trtllm_slurm.execution.shell import CommandResult
-from pytest_trtllm_slurm.execution.slurm_executor import SlurmExecutor
-from pytest_trtllm_slurm.execution.slurm_jobs import (
+from pytest_trtllm_slurm.execution.slurm.allocation import parse_gpu_processes, parse_tres
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.execution.slurm.jobs import (
     chunks,
     parse_duration,
     parse_exit_code,
@@ -22,8 +21,9 @@ from pytest_trtllm_slurm.execution.slurm_jobs import (
     parse_squeue_steps,
     split_job_id,
 )
-from pytest_trtllm_slurm.jobspec import JobSpec
-from pytest_trtllm_slurm.models import Scenario
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.transport.shell import CommandResult
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -195,9 +195,9 @@ def test_refused_submission_is_an_error_state(tmp_path: Path) -> None:
 
 
 def test_allocation_request_covering_batches() -> None:
-    from pytest_trtllm_slurm.batching import BatchKey
-    from pytest_trtllm_slurm.execution.allocation import AllocationRequest
-    from pytest_trtllm_slurm.jobspec import PartitionInfo, SlurmEnv
+    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
+    from pytest_trtllm_slurm.planning.batching import BatchKey
+    from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 
     env = SlurmEnv(partitions=[PartitionInfo(name="batch", gpu_type="h200", gpus_per_node=4,
                                              requires_gres=True)])
@@ -211,10 +211,10 @@ def test_allocation_request_covering_batches() -> None:
 
 
 def test_allocation_request_takes_at_least_the_nodes_the_user_asks_for() -> None:
-    from pytest_trtllm_slurm.batching import BatchKey
     from pytest_trtllm_slurm.errors import ConfigError
-    from pytest_trtllm_slurm.execution.allocation import AllocationRequest
-    from pytest_trtllm_slurm.jobspec import PartitionInfo, SlurmEnv
+    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
+    from pytest_trtllm_slurm.planning.batching import BatchKey
+    from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 
     env = SlurmEnv(partitions=[PartitionInfo(name="batch", gpus_per_node=4, nodes=["n1", "n2"])])
     keys = [BatchKey(scenario=Scenario.LOCAL_SLURM, partition="batch", total_devices=1,

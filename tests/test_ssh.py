@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 from devcluster import child_pids, wait_for_job
 
-from pytest_trtllm_slurm.config import ClusterConfig
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.execution.openssh import OpenSSHShell
-from pytest_trtllm_slurm.execution.ssh import (
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.ssh.auth import OneTimeCode
+from pytest_trtllm_slurm.transport.ssh.openssh_shell import OpenSSHShell
+from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
     SSHConnectError,
     SSHConnectionLost,
     SSHShell,
@@ -35,7 +36,6 @@ from pytest_trtllm_slurm.execution.ssh import (
     remote_command,
     shell_for_cluster,
 )
-from pytest_trtllm_slurm.execution.ssh_auth import OneTimeCode
 
 pytestmark = pytest.mark.devcluster
 

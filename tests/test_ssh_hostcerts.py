@@ -22,11 +22,11 @@ from typing import Any
 import paramiko
 import pytest
 
-from pytest_trtllm_slurm.config import ClusterConfig
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.execution.openssh import OpenSSHShell
-from pytest_trtllm_slurm.execution.ssh import SSHShell, SSHTarget
-from pytest_trtllm_slurm.execution.ssh_hostcerts import check_host_certificate
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.ssh.hostcerts import check_host_certificate
+from pytest_trtllm_slurm.transport.ssh.openssh_shell import OpenSSHShell
+from pytest_trtllm_slurm.transport.ssh.paramiko_shell import SSHShell, SSHTarget
 
 pytestmark = pytest.mark.devcluster
 

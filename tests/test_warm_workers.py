@@ -86,7 +86,7 @@ class Agent:
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
         self.env = env
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_trtllm_slurm.agent", "--dir", str(self.mail),
+            [sys.executable, "-m", "pytest_trtllm_slurm.node.agent", "--dir", str(self.mail),
              "--node", "n1", "--idle-exit", "120"],
             env=env, stdout=open(root / "agent.log", "w"), stderr=subprocess.STDOUT)
         self.session = root / "session"
@@ -98,7 +98,7 @@ class Agent:
         s = self.session
         put(self.mail / "inbox", "s1", {
             "argv": [sys.executable, "-m", "pytest", "--rootdir", str(self.suite),
-                     "-p", "no:cacheprovider", "-p", "pytest_trtllm_slurm.worker",
+                     "-p", "no:cacheprovider", "-p", "pytest_trtllm_slurm.node.worker",
                      "--trtllm-worker-reports", str(s / "reports.jsonl"),
                      "--trtllm-worker-nodeids", str(s / "ids.json"),
                      "--trtllm-worker-serve", str(s), "--capture=tee-sys", "test_hold.py"],
@@ -361,7 +361,7 @@ def test_a_multi_node_step_collects_while_other_batches_run_then_waits_for_its_n
 
 def test_the_gate_says_ready_once_every_rank_is_and_gives_up_after_its_wait(
         tmp_path: Path) -> None:
-    from pytest_trtllm_slurm.gate import wait_at_gate
+    from pytest_trtllm_slurm.node.gate import wait_at_gate
 
     gate = tmp_path / "gate"
     assert wait_at_gate(gate, rank=1, size=2, max_wait=0.1, poll=0.01) is False

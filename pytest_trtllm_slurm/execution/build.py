@@ -10,10 +10,10 @@ import shlex
 import time
 from collections.abc import Callable
 
-from ..jobspec import JobSpec
-from .base import Executor
-from .monitor import Monitor, log_tail
-from .outcome import JobState, JobStatus
+from pytest_trtllm_slurm.execution.monitor import Monitor, log_tail
+from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
+from pytest_trtllm_slurm.execution.protocol import Executor
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
 
 DEFAULT_BUILD_CMD = "python3 ./scripts/build_wheel.py -a {arch} && pip install -e ."
 BUILD_LOG_LINES = 100

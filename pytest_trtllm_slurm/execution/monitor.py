@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..forkloop import LOG_MARK
-from .base import Executor, JobHandle
-from .outcome import JobState, JobStatus
+from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
+from pytest_trtllm_slurm.node.protocol import LOG_MARK
 
 LOG_OVERLAP = 256  # bytes kept from the previous log chunk so a pattern split across reads is seen
 _MARK = LOG_MARK.encode()

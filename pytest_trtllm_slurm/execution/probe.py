@@ -10,10 +10,10 @@ from __future__ import annotations
 import platform
 import re
 
-from ..models import LocalEnv
-from ..resolve import normalize_device_type
-from .shell import LocalShell, Shell
-from .slurm_parse import parse_scontrol_config
+from pytest_trtllm_slurm.execution.slurm.parse import parse_scontrol_config
+from pytest_trtllm_slurm.planning.models import LocalEnv
+from pytest_trtllm_slurm.planning.resolve import normalize_device_type
+from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 __all__ = ["normalize_device_type", "parse_nvidia_smi", "probe_local_env"]
 

@@ -1,0 +1,546 @@
+"""TensorRT-LLM cases: a test, bench, eval or custom command run as one job.
+
+The planning half of ``trtllm-slurm run`` and of YAML case items (pure: no
+subprocess, no pytest). It follows the trtllm-case-executor procedure:
+
+1. Classify (first match wins): custom (``custom_cmd`` / ``custom_script``) >
+   bench (``bench_cmd``) > eval (``eval_cmd``) > pytest (``test_cmd``). Two
+   workflows at once are a ConfigError; ``custom_script`` wins over ``custom_cmd``
+   (seed) and becomes ``bash <script>`` with the script's folder mounted.
+2. Devices (the seed's table; explicit values win, both totals given = verbatim):
+   bench ``--tp * --pp`` of the last ``trtllm-bench``; eval ``--tp_size * --pp_size``;
+   a pytest command what collecting it says (``skip_less_device`` etc., found by the
+   caller, see ``case_run.collect_test_devices``) or 1; perf-sanity with a YAML
+   from the YAML (``requirements.perf_requirement``); custom 1. One node unless the
+   rule or the caller says otherwise; ``node_count = ceil(total / per node)``.
+3. The JobSpec: the command runs under ``bash -c`` inside a small wrapper that
+   records the command's exit status in ``reports.jsonl`` (``session_finish``, as
+   the worker plugin does) so executors need not wait for a report that never comes.
+4. The verdict (``decide_status``): the job's end state, the exit code and what the
+   log says (success/failure patterns, out-of-memory signatures) give one of
+   PASSED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, HANG_DETECTED, BUILD_FAILED,
+   ERROR; ``EXIT_CODES`` maps each to the process exit code of ``trtllm-slurm run``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+import pytest_trtllm_slurm.planning.safe_values as safe_values
+from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.execution.outcome import JobStatus
+from pytest_trtllm_slurm.planning.models import DeviceRequirement
+from pytest_trtllm_slurm.planning.settings import checked
+
+# --------------------------------------------------------------------------- vocabulary
+
+
+class Workflow(str, Enum):
+    PYTEST = "pytest"
+    BENCH = "bench"
+    EVAL = "eval"
+    CUSTOM = "custom"
+
+
+class CaseStatus(str, Enum):
+    PASSED = "PASSED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    CANCELLED = "CANCELLED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    HANG_DETECTED = "HANG_DETECTED"
+    BUILD_FAILED = "BUILD_FAILED"
+    ERROR = "ERROR"
+
+
+#: process exit code of ``trtllm-slurm run`` per status (4 stays the usage/config error
+#: code of every trtllm-slurm command: bad input, nothing was run)
+EXIT_CODES: dict[CaseStatus, int] = {
+    CaseStatus.PASSED: 0,
+    CaseStatus.FAILED: 1,
+    CaseStatus.ERROR: 2,
+    CaseStatus.TIMEOUT: 3,
+    CaseStatus.CANCELLED: 5,
+    CaseStatus.OUT_OF_MEMORY: 6,
+    CaseStatus.HANG_DETECTED: 7,
+    CaseStatus.BUILD_FAILED: 8,
+}
+EXIT_CONFIG = 4
+EXIT_INTERRUPTED = 130
+
+DEFAULT_TIME_LIMIT = "02:00:00"  # seed: Slurm walltime default
+WORKFLOW_INPUTS = ("custom_script", "custom_cmd", "bench_cmd", "eval_cmd", "test_cmd")
+REPORTS_ENV = "TRTLLM_CASE_REPORTS"
+WRAPPER_NAME = "trtllm-case"
+# runs the case command in a child shell (an ``exit`` in it cannot skip the record),
+# then appends its exit status to reports.jsonl as the worker plugin's last record
+CASE_WRAPPER = (
+    'bash -c "$1"; rc=$?; '
+    'if [ -n "${' + REPORTS_ENV + ':-}" ]; then '
+    "printf '{\"type\": \"session_finish\", \"exitstatus\": %d}\\n' \"$rc\" "
+    '>> "$' + REPORTS_ENV + '"; fi; '
+    'exit "$rc"'
+)
+
+# --------------------------------------------------------------------------- inputs
+
+
+class CaseInput(BaseModel):
+    """One case as a caller gives it (``trtllm-slurm run`` flags, a case file entry)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    test_cmd: str | None = None
+    bench_cmd: str | None = None
+    eval_cmd: str | None = None
+    custom_cmd: str | None = None
+    custom_script: str | None = None
+    custom_env: dict[str, str] = Field(default_factory=dict)
+    perf_config_yaml: str | None = None
+    model_name: str | None = None
+    required_devices: int | None = Field(default=None, ge=0)
+    total_required_devices: int | None = Field(default=None, ge=0)
+    required_devices_per_node: int | None = Field(default=None, ge=1)
+    monitor_timeout: str | None = None  # 1h, 30m, 3600s, HH:MM:SS
+    time_limit: str | None = None  # Slurm walltime
+    mem_mb: int | None = Field(default=None, ge=1)  # memory per node (Slurm --mem)
+    success_patterns: list[str] = Field(default_factory=list)
+    failure_patterns: list[str] = Field(default_factory=list)
+    partition: str | None = None
+    account: str | None = None
+    device_type: str | None = None
+    container_image: str | None = None
+    mounts: list[str] = Field(default_factory=list)
+    checks: list[str] = Field(default_factory=list)  # metric checks (case files)
+
+    @field_validator("custom_env", mode="before")
+    @classmethod
+    def _env(cls, value: object) -> object:
+        if isinstance(value, (str, list, tuple)):
+            return parse_custom_env([value] if isinstance(value, str) else value)
+        return value
+
+    @field_validator("success_patterns", "failure_patterns", "checks", "mounts", mode="before")
+    @classmethod
+    def _one(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    # the same checks as the trtllm_slurm marker's: these reach #SBATCH lines and argv
+    @field_validator("partition", "account")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.slurm_name_problem)
+
+    @field_validator("container_image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)
+
+    @field_validator("name", "model_name", "device_type", "time_limit", "perf_config_yaml")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.line_problem)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        return checked(value, safe_values.mounts_problem)
+
+    @field_validator("custom_env")
+    @classmethod
+    def _env_values(cls, value: dict[str, str]) -> dict[str, str]:
+        return checked(value, safe_values.env_problem)
+
+    @field_validator("checks")
+    @classmethod
+    def _checks(cls, value: list[str]) -> list[str]:
+        from pytest_trtllm_slurm.cases.parse import MetricCheck
+
+        for text in value:
+            MetricCheck.parse(text)  # a ConfigError names the check and the syntax
+        return value
+
+    @classmethod
+    def build(cls, where: str, **fields: Any) -> CaseInput:
+        """Validated input; a bad field is a ConfigError naming ``where``."""
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'value'}: "
+                f"{err['msg'].removeprefix('Value error, ')}"
+                + (f" (found {err['input']!r})" if err["type"] != "extra_forbidden" else "")
+                for err in exc.errors()
+            )
+            raise ConfigError(f"{where}: {problems}") from None
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_custom_env(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` pairs; each item may hold several, space separated (shell quoting)."""
+    env: dict[str, str] = {}
+    for item in items:
+        try:
+            words = shlex.split(str(item))
+        except ValueError as exc:
+            raise ConfigError(f"custom env {item!r}: {exc}; expected KEY=VALUE pairs") from None
+        for word in words:
+            key, sep, value = word.partition("=")
+            if not sep or not _ENV_NAME.match(key):
+                raise ConfigError(f"custom env {word!r}: expected KEY=VALUE with KEY a shell "
+                                  "variable name, e.g. BATCH_SIZE=32")
+            env[key] = value
+    return env
+
+
+# --------------------------------------------------------------------------- classification
+
+
+class Classified(BaseModel):
+    workflow: Workflow
+    command: str  # the shell command line that runs in the job
+    mounts: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+def classify(inp: CaseInput, *, base: Path | None = None) -> Classified:
+    """The workflow and command of ``inp`` (custom > bench > eval > pytest)."""
+    given = [name for name in WORKFLOW_INPUTS if (getattr(inp, name) or "").strip()]
+    groups = {"custom" if n.startswith("custom") else n for n in given}
+    if len(groups) > 1:
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n in given)
+        raise ConfigError(f"{flags}: these are mutually exclusive; give one of --test-cmd, "
+                          "--bench-cmd, --eval-cmd, --custom-cmd / --custom-script")
+    if not given:
+        raise ConfigError("no command: give one of --test-cmd, --bench-cmd, --eval-cmd, "
+                          "--custom-cmd or --custom-script")
+    notes: list[str] = []
+    if inp.custom_script:
+        script = Path(inp.custom_script).expanduser()
+        if not script.is_absolute():
+            script = (base or Path.cwd()) / script
+        if not script.is_file():
+            raise ConfigError(f"--custom-script {inp.custom_script}: {script} is not a file")
+        if inp.custom_cmd:
+            notes.append("--custom-script takes precedence over --custom-cmd (ignored)")
+        folder = str(script.parent)
+        return Classified(workflow=Workflow.CUSTOM, command=f"bash {shlex.quote(str(script))}",
+                          mounts=[f"{folder}:{folder}"], notes=notes)
+    if inp.custom_cmd:
+        return Classified(workflow=Workflow.CUSTOM, command=inp.custom_cmd.strip())
+    if inp.bench_cmd:
+        return Classified(workflow=Workflow.BENCH, command=inp.bench_cmd.strip())
+    if inp.eval_cmd:
+        return Classified(workflow=Workflow.EVAL, command=inp.eval_cmd.strip())
+    return Classified(workflow=Workflow.PYTEST, command=(inp.test_cmd or "").strip())
+
+
+# --------------------------------------------------------------------------- devices
+
+
+class TestDevices(BaseModel):
+    """What collecting a pytest command found (the plugin's plan row of its largest test)."""
+
+    __test__ = False  # not a test class
+
+    total: int = Field(ge=0)
+    per_node: int | None = None  # None: may span nodes (skip_less_mpi_world_size)
+    device_type: str | None = None
+    source: str = "collected"
+
+
+class DeviceCounts(BaseModel):
+    """The seed's required / total / per-node devices of one case."""
+
+    required: int
+    total: int
+    per_node: int | None  # None: as many per node as the target has (spans nodes)
+    source: str
+    device_type: str | None = None
+
+    def requirement(self, device_type: str | None = None) -> DeviceRequirement:
+        try:
+            return DeviceRequirement(total=self.total,
+                                     per_node=self.per_node if self.total else None,
+                                     device_type=device_type or self.device_type,
+                                     source=self.source)
+        except ValidationError as exc:
+            raise ConfigError(
+                f"devices: total {self.total}, per node {self.per_node}: "
+                f"{exc.errors()[0]['msg']}; expected --required-devices-per-node <= "
+                "--total-required-devices"
+            ) from None
+
+    def node_count(self, target_gpus_per_node: int | None = None) -> int:
+        """ceil(total / per node), at least 1 (seed: floor-clamped)."""
+        return self.requirement().nodes(target_gpus_per_node)
+
+
+_PERF_ID = re.compile(r"test_e2e\[([^\]\s]+)\]")
+
+
+def perf_label(command: str) -> str | None:
+    """The perf-sanity id of the last ``test_e2e[<id>]`` in a test command."""
+    found = _PERF_ID.findall(command)
+    return found[-1] if found else None
+
+
+def derive_devices(
+    workflow: Workflow,
+    command: str,
+    inp: CaseInput,
+    *,
+    collected: TestDevices | None = None,
+) -> DeviceCounts:
+    """Device counts per the seed's table; ``collected`` is what collecting a pytest
+    command found (None: not collected, or it failed: 1 device)."""
+    import pytest_trtllm_slurm.planning.requirements as req
+
+    total_x, per_node_x = inp.total_required_devices, inp.required_devices_per_node
+    if total_x is not None and per_node_x is not None:
+        return DeviceCounts(required=inp.required_devices if inp.required_devices is not None
+                            else total_x, total=total_x, per_node=per_node_x or None,
+                            source="explicit")
+    per_node: int | None
+    yaml_per_node: int | None = None
+    if workflow is Workflow.BENCH:
+        tp, pp = req.parse_bench_command(command)
+        required, source = tp * pp, f"trtllm-bench --tp {tp} --pp {pp}"
+        policy = "same"
+    elif workflow is Workflow.EVAL:
+        tp, pp = req.parse_eval_command(command)
+        required, source = tp * pp, f"trtllm-eval --tp_size {tp} --pp_size {pp}"
+        policy = "same"
+    elif workflow is Workflow.PYTEST and inp.perf_config_yaml:
+        label = perf_label(command)
+        if label is None:
+            raise ConfigError(f"--perf-config-yaml {inp.perf_config_yaml}: the test command "
+                              f"{command!r} names no perf-sanity test; expected "
+                              "test_e2e[<prefix>-<config>[-<server>]]")
+        path = Path(inp.perf_config_yaml).expanduser()
+        case = req.parse_perf_case(label, f"test_e2e[{label}]")
+        required, yaml_per_node = req.perf_requirement(case, req.load_perf_yaml(path), path,
+                                                       f"test_e2e[{label}]")
+        source, policy = f"perf_yaml:{path}", "yaml"
+    elif workflow is Workflow.PYTEST and collected is not None:
+        if collected.source == "default":  # no device marker: the seed's default
+            required, source, policy = 1, "default (no device marker on the test)", "same"
+        else:
+            required, source = collected.total, f"{collected.source} (collected)"
+            policy = "collected"
+    else:
+        required, source, policy = 1, "default", "same"
+    if inp.required_devices is not None:
+        required, source, policy = inp.required_devices, "explicit", "same"
+    total = total_x if total_x is not None else required
+    if per_node_x is not None:
+        per_node = per_node_x
+    elif policy == "yaml" and yaml_per_node:
+        per_node = min(yaml_per_node, total) or None
+    elif policy == "collected" and collected is not None and collected.per_node is None:
+        per_node = None  # skip_less_mpi_world_size: ranks spread as the target's nodes allow
+    elif policy == "collected" and collected is not None:
+        per_node = min(collected.per_node or total, total) or None
+    else:
+        per_node = total or None  # single node: every device on it
+    device_type = collected.device_type if policy == "collected" and collected else None
+    return DeviceCounts(required=required, total=total, per_node=per_node, source=source,
+                        device_type=device_type)
+
+
+def model_name_of(workflow: Workflow, command: str, given: str | None = None) -> str:
+    """A short name for the job and work dir: given, else the ``--model`` value (bench,
+    eval, custom), the perf-sanity id or test file (pytest), the script or program
+    (custom); sanitized to ``[A-Za-z0-9_.-]``."""
+    name = given
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    if not name and workflow is not Workflow.PYTEST:
+        for i, word in enumerate(words):
+            if word in ("--model", "--model_path") and i + 1 < len(words):
+                name = os.path.basename(words[i + 1].rstrip("/"))
+            elif word.startswith(("--model=", "--model_path=")):
+                name = os.path.basename(word.split("=", 1)[1].rstrip("/"))
+    if not name and workflow is Workflow.PYTEST:
+        test_file = next((w for w in words if ".py" in w), None)
+        name = perf_label(command) or (Path(test_file.split("::")[0]).stem if test_file
+                                       else None)
+    if not name and workflow is Workflow.CUSTOM and words:
+        runners = ("bash", "sh", "python", "python3")
+        name = Path(words[1] if words[0] in runners and len(words) > 1 else words[0]).stem
+    clean = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name or workflow.value).strip("_.-")
+    return (clean or workflow.value)[:60]
+
+
+# --------------------------------------------------------------------------- job spec
+
+
+def case_argv(command: str) -> list[str]:
+    """The job's argv for a case command line (never joined into a larger shell string)."""
+    return ["bash", "-c", CASE_WRAPPER, WRAPPER_NAME, command]
+
+
+def case_command_of(argv: list[str]) -> str:
+    """The case command line inside ``case_argv`` (else the argv, shell-quoted)."""
+    if len(argv) == 5 and argv[:2] == ["bash", "-c"] and argv[3] == WRAPPER_NAME:
+        return argv[4]
+    return shlex.join(argv)
+
+
+def normalize_time(text: str | None, what: str) -> str | None:
+    from pytest_trtllm_slurm.planning.requirements import format_slurm_time, parse_time_limit
+
+    if text is None:
+        return None
+    return format_slurm_time(parse_time_limit(str(text), what=what))
+
+
+def timeout_seconds(text: str | None, default: int) -> int:
+    from pytest_trtllm_slurm.planning.requirements import parse_time_limit
+
+    if text is None:
+        return default
+    seconds = parse_time_limit(str(text), what="monitor timeout")
+    if seconds <= 0:
+        raise ConfigError(f"monitor timeout {text!r}: expected a positive duration")
+    return seconds
+
+
+# --------------------------------------------------------------------------- verdict
+
+_PYTEST_ERROR_CODES = {
+    2: "pytest was interrupted (or collection failed: check the first lines for ImportError)",
+    3: "pytest hit an internal error",
+    4: "pytest usage error (bad option or path)",
+    5: "pytest collected no tests",
+}
+_SHELL_ERROR_CODES = {
+    126: "the command could not be executed (exit 126)",
+    127: "command not found (exit 127)",
+}
+_JOB_TO_CASE = {
+    JobStatus.TIMEOUT: CaseStatus.TIMEOUT,
+    JobStatus.HANG_DETECTED: CaseStatus.HANG_DETECTED,
+    JobStatus.OUT_OF_MEMORY: CaseStatus.OUT_OF_MEMORY,
+    JobStatus.CANCELLED: CaseStatus.CANCELLED,
+    JobStatus.PREEMPTED: CaseStatus.CANCELLED,  # seed: CANCELLED = preempted or cancelled
+    JobStatus.BUILD_FAILED: CaseStatus.BUILD_FAILED,
+    JobStatus.NODE_FAIL: CaseStatus.ERROR,
+    JobStatus.ERROR: CaseStatus.ERROR,
+}
+
+
+def decide_status(
+    workflow: str,
+    job_status: JobStatus,
+    exit_code: int | None,
+    *,
+    success_hits: Mapping[str, Any] | None = None,
+    success_patterns: Iterable[str] = (),
+    failure_hits: Mapping[str, Any] | None = None,
+    oom_line: str | None = None,
+    reason: str | None = None,
+) -> tuple[CaseStatus, list[str]]:
+    """The case status and the reasons behind it.
+
+    Rules, in order:
+    1. The monitor's or the scheduler's verdict stands: TIMEOUT, HANG_DETECTED,
+       OUT_OF_MEMORY, CANCELLED (also PREEMPTED), BUILD_FAILED; NODE_FAIL and a refused
+       or lost job are ERROR.
+    2. The command ended. Exit 0: PASSED unless a failure pattern matched a line, or
+       success patterns were given and none matched (then FAILED).
+    3. Non-zero exit: an out-of-memory signature in the log -> OUT_OF_MEMORY; exit 126/127
+       (cannot run, not found) -> ERROR; a pytest command's exit 2-5 (interrupted,
+       internal, usage, no tests) -> ERROR (seed: "Exit 2 + ERROR: collection failure");
+       otherwise FAILED.
+    """
+    errors: list[str] = []
+    success_hits = success_hits or {}
+    failure_hits = failure_hits or {}
+    patterns = list(success_patterns)
+    for pattern, hit in failure_hits.items():
+        where = f"line {hit.line_no}: {hit.line.strip()}" if hasattr(hit, "line_no") else hit
+        errors.append(f"failure pattern {pattern!r} matched {where}")
+    if job_status in _JOB_TO_CASE:
+        status = _JOB_TO_CASE[job_status]
+        errors.insert(0, f"{status.value}: {reason or job_status.value}")
+        return status, errors
+    if exit_code is None:
+        exit_code = 0 if job_status is JobStatus.COMPLETED else None
+    if exit_code == 0 and job_status is JobStatus.COMPLETED:
+        if failure_hits:
+            return CaseStatus.FAILED, errors
+        if patterns and not success_hits:
+            shown = ", ".join(repr(p) for p in patterns)
+            return CaseStatus.FAILED, [f"exit code 0, but no success pattern ({shown}) "
+                                       "appeared in the log"]
+        return CaseStatus.PASSED, []
+    code_text = f"exit code {exit_code}" if exit_code is not None else "no exit code"
+    detail = f"{code_text}" + (f" ({reason})" if reason else "")
+    if oom_line is not None:
+        return CaseStatus.OUT_OF_MEMORY, [f"OUT_OF_MEMORY: {detail}; the log says: "
+                                          f"{oom_line.strip()}", *errors]
+    if exit_code in _SHELL_ERROR_CODES:
+        return CaseStatus.ERROR, [f"ERROR: {_SHELL_ERROR_CODES[exit_code]}", *errors]
+    if workflow == Workflow.PYTEST.value and exit_code in _PYTEST_ERROR_CODES:
+        return CaseStatus.ERROR, [f"ERROR: {detail}: {_PYTEST_ERROR_CODES[exit_code]}", *errors]
+    return CaseStatus.FAILED, [f"FAILED: {detail}", *errors]
+
+
+# --------------------------------------------------------------------------- result
+
+
+class CaseDevices(BaseModel):
+    required: int | None = None
+    total: int
+    per_node: int
+    nodes: int
+    source: str | None = None
+
+
+class CaseResult(BaseModel):
+    """What ``trtllm-slurm run --json`` prints and ``<work_dir>/result.json`` holds."""
+
+    status: CaseStatus
+    exit_code: int | None = None
+    workflow: str
+    command: str
+    model_name: str | None = None
+    scenario: str | None = None
+    job_id: str | None = None
+    job_name: str | None = None
+    nodelist: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    container_image: str | None = None
+    devices: CaseDevices | None = None
+    elapsed_seconds: float | None = None  # from the job starting to its end
+    wall_seconds: float | None = None  # from submission to the end (queue wait included)
+    work_dir: str | None = None
+    log_paths: dict[str, str] = Field(default_factory=dict)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    patterns: dict[str, dict[str, str | None]] = Field(default_factory=dict)
+    checks: list[dict[str, Any]] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+    log_head: list[str] = Field(default_factory=list)  # on failure: first lines of the log
+    log_tail: list[str] = Field(default_factory=list)  # on failure: last lines of the log
+    reason: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def process_exit_code(self) -> int:
+        return EXIT_CODES[self.status]

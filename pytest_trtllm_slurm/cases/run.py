@@ -1,0 +1,548 @@
+"""Running a case: the same probes, routing, JobSpec, executors and Monitor as the plugin.
+
+No pytest here: ``trtllm-slurm run`` and the YAML case items both come through
+``prepare_case`` (classify, count devices, route, write ``job_spec.json``) and
+``run_spec`` (submit, watch, parse the log, decide the status, write
+``result.json``). ``rerun_job_spec`` re-runs a ``job_spec.json`` as written, in a
+fresh work dir next to the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest_trtllm_slurm.planning.routing as routing
+from pytest_trtllm_slurm.cases.model import (
+    DEFAULT_TIME_LIMIT,
+    REPORTS_ENV,
+    CaseDevices,
+    CaseInput,
+    CaseResult,
+    CaseStatus,
+    Classified,
+    DeviceCounts,
+    TestDevices,
+    Workflow,
+    case_argv,
+    case_command_of,
+    classify,
+    decide_status,
+    derive_devices,
+    model_name_of,
+    normalize_time,
+    timeout_seconds,
+)
+from pytest_trtllm_slurm.cases.parse import HEAD_LINES, MetricCheck, scan_log
+from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob
+from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
+from pytest_trtllm_slurm.execution.protocol import Executor
+from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv, write_private_atomic
+from pytest_trtllm_slurm.planning.masking import is_masked
+from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario
+from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
+
+Say = Callable[[str], None]
+TAIL_ON_FAILURE = 100
+
+
+def _stderr(message: str) -> None:
+    print(f"trtllm-slurm: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class CaseContext:
+    """What a case run finds once: settings, this machine, the local Slurm, clusters."""
+
+    settings: Settings
+    clusters: ClustersFile
+    local: LocalEnv
+    slurm_env: SlurmEnv | None
+    rootdir: Path
+    warn: Say = _stderr  # execution-layer warnings
+    say: Say = _stderr  # progress (submitted, pending, running)
+    executors: dict[str, Executor] = field(default_factory=dict)
+    # remote clusters: one SSH connection each and their discovery (execution.remote_clusters)
+    remote_env: routing.RemoteEnv | None = None
+
+    @property
+    def work_root(self) -> Path:
+        return Path(self.settings.work_dir) if self.settings.work_dir else (
+            self.rootdir / "work_dirs")
+
+
+def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, *,
+                     warn: Say = _stderr, say: Say = _stderr) -> CaseContext:
+    """Probe this machine and discover the local Slurm (as the plugin's planning_context)."""
+    from pytest_trtllm_slurm.execution.probe import probe_local_env
+
+    local = probe_local_env()
+    slurm_env = None
+    if local.slurm_available:
+        from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
+        from pytest_trtllm_slurm.transport.shell import LocalShell
+
+        slurm_env = SlurmClient(LocalShell()).discover()
+    remote_env = None
+    if clusters.clusters:
+        from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
+
+        remote_env = RemoteClusters(rootdir / "work_dirs" / ".cache")
+    return CaseContext(settings=settings, clusters=clusters, local=local, slurm_env=slurm_env,
+                       rootdir=rootdir, warn=warn, say=say, remote_env=remote_env)
+
+
+# --------------------------------------------------------------------------- collection
+
+_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
+
+
+def pytest_args_of(command: str) -> list[str] | None:
+    """Arguments of the first ``pytest`` / ``python -m pytest`` in a shell command line."""
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:
+        return None
+    for i, token in enumerate(tokens):
+        base = os.path.basename(token)
+        start = None
+        if base in ("pytest", "py.test"):
+            start = i + 1
+        elif base.startswith("python") and tokens[i + 1:i + 3] == ["-m", "pytest"]:
+            start = i + 3
+        if start is not None:
+            args = []
+            for arg in tokens[start:]:
+                if arg in _OPERATORS:
+                    break
+                args.append(arg)
+            return args
+    return None
+
+
+def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
+                         say: Say = _stderr) -> TestDevices | None:
+    """Collect a pytest command's tests with the plugin's plan (``--trtllm-plan-json``)
+    and return the largest need among them; None when it is not a pytest command or
+    collection failed (the caller then uses 1 device and says so)."""
+    args = pytest_args_of(command)
+    if args is None:
+        return None
+    if any(a in ("-n", "--numprocesses", "-d", "--dist") or a.startswith(("-n", "--dist="))
+           for a in args):
+        args += ["-n", "0"]  # xdist: the controller itself must collect
+    with tempfile.TemporaryDirectory(prefix="trtllm-collect-") as tmp:
+        plan = Path(tmp) / "plan.json"
+        argv = [sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
+                "-p", "no:cacheprovider", "--trtllm-plan-json", str(plan)]
+        # a forced local_direct plan: routing then needs no cluster and cannot fail
+        env = {**os.environ, "TRTLLM_SLURM_SCENARIO": "local_direct"}
+        env.pop("PYTEST_ADDOPTS", None)
+        try:
+            proc = subprocess.run(argv, cwd=rootdir, env=env, capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            say(f"collecting {shlex.join(args)} failed ({exc}); using 1 device")
+            return None
+        if not plan.is_file():
+            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+            say(f"collecting {shlex.join(args)} failed (exit {proc.returncode}: {tail}); "
+                "using 1 device (pass --required-devices N to choose)")
+            return None
+        rows = json.loads(plan.read_text(encoding="utf-8"))
+    if not rows:
+        say(f"collecting {shlex.join(args)} found no tests; using 1 device")
+        return None
+    row = max(rows, key=lambda r: (r.get("devices") or 0, r.get("nodes") or 0))
+    source = row.get("source") or "default"
+    per_node = None if source == "skip_less_mpi_world_size" else (
+        row.get("devices_per_node") or None)
+    return TestDevices(total=row.get("devices") or 0, per_node=per_node,
+                       device_type=row.get("device_type"), source=source)
+
+
+# --------------------------------------------------------------------------- executors
+
+
+def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
+    """The executor of ``spec.scenario``, built by the same builders as the plugin's
+    (context.py), one per scenario and context."""
+    from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+    from pytest_trtllm_slurm.controller.session import (
+        local_docker_executor,
+        local_slurm_executor,
+        remote_slurm_executor,
+    )
+    from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
+
+    key = spec.scenario.value
+    if key in ctx.executors:
+        return ctx.executors[key]
+    planning = PlanningContext(settings=ctx.settings, local=ctx.local, clusters=ctx.clusters,
+                               slurm_env=ctx.slurm_env, rootdir=ctx.rootdir,
+                               remote_env=ctx.remote_env)
+    executor: Executor
+    if spec.scenario is Scenario.LOCAL_DIRECT:
+        executor = DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
+    elif spec.scenario is Scenario.LOCAL_DOCKER:
+        executor = local_docker_executor(planning, [spec])
+    elif spec.scenario is Scenario.LOCAL_SLURM:
+        executor = local_slurm_executor(planning, [spec], warn=ctx.warn)
+    else:
+        executor = remote_slurm_executor(planning, [spec], warn=ctx.warn)
+    ctx.executors[key] = executor
+    return executor
+
+
+def close_executors(ctx: CaseContext) -> None:
+    for executor in ctx.executors.values():
+        executor.close()
+    ctx.executors.clear()
+    close = getattr(ctx.remote_env, "close", None)
+    if close is not None:
+        close()
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+@dataclass
+class PreparedCase:
+    """A case ready to submit (``spec``), or refused before submission (``refused``)."""
+
+    inp: CaseInput
+    classified: Classified
+    devices: DeviceCounts
+    spec: JobSpec | None = None
+    refused: CaseResult | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _new_work_dir(root: Path, name: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
+    ensure_work_root(root)
+    return Path(tempfile.mkdtemp(prefix=f"{name}_{stamp}_", dir=root))
+
+
+def prepare_case(
+    inp: CaseInput,
+    ctx: CaseContext,
+    *,
+    collect: Callable[[str, Path], TestDevices | None] | None = None,
+) -> PreparedCase:
+    """Classify, count devices, route, and write ``<work_dir>/job_spec.json``."""
+    settings = ctx.settings
+    classified = classify(inp, base=ctx.rootdir)
+    workflow, command = classified.workflow, classified.command
+    notes = list(classified.notes)
+    collected = None
+    needs_collection = (
+        workflow is Workflow.PYTEST and not inp.perf_config_yaml
+        and inp.required_devices is None
+        and (inp.total_required_devices is None or inp.required_devices_per_node is None)
+    )
+    if needs_collection:
+        if collect is None:
+            collected = collect_test_devices(command, ctx.rootdir, say=ctx.say)
+        else:
+            collected = collect(command, ctx.rootdir)
+        if collected is None:
+            notes.append("device count: the test command was not collected; using 1")
+    devices = derive_devices(workflow, command, inp, collected=collected)
+    device_type = inp.device_type or settings.device_type or devices.device_type
+    req = devices.requirement(device_type)
+    update = {k: v for k, v in (("account", inp.account), ("device_type", device_type),
+                                ("container_image", inp.container_image)) if v}
+    run_settings = settings.model_copy(update=update) if update else settings
+    model = model_name_of(workflow, command, inp.model_name or inp.name)
+    work_dir = _new_work_dir(ctx.work_root, f"{model}_{workflow.value}")
+    prepared = PreparedCase(inp, classified, devices, notes=notes)
+    decision = routing.route(req, settings=run_settings, local=ctx.local, clusters=ctx.clusters,
+                             slurm_env=ctx.slurm_env, partition=inp.partition,
+                             remote_env=ctx.remote_env)
+    per_node = req.resolve_per_node(decision.target_gpus_per_node)
+    case_devices = CaseDevices(required=devices.required, total=req.total, per_node=per_node,
+                               nodes=req.nodes(decision.target_gpus_per_node),
+                               source=devices.source)
+    if decision.scenario is None:
+        result = CaseResult(
+            status=CaseStatus.ERROR, workflow=workflow.value, command=command,
+            model_name=model, devices=case_devices, work_dir=str(work_dir),
+            errors=[f"ERROR: nothing can run this case: {decision.reason}"],
+            reason=decision.reason, notes=notes,
+            log_paths={"result": str(work_dir / "result.json")},
+        )
+        write_result(result, work_dir)
+        prepared.refused = result
+        return prepared
+    account = decision.account if decision.scenario in (
+        Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM) else None
+    reports = work_dir / "reports.jsonl"
+    # a pytest in the job must not dispatch again, whatever the repo's ini says
+    env = {"TRTLLM_SLURM_REMOTE": "0", **inp.custom_env, REPORTS_ENV: str(reports)}
+    prepared.spec = JobSpec(
+        scenario=decision.scenario,
+        workflow=workflow.value,
+        name=f"{model}_{workflow.value}",
+        job_name=f"{account or 'trtllm'}.{model}",
+        command=case_argv(command),
+        rerun_argv=[],
+        rootdir=str(ctx.rootdir),
+        invocation_dir=str(ctx.rootdir),
+        node_count=case_devices.nodes,
+        total_devices=req.total,
+        devices_per_node=per_node,
+        device_type=device_type,
+        cluster=decision.cluster,
+        account=account,
+        partition=decision.partition,
+        time_limit=normalize_time(inp.time_limit, "time limit") or settings.time_limit
+        or DEFAULT_TIME_LIMIT,
+        mem_mb=inp.mem_mb,
+        container_image=run_settings.container_image,
+        mounts=[*classified.mounts, *inp.mounts],
+        env=env,
+        work_dir=str(work_dir),
+        log_path=str(work_dir / f"{model}_{workflow.value}.log"),
+        reports_path=str(reports),
+        monitor_timeout_seconds=timeout_seconds(inp.monitor_timeout,
+                                                settings.monitor_timeout_seconds),
+        success_patterns=list(inp.success_patterns),
+        failure_patterns=list(inp.failure_patterns),
+        hang_patterns=list(settings.hang_patterns),
+        slurm_env=ctx.slurm_env if decision.scenario is Scenario.LOCAL_SLURM else None,
+    )
+    prepared.spec.write()
+    return prepared
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run_spec(
+    spec: JobSpec,
+    ctx: CaseContext,
+    *,
+    devices: CaseDevices | None = None,
+    notes: list[str] | None = None,
+    checks: list[MetricCheck] | None = None,
+) -> CaseResult:
+    """Submit ``spec``, watch it with the Monitor (hang, timeout), then read its log."""
+    executor = executor_for(spec, ctx)
+    started = time.monotonic()
+    handle = executor.submit(spec)
+    ctx.say(f"job {handle.job_id} submitted ({spec.scenario.value}"
+            + (f", partition {spec.partition}" if spec.partition else "")
+            + f"); log: {spec.log_path}")
+    monitor = Monitor(spec.hang_patterns, on_change=lambda job: _show(job, ctx.say))
+    watched = monitor.add(handle, executor)
+    final: JobState | None = None
+    records: list[dict] = []
+    interrupted = False
+    try:
+        while monitor.active:
+            events = list(monitor.poll())
+            for event in events:
+                records += event.records
+                if event.final is not None:
+                    final = event.final
+            if not events and monitor.active:
+                time.sleep(monitor.poll_interval)
+    except KeyboardInterrupt:
+        interrupted = True
+        monitor.cancel_all()
+        final = JobState(status=JobStatus.CANCELLED, reason="interrupted (Ctrl-C): job cancelled")
+    ended = time.monotonic()
+    assert final is not None
+    result = _result(spec, ctx, executor, final, records, watched, started, ended,
+                     devices=devices, notes=notes, checks=checks)
+    write_result(result, Path(spec.work_dir))
+    if interrupted:
+        raise CaseInterrupted(result)
+    return result
+
+
+class CaseInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a case: the job was cancelled; ``result`` says what was seen."""
+
+    def __init__(self, result: CaseResult) -> None:
+        super().__init__("interrupted")
+        self.result = result
+
+
+def _show(job: WatchedJob, say: Say) -> None:
+    state = job.state
+    if state.status.finished:
+        return
+    why = f" ({state.reason})" if state.reason else ""
+    where = f" on {state.nodelist}" if state.nodelist and state.status is JobStatus.RUNNING \
+        else ""
+    say(f"job {job.handle.job_id}: {state.status.value}{where}{why}")
+
+
+def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState,
+            records: list[dict], watched: WatchedJob, started: float, ended: float, *,
+            devices: CaseDevices | None, notes: list[str] | None,
+            checks: list[MetricCheck] | None) -> CaseResult:
+    shell = executor.shell
+    scan = scan_log(lambda offset, limit: shell.read_from(spec.log_path, offset, limit),
+                    workflow=spec.workflow, success_patterns=spec.success_patterns,
+                    failure_patterns=spec.failure_patterns)
+    finish = [r for r in records if r.get("type") == "session_finish"]
+    exit_code = final.exit_code
+    job_status = final.status
+    if finish and job_status in (JobStatus.COMPLETED, JobStatus.FAILED):
+        exit_code = int(finish[-1].get("exitstatus", exit_code or 0))
+    status, errors = decide_status(
+        spec.workflow, job_status, exit_code, success_hits=scan.success_hits,
+        success_patterns=spec.success_patterns, failure_hits=scan.failure_hits,
+        oom_line=scan.oom.line if scan.oom else None, reason=final.reason,
+    )
+    metrics = scan.metrics()
+    check_rows = []
+    for check in checks or []:
+        outcome = check.evaluate(metrics)
+        check_rows.append({"check": check.text, "metric": check.metric, "value": outcome.value,
+                           "threshold": check.threshold, "op": check.op,
+                           "tolerance_pct": check.tolerance_pct, "ok": outcome.ok,
+                           "message": outcome.message})
+        if not outcome.ok:
+            errors.append(f"check failed: {outcome.message}")
+            if status is CaseStatus.PASSED:
+                status = CaseStatus.FAILED
+    run_started = watched.started
+    result = CaseResult(
+        status=status,
+        exit_code=exit_code,
+        workflow=spec.workflow,
+        command=case_command_of(spec.command),
+        model_name=spec.name.rsplit("_", 1)[0] if spec.name.endswith(f"_{spec.workflow}")
+        else spec.name,
+        scenario=spec.scenario.value,
+        job_id=watched.handle.job_id,
+        job_name=spec.job_name,
+        nodelist=final.nodelist or watched.handle.nodelist,
+        partition=spec.partition,
+        account=spec.account,
+        container_image=spec.container_image,
+        devices=devices or CaseDevices(total=spec.total_devices, per_node=spec.devices_per_node,
+                                       nodes=spec.node_count),
+        elapsed_seconds=round(ended - (run_started or started), 3),
+        wall_seconds=round(ended - started, 3),
+        work_dir=spec.work_dir,
+        log_paths={"log": spec.log_path, "job_spec": str(Path(spec.work_dir) / "job_spec.json"),
+                   "result": str(Path(spec.work_dir) / "result.json")},
+        summary=scan.summary(),
+        metrics=metrics,
+        patterns={
+            "success": {p: (f"line {h.line_no}: {h.line.strip()}" if (h := scan.success_hits.get(p))
+                            else None) for p in spec.success_patterns},
+            "failure": {p: (f"line {h.line_no}: {h.line.strip()}" if (h := scan.failure_hits.get(p))
+                            else None) for p in spec.failure_patterns},
+        },
+        checks=check_rows,
+        errors=errors,
+        reason=final.reason,
+        notes=list(notes or []),
+    )
+    if status is not CaseStatus.PASSED:
+        result.log_head = list(scan.head[:HEAD_LINES])
+        result.log_tail = list(scan.tail)[-TAIL_ON_FAILURE:]
+        if scan.lines == 0:
+            result.errors.append(f"the log {spec.log_path} is empty (the job never started, "
+                                 "or its container failed to start)")
+    script = Path(spec.work_dir) / "job.sbatch"
+    if shell.exists(str(script)):
+        result.log_paths["script"] = str(script)
+    return result
+
+
+def write_result(result: CaseResult, work_dir: Path) -> Path:
+    path = work_dir / "result.json"
+    write_private_atomic(path, result.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def run_case(inp: CaseInput, ctx: CaseContext, *,
+             collect: Callable[[str, Path], TestDevices | None] | None = None) -> CaseResult:
+    """prepare_case + run_spec (+ the case's metric checks)."""
+    checks = [MetricCheck.parse(c) for c in inp.checks]
+    prepared = prepare_case(inp, ctx, collect=collect)
+    if prepared.refused is not None:
+        return prepared.refused
+    assert prepared.spec is not None
+    spec = prepared.spec
+    devices = CaseDevices(required=prepared.devices.required, total=spec.total_devices,
+                          per_node=spec.devices_per_node, nodes=spec.node_count,
+                          source=prepared.devices.source)
+    return run_spec(spec, ctx, devices=devices, notes=prepared.notes, checks=checks)
+
+
+# --------------------------------------------------------------------------- re-run
+
+
+def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None) -> JobSpec:
+    """``spec`` with a fresh work dir next to the old one: every occurrence of the old
+    work dir (log, reports, command, env) points to the new one; the node-id file is
+    copied. The scenario and everything else stay as written (the manifest decides)."""
+    old = spec.work_dir.rstrip("/")
+    new_dir = _new_work_dir(Path(old).parent, f"{spec.name}_rerun")
+    new = str(new_dir)
+
+    def moved(value: str) -> str:
+        return value.replace(old + "/", new + "/") if (old + "/") in value else (
+            new if value == old else value)
+
+    if spec.nodeids_file and Path(spec.nodeids_file).is_file():
+        shutil.copy(spec.nodeids_file, moved(spec.nodeids_file))
+    update: dict[str, object] = {
+        "work_dir": new,
+        "log_path": moved(spec.log_path),
+        "reports_path": moved(spec.reports_path),
+        "nodeids_file": moved(spec.nodeids_file) if spec.nodeids_file else None,
+        "command": [moved(a) for a in spec.command],
+        "rerun_argv": [moved(a) for a in spec.rerun_argv],
+        "env": {k: moved(v) for k, v in spec.env.items()},
+    }
+    if monitor_timeout_seconds is not None:
+        update["monitor_timeout_seconds"] = monitor_timeout_seconds
+    copy = spec.model_copy(update=update)
+    copy.write()
+    return copy
+
+
+def rerun_job_spec(path: Path, ctx: CaseContext, *,
+                   monitor_timeout_seconds: int | None = None) -> CaseResult:
+    """Re-run a ``job_spec.json`` (written by a case or a plugin batch) as written."""
+    try:
+        spec = JobSpec.read(path)
+    except FileNotFoundError:
+        raise ConfigError(f"--job-spec {path}: no such file") from None
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"--job-spec {path}: not a valid job_spec.json "
+                          f"({str(exc).splitlines()[0]})") from None
+    notes = [f"re-run of {path}"]
+    masked = [k for k, v in spec.env.items() if is_masked(v)]
+    if masked:
+        notes.append(f"env {', '.join(masked)} were masked when the spec was written; "
+                     "set them in this environment")
+        spec = spec.model_copy(update={"env": {k: v for k, v in spec.env.items()
+                                               if not is_masked(v)}})
+    if spec.slurm_env is None and ctx.slurm_env is not None:
+        spec = spec.model_copy(update={"slurm_env": ctx.slurm_env})
+    copy = rerun_spec_copy(spec, monitor_timeout_seconds=monitor_timeout_seconds)
+    return run_spec(copy, ctx, notes=notes)

@@ -1,0 +1,158 @@
+"""``trtllm-slurm alloc status|release``: look at or give back the persistent allocation.
+
+The allocation outlives pytest runs on purpose (no queue wait next time), so
+releasing it is an explicit act: this command or ``--trtllm-release-allocation``.
+
+Each target has its own: the local Slurm cluster (``work_dirs/.slurm_alloc.json``) and
+every remote cluster of the clusters file (``work_dirs/.remote-<name>/...``, reached over
+SSH only when its state file exists). ``--cluster NAME`` picks one (``local`` for the
+local cluster); without it ``status`` shows them all and ``release`` releases every one
+that has a state file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.slurm.allocation import (
+    STATE_NAME,
+    AllocationManager,
+    AllocationRequest,
+)
+from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
+
+
+def add_alloc_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``alloc status`` and ``alloc release`` on a ``add_subparsers()`` object.
+
+    Each sets ``handler`` (``args.handler(args) -> exit code``), as cli.main expects.
+    """
+    parser = subparsers.add_parser("alloc", help="show or release the persistent Slurm allocation")
+    sub = parser.add_subparsers(dest="alloc_command", metavar="{status,release}")
+    sub.required = True
+    for name, help_text in (("status", "show the allocation of the state file"),
+                            ("release", "scancel the allocation and delete its state file")):
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("--rootdir", default=".",
+                         help=f"the repo root holding work_dirs/{STATE_NAME} (default: .)")
+        cmd.add_argument("--account", default=None,
+                         help="account in the allocation's name <account>-trtllm.persistent "
+                              "(default: the state file's)")
+        cmd.add_argument("--cluster", action="append", default=None, metavar="NAME",
+                         help="a cluster of the clusters file, or 'local' (repeatable; "
+                              "default: every cluster with a state file, and the local one)")
+        cmd.add_argument("--config", default=None, metavar="PATH",
+                         help="the clusters file (default: the usual locations)")
+        if name == "status":
+            cmd.add_argument("--json", action="store_true", help="print JSON")
+        cmd.set_defaults(handler=run_alloc)
+    return parser
+
+
+def manager_for(rootdir: str | Path, account: str | None = None,
+                shell: Shell | None = None) -> AllocationManager:
+    """An AllocationManager for status/release (the request only names the allocation)."""
+    shell = shell or LocalShell()
+    manager = AllocationManager(shell, rootdir=rootdir, request=AllocationRequest(account=account))
+    if account is None:
+        state = manager.peek_state()  # (looking changes nothing: a bad file stays)
+        if state is not None and state.account:
+            manager.request.account = state.account
+    return manager
+
+
+LOCAL = "local"
+
+
+def targets(rootdir: Path, wanted: list[str] | None, config: str | None) -> dict[str, Path]:
+    """target name -> the folder holding its ``work_dirs/.slurm_alloc.json`` (local: the
+    rootdir). ConfigError for a name that is neither ``local`` nor in the clusters file."""
+    from pytest_trtllm_slurm.controller.session import remote_state_root
+    from pytest_trtllm_slurm.planning.settings import load_clusters_file
+
+    clusters = load_clusters_file(Path(config) if config else None, rootdir).clusters
+    found = {LOCAL: rootdir, **{name: remote_state_root(rootdir, name) for name in clusters}}
+    if not wanted:
+        return found
+    unknown = [w for w in wanted if w not in found]
+    if unknown:
+        raise ConfigError(f"--cluster {', '.join(unknown)}: not 'local' and not in the clusters "
+                          f"file (known: {', '.join(sorted(found))})")
+    return {w: found[w] for w in wanted}
+
+
+def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
+                   config: str | None) -> AllocationManager:
+    """A manager over SSH for a remote cluster's allocation."""
+    from pytest_trtllm_slurm.planning.settings import load_clusters_file
+    from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
+
+    cluster = load_clusters_file(Path(config) if config else None, rootdir).get(name)
+    shell = shell_for_cluster(cluster)
+    shell.connect()
+    return manager_for(folder, account, shell)
+
+
+def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
+    """Run ``alloc status`` / ``alloc release``; returns the exit code."""
+    rootdir = Path(args.rootdir).resolve()
+    try:
+        chosen = targets(rootdir, getattr(args, "cluster", None), getattr(args, "config", None))
+    except ConfigError as exc:
+        print(f"trtllm-slurm alloc: {exc}", file=sys.stderr)
+        return 4
+    infos: dict[str, dict[str, Any]] = {}
+    for name, folder in chosen.items():
+        has_state = (folder / "work_dirs" / STATE_NAME).exists()
+        explicit = bool(getattr(args, "cluster", None))
+        if name != LOCAL and not has_state:
+            if explicit or args.alloc_command == "status":
+                infos[name] = {"state_file": str(folder / "work_dirs" / STATE_NAME),
+                               "allocation": None}
+            continue
+        try:
+            manager = (manager_for(folder, args.account, shell) if name == LOCAL else
+                       remote_manager(rootdir, name, folder, args.account, args.config))
+        except (ConfigError, ExecutionError, OSError) as exc:
+            print(f"trtllm-slurm alloc: cluster {name}: {exc}", file=sys.stderr)
+            return 1
+        if args.alloc_command == "release":
+            print(f"[{name}] {manager.release()}")
+            continue
+        infos[name] = manager.status()
+    if args.alloc_command == "release":
+        return 0
+    if getattr(args, "json", False):
+        print(json.dumps(infos, indent=2, default=str))
+        return 0
+    print("\n".join(f"[{name}] {format_status(info)}" for name, info in infos.items()))
+    return 0
+
+
+def format_status(info: dict[str, Any]) -> str:
+    """Human-readable lines for ``alloc status``."""
+    alloc = info.get("allocation")
+    if not alloc and info.get("unreadable"):
+        return (f"No persistent allocation: {info['state_file']} is unreadable (the next run "
+                "moves it aside).")
+    if not alloc:
+        return f"No persistent allocation ({info['state_file']} absent)."
+    lines = [
+        f"Allocation {alloc['job_id']} ({alloc.get('job_name') or '?'}): "
+        f"{info.get('scheduler_state')}, {info.get('time_left') or 'no'} time left",
+        f"  partition {alloc.get('partition')}, account {alloc.get('account')}, "
+        f"{alloc.get('nodes')} node(s) {alloc.get('nodelist')}, "
+        f"{alloc.get('gpus_per_node')} GPU(s) per node",
+        f"  allocated at {alloc.get('allocated_at')}, limit {alloc.get('time_limit')}, "
+        f"image {alloc.get('docker_image') or '-'}",
+        f"  running steps: {', '.join(info.get('steps') or []) or 'none'}",
+        f"  state file: {info['state_file']}",
+    ]
+    if info.get("scheduler_state") == "GONE":
+        lines.append("  (the allocation is gone; the next run allocates anew)")
+    return "\n".join(lines)

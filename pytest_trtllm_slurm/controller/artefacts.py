@@ -1,0 +1,196 @@
+"""Bring the plugin artefacts of dispatched batches into this run (the pytest face).
+
+A batch's worker writes what pytest-cov and pytest-benchmark measured into its work dir
+(``worker_artefacts``). When the batch ends, the controller reads those files through the
+executor's Shell (local, container or SSH alike) and hands them to its own plugins, as
+pytest-xdist's controller does with what its workers send:
+
+- coverage: the batch's data file becomes one more parallel data file next to this run's
+  (paths mapped from the target's rootdir to ours), which pytest-cov combines with its own
+  at the end of the run, exactly as it combines xdist workers' data;
+- benchmarks: each result joins this run's BenchmarkSession, so the table, the
+  ``--benchmark-json``, ``--benchmark-save`` and ``--benchmark-compare`` see every test.
+
+The options that make the worker measure the same things reach it with the rest of the
+invocation (``forwarding``); reports, thresholds and output files stay with the controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.node.protocol import BENCHMARKS_FILE, COVERAGE_FILE
+from pytest_trtllm_slurm.transport.shell import Shell
+
+READ_CHUNK = 1 << 20
+
+
+def active_cov_plugin(config: pytest.Config) -> Any:
+    """pytest-cov's plugin when it measures this run, else None."""
+    plugin = config.pluginmanager.get_plugin("_cov")
+    if plugin is None or getattr(plugin, "_disabled", False):
+        return None
+    if getattr(plugin, "cov_controller", None) is None:
+        return None
+    return plugin
+
+
+class ReturnedBenchmark:
+    """One benchmark a worker ran, as pytest-benchmark's session uses its own results
+    (``as_dict``, ``has_error``, ``fullname``, stats by key for ``--benchmark-compare-fail``)."""
+
+    has_error = False
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+        self.fullname = record.get("fullname", "")
+        self.name = record.get("name", "")
+        self.group = record.get("group")
+        self.param = record.get("param")
+        self.params = record.get("params")
+        self.extra_info = record.get("extra_info", {})
+        self.stats = dict(record.get("stats") or {})
+
+    def __bool__(self) -> bool:
+        return bool(self.stats.get("rounds"))
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.stats:
+            return self.stats[key]
+        return self.record[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def as_dict(self, include_data: bool = True, flat: bool = False, stats: bool = True,
+                cprofile: Any = None) -> dict[str, Any]:
+        result = {k: v for k, v in self.record.items() if k != "stats"}
+        if stats:
+            values = dict(self.stats)
+            if not include_data:
+                values.pop("data", None)
+            if flat:
+                result.update(values)
+            else:
+                result["stats"] = values
+        return result
+
+
+class ArtefactCollector:
+    """Merges each ended batch's artefacts into this run's pytest-cov and pytest-benchmark."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.cov_plugin = active_cov_plugin(config)
+        self.bench = getattr(config, "_benchmarksession", None)
+        self.no_coverage: list[str] = []  # work dirs of batches that returned none
+
+    def collect(self, shell: Shell, work_dir: str, map_path: Callable[[str], str]) -> None:
+        """Read the batch's artefacts from ``work_dir`` (the target's path). A file that
+        cannot be read (a dropped connection) is said, and the run goes on."""
+        try:
+            if self.cov_plugin is not None:
+                data = read_whole(shell, f"{work_dir}/{COVERAGE_FILE}")
+                if data:
+                    self._merge_coverage(data, map_path)
+                else:
+                    self.no_coverage.append(work_dir)
+            if self.bench is not None:
+                raw = read_whole(shell, f"{work_dir}/{BENCHMARKS_FILE}")
+                if raw:
+                    self._merge_benchmarks(raw)
+        except (OSError, ExecutionError) as exc:
+            self._warn(f"the coverage or benchmark results in {work_dir} could not be read: "
+                       f"{exc}")
+
+    def _merge_coverage(self, data: bytes, map_path: Callable[[str], str]) -> None:
+        from coverage import CoverageData
+        from coverage.exceptions import CoverageException
+
+        controller = self.cov_plugin.cov_controller
+        data_file = os.path.join(controller.topdir, controller.cov.config.data_file)
+        with tempfile.TemporaryDirectory(prefix="trtllm-cov-") as tmp:
+            path = os.path.join(tmp, "batch.coverage")
+            with open(path, "wb") as fh:
+                fh.write(data)
+            batch = CoverageData(basename=path)
+            merged = CoverageData(basename=data_file, suffix=True)
+            try:
+                batch.read()
+                merged.update(batch, map_path=map_path)
+                merged.write()
+            except CoverageException as exc:
+                self._warn(f"coverage data of a dispatched batch could not be combined: {exc}")
+            finally:
+                for db in (batch, merged):
+                    with contextlib.suppress(Exception):
+                        db.close()
+
+    def _merge_benchmarks(self, raw: bytes) -> None:
+        assert self.bench is not None
+        try:
+            records = json.loads(raw)
+        except ValueError as exc:
+            self._warn(f"benchmark results of a dispatched batch are unreadable: {exc}")
+            return
+        self.bench.benchmarks.extend(ReturnedBenchmark(r) for r in records)
+
+    def finish(self, order: list[str]) -> None:
+        """Say once which batches' coverage is missing (as pytest-cov does for xdist
+        workers); benchmarks in collection order, as a plain run lists them."""
+        if self.no_coverage:
+            shown = ", ".join(self.no_coverage[:3]) + (", ..." if len(self.no_coverage) > 3
+                                                        else "")
+            self._warn(f"coverage: {len(self.no_coverage)} dispatched batch(es) returned no "
+                       "coverage data, so the coverage report leaves their tests out; "
+                       "ensure pytest-cov is installed where they run and not disabled there "
+                       f"(work dirs: {shown})")
+        if self.bench is None or not self.bench.benchmarks:
+            return
+        index = {nodeid: i for i, nodeid in enumerate(order)}
+        self.bench.benchmarks.sort(key=lambda b: index.get(b.fullname, len(index)))
+
+    def _warn(self, message: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"trtllm-slurm: {message}", yellow=True)
+
+
+def read_whole(shell: Shell, path: str) -> bytes:
+    """A small artefact file, in chunks (b"" when absent)."""
+    size = shell.size(path)
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < size:
+        chunk = shell.read_from(path, offset, READ_CHUNK)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def prefix_mapper(target_root: str, local_root: str) -> Callable[[str], str]:
+    """Target path -> local path, for data measured under another rootdir (SSH targets)."""
+    target_root = target_root.rstrip("/")
+    local_root = local_root.rstrip("/")
+
+    def map_path(path: str) -> str:
+        if target_root != local_root and (path == target_root
+                                          or path.startswith(target_root + "/")):
+            return local_root + path[len(target_root):]
+        return path
+
+    return map_path

@@ -1,0 +1,210 @@
+"""From collected items to ItemPlans: requirement, route, batch key per item.
+
+Runs once per session, after collection, only when dispatch or a plan was asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import pytest_trtllm_slurm.planning.requirements as requirements
+import pytest_trtllm_slurm.planning.routing as routing
+from pytest_trtllm_slurm.errors import TestSpecError
+from pytest_trtllm_slurm.planning.batching import BatchKey
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
+from pytest_trtllm_slurm.planning.models import (
+    DeviceRequirement,
+    Launch,
+    LocalEnv,
+    RouteDecision,
+    Scenario,
+)
+from pytest_trtllm_slurm.planning.resolve import normalize_device_type, resolve_container_image
+from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
+
+
+@dataclass
+class ItemPlan:
+    """Where one item goes (planning's answer, read by the loop)."""
+
+    item: pytest.Item
+    key: BatchKey | None  # None: runs here
+    skip_reason: str | None = None  # set when nothing can serve it
+    error: str | None = None  # set when its markers or perf-sanity id cannot be read
+
+
+@dataclass
+class PlanningContext:
+    """What planning needs besides the items: found once per run."""
+
+    settings: Settings
+    local: LocalEnv
+    clusters: ClustersFile
+    slurm_env: SlurmEnv | None = None
+    perf: requirements.PerfSources | None = None
+    rootdir: Path = Path(".")
+    # what discovery over SSH finds on a remote cluster (None: the clusters file alone)
+    remote_env: routing.RemoteEnv | None = None
+
+    def slurm_env_of(self, decision: RouteDecision) -> SlurmEnv | None:
+        """The discovery of the Slurm cluster a test was routed to (local or remote)."""
+        if decision.scenario is Scenario.LOCAL_SLURM:
+            return self.slurm_env
+        if decision.scenario is Scenario.REMOTE_SLURM and decision.cluster and self.remote_env:
+            cluster = self.clusters.get(decision.cluster)
+            if cluster.partition and cluster.gpus_per_node:
+                return None  # the clusters file says enough: used as given, no connection
+            return self.remote_env(cluster)
+        return None
+
+
+@dataclass
+class PlannedItem:
+    item: pytest.Item
+    requirement: DeviceRequirement
+    decision: RouteDecision
+    plan: ItemPlan
+
+
+def available_device_types(ctx: PlanningContext) -> list[str]:
+    """Device types some target offers: the remote cluster --slurm-cluster names (what
+    discovery found there, unless its table names a device_type), this machine, the local
+    Slurm, configured clusters."""
+    found = _named_remote_types(ctx)
+    found += [ctx.local.device_type] if ctx.local.gpu_count and ctx.local.device_type else []
+    if ctx.slurm_env is not None:
+        found += [p.gpu_type for p in ctx.slurm_env.partitions if p.gpu_type]
+    found += [c.device_type for c in ctx.clusters.clusters.values() if c.device_type]
+    types = [normalize_device_type(t) for t in found]
+    return list(dict.fromkeys(t for t in types if t))
+
+
+def _named_remote_types(ctx: PlanningContext) -> list[str]:
+    named = ctx.settings.slurm_cluster
+    if not named or ctx.remote_env is None or (
+            ctx.local.cluster_name and named.lower() == ctx.local.cluster_name.lower()):
+        return []
+    cluster = ctx.clusters.find(named)
+    if cluster is None or cluster.device_type or not cluster.is_remote:
+        return []
+    env = ctx.remote_env(cluster)
+    return [p.gpu_type for p in env.partitions if p.gpu_type] if env else []
+
+
+def with_keyword_type(req: DeviceRequirement, ctx: PlanningContext) -> DeviceRequirement | str:
+    """skip_device_not_contain([...]) without a device type: the first available type that
+    contains a keyword; a reason string when none does."""
+    if req.device_type or not req.device_keywords:
+        return req
+    available = available_device_types(ctx)
+    for device_type in available:
+        if any(k.lower() in device_type.lower() for k in req.device_keywords):
+            return req.model_copy(update={"device_type": device_type})
+    return (
+        f"needs a device whose name contains one of {list(req.device_keywords)}; "
+        f"device types available: {', '.join(available) or 'none'}; "
+        "configure a cluster with such GPUs (--slurm-cluster NAME) or pass --device-type"
+    )
+
+
+def target_device_type(decision: RouteDecision, ctx: PlanningContext) -> str | None:
+    """The GPU type of where a test was routed (for job names and the build arch)."""
+    if decision.scenario is Scenario.REMOTE_SLURM and decision.cluster:
+        configured = ctx.clusters.get(decision.cluster).device_type
+        if configured:  # the clusters file overrides discovery
+            return normalize_device_type(configured)
+    env = ctx.slurm_env_of(decision)
+    if env and decision.partition:
+        part = env.partition(decision.partition)
+        return normalize_device_type(part.gpu_type) if part else None
+    if decision.scenario is Scenario.REMOTE_SLURM:
+        return None
+    return ctx.local.device_type
+
+
+def batch_image(
+    explicit: str | None, decision: RouteDecision, req: DeviceRequirement, ctx: PlanningContext
+) -> str | None:
+    """The image a batch runs in. For a Slurm cluster whose container_runtime is not
+    "none": option/marker > clusters file > jenkins/current_image_tags.properties (by the
+    partition's arch); elsewhere only an explicit image counts."""
+    if decision.scenario not in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
+        return explicit
+    name = decision.cluster or ctx.local.cluster_name
+    cluster = next((c for k, c in ctx.clusters.clusters.items()
+                    if name and k.lower() == name.lower()), None)
+    if cluster is None or cluster.container_runtime == "none":
+        return explicit
+    arch = None
+    env = ctx.slurm_env_of(decision)
+    if env and decision.partition:
+        part = env.partition(decision.partition)
+        arch = part.arch if part else None
+    device_type = req.device_type or target_device_type(decision, ctx)
+    return resolve_container_image(explicit, cluster, ctx.rootdir,
+                                   device_type=device_type, arch=arch)
+
+
+def errored_item(item: pytest.Item, message: str) -> PlannedItem:
+    """An item that cannot be planned: it errors at setup with ``message``."""
+    decision = RouteDecision(scenario=None, reason=message)
+    return PlannedItem(item, DeviceRequirement(source="error"), decision,
+                       ItemPlan(item, None, error=message))
+
+
+def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
+    """Where one item goes. Its own markers or perf-sanity id unreadable (TestSpecError):
+    the item errors with the message and nothing else stops; any other ConfigError (an
+    option, the clusters file, a trtllm_slurm marker value) propagates as a usage error."""
+    settings = ctx.settings
+    try:
+        req = requirements.requirement_for_item(item, settings, ctx.perf)
+    except TestSpecError as exc:
+        return errored_item(item, str(exc))
+    test_cfg = requirements.test_config_for_item(item)
+    typed = with_keyword_type(req, ctx)
+    if isinstance(typed, str):
+        decision = RouteDecision(scenario=None, reason=typed)
+        return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=typed))
+    req = typed
+    if test_cfg.container_image:
+        settings = settings.model_copy(update={"container_image": test_cfg.container_image})
+    decision = routing.route(
+        req,
+        settings=settings,
+        local=ctx.local,
+        clusters=ctx.clusters,
+        slurm_env=ctx.slurm_env,
+        pinned_local=bool(test_cfg.local),
+        partition=test_cfg.partition,
+        remote_env=ctx.remote_env,
+    )
+    if decision.scenario is None:
+        return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=decision.reason))
+    if not decision.dispatched:
+        return PlannedItem(item, req, decision, ItemPlan(item, None))
+    per_node = req.resolve_per_node(decision.target_gpus_per_node)
+    key = BatchKey(
+        scenario=decision.scenario,
+        cluster=decision.cluster,
+        partition=decision.partition,
+        account=test_cfg.account or decision.account,
+        total_devices=req.total,
+        devices_per_node=per_node,
+        node_count=req.nodes(decision.target_gpus_per_node),
+        device_type=req.device_type or target_device_type(decision, ctx) if req.total else None,
+        container_image=batch_image(test_cfg.container_image or settings.container_image,
+                                    decision, req, ctx),
+        mounts=tuple(test_cfg.mounts or ()),
+        env=tuple(sorted((test_cfg.env or {}).items())),
+        launch=Launch(test_cfg.launch or "single"),
+        time_limit=test_cfg.time_limit,
+    )
+    return PlannedItem(item, req, decision, ItemPlan(item, key))
+
+
+def plan_items(items: list[pytest.Item], ctx: PlanningContext) -> list[PlannedItem]:
+    return [plan_item(item, ctx) for item in items]

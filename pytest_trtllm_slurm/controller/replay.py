@@ -1,0 +1,294 @@
+"""Replay what a worker reported into the local items (the pytest face).
+
+Records from reports.jsonl (typed and checked by ``records``) go through the item's
+own hooks (logstart / logreport per phase / logfinish), exactly as pytest-xdist's
+controller does, so terminal output, junitxml, --lf, -x and --durations behave as
+for a local run. Every report is replayed, in order, including each attempt of a
+test that a plugin runs again (pytest-rerunfailures logs start..finish per attempt);
+a test is finished once the worker says its whole protocol returned (``done``), and
+later records for it are ignored: each test ends with exactly one outcome.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.execution.records import (
+    DoneRecord,
+    FinishRecord,
+    ReportRecord,
+    StartRecord,
+    SuitePropertyRecord,
+    WarningRecord,
+    XmlAttributeRecord,
+    warning_category,
+)
+
+SECTION = "trtllm-slurm"
+PHASES = ("setup", "call", "teardown")
+JUNIT_PROPERTY = "trtllm_slurm_"  # prefix of the testcase properties a dispatched test gets
+
+
+@dataclass
+class JobContext:
+    """Where a batch ran, for the "trtllm-slurm" report section."""
+
+    job_id: str
+    scenario: str
+    work_dir: str
+    log_path: str
+    nodelist: str | None = None
+    rerun: dict[str, str] = field(default_factory=dict)  # nodeid -> command
+
+    def section_text(self, nodeid: str) -> str:
+        lines = [
+            f"scenario: {self.scenario}",
+            f"job id:   {self.job_id}",
+            f"nodes:    {self.nodelist or '?'}",
+            f"work dir: {self.work_dir}",
+            f"log:      {self.log_path}",
+        ]
+        if nodeid in self.rerun:
+            lines.append(f"re-run:   {self.rerun[nodeid]}")
+        return "\n".join(lines)
+
+    def junit_properties(self) -> list[tuple[str, str]]:
+        """What CI dashboards read from a dispatched testcase's <properties>."""
+        return [(JUNIT_PROPERTY + name, value) for name, value in (
+            ("job_id", self.job_id), ("nodes", self.nodelist or "?"),
+            ("scenario", self.scenario), ("log", self.log_path))]
+
+
+@dataclass
+class TestProgress:
+    started: bool = False  # an attempt was ever started
+    attempt_open: bool = False  # logstart seen, logfinish not yet
+    phases: list[tuple[str, str]] = field(default_factory=list)  # this attempt's (when, outcome)
+    rerun: bool = False  # this attempt reported an outcome "rerun": another one follows
+    finished: bool = False
+
+
+class Replayer:
+    """Turns worker records into hook calls on the matching local items."""
+
+    def __init__(self, config: pytest.Config, items: dict[str, pytest.Item]) -> None:
+        self.config = config
+        self.items = items
+        self.progress: dict[str, TestProgress] = {nodeid: TestProgress() for nodeid in items}
+        self._suite_properties: dict[tuple[str, str], int] = {}  # added to the junit xml
+        self._suite_seen: dict[tuple[str, tuple[str, str]], int] = {}  # (job, property) -> n
+
+    # -- state -----------------------------------------------------------
+    def track(self, item: pytest.Item) -> None:
+        """Add an item reported without a job (an unsatisfied test)."""
+        self.items[item.nodeid] = item
+        self.progress.setdefault(item.nodeid, TestProgress())
+
+    def is_finished(self, nodeid: str) -> bool:
+        return self.progress[nodeid].finished
+
+    def settle(self, nodeids: list[str]) -> None:
+        """The job ended: a test whose last attempt ended without asking for another one
+        is finished, even if the worker died before saying ``done``."""
+        for nodeid in nodeids:
+            prog = self.progress[nodeid]
+            if prog.started and not prog.attempt_open and not prog.rerun:
+                prog.finished = True
+
+    def running_test(self, nodeids: list[str]) -> str | None:
+        """The test of ``nodeids`` that started but did not finish (where a job died)."""
+        return next(
+            (n for n in nodeids if self.progress[n].started and not self.progress[n].finished),
+            None,
+        )
+
+    # -- records ---------------------------------------------------------
+    def handle(self, record: Any, raw: dict[str, Any], ctx: JobContext) -> None:
+        """Replay one record (already checked by ``records.parse_record``); ``raw`` is
+        its JSON object, whose report data goes to pytest's own deserializer."""
+        if isinstance(record, StartRecord):
+            self._start(record.nodeid, ctx)
+        elif isinstance(record, ReportRecord):
+            self._report(raw["data"], ctx)
+        elif isinstance(record, FinishRecord):
+            self._finish(record.nodeid)
+        elif isinstance(record, DoneRecord):
+            self._done(record.nodeid)
+        elif isinstance(record, WarningRecord) and record.when == "runtest":
+            # config/collect warnings were already seen by the local collection
+            self._warning(record)
+        elif isinstance(record, XmlAttributeRecord):
+            xml = _junit_xml(self.config)
+            if xml is not None and not self.progress[record.nodeid].finished:
+                xml.node_reporter(record.nodeid).add_attribute(record.name, record.value)
+        elif isinstance(record, SuitePropertyRecord):
+            self._suite_property(ctx.job_id, record.name, record.value)
+
+    def _start(self, nodeid: str, ctx: JobContext) -> None:
+        prog = self.progress.get(nodeid)
+        if prog is None or prog.finished or prog.attempt_open:
+            return
+        prog.started = prog.attempt_open = True
+        prog.phases, prog.rerun = [], False
+        item = self.items[nodeid]
+        item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=item.location)
+
+    def _report(self, data: dict[str, Any], ctx: JobContext) -> None:
+        if isinstance(data.get("longrepr"), list):
+            # a skip's (path, lineno, reason) tuple came back from JSON as a list
+            data = {**data, "longrepr": tuple(data["longrepr"])}
+        report = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
+        if report is None or not isinstance(report, pytest.TestReport):
+            return
+        prog = self.progress.get(report.nodeid)
+        if prog is None or prog.finished or not prog.attempt_open:
+            return
+        if report.when == "call" or report.failed:
+            report.sections.append((SECTION, ctx.section_text(report.nodeid)))
+        _count_failed_subtest(self.config, report)
+        self._log(self.items[report.nodeid], report, ctx)
+
+    def _log(self, item: pytest.Item, report: pytest.TestReport, ctx: JobContext | None) -> None:
+        prog = self.progress[item.nodeid]
+        prog.phases.append((report.when, report.outcome))
+        prog.rerun = prog.rerun or report.outcome == "rerun"
+        xml = _junit_xml(self.config)
+        if xml is not None and report.when == "teardown" and ctx is not None and ctx.job_id != "-":
+            # before the teardown report, which closes the junit testcase
+            reporter = xml.node_reporter(report)
+            for name, value in ctx.junit_properties():
+                reporter.add_property(name, value)
+        item.ihook.pytest_runtest_logreport(report=report)
+
+    def _finish(self, nodeid: str) -> None:
+        prog = self.progress.get(nodeid)
+        if prog is None or prog.finished or not prog.attempt_open:
+            return
+        prog.attempt_open = False
+        item = self.items[nodeid]
+        item.ihook.pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
+
+    def _done(self, nodeid: str) -> None:
+        prog = self.progress.get(nodeid)
+        if prog is None or prog.finished or not prog.started:
+            return
+        self._finish(nodeid)
+        prog.finished = True
+
+    def _warning(self, record: WarningRecord) -> None:
+        category = warning_category(record.category)
+        message = warnings.WarningMessage(
+            message=category(record.message),
+            category=category,
+            filename=record.filename,
+            lineno=record.lineno or 0,
+        )
+        self.config.hook.pytest_warning_recorded.call_historic(
+            kwargs={
+                "warning_message": message,
+                "when": record.when,
+                "nodeid": record.nodeid,
+                "location": None,
+            }
+        )
+
+    def _suite_property(self, job_id: str, name: str, value: str) -> None:
+        """A suite property as often as the batch that recorded it most often did: a
+        session fixture runs once per batch, once in a plain run."""
+        xml = _junit_xml(self.config)
+        if xml is None:
+            return
+        key = (job_id, (name, value))
+        self._suite_seen[key] = self._suite_seen.get(key, 0) + 1
+        if self._suite_seen[key] > self._suite_properties.get((name, value), 0):
+            self._suite_properties[(name, value)] = self._suite_seen[key]
+            xml.add_global_property(name, value)
+
+    # -- outcomes the worker never wrote ----------------------------------
+    def fail_unreported(self, nodeid: str, status: str, text: str, ctx: JobContext | None) -> None:
+        """Give ``nodeid`` a failed outcome naming ``status``; completes its missing phases."""
+        prog = self.progress[nodeid]
+        if prog.finished:
+            return
+        item = self.items[nodeid]
+        if not prog.attempt_open:  # not started, or between two attempts
+            self._start(nodeid, ctx or JobContext("-", "-", "-", "-"))
+        done = [when for when, _ in prog.phases]
+        longrepr = f"[{status}] {text}"
+        if not done:
+            self._synth(item, "setup", "passed", None, ctx)
+            self._synth(item, "call", "failed", longrepr, ctx)
+            self._synth(item, "teardown", "passed", None, ctx)
+        elif done == ["setup"] and prog.phases[0][1] == "passed":
+            self._synth(item, "call", "failed", longrepr, ctx)
+            self._synth(item, "teardown", "passed", None, ctx)
+        elif "teardown" not in done:
+            self._synth(item, "teardown", "failed", longrepr, ctx)
+        self._done(nodeid)
+
+    def skip_unsatisfied(self, item: pytest.Item, reason: str, *, fail: bool) -> None:
+        """Report a test nothing can serve: skipped (as the suite would) or failed."""
+        self._start(item.nodeid, JobContext("-", "-", "-", "-"))
+        if fail:
+            self._synth(item, "setup", "failed", f"[UNSATISFIED] {reason}", None)
+        else:
+            path, lineno, _ = item.location
+            self._synth(
+                item, "setup", "skipped", (str(path), (lineno or 0) + 1, f"Skipped: {reason}"), None
+            )
+        self._synth(item, "teardown", "passed", None, None)
+        self._done(item.nodeid)
+
+    def planning_error(self, item: pytest.Item, message: str) -> None:
+        """A test whose markers or perf-sanity id cannot be read: an error at setup whose
+        text is the message (no traceback: nothing of the test ran). The message leads with
+        the test's name only where pytest renamed its id (the header shows the node id)."""
+        self._start(item.nodeid, JobContext("-", "-", "-", "-"))
+        self._synth(item, "setup", "failed", message.removeprefix(f"{item.nodeid}: "), None)
+        self._synth(item, "teardown", "passed", None, None)
+        self._finish(item.nodeid)
+
+    def _synth(
+        self, item: pytest.Item, when: str, outcome: str, longrepr: Any, ctx: JobContext | None
+    ) -> None:
+        sections = []
+        if ctx is not None and outcome == "failed":
+            sections.append((SECTION, ctx.section_text(item.nodeid)))
+        report = pytest.TestReport(
+            nodeid=item.nodeid,
+            location=item.location,
+            keywords={k: 1 for k in item.keywords},
+            outcome=outcome,  # type: ignore[arg-type]
+            longrepr=longrepr,
+            when=when,  # type: ignore[arg-type]
+            sections=sections,
+            duration=0.0,
+            user_properties=list(item.user_properties),
+        )
+        self._log(item, report, ctx)
+
+
+def _junit_xml(config: pytest.Config) -> Any:
+    """The session's junit writer (``--junitxml``), or None."""
+    from _pytest.junitxml import xml_key
+
+    return config.stash.get(xml_key, None)
+
+
+def _count_failed_subtest(config: pytest.Config, report: pytest.TestReport) -> None:
+    """pytest's subtests fail a passing test that holds failed subtests by a count kept in
+    the process that ran them; a replayed failed subtest adds to this process's count, so
+    the test's own report reads as in a plain run (pytest >= 9 only)."""
+    if not report.failed or type(report).__name__ != "SubtestReport":
+        return
+    try:
+        from _pytest.subtests import failed_subtests_key
+    except ImportError:
+        return
+    counts = config.stash.get(failed_subtests_key, None)
+    if counts is not None:
+        counts[report.nodeid] += 1

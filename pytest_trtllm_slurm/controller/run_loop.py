@@ -1,0 +1,579 @@
+"""The controller's run loop: submit every batch, run local tests meanwhile,
+replay what the jobs report, and give every dispatched test one outcome.
+
+pytest face: it knows items and hooks; it reaches execution only through
+JobSpecs and the Executor protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
+from pytest_trtllm_slurm.controller.forwarding import forwarded_options
+from pytest_trtllm_slurm.controller.history import History
+from pytest_trtllm_slurm.controller.item_plans import ItemPlan
+from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE, asks_for_order
+from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.build import (
+    BUILD_LOG_LINES,
+    build_command,
+    build_failed,
+    run_build,
+)
+from pytest_trtllm_slurm.execution.disk import is_disk_full, space_problem
+from pytest_trtllm_slurm.execution.monitor import (
+    JobEvent,
+    Monitor,
+    UnreadableLine,
+    WatchedJob,
+    log_tail,
+    report_stop,
+)
+from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_name
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
+from pytest_trtllm_slurm.execution.records import (
+    BadRecord,
+    CollectErrorRecord,
+    FinishRecord,
+    MissingRecord,
+    SessionFinishRecord,
+    describe_line,
+    parse_record,
+)
+from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.packing import pools_from_executors
+from pytest_trtllm_slurm.planning.resolve import build_arch
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
+
+# statuses after which the tests that had not started yet run again in a new job
+# (the test that was running when it happened takes the status; the others did nothing wrong)
+RETRYABLE = {
+    JobStatus.CRASHED,
+    JobStatus.TIMEOUT,
+    JobStatus.OUT_OF_MEMORY,
+    JobStatus.HANG_DETECTED,
+    JobStatus.NODE_FAIL,
+    JobStatus.PREEMPTED,
+}
+
+
+@dataclass
+class RunningBatch:
+    batch: Batch
+    spec: JobSpec
+    handle: JobHandle
+    executor: Executor
+    attempt: int = 0
+    collect_errors: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)  # nodeid -> worker rootdir
+    session_finished: bool = False
+    records_seen: int = 0
+    refused: BadRecord | None = None  # the first record the controller refused
+
+    @property
+    def nodeids(self) -> frozenset[str]:
+        return frozenset(self.batch.nodeids)
+
+    @property
+    def context(self) -> JobContext:
+        return JobContext(
+            job_id=self.handle.job_id,
+            scenario=self.spec.scenario.value,
+            work_dir=self.spec.work_dir,
+            log_path=self.spec.log_path,
+            nodelist=self.handle.nodelist,
+            rerun={n: self.executor.rerun_command(self.spec, n) for n in self.batch.nodeids},
+        )
+
+
+class DispatchLoop:
+    """Runs one session's planned items: local ones here, the rest as jobs."""
+
+    def __init__(
+        self,
+        session: pytest.Session,
+        settings: Settings,
+        plans: list[ItemPlan],
+        executors: dict[Scenario, Executor],
+        work_root: Path,
+        builds: dict[Scenario, ClusterConfig] | None = None,
+    ) -> None:
+        self.session = session
+        self.config = session.config
+        self.settings = settings
+        self.plans = plans
+        self.executors = executors
+        self.work_root = work_root
+        self.builds = builds or {}  # targets whose cluster wants a build before the tests
+        self.stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
+        self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
+        hints = [h for h in (getattr(e, "poll_hint", None) for e in executors.values()) if h]
+        self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
+                               poll_interval=min([0.2, *hints]))
+        self.running: dict[str, RunningBatch] = {}
+        self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
+        self.worker_options, refused = forwarded_options(self.config)
+        if refused:
+            self._say(f"{', '.join(refused)}: dispatched tests cannot stop in a debugger (a "
+                      "target has no terminal); they run without it, tests run here stop")
+
+    # -- the loop ----------------------------------------------------------
+    def run(self) -> None:
+        dispatched = [(p.item.nodeid, p.key) for p in self.plans if p.key is not None]
+        history = History.start(self.config, dispatched, pools_from_executors(self.executors))
+        try:
+            broken = self._run_builds(dispatched)
+            self._announce(dispatched)
+            one_batch_per_shape = None
+            ordered = [p.item for p in self.plans if p.key is not None]
+            if len(ordered) > 1 and asks_for_order(self.config, ordered):
+                self._say(ORDER_NOTE)
+                one_batch_per_shape = {key: 1 for _, key in dispatched}
+            for batch in make_batches(
+                dispatched, one_batch_per_shape, pools=history.pools,
+                estimates=history.estimates()
+            ):
+                if batch.key.scenario in broken:
+                    self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[batch.key.scenario])
+                    continue
+                self._submit(batch, attempt=0)
+                history.submitted(batch)
+            local = [p for p in self.plans if p.key is None]
+            if self.settings.keep_order:
+                self._run_in_order(local)
+            else:
+                self._run_local(local)
+            while self.monitor.active:
+                self._check_stop()
+                if not self._pump():
+                    time.sleep(self.monitor.poll_interval)
+            self._check_stop()
+        finally:
+            if self.monitor.active:
+                self.monitor.cancel_all()
+            history.finish()
+            self.artefacts.finish([p.item.nodeid for p in self.plans])
+
+    def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
+        """Tell each executor that wants it (warm workers) all node ids it will get."""
+        by_scenario: dict[Scenario, set[str]] = {}
+        for nodeid, key in dispatched:
+            by_scenario.setdefault(key.scenario, set()).add(nodeid)
+        for scenario, nodeids in by_scenario.items():
+            expect = getattr(self.executors.get(scenario), "expect", None)
+            if expect is not None:
+                expect(nodeids)
+
+    def _run_local(self, plans: list[ItemPlan]) -> None:
+        runnable = [p for p in plans if p.skip_reason is None and p.error is None]
+        for plan in plans:
+            if plan.error is not None:
+                self.replayer.track(plan.item)
+                self.replayer.planning_error(plan.item, plan.error)
+            elif plan.skip_reason is not None:
+                self._unsatisfied(plan)
+        for index, plan in enumerate(runnable):
+            nextitem = runnable[index + 1].item if index + 1 < len(runnable) else None
+            self.config.hook.pytest_runtest_protocol(item=plan.item, nextitem=nextitem)
+            self._check_stop()
+            self._pump()
+
+    def _run_in_order(self, plans: list[ItemPlan]) -> None:
+        """--trtllm-keep-order: local tests wait for the dispatched ones collected before them."""
+        order = {p.item.nodeid: i for i, p in enumerate(self.plans)}
+        for plan in plans:
+            before = [n for n in self.replayer.progress if order[n] < order[plan.item.nodeid]]
+            while any(not self.replayer.is_finished(n) for n in before) and self.monitor.active:
+                self._check_stop()
+                if not self._pump():
+                    time.sleep(self.monitor.poll_interval)
+            self._run_local([plan])
+
+    def _check_stop(self) -> None:
+        if self.session.shouldfail or self.session.shouldstop:
+            self.monitor.cancel_all()
+            if self.session.shouldfail:
+                raise self.session.Failed(self.session.shouldfail)
+            raise self.session.Interrupted(self.session.shouldstop)
+
+    def _pump(self) -> bool:
+        """Replay whatever the jobs wrote since the last call; True if anything happened."""
+        events = list(self.monitor.poll())
+        for event in events:
+            self._on_event(event)
+        return bool(events)
+
+    def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Scenario, str]:
+        """Build once per target whose cluster asks for it (build_project = true), before
+        any batch; returns the targets whose build failed, with the log's last lines."""
+        broken: dict[Scenario, str] = {}
+        for scenario, cluster in self.builds.items():
+            keys = [key for _, key in dispatched if key.scenario is scenario]
+            if not keys:
+                continue
+            spec = self._build_spec(keys[0], cluster)
+            state, tail, log = run_build(self.executors[scenario], spec, progress=self._say)
+            if build_failed(state):
+                broken[scenario] = (
+                    f"the build job ({spec.name}) ended {state.status.value}"
+                    + (f" with exit code {state.exit_code}" if state.exit_code is not None else "")
+                    + f"; nothing was dispatched.\nlog: {log}\n"
+                    + f"--- last {BUILD_LOG_LINES} lines of the build log ---\n{tail}"
+                )
+            else:
+                self._say(f"build {spec.name} finished")
+        return broken
+
+    def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
+        ensure_work_root(self.work_root)
+        work_dir = Path(tempfile.mkdtemp(prefix=f"build_{self.stamp}_", dir=self.work_root))
+        env = getattr(self.executors[key.scenario], "slurm_env", None)
+        part = env.partition(key.partition) if env and key.partition else None
+        arch = build_arch(key.device_type or (part.gpu_type if part else None))
+        spec = JobSpec(
+            scenario=key.scenario,
+            workflow="build",
+            name=work_dir.name,
+            job_name=f"{key.account or 'trtllm'}.build",
+            command=build_command(cluster.build_cmd, arch),
+            rootdir=str(self.config.rootpath),
+            invocation_dir=str(self.config.rootpath),
+            cluster=key.cluster,
+            account=key.account,
+            partition=key.partition,
+            time_limit=self.settings.time_limit,
+            container_image=key.container_image,
+            work_dir=str(work_dir),
+            log_path=str(work_dir / "build.log"),
+            reports_path=str(work_dir / "reports.jsonl"),
+            monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
+            build_arch=arch,
+        )
+        spec.write()
+        return spec
+
+    def _fail_batch(self, batch: Batch, status: JobStatus, text: str) -> None:
+        ctx = JobContext("-", batch.key.scenario.value, "-", "-")
+        for nodeid in batch.nodeids:
+            self.replayer.fail_unreported(nodeid, status.value, text, ctx)
+
+    def _say(self, message: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"trtllm-slurm: {message}")
+
+    def _show_state(self, job: WatchedJob) -> None:
+        """A line when a job waits (and why) or starts: a pending job is never silent."""
+        state = job.state
+        if state.status.finished or state.status is JobStatus.RUNNING and job.started:
+            return
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        why = f" ({state.reason})" if state.reason else ""
+        where = job.handle.spec.partition or job.handle.spec.scenario.value
+        reporter.write_line(
+            f"trtllm-slurm: job {job.handle.job_id} [{job.handle.spec.name}] on {where}: "
+            f"{state.status.value}{why}"
+        )
+
+    # -- submission --------------------------------------------------------
+    def _submit(self, batch: Batch, attempt: int) -> None:
+        executor = self.executors[batch.key.scenario]
+        full = space_problem(str(self.work_root))
+        if full is not None:  # a full disk is named, not an INTERNALERROR in a write
+            self._fail_batch(batch, JobStatus.ERROR, f"the batch was not started: {full}")
+            return
+        try:
+            spec = self._spec_for(batch, attempt)
+        except OSError as exc:
+            why = space_problem(str(self.work_root), failed=True) if is_disk_full(exc) else None
+            self._fail_batch(batch, JobStatus.ERROR, f"the batch was not started: {why or exc}")
+            return
+        try:
+            handle = executor.submit(spec)
+        except (ExecutionError, OSError) as exc:  # e.g. the connection dropped meanwhile
+            ctx = JobContext("-", spec.scenario.value, spec.work_dir, spec.log_path)
+            why = space_problem(spec.work_dir, failed=True) if is_disk_full(exc) else None
+            for nodeid in batch.nodeids:
+                self.replayer.fail_unreported(
+                    nodeid, JobStatus.ERROR.value,
+                    f"the batch could not be submitted: {why or exc}", ctx
+                )
+            return
+        # the executor's view of the spec: remote executors map its paths to the cluster's
+        running = RunningBatch(batch, handle.spec, handle, executor, attempt)
+        self.running[handle.job_id] = running
+        self.monitor.add(handle, executor)
+
+    def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
+        key = batch.key
+        name = f"{batch.label}" + (f"-retry{attempt}" if attempt else "")
+        # unique even across xdist workers and concurrent runs started in the same second
+        ensure_work_root(self.work_root)
+        work_dir = Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
+        ids_file = work_dir / "nodeids.json"
+        ids_file.write_text(json.dumps(batch.nodeids), encoding="utf-8")
+        reports = work_dir / "reports.jsonl"
+        spec = JobSpec(
+            scenario=key.scenario,
+            name=name,
+            job_name=f"{key.account or 'trtllm'}.{name}",
+            nodeids=batch.nodeids,
+            nodeids_file=str(ids_file),
+            command=worker_command(self.config, batch.nodeids, ids_file, reports, work_dir,
+                                   options=self.worker_options),
+            rerun_argv=pytest_base_argv(self.config, options=self.worker_options),
+            rootdir=str(self.config.rootpath),
+            invocation_dir=str(worker_cwd(self.config)),
+            node_count=key.node_count,
+            total_devices=key.total_devices,
+            devices_per_node=key.devices_per_node,
+            device_type=key.device_type,
+            launch=key.launch,
+            cluster=key.cluster,
+            account=key.account,
+            partition=key.partition,
+            time_limit=key.time_limit or self.settings.time_limit,
+            container_image=key.container_image,
+            mounts=list(key.mounts),
+            # unbuffered: what a test prints reaches the job log at once (hang patterns)
+            env={**worker_env(self.config), **dict(key.env)},
+            work_dir=str(work_dir),
+            log_path=str(work_dir / "job.log"),
+            reports_path=str(reports),
+            monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
+            hang_patterns=self.settings.hang_patterns,
+            build_arch=build_arch(key.device_type) if key.total_devices else None,
+            slurm_env=getattr(self.executors[key.scenario], "slurm_env", None),
+        )
+        spec.write()
+        return spec
+
+    # -- events ------------------------------------------------------------
+    def _on_event(self, event: JobEvent) -> None:
+        running = self.running[event.job.handle.job_id]
+        ctx = running.context
+        records = event.records
+        if event.final is not None and event.final.ended_at is not None:
+            records = _before(records, event.final.ended_at)
+        for raw in records:
+            if running.refused is not None:
+                break  # nothing more of this batch is trusted
+            running.records_seen += 1
+            try:
+                if isinstance(raw, UnreadableLine):
+                    raise describe_line(raw.line)
+                record = parse_record(raw, running.nodeids)
+                self._accept(running, record, raw, ctx)
+            except BadRecord as exc:
+                self._refuse(running, exc)
+            except Exception as exc:  # noqa: BLE001 - pytest could not rebuild the report
+                self._refuse(running, BadRecord(
+                    f"pytest could not rebuild the report ({type(exc).__name__}: {exc})",
+                    json.dumps(raw, default=repr)))
+        if event.final is not None:
+            self._on_job_end(running, event.final)
+
+    def _accept(self, running: RunningBatch, record: object, raw: dict, ctx: JobContext) -> None:
+        if isinstance(record, MissingRecord):
+            for nodeid in record.nodeids:
+                running.missing[nodeid] = record.rootdir
+        elif isinstance(record, CollectErrorRecord):
+            running.collect_errors.append(_collect_error_text(raw))
+        elif isinstance(record, SessionFinishRecord):
+            running.session_finished = True
+        else:
+            self.replayer.handle(record, raw, ctx)
+            if isinstance(record, FinishRecord):
+                self._check_stop()  # -x / --maxfail: as pytest does after each test
+
+    def _refuse(self, running: RunningBatch, bad: BadRecord) -> None:
+        """A record the controller cannot accept: the batch's unfinished tests fail with
+        it, its job is stopped, the run goes on."""
+        if running.refused is not None:
+            return
+        running.refused = bad
+        self._say(f"job {running.handle.job_id} [{running.spec.name}] wrote a record the "
+                  f"controller refuses: {bad}; its remaining tests fail "
+                  f"(reports: {running.spec.reports_path})")
+        self.monitor.stop(running.handle.job_id, JobStatus.ERROR,
+                          f"it wrote a record the controller refuses: {bad.why}")
+
+    def _on_job_end(self, running: RunningBatch, state: JobState) -> None:
+        del self.running[running.handle.job_id]
+        ctx = running.context
+        self.artefacts.collect(running.executor.shell, running.spec.work_dir,
+                               prefix_mapper(running.spec.rootdir, str(self.config.rootpath)))
+        for nodeid, worker_root in running.missing.items():
+            self.replayer.fail_unreported(
+                nodeid,
+                JobStatus.ERROR.value,
+                f"the target could not collect {nodeid} (the code differs?): "
+                f"controller rootdir {self.config.rootpath}, target rootdir {worker_root}"
+                + "".join(f"\n{e}" for e in running.collect_errors),
+                ctx,
+            )
+        self.replayer.settle(running.batch.nodeids)
+        unfinished = [n for n in running.batch.nodeids if not self.replayer.is_finished(n)]
+        if not unfinished:
+            return
+        status = self._status_of(running, state)
+        tail = log_tail(running.executor, running.spec.log_path)
+        crashed_in = self.replayer.running_test(unfinished)
+        if crashed_in is not None:
+            self.replayer.fail_unreported(
+                crashed_in, status.value, self._explain(running, state, status, tail), ctx
+            )
+        rest = [n for n in unfinished if n != crashed_in]
+        if not rest:
+            return
+        if status in RETRYABLE and running.attempt < self.settings.max_retries:
+            retry = Batch(key=running.batch.key, index=running.batch.index, nodeids=rest)
+            self._submit(retry, running.attempt + 1)
+            return
+        text = self._explain(running, state, status, tail)
+        for nodeid in rest:
+            self.replayer.fail_unreported(nodeid, status.value, text, ctx)
+
+    @staticmethod
+    def _status_of(running: RunningBatch, state: JobState) -> JobStatus:
+        """Why the job left tests unreported: the monitor's verdict, else the scheduler's."""
+        if running.refused is not None:
+            return JobStatus.ERROR
+        if not running.records_seen and state.exit_code == USAGE_ERROR:
+            return JobStatus.ERROR  # pytest refused its command line: no retry helps
+        if state.status in (JobStatus.COMPLETED, JobStatus.FAILED) and not running.session_finished:
+            return JobStatus.CRASHED
+        if state.status is JobStatus.COMPLETED:
+            return JobStatus.ERROR
+        return state.status
+
+    def _explain(self, running: RunningBatch, state: JobState, status: JobStatus, tail: str) -> str:
+        lines = [
+            f"{status.value}: job {running.handle.job_id} ({running.spec.scenario.value}) ended "
+            f"with state {state.status.value}"
+            + (f", killed by {signal_name(state.signal)}" if state.signal
+               else f", exit code {state.exit_code}" if state.exit_code is not None else "")
+            + (f" ({state.reason})" if state.reason else ""),
+            f"log: {running.spec.log_path}",
+            f"work dir: {running.spec.work_dir}",
+        ]
+        full = space_problem(running.spec.work_dir)  # why the batch could not write
+        lines += [full] if full else []
+        if running.refused is not None:
+            lines.append("the job wrote a record the controller refuses (line kept in "
+                         f"{running.spec.reports_path}): {running.refused}")
+        elif not running.records_seen and state.exit_code == USAGE_ERROR:
+            lines.append("pytest on the target refused its command line (exit code 4, a "
+                         "usage error): an option the target's pytest or its plugins do not "
+                         "know? pytest's message is in the log below")
+        lines += running.collect_errors
+        lines += ["--- last lines of the job log ---", tail]
+        return "\n".join(lines)
+
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel this run's jobs (allocations stay)."""
+        self.monitor.cancel_all()
+
+    def _unsatisfied(self, plan: ItemPlan) -> None:
+        reason = plan.skip_reason or "no target can serve this test"
+        self.replayer.track(plan.item)
+        self.replayer.skip_unsatisfied(plan.item, reason, fail=self.settings.unsatisfied == "fail")
+
+
+def _before(records: list[dict], ended_at: float) -> list[dict]:
+    """The records written before the scheduler ended the job (a node set DOWN may keep
+    its processes running, and they keep writing): from the first test report that
+    stopped after ``ended_at``, nothing counts (a test that ended in the very second of
+    the failure runs again rather than count on a doubt)."""
+    for index, record in enumerate(records):
+        if report_stop(record) > ended_at:
+            return records[:index]
+    return records
+
+
+def _collect_error_text(record: dict) -> str:
+    data = record.get("data", {})
+    longrepr = data.get("longrepr")
+    text = longrepr if isinstance(longrepr, str) else json.dumps(longrepr)[:2000]
+    return f"collection error on the target in {data.get('nodeid', '?')}: {text}"
+
+
+USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
+
+
+def worker_cwd(config: pytest.Config) -> Path:
+    """Where the worker runs: where the user ran pytest (relative paths in tracebacks and
+    in the tests read the same), unless that is outside the rootdir (a remote cluster
+    has the rootdir's copy only)."""
+    here = Path(config.invocation_params.dir)
+    return here if here.is_relative_to(config.rootpath) else config.rootpath
+
+
+def worker_env(config: pytest.Config) -> dict[str, str]:
+    """The environment every worker gets: unbuffered output (what a test prints reaches
+    the job log at once: hang patterns), no PYTEST_ADDOPTS (the worker's argv has the
+    options already), and, under pytest-xdist, the identity of the xdist worker that
+    dispatches (``worker_id``, ``testrun_uid`` and PYTEST_XDIST_* as there)."""
+    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": ""}
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput:
+        env["PYTEST_XDIST_WORKER"] = str(workerinput.get("workerid", ""))
+        env["PYTEST_XDIST_TESTRUNUID"] = str(workerinput.get("testrunuid", ""))
+        env["PYTEST_XDIST_WORKER_COUNT"] = str(workerinput.get("workercount", ""))
+    return env
+
+
+def worker_command(
+    config: pytest.Config, nodeids: list[str], ids_file: Path, reports: Path, work_dir: Path,
+    options: list[str] | None = None,
+) -> list[str]:
+    """argv of the worker pytest: the user's invocation (``forwarding``), the worker
+    plugin, node ids in a file, the batch's module paths. Never a shell string."""
+    argv = pytest_base_argv(config, options=options)
+    argv += ["-p", "pytest_trtllm_slurm.node.worker"]
+    argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
+    if config.pluginmanager.has_plugin("cacheprovider"):
+        # the worker must not write the controller's cache (--lf is the controller's)
+        argv += ["-o", f"cache_dir={work_dir / '.pytest_cache'}"]
+    basetemp = getattr(config.option, "basetemp", None)
+    if basetemp:  # pytest empties a --basetemp: each batch gets its own below the user's
+        argv.append(f"--basetemp={Path(config.invocation_params.dir, basetemp) / work_dir.name}")
+    argv += ["--junitxml", str(work_dir / "junit.xml"), "--continue-on-collection-errors"]
+    opt = config.option
+    argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
+    cwd = worker_cwd(config)
+    argv += sorted({_module_path(n, config.rootpath, cwd) for n in nodeids})
+    return argv
+
+
+def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
+    """``python -m pytest`` with the same rootdir and ini file and the user's invocation
+    less what the controller owns (``forwarding``); the ini's addopts are among those
+    options, so the worker does not read them again. The "re-run:" line is this argv."""
+    argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
+    if config.inipath is not None:
+        argv += ["-c", str(config.inipath)]
+    argv += ["-o", "addopts="]
+    return argv + (options if options is not None else forwarded_options(config)[0])
+
+
+def _module_path(nodeid: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
+    """The file part of a node id, which is relative to the rootdir: as it is when the
+    worker runs there, else absolute."""
+    module = nodeid.split("::", 1)[0]
+    return module if rootdir is None or cwd == rootdir else str(rootdir / module)

@@ -1,0 +1,105 @@
+"""The run's remote clusters: one SSH connection each, and what discovery found there.
+
+Planning needs a remote cluster's partitions, GPUs per node and type to size a test
+(``skip_less_mpi_world_size(8)`` on 4-GPU nodes is 2 nodes x 4); the executor needs the
+same connection to sync and submit. Both go through one ``RemoteClusters`` so a cluster
+is connected once per run (one one-time code with MFA) and discovered once, the
+discovery cached on disk like the local one (``discovery_cache``), keyed by cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.slurm.discovery_cache import DEFAULT_TTL, cached_discovery
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+
+log = logging.getLogger(__name__)
+
+
+def remote_cache_key(cluster: ClusterConfig) -> str:
+    """Another name, login host, port or user misses the cache."""
+    return (f"remote|{cluster.name}|{cluster.user or ''}@{cluster.ssh_host or ''}:"
+            f"{cluster.ssh_port or ''}")
+
+
+def remote_cache_path(cache_dir: Path, name: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "x"
+    return cache_dir / f"slurm_env-remote-{safe}.json"
+
+
+class RemoteClusters:
+    """Connections and discoveries of the remote clusters a run touches, made on first use."""
+
+    def __init__(self, cache_dir: Path | None, *, ttl: float = DEFAULT_TTL,
+                 shell_factory: Any = None) -> None:
+        self.cache_dir = cache_dir
+        self.ttl = ttl if cache_dir is not None else 0.0
+        self._shell_factory = shell_factory
+        self._shells: dict[str, Any] = {}
+        self._envs: dict[str, SlurmEnv] = {}
+        self._failed: dict[str, ConfigError] = {}
+
+    def shell(self, cluster: ClusterConfig) -> Any:
+        """The connected shell of ``cluster`` (connected on the first call)."""
+        name = cluster.name
+        if name not in self._shells:
+            if self._shell_factory is not None:
+                shell = self._shell_factory(cluster)
+            else:
+                from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
+
+                shell = shell_for_cluster(cluster)
+            shell.connect()
+            self._shells[name] = shell
+        return self._shells[name]
+
+    def env(self, cluster: ClusterConfig) -> SlurmEnv:
+        """What discovery finds on ``cluster`` (cached); a connection failure is a
+        ConfigError naming the cluster and how to plan without connecting."""
+        name = cluster.name
+        if name in self._envs:
+            return self._envs[name]
+        if name in self._failed:  # once per run: not one connection attempt per test
+            raise self._failed[name]
+        try:
+            env = self._discover(cluster)
+        except ConfigError as exc:  # a setting to fix (host key, ssh_host, ...): as it is
+            self._failed[name] = exc
+            raise
+        except (ExecutionError, OSError) as exc:
+            self._failed[name] = ConfigError(
+                f"cluster {name!r}: Slurm discovery over SSH ({cluster.ssh_host}) failed: "
+                f"{exc}. Fix the connection, or set partition, gpus_per_node and device_type "
+                f"in [clusters.{name}] (they are then used as given)")
+            raise self._failed[name] from None
+        if env.errors:
+            log.warning("discovery on cluster %s was partial: %s", name, "; ".join(env.errors))
+        self._envs[name] = env
+        return env
+
+    __call__ = env  # planning's ``remote_env(cluster)``
+
+    def _discover(self, cluster: ClusterConfig) -> SlurmEnv:
+        from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
+
+        def discover() -> SlurmEnv:
+            return SlurmClient(self.shell(cluster)).discover()
+
+        if self.cache_dir is None:
+            return discover()
+        return cached_discovery(remote_cache_path(self.cache_dir, cluster.name),
+                                remote_cache_key(cluster), discover, self.ttl)
+
+    def close(self) -> None:
+        for shell in self._shells.values():
+            try:
+                shell.close()
+            except Exception:  # noqa: BLE001 - closing is best effort at the end of a run
+                log.debug("closing a remote shell failed", exc_info=True)
+        self._shells.clear()

@@ -1,0 +1,444 @@
+"""Code sync to a remote checkout (seed Step 4): a snapshot commit for tracked changes, a
+tar stream for untracked files.
+
+The snapshot commit is built with a private index file (``GIT_INDEX_FILE`` + ``add -u`` +
+``write-tree`` + ``commit-tree``), so the user's branch, index, working tree, stash and refs
+(remote-tracking ones included) are never touched -- even when a step fails halfway.
+
+How the snapshot travels (``via``):
+
+- ``"ssh"`` (``sync = "git"``, the default): as a git bundle over the run's own SSH
+  connection, holding only the commits the remote checkout lacks, then ``git fetch
+  <bundle>`` there. Nothing reaches origin (it may be a public fork); origin is only read,
+  to clone the remote checkout the first time (an empty repository when it cannot be).
+- ``"origin"`` (``sync = "git-origin"``, the seed's way): pushed to origin as a temp branch,
+  fetched from there, and deleted from origin again.
+
+The remote checkout uses ``checkout -B <temp branch>`` so ``git status`` there names the
+snapshot; older temp branches of the same ``<user>_<name>_`` prefix are pruned from it.
+Untracked files are listed in the run's output before they are shipped; files that look
+like secrets (secret_files.looks_secret) are never shipped, nor uncommitted changes to
+tracked ones, unless ``ship_secrets`` (``sync_secrets = true``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Literal
+
+from pydantic import BaseModel, Field
+
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote.secret_files import looks_secret
+from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
+from pytest_trtllm_slurm.transport.ssh.auth import can_prompt
+
+Via = Literal["ssh", "origin"]
+Say = Callable[[str], None]
+LISTED_NAMES = 50  # untracked names printed before shipping; the rest are counted
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_MESSAGE = "sync: temp snapshot for remote execution (pytest-trtllm-slurm)"
+_STASH_EXCLUDE = ":(exclude,glob)**/work_dirs/**"
+
+
+class SyncResult(BaseModel):
+    """What was synced where (for the run's note and for logs)."""
+
+    branch: str
+    commit: str
+    remote_repo: str
+    via: Via = "ssh"
+    cloned: bool = False
+    untracked_files: int = 0
+    untracked: list[str] = Field(default_factory=list)  # shipped, relative to the repo top
+    withheld: list[str] = Field(default_factory=list)  # looked like secrets: not shipped
+    bundle_bytes: int = 0  # via ssh: the bundle's size (0: the remote had the commit)
+    seconds: float = 0.0
+    warnings: list[str] = Field(default_factory=list)
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without a password or token in it (``https://TOKEN@host/...`` and
+    ``scheme://user:secret@host/...``): what may be written on the cluster and in messages.
+    An ssh user name (``ssh://git@host``, ``git@host:org/repo``) is no secret and stays."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/@]*)@(.*)$", url)
+    if not match:
+        return url
+    scheme, userinfo, rest = match.groups()
+    if ":" in userinfo or scheme.lower() in ("http://", "https://"):
+        return scheme + rest
+    return url
+
+
+def _masked(words: list[str] | tuple[str, ...]) -> str:
+    """Words for a message, any URL in them without its credentials."""
+    return " ".join(re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://\S+",
+                           lambda m: without_credentials(m.group(0)), w) for w in words)
+
+
+def temp_branch_name(user: str, name: str, now: datetime | None = None) -> str:
+    """``<user>_<name>_<YYYYmmddHHMMSS>``, each part made git-ref safe."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d%H%M%S")
+    return f"{_safe(user)}_{_safe(name)}_{stamp}"
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text) or "x"
+
+
+class _Git:
+    """Local git, never taking optional locks and never waiting for a credential prompt."""
+
+    def __init__(self, top: Path) -> None:
+        self.top = top
+        self.env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+        if not can_prompt():
+            self.env["GIT_TERMINAL_PROMPT"] = "0"
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
+                 check: str | None = None, input: str | None = None,
+                 cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        argv = ["git", "-c", "gc.auto=0", "-c", "core.splitIndex=false", *args]
+        try:
+            proc = subprocess.run(argv, cwd=cwd or self.top, env={**self.env, **(env or {})},
+                                  capture_output=True, text=True, timeout=timeout, check=False,
+                                  input=input,
+                                  stdin=subprocess.DEVNULL if input is None else None)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ExecutionError(f"code sync: `git {_masked(args)}` could not run: {exc}; "
+                                 "the local repository was not changed") from None
+        if check and proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            raise ExecutionError(
+                f"code sync failed while {check}: `git {_masked(args)}` exit code "
+                f"{proc.returncode}: {_masked([detail[-1]]) if detail else ''}; the local "
+                "repository was "
+                "not changed"
+            )
+        return proc
+
+
+def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: str,
+                   name: str, now: datetime | None = None, via: Via = "ssh",
+                   ship_secrets: bool = False, say: Say | None = None) -> SyncResult:
+    """Make ``remote_repo`` (on ``shell``) match the local working tree: tracked changes as
+    a snapshot commit (``via`` the SSH connection, or through origin), untracked (not
+    ignored) files as a tar stream. ``say`` gets the lines a user should see (the untracked
+    files before they are shipped, what was withheld)."""
+    start = time.monotonic()
+    git = _Git(_toplevel(local_repo))
+    head = git("rev-parse", "--verify", "HEAD^{commit}").stdout.strip()
+    if not head:
+        raise ConfigError(f"code sync: {git.top} has no commit yet; commit something first")
+    # the cluster clones origin without the credentials a URL may carry (never on its disk)
+    fetch_url = without_credentials(git("remote", "get-url", "origin").stdout.strip())
+    branch = temp_branch_name(user, name, now)
+    result = SyncResult(branch=branch, commit="", remote_repo=remote_repo, via=via)
+    result.commit = _snapshot(git, head, ship_secrets, result)
+    if via == "origin":
+        _sync_via_origin(git, shell, remote_repo, fetch_url, result)
+    else:
+        _sync_via_ssh(git, shell, remote_repo, fetch_url, result)
+    _send_untracked(git, shell, remote_repo, ship_secrets, result, say or log.info)
+    if result.withheld and say is not None:
+        shown = ", ".join(result.withheld[:LISTED_NAMES])
+        more = len(result.withheld) - LISTED_NAMES
+        say(f"code sync: NOT shipped to {shell.name} ({len(result.withheld)} file(s) that look "
+            f"like secrets; set sync_secrets = true in the cluster's table to ship them): "
+            f"{shown}" + (f" and {more} more" if more > 0 else ""))
+    result.seconds = round(time.monotonic() - start, 3)
+    return result
+
+
+def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
+                     result: SyncResult) -> None:
+    """The seed's way: a temp branch on origin, fetched by the remote, deleted again."""
+    push_url = git("remote", "get-url", "--push", "origin").stdout.strip()
+    if not push_url or not fetch_url:
+        raise ConfigError(f"code sync: {git.top} has no `origin` remote; sync = \"git-origin\" "
+                          "pushes the snapshot there (git remote add origin URL); use "
+                          "sync = \"git\" to send it over SSH, or sync = \"none\" for a shared "
+                          "file system")
+    branch = result.branch
+    result.cloned = _ensure_clone(shell, remote_repo, fetch_url)
+    git("push", "--quiet", "--no-progress", push_url, f"{result.commit}:refs/heads/{branch}",
+        timeout=600,
+        check=f"pushing the snapshot to origin ({without_credentials(push_url)}) as {branch}")
+    try:
+        _remote_checkout(shell, remote_repo, result, ["origin", f"refs/heads/{branch}"],
+                         f"fetching {branch} from origin")
+    finally:
+        deleted = git("push", "--quiet", "--no-progress", push_url, "--delete", branch,
+                      timeout=300)
+        if deleted.returncode != 0:
+            msg = (f"temp branch {branch} could not be deleted on origin: "
+                   f"{deleted.stderr.strip()}; delete it by hand")
+            result.warnings.append(msg)
+            log.warning("code sync: %s", msg)
+
+
+def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
+                  result: SyncResult) -> None:
+    """A bundle of the commits the remote lacks, over the run's own connection."""
+    if shell.exists(f"{remote_repo}/.git"):
+        pass
+    elif fetch_url and _try_clone(shell, remote_repo, fetch_url, result):
+        result.cloned = True
+    else:
+        _remote(shell, ["git", "init", "--quiet", "--", remote_repo],
+                f"creating an empty repository at {remote_repo}")
+        result.cloned = True
+    haves = _remote_commits(git, shell, remote_repo)
+    if result.commit in haves:  # nothing to send: the remote already has the snapshot
+        _remote_checkout(shell, remote_repo, result, [result.commit], "checking the snapshot")
+        return
+    bundle_path = f"{remote_repo}/.git/trtllm-sync-{result.branch}.bundle"
+    with tempfile.TemporaryDirectory(prefix="trtllm-bundle-") as tmp:
+        bundle = _make_bundle(git, Path(tmp), result, haves)
+        result.bundle_bytes = bundle.stat().st_size
+        _upload(shell, bundle, bundle_path)
+    try:
+        _remote_checkout(shell, remote_repo, result,
+                         [bundle_path, f"refs/heads/{result.branch}"],
+                         "fetching the snapshot from the bundle sent over SSH")
+    finally:
+        shell.run(["rm", "-f", "--", bundle_path], timeout=60)
+
+
+def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> bool:
+    """Clone origin (read only) for the history; False, with a warning, when it cannot."""
+    parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
+    shell.mkdir(parent)
+    res = shell.run(["git", "clone", "--quiet", "--", url, remote_repo], timeout=3600,
+                    retry_on_drop=False)
+    if res.ok:
+        return True
+    msg = (f"origin ({url}) could not be cloned on {shell.name} ({res.describe()}); the whole "
+           "history is sent over SSH instead")
+    result.warnings.append(msg)
+    log.warning("code sync: %s", msg)
+    shell.run(["rm", "-rf", "--", remote_repo], timeout=300)  # a half-made clone
+    return False
+
+
+def _remote_commits(git: _Git, shell: Shell, repo: str) -> set[str]:
+    """Commits at the remote's refs that exist here too: the bundle's prerequisites."""
+    res = _remote(shell, ["git", "-C", repo, "for-each-ref",
+                          "--format=%(objectname) %(*objectname)"], "listing its refs")
+    ids = sorted({w for w in res.stdout.split() if re.fullmatch(r"[0-9a-f]{40,64}", w)})
+    if not ids:
+        return set()
+    check = git("cat-file", "--batch-check=%(objectname) %(objecttype)",
+                input="\n".join(ids) + "\n")
+    return {line.split()[0] for line in check.stdout.splitlines()
+            if line.endswith(" commit")}
+
+
+def _make_bundle(git: _Git, tmp: Path, result: SyncResult, haves: set[str]) -> Path:
+    """``git bundle`` of the snapshot minus what the remote has. A bundle needs a ref; it is
+    made in a throw-away repository that borrows this one's objects (alternates), so no
+    ref of the user's repository is created."""
+    objects = git("rev-parse", "--git-path", "objects").stdout.strip()
+    shallow = git("rev-parse", "--git-path", "shallow").stdout.strip()
+    scratch = tmp / "scratch.git"
+    git("init", "--quiet", "--bare", str(scratch), check="creating a scratch repository")
+    (scratch / "objects" / "info" / "alternates").write_text(
+        str((git.top / objects).resolve()) + "\n")
+    if shallow and (git.top / shallow).is_file():
+        shutil.copyfile(git.top / shallow, scratch / "shallow")
+    env = {"GIT_DIR": str(scratch)}
+    ref = f"refs/heads/{result.branch}"
+    git("update-ref", ref, result.commit, env=env, cwd=tmp, check="naming the snapshot")
+    bundle = tmp / "snapshot.bundle"
+    revs = "\n".join([ref, *(f"^{h}" for h in sorted(haves))]) + "\n"
+    git("bundle", "create", str(bundle), "--stdin", env=env, cwd=tmp,
+        input=revs, timeout=1800, check="writing the bundle")
+    return bundle
+
+
+def _upload(shell: Shell, local: Path, remote: str) -> None:
+    """Stream a local file to ``remote`` (0600) over the shell."""
+    def produce(stream: IO[bytes]) -> None:
+        with local.open("rb") as src:
+            shutil.copyfileobj(src, stream, 1 << 20)
+
+    argv = ["sh", "-c", 'umask 077 && cat > "$1"', "sh", remote]
+    res = _stream(shell, argv, produce)
+    if not res.ok:
+        raise ExecutionError(f"code sync to {shell.name} failed while sending the bundle to "
+                             f"{remote}: {res.describe()}; the local repository was not changed")
+
+
+def _toplevel(path: Path) -> Path:
+    proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"],
+                          capture_output=True, text=True, timeout=30, check=False,
+                          stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise ConfigError(f"code sync: {path} is not inside a git repository "
+                          "(sync = \"git\" needs one; use sync = \"none\" otherwise)")
+    return Path(proc.stdout.strip())
+
+
+def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> str:
+    """A commit of HEAD + all tracked changes (staged or not), built in a private index.
+    Changes to files that look like secrets stay out (HEAD's version), unless asked."""
+    rel_index = git("rev-parse", "--git-path", "index").stdout.strip()
+    real_index = str(git.top / rel_index) if rel_index else ""
+    with tempfile.TemporaryDirectory(prefix="trtllm-sync-") as tmp:
+        index = os.path.join(tmp, "index")
+        env = {"GIT_INDEX_FILE": index}
+        if real_index and os.path.isfile(real_index):
+            shutil.copyfile(real_index, index)
+        else:
+            git("read-tree", head, env=env, check="reading HEAD into a private index")
+        git("add", "-u", env=env, timeout=600, check="staging tracked changes (private index)")
+        if not ship_secrets:
+            changed = git("diff-index", "--cached", "--name-only", "-z", head, env=env,
+                          check="listing tracked changes").stdout.split("\0")
+            secret = [n for n in changed if n and looks_secret(n)]
+            if secret:
+                _keep_head_version(git, head, secret, env)
+                result.withheld.extend(secret)
+        tree = git("write-tree", env=env, check="writing the snapshot tree").stdout.strip()
+    ident = {}
+    if git("var", "GIT_COMMITTER_IDENT").returncode != 0:  # no user.name/email configured
+        ident = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
+                 for what, value in (("NAME", "pytest-trtllm-slurm"),
+                                     ("EMAIL", "pytest-trtllm-slurm@invalid"))}
+    return git("commit-tree", tree, "-p", head, "-m", SNAPSHOT_MESSAGE, env=ident,
+               check="creating the snapshot commit").stdout.strip()
+
+
+def _keep_head_version(git: _Git, head: str, paths: list[str], env: dict[str, str]) -> None:
+    """In the private index ``env`` names, put ``paths`` back as HEAD has them (dropped when
+    HEAD lacks them). update-index --index-info: in every git, no pathspec magic."""
+    listed = git("--literal-pathspecs", "ls-tree", "-r", "-z", "--full-tree", head, "--",
+                 *paths, check="reading HEAD's version of secret-looking files").stdout
+    present = {record.split("\t", 1)[1] for record in listed.split("\0") if "\t" in record}
+    removed = "".join(f"0 {'0' * len(head)}\t{p}\0" for p in paths if p not in present)
+    git("update-index", "-z", "--index-info", env=env, input=listed + removed,
+        check="keeping changes to secret-looking files out of the snapshot")
+
+
+def _remote(shell: Shell, argv: list[str], what: str, *, timeout: float = 300,
+            retry: bool = True) -> CommandResult:
+    res = shell.run(argv, timeout=timeout, retry_on_drop=retry)
+    if not res.ok:
+        raise ExecutionError(f"code sync to {shell.name} failed while {what}: {res.describe()}; "
+                             "the local repository was not changed")
+    return res
+
+
+def _ensure_clone(shell: Shell, remote_repo: str, url: str) -> bool:
+    if shell.exists(f"{remote_repo}/.git"):
+        return False
+    parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
+    shell.mkdir(parent)
+    _remote(shell, ["git", "clone", "--quiet", "--", url, remote_repo],
+            f"cloning {url} into {remote_repo} (is origin reachable from there?)",
+            timeout=3600, retry=False)
+    return True
+
+
+def _remote_checkout(shell: Shell, repo: str, result: SyncResult, fetch: list[str],
+                     what: str) -> None:
+    """Stash the remote's leftovers, fetch ``fetch`` (a remote or bundle and its ref, or a
+    commit the remote has), check it out as the temp branch, prune older temp branches."""
+    branch = result.branch
+    if result.cloned:
+        stash = CommandResult((), 0, "", "")  # just made: no leftovers to keep
+    else:
+        stash = shell.run(["git", "-C", repo, "stash", "push", "--include-untracked",
+                           "--quiet", "-m", f"auto-stash before remote sync {branch}", "--", ".",
+                           _STASH_EXCLUDE], timeout=300)
+    if not stash.ok:
+        result.warnings.append(f"remote leftovers could not be stashed: {stash.describe()}")
+        log.warning("code sync: %s", result.warnings[-1])
+    if len(fetch) > 1:
+        _remote(shell, ["git", "-C", repo, "fetch", "--quiet", *fetch], f"{what} in {repo}",
+                timeout=1800)
+        start = "FETCH_HEAD"
+    else:
+        start = fetch[0]
+    _remote(shell, ["git", "-C", repo, "checkout", "--quiet", "-f", "-B", branch, start],
+            f"checking out {branch} in {repo}")
+    got = _remote(shell, ["git", "-C", repo, "rev-parse", "HEAD"], "reading HEAD").stdout.strip()
+    if got != result.commit:
+        raise ExecutionError(f"code sync to {shell.name}: {repo} is at {got} after checkout, "
+                             f"expected {result.commit}")
+    prefix = branch.rsplit("_", 1)[0]
+    refs = shell.run(["git", "-C", repo, "for-each-ref", "--format=%(refname:short)",
+                      "refs/heads/"], timeout=60).stdout.split()
+    old = [r for r in refs if r != branch and re.fullmatch(re.escape(prefix) + r"_\d{14}", r)]
+    if old:
+        shell.run(["git", "-C", repo, "branch", "-D", "--quiet", *old], timeout=60)
+
+
+def _send_untracked(git: _Git, shell: Shell, remote_repo: str, ship_secrets: bool,
+                    result: SyncResult, say: Say) -> None:
+    """Untracked, not ignored files as one tar stream into ``tar -x`` on the remote side,
+    listed through ``say`` first; secret-looking ones withheld unless ``ship_secrets``."""
+    listing = git("ls-files", "-z", "--others", "--exclude-standard",
+                  check="listing untracked files").stdout
+    # the plugin's own job folders are results, not code: never shipped back and forth
+    names = [n for n in listing.split("\0") if n and "work_dirs" not in n.split("/")[:-1]]
+    if not ship_secrets:
+        result.withheld.extend(n for n in names if looks_secret(n))
+        names = [n for n in names if not looks_secret(n)]
+    result.untracked = names
+    result.untracked_files = len(names)
+    if not names:
+        return
+    more = len(names) - LISTED_NAMES
+    say(f"code sync: shipping {len(names)} untracked file(s) to {shell.name}:{remote_repo}: "
+        + ", ".join(names[:LISTED_NAMES]) + (f" and {more} more" if more > 0 else ""))
+    top = git.top
+
+    def produce(stream: IO[bytes]) -> None:
+        with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for name in names:
+                try:
+                    tar.add(top / name, arcname=name, recursive=False, filter=_anonymous)
+                except FileNotFoundError:
+                    log.debug("code sync: %s vanished before it was sent", name)
+
+    argv = ["tar", "-x", "--no-same-owner", "-f", "-", "-C", remote_repo]
+    res = _stream(shell, argv, produce)
+    if not res.ok:
+        raise ExecutionError(f"code sync to {shell.name} failed while unpacking untracked "
+                             f"files: {res.describe()}")
+
+
+def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _stream(shell: Shell, argv: list[str], produce: Callable[[IO[bytes]], None]) -> CommandResult:
+    """Run argv with produce() writing its stdin: SSH shells stream over the channel."""
+    runner = getattr(shell, "run_stdin_stream", None)
+    if runner is not None:
+        return runner(argv, produce, timeout=1800)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # LocalShell: the same machine
+    assert proc.stdin is not None
+    try:
+        produce(proc.stdin)
+    finally:
+        proc.stdin.close()
+    out, err = proc.communicate(timeout=1800)
+    return CommandResult(tuple(argv), proc.returncode, out.decode(errors="replace"),
+                         err.decode(errors="replace"))

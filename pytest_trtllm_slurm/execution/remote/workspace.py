@@ -1,0 +1,162 @@
+"""Remote cluster preparation: preflight checks and where things live on the remote side.
+
+Preflight (seed Step 3) runs before anything is submitted so a missing directory or
+missing Slurm tools are reported once, naming the host and the fix, instead of as
+failed jobs. Code sync (seed Step 4) lives in ``remote_sync``; the build (Step 5) is
+not done here.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from pydantic import BaseModel, Field
+
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote.sync import SyncResult, sync_workspace
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.shell import Shell
+
+SLURM_TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun", "salloc")
+SYNC_TOOLS = ("git", "tar")
+_MISSING = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
+
+__all__ = ["PreflightResult", "RemotePaths", "SyncResult", "preflight", "remote_paths",
+           "remote_work_dir", "sync_cluster", "sync_workspace"]
+
+
+class PreflightResult(BaseModel):
+    """What the remote side looked like when the run started (recorded in the run's note)."""
+
+    host: str
+    remote_dir: str | None = None
+    created_dir: bool = False
+    slurm_version: str
+    tools_checked: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+
+
+def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True) -> PreflightResult:
+    """Check the remote working directory (create it when allowed) and the Slurm tools."""
+    start = time.monotonic()
+    host = shell.name
+    directory = cluster.user_root_dir or cluster.remote_cwd
+    if cluster.sync != "none" and not directory:
+        raise ConfigError(
+            f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: set "
+            "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
+        )
+    created = False
+    if directory:
+        created = _ensure_dir(shell, cluster, directory, create_dirs)
+    version = _slurm_version(shell, cluster)
+    tools = [*SLURM_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
+    res = shell.run(["sh", "-c", _MISSING, "sh", *tools], timeout=60)
+    missing = res.stdout.split()
+    if not res.ok or missing:
+        raise ExecutionError(
+            f"{host}: required commands are missing from the PATH of a non-interactive SSH "
+            f"shell: {', '.join(missing) or res.describe()}. Fix: install them or add them to "
+            "PATH in the shell start-up file read by non-interactive logins (e.g. ~/.bashrc)"
+        )
+    return PreflightResult(host=host, remote_dir=directory, created_dir=created,
+                           slurm_version=version, tools_checked=tools,
+                           seconds=round(time.monotonic() - start, 3))
+
+
+def _ensure_dir(shell: Shell, cluster: ClusterConfig, directory: str, create: bool) -> bool:
+    key = "user_root_dir" if cluster.user_root_dir else "remote_cwd"
+    if shell.exists(directory):
+        return False
+    if not create:
+        raise ExecutionError(
+            f"{shell.name}: the remote directory {directory} ({key} of [clusters.{cluster.name}]) "
+            f"does not exist. Fix: create it (ssh {shell.name} mkdir -p {directory}) or correct "
+            f"{key}"
+        )
+    try:
+        shell.mkdir(directory)
+    except (ExecutionError, OSError) as exc:
+        raise ExecutionError(
+            f"{shell.name}: the remote directory {directory} ({key} of [clusters.{cluster.name}]) "
+            f"does not exist and cannot be created ({exc}). Fix: correct {key} or create it "
+            "with the right permissions"
+        ) from None
+    return True
+
+
+def _slurm_version(shell: Shell, cluster: ClusterConfig) -> str:
+    res = shell.run(["sinfo", "--version"], timeout=60)
+    if res.returncode == 127 or "not found" in res.stderr:
+        raise ExecutionError(
+            f"{shell.name}: Slurm's `sinfo` is not found in a non-interactive SSH shell. Fix: "
+            "make the Slurm client tools available there (PATH or `module load slurm` in "
+            "~/.bashrc), or point ssh_host of "
+            f"[clusters.{cluster.name}] at the cluster's login node"
+        )
+    if not res.ok:
+        raise ExecutionError(f"{shell.name}: Slurm does not answer: {res.describe()}. Fix: check "
+                             "that the controller is reachable from the login node (sinfo)")
+    match = re.search(r"(\d+\.\d+(?:\.\d+)?)", res.stdout)
+    return match.group(1) if match else res.stdout.strip()
+
+
+class RemotePaths(NamedTuple):
+    """Where the repository and the run's work dirs live on the remote side."""
+
+    remote_repo: str
+    remote_work_root: str
+
+
+def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
+    """``<user_root_dir>/<repo dir name>`` and its ``work_dirs``, mirroring the local layout
+    (the pytest rootdir's place inside the repository is kept). ``sync = "none"`` (shared
+    file system): the repository is where it is locally, unless remote_cwd says otherwise."""
+    top = _toplevel(local_rootdir)
+    rel = Path(local_rootdir).resolve().relative_to(top).as_posix()
+    if cluster.sync == "none":
+        repo = cluster.remote_cwd or str(top)
+    else:
+        base = cluster.user_root_dir or cluster.remote_cwd
+        if not base:
+            raise ConfigError(
+                f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: "
+                "set user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
+            )
+        repo = f"{base.rstrip('/')}/{top.name}"
+    root = repo if rel in ("", ".") else f"{repo}/{rel}"
+    return RemotePaths(repo, f"{root}/work_dirs")
+
+
+def remote_work_dir(paths: RemotePaths, local_work_dir: Path) -> str:
+    """The remote twin of a local ``work_dirs/<name>_<ts>``."""
+    return f"{paths.remote_work_root}/{Path(local_work_dir).name}"
+
+
+def _toplevel(path: Path) -> Path:
+    try:
+        proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"],
+                              capture_output=True, text=True, timeout=30, check=False,
+                              stdin=subprocess.DEVNULL)
+    except OSError:
+        return Path(path).resolve()
+    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path(path).resolve()
+
+
+def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,
+                 user: str | None = None, say: Callable[[str], None] | None = None
+                 ) -> SyncResult | None:
+    """Seed Step 4 for a cluster: nothing for ``sync = "none"``, else sync_workspace over
+    the SSH connection (``"git"``) or through origin (``"git-origin"``)."""
+    if cluster.sync == "none":
+        return None
+    paths = remote_paths(cluster, local_rootdir)
+    who = user or cluster.user or getattr(getattr(shell, "target", None), "user", None) or "user"
+    return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who, name=name,
+                          via="origin" if cluster.sync == "git-origin" else "ssh",
+                          ship_secrets=cluster.sync_secrets, say=say)

@@ -1,0 +1,448 @@
+"""Containers, rendered: pure functions shared by the local docker/podman executor and the
+Slurm scripts (no I/O, no subprocess; snapshot-testable).
+
+- ``container_name_for``: the pyxis container name of an image. It is a function of the
+  image (and an optional salt such as the install recipe), so a changed image means a new
+  name and therefore a new import, and the same image always gives the same name: every
+  setup step of a persistent allocation and every job script must use this one name.
+- ``job_mounts`` / ``container_env`` / ``in_container_argv``: what a batch needs inside
+  any container: the repo, the invocation dir and the work dir at their host paths (the
+  worker's argv names host paths; results come back through the work dir), the models
+  root read-only, the JobSpec's own mounts, and the plugin package itself read-only at
+  ``PLUGIN_ROOT`` on ``PYTHONPATH`` (images such as TensorRT-LLM's have pytest but not this
+  plugin). The worker's interpreter is the image's ``python3``, not the controller's path.
+- ``pyxis_args`` / ``pyxis_setup_argvs``: the srun flags of pyxis (``--container-image``
+  with the enroot URI rewrite, ``--container-name``, ``--container-mounts``,
+  ``--container-workdir``, ``--container-writable``, ``--container-env``) and the setup
+  steps of a persistent allocation (seed exec-local-slurm Step 0E/0F: import once per
+  node, warm the mounts, install once with ``--container-writable``).
+- ``engine_run_argv``: ``docker run`` / ``podman run`` of one batch (local_docker).
+- ``wrap_in_container``: a Slurm task wrapped in ``docker run`` / ``podman run``
+  (container_runtime docker|podman): a small bash wrapper that names the container after
+  the Slurm job/step/task and removes it when the step ends or is cancelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.resolve import enroot_uri
+from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem, mount_problem
+
+Engine = Literal["docker", "podman"]
+
+#: where the plugin package is mounted inside containers (on PYTHONPATH)
+PLUGIN_ROOT = "/opt/trtllm-slurm"
+#: TensorRT-LLM's tests find their models through this variable
+MODELS_ROOT_ENV = "LLM_MODELS_ROOT"
+#: the docker/podman label every container of ours carries (value: the owner tag)
+OWNER_LABEL = "trtllm-slurm.owner"
+JOB_LABEL = "trtllm-slurm.job"
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# variables that would change the engine CLI itself if set in ITS environment: passed in an
+# env file instead (--env-file: a pipe, so the values are neither in ps nor on disk); all
+# others as -e NAME, the value in the CLI's environment
+_CLIENT_NAMES = {"PATH", "HOME", "TMPDIR", "LD_PRELOAD", "LD_LIBRARY_PATH", "XDG_RUNTIME_DIR",
+                 "XDG_CONFIG_HOME", "XDG_DATA_HOME", "SSL_CERT_FILE", "HTTP_PROXY",
+                 "HTTPS_PROXY", "NO_PROXY"}
+#: prefix under which a Slurm task's CLI-sensitive variables reach the container wrapper
+CENV_PREFIX = "TRTLLM_SLURM_CENV_"
+_CLIENT_PREFIXES = ("DOCKER_", "CONTAINERS_", "CONTAINER_", "PODMAN_", "BUILDAH_", "REGISTRY_")
+
+
+def client_sensitive(name: str) -> bool:
+    """True for env names the docker/podman CLI reads itself (never put in its environment)."""
+    upper = name.upper()
+    return upper in _CLIENT_NAMES or upper.startswith(_CLIENT_PREFIXES)
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """``NAME=VALUE`` lines of docker/podman's ``--env-file`` (read as they are: no quotes,
+    no expansion). A value with a newline cannot be written there: ValueError naming it."""
+    lines = []
+    for name, value in sorted(env.items()):
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise ValueError(f"environment variable {name}: its value holds a line break or "
+                             "NUL, which an engine's --env-file cannot carry; remove it")
+        lines.append(f"{name}={value}\n")
+    return "".join(lines)
+
+
+def plugin_dir() -> str:
+    """The host directory of this package (mounted read-only into containers)."""
+    return str(Path(__file__).resolve().parents[2])  # pytest_trtllm_slurm/
+
+
+def safe_name(text: str, limit: int = 63) -> str:
+    """A docker/podman/enroot-safe name: ``[A-Za-z0-9][A-Za-z0-9_.-]*``, at most ``limit``."""
+    cleaned = _NAME_BAD.sub("_", text).strip("._-")[:limit].rstrip("._-")
+    return cleaned or "trtllm"
+
+
+def container_name_for(image: str, *, account: str | None = None, salt: str = "") -> str:
+    """pyxis container name for ``image``: ``<account|trtllm>-<image slug>-<hash>``.
+
+    The hash covers the image (canonical or enroot form give the same name) and ``salt``
+    (e.g. the install command), so changing either gives a new container and a new import.
+    """
+    canonical = image.removeprefix("docker://").replace("#", "/")
+    digest = hashlib.sha256(f"{canonical}\0{salt}".encode()).hexdigest()[:10]
+    last = canonical.rsplit("/", 1)[-1]
+    return safe_name(f"{account or 'trtllm'}-{safe_name(last, 32)}-{digest}")
+
+
+# --------------------------------------------------------------------------- mounts / env
+
+
+def parse_mount(text: str) -> tuple[str, str, str]:
+    """``SRC[:DST[:FLAGS]]`` -> (src, dst, flags); DST defaults to SRC."""
+    problem = mount_problem(text)
+    if problem:
+        raise ValueError(f"mount {text!r} {problem}; expected SRC[:DST[:FLAGS]] with "
+                         "absolute paths")
+    parts = text.split(":")
+    src = parts[0]
+    dst = parts[1] if len(parts) > 1 and parts[1] else src
+    flags = parts[2] if len(parts) > 2 else ""
+    return src, dst, flags
+
+
+def _mount(src: str, dst: str | None = None, flags: str = "") -> str:
+    dst = dst or src
+    for path in (src, dst):
+        if any(c in path for c in ":,") or line_problem(path):
+            raise ValueError(
+                f"path {path!r} cannot be mounted into a container: it contains ':' or ',' "
+                "(the separators of docker -v and pyxis --container-mounts) or a line break; "
+                "use another path"
+            )
+    return f"{src}:{dst}" + (f":{flags}" if flags else "")
+
+
+def _under(path: str, parent: str) -> bool:
+    p, q = PurePosixPath(path), PurePosixPath(parent)
+    return p == q or q in p.parents
+
+
+def job_mounts(
+    spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
+) -> list[str]:
+    """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike).
+
+    Host paths are kept (the worker's argv names them). A directory inside an earlier
+    one is not mounted twice. The JobSpec's own mounts come last and are passed as given.
+    """
+    out: list[str] = []
+    seen: list[str] = []
+    for path in (spec.rootdir, spec.invocation_dir, spec.work_dir):
+        if path and not any(_under(path, s) for s in seen):
+            seen.append(path)
+            out.append(_mount(path))
+    if models_root and not any(_under(models_root, s) for s in seen):
+        out.append(_mount(models_root, flags="ro"))
+    for text in spec.mounts:
+        parse_mount(text)  # validated, passed through unchanged
+        out.append(text)
+    if include_plugin:
+        out.append(_mount(plugin_dir(), f"{PLUGIN_ROOT}/pytest_trtllm_slurm", "ro"))
+    return out
+
+
+def container_env(
+    spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
+) -> dict[str, str]:
+    """The job's environment inside a container: spec.env, PYTHONPATH with the plugin root
+    first, and LLM_MODELS_ROOT = the models root unless the spec sets it."""
+    env = dict(spec.env)
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"environment variable name {name!r} is not a valid name")
+    if include_plugin:
+        old = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = PLUGIN_ROOT + (f":{old}" if old else "")
+    if models_root and MODELS_ROOT_ENV not in env:
+        env[MODELS_ROOT_ENV] = models_root
+    return env
+
+
+def in_container_argv(command: Sequence[str], python: str = "python3") -> list[str]:
+    """The worker argv with the controller's interpreter replaced by the image's ``python``.
+
+    Only a first element that names a Python interpreter is replaced.
+    """
+    argv = list(command)
+    if argv and re.fullmatch(r"python[0-9.]*", PurePosixPath(argv[0]).name):
+        argv[0] = python
+    return argv
+
+
+def workdir_of(spec: JobSpec) -> str:
+    return spec.invocation_dir or spec.rootdir
+
+
+# --------------------------------------------------------------------------- pyxis
+
+
+def pyxis_args(
+    spec: JobSpec,
+    container_name: str,
+    *,
+    writable: bool = False,
+    mounts: Sequence[str] | None = None,
+    workdir: str | None = None,
+    image: str | None = None,
+    env_names: Sequence[str] | None = None,
+    models_root: str | None = None,
+) -> list[str]:
+    """pyxis flags for one srun of ``spec`` (argv elements, never a shell string).
+
+    ``mounts`` None: ``job_mounts(spec)``; ``workdir`` None: the invocation dir;
+    ``env_names`` None: the names of ``container_env(spec)`` (pyxis lets the image's
+    values win unless a name is listed in --container-env). The image is written in
+    enroot's form (``registry#path``). The caller exports ``container_env(spec)`` before srun.
+    """
+    img = image or spec.container_image
+    if not img:
+        raise ValueError(f"job spec {spec.name!r} has no container image")
+    mounts = list(job_mounts(spec, models_root=models_root) if mounts is None else mounts)
+    names = (sorted(container_env(spec, models_root=models_root)) if env_names is None
+             else list(env_names))
+    out = [f"--container-image={enroot_uri(img)}", f"--container-name={container_name}"]
+    if mounts:
+        out.append("--container-mounts=" + ",".join(mounts))
+    out.append(f"--container-workdir={workdir or workdir_of(spec)}")
+    if writable:
+        out.append("--container-writable")
+    if names:
+        out.append("--container-env=" + ",".join(names))
+    return out
+
+
+def pyxis_setup_argvs(
+    job_id: str,
+    nodes: int,
+    image: str,
+    container_name: str,
+    mounts: Sequence[str] = (),
+    install_command: str | None = None,
+    workdir: str | None = None,
+) -> list[list[str]]:
+    """The setup steps of a persistent allocation, in order (seed Step 0E/0F):
+
+    1. import the image on every node under ``container_name`` (pyxis skips the import
+       when a container of that name exists already: later runs cost nothing);
+    2. warm the mounts (``ls`` of every mount target, so NFS/Lustre metadata is cached);
+    3. when ``install_command`` is given: run it once per node with
+       ``--container-writable`` so what it installs persists in the named container.
+
+    ``-N <nodes> --ntasks-per-node=1`` on every step (without -N srun takes one node).
+    """
+    base = ["srun", f"--jobid={job_id}", "-N", str(nodes), "--ntasks-per-node=1", "--overlap"]
+    steps = [base + [f"--container-image={enroot_uri(image)}",
+                     f"--container-name={container_name}", "true"]]
+    mounted = ["--container-mounts=" + ",".join(mounts)] if mounts else []
+    targets = [parse_mount(m)[1] for m in mounts]
+    if targets:
+        warm = 'for p in "$@"; do ls "$p" > /dev/null 2>&1; done; true'
+        steps.append(base + [f"--container-name={container_name}", *mounted,
+                             "sh", "-c", warm, "warm", *targets])
+    if install_command:
+        wd = [f"--container-workdir={workdir}"] if workdir else []
+        steps.append(base + [f"--container-name={container_name}", "--container-writable",
+                             *mounted, *wd, "sh", "-c", install_command])
+    return steps
+
+
+# --------------------------------------------------------------------------- docker / podman
+
+
+def positional_image(image: str | None, what: str) -> str:
+    """``image`` where docker/podman expect the image (a positional argument): an image
+    that starts with ``-`` would be read as one more option of ``run``."""
+    if not image:
+        raise ValueError(f"job spec {what!r} has no container image")
+    problem = argument_problem(image)
+    if problem:
+        raise ValueError(f"container image {image!r} {problem}")
+    return image
+
+
+def gpu_flags(engine: Engine, gpu_ids: Sequence[int] | None, all_gpus: bool = False) -> list[str]:
+    """``--gpus all`` / ``--gpus "device=0,1"`` (docker), CDI devices (podman); none for CPU."""
+    if all_gpus:
+        return ["--gpus", "all"] if engine == "docker" else ["--device", "nvidia.com/gpu=all"]
+    if not gpu_ids:
+        return []
+    if engine == "docker":
+        return ["--gpus", '"device=' + ",".join(map(str, gpu_ids)) + '"']
+    out: list[str] = []
+    for i in gpu_ids:
+        out += ["--device", f"nvidia.com/gpu={i}"]
+    return out
+
+
+def engine_run_argv(
+    engine: Engine,
+    spec: JobSpec,
+    *,
+    name: str,
+    cli: Sequence[str] | None = None,
+    image: str | None = None,
+    run_flags: Sequence[str] = (),
+    gpu_ids: Sequence[int] | None = None,
+    all_gpus: bool = False,
+    mounts: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    env_file: str | None = None,
+    network: str | None = "host",
+    user: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    python: str = "python3",
+    command: Sequence[str] | None = None,
+) -> list[str]:
+    """``<engine> run --rm --name NAME --pull=never ... IMAGE <worker argv>`` for one batch.
+
+    Env values are never put on the command line: ``-e NAME`` (the engine takes the value
+    from its own environment, which the executor sets), and the names the CLI itself reads
+    (``client_sensitive``: PATH, HOME, DOCKER_*, proxies, ...) come from ``env_file``
+    (``--env-file``; the executor passes a pipe holding ``env_file_text``).
+    """
+    img = positional_image(image or spec.container_image, spec.name)
+    argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never"]
+    for key, value in sorted((labels or {}).items()):
+        argv += ["--label", f"{key}={value}"]
+    if network:
+        argv.append(f"--network={network}")
+    argv += list(run_flags)
+    argv += gpu_flags(engine, gpu_ids, all_gpus)
+    if user:
+        argv += ["--user", user]
+    for m in job_mounts(spec) if mounts is None else mounts:
+        argv += ["-v", m]
+    argv += ["-w", workdir_of(spec)]
+    names = sorted(container_env(spec) if env is None else env)
+    in_file = [name for name in names if client_sensitive(name)]
+    if in_file:
+        if not env_file:
+            raise ValueError(f"{', '.join(in_file)} must reach the container through an env "
+                             "file (the engine CLI reads them itself): pass env_file")
+        argv += ["--env-file", env_file]
+    for name in names:
+        if not client_sensitive(name):
+            argv += ["-e", name]
+    argv.append(img)
+    return argv + in_container_argv(spec.command if command is None else command, python)
+
+
+_WRAPPER = r"""# pytest-trtllm-slurm: one Slurm task run in a docker/podman container
+# args: NAME_PREFIX NCLI ENGINE GPUS(gpus|none) CLI... RUN_ARGS... IMAGE COMMAND...
+prefix=$1; ncli=$2; engine=$3; gpus=$4; shift 4
+cli=("${@:1:$ncli}"); shift "$ncli"
+name="$prefix-${SLURM_JOB_ID:-$$}.${SLURM_STEP_ID:-0}.${SLURM_PROCID:-0}"
+extra=()
+ids=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}
+if [ "$gpus" = gpus ]; then
+  if [ -z "$ids" ]; then
+    if [ "$engine" = podman ]; then extra=(--device nvidia.com/gpu=all); else extra=(--gpus all); fi
+  else
+    if [ "$engine" = podman ]; then
+      for i in ${ids//,/ }; do extra+=(--device "nvidia.com/gpu=$i"); done
+    else extra=(--gpus "\"device=$ids\""); fi
+    # the engine exposes exactly these GPUs, renumbered from 0
+    n=0; cvd=""; for i in ${ids//,/ }; do cvd="$cvd${cvd:+,}$n"; n=$((n + 1)); done
+    extra+=(-e "CUDA_VISIBLE_DEVICES=$cvd")
+  fi
+fi
+# docker: the task's user, not root, owns what the test writes (rootless podman maps root)
+uid=$(id -u)
+if [ "$engine" = docker ] && [ "$uid" != 0 ]; then extra+=(--user "$uid:$(id -g)"); fi
+# variables the engine CLI reads itself arrive as TRTLLM_SLURM_CENV_<NAME>: the container
+# gets them through --env-file, a pipe (neither in ps nor on disk), the CLI never sees them
+cenv=""
+for v in $(compgen -e); do
+  case "$v" in TRTLLM_SLURM_CENV_*) cenv+="${v#TRTLLM_SLURM_CENV_}=${!v}"$'\n'; unset "$v" ;; esac
+done
+rmflags=(-f); if [ "$engine" = podman ]; then rmflags+=(--time 0); fi
+cleanup() { "${cli[@]}" rm "${rmflags[@]}" "$name" >/dev/null 2>&1; }
+trap 'cleanup; exit 143' TERM INT HUP
+"${cli[@]}" run --name "$name" --env-file <(printf '%s' "$cenv") "${extra[@]}" "$@" &
+wait "$!"
+rc=$?
+cleanup
+exit "$rc"
+"""
+
+
+def wrapper_script() -> str:
+    """The bash script behind ``wrap_in_container`` (to write to a file: see ``script``)."""
+    return _WRAPPER
+
+
+def wrap_in_container(
+    argv: Sequence[str],
+    runtime: Engine,
+    image: str,
+    *,
+    name_prefix: str = "trtllm",
+    cli: Sequence[str] | None = None,
+    mounts: Sequence[str] = (),
+    workdir: str | None = None,
+    env_names: Sequence[str] = (),
+    gpus: bool = False,
+    run_flags: Sequence[str] = (),
+    network: str | None = "host",
+    labels: Mapping[str, str] | None = None,
+    script: str | None = None,
+) -> list[str]:
+    """A Slurm task ``argv`` run inside ``image`` with docker or podman (container_runtime
+    docker|podman). The result is an argv for srun (``bash -c WRAPPER ...``, or ``bash
+    SCRIPT ...`` when ``script`` names a file holding ``wrapper_script()``):
+
+    - the container is named ``<prefix>-<job>.<step>.<task>`` at run time, unique per task;
+    - GPUs: the step's GPUs (``SLURM_STEP_GPUS``, physical ids) are passed to the engine, so
+      the container sees exactly those (renumbered from 0; CUDA_VISIBLE_DEVICES says so);
+      ``--gpus all`` when Slurm set none;
+    - docker: run as the task's uid:gid unless that is root (files in the work dir and the
+      repo stay the user's);
+    - env: the listed names are passed from the task's environment (``-e NAME``); names the
+      engine CLI reads itself are exported as ``CENV_PREFIX + NAME`` and reach the
+      container through ``--env-file`` (a pipe), never the CLI's environment or argv;
+    - when the step ends or is cancelled (SIGTERM from scancel), the container is removed
+      (``rm -f``): the engine's daemon would otherwise keep it running.
+    """
+    cli = list(cli or [runtime])
+    image = positional_image(image, name_prefix)
+    run = ["--rm", "--pull=never"]
+    for key, value in sorted((labels or {}).items()):
+        run += ["--label", f"{key}={value}"]
+    if network:
+        run.append(f"--network={network}")
+    run += list(run_flags)
+    for m in mounts:
+        parse_mount(m)
+        run += ["-v", m]
+    if workdir:
+        run += ["-w", workdir]
+    for name in env_names:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        run += ["-e", name]
+    run.append(image)
+    head = ["bash", script] if script else ["bash", "-c", _WRAPPER, "trtllm-container"]
+    return [*head, safe_name(name_prefix, 40), str(len(cli)), runtime,
+            "gpus" if gpus else "none", *cli, *run, *argv]
+
+
+def render_shell(argv: Sequence[str]) -> str:
+    """A copy-pasteable shell line of an argv."""
+    return shlex.join(argv)

@@ -1,0 +1,97 @@
+"""Containers set up inside a persistent allocation (pyxis; seed exec-local-slurm Step 0E/0F).
+
+Why: importing a TensorRT-LLM image takes minutes. pyxis keeps a *named* container on each
+node for the allocation's lifetime, so each image is imported once per node, its mounts
+warmed and its install step run once (``--container-writable``, so what it installs stays
+in the container); every later step of every run then uses it by the same name
+(``container_name_for(image, account=...)``, which the job steps use too). A changed image
+is a new name: it is set up next to the old one in the same allocation, never by
+reallocating. The state file lists what is set up, so later runs import nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.render.containers import (
+    container_name_for,
+    parse_mount,
+    pyxis_setup_argvs,
+)
+from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
+
+SETUP_TIMEOUT = 3600  # an import of a large image over a slow registry link takes a while
+
+
+class ContainerSetup(BaseModel):
+    """One named container of the allocation, as the state file records it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    image: str
+    install_command: str | None = None
+    installed: bool = False
+    # False for the one container of a state file from before this list: its install
+    # command is unknown, and ``installed`` is trusted as the seed meant it
+    install_known: bool = True
+
+    def current(self, install_command: str | None) -> bool:
+        """Set up completely, with the install command asked for now (a changed command
+        runs again in the same container; the import is then skipped by pyxis)."""
+        return self.installed and (not self.install_known
+                                   or self.install_command == install_command)
+
+
+def setup_name(image: str, account: str | None) -> str:
+    """The container name of ``image``: the one every job step of the allocation uses."""
+    return container_name_for(image, account=account)
+
+
+def setup_mounts(repo: str, extra: Sequence[str] = (), models_root: str | None = None
+                 ) -> list[str]:
+    """What the setup steps mount: the repo (the install step runs there, e.g. ``pip install
+    -e .``), the cluster's mounts, the models root read-only. ValueError for a mount pyxis
+    cannot express (a relative path, a ',' in a path)."""
+    out = [f"{repo}:{repo}", *extra, *([f"{models_root}:{models_root}:ro"] if models_root else [])]
+    for mount in out:
+        parse_mount(mount)
+        if "," in mount:
+            raise ValueError(f"mount {mount!r}: ',' separates --container-mounts entries")
+    return out
+
+
+def set_up_container(
+    jobs: SlurmJobs,
+    job_id: str,
+    nodes: int,
+    image: str,
+    name: str,
+    *,
+    mounts: Sequence[str] = (),
+    install_command: str | None = None,
+    workdir: str | None = None,
+    timeout: float = SETUP_TIMEOUT,
+) -> ContainerSetup:
+    """Run the setup steps (import on every node, warm the mounts, install once, writable).
+
+    Each step is an argv (no shell on our side; the install command is the user's own shell
+    line, run by ``sh -c`` inside the container). A failed step raises ExecutionError
+    naming the image, the container and srun's complaint.
+    """
+    steps = pyxis_setup_argvs(job_id, nodes, image, name, mounts,
+                              install_command=install_command, workdir=workdir)
+    labels = ["import", *(["mount warm-up"] if mounts else []),
+              *(["install step"] if install_command else [])]
+    for what, argv in zip(labels, steps, strict=True):
+        res = jobs.run(argv, timeout=timeout)
+        if not res.ok:
+            raise ExecutionError(
+                f"container setup of image {image} (container {name}) in allocation {job_id} "
+                f"failed at the {what}: {res.describe()}"
+            )
+    return ContainerSetup(name=name, image=image, install_command=install_command,
+                          installed=True)

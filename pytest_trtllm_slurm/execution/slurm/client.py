@@ -1,0 +1,38 @@
+"""SlurmClient: every Slurm command the plugin runs, over one Shell.
+
+Local Slurm is ``SlurmClient(LocalShell())``; a remote cluster is
+``SlurmClient(SSHShell(...))``: the recipes are written once. Discovery lives in
+slurm_discovery.py; job commands (sbatch, salloc, srun, squeue, sacct, scancel)
+are added here as methods that build argv lists and parse with slurm_parse.py.
+"""
+
+from __future__ import annotations
+
+import pytest_trtllm_slurm.execution.slurm.discovery as slurm_discovery
+from pytest_trtllm_slurm.execution.slurm.parse import parse_scontrol_config
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
+from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
+
+
+class SlurmClient:
+    """Slurm commands on one host (login node), through ``shell``."""
+
+    def __init__(self, shell: Shell, *, timeout: float = 30) -> None:
+        self.shell = shell
+        self.timeout = timeout
+
+    def _run(self, argv: list[str], *, timeout: float | None = None) -> CommandResult:
+        return self.shell.run(argv, timeout=self.timeout if timeout is None else timeout)
+
+    def tools_found(self) -> bool:
+        """True when the Slurm client commands exist on the host (they may still fail)."""
+        return not slurm_discovery.tools_missing(self._run(["sinfo", "--version"]))
+
+    def cluster_name(self) -> str | None:
+        """ClusterName from ``scontrol show config``; None when Slurm does not answer."""
+        res = self._run(["scontrol", "show", "config"])
+        return parse_scontrol_config(res.stdout).get("ClusterName") if res.ok else None
+
+    def discover(self, partitions: list[str] | None = None) -> SlurmEnv:
+        """Accounts, partitions (arch, GPUs, gres), pmix and version; failures in ``errors``."""
+        return slurm_discovery.discover(self.shell, partitions, timeout=self.timeout)

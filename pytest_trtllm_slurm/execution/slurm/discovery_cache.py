@@ -1,0 +1,48 @@
+"""A short-lived cache of the local Slurm discovery (``work_dirs/.cache/slurm_env.json``).
+
+Discovery costs about 0.2 s a run (``sacctmgr`` waits on slurmdbd), which is most
+of what dispatching one test to a warm allocation costs. Partitions and accounts
+change rarely; for ``ttl`` seconds a run reuses what the previous one found. A
+discovery with errors is never cached, and the key names the cluster, the user
+and SLURM_CONF, so another cluster or configuration misses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv, write_private_atomic
+
+DEFAULT_TTL = 300.0
+
+
+def cache_key(cluster_name: str | None) -> str:
+    return f"{cluster_name}|{os.getuid()}|{os.environ.get('SLURM_CONF', '')}"
+
+
+def cached_discovery(
+    path: Path, key: str, discover: Callable[[], SlurmEnv], ttl: float = DEFAULT_TTL
+) -> SlurmEnv:
+    """The cached SlurmEnv when fresh and for the same key, else ``discover()`` (saved)."""
+    if ttl > 0:
+        try:
+            data = json.loads(path.read_text("utf-8"))
+            if data.get("key") == key and time.time() - float(data.get("at", 0)) < ttl:
+                return SlurmEnv.model_validate(data["env"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    env = discover()
+    if not env.errors and ttl > 0:
+        try:
+            ensure_work_root(path.parent.parent)  # <work_dirs>/.cache/<file>
+            path.parent.mkdir(exist_ok=True)
+            write_private_atomic(path, json.dumps(
+                {"key": key, "at": time.time(), "env": env.model_dump(mode="json")}))
+        except OSError:
+            pass  # a read-only checkout still runs, it just discovers every time
+    return env

@@ -1,0 +1,443 @@
+"""Scheduler commands for jobs and steps, over a Shell, batched and counted.
+
+Every query names its jobs explicitly (never a bare ``squeue``), long id lists
+are chunked so a command line stays short, and every command issued is counted
+(``SlurmJobs.counts``) so a benchmark can report commands per minute.
+Parsing is pure and lives next to the commands it reads.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
+
+CHUNK = 100  # ids per squeue/sacct/scancel call
+QUEUE_FORMAT = "%i|%T|%r|%N|%L|%l|%S"
+_INVALID_ID = "invalid job id"
+_ACCOUNTING_OFF = ("accounting storage is disabled", "slurm accounting storage is disabled")
+_JOB_ID = re.compile(r"^(\d+)(?:([_+])(\d+|\[[^\]]*\]))?(?:\.(\w+))?$")
+
+
+class SchedulerError(ExecutionError):
+    """A scheduler command failed (the message names the command and its error)."""
+
+    def __init__(self, result: CommandResult) -> None:
+        super().__init__(result.describe())
+        self.result = result
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One ``squeue`` row of a job."""
+
+    job_id: str
+    state: str
+    reason: str | None
+    nodelist: str | None
+    time_left: str | None = None
+    time_limit: str | None = None
+    start: str | None = None  # estimated start (pending) or start time, ISO local time
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One ``squeue -s`` row (steps have no state column: listed means running)."""
+
+    step_id: str  # "<job>.<step>"
+    name: str
+    nodelist: str | None
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Who a queued job belongs to (``squeue -o '%T|%L|%j|%u|%k'``)."""
+
+    job_id: str
+    state: str
+    time_left: str
+    name: str
+    user: str
+    comment: str
+
+
+@dataclass(frozen=True)
+class AcctRow:
+    """Final (or current) state of a job or step from sacct / scontrol."""
+
+    job_id: str
+    state: str
+    exit_code: int | None
+    signal: int | None
+    nodelist: str | None
+    reason: str | None = None
+
+
+def split_job_id(raw: str) -> tuple[str, str | None]:
+    """``123+0`` -> ("123", None) (heterogeneous component folded into its job);
+    ``123_4`` -> ("123_4", None) (array task keeps its index); ``123.7`` -> ("123", "7");
+    ``123.batch`` -> ("123", "batch")."""
+    text = raw.strip()
+    m = _JOB_ID.match(text)
+    if not m:
+        return text, None
+    base, sep, idx, step = m.groups()
+    job = f"{base}_{idx}" if sep == "_" else base
+    return job, step
+
+
+def parse_sbatch_id(stdout: str) -> str:
+    """``sbatch --parsable`` prints ``123`` or ``123;cluster``; the last line wins."""
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("sbatch printed no job id")
+    job = lines[-1].split(";", 1)[0]
+    if not re.fullmatch(r"\d+(_\d+)?", job):
+        raise ValueError(f"sbatch printed {lines[-1]!r}, not a job id")
+    return job
+
+
+def parse_exit_code(text: str | None) -> tuple[int | None, int | None]:
+    """``3:0`` -> (3, 0); ``0:15`` -> (0, 15); empty -> (None, None)."""
+    if not text:
+        return None, None
+    code, _, sig = text.strip().partition(":")
+    try:
+        return int(code), int(sig) if sig else 0
+    except ValueError:
+        return None, None
+
+
+def parse_duration(text: str | None) -> int | None:
+    """Slurm time (``%L``, ``-t``) in seconds: ``minutes``, ``M:S``, ``H:M:S``, ``D-H``,
+    ``D-H:M``, ``D-H:M:S``. ``UNLIMITED``/``INFINITE`` -> a very large number; junk -> None.
+
+    Note ``0:30`` is 30 *seconds* (Slurm's reading), not 30 minutes.
+    """
+    if text is None:
+        return None
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return 10**9
+    days = 0
+    if "-" in text:
+        day_text, _, text = text.partition("-")
+        if not day_text.isdigit():
+            return None
+        days = int(day_text)
+        parts = text.split(":") if text else ["0"]
+        if not all(p.isdigit() for p in parts) or len(parts) > 3:
+            return None
+        h, m, s = ([int(p) for p in parts] + [0, 0])[:3]
+        return days * 86400 + h * 3600 + m * 60 + s
+    parts = text.split(":")
+    if not text or not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    nums = [int(p) for p in parts]
+    if len(nums) == 1:
+        return nums[0] * 60
+    if len(nums) == 2:
+        return nums[0] * 60 + nums[1]
+    return nums[0] * 3600 + nums[1] * 60 + nums[2]
+
+
+def format_duration(seconds: int) -> str:
+    """Seconds -> ``H:MM:SS`` (readable in warnings)."""
+    h, rest = divmod(max(0, int(seconds)), 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def _none(text: str) -> str | None:
+    text = text.strip()
+    return None if text in ("", "None", "(null)", "N/A") else text
+
+
+def parse_squeue_jobs(stdout: str) -> dict[str, QueueRow]:
+    """``squeue -h -o '%i|%T|%r|%N|%L|%l|%S'`` rows keyed by job id (array tasks as
+    ``123_4``)."""
+    rows: dict[str, QueueRow] = {}
+    for line in stdout.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) < 2 or not cols[0]:
+            continue
+        job, step = split_job_id(cols[0])
+        if step is not None:
+            continue
+        if job in rows:
+            continue  # a heterogeneous job's later components
+        cols += [""] * (7 - len(cols))
+        rows[job] = QueueRow(job, cols[1].strip(), _none(cols[2]), _none(cols[3]), _none(cols[4]),
+                             _none(cols[5]), _none(cols[6]))
+    return rows
+
+
+def parse_squeue_steps(stdout: str) -> dict[str, StepRow]:
+    """``squeue -h -s -o '%i|%j|%N'`` rows keyed by ``<job>.<step>``."""
+    rows: dict[str, StepRow] = {}
+    for line in stdout.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) < 2 or "." not in cols[0]:
+            continue
+        rows[cols[0].strip()] = StepRow(cols[0].strip(), cols[1], _none(cols[2]) if len(cols) > 2
+                                        else None)
+    return rows
+
+
+def parse_sacct(stdout: str, *, steps: bool = False) -> dict[str, AcctRow]:
+    """``sacct -n -P --format=JobID,State,ExitCode,NodeList,Reason`` rows.
+
+    Jobs are keyed by job id (``123+0`` folded into ``123``, its first row kept);
+    with ``steps`` the keys are ``<job>.<step>`` and job rows are skipped.
+    """
+    rows: dict[str, AcctRow] = {}
+    for line in stdout.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) < 3 or not cols[0]:
+            continue
+        job, step = split_job_id(cols[0])
+        if steps != (step is not None):
+            continue
+        key = f"{job}.{step}" if step is not None else job
+        if key in rows:
+            continue
+        code, sig = parse_exit_code(cols[2])
+        cols += [""] * (5 - len(cols))
+        rows[key] = AcctRow(key, cols[1].strip(), code, sig, _none(cols[3]), _none(cols[4]))
+    return rows
+
+
+def parse_scontrol_job(stdout: str) -> AcctRow | None:
+    """``scontrol show job -o ID`` -> AcctRow (JobState, ExitCode, NodeList, Reason)."""
+    from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
+
+    for line in stdout.splitlines():
+        rec = parse_key_values(line)
+        if "JobId" in rec and "JobState" in rec:
+            code, sig = parse_exit_code(rec.get("ExitCode"))
+            return AcctRow(rec["JobId"], rec["JobState"], code, sig, _none(rec.get("NodeList", "")),
+                           _none(rec.get("Reason", "")))
+    return None
+
+
+def _epoch(stamp: str) -> float | None:
+    """A Slurm timestamp (cluster local time) as epoch seconds; None for ``Unknown``."""
+    try:
+        return datetime.fromisoformat(stamp.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for job_id in ids:
+        batch.append(job_id)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+_SUBMISSIONS = frozenset({"sbatch", "salloc"})
+
+
+def job_ids(ids: list[str]) -> list[str]:
+    """``ids`` unchanged when each is a Slurm job or step id (``123``, ``123_4``, ``123.0``).
+
+    They are positional arguments of scancel and scontrol: an id read back from a damaged
+    state or step file such as ``--user=me`` would otherwise cancel every job of a user.
+    """
+    bad = [i for i in ids if not _JOB_ID.fullmatch(str(i))]
+    if bad:
+        raise ExecutionError(f"refusing Slurm job id(s) {bad!r}: expected numbers such as "
+                             "123, 123_4 or 123.0 (a state file or step file may be damaged)")
+    return ids
+
+
+class SlurmJobs:
+    """sbatch / squeue / sacct / scontrol / scancel / salloc / srun through one Shell."""
+
+    def __init__(self, shell: Shell, *, timeout: float = 30, chunk: int = CHUNK) -> None:
+        self.shell = shell
+        self.timeout = timeout
+        self.chunk = chunk
+        self.counts: Counter[str] = Counter()
+        self.accounting: bool | None = None  # None until sacct answered or refused once
+
+    @property
+    def total(self) -> int:
+        """Scheduler commands issued so far (all kinds)."""
+        return sum(self.counts.values())
+
+    def run(self, argv: list[str], *, timeout: float | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
+        """Run one scheduler command, counting it under its program name. A submission
+        (sbatch, salloc) cut by a dropped connection is never re-sent: it may have run."""
+        self.counts[argv[0]] += 1
+        return self.shell.run(argv, timeout=self.timeout if timeout is None else timeout,
+                              env=env, cwd=cwd,
+                              retry_on_drop=argv[0] not in _SUBMISSIONS)
+
+    # -- submit ---------------------------------------------------------------
+    def sbatch(self, script_path: str, *, cwd: str | None = None) -> str:
+        """Submit a script; returns the job id. SchedulerError names sbatch's complaint."""
+        res = self.run(["sbatch", "--parsable", script_path], cwd=cwd)
+        if not res.ok:
+            raise SchedulerError(res)
+        try:
+            return parse_sbatch_id(res.stdout)
+        except ValueError as exc:
+            raise ExecutionError(f"`sbatch --parsable {shlex.quote(script_path)}`: {exc}") from None
+
+    # -- queries --------------------------------------------------------------
+    def squeue_jobs(self, ids: Iterable[str]) -> dict[str, QueueRow]:
+        """Queue rows of ``ids`` (jobs that left the queue are simply absent)."""
+        rows: dict[str, QueueRow] = {}
+        for part in chunks(ids, self.chunk):
+            res = self.run(["squeue", "-h", "-j", ",".join(part), "-o", QUEUE_FORMAT])
+            if not res.ok:
+                if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
+                    continue  # every id of the chunk is gone: not an error
+                raise SchedulerError(res)
+            rows.update(parse_squeue_jobs(res.stdout))
+        return rows
+
+    def squeue_steps(self, alloc_id: str) -> dict[str, StepRow] | None:
+        """Running steps of one allocation; None when the allocation itself is gone."""
+        res = self.run(["squeue", "-h", "-s", "-j", alloc_id, "-o", "%i|%j|%N"])
+        if not res.ok:
+            if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
+                return None
+            raise SchedulerError(res)
+        return parse_squeue_steps(res.stdout)
+
+    def sacct(self, ids: Iterable[str], *, steps: bool = False) -> dict[str, AcctRow]:
+        """Accounting rows for job ids (``-X``) or step ids (``<job>.<step>``).
+
+        Raises SchedulerError on failure; sets ``accounting = False`` (and returns {})
+        when the cluster has accounting disabled, so callers fall back to scontrol.
+        """
+        rows: dict[str, AcctRow] = {}
+        fmt = "--format=JobID,State,ExitCode,NodeList,Reason"
+        for part in chunks(ids, self.chunk):
+            argv = ["sacct", "-n", "-P", fmt, "-j", ",".join(part)]
+            if not steps:
+                argv.insert(1, "-X")
+            res = self.run(argv)
+            text = (res.stderr + res.stdout).lower()
+            if any(s in text for s in _ACCOUNTING_OFF):
+                self.accounting = False
+                return {}
+            if not res.ok:
+                raise SchedulerError(res)
+            self.accounting = True
+            rows.update(parse_sacct(res.stdout, steps=steps))
+        return rows
+
+    def failed_steps(self, job_ids: Iterable[str]) -> dict[str, AcctRow]:
+        """job id -> the step that explains its failure: the first OUT_OF_MEMORY step (a
+        task OOM-killed inside ``srun`` marks the step, the job only says FAILED), else
+        the first step a signal ended (a SIGSEGV in ``srun`` leaves the job FAILED with
+        exit code 11, the step ``CANCELLED 0:11``)."""
+        oom: dict[str, AcctRow] = {}
+        signalled: dict[str, AcctRow] = {}
+        for step_id, row in self.sacct(job_ids, steps=True).items():
+            job_id, _, step = step_id.partition(".")
+            if row.state.startswith("OUT_OF_MEMORY"):
+                oom.setdefault(job_id, row)
+            elif row.signal and step not in ("batch", "extern"):
+                signalled.setdefault(job_id, row)
+        return {**signalled, **oom}
+
+    def ended(self, job_id: str) -> tuple[AcctRow, float | None] | None:
+        """A job that is no longer running: its final row and end time (epoch s), from
+        slurmctld (``scontrol``: no accounting lag), else sacct once slurmctld forgot it
+        (MinJobAge); None while the scheduler says it still runs."""
+        row: AcctRow | None = None
+        end: float | None = None
+        res = self.run(["scontrol", "show", "job", "-o", job_id])
+        if res.ok:
+            row = parse_scontrol_job(res.stdout)
+            match = re.search(r"\bEndTime=(\S+)", res.stdout)
+            end = _epoch(match.group(1)) if match else None
+            if row is not None and row.state.startswith("COMPLETING"):
+                row = None  # ending, but how: accounting has the final state
+        elif _INVALID_ID not in (res.stderr + res.stdout).lower():
+            raise SchedulerError(res)
+        if row is None and self.accounting is not False:
+            res = self.run(["sacct", "-X", "-n", "-P", "-j", job_id,
+                            "--format=JobID,State,ExitCode,NodeList,Reason,End"])
+            if not res.ok:
+                raise SchedulerError(res)
+            row = parse_sacct(res.stdout).get(job_id)
+            ends = [ln.rsplit("|", 1)[-1] for ln in res.stdout.splitlines() if ln.strip()]
+            end = _epoch(ends[0]) if ends else None
+        if row is None or row.state.split(" ", 1)[0] in (
+                "RUNNING", "PENDING", "CONFIGURING", "SUSPENDED", "RESIZING"):
+            return None
+        return row, end
+
+    def scontrol_job(self, job_id: str) -> AcctRow | None:
+        """One job from slurmctld's memory (finished jobs stay there for MinJobAge)."""
+        res = self.run(["scontrol", "show", "job", "-o", *job_ids([job_id])])
+        if not res.ok:
+            if _INVALID_ID in (res.stderr + res.stdout).lower():
+                return None
+            raise SchedulerError(res)
+        return parse_scontrol_job(res.stdout)
+
+    def set_time_limit(self, job_id: str, limit: str) -> CommandResult:
+        """``scontrol update JobId=X TimeLimit=Y`` (allowed while the job pends)."""
+        return self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
+
+    def time_left(self, job_id: str) -> tuple[str, str] | None:
+        """(state, time left ``%L``) of one job, or None when it is gone."""
+        res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T %L"])
+        if not res.ok:
+            if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
+                return None
+            raise SchedulerError(res)
+        fields = res.stdout.split()
+        return (fields[0], fields[1] if len(fields) > 1 else "") if fields else None
+
+    def identity(self, job_id: str) -> JobIdentity | None:
+        """State, time left, name, owner and comment of one job; None when it is gone."""
+        res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%L|%j|%u|%k"])
+        if not res.ok:
+            if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
+                return None
+            raise SchedulerError(res)
+        line = next((ln for ln in res.stdout.splitlines() if ln.strip()), "")
+        cols = line.strip().split("|", 4)
+        if not cols[0]:
+            return None
+        cols += [""] * (5 - len(cols))
+        return JobIdentity(job_id, cols[0], cols[1], cols[2], cols[3],
+                           "" if cols[4] == "(null)" else cols[4])
+
+    def by_name(self, user: str, name: str) -> list[tuple[str, str, str]]:
+        """(job id, state, comment) of ``user``'s jobs named ``name`` (user AND name filter)."""
+        res = self.run(["squeue", "-h", "-u", user, f"--name={name}", "-o", "%i|%T|%k"])
+        if not res.ok:
+            raise SchedulerError(res)
+        out = []
+        for line in res.stdout.splitlines():
+            cols = line.strip().split("|")
+            if len(cols) >= 2 and cols[0]:
+                out.append((cols[0], cols[1], cols[2] if len(cols) > 2 else ""))
+        return out
+
+    # -- cancel ---------------------------------------------------------------
+
+    def scancel(self, ids: Iterable[str]) -> list[CommandResult]:
+        """Cancel exactly these jobs or ``job.step`` ids (never by user or name)."""
+        results = []
+        for part in chunks(job_ids([i for i in ids if i]), self.chunk):
+            results.append(self.run(["scancel", *part]))
+        return results

@@ -1,0 +1,101 @@
+"""Cancel what a controller killed with SIGKILL left in the queue (the next run does it).
+
+A run killed without a chance to clean up leaves its file in the run registry (see
+``runs``): its one-shot jobs, its allocation steps and the batches it sent to warm
+workers. The next run on the same target finds files of runs whose process is gone,
+cancels those of their jobs and steps that are still queued (checking that each job is
+the user's and has the recorded name) and its warm batches (a cancel file in the
+session's inbox, then ``stop``), says so, and removes the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import PurePosixPath
+
+from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError, SlurmJobs, chunks
+from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX
+from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry
+from pytest_trtllm_slurm.transport.shell import Shell
+
+
+def reap_dead_runs(runs: RunRegistry, jobs: SlurmJobs, shell: Shell, user: str | None,
+                   say: Callable[[str], None]) -> list[str]:
+    """Cancel the queued jobs and steps of dead runs; the ids cancelled."""
+    cancelled: list[str] = []
+    for record, path in runs.dead():
+        try:
+            ids = _queued_jobs(jobs, record, user) + _running_steps(jobs, shell, record)
+        except SchedulerError as exc:
+            say(f"Could not look for jobs left by run {record.run_id}: {exc}")
+            continue
+        if ids:
+            jobs.scancel(ids)
+            cancelled += ids
+            say(f"Cancelled {', '.join(ids)}, left in the queue by an earlier run that was "
+                f"killed (pid {record.pid} on {record.host}, run {record.run_id}).")
+        warm = _cancel_warm(shell, record)
+        if warm:
+            cancelled += warm
+            say(f"Cancelled {len(warm)} warm-worker batch(es) of an earlier run that was "
+                f"killed (pid {record.pid} on {record.host}, run {record.run_id}).")
+        path.unlink(missing_ok=True)
+    return cancelled
+
+
+def _queued_jobs(jobs: SlurmJobs, record: RunRecord, user: str | None) -> list[str]:
+    """The record's one-shot jobs still queued, owned by ``user`` and named as recorded,
+    and its allocation request if it still waits (named as any persistent allocation)."""
+    found = []
+    wanted = dict(record.jobs)
+    for part in chunks(list(wanted) + ([record.request] if record.request else [])):
+        res = jobs.run(["squeue", "-h", "-j", ",".join(part), "-o", "%i|%u|%j|%T"])
+        if not res.ok:
+            if "invalid job id" in (res.stderr + res.stdout).lower():
+                continue
+            raise SchedulerError(res)
+        for line in res.stdout.splitlines():
+            cols = line.strip().split("|", 3)
+            if len(cols) < 4 or (user is not None and cols[1] != user):
+                continue
+            if wanted.get(cols[0]) == cols[2] or (
+                    cols[0] == record.request and cols[2].endswith(NAME_SUFFIX)
+                    and cols[3] == "PENDING"):
+                found.append(cols[0])
+    return found
+
+
+def _cancel_warm(shell: Shell, record: RunRecord) -> list[str]:
+    """Cancel the dead run's warm batches and end its sessions (files in their inboxes;
+    a session that already ended ignores them)."""
+    done = []
+    for item in record.warm:
+        if not shell.exists(f"{item.session}/inbox"):
+            continue
+        try:
+            shell.write_file(f"{item.session}/inbox/{item.request}.cancel", "")
+            done.append(item.request)
+        except OSError:
+            continue
+    for session in dict.fromkeys(item.session for item in record.warm):
+        if shell.exists(f"{session}/inbox"):
+            try:
+                shell.write_file(f"{session}/inbox/stop", "")
+            except OSError:
+                continue
+    return done
+
+
+def _running_steps(jobs: SlurmJobs, shell: Shell, record: RunRecord) -> list[str]:
+    """The record's allocation steps still running (their ids from ``work_dir/stepid``)."""
+    found = []
+    by_alloc: dict[str, list[str]] = {}
+    for step in record.steps:
+        text = shell.read_from(str(PurePosixPath(step.work_dir) / "stepid"), 0, 64)
+        number = text.decode("utf-8", "replace").strip()
+        if number.isdigit():
+            by_alloc.setdefault(step.allocation, []).append(f"{step.allocation}.{number}")
+    for alloc, ids in by_alloc.items():
+        live = jobs.squeue_steps(alloc) or {}
+        found += [i for i in ids if i in live]
+    return found

@@ -1,0 +1,152 @@
+"""What the Slurm executor tracks per batch, and how end states are derived.
+
+Pure helpers (no scheduler calls): the executor feeds them squeue/sacct rows
+and exit codes; the tests read them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import PurePosixPath
+
+from pytest_trtllm_slurm.execution.outcome import (
+    CRASH_SIGNALS,
+    JobState,
+    JobStatus,
+    map_slurm_state,
+    signal_name,
+    signal_of_exit_code,
+)
+from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow
+from pytest_trtllm_slurm.execution.slurm.warm_pool import WarmJob
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Launch
+
+
+@dataclass(frozen=True)
+class WalltimePolicy:
+    """Opt-in (--trtllm-negotiate-walltime): a job pending longer than ``pending_after``
+    whose estimated start is further than ``far_start`` (or unknown) gets the shorter
+    ``new_limit`` (scontrol update; never a longer one), once, and the run is told."""
+
+    pending_after: float = 30.0
+    far_start: float = 600.0
+    new_limit: str = "01:00:00"
+
+
+@dataclass
+class TrackedJob:
+    """One submitted batch and what the executor knows about it."""
+
+    handle: JobHandle
+    opts: SlurmOptions
+    alloc: AllocationState | None = None  # set for steps
+    share: StepShare | None = None
+    state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
+    step_id: str | None = None  # "<alloc>.<step>" once the task recorded it
+    left_at: float | None = None  # when it left the queue without a final state yet
+    launched_at: float = 0.0
+    cancelled: bool = False
+    negotiated: bool = False
+    settled: bool = False  # final state may be shown (its reports are complete or given up on)
+    settle_since: float | None = None
+    warm: WarmJob | None = None  # placed by the allocation's AgentPool (warm workers)
+    extra_env: dict[str, str] = field(default_factory=dict)  # the launch's, not the batch's
+    ended_wall: float | None = None  # when a served batch was seen to end (epoch s)
+
+    @property
+    def served(self) -> bool:
+        """Run by a warm worker (no step of its own)."""
+        return self.warm is not None and self.warm.warm
+
+    @property
+    def waiting(self) -> bool:
+        """Held back by the pool until GPUs in the allocation are free."""
+        return (self.warm is not None and self.warm.placement is None
+                and not self.warm.launched_early)
+
+    @property
+    def is_step(self) -> bool:
+        return self.alloc is not None
+
+    def path(self, name: str) -> str:
+        return str(PurePosixPath(self.handle.spec.work_dir) / name)
+
+
+def visible_state(job: TrackedJob) -> JobState:
+    """What the monitor sees: a finished job stays RUNNING until its reports settled."""
+    if job.state.status.finished and not job.settled:
+        return JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist,
+                        reason="waiting for reports.jsonl (shared file system lag)")
+    return job.state
+
+
+def final_state(job: TrackedJob, row: AcctRow, exit_code: int | None = None) -> JobState:
+    """The end state from sacct/scontrol (a cancel we asked for wins over FAILED; a step
+    ended by a crash signal that nobody sent, e.g. SIGSEGV, is CRASHED, not CANCELLED)."""
+    status = map_slurm_state(row.state)
+    code = exit_code if exit_code is not None else row.exit_code
+    sig = row.signal or signal_of_exit_code(code)
+    if job.cancelled and status is JobStatus.FAILED:
+        status = JobStatus.CANCELLED
+    crashed = (not job.cancelled and sig in CRASH_SIGNALS
+               and status in (JobStatus.CANCELLED, JobStatus.FAILED))
+    if crashed:
+        status = JobStatus.CRASHED
+    if sig:  # srun and the shell turn a signal into an exit code: name the signal instead
+        code = None
+    reason = None
+    if status is not JobStatus.COMPLETED:
+        where = f"step {job.step_id}" if job.step_id else f"job {job.handle.job_id}"
+        what = f"killed by {signal_name(sig)}" if crashed and sig else row.state
+        reason = f"{where}: {what}" + (f" (exit {code})" if code else "") + (
+            f", {signal_name(sig)}" if sig and not crashed else "") + (
+            f"; {row.reason}" if row.reason and row.reason != "None" else "")
+    return JobState(status=status, exit_code=code, signal=sig or None,
+                    nodelist=row.nodelist or job.state.nodelist, reason=reason)
+
+
+def exit_code_state(job: TrackedJob, code: int) -> JobState:
+    """A step's end state from srun's exit code (-1: the launcher died without one)."""
+    if code == 0:
+        return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=job.state.nodelist)
+    sig = signal_of_exit_code(code) if code > 0 else None
+    if job.cancelled:
+        status = JobStatus.CANCELLED
+    elif sig in CRASH_SIGNALS:
+        status = JobStatus.CRASHED
+    else:
+        status = JobStatus.FAILED if code > 0 else JobStatus.ERROR
+    where = f"step {job.step_id}" if job.step_id else "srun (no step was created)"
+    how = f"was killed by {signal_name(sig)}" if sig else f"exited with {code}"
+    return JobState(status=status, exit_code=code if code >= 0 and not sig else None,
+                    signal=sig, nodelist=job.state.nodelist,
+                    reason=f"{where} {how}; see {job.handle.spec.log_path}")
+
+
+def step_share(spec: JobSpec, alloc: AllocationState) -> StepShare:
+    """CPUs and memory for a step in proportion to its GPUs (whole allocation per node
+    split by GPU count), so steps run side by side instead of waiting for each other."""
+    gpus = alloc.gpus_per_node
+    frac = spec.devices_per_node / gpus if gpus and spec.devices_per_node else (
+        1 / gpus if gpus else 1.0)
+    frac = min(1.0, frac)
+    tasks_per_node = (spec.devices_per_node or 1) if spec.launch is Launch.MPI else 1
+    cpus = max(1, int(alloc.cpus_per_node * frac) // tasks_per_node) \
+        if alloc.cpus_per_node else None
+    mem = max(64, int(alloc.mem_per_node_mb * frac)) if alloc.mem_per_node_mb else None
+    return StepShare(cpus_per_task=cpus, mem_mb=mem)
+
+
+def seconds_until(stamp: str | None) -> float | None:
+    """Seconds from now to a Slurm timestamp (``2026-01-01T12:00:00``, cluster local time)."""
+    if not stamp:
+        return None
+    try:
+        return (datetime.fromisoformat(stamp) - datetime.now()).total_seconds()
+    except ValueError:
+        return None

@@ -1,0 +1,666 @@
+"""Warm workers in a persistent allocation, seen from the controller.
+
+One agent per node (``pytest_trtllm_slurm.node.agent``, a Slurm step holding the
+node's GPUs with ``--overlap``) outlives the run; per run and node it forks one
+session that collects the run's tests once and forks one child per batch (see
+``worker_serve``). The controller talks to them through files only (the
+mailboxes under ``work_dirs/.agents/<allocation>/``), so nothing here asks
+slurmctld anything once the agents run: no step per batch, no step polling.
+
+The pool is also the allocation's scheduler for this run: it places batches on
+nodes (best fit by free GPUs), holds back what does not fit, and gives a
+multi-node MPI batch (which needs srun, so it stays a step) whole nodes, so
+that a step never shares GPUs with a served batch.
+
+Such a step is launched *gated* as soon as it is known (see ``gate``): its ranks
+import and collect while other batches use its nodes, and the pool opens the gate
+once every rank is ready and the nodes are free. From the moment its ranks are
+ready, nothing new is placed on those nodes, so it waits at most for what runs there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.disk import space_problem
+from pytest_trtllm_slurm.execution.outcome import (
+    CRASH_SIGNALS,
+    JobState,
+    JobStatus,
+    signal_name,
+    signal_of_exit_code,
+)
+from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
+
+# a served batch sent to a session that collected the run's arguments (not its node ids)
+# and lacks one of its node ids exits with EARLY_MISS before running anything: sent again
+# to a session that collects exactly the run's node ids
+from pytest_trtllm_slurm.node.protocol import EARLY_MISS
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.masking import is_secret, only_secrets, without_secrets
+from pytest_trtllm_slurm.planning.models import Launch
+from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
+
+AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
+HEARTBEAT_STALE = 30.0
+HEALTH_EVERY = 2.0
+
+
+def serves_warm(spec: JobSpec) -> bool:
+    """Batches a forked worker can run: pytest node ids (not a case's own command), one
+    process (not an srun-launched MPI job), no container (pyxis starts those)."""
+    if spec.workflow != "pytest" or not spec.nodeids or not spec.rerun_argv:
+        return False
+    return not spec.container_image and (spec.launch is not Launch.MPI or
+                                         (spec.total_devices or 0) <= 1)
+
+
+@dataclass
+class Node:
+    name: str
+    gpus: int
+    used: int = 0
+    agent_dir: str = ""
+    agent_started: float | None = None  # when this run launched its agent
+    healthy_at: float | None = None
+    session: str | None = None  # this run's session dir on this node
+    session_ids: frozenset[str] | None = frozenset()  # None: all the run's arguments select
+    session_checked: float = 0.0  # when the session's exit code may be looked at again
+    session_ended: str | None = None  # the session dir whose exit code appeared
+    agent_checked: float = 0.0  # when the agent's exit code may be looked at again
+
+    @property
+    def free(self) -> int:
+        return self.gpus - self.used
+
+
+@dataclass
+class Placement:
+    nodes: list[Node]
+    gpus: int  # per node
+    request_name: str = ""
+    pid_path: str = ""
+    exit_path: str = ""
+    node_for_cancel: Node | None = None
+    session: str = ""  # the session the request went to
+
+
+@dataclass
+class WarmJob:
+    """A batch of this run as the pool sees it."""
+
+    spec: JobSpec
+    warm: bool  # served by an agent (else: a step the executor launches once placed)
+    job_id: str = ""
+    placement: Placement | None = None
+    state: JobState = field(default_factory=lambda: JobState(
+        status=JobStatus.PENDING, reason="waiting for GPUs in the allocation"))
+    cancelled: bool = False
+    gated: bool = False  # a step launched before its nodes are free (see ``gate``)
+    reserved: list[Node] = field(default_factory=list)  # a gated step's nodes, once launched
+    gate_dir: str = ""
+    ready: bool = False  # every rank of the gated step has collected
+    ranks: int = 0  # how many (rank 0 writes it in ``ready``)
+    done: int = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+
+    @property
+    def launched_early(self) -> bool:
+        """A gated step that runs (collecting, or waiting at its gate) without GPUs yet."""
+        return bool(self.reserved) and self.placement is None and not self.cancelled
+
+
+class AgentPool:
+    """The agents of one allocation and this run's batches in it."""
+
+    def __init__(
+        self,
+        shell: Shell,
+        alloc: AllocationState,
+        *,
+        gres_style: str = "gres",
+        gres_type: str | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.shell = shell
+        self.alloc = alloc
+        self.gres_style = gres_style
+        self.gres_type = gres_type
+        self.warn = warn or (lambda msg: None)
+        names = expand_hostlist(alloc.nodelist or "") or ["node0"]
+        self.nodes = [Node(n, alloc.gpus_per_node) for n in names]
+        self.run_id = f"{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self.jobs: dict[str, WarmJob] = {}
+        self.order: list[str] = []  # submission order: placement is first come, with backfill
+        self.expected: set[str] = set()
+        self._next_health = 0.0
+        self.warmed = False  # sessions started on every node (SlurmExecutor asks once)
+        # session dir -> why it is gone (its agent was lost, or it ended early): every
+        # batch sent there ends CRASHED, and the node's next batch gets a new agent
+        self.lost: dict[str, str] = {}
+
+    # -- placement ------------------------------------------------------------
+    def expect(self, nodeids: set[str]) -> None:
+        """The run's node ids, so one session per node collects them all at once."""
+        self.expected |= nodeids
+
+    def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False) -> WarmJob:
+        job = WarmJob(spec, warm, job_id=job_id, gated=gated and not warm)
+        if job.gated:
+            job.gate_dir = str(PurePosixPath(spec.work_dir) / "gate")
+        self.jobs[job_id] = job
+        self.order.append(job_id)
+        return job
+
+    def place_waiting(self, launch_step: Callable[[str, WarmJob], None]) -> bool:
+        """Start what fits, in submission order; True when anything started. A gated
+        step is launched once nodes can be set aside for it, and let in later."""
+        started = False
+        for job_id in list(self.order):
+            job = self.jobs[job_id]
+            if job.placement is not None or job.cancelled:
+                self.order.remove(job_id)
+                continue
+            if job.gated:
+                if not job.reserved:
+                    if self._reserve(job):
+                        launch_step(job_id, job)
+                    continue
+                if not self._let_in(job):
+                    continue
+                self.order.remove(job_id)
+                started = True
+                continue
+            placement = self._fit(job)
+            if placement is None:
+                continue
+            job.placement = placement
+            for node in placement.nodes:
+                node.used += placement.gpus
+            self.order.remove(job_id)
+            started = True
+            if job.warm:
+                self._send(job_id, job)
+            else:
+                launch_step(job_id, job)
+        return started
+
+    def _fit(self, job: WarmJob) -> Placement | None:
+        spec = job.spec
+        whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
+        count = max(1, spec.node_count)
+        need = self.alloc.gpus_per_node if whole else spec.devices_per_node
+        held = {id(n) for j in self.jobs.values() if j.launched_early and j.ready
+                for n in j.reserved}  # drained for a gated step whose ranks are ready
+        fits = [n for n in self.nodes if n.free >= need and (not whole or n.used == 0)
+                and id(n) not in held]
+        if len(fits) < count:
+            return None
+        fits.sort(key=lambda n: (n.free, self.nodes.index(n)))  # best fit
+        return Placement(nodes=fits[:count], gpus=need)
+
+    def _reserve(self, job: WarmJob) -> bool:
+        """Nodes for a gated step, among those no other waiting gated step has (one
+        early launch per node: its ranks hold memory there while they wait)."""
+        count = max(1, job.spec.node_count)
+        taken = {id(n) for j in self.jobs.values() if j.launched_early for n in j.reserved}
+        free = [n for n in self.nodes if id(n) not in taken]
+        if len(free) < count:
+            return False
+        free.sort(key=lambda n: (n.used, self.nodes.index(n)))  # the least busy
+        job.reserved = free[:count]
+        job.state = JobState(status=JobStatus.PENDING, reason=(
+            "launched early: its ranks collect while other batches use "
+            + ",".join(n.name for n in job.reserved)))
+        return True
+
+    def _let_in(self, job: WarmJob) -> bool:
+        """Open a gated step's gate once its ranks are ready and its nodes are free."""
+        if not job.ready:
+            text = self._read(f"{job.gate_dir}/ready").strip()
+            if not text:
+                return False
+            job.ready, job.ranks = True, int(text) if text.isdigit() else 0
+            job.state = JobState(status=JobStatus.PENDING, reason=(
+                "ranks ready, waiting for the batches on "
+                + ",".join(n.name for n in job.reserved) + " to end"))
+        if any(n.used for n in job.reserved):
+            return False
+        job.placement = Placement(nodes=list(job.reserved), gpus=self.alloc.gpus_per_node)
+        for node in job.placement.nodes:
+            node.used += job.placement.gpus
+        self.shell.write_file(f"{job.gate_dir}/open", "")
+        return True
+
+    def ranks_exited(self, job: WarmJob) -> bool:
+        """Every rank of a gated step that runs has exited (its ``done.<rank>``): its
+        nodes can take the next batches while srun and the accounting finish."""
+        if not (job.gated and job.ranks and job.placement and job.placement.gpus):
+            return False
+        while job.done < job.ranks and self.shell.exists(f"{job.gate_dir}/done.{job.done}"):
+            job.done += 1
+        return job.done >= job.ranks
+
+    def drop(self, job: WarmJob) -> None:
+        """A gated step that ended before its gate opened: its nodes are no longer set aside."""
+        job.cancelled = True
+        job.reserved = []
+
+    def release(self, job: WarmJob) -> None:
+        if job.placement is not None:
+            for node in job.placement.nodes:
+                node.used = max(0, node.used - job.placement.gpus)
+            job.placement.gpus = 0
+
+    def warm_up(self, spec: JobSpec) -> None:
+        """Start this run's session on every node now (launching agents where none runs),
+        so the suite's imports overlap whatever runs first (e.g. a multi-node step)."""
+        if not serves_warm(spec):
+            return
+        for node in self.nodes:
+            try:
+                self._ensure_session(node, spec)
+            except (ExecutionError, OSError) as exc:  # its batches will say so again
+                self.warn(str(exc))
+
+    # -- agents and sessions --------------------------------------------------------
+    def _base(self, spec: JobSpec) -> str:
+        return str(PurePosixPath(spec.work_dir).parent / ".agents" / self.alloc.job_id)
+
+    def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
+        node.agent_dir = agent_dir(self._base(spec), node.name, spec.command[0],
+                                   secrets_key(local=isinstance(self.shell, LocalShell)))
+        if agent_alive(self.shell, node.agent_dir):
+            node.healthy_at = time.monotonic()
+            return
+        if not claim_agent_start(self.shell, node.agent_dir):
+            # another run launches this node's agent right now: wait for its heartbeat
+            node.agent_started = time.monotonic()
+            self.warn(f"The warm worker on {node.name} in allocation {self.alloc.job_id} is "
+                      "being started by another run; this run uses it too.")
+            return
+        self._launch_agent(node, spec)
+
+    def _launch_agent(self, node: Node, spec: JobSpec) -> None:
+        d = node.agent_dir
+        self.shell.mkdir(f"{d}/inbox", private=True)
+        argv = ["srun", f"--jobid={self.alloc.job_id}", "--overlap", "-N", "1", "-n", "1",
+                f"--nodelist={node.name}", f"--job-name={self.alloc.job_name or 'trtllm'}.agent"]
+        flag = gpu_flag(self.alloc.gpus_per_node, self.gres_style,  # type: ignore[arg-type]
+                        self.gres_type)
+        argv += [flag] if flag else []
+        if self.alloc.cpus_per_node:
+            argv.append(f"--cpus-per-task={self.alloc.cpus_per_node}")
+        if self.alloc.mem_per_node_mb:
+            argv.append(f"--mem={self.alloc.mem_per_node_mb}M")
+        argv += [spec.command[0], "-m", "pytest_trtllm_slurm.node.agent", "--dir", d,
+                 "--node", node.name]
+        self._remove(f"{d}/exit_code", f"{d}/heartbeat.json")
+        launcher = render_step_launcher(argv, log_path=f"{d}/agent.log", pid_path=f"{d}/srun.pid",
+                                        exit_path=f"{d}/exit_code",
+                                        cwd=spec.invocation_dir or spec.rootdir,
+                                        env=not_inherited(spec.env, local=isinstance(
+                                            self.shell, LocalShell)))
+        self.shell.write_file(f"{d}/agent.sh", launcher)
+        res = self.shell.run(["setsid", "-f", "bash", f"{d}/agent.sh"], timeout=30,
+                             retry_on_drop=False)
+        if not res.ok:
+            raise ExecutionError(f"could not start the warm worker on {node.name}: "
+                               f"{res.describe()}")
+        node.agent_started = time.monotonic()
+        self.warn(f"Starting a warm worker on {node.name} in allocation {self.alloc.job_id} "
+                  f"(log: {d}/agent.log).")
+
+    def _heartbeat(self, node: Node) -> dict | None:
+        return read_heartbeat(self.shell, node.agent_dir)
+
+    def _ensure_session(self, node: Node, spec: JobSpec) -> str:
+        wanted = set(spec.nodeids)
+        if node.session and (node.session_ids is None or wanted <= node.session_ids):
+            return node.session
+        if not node.agent_dir:
+            self._ensure_agent(node, spec)
+        if node.session is None:
+            early = early_sessions.take(node.agent_dir)
+            if early:  # started before the controller collected: it collects everything
+                node.session, node.session_ids = early, None
+                return early
+        if node.session:  # a batch this session did not collect (e.g. run without expect)
+            self.shell.write_file(f"{node.session}/inbox/stop", "")
+        ids = sorted(self.expected | wanted)
+        name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
+        sdir = f"{node.agent_dir}/sessions/{name}"
+        base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
+        argv = session_argv(spec.command[0], base, sdir,
+                            sorted({_module(n, spec.rootdir, spec.invocation_dir) for n in ids}),
+                            capture_no="--capture=no" in spec.command, nodeids_file=True)
+        send_session(self.shell, node.agent_dir, name, argv,
+                     cwd=spec.invocation_dir or spec.rootdir,
+                     env=session_env(spec.env, local=isinstance(self.shell, LocalShell)),
+                     files={"nodeids.json": json.dumps(ids)})
+        node.session, node.session_ids = sdir, frozenset(ids)
+        return sdir
+
+    def _send(self, job_id: str, job: WarmJob) -> None:
+        assert job.placement is not None
+        node = job.placement.nodes[0]
+        spec = job.spec
+        try:
+            sdir = self._ensure_session(node, spec)
+        except (ExecutionError, OSError) as exc:
+            job.state = JobState(status=JobStatus.ERROR, reason=str(exc))
+            self.release(job)
+            return
+        work = PurePosixPath(spec.work_dir)
+        job.placement.pid_path = str(work / "batch.pid")
+        job.placement.exit_path = str(work / "exit_code")
+        job.placement.request_name = job_id.replace("~", "_")
+        job.placement.node_for_cancel = node
+        job.placement.session = sdir
+        self._remove(job.placement.pid_path, job.placement.exit_path)  # a retry's leftovers
+        request = {
+            "name": job.placement.request_name,
+            "nodeids": list(spec.nodeids),
+            "gpus": spec.devices_per_node,
+            "gpus_total": self.alloc.gpus_per_node,
+            "reports_path": spec.reports_path,
+            "log_path": spec.log_path,
+            "exit_path": job.placement.exit_path,
+            "pid_path": job.placement.pid_path,
+            "env": not_inherited(spec.env, local=isinstance(self.shell, LocalShell)),
+        }
+        self.shell.write_file(f"{sdir}/inbox/{job.placement.request_name}.json",
+                              json.dumps(request))
+        job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
+                             reason=f"sent to the warm worker on {node.name}")
+
+    def _remove(self, *paths: str) -> None:
+        if isinstance(self.shell, LocalShell):
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        else:
+            self.shell.run(["rm", "-f", *paths], timeout=30)
+
+    # -- state ----------------------------------------------------------------------
+    def refresh(self, job: WarmJob) -> None:
+        """Started? ended? From the batch's pid and exit-code files (no scheduler)."""
+        placement = job.placement
+        if not job.warm or placement is None or job.state.status.finished:
+            return
+        node = placement.nodes[0]
+        code = self._read(placement.exit_path).strip()
+        if code == str(EARLY_MISS) and not job.cancelled:
+            self._resend(job, node)
+            return
+        if code.lstrip("-").isdigit():
+            job.state = self._end_state(job, int(code), node)
+            self.release(job)
+            return
+        if job.state.status is not JobStatus.RUNNING and (
+                self._read(placement.pid_path).strip().isdigit()):
+            job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
+        dead = self._dead(node)
+        if placement.session in self.lost:
+            job.state = JobState(status=JobStatus.CRASHED, nodelist=node.name,
+                                 reason=self.lost[placement.session])
+            self.release(job)
+        elif dead:
+            job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
+            self.release(job)
+
+    def _resend(self, job: WarmJob, node: Node) -> None:
+        """The early session lacked one of the batch's node ids (it ran nothing): end it,
+        and send the batch to a session that collects the run's node ids."""
+        assert job.placement is not None
+        if node.session == job.placement.session and node.session_ids is None:
+            self.shell.write_file(f"{node.session}/inbox/stop", "")
+            node.session = None
+        self.warn(f"the warm worker on {node.name} collected other tests than this run "
+                  "(e.g. collection depends on the environment); collecting again by node id")
+        self._send(job.job_id, job)
+
+    def check_health(self) -> None:
+        """At most every HEALTH_EVERY seconds: is each used node's agent and session alive?"""
+        now = time.monotonic()
+        if now < self._next_health:
+            return
+        self._next_health = now + HEALTH_EVERY
+        for node in self.nodes:
+            if not node.agent_dir:
+                continue
+            beat = self._heartbeat(node)
+            if beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE:
+                node.healthy_at = now
+
+    def _dead(self, node: Node) -> str | None:
+        """Why the node's agent cannot serve (None: it can). A lost agent or session
+        (its exit code is written the moment it ends) goes to ``lost``: its batches end
+        CRASHED, their unstarted tests run again, and the node starts a new agent."""
+        self.check_health()
+        now = time.monotonic()
+        if node.session and now >= node.session_checked:
+            node.session_checked = now + HEALTH_EVERY / 4
+            code = self._read(f"{node.agent_dir}/exit_code").strip()
+            if code:
+                self._lose(node, f"the warm worker on {node.name} was lost (its srun step "
+                           f"ended with exit code {code}){self._agent_errors(node)}")
+                return None
+            if node.session_ended != node.session and self._read(
+                    f"{node.session}/exit_code").strip():
+                node.session_ended = node.session
+                log = f"{node.session}/session.log"
+                self._lose(node, f"the worker session on {node.name} ended early; see {log}"
+                           + error_lines(self.shell, log))
+                return None
+        if node.session and node.healthy_at is not None and (
+                now - node.healthy_at > HEARTBEAT_STALE):
+            self._lose(node, f"the warm worker on {node.name} stopped answering (no heartbeat"
+                       f" for {HEARTBEAT_STALE:.0f} s){self._agent_errors(node)}")
+            return None
+        if node.healthy_at is None and node.agent_started is not None and (
+                now - node.agent_started > AGENT_START_GRACE):
+            return (f"the warm worker on {node.name} did not start within "
+                    f"{AGENT_START_GRACE:.0f} s{self._agent_errors(node)}")
+        return None
+
+    def _lose(self, node: Node, why: str) -> None:
+        """The node's session is gone: fail what was sent there, start afresh next time."""
+        if node.session:
+            self.lost[node.session] = why
+        self.warn(f"{why}; its tests that had not started run again with a new warm worker.")
+        node.session, node.session_ids = None, frozenset()
+        node.agent_dir, node.agent_started, node.healthy_at = "", None, None
+
+    def _agent_errors(self, node: Node) -> str:
+        """``; see <agent.log>``, with the srun and Python error lines found in it."""
+        log = f"{node.agent_dir}/agent.log"
+        full = space_problem(node.agent_dir) if isinstance(self.shell, LocalShell) else None
+        return (f"; {full}" if full else "") + f"; see {log}" + error_lines(self.shell, log)
+
+    def _end_state(self, job: WarmJob, code: int, node: Node) -> JobState:
+        if code == 0:
+            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=node.name)
+        sig = signal_of_exit_code(code)  # the fork loop writes 128 + N for a signal
+        if job.cancelled:
+            status = JobStatus.CANCELLED
+        elif sig in CRASH_SIGNALS:
+            status = JobStatus.CRASHED
+        else:
+            status = JobStatus.FAILED
+        why = (f"the batch was killed by {signal_name(sig)} on {node.name}" if sig
+               else f"the batch exited with {code} on {node.name}")
+        if sig == 9 and not job.cancelled:  # the cgroup's OOM killer sends SIGKILL
+            why += (" (out of memory? the node's batches share the warm "
+                    "worker's memory limit; --trtllm-no-warm-workers gives each its own step)")
+        return JobState(status=status, exit_code=None if sig else code, signal=sig,
+                        nodelist=node.name, reason=f"{why}; see {job.spec.log_path}")
+
+    def _read(self, path: str) -> str:
+        if not path:
+            return ""
+        return self.shell.read_from(path, 0, 4096).decode("utf-8", "replace")
+
+    # -- cancel / close -------------------------------------------------------------
+    def cancel(self, job: WarmJob) -> None:
+        job.cancelled = True
+        placement = job.placement
+        if placement is None:
+            job.state = JobState(status=JobStatus.CANCELLED, reason="cancelled before it started")
+            return
+        if job.warm and placement.node_for_cancel and placement.node_for_cancel.session:
+            sdir = placement.node_for_cancel.session
+            self.shell.write_file(f"{sdir}/inbox/{placement.request_name}.cancel", "")
+
+    def close(self) -> None:
+        """End this run's sessions (the agents stay for the next run)."""
+        for node in self.nodes:
+            if node.session:
+                try:
+                    self.shell.write_file(f"{node.session}/inbox/stop", "")
+                except (ExecutionError, OSError):
+                    pass
+                node.session = None
+
+
+def _module(nodeid: str, rootdir: str | None = None, cwd: str | None = None) -> str:
+    """A node id's file, relative to the rootdir; absolute when the session runs elsewhere."""
+    module = nodeid.split("::", 1)[0]
+    return module if not rootdir or not cwd or cwd == rootdir else f"{rootdir}/{module}"
+
+
+def session_argv(python: str, base: list[str], sdir: str, targets: list[str], *,
+                 capture_no: bool, nodeids_file: bool) -> list[str]:
+    """The served session's pytest: the run's options (``base``: ``rerun_argv``), the
+    worker plugin in serve mode, what to collect (the modules of the run's node ids,
+    narrowed to them by ``sdir/nodeids.json``; or the run's own arguments)."""
+    ids = ["--trtllm-worker-nodeids", f"{sdir}/nodeids.json"] if nodeids_file else []
+    return [python, *base[1:], "-p", "pytest_trtllm_slurm.node.worker",
+            "-p", "no:cacheprovider",
+            "--trtllm-worker-reports", f"{sdir}/reports.jsonl", *ids,
+            "--trtllm-worker-serve", sdir, "--continue-on-collection-errors",
+            "--capture=no" if capture_no else "--capture=tee-sys",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning", *targets]
+
+
+def controller_env() -> dict[str, str]:
+    """What srun would pass from this process to a step (SLURM_* describe this process)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+
+
+def session_env(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
+    """The environment a session request carries: locally, the controller's (what srun
+    would have passed) without its secrets, then the batch's own. The request is a file,
+    and a secret is never written to one: the session inherits the secrets from its agent,
+    which srun started with them (``secrets_key`` picks the agent that has this run's)."""
+    env: dict[str, str] = without_secrets(controller_env()) if local else {}
+    env.update(not_inherited(batch_env, local=local))
+    return env
+
+
+def not_inherited(env: dict[str, str], *, local: bool) -> dict[str, str]:
+    """``env`` less the secrets a local agent inherits anyway (same name, same value in
+    this process's environment, which srun passed on): those need not be written to a
+    request or launcher file. A secret given only in a marker or the clusters file is
+    already in a file of yours, and stays."""
+    if not local:
+        return dict(env)
+    return {k: v for k, v in env.items() if not (is_secret(k, v) and os.environ.get(k) == v)}
+
+
+def secrets_key(*, local: bool) -> str:
+    """Which secrets a local agent must have inherited to serve this run: '' for none (and
+    for a remote cluster, whose agents get the login's environment, not ours), else a
+    digest of the controller's secret variables. Part of the agent's folder name, so a run
+    whose secrets differ from the agent's gets an agent started with its own."""
+    secrets = sorted(only_secrets(controller_env()).items()) if local else []
+    if not secrets:
+        return ""
+    return hashlib.sha256(json.dumps(secrets).encode()).hexdigest()[:16]
+
+
+def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cwd: str,
+                 env: dict[str, str], files: dict[str, str] | None = None) -> str:
+    """Ask the agent in ``agent_dir`` for a session (``files`` are written to its
+    directory first); the session's directory."""
+    sdir = f"{agent_dir}/sessions/{name}"
+    shell.mkdir(f"{sdir}/inbox", private=True)
+    shell.mkdir(f"{agent_dir}/inbox", private=True)
+    for file_name, text in (files or {}).items():
+        shell.write_file(f"{sdir}/{file_name}", text)
+    request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
+               "log_path": f"{sdir}/session.log", "exit_path": f"{sdir}/exit_code"}
+    shell.write_file(f"{agent_dir}/inbox/{name}.json", json.dumps(request))
+    return sdir
+
+
+def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
+    """One agent per node, interpreter and set of secrets (``secrets_key``): a run with
+    another python, or other secrets in its environment, gets its own."""
+    key = python if not secrets else f"{python}\0{secrets}"
+    return f"{base}/{node}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
+    raw = shell.read_from(f"{agent_dir}/heartbeat.json", 0, 4096)
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+# under the agent folder's lock (flock(1), on the target): a start claimed less than
+# AGENT_START_GRACE seconds ago stands while that agent is starting (no heartbeat and no
+# exit code yet: the winner removes both before it lets go of the lock)
+_CLAIM = ('d=$1; mkdir -p "$d" && exec 9>>"$d/agent.lock" && flock -w 30 9 || exit 3; '
+          'now=$(date +%s); then=$(cat "$d/agent.starting" 2>/dev/null); '
+          'if [ -n "$then" ] && [ "$((now - then))" -lt "$2" ] && [ ! -e "$d/exit_code" ] '
+          '&& [ ! -e "$d/heartbeat.json" ]; then echo taken; exit 0; fi; '
+          'rm -f "$d/exit_code" "$d/heartbeat.json"; echo "$now" >"$d/agent.starting" '
+          '&& echo mine')
+
+
+def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
+    """True when this run is to launch the agent of ``agent_dir``: one agent per node and
+    mailbox, even when two cold runs find it missing at the same moment. (A claim whose
+    agent never started goes stale after AGENT_START_GRACE seconds.)"""
+    res = shell.run(["sh", "-c", _CLAIM, "sh", agent_dir, str(int(AGENT_START_GRACE))],
+                    timeout=60)
+    if not res.ok:  # no flock on the target: launch, as before
+        return True
+    return res.stdout.strip() != "taken"
+
+
+def agent_alive(shell: Shell, agent_dir: str) -> bool:
+    """A fresh heartbeat, and no exit code yet (the launcher writes it when srun ends,
+    before the last heartbeat grows stale)."""
+    beat = read_heartbeat(shell, agent_dir)
+    if beat is None or time.time() - beat.get("time", 0) >= HEARTBEAT_STALE:
+        return False
+    return not shell.read_from(f"{agent_dir}/exit_code", 0, 64).strip()
+
+
+ERROR_MARKS = ("error", "Error", "Traceback", "Killed", "killed", "CANCELLED")
+
+
+def error_lines(shell: Shell, log: str, lines: int = 6, max_bytes: int = 16384) -> str:
+    """The last error lines of a log (srun's ``srun: error: ...``, a Python exception),
+    as ``":\n    line..."``; empty when there are none."""
+    try:
+        start = max(0, shell.size(log) - max_bytes)
+        text = shell.read_from(log, start, max_bytes).decode("utf-8", "replace")
+    except (ExecutionError, OSError):
+        return ""
+    found = [ln.rstrip() for ln in text.splitlines() if any(m in ln for m in ERROR_MARKS)]
+    return (":\n    " + "\n    ".join(found[-lines:])) if found else ""

@@ -1,0 +1,117 @@
+"""Plugin artefacts a batch hands back through its work dir (target side).
+
+A dispatched test runs in another process, so what pytest-cov and pytest-benchmark
+gather there would die with it. pytest-xdist's workers send that data over their
+channel; ours write it next to ``reports.jsonl`` and the controller merges it into its
+own pytest-cov and pytest-benchmark sessions when the batch ends (``artefacts``):
+
+- ``coverage.db``: the batch's coverage data (coverage.py's own data file format);
+- ``benchmarks.json``: each benchmark's ``as_dict()``, as in ``--benchmark-json``.
+
+The worker itself never reports, saves or judges: the controller's plugins do that
+once, for the whole run (no coverage table in the job log, no ``--cov-fail-under`` on
+a part of the run, no ``--benchmark-json`` written by a batch). Standard library and
+pytest only; coverage is imported only where pytest-cov runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.node.protocol import BENCHMARKS_FILE, COVERAGE_FILE  # noqa: F401
+
+
+def point_coverage_at(work_dir: Path, rank: int) -> None:
+    """Before pytest-cov starts (``pytest_load_initial_conftests``): its data files go into
+    the batch's work dir, not into the suite's rootdir (``COVERAGE_FILE``). Ranks other
+    than 0 (one batch run by several MPI ranks) keep theirs apart: only rank 0 reports."""
+    name = ".coverage" if rank == 0 else f".coverage-rank{rank}"
+    os.environ["COVERAGE_FILE"] = str(work_dir / name)
+
+
+class BatchArtefacts:
+    """Registered by the worker plugin; writes the artefacts of the batch being run."""
+
+    def __init__(self, config: pytest.Config, work_dir: Path, *, enabled: bool) -> None:
+        self.config = config
+        self.work_dir = work_dir
+        self.enabled = enabled  # rank 0 only, as the report writer
+
+    # -- the worker leaves judging and output files to the controller -----------------
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        cov = self._cov_plugin()
+        if cov is not None:
+            cov.options.cov_report = {}  # no table in the job log
+            cov.options.cov_fail_under = None  # a part of the run is not the run
+        bench = getattr(self.config, "_benchmarksession", None)
+        if bench is not None:
+            bench.json = None  # the controller writes the one --benchmark-json
+            bench.save = bench.autosave = None
+            bench.histogram = False
+            bench.compare = bench.compare_fail = None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """A batch run as its own pytest: pytest-cov has combined its data by now."""
+        self.write(self.work_dir, running=False)
+
+    # -- writing -----------------------------------------------------------------------
+    def write(self, work_dir: Path, *, running: bool) -> None:
+        """Write the artefacts into ``work_dir``. ``running``: coverage still measures (a
+        forked batch of a warm session, which ends without pytest-cov's own finish)."""
+        if not self.enabled:
+            return
+        self._write_benchmarks(work_dir)
+        self._write_coverage(work_dir, running=running)
+
+    def _cov_plugin(self) -> Any:
+        plugin = self.config.pluginmanager.get_plugin("_cov")
+        if plugin is None or getattr(plugin, "_disabled", False):
+            return None
+        return plugin
+
+    def _write_coverage(self, work_dir: Path, *, running: bool) -> None:
+        plugin = self._cov_plugin()
+        controller = getattr(plugin, "cov_controller", None) if plugin else None
+        cov = getattr(controller, "cov", None)
+        if cov is None:
+            return
+        from coverage import CoverageData
+
+        if running:
+            cov.stop()
+        data = cov.get_data()
+        target = work_dir / COVERAGE_FILE
+        tmp = work_dir / f".{COVERAGE_FILE}.tmp{os.getpid()}"
+        out = CoverageData(basename=str(tmp))
+        out.update(data)
+        out.write()
+        with contextlib.suppress(Exception):
+            out.close()
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)  # complete or absent: the controller reads it once
+        if running:  # the forked child's own data file (in the session's dir) is copied
+            with contextlib.suppress(Exception):
+                data.erase()
+
+    def _write_benchmarks(self, work_dir: Path) -> None:
+        bench = getattr(self.config, "_benchmarksession", None)
+        if bench is None or not bench.benchmarks:
+            return
+        records = [b.as_dict(include_data=True) for b in bench.benchmarks
+                   if b and not getattr(b, "has_error", False)]
+        if not records:
+            return
+        target = work_dir / BENCHMARKS_FILE
+        tmp = work_dir / f".{BENCHMARKS_FILE}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(records, fh, default=repr)
+        os.replace(tmp, target)

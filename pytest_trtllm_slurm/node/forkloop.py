@@ -1,0 +1,302 @@
+"""The engine of the warm workers (target side, standard library only).
+
+A directory is the mailbox: the controller drops requests into ``<root>/inbox``
+as JSON files (written to a temporary name, then renamed), ``<name>.cancel``
+stops request ``name`` and ``stop`` ends the loop once nothing runs. Each
+request runs in a forked child in its own process group, so a cancel kills the
+test and everything it started; the child's exit status is written atomically
+to the request's ``exit_path``. Files rather than sockets: the controller may
+be on the other side of SSH, and a shared file system is what every Slurm
+cluster gives both sides.
+
+Only this user may write a mailbox: its folders are made 0700, and a file that is not
+a regular file of ours or that group or others may write is refused (logged, removed,
+never run): see ``private_files``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_trtllm_slurm.node.files import (
+    UntrustedPath,
+    close_own_dirs,
+    make_private_dirs,
+    open_trusted,
+    tree_up_to,
+)
+from pytest_trtllm_slurm.node.protocol import LOG_MARK  # noqa: F401
+
+KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
+HEARTBEAT_EVERY = 1.0
+FAST, SLOW = 0.005, 0.05  # poll interval while busy / when idle for a while
+AGENTS_TREE = ".agents"  # the top of the warm workers' mailboxes (``work_dirs/.agents``)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """0600, complete or absent: the reader never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _refuse(path: Path, why: str) -> None:
+    """A request someone else could have written: said in the log, and removed unread."""
+    print(f"[trtllm-slurm] refused {why}; removed it without running it", file=sys.stderr,
+          flush=True)
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def redirect_output(log_path: str) -> None:
+    """fd 1 and 2 (and so every child process) append to ``log_path``."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def spawn(run: Callable[[], int]) -> int:
+    """Fork; the child becomes a process-group leader, runs ``run`` and exits with its
+    code without unwinding the parent's state (no atexit, no buffered parent output)."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler is not ours
+        code = run()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the child must always exit here
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(int(code) & 0xFF)
+
+
+def exit_code_of(status: int) -> int:
+    """The shell's convention: the exit code, or 128 + the signal that killed it."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+@dataclass
+class Running:
+    name: str
+    pid: int
+    exit_path: str
+    kill_at: float | None = None
+
+
+# start(request) -> pid of the forked child, or None when it cannot start yet (e.g. its
+# GPUs are busy); it is asked again on the next round
+Starter = Callable[[dict[str, Any]], "int | None"]
+
+
+@dataclass
+class ForkLoop:
+    root: Path
+    start: Starter
+    heartbeat: Path | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    idle_exit: float | None = None  # leave after this long with nothing to do
+    watch_parent: bool = False  # leave (killing what runs) when the parent process dies
+    before_request: Callable[[dict[str, Any]], None] | None = None
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    running: dict[int, Running] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.inbox = self.root / "inbox"
+        make_private_dirs(self.inbox)
+        # UntrustedPath when a folder of the tree is someone else's (or a link): never served
+        close_own_dirs([self.inbox, *tree_up_to(self.root, AGENTS_TREE)])
+        self._parent = os.getppid()
+        self._stopping = False
+        self._inbox_refused = False
+
+    def run(self) -> None:
+        """Serve until ``stop`` (and nothing runs), idleness, or the parent's death."""
+        last_beat = 0.0
+        last_work = time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                busy = self._reap() | self._read_inbox() | self._start_pending()
+                self._escalate(now)
+                if busy or self.running or self.pending:
+                    last_work = now
+                if self.heartbeat is not None and now - last_beat >= HEARTBEAT_EVERY:
+                    last_beat = now
+                    self._beat()
+                if self.watch_parent and os.getppid() != self._parent:
+                    break
+                if not self.running and not self.pending:
+                    if self._stopping:
+                        break
+                    if self.idle_exit is not None and now - last_work > self.idle_exit:
+                        break
+                time.sleep(FAST if now - last_work < 2.0 else SLOW)
+        finally:
+            self._kill_all()
+
+    # -- one round ------------------------------------------------------------
+    def _read_inbox(self) -> bool:
+        try:
+            names = sorted(os.listdir(self.inbox))
+        except FileNotFoundError:
+            return False
+        found = False
+        if names and not self._inbox_trusted():
+            return False
+        for name in names:
+            path = self.inbox / name
+            if not (name == "stop" or name.endswith((".cancel", ".json"))):
+                continue  # a writer's temporary name
+            try:
+                text = open_trusted(path).decode("utf-8")
+            except UntrustedPath as exc:
+                _refuse(path, str(exc))
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+                    _refuse(path, f"{path}: it is a symbolic link")
+                continue  # gone, or not complete yet: next round
+            except UnicodeDecodeError:
+                continue  # gone, or not complete yet: next round
+            if name == "stop":
+                self._stopping = found = True
+                continue
+            if name.endswith(".cancel"):
+                self._cancel(name[: -len(".cancel")])
+                path.unlink(missing_ok=True)
+                found = True
+            elif name.endswith(".json"):
+                try:
+                    request = json.loads(text)
+                except ValueError:
+                    continue  # not complete yet (a writer that does not rename): next round
+                path.unlink(missing_ok=True)
+                request.setdefault("name", name[: -len(".json")])
+                if self.before_request is not None:
+                    self.before_request(request)
+                self.pending.append(request)
+                found = True
+        return found
+
+    def _inbox_trusted(self) -> bool:
+        """The inbox is our own folder (made 0700 again if someone opened it up); a folder
+        that is someone else's, or a link, is never read (said once in the log)."""
+        try:
+            close_own_dirs([self.inbox])
+        except (UntrustedPath, OSError) as exc:
+            if not self._inbox_refused:
+                self._inbox_refused = True
+                print(f"[trtllm-slurm] not reading the mailbox: {exc}", file=sys.stderr,
+                      flush=True)
+            return False
+        return True
+
+    def _start_pending(self) -> bool:
+        started = False
+        for request in list(self.pending):
+            try:
+                pid = self.start(request) if "exit_path" in request else None
+                if "exit_path" not in request:
+                    raise ValueError("no exit_path")
+            except Exception as exc:  # noqa: BLE001 - a bad request must not end the loop
+                print(f"[trtllm-slurm] request {request.get('name')} refused: {exc!r}",
+                      file=sys.stderr, flush=True)
+                self.pending.remove(request)
+                if "exit_path" in request:
+                    with contextlib.suppress(OSError):
+                        write_atomic(request["exit_path"], "2\n")
+                continue
+            if pid is None:
+                continue  # waits; later requests may still fit (backfill)
+            self.pending.remove(request)
+            self.running[pid] = Running(request["name"], pid, request["exit_path"])
+            started = True
+        return started
+
+    def _reap(self) -> bool:
+        reaped = False
+        while self.running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            child = self.running.pop(pid, None)
+            if child is not None:
+                with contextlib.suppress(OSError):  # the test may have left children behind
+                    os.killpg(pid, signal.SIGKILL)
+                write_atomic(child.exit_path, f"{exit_code_of(status)}\n")
+                reaped = True
+        return reaped
+
+    def _cancel(self, name: str) -> None:
+        for request in list(self.pending):
+            if request["name"] == name:
+                self.pending.remove(request)
+                write_atomic(request["exit_path"], f"{128 + signal.SIGTERM}\n")
+        for child in self.running.values():
+            if child.name == name and child.kill_at is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(child.pid, signal.SIGTERM)
+                child.kill_at = time.monotonic() + KILL_GRACE
+
+    def _escalate(self, now: float) -> None:
+        for child in self.running.values():
+            if child.kill_at is not None and now >= child.kill_at:
+                with contextlib.suppress(OSError):
+                    os.killpg(child.pid, signal.SIGKILL)
+
+    def _beat(self) -> None:
+        assert self.heartbeat is not None
+        with contextlib.suppress(OSError):
+            write_atomic(self.heartbeat, json.dumps(
+                {"time": time.time(), "pid": os.getpid(), "running": len(self.running),
+                 "pending": len(self.pending), **self.info}))
+
+    def _kill_all(self) -> None:
+        for child in list(self.running.values()):
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_GRACE
+        while self.running and time.monotonic() < deadline:
+            if not self._reap():
+                time.sleep(0.01)
+        for request in self.pending:
+            with contextlib.suppress(OSError):
+                write_atomic(request["exit_path"], f"{128 + signal.SIGKILL}\n")

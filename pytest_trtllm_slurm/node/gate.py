@@ -1,0 +1,100 @@
+"""The start gate of a step launched before its GPUs are free (target side).
+
+A multi-node MPI batch runs as a Slurm step whose ranks each start an interpreter and
+import the suite: seconds (torch, tensorrt_llm) during which the batch's nodes would sit
+idle. With warm workers the controller launches such a step as soon as the batch is known
+and sets ``TRTLLM_SLURM_GATE=DIR``. Every rank collects, says so (``DIR/ready.<rank>``),
+rank 0 writes ``DIR/ready`` once all ranks have, and every rank waits for ``DIR/open``
+before running a test. The controller writes ``open`` when the step's nodes are free, so
+the imports overlap the batches running there meanwhile. Each rank also writes
+``DIR/done.<rank>`` as its interpreter exits (after the tests' own exit handlers): the
+controller gives the nodes to the next batches then, not seconds later when srun and
+the step's accounting are through. ``wait_at_gate`` is standard library only; ``Gate``
+is its pytest face, registered by the worker plugin.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV  # noqa: F401
+
+POLL = 0.05
+
+
+def rank_and_size() -> tuple[int, int]:
+    """This process's rank and the number of ranks (srun, else Open MPI, else PMI)."""
+    for rank_var, size_var in (("SLURM_PROCID", "SLURM_NTASKS"),
+                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                               ("PMI_RANK", "PMI_SIZE")):
+        rank, size = os.environ.get(rank_var, ""), os.environ.get(size_var, "")
+        if rank.isdigit():
+            return int(rank), int(size) if size.isdigit() else 1
+    return 0, 1
+
+
+def _touch(path: Path, text: str = "") -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text or f"{os.getpid()}\n")
+    os.replace(tmp, path)
+
+
+def wait_at_gate(gate: Path, *, rank: int, size: int, max_wait: float,
+                 poll: float = POLL) -> bool:
+    """Say this rank is ready, then wait for ``open``; False when ``max_wait`` passed."""
+    gate.mkdir(parents=True, exist_ok=True)
+    _touch(gate / f"ready.{rank}")
+    opened, all_ready = gate / "open", gate / "ready"
+    deadline = time.monotonic() + max_wait
+    while not opened.exists():
+        if rank == 0 and not all_ready.exists() and (
+                sum(1 for p in gate.glob("ready.*") if p.name[6:].isdigit()) >= size):
+            _touch(all_ready, f"{size}\n")  # the controller counts done.<rank> up to it
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+class Gate:
+    """Holds the session between collection and the first test until the gate opens."""
+
+    def __init__(self, gate: Path, max_wait: float) -> None:
+        self.gate = gate
+        self.max_wait = max_wait
+        # registered before the suite is imported: runs after the exit handlers of what
+        # the tests loaded (torch, mpi4py), so the GPUs are as good as free then
+        rank, _ = rank_and_size()
+        atexit.register(_touch_quietly, gate / f"done.{rank}")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        rank, size = rank_and_size()
+        if not wait_at_gate(self.gate, rank=rank, size=size, max_wait=self.max_wait):
+            pytest.exit(f"[trtllm-slurm] rank {rank}: the controller did not open {self.gate} "
+                        f"within {self.max_wait:.0f} s; no test ran", returncode=3)
+
+
+def _touch_quietly(path: Path) -> None:
+    try:
+        _touch(path)
+    except OSError:
+        pass  # the controller then waits for the step's end instead
+
+
+def gate_from_env() -> Gate | None:
+    # popped: the tests and what they start are not gated
+    path = os.environ.pop(GATE_ENV, "")
+    wait = os.environ.pop(GATE_WAIT_ENV, "")
+    if not path:
+        return None
+    try:
+        max_wait = float(wait or 86400.0)
+    except ValueError:
+        max_wait = 86400.0
+    return Gate(Path(path), max_wait)

@@ -1,0 +1,178 @@
+"""A worker session that serves batches (``--trtllm-worker-serve DIR``; target side).
+
+Started by the node's agent once per controller run, it collects the run's tests
+once, then, instead of running them, forks one child per batch request found in
+``DIR/inbox``: the child takes its GPUs (flock on node-local lock files, so two
+runs sharing the allocation never share a GPU; the lock dies with the process),
+points CUDA_VISIBLE_DEVICES at them, sends its output to the batch's log and its
+events to the batch's reports.jsonl, runs the items and exits. The batch pays a
+fork instead of an interpreter start, a pytest start and the suite's imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.node.forkloop import ForkLoop, redirect_output, spawn, write_atomic
+from pytest_trtllm_slurm.node.protocol import EARLY_MISS, GPU_LOCKS_ENV  # noqa: F401
+
+SESSION_IDLE_EXIT = 300.0  # a session whose controller vanished leaves after this
+
+
+class GpuLeases:
+    """Exclusive GPUs of this node by position, through flock'd files in a local dir."""
+
+    def __init__(self, lock_dir: Path | None, visible: list[str]) -> None:
+        self.lock_dir = lock_dir
+        self.visible = visible
+
+    def take(self, count: int) -> tuple[list[str], list[int]] | None:
+        """``count`` free GPUs (their ids, and the fds holding them), or None."""
+        if count <= 0:
+            return [], []
+        if count > len(self.visible):
+            raise ValueError(f"the batch wants {count} GPUs, this node has {len(self.visible)}")
+        if self.lock_dir is None:  # no agent: nothing to share with
+            return self.visible[:count], []
+        ids: list[str] = []
+        fds: list[int] = []
+        for gpu in self.visible:
+            fd = os.open(self.lock_dir / f"gpu{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            ids.append(gpu)
+            fds.append(fd)
+            if len(ids) == count:
+                return ids, fds
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        return None
+
+
+def one_node_job_env(gpu_ids: list[str]) -> dict[str, str]:
+    """What a one-shot job of a served batch's shape (one node, one task, these GPUs)
+    shows its test; the agent's own step describes the whole allocation. SLURM_JOB_ID
+    stays the allocation's (a job of its own would have another)."""
+    node = os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODENAME", "")
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)}
+    if not os.environ.get("SLURM_JOB_ID"):  # not under Slurm (a local agent): nothing more
+        return env
+    one = {"SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1",
+           "SLURM_NTASKS": "1", "SLURM_NPROCS": "1", "SLURM_STEP_NUM_TASKS": "1",
+           "SLURM_TASKS_PER_NODE": "1", "SLURM_STEP_TASKS_PER_NODE": "1",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_GPUS_ON_NODE": str(len(gpu_ids))}
+    if node:
+        one.update(SLURM_JOB_NODELIST=node, SLURM_NODELIST=node, SLURM_STEP_NODELIST=node)
+    if os.environ.get("SLURM_JOB_GPUS") or os.environ.get("SLURM_STEP_GPUS"):
+        one.update(SLURM_JOB_GPUS=",".join(gpu_ids), SLURM_STEP_GPUS=",".join(gpu_ids))
+    return {**env, **one}
+
+
+def visible_gpus(total: int) -> list[str]:
+    """The GPUs the agent's step was given (CUDA_VISIBLE_DEVICES), else 0..total-1."""
+    text = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = [x.strip() for x in text.split(",") if x.strip()]
+    return ids or [str(i) for i in range(total)]
+
+
+class SessionServer:
+    """Replaces the session's test loop with serving batch requests."""
+
+    def __init__(self, config: pytest.Config, serve_dir: Path, writer: Any) -> None:
+        self.config = config
+        self.serve_dir = serve_dir
+        self.writer = writer
+        self.items: dict[str, pytest.Item] = {}
+        self.leases: GpuLeases | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        self.items = {item.nodeid: item for item in session.items}
+        lock_dir = os.environ.get(GPU_LOCKS_ENV)
+        self.session = session
+        self._lock_dir = Path(lock_dir) if lock_dir else None
+        write_atomic(self.serve_dir / "ready", f"{os.getpid()}\n")
+        ForkLoop(self.serve_dir, self._start, idle_exit=SESSION_IDLE_EXIT,
+                 watch_parent=True).run()
+        return True
+
+    def _start(self, request: dict[str, Any]) -> int | None:
+        if self.leases is None:
+            self.leases = GpuLeases(self._lock_dir, visible_gpus(int(request.get("gpus_total", 0))))
+        try:
+            taken = self.leases.take(int(request.get("gpus", 0)))
+        except ValueError as exc:
+            why = str(exc)
+            return spawn(lambda: self._refuse(request, why))
+        if taken is None:
+            return None
+        gpu_ids, fds = taken
+        pid = spawn(lambda: self._run_batch(request, gpu_ids))
+        for fd in fds:  # the child holds the locks now; closing our copies keeps them held
+            os.close(fd)
+        write_atomic(request["pid_path"], f"{pid}\n")
+        return pid
+
+    def _refuse(self, request: dict[str, Any], why: str) -> int:
+        redirect_output(request["log_path"])
+        print(f"[trtllm-slurm] batch refused: {why}", flush=True)
+        return 2
+
+    def _run_batch(self, request: dict[str, Any], gpu_ids: list[str]) -> int:
+        if not self.writer.wanted and any(n not in self.items for n in request["nodeids"]):
+            # collected from the run's arguments, and they did not give this node id here:
+            # the controller sends the batch to a session that collects it by node id
+            return EARLY_MISS
+        for key, value in (request.get("env") or {}).items():
+            os.environ[key] = value
+        os.environ.update(one_node_job_env(gpu_ids))
+        self._own_basetemp(str(request.get("name", os.getpid())))
+        redirect_output(request["log_path"])
+        self.writer.reopen(Path(request["reports_path"]))
+        wanted = list(request["nodeids"])
+        missing = [n for n in wanted if n not in self.items]
+        if missing:
+            for record in self.writer.collect_errors:
+                self.writer.emit(record)
+            self.writer.emit({"type": "missing", "nodeids": missing,
+                              "rootdir": str(self.config.rootpath)})
+        items = [self.items[n] for n in wanted if n in self.items]
+        session = self.session
+        failed_before = session.testsfailed
+        for index, item in enumerate(items):
+            nextitem = items[index + 1] if index + 1 < len(items) else None
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        status = 1 if session.testsfailed > failed_before else 0
+        artefacts = self.config.pluginmanager.get_plugin("trtllm-slurm-artefacts")
+        if artefacts is not None:  # this child ends without pytest-cov's own finish
+            artefacts.write(Path(request["reports_path"]).parent, running=True)
+        self.writer.emit({"type": "session_finish", "exitstatus": status})
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        return status
+
+
+    def _own_basetemp(self, name: str) -> None:
+        """A --basetemp is emptied by whoever uses it first: batches that run side by side
+        get their own folder below it (as pytest-xdist's workers do)."""
+        factory = getattr(self.config, "_tmp_path_factory", None)
+        given = getattr(factory, "_given_basetemp", None)
+        if factory is not None and given is not None:
+            factory._given_basetemp = Path(given) / name
+            factory._basetemp = None
+
+
+def register(config: pytest.Config, serve_dir: str, writer: Any) -> None:
+    config.pluginmanager.register(SessionServer(config, Path(serve_dir), writer),
+                                  "trtllm-slurm-session-server")

@@ -1,0 +1,278 @@
+"""The plugin loaded on the target (``-p pytest_trtllm_slurm.node.worker``).
+
+It narrows the session to the node ids the controller sent (in a file, never
+on a command line) and appends every event to ``reports.jsonl``: one JSON
+object per line, written with a single ``write`` and fsynced, so the controller
+can read it incrementally while the batch runs and a torn last line is the
+only damage a crash can do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.node.forkloop import LOG_MARK
+from pytest_trtllm_slurm.node.protocol import RECORD_VERSION  # noqa: F401
+
+WORKER_ENV = "TRTLLM_SLURM_WORKER"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("trtllm-slurm-worker")
+    group.addoption("--trtllm-worker-reports", default=None, help="(internal) reports.jsonl path")
+    group.addoption("--trtllm-worker-nodeids", default=None, help="(internal) node ids file")
+    group.addoption("--trtllm-worker-serve", default=None,
+                    help="(internal) serve batch requests from this directory")
+
+
+class ReportWriter:
+    """Appends events to reports.jsonl, one line per event."""
+
+    def __init__(self, config: pytest.Config, path: Path) -> None:
+        self.config = config
+        self._fd = self._open(path)
+        from pytest_trtllm_slurm.node.gate import rank_and_size
+
+        # only rank 0 writes when several ranks run the same batch (launch=mpi)
+        self.enabled = rank_and_size()[0] == 0
+        self.wanted: list[str] = []
+        self.collect_errors: list[dict[str, Any]] = []
+        self.marked: MarkedLines | None = None  # pytest's terminal output, marked
+
+    @staticmethod
+    def _open(path: Path) -> int:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def reopen(self, path: Path) -> None:
+        """Write to another file from now on (a served batch's own reports.jsonl)."""
+        os.close(self._fd)
+        self._fd = self._open(path)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """One record (plain dict, the keys ``records`` defines, and ``v``) as one line."""
+        if not self.enabled or self._fd < 0:
+            return
+        line = (json.dumps({"v": RECORD_VERSION, **record}, default=repr) + "\n").encode()
+        os.write(self._fd, line)
+        os.fsync(self._fd)
+
+    # -- selection -------------------------------------------------------
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if not self.wanted:
+            return
+        by_id = {item.nodeid: item for item in items}
+        selected = [by_id[n] for n in self.wanted if n in by_id]
+        missing = [n for n in self.wanted if n not in by_id]
+        if missing:
+            self.emit({"type": "missing", "nodeids": missing, "rootdir": str(config.rootpath)})
+        deselected = [item for item in items if item.nodeid not in set(self.wanted)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+    # -- events ----------------------------------------------------------
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+            record = {"type": "collect_error", "data": data}
+            self.collect_errors.append(record)  # a served batch repeats them (worker_serve)
+            self.emit(record)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.emit({"type": "start", "nodeid": nodeid, "location": list(location)})
+        # a line in the job log (progress), marked so the hang scan skips it; last, after
+        # pytest's own output (-v: the node id), so what the test prints starts a new line
+        shown = nodeid.replace("\r", "\\r").replace("\n", "\\n")
+        if self.marked is not None:
+            self.marked.line(f"START {shown}")
+        else:
+            print(f"\n{LOG_MARK}START {shown}", file=sys.__stdout__, flush=True)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.emit({"type": "report", "data": data})
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.emit({"type": "finish", "nodeid": nodeid})
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        """``done`` once the item's whole protocol returned: a plugin that runs a test
+        several times (pytest-rerunfailures) logs start..finish once per attempt, and
+        only this says that no attempt follows (pytest-xdist's runtest_protocol_complete)."""
+        try:
+            return (yield)
+        finally:
+            self.emit({"type": "done", "nodeid": item.nodeid})
+
+    def pytest_warning_recorded(
+        self, warning_message: Any, when: str, nodeid: str, location: Any
+    ) -> None:
+        category = warning_message.category
+        self.emit(
+            {
+                "type": "warning",
+                "when": when,
+                "nodeid": nodeid,
+                "message": str(warning_message.message),
+                "category": f"{category.__module__}.{category.__qualname__}",
+                "filename": warning_message.filename,
+                "lineno": warning_message.lineno,
+            }
+        )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.emit({"type": "session_finish", "exitstatus": int(exitstatus)})
+        self.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
+    """Before pytest-cov starts measuring: its data files go into the work dir."""
+    reports = getattr(early_config.known_args_namespace, "trtllm_worker_reports", None)
+    if reports:
+        from pytest_trtllm_slurm.node.artefacts import point_coverage_at
+        from pytest_trtllm_slurm.node.gate import rank_and_size
+
+        point_coverage_at(Path(reports).parent, rank_and_size()[0])
+    return (yield)
+
+
+class JunitRecorders:
+    """pytest's junit recorders, also sent to the controller: the target's junit.xml is not
+    the one the user reads (``record_xml_attribute`` sets the testcase's attributes,
+    ``record_testsuite_property`` the suite's properties). Each wraps pytest's own fixture,
+    so its warnings and checks stay pytest's."""
+
+    def __init__(self, writer: ReportWriter) -> None:
+        self.writer = writer
+
+    @pytest.fixture
+    def record_xml_attribute(
+        self, record_xml_attribute: Callable[[str, object], None], request: pytest.FixtureRequest
+    ) -> Callable[[str, object], None]:
+        nodeid = request.node.nodeid
+
+        def record(name: str, value: object) -> None:
+            record_xml_attribute(name, value)
+            self.writer.emit({"type": "xml_attribute", "nodeid": nodeid,
+                              "name": str(name), "value": str(value)})
+
+        return record
+
+    @pytest.fixture(scope="session")
+    def record_testsuite_property(
+        self, record_testsuite_property: Callable[[str, object], None]
+    ) -> Callable[[str, object], None]:
+        def record(name: str, value: object) -> None:
+            __tracebackhide__ = True
+            record_testsuite_property(name, value)
+            self.writer.emit({"type": "suite_property", "name": name, "value": str(value)})
+
+        return record
+
+
+class XdistIdentity:
+    """Under ``pytest -n N`` the dispatching process is an xdist worker: a test it sends
+    to a target sees that worker's ``worker_id`` and ``testrun_uid`` (the controller puts
+    them in ``PYTEST_XDIST_*``, read when the fixture runs: a served session's batches
+    may come from different xdist workers). Without them, xdist's own answers."""
+
+    @pytest.fixture(scope="session")
+    def worker_id(self) -> str:
+        return os.environ.get("PYTEST_XDIST_WORKER") or "master"
+
+    @pytest.fixture(scope="session")
+    def testrun_uid(self) -> str:
+        return os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+
+
+class MarkedLines:
+    """pytest's own terminal output in the job log, each line starting with ``LOG_MARK``:
+    the hang scan reads only the test's own output, never a node id pytest printed."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self._at_line_start = True
+
+    def write(self, text: str) -> int:
+        out: list[str] = []
+        for index, part in enumerate(text.split("\n")):
+            if index:
+                out.append("\n")
+                self._at_line_start = True
+            if part:
+                if self._at_line_start:
+                    out.append(LOG_MARK)
+                out.append(part)
+                self._at_line_start = False
+        self._file.write("".join(out))
+        return len(text)
+
+    def line(self, text: str) -> None:
+        """A marked line of the plugin's own, on a line of its own."""
+        self._file.write(("" if self._at_line_start else "\n") + LOG_MARK + text + "\n")
+        self._file.flush()
+        self._at_line_start = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    reports = config.getoption("trtllm_worker_reports")
+    if not reports:
+        return
+    os.environ[WORKER_ENV] = "1"
+    writer = ReportWriter(config, Path(reports))
+    ids_file = config.getoption("trtllm_worker_nodeids")
+    if ids_file:
+        writer.wanted = list(json.loads(Path(ids_file).read_text("utf-8")))
+    config.pluginmanager.register(writer, "trtllm-slurm-report-writer")
+    from pytest_trtllm_slurm.node.artefacts import (
+        BatchArtefacts,  # coverage and benchmark data come back
+    )
+
+    config.pluginmanager.register(
+        BatchArtefacts(config, Path(reports).parent, enabled=writer.enabled),
+        "trtllm-slurm-artefacts")
+    # registered after every other plugin, so these fixtures override theirs
+    config.pluginmanager.register(JunitRecorders(writer), "trtllm-slurm-junit-recorders")
+    if config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(XdistIdentity(), "trtllm-slurm-xdist-identity")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    terminal = getattr(reporter, "_tw", None)
+    if terminal is not None and hasattr(terminal, "_file"):
+        terminal._file = writer.marked = MarkedLines(terminal._file)
+    from pytest_trtllm_slurm.node.gate import (
+        gate_from_env,  # a step launched before its GPUs were free
+    )
+
+    gate = gate_from_env()
+    if gate is not None:
+        config.pluginmanager.register(gate, "trtllm-slurm-gate")
+    serve_dir = config.getoption("trtllm_worker_serve")
+    if serve_dir:
+        from pytest_trtllm_slurm.node.session_server import register
+
+        register(config, serve_dir, writer)

@@ -1,0 +1,81 @@
+"""Group dispatched tests into batches: same destination, same resource shape,
+same image/env/launch. Pure: no pytest, no I/O.
+
+Every batch pays pytest start-up once, so a shape's tests are split into as
+many chunks as the target can run side by side, and no more: with ``pools``
+the split is planned by ``packing`` (expected durations, the pool's GPUs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pytest_trtllm_slurm.planning.models import Launch, Scenario
+from pytest_trtllm_slurm.planning.packing import Estimates, Pool, pack
+
+
+class BatchKey(BaseModel):
+    """What must be equal for two tests to share one job."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scenario: Scenario
+    cluster: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    total_devices: int = 0
+    devices_per_node: int = 0
+    node_count: int = 1
+    device_type: str | None = None
+    container_image: str | None = None
+    mounts: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    launch: Launch = Launch.SINGLE
+    time_limit: str | None = None
+
+
+class Batch(BaseModel):
+    key: BatchKey
+    index: int = 0  # chunk number within the key
+    nodeids: list[str] = Field(default_factory=list)
+    expected_seconds: float | None = None  # packing's estimate (start-up + tests), if packed
+
+    @property
+    def label(self) -> str:
+        k = self.key
+        where = k.partition or k.cluster or k.scenario.value
+        return f"{where}-{k.total_devices}gpu-{k.node_count}n-{self.index}"
+
+
+def make_batches(
+    planned: list[tuple[str, BatchKey]],
+    parallel: dict[BatchKey, int] | None = None,
+    *,
+    pools: Callable[[BatchKey], Pool] | None = None,
+    estimates: Estimates | None = None,
+) -> list[Batch]:
+    """Group (nodeid, key) pairs by key.
+
+    Without ``pools``: in collection order, each group split round-robin into
+    ``parallel[key]`` chunks (default 1). With ``pools`` (where each key's batches
+    run, and how many GPUs that has): ``packing.pack`` chooses the chunk counts
+    (``parallel`` still forces a key's count), balances the chunks by ``estimates``
+    and orders the batches for submission (wide and long first).
+    """
+    if pools is not None:
+        return [
+            Batch(key=chunk.key, index=chunk.index, nodeids=chunk.nodeids,  # type: ignore[arg-type]
+                  expected_seconds=round(chunk.expected, 3))
+            for chunk in pack(planned, pools, estimates, fixed=parallel)
+        ]
+    groups: dict[BatchKey, list[str]] = {}
+    for nodeid, key in planned:
+        groups.setdefault(key, []).append(nodeid)
+    batches: list[Batch] = []
+    for key, nodeids in groups.items():
+        chunks = max(1, min(len(nodeids), (parallel or {}).get(key, 1)))
+        for index in range(chunks):
+            batches.append(Batch(key=key, index=index, nodeids=nodeids[index::chunks]))
+    return batches

@@ -1,0 +1,93 @@
+"""The plan: one row per test saying what it needs and where it would run.
+
+``build_plan`` takes the routing function as an argument so the planning rules
+stay testable without probes; the renderers are pure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, RouteDecision
+
+RouteFn = Callable[[Any, DeviceRequirement], RouteDecision]
+RequirementFn = Callable[[Any], DeviceRequirement]
+
+
+class PlanRow(BaseModel):
+    """Where one test goes. ``scenario`` None: nothing can serve it (see ``reason``), or
+    its markers / perf-sanity id cannot be read (see ``error``: the test errors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodeid: str
+    name: str | None = None  # as the user wrote it, when pytest renamed a long id
+    devices: int
+    devices_per_node: int
+    nodes: int
+    device_type: str | None = None
+    scenario: str | None = None
+    partition: str | None = None
+    batch: str | None = None
+    source: str = "default"  # which marker / YAML the device count came from
+    reason: str | None = None
+    error: str | None = None
+
+
+def plan_row(nodeid: str, req: DeviceRequirement, decision: RouteDecision,
+             partition: str | None = None, batch: str | None = None, *,
+             name: str | None = None, error: str | None = None) -> PlanRow:
+    """One row from a requirement and its routing decision (node math on the target's GPUs)."""
+    target = decision.target_gpus_per_node
+    return PlanRow(
+        nodeid=nodeid,
+        name=name if name and name != nodeid else None,
+        error=error,
+        devices=req.total,
+        devices_per_node=req.resolve_per_node(target),
+        nodes=req.nodes(target),
+        device_type=req.device_type,
+        scenario=decision.scenario.value if decision.scenario is not None else None,
+        partition=decision.partition or partition,
+        batch=batch,
+        source=req.source,
+        reason=None if error else decision.reason,
+    )
+
+
+def format_plan_lines(rows: Iterable[PlanRow]) -> list[str]:
+    """One human-readable line per test."""
+    lines = []
+    for row in rows:
+        shown = f"{row.name} (pytest id {row.nodeid})" if row.name else row.nodeid
+        if row.error is not None:  # the message leads with the name the line shows already
+            error = next((row.error[len(n) + 2:] for n in (row.name, row.nodeid)
+                          if n and row.error.startswith(f"{n}: ")), row.error)
+            lines.append(f"{shown}: ERROR {error}")
+            continue
+        if row.devices == 0:
+            need = "CPU only"
+        else:
+            kind = row.device_type or "any GPU"
+            need = (f"{row.devices} x {kind} = {row.nodes} node(s) x {row.devices_per_node}")
+        where = row.scenario or f"not served ({row.reason or 'no route'})"
+        extras = "".join(f" {key}={value}" for key, value in
+                         (("partition", row.partition), ("batch", row.batch)) if value)
+        lines.append(f"{shown}: {need} -> {where}{extras}")
+    return lines
+
+
+def write_plan_json(rows: Iterable[PlanRow], path: Path | str) -> Path:
+    """Write the rows as a JSON list of objects (keys as PlanRow); returns the path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    payload = [row.model_dump(mode="json") for row in rows]
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(target)
+    return target

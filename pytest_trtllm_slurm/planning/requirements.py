@@ -1,0 +1,421 @@
+"""What each test needs: markers, perf-sanity YAML, bench/eval commands, time limits.
+
+Pure functions (no subprocess, no pytest import): the planning layer derives a
+DeviceRequirement per test from, in order, the ``trtllm_slurm(...)`` marker,
+``skip_less_mpi_world_size`` / ``skip_less_device``, a perf-sanity YAML, else 0
+(a CPU test). Bad input raises ConfigError naming the test, what was found and
+what is expected -- never a silent default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+
+import pytest_trtllm_slurm.planning.safe_values as safe_values
+from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
+from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
+    DEFAULT_AGG_FOLDER,
+    DEFAULT_DISAGG_FOLDER,
+    GRAMMAR,
+    GRAMMAR_VERSION,
+    PERF_PARAM,
+    PERF_PREFIXES,
+    PerfCase,
+    PerfSources,
+    load_perf_yaml,
+    name_as_written,
+    parse_perf_case,
+    perf_label,
+    perf_requirement,
+    server_gpus,
+)
+from pytest_trtllm_slurm.planning.settings import Settings, checked
+
+# --------------------------------------------------------------------------- time limits
+
+_UNIT_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_CLOCK_RE = re.compile(
+    r"(?:(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2}))"  # D-HH:MM:SS
+    r"|(?:(\d+):(\d{1,2})(?::(\d{1,2}))?)"  # HH:MM:SS or MM:SS
+)
+TIME_FORMATS = "1h, 30m, 3600s, 1h30m, HH:MM:SS, MM:SS or D-HH:MM:SS"
+
+
+def parse_time_limit(text: str, *, what: str = "time limit") -> int:
+    """Seconds in ``text``.
+
+    A bare number is refused: Slurm reads it as minutes, people often mean seconds.
+    """
+    raw = str(text).strip().lower()
+    unit = _UNIT_RE.fullmatch(raw)
+    if raw and unit and any(unit.groups()):
+        d, h, m, s = (int(g or 0) for g in unit.groups())
+        return d * 86400 + h * 3600 + m * 60 + s
+    clock = _CLOCK_RE.fullmatch(raw)
+    if clock:
+        days, dh, dm, ds, a, b, c = clock.groups()
+        if days is not None:
+            hours, minutes, seconds = int(dh), int(dm), int(ds)
+            if hours < 24 and minutes < 60 and seconds < 60:
+                return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+        elif c is not None:  # HH:MM:SS
+            if int(b) < 60 and int(c) < 60:
+                return int(a) * 3600 + int(b) * 60 + int(c)
+        elif int(b) < 60:  # MM:SS
+            return int(a) * 60 + int(b)
+    raise ConfigError(f"{what}: found {text!r}; expected a duration such as {TIME_FORMATS}")
+
+
+def format_slurm_time(seconds: int) -> str:
+    """``D-HH:MM:SS`` (a day or more) or ``HH:MM:SS``: what ``sbatch --time`` takes."""
+    if seconds < 0:
+        raise ValueError(f"negative duration: {seconds}")
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+# --------------------------------------------------------------------------- commands
+
+_SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
+
+
+def _last_invocation(cmd: str, program: str) -> list[str]:
+    """Arguments of the last ``program`` call in a shell chain (``a && b; c``)."""
+    try:
+        lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError as exc:
+        raise ConfigError(f"command {cmd!r}: cannot be split as shell words ({exc}); "
+                          "expected balanced quotes") from None
+    start = None
+    for index, token in enumerate(tokens):
+        if os.path.basename(token) == program:
+            start = index
+    if start is None:
+        raise ConfigError(
+            f"command {cmd!r}: found no {program} invocation; expected '{program} ...'"
+        )
+    args: list[str] = []
+    for token in tokens[start + 1 :]:
+        if token in _SHELL_OPERATORS:
+            break
+        args.append(token)
+    return args
+
+
+def _int_flag(args: Sequence[str], names: Sequence[str], cmd: str) -> int:
+    """Value of the last ``--name N`` / ``--name=N`` in ``args`` (1 when absent)."""
+    value: str | None = None
+    flag = names[0]
+    for index, arg in enumerate(args):
+        for name in names:
+            if arg == name:
+                value = args[index + 1] if index + 1 < len(args) else ""
+                flag = name
+            elif arg.startswith(name + "="):
+                value = arg[len(name) + 1 :]
+                flag = name
+    if value is None:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"command {cmd!r}: {flag} {value!r}; expected a positive integer")
+    return int(value)
+
+
+def parse_bench_command(cmd: str) -> tuple[int, int]:
+    """(tp, pp) of the last ``trtllm-bench`` in ``cmd``; each defaults to 1."""
+    args = _last_invocation(cmd, "trtllm-bench")
+    return _int_flag(args, ("--tp",), cmd), _int_flag(args, ("--pp",), cmd)
+
+
+def parse_eval_command(cmd: str) -> tuple[int, int]:
+    """(tp_size, pp_size) of the last ``trtllm-eval`` in ``cmd``; each defaults to 1."""
+    args = _last_invocation(cmd, "trtllm-eval")
+    return _int_flag(args, ("--tp_size",), cmd), _int_flag(args, ("--pp_size",), cmd)
+
+
+# --------------------------------------------------------------------------- markers
+
+
+class MarkLike(Protocol):
+    """What we read of a pytest Mark (so tests need no real items)."""
+
+    @property
+    def args(self) -> tuple[Any, ...]: ...
+
+    @property
+    def kwargs(self) -> Mapping[str, Any]: ...
+
+
+MarkerLookup = Callable[[str], "MarkLike | None"]
+
+
+class TestConfig(BaseModel):
+    """Fields of the per-test ``trtllm_slurm(...)`` marker; unknown keys are errors."""
+
+    __test__ = False  # not a test class, even when imported into a test module
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    devices: StrictInt | None = Field(default=None, ge=0)
+    devices_per_node: StrictInt | None = Field(default=None, ge=1)
+    nodes: StrictInt | None = Field(default=None, ge=1)
+    device_type: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None  # normalized to Slurm's D-HH:MM:SS / HH:MM:SS
+    container_image: str | None = None
+    mounts: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    launch: Launch | None = None
+    local: bool = False  # run in this pytest process, never dispatch
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _normalize_time(cls, value: object) -> object:
+        if value is None:
+            return None
+        return format_slurm_time(parse_time_limit(str(value), what="time_limit"))
+
+    @field_validator("mounts", mode="before")
+    @classmethod
+    def _one_mount(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+    # Checked here, at planning time, like the clusters file's: these values reach
+    # #SBATCH lines, srun/docker argv and the job's environment.
+    @field_validator("partition", "account")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.slurm_name_problem)
+
+    @field_validator("container_image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)
+
+    @field_validator("device_type")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.line_problem)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return checked(value, safe_values.mounts_problem)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return checked(value, safe_values.env_problem)
+
+    @property
+    def has_devices(self) -> bool:
+        return any(v is not None for v in (self.devices, self.devices_per_node, self.nodes))
+
+
+_NO_CONFIG = TestConfig()  # shared by every test without a trtllm_slurm marker (frozen)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: "
+        f"{err['msg'].removeprefix('Value error, ')} (found {err['input']!r})"
+        for err in exc.errors()
+    )
+
+
+def marker_config(nodeid: str, mark: MarkLike | None) -> TestConfig:
+    """TestConfig of a ``trtllm_slurm`` mark; one optional positional argument means devices."""
+    if mark is None:
+        return _NO_CONFIG
+    fields = dict(mark.kwargs)
+    if len(mark.args) > 1 or (mark.args and "devices" in fields):
+        raise ConfigError(
+            f"{nodeid}: trtllm_slurm{tuple(mark.args)!r}: found {len(mark.args)} positional "
+            "argument(s); expected at most one (devices) plus keywords, "
+            "e.g. @pytest.mark.trtllm_slurm(devices=8, nodes=2)"
+        )
+    if mark.args:
+        fields["devices"] = mark.args[0]
+    try:
+        return TestConfig(**fields)
+    except ConfigError as exc:
+        raise ConfigError(f"{nodeid}: trtllm_slurm marker: {exc}") from None
+    except ValidationError as exc:
+        unknown = any(err["type"] == "extra_forbidden" for err in exc.errors())
+        expected = f"; expected keywords {', '.join(TestConfig.model_fields)}" if unknown else ""
+        raise ConfigError(
+            f"{nodeid}: trtllm_slurm marker: {_validation_message(exc)}{expected}"
+        ) from None
+
+
+
+def _count_arg(nodeid: str, mark: MarkLike, name: str, unit: str) -> int:
+    """The single non-negative integer argument of a ``skip_less_*`` marker."""
+    example = {"MiB": 80000}.get(unit, 4)
+    expected = f"one non-negative integer ({unit}), e.g. @pytest.mark.{name}({example})"
+    if len(mark.args) != 1 or mark.kwargs:
+        found = ", ".join(
+            [repr(a) for a in mark.args] + [f"{k}={v!r}" for k, v in mark.kwargs.items()]
+        )
+        raise TestSpecError(
+            f"{nodeid}: {name}({found}): found {len(mark.args) + len(mark.kwargs)} arguments; "
+            f"expected {expected}"
+        )
+    value = mark.args[0]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TestSpecError(f"{nodeid}: {name}({value!r}): found {value!r}; expected {expected}")
+    return value
+
+
+def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
+    value: Any = mark.args[0] if len(mark.args) == 1 else list(mark.args)
+    if isinstance(value, str):
+        value = [value]
+    if not value or not all(isinstance(v, str) for v in value):
+        raise TestSpecError(
+            f"{nodeid}: skip_device_not_contain{tuple(mark.args)!r}: expected a list of device "
+            "name keywords, e.g. @pytest.mark.skip_device_not_contain(['H100', 'H200'])"
+        )
+    return list(value)
+
+
+def _device_type(cfg: TestConfig, settings: Settings) -> str | None:
+    """Marker device_type > option. skip_device_not_contain keywords are kept apart
+    (``device_keywords``): planning picks a concrete type among those available."""
+    return cfg.device_type or settings.device_type
+
+
+def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
+    """(total, per_node) from trtllm_slurm(devices=, devices_per_node=, nodes=).
+
+    ``devices`` alone means one node (like skip_less_device); give ``nodes`` or
+    ``devices_per_node`` to span nodes.
+    """
+    total, per_node, nodes = cfg.devices, cfg.devices_per_node, cfg.nodes
+    found = f"devices={total}, devices_per_node={per_node}, nodes={nodes}"
+    if total is None:
+        if per_node is None:
+            raise TestSpecError(
+                f"{nodeid}: trtllm_slurm({found}): nodes alone says nothing about devices; "
+                "expected devices= or devices_per_node= as well"
+            )
+        return per_node * (nodes or 1), per_node
+    if total == 0:
+        return 0, None
+    if per_node is None:
+        per_node = math.ceil(total / (nodes or 1))
+    if per_node > total or (nodes is not None and math.ceil(total / per_node) != nodes):
+        raise TestSpecError(
+            f"{nodeid}: trtllm_slurm({found}) is inconsistent; expected "
+            "nodes == ceil(devices / devices_per_node) and devices_per_node <= devices"
+        )
+    return total, per_node
+
+
+# --------------------------------------------------------------------------- the requirement
+
+
+def requirement_from_marks(
+    nodeid: str,
+    get_marker: MarkerLookup,
+    settings: Settings,
+    *,
+    perf_case: str | None = None,
+    perf: PerfSources | Callable[[], PerfSources] | None = None,
+) -> DeviceRequirement:
+    """DeviceRequirement from the closest markers (``get_marker`` = item.get_closest_marker)."""
+    cfg = marker_config(nodeid, get_marker("trtllm_slurm"))
+    device_type = _device_type(cfg, settings)
+    contain = get_marker("skip_device_not_contain")
+    keywords = tuple(_keywords(nodeid, contain)) if contain is not None else ()
+    memory = {
+        field: _count_arg(nodeid, mark, name, "MiB") if mark is not None else None
+        for field, name in (("device_memory_mib", "skip_less_device_memory"),
+                            ("host_memory_mib", "skip_less_host_memory"))
+        for mark in [get_marker(name)]
+    }
+    mpi, device = get_marker("skip_less_mpi_world_size"), get_marker("skip_less_device")
+    per_node: int | None
+    if cfg.has_devices:
+        (total, per_node), source = _marker_counts(nodeid, cfg), "trtllm_slurm"
+    elif mpi is not None:
+        source = "skip_less_mpi_world_size"
+        total, per_node = _count_arg(nodeid, mpi, source, "ranks"), None
+        if device is not None:
+            # skip_less_device(M) is a lower bound checked on each node, not a size: the
+            # ranks still spread as the target's nodes allow (validated, not applied)
+            _count_arg(nodeid, device, "skip_less_device", "devices")
+    elif device is not None:
+        source = "skip_less_device"
+        total = _count_arg(nodeid, device, source, "devices")
+        per_node = total or None
+    elif perf_case is not None:
+        sources = (perf() if callable(perf) else perf) or PerfSources()
+        sources.check_option(nodeid)
+        case = parse_perf_case(perf_case, nodeid)
+        path = sources.yaml_for(case, nodeid)
+        total, per_node = perf_requirement(case, load_perf_yaml(path), path, nodeid)
+        source = f"perf_yaml:{path}"
+    else:
+        total, per_node, source = 0, None, "default"
+    try:
+        return DeviceRequirement(
+            total=total, per_node=per_node if total else None, device_type=device_type,
+            device_keywords=keywords, source=source, **memory,
+        )
+    except ValidationError as exc:
+        raise TestSpecError(f"{nodeid}: {_validation_message(exc)}") from None
+
+
+MARKER_NAMES = frozenset({"trtllm_slurm", "skip_less_device", "skip_less_mpi_world_size",
+                          "skip_less_device_memory", "skip_less_host_memory",
+                          "skip_device_not_contain"})
+
+
+def closest_markers(item: Any) -> MarkerLookup:
+    """``get_closest_marker`` for our marker names in one walk (method > class > module)."""
+    found: dict[str, MarkLike] = {}
+    for mark in item.iter_markers():
+        if mark.name in MARKER_NAMES and mark.name not in found:
+            found[mark.name] = mark
+    return found.get
+
+
+def requirement_for_item(
+    item: Any, settings: Settings, perf: PerfSources | None = None
+) -> DeviceRequirement:
+    """DeviceRequirement of a pytest item (closest marker wins: method > class > module).
+    Messages name the test as the user wrote it (name_as_written), not a renamed id."""
+    def sources() -> PerfSources:
+        return perf or PerfSources.from_settings(settings, Path(item.config.rootpath))
+
+    return requirement_from_marks(
+        name_as_written(item), closest_markers(item), settings, perf_case=perf_label(item),
+        perf=sources,
+    )
+
+
+perf_case_of = perf_label  # the older name
+
+
+def test_config_for_item(item: Any) -> TestConfig:
+    """TestConfig of the item's closest ``trtllm_slurm`` marker (defaults when none)."""
+    return marker_config(name_as_written(item), item.get_closest_marker("trtllm_slurm"))
+
+
+test_config_for_item.__test__ = False  # type: ignore[attr-defined]  # not a test when imported
+

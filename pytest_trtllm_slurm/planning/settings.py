@@ -1,0 +1,242 @@
+"""Validated configuration: the clusters file and the run's resolved settings.
+
+Precedence for every setting: CLI > env (TRTLLM_SLURM_<NAME>) > ini (trtllm_<name>)
+> cluster file > default. ``options.py`` registers the options and builds
+``Settings``; this module only holds the models and the clusters file loader.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+import pytest_trtllm_slurm.planning.safe_values as safe_values
+from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.planning.models import Scenario
+
+T = TypeVar("T")
+
+
+def checked(value: T, check: Callable[[Any], str | None]) -> T:
+    """``value`` unchanged, or the ValueError pydantic reports for its field when ``check``
+    (a safe_values check) finds a problem; None passes."""
+    if value is not None:
+        problem = check(value)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
+class ClusterConfig(BaseModel):
+    """One ``[clusters.NAME]`` table. Unknown keys are errors (typos must not pass silently)."""
+
+    # built on first validation: a run without a clusters file never needs it
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    name: str = ""
+    ssh_host: str | None = None
+    ssh_port: int | None = Field(None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    accept_new_host_key: bool = False
+    mfa: bool | None = None  # None: unknown, try key first and fall back if asked
+    transport: Literal["paramiko", "openssh"] = "paramiko"
+    otp_command: str | None = None
+    user_root_dir: str | None = None
+    remote_cwd: str | None = None
+    python: str = "python3"  # the interpreter that runs the worker pytest on the cluster
+    # git: the snapshot over the run's SSH connection (a bundle); git-origin: through a temp
+    # branch on origin (the seed's way); none: a shared file system
+    sync: Literal["git", "git-origin", "none"] = "none"
+    sync_secrets: bool = False  # also ship untracked files that look like secrets (.env, keys)
+    account: str | None = None
+    partition: str | None = None
+    device_type: str | None = None
+    gpus_per_node: int | None = Field(None, ge=1)
+    container_image: str | None = None
+    container_runtime: Literal["pyxis", "podman", "docker", "none"] = "none"
+    # pyxis + persistent allocation: run once per node, --container-writable, in the repo
+    container_install_command: str | None = Field(None, min_length=1)
+    mounts: list[str] = Field(default_factory=list)
+    models_root: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    time_limit: str | None = None
+    build_project: bool = False
+    build_cmd: str | None = None
+
+    @field_validator("account", "partition")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.slurm_name_problem)
+
+    @field_validator("ssh_host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.host_problem)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.user_problem)
+
+    @field_validator("python", "container_image")
+    @classmethod
+    def _argument(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)
+
+    @field_validator("models_root")
+    @classmethod
+    def _mount_path(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.mount_path_problem)
+
+    @field_validator("user_root_dir", "remote_cwd")
+    @classmethod
+    def _remote_dir(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.argument_problem)  # `cd DIR`: not an option
+
+    @field_validator("identity_file", "known_hosts", "device_type", "time_limit")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return checked(value, safe_values.line_problem)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        return checked(value, safe_values.mounts_problem)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return checked(value, safe_values.env_problem)
+
+    @property
+    def is_remote(self) -> bool:
+        return self.ssh_host is not None
+
+
+class ClustersFile(BaseModel):
+    """The whole clusters file."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    path: str | None = None
+    clusters: dict[str, ClusterConfig] = Field(default_factory=dict)
+
+    def find(self, name: str) -> ClusterConfig | None:
+        """The cluster named ``name`` (case-insensitive), or None."""
+        for key, cluster in self.clusters.items():
+            if key.lower() == name.lower():
+                return cluster
+        return None
+
+    def get(self, name: str) -> ClusterConfig:
+        cluster = self.find(name)
+        if cluster is not None:
+            return cluster
+        raise ConfigError(self.unknown_message(name))
+
+    def unknown_message(self, name: str) -> str:
+        known = ", ".join(sorted(self.clusters)) or "none"
+        where = self.path or "no clusters file found"
+        return (
+            f"unknown cluster {name!r} (--slurm-cluster): clusters defined in {where}: {known}. "
+            "Add a [clusters.NAME] table to the clusters file (--trtllm-config PATH, "
+            "trtllm-slurm.toml at the rootdir, or ~/.config/trtllm-slurm/clusters.toml)."
+        )
+
+
+def default_clusters_paths(rootdir: Path) -> list[Path]:
+    """Where the clusters file is looked for when --trtllm-config is not given."""
+    return [
+        rootdir / "trtllm-slurm.toml",
+        Path.home() / ".config" / "trtllm-slurm" / "clusters.toml",
+    ]
+
+
+def no_clusters() -> ClustersFile:
+    """The empty clusters file (nothing to validate: builds neither model's validator)."""
+    return ClustersFile.model_construct()
+
+
+def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:
+    """Load and validate the clusters file; an absent default file means no clusters."""
+    if path is None:
+        for candidate in default_clusters_paths(rootdir):
+            if candidate.is_file():
+                path = candidate
+                break
+        else:
+            return no_clusters()
+    elif not path.is_file():
+        raise ConfigError(f"clusters file {path} (--trtllm-config) does not exist")
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"clusters file {path} is not valid TOML: {exc}") from None
+    unknown_top = set(raw) - {"clusters"}
+    if unknown_top:
+        raise ConfigError(
+            f"clusters file {path}: unknown top-level key(s) {sorted(unknown_top)}; "
+            "expected only [clusters.NAME] tables"
+        )
+    clusters: dict[str, ClusterConfig] = {}
+    for name, table in (raw.get("clusters") or {}).items():
+        problem = safe_values.slurm_name_problem(name)
+        if problem:
+            raise ConfigError(f"clusters file {path}: cluster name {name!r} {problem} (it "
+                              "names the cluster's jobs); rename the [clusters.NAME] table")
+        if not isinstance(table, dict):
+            raise ConfigError(f"clusters file {path}: clusters.{name} must be a table")
+        try:
+            clusters[name] = ClusterConfig(name=name, **table)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"clusters.{name}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                + (f" (found {err['input']!r})" if err["type"] != "extra_forbidden" else "")
+                for err in exc.errors()
+            )
+            raise ConfigError(f"clusters file {path}: {problems}") from None
+    return ClustersFile(path=str(path), clusters=clusters)
+
+
+class Settings(BaseModel):
+    """The run's resolved settings (after CLI > env > ini > cluster file > default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    remote: bool = False
+    slurm_cluster: str | None = None
+    device_type: str | None = None
+    scenario: Literal["auto"] | Scenario = "auto"
+    dispatch: Literal["needed", "all"] = "needed"
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None
+    container_image: str | None = None
+    container_engine: Literal["auto", "docker", "podman"] = "auto"
+    perf_config_yaml: str | None = None
+    perf_config_dir: str | None = None
+    config_path: str | None = None
+    work_dir: str | None = None
+    monitor_timeout_seconds: int = 3600
+    persistent: bool = True
+    warm_workers: bool = True
+    alloc_time_limit: str = "04:00:00"
+    alloc_nodes: int | None = None
+    negotiate_walltime: bool = False
+    release_allocation: bool = False
+    plan: bool = False
+    plan_json: str | None = None
+    keep_order: bool = False
+    max_retries: int = 1
+    unsatisfied: Literal["skip", "fail"] = "skip"
+    hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])

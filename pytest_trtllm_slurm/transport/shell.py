@@ -1,0 +1,143 @@
+"""Where commands run: the local machine or, later, an SSH host.
+
+Every executor talks to a Shell, so Slurm recipes are written once and run
+locally (LocalShell) or remotely (SSHShell). Commands are argv lists; nothing
+is ever joined into a shell string without shlex.quote.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def describe(self) -> str:
+        """One line naming the command and why it failed (for error messages)."""
+        why = "timed out" if self.timed_out else f"exit code {self.returncode}"
+        detail = (self.stderr or self.stdout).strip().splitlines()
+        return f"`{shlex.join(self.argv)}` {why}" + (f": {detail[-1]}" if detail else "")
+
+
+class Shell(Protocol):
+    """Run commands and read/write files on one host."""
+
+    name: str
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float | None = 60,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        retry_on_drop: bool = True,
+    ) -> CommandResult:
+        """Run argv. ``retry_on_drop=False`` marks a command that must not run twice
+        (a submission): a remote shell then raises instead of re-running it after a
+        dropped connection. Local shells ignore it."""
+        ...
+
+    def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
+        """Bytes of ``path`` from ``offset`` (at most ``limit``); b"" if absent."""
+        ...
+
+    def size(self, path: str) -> int:
+        """Size of ``path`` in bytes; 0 if absent."""
+        ...
+
+    def write_file(self, path: str, data: str, mode: int = 0o600) -> None:
+        """Atomically (a temporary name, then a rename): a reader polling for ``path``
+        sees no file or the whole of it (the warm workers' mailboxes rely on it)."""
+        ...
+
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        """``mkdir -p``; ``private``: the folders it creates are 0700 (mailboxes)."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+
+class LocalShell:
+    """The machine pytest runs on."""
+
+    name = "localhost"
+    parallel_safe = True  # run() may be called from several threads at once
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float | None = 60,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        retry_on_drop: bool = True,  # nothing drops locally
+    ) -> CommandResult:
+        full_env = {**os.environ, **env} if env else None
+        try:
+            proc = subprocess.run(
+                argv,
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=full_env,
+                cwd=cwd,
+                check=False,
+            )
+        except FileNotFoundError as exc:
+            return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found ({exc.strerror})")
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            return CommandResult(tuple(argv), 124, out, err, timed_out=True)
+        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read(limit)
+        except FileNotFoundError:
+            return b""
+
+    def size(self, path: str) -> int:
+        try:
+            return os.path.getsize(path)
+        except OSError:
+            return 0
+
+    def write_file(self, path: str, data: str, mode: int = 0o600) -> None:
+        from pytest_trtllm_slurm.planning.jobspec import write_private_atomic
+
+        write_private_atomic(Path(path), data)
+        if mode != 0o600:
+            os.chmod(path, mode)
+
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        if private:
+            from pytest_trtllm_slurm.node.files import make_private_dirs
+
+            make_private_dirs(path)
+        else:
+            Path(path).mkdir(parents=True, exist_ok=True)
+
+    def exists(self, path: str) -> bool:
+        return Path(path).exists()

@@ -1,0 +1,191 @@
+"""OpenSSHShell: the Shell protocol through the user's own ``ssh`` and a live ControlMaster.
+
+For clusters whose MFA only the user can complete (browser device codes, Duo push):
+the user starts a ControlMaster once (``ssh -fNM ...``) and every command rides on it.
+This shell never starts a master and never answers a prompt (BatchMode=yes).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.planning.safe_values import control_chars
+from pytest_trtllm_slurm.transport.shell import CommandResult
+from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
+from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
+
+#: The ControlPath the seed procedure tells users to start their master with.
+TRTLLM_CONTROL_PATH = "/tmp/ssh-trtllm-%r@%h:%p"
+
+_READ = 'if [ -f "$1" ]; then tail -c +"$2" "$1" | head -c "$3"; fi'
+_SIZE = 'if [ -f "$1" ]; then wc -c < "$1"; else echo 0; fi'
+_WRITE = ('umask 077; t="$(dirname "$1")/.$(basename "$1").tmp.$$"; '
+          'if cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$1"; then exit 0; fi; '
+          'rm -f "$t"; exit 1')
+_SSH_FAILURE = ("Connection closed", "Connection reset", "Broken pipe", "mux_client",
+                "Control socket", "ssh: ", "Connection timed out", "kex_exchange")
+
+
+def ssh_option_path(path: str, *, tokens: bool = False) -> str:
+    """A path as the value of ``ssh -o NAME=VALUE``: ssh splits such values at blanks
+    (UserKnownHostsFile takes several files) unless quoted, and expands ``%`` tokens.
+    ``tokens``: keep ``%`` tokens (a ControlPath such as ``%r@%h:%p``)."""
+    if '"' in path or control_chars(path):
+        raise ConfigError(f"path {path!r} cannot be passed to ssh -o: it contains '\"' or a "
+                          "control character; use another path")
+    value = path if tokens else path.replace("%", "%%")
+    return f'"{value}"' if any(c.isspace() for c in value) else value
+
+
+class OpenSSHShell:
+    """Run commands over ``ssh -o BatchMode=yes`` multiplexed on an existing ControlMaster."""
+
+    def __init__(self, target: SSHTarget, *, control_path: str | None = None,
+                 ssh_binary: str = "ssh", check: bool = True) -> None:
+        self.target = target
+        self.name = target.alias
+        self.ssh_binary = ssh_binary
+        self._control_path = control_path
+        if check:
+            self.check_master()
+
+    def __repr__(self) -> str:
+        where = self._control_path or "ssh config"
+        return f"OpenSSHShell({self.target.display}, ControlPath={where})"
+
+    def _base(self, control_path: str | None) -> list[str]:
+        t = self.target
+        argv = [self.ssh_binary, "-o", "BatchMode=yes", "-o", "ControlMaster=no",
+                "-p", str(t.port), "-l", t.user,
+                "-o", f"UserKnownHostsFile={ssh_option_path(t.known_hosts)}",
+                "-o", f"StrictHostKeyChecking={'accept-new' if t.accept_new_host_key else 'yes'}"]
+        if t.identity_file_explicit:
+            argv += [arg for path in t.identity_files for arg in ("-i", path)]
+        if control_path:
+            argv += ["-o", f"ControlPath={ssh_option_path(control_path, tokens=True)}"]
+        return argv
+
+    def check_master(self) -> None:
+        """Find a running master (ssh config's ControlPath, then the trtllm one) or explain."""
+        candidates = [self._control_path] if self._control_path else [None, TRTLLM_CONTROL_PATH]
+        for path in candidates:
+            proc = subprocess.run([*self._base(path), "-O", "check", "--", self.target.alias],
+                                  capture_output=True, text=True, timeout=30,
+                                  stdin=subprocess.DEVNULL, check=False)
+            if proc.returncode == 0:
+                self._control_path = path
+                return
+        checked = ", ".join(f"ControlPath={p}" if p else "your ssh config" for p in candidates)
+        cp = self._control_path or TRTLLM_CONTROL_PATH
+        port = f"-p {self.target.port} " if self.target.port != 22 else ""
+        raise ConfigError(
+            f"transport = \"openssh\" in {self.target.where} needs a running OpenSSH "
+            f"ControlMaster to {self.target.alias}, and `ssh -O check` finds none (checked: "
+            f"{checked}). Start one in a terminal (it asks for your login/MFA once):\n"
+            f"    ssh -fNM -o ControlMaster=auto -o ControlPath={shlex.quote(cp)} "
+            f"-o ControlPersist=24h {port}{self.target.user}@{self.target.alias}\n"
+            "then run again. Or use transport = \"paramiko\" (keys, mfa, otp_command)."
+        )
+
+    def _ssh(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 60,
+             producer: Callable[[IO[bytes]], Any] | None = None) -> tuple[int, bytes, bytes, bool]:
+        # "--" before the host: nothing after it is read as an option of ssh
+        argv = [*self._base(self._control_path), "--", self.target.alias, command]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        feeder = None
+        if producer is not None:
+            def feed() -> None:
+                assert proc.stdin is not None
+                try:
+                    producer(proc.stdin)
+                except (BrokenPipeError, OSError):
+                    pass
+                finally:
+                    try:
+                        proc.stdin.close()
+                    except OSError:
+                        pass
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+            stdin = None
+        try:
+            out, err = proc.communicate(stdin if producer is None else None, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            return 124, out, err, True
+        finally:
+            if feeder is not None:
+                feeder.join(timeout=30)
+        return proc.returncode, out, err, False
+
+    def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            retry_on_drop: bool = True) -> CommandResult:
+        """Run argv remotely; an ssh failure (255 + ssh's own message) is retried once
+        when ``retry_on_drop``, else raises SSHConnectionLost (the command may have run)."""
+        command = remote_command(argv, env=env, cwd=cwd)
+        data = input.encode() if input is not None else b""
+        for attempt in range(2):
+            rc, out, err, timed_out = self._ssh(command, stdin=data, timeout=timeout)
+            text = err.decode(errors="replace")
+            if rc == 255 and any(m in text for m in _SSH_FAILURE):
+                if not retry_on_drop:
+                    raise SSHConnectionLost(
+                        f"ssh to {self.target.alias} failed while `{shlex.join(argv)}` ran "
+                        f"({text.strip().splitlines()[-1] if text.strip() else 'exit 255'}); "
+                        "not run again (it may have taken effect)"
+                    )
+                if attempt == 0:
+                    continue
+            return CommandResult(tuple(argv), rc, out.decode(errors="replace"), text,
+                                 timed_out=timed_out)
+        raise AssertionError("unreachable")
+
+    def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
+                         timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
+        """Run argv with ``producer(stdin)`` streaming binary data into it."""
+        rc, out, err, timed_out = self._ssh(remote_command(argv, cwd=cwd), timeout=timeout,
+                                            producer=producer)
+        return CommandResult(tuple(argv), rc, out.decode(errors="replace"),
+                             err.decode(errors="replace"), timed_out=timed_out)
+
+    def _sh(self, script: str, args: Sequence[str], *, stdin: bytes | None = None
+            ) -> tuple[int, bytes, bytes]:
+        rc, out, err, timed_out = self._ssh(remote_command(["sh", "-c", script, "sh", *args]),
+                                            stdin=stdin, timeout=120)
+        if timed_out or rc == 255:
+            raise SSHConnectionLost(f"ssh to {self.target.alias} failed: "
+                                    f"{err.decode(errors='replace').strip() or 'timed out'}")
+        return rc, out, err
+
+    def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
+        return self._sh(_READ, [path, str(offset + 1), str(limit)])[1]
+
+    def size(self, path: str) -> int:
+        out = self._sh(_SIZE, [path])[1].strip()
+        return int(out) if out.isdigit() else 0
+
+    def exists(self, path: str) -> bool:
+        return self._sh('test -e "$1"', [path])[0] == 0
+
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        script = '(umask 077 && mkdir -p "$1")' if private else 'mkdir -p "$1"'
+        rc, _, err = self._sh(script, [path])
+        if rc != 0:
+            raise ExecutionError(f"mkdir -p {path} on {self.target.alias} failed: "
+                          f"{err.decode(errors='replace').strip()}")
+
+    def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
+        blob = data.encode() if isinstance(data, str) else data
+        rc, _, err = self._sh(_WRITE, [path, f"{mode:o}"], stdin=blob)
+        if rc != 0:
+            raise ExecutionError(f"writing {path} on {self.target.alias} failed: "
+                          f"{err.decode(errors='replace').strip()}")

@@ -1,0 +1,382 @@
+"""SSHShell: the Shell protocol over one paramiko connection (remote_slurm's transport).
+
+One Transport per run, one channel per command, one SFTP session for files. A dropped
+connection is re-established with backoff on the next call (an MFA login asks the
+code provider again); a command cut by the drop is re-run only when the caller says
+it may be (``retry_on_drop``; sbatch must not be).
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import shlex
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import IO, Any, TypeVar
+
+import paramiko
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.transport.shell import CommandResult
+from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, default_otp_provider
+from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+from pytest_trtllm_slurm.transport.ssh.connect import (
+    Connection,
+    SSHConnectError,
+    SSHConnectionLost,
+    connect,
+)
+from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DROP_ERRORS = (EOFError, OSError, paramiko.SSHException)
+BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+__all__ = ["SSHShell", "SSHTarget", "SSHConnectionLost", "SSHConnectError", "remote_command"]
+
+
+class _Dropped(Exception):
+    """Internal: the transport died under an operation."""
+
+
+class SSHShell:
+    """Run commands and read/write files on an SSH host (see the module docstring)."""
+
+    def __init__(self, target: SSHTarget, *, otp_provider: OtpProvider = default_otp_provider,
+                 backoff: Sequence[float] = BACKOFF) -> None:
+        self.target = target
+        self.name = target.alias
+        self.reconnects = 0
+        self._otp_provider = otp_provider
+        self._backoff = tuple(backoff)
+        self._lock = threading.RLock()  # guards the connection
+        self._sftp_lock = threading.Lock()  # one SFTP request at a time
+        self._conn: Connection | None = None
+        self._ever_connected = False
+        # told while a dropped connection is re-established (the run shows it: a frozen
+        # run is worse than a line); None: the log only
+        self.notify: Callable[[str], None] | None = None
+
+    def __repr__(self) -> str:
+        state = "connected" if self._conn and self._conn.active else "not connected"
+        return f"SSHShell({self.target.display}, {state})"
+
+    def __enter__(self) -> SSHShell:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- connection ---------------------------------------------------------------
+    def connect(self) -> None:
+        """Connect now (first call) so configuration problems surface before any work."""
+        self._connection()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    @property
+    def local_port(self) -> int | None:
+        """Client-side TCP port of the live connection (None when not connected)."""
+        return self._conn.local_port() if self._conn else None
+
+    def _connection(self) -> Connection:
+        with self._lock:
+            if self._conn is not None and self._conn.active:
+                return self._conn
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if not self._ever_connected:  # the first login fails fast: it is usually config
+                self._conn = connect(self.target, self._otp_provider)
+                self._ever_connected = True
+                return self._conn
+            self._conn = self._reconnect()
+            return self._conn
+
+    def _reconnect(self) -> Connection:
+        last: Exception | None = None
+        since, started, said = time.strftime("%H:%M:%S"), time.monotonic(), -1e9
+        for attempt, delay in enumerate((0.0, *self._backoff), 1):
+            if delay:
+                if self.notify is not None and time.monotonic() - said >= 30.0:
+                    said = time.monotonic()
+                    self.notify(f"The SSH connection to {self.target.display} dropped at "
+                                f"{since}; reconnecting (attempt {attempt} of "
+                                f"{len(self._backoff) + 1}; last error: {last}).")
+                time.sleep(delay)
+            try:
+                conn = connect(self.target, self._otp_provider)
+            except SSHConnectError as exc:  # network: try again; ConfigError propagates
+                last = exc
+                log.debug("ssh: reconnect to %s failed: %s", self.target.display, exc)
+                continue
+            self.reconnects += 1
+            log.warning("ssh: connection to %s re-established", self.target.display)
+            if self.notify is not None and attempt > 1:
+                self.notify(f"The SSH connection to {self.target.display} is back (dropped at "
+                            f"{since}, {time.monotonic() - started:.0f} s ago).")
+            return conn
+        raise SSHConnectError(
+            f"the SSH connection to {self.target.display} dropped and could not be "
+            f"re-established after {len(self._backoff) + 1} attempts: {last}"
+        )
+
+    def _dropped(self, conn: Connection) -> None:
+        with self._lock:
+            if self._conn is conn:
+                conn.close()
+                self._conn = None
+        log.warning("ssh: connection to %s dropped", self.target.display)
+
+    # -- commands -----------------------------------------------------------------
+    def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            retry_on_drop: bool = True) -> CommandResult:
+        """Run argv remotely. ``retry_on_drop=False`` for commands that must not run twice
+        (submissions): a drop mid-command then raises SSHConnectionLost instead."""
+        command = remote_command(argv, env=env, cwd=cwd)
+        data = input.encode() if input is not None else None
+        return self._exec(argv, command, timeout, retry_on_drop,
+                          (lambda fh: fh.write(data)) if data is not None else None)
+
+    def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
+                         timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
+        """Run argv with ``producer(stdin)`` streaming binary data into it (a tar stream).
+        Not retried on a drop: the producer may not be re-runnable."""
+        return self._exec(argv, remote_command(argv, cwd=cwd), timeout, False, producer)
+
+    def _exec(self, argv: Sequence[str], command: str, timeout: float | None,
+              retry_on_drop: bool, producer: Callable[[IO[bytes]], Any] | None) -> CommandResult:
+        for attempt in range(3):
+            conn = self._connection()
+            try:
+                chan = conn.transport.open_session(timeout=30)
+            except DROP_ERRORS as exc:  # nothing was sent: always safe to try again
+                if conn.active:  # refused (e.g. sshd MaxSessions), not dropped
+                    raise SSHConnectError(f"{self.target.display} refused a new SSH channel: "
+                                          f"{exc or type(exc).__name__}") from None
+                self._dropped(conn)
+                continue
+            try:
+                return self._run_channel(conn, chan, argv, command, timeout, producer)
+            except _Dropped:
+                self._dropped(conn)
+                if not retry_on_drop or attempt == 2:
+                    again = "it was not run again" if not retry_on_drop else "gave up after 3 tries"
+                    raise SSHConnectionLost(
+                        f"the SSH connection to {self.target.display} dropped while "
+                        f"`{shlex.join(argv)}` was running; {again} (it may have taken "
+                        "effect). The connection is re-established on the next call"
+                    ) from None
+                log.warning("ssh: re-running `%s` after the connection dropped", shlex.join(argv))
+            finally:
+                chan.close()
+        raise SSHConnectError(f"could not open a channel to {self.target.display}")
+
+    def _run_channel(self, conn: Connection, chan: paramiko.Channel, argv: Sequence[str],
+                     command: str, timeout: float | None,
+                     producer: Callable[[IO[bytes]], Any] | None) -> CommandResult:
+        try:
+            chan.exec_command(command)
+        except DROP_ERRORS:
+            raise _Dropped() from None
+        feeder = _Feeder(chan, producer)
+        out, err = bytearray(), bytearray()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                busy = _drain(chan, out, err)
+            except DROP_ERRORS:
+                raise _Dropped() from None
+            if chan.exit_status_ready():
+                _drain(chan, out, err)
+                break
+            if not conn.transport.is_active():
+                raise _Dropped()
+            if deadline is not None and time.monotonic() > deadline:
+                return CommandResult(tuple(argv), 124, out.decode(errors="replace"),
+                                     err.decode(errors="replace"), timed_out=True)
+            if not busy:
+                chan.status_event.wait(0.02)
+        status = chan.recv_exit_status()
+        if status == -1 and not conn.transport.is_active():
+            raise _Dropped()
+        feeder.join()
+        if feeder.error is not None and status == 0:
+            raise ExecutionError(f"sending input to `{shlex.join(argv)}` on "
+                                 f"{self.target.display} failed: {feeder.error}")
+        return CommandResult(tuple(argv), status, out.decode(errors="replace"),
+                             err.decode(errors="replace"))
+
+    # -- files (SFTP) ---------------------------------------------------------------
+    def _sftp(self, op: Callable[[paramiko.SFTPClient], T]) -> T:
+        """Run an idempotent SFTP operation, reconnecting (and repeating it) on a drop."""
+        for attempt in range(3):
+            conn = self._connection()
+            try:
+                with self._sftp_lock:
+                    if conn.sftp is None:
+                        conn.sftp = conn.transport.open_sftp_client()
+                    return op(conn.sftp)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                if conn.active:
+                    if isinstance(exc, OSError):
+                        raise  # a file error (ENOENT, EACCES, failure) on a live connection
+                    conn.sftp = None  # the SFTP channel broke; the transport is fine
+                else:
+                    self._dropped(conn)
+                if attempt == 2:
+                    raise SSHConnectError(f"SFTP to {self.target.display} keeps failing: "
+                                          f"{exc}") from None
+        raise AssertionError("unreachable")
+
+    def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
+        def op(sftp: paramiko.SFTPClient) -> bytes:
+            try:
+                with sftp.open(path, "rb") as fh:
+                    n = min(limit, fh.stat().st_size - offset)
+                    return b"".join(fh.readv([(offset, n)])) if n > 0 else b""
+            except FileNotFoundError:
+                return b""
+
+        return self._sftp(op)
+
+    def size(self, path: str) -> int:
+        def op(sftp: paramiko.SFTPClient) -> int:
+            try:
+                return int(sftp.stat(path).st_size or 0)
+            except FileNotFoundError:
+                return 0
+
+        return self._sftp(op)
+
+    def exists(self, path: str) -> bool:
+        def op(sftp: paramiko.SFTPClient) -> bool:
+            try:
+                sftp.stat(path)
+                return True
+            except FileNotFoundError:
+                return False
+
+        return self._sftp(op)
+
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        """``mkdir -p``: create missing parents; an existing directory is fine. ``private``:
+        the folders it creates are 0700."""
+
+        def make(sftp: paramiko.SFTPClient, p: str) -> None:
+            try:
+                sftp.stat(p)
+                return
+            except FileNotFoundError:
+                pass
+            parent = posixpath.dirname(p.rstrip("/"))
+            if parent and parent != p:
+                make(sftp, parent)
+            try:
+                sftp.mkdir(p, 0o700 if private else 0o777)
+            except OSError:
+                sftp.stat(p)  # created meanwhile by someone else: fine; else the error
+                return
+            if private:
+                sftp.chmod(p, 0o700)  # whatever the server's umask left
+
+        try:
+            self._sftp(lambda sftp: make(sftp, path))
+        except OSError as exc:
+            raise ExecutionError(f"cannot create directory {path} on {self.target.display}: "
+                                 f"{exc.strerror or exc}") from None
+
+    def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
+        """Atomic: a 0600 temp file next to ``path``, then posix-rename over it."""
+        blob = data.encode() if isinstance(data, str) else data
+        directory, base = posixpath.split(path)
+        tmp = posixpath.join(directory, f".{base}.tmp-{uuid.uuid4().hex[:12]}")
+
+        def op(sftp: paramiko.SFTPClient) -> None:
+            try:
+                with sftp.open(tmp, "wb") as fh:
+                    fh.chmod(0o600)  # before any byte is written
+                    fh.set_pipelined(True)
+                    fh.write(blob)
+                if mode != 0o600:
+                    sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, path)
+            except BaseException:
+                try:
+                    sftp.remove(tmp)
+                except (OSError, paramiko.SSHException, EOFError):
+                    pass
+                raise
+
+        try:
+            self._sftp(op)
+        except OSError as exc:
+            raise ExecutionError(
+                f"cannot write {path} on {self.target.display}: {exc.strerror or exc}"
+            ) from None
+
+
+class _Feeder:
+    """Writes stdin from a thread, so remote output is drained meanwhile (no deadlock)."""
+
+    def __init__(self, chan: paramiko.Channel,
+                 producer: Callable[[IO[bytes]], Any] | None) -> None:
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if producer is None:
+            chan.shutdown_write()
+            return
+        self._thread = threading.Thread(target=self._feed, args=(chan, producer), daemon=True)
+        self._thread.start()
+
+    def _feed(self, chan: paramiko.Channel, producer: Callable[[IO[bytes]], Any]) -> None:
+        stream = _ChannelWriter(chan)
+        try:
+            producer(stream)  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            self.error = exc
+        finally:
+            try:
+                chan.shutdown_write()
+            except DROP_ERRORS:
+                pass
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+class _ChannelWriter:
+    """The minimal binary file interface tarfile and friends write to."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+
+    def write(self, data: bytes) -> int:
+        self._chan.sendall(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> bool:
+    busy = False
+    while chan.recv_ready():
+        out += chan.recv(1 << 16)
+        busy = True
+    while chan.recv_stderr_ready():
+        err += chan.recv_stderr(1 << 16)
+        busy = True
+    return busy

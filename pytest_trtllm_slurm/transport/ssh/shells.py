@@ -1,0 +1,19 @@
+"""Which Shell a remote cluster's ``transport`` setting asks for."""
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, default_otp_provider
+from pytest_trtllm_slurm.transport.ssh.openssh_shell import OpenSSHShell
+from pytest_trtllm_slurm.transport.ssh.paramiko_shell import SSHShell
+from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
+
+
+def shell_for_cluster(cluster: ClusterConfig, *, ssh_config_path: str | None = None,
+                      otp_provider: OtpProvider = default_otp_provider) -> Any:
+    """The Shell a remote cluster's ``transport`` asks for (SSHShell or OpenSSHShell)."""
+    target = SSHTarget.from_cluster(cluster, ssh_config_path=ssh_config_path)
+    if cluster.transport == "openssh":
+        return OpenSSHShell(target)
+    return SSHShell(target, otp_provider=otp_provider)
