@@ -34,8 +34,8 @@ from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
     SSHShell,
     SSHTarget,
     remote_command,
-    shell_for_cluster,
 )
+from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
 pytestmark = pytest.mark.devcluster
 
