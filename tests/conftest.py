@@ -5,4 +5,4 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tests/ helpers importable in any import mode
 
 from containers_fixture import docker_engine, podman_engine, trtllm_image  # noqa: E402,F401  (local docker/podman + test image; see tests/containers_fixture.py)
-from devcluster import devcluster, wait_for_job  # noqa: E402,F401  (the REAL dev Slurm cluster; see tests/devcluster.py)
+from devcluster import _cancel_jobs_left_in_tmp_path, devcluster, wait_for_job  # noqa: E402,F401  (the REAL dev Slurm cluster; see tests/devcluster.py)

@@ -77,6 +77,30 @@ def devcluster():
     return bring_up()
 
 
+@pytest.fixture(autouse=True)
+def _cancel_jobs_left_in_tmp_path(request):
+    """After a test that used the dev cluster: cancel the jobs it left running in its own
+    tmp_path (a persistent allocation its suite made, or the jobs of a run the test gave up
+    on). Another test's jobs live in another tmp_path; module-scoped allocations live in
+    folders of tmp_path_factory, never in a test's tmp_path. Without this, a failed or
+    timed-out test keeps whole nodes until its allocation's time limit and every later test
+    waits for them."""
+    if "devcluster" not in request.fixturenames or "tmp_path" not in request.fixturenames:
+        yield
+        return
+    root = str(request.getfixturevalue("tmp_path"))  # now: it is torn down after this one
+    yield
+    try:
+        out = subprocess.run(["squeue", "-h", "-u", str(os.getuid()), "-o", "%i|%Z"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    left = [job for job, _, workdir in (line.partition("|") for line in out.splitlines())
+            if workdir == root or workdir.startswith(root + "/")]
+    if left:
+        subprocess.run(["scancel", *left], capture_output=True, timeout=30)
+
+
 def run(cmd, check=True, timeout=60, **kw):
     """subprocess.run with text capture; on check failure the output is in the error."""
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
