@@ -49,7 +49,8 @@ from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv, write_private_atomic
+from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_masked
 from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
@@ -473,7 +474,7 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
 
 def write_result(result: CaseResult, work_dir: Path) -> Path:
     path = work_dir / "result.json"
-    write_private_atomic(path, result.model_dump_json(indent=2) + "\n")
+    write_atomic(path, result.model_dump_json(indent=2) + "\n", parents=True)
     return path
 
 

@@ -7,13 +7,12 @@ A JobSpec is the single source of truth for an executor: it is written to
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import pytest_trtllm_slurm.planning.safe_values as safe_values
+from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.masking import mask_env
 from pytest_trtllm_slurm.planning.models import Launch, Scenario
 from pytest_trtllm_slurm.planning.settings import checked
@@ -140,25 +139,9 @@ class JobSpec(BaseModel):
     def write(self, path: Path | None = None) -> Path:
         """Write job_spec.json atomically, mode 0600, secrets masked."""
         target = path or Path(self.work_dir) / "job_spec.json"
-        write_private_atomic(target, self.masked().model_dump_json(indent=2) + "\n")
+        write_atomic(target, self.masked().model_dump_json(indent=2) + "\n", parents=True)
         return target
 
     @classmethod
     def read(cls, path: Path) -> JobSpec:
         return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
-
-
-def write_private_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via temp file + rename, mode 0600."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
