@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.outcome import JobStatus
+from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
 from pytest_trtllm_slurm.planning.models import DeviceRequirement
 from pytest_trtllm_slurm.planning.settings import checked
 
@@ -401,16 +402,12 @@ def case_command_of(argv: list[str]) -> str:
 
 
 def normalize_time(text: str | None, what: str) -> str | None:
-    from pytest_trtllm_slurm.planning.requirements import format_slurm_time, parse_time_limit
-
     if text is None:
         return None
     return format_slurm_time(parse_time_limit(str(text), what=what))
 
 
 def timeout_seconds(text: str | None, default: int) -> int:
-    from pytest_trtllm_slurm.planning.requirements import parse_time_limit
-
     if text is None:
         return default
     seconds = parse_time_limit(str(text), what="monitor timeout")

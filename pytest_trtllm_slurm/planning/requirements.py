@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
+from pytest_trtllm_slurm.planning.durations import (  # noqa: F401  (re-exported: the time-limit names live there)
+    TIME_FORMATS,
+    format_slurm_time,
+    parse_time_limit,
+)
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
 from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
     DEFAULT_AGG_FOLDER,
@@ -39,52 +43,6 @@ from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-export
     server_gpus,
 )
 from pytest_trtllm_slurm.planning.settings import Settings, checked
-
-# --------------------------------------------------------------------------- time limits
-
-_UNIT_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
-_CLOCK_RE = re.compile(
-    r"(?:(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2}))"  # D-HH:MM:SS
-    r"|(?:(\d+):(\d{1,2})(?::(\d{1,2}))?)"  # HH:MM:SS or MM:SS
-)
-TIME_FORMATS = "1h, 30m, 3600s, 1h30m, HH:MM:SS, MM:SS or D-HH:MM:SS"
-
-
-def parse_time_limit(text: str, *, what: str = "time limit") -> int:
-    """Seconds in ``text``.
-
-    A bare number is refused: Slurm reads it as minutes, people often mean seconds.
-    """
-    raw = str(text).strip().lower()
-    unit = _UNIT_RE.fullmatch(raw)
-    if raw and unit and any(unit.groups()):
-        d, h, m, s = (int(g or 0) for g in unit.groups())
-        return d * 86400 + h * 3600 + m * 60 + s
-    clock = _CLOCK_RE.fullmatch(raw)
-    if clock:
-        days, dh, dm, ds, a, b, c = clock.groups()
-        if days is not None:
-            hours, minutes, seconds = int(dh), int(dm), int(ds)
-            if hours < 24 and minutes < 60 and seconds < 60:
-                return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-        elif c is not None:  # HH:MM:SS
-            if int(b) < 60 and int(c) < 60:
-                return int(a) * 3600 + int(b) * 60 + int(c)
-        elif int(b) < 60:  # MM:SS
-            return int(a) * 60 + int(b)
-    raise ConfigError(f"{what}: found {text!r}; expected a duration such as {TIME_FORMATS}")
-
-
-def format_slurm_time(seconds: int) -> str:
-    """``D-HH:MM:SS`` (a day or more) or ``HH:MM:SS``: what ``sbatch --time`` takes."""
-    if seconds < 0:
-        raise ValueError(f"negative duration: {seconds}")
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
-
 
 # --------------------------------------------------------------------------- commands
 
