@@ -14,16 +14,23 @@ import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
 from pytest_trtllm_slurm.planning.durations import (  # noqa: F401  (re-exported: the time-limit names live there)
     TIME_FORMATS,
     format_slurm_time,
     parse_time_limit,
+)
+from pytest_trtllm_slurm.planning.fields import (
+    Argument,
+    Env,
+    MountTuple,
+    OneLine,
+    OneOrMany,
+    SlurmName,
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
 from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
@@ -42,7 +49,7 @@ from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-export
     perf_requirement,
     server_gpus,
 )
-from pytest_trtllm_slurm.planning.settings import Settings, checked
+from pytest_trtllm_slurm.planning.settings import Settings
 
 # --------------------------------------------------------------------------- commands
 
@@ -130,13 +137,15 @@ class TestConfig(BaseModel):
     devices: StrictInt | None = Field(default=None, ge=0)
     devices_per_node: StrictInt | None = Field(default=None, ge=1)
     nodes: StrictInt | None = Field(default=None, ge=1)
-    device_type: str | None = None
-    partition: str | None = None
-    account: str | None = None
+    # Checked here, at planning time, like the clusters file's (by their types): these
+    # values reach #SBATCH lines, srun/docker argv and the job's environment.
+    device_type: OneLine | None = None
+    partition: SlurmName | None = None
+    account: SlurmName | None = None
     time_limit: str | None = None  # normalized to Slurm's D-HH:MM:SS / HH:MM:SS
-    container_image: str | None = None
-    mounts: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
+    container_image: Argument | None = None
+    mounts: Annotated[MountTuple, OneOrMany] = ()
+    env: Env = Field(default_factory=dict)
     launch: Launch | None = None
     local: bool = False  # run in this pytest process, never dispatch
 
@@ -146,38 +155,6 @@ class TestConfig(BaseModel):
         if value is None:
             return None
         return format_slurm_time(parse_time_limit(str(value), what="time_limit"))
-
-    @field_validator("mounts", mode="before")
-    @classmethod
-    def _one_mount(cls, value: object) -> object:
-        return (value,) if isinstance(value, str) else value
-
-    # Checked here, at planning time, like the clusters file's: these values reach
-    # #SBATCH lines, srun/docker argv and the job's environment.
-    @field_validator("partition", "account")
-    @classmethod
-    def _slurm_name(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.slurm_name_problem)
-
-    @field_validator("container_image")
-    @classmethod
-    def _image(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.argument_problem)
-
-    @field_validator("device_type")
-    @classmethod
-    def _one_line(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.line_problem)
-
-    @field_validator("mounts")
-    @classmethod
-    def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return checked(value, safe_values.mounts_problem)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        return checked(value, safe_values.env_problem)
 
     @property
     def has_devices(self) -> bool:
