@@ -180,33 +180,14 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
 
 
 def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
-    """The executor of ``spec.scenario``, built by the same builders as the plugin's
-    (context.py), one per scenario and context."""
-    from pytest_trtllm_slurm.controller.item_plans import PlanningContext
-    from pytest_trtllm_slurm.controller.session import (
-        local_docker_executor,
-        local_slurm_executor,
-        remote_slurm_executor,
-    )
-    from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
+    """The executor of ``spec.scenario``, built by the plugin's factory
+    (``execution.factory``), one per scenario and context."""
+    from pytest_trtllm_slurm.execution.factory import build_executor
 
     key = spec.scenario.value
-    if key in ctx.executors:
-        return ctx.executors[key]
-    planning = PlanningContext(settings=ctx.settings, local=ctx.local, clusters=ctx.clusters,
-                               slurm_env=ctx.slurm_env, rootdir=ctx.rootdir,
-                               remote_env=ctx.remote_env)
-    executor: Executor
-    if spec.scenario is Scenario.LOCAL_DIRECT:
-        executor = DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
-    elif spec.scenario is Scenario.LOCAL_DOCKER:
-        executor = local_docker_executor(planning, [spec])
-    elif spec.scenario is Scenario.LOCAL_SLURM:
-        executor = local_slurm_executor(planning, [spec], warn=ctx.warn)
-    else:
-        executor = remote_slurm_executor(planning, [spec], warn=ctx.warn)
-    ctx.executors[key] = executor
-    return executor
+    if key not in ctx.executors:
+        ctx.executors[key] = build_executor(spec.scenario, ctx, [spec], warn=ctx.warn)
+    return ctx.executors[key]
 
 
 def close_executors(ctx: CaseContext) -> None:
