@@ -144,9 +144,14 @@ def temp_name(path: Path) -> Path:
 
 
 def fsync_dir(folder: Path) -> None:
-    """fsync a folder, so that a rename in it survives a crash of the machine; file systems
-    that cannot fsync a folder (EINVAL and the like) are left as they are."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """fsync a folder, so that a rename in it survives a crash of the machine. Best effort
+    where it cannot be done: a folder we may write but not read (it cannot be opened)
+    and file systems that cannot fsync a folder (EINVAL and the like) are left as they
+    are; the rename itself has happened by then."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except PermissionError:
+        return
     try:
         os.fsync(fd)
     except OSError as exc:
