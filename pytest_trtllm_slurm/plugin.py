@@ -147,11 +147,8 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
 def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list | None) -> None:
     from pytest_trtllm_slurm.controller.item_plans import plan_items
     from pytest_trtllm_slurm.controller.run_loop import DispatchLoop
-    from pytest_trtllm_slurm.controller.session import (
-        build_targets,
-        make_executors,
-        planning_context,
-    )
+    from pytest_trtllm_slurm.controller.session import make_executors, planning_context
+    from pytest_trtllm_slurm.execution.factory import build_targets
 
     config = session.config
     settings = options.resolve_settings(config)
@@ -209,7 +206,8 @@ def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-de
     """--trtllm-release-allocation: free the persistent allocations once the run is over:
     that of each Slurm target the run used (a remote cluster's over its connection), else
     the local one."""
-    from pytest_trtllm_slurm.controller.session import allocation_manager, terminal_warning
+    from pytest_trtllm_slurm.controller.session import terminal_warning
+    from pytest_trtllm_slurm.execution.factory import allocation_manager
 
     warn = terminal_warning(config)
     managers = [m for m in (getattr(getattr(e, "inner", e), "allocations", None)

@@ -26,6 +26,7 @@ from devcluster import child_pids, wait_for_job
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.shell import LocalShell
 from pytest_trtllm_slurm.transport.ssh.auth import OneTimeCode
 from pytest_trtllm_slurm.transport.ssh.openssh_shell import OpenSSHShell
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
@@ -197,7 +198,30 @@ def test_read_from_growing_file(key_shell: SSHShell, tmp_path: Path) -> None:
     assert key_shell.read_from(path, 1000, limit=2 << 20) == big[1000:1000 + (2 << 20)]
 
 
-def test_write_file_atomic_and_private(key_shell: SSHShell, tmp_path: Path) -> None:
+@pytest.fixture(params=["local", "paramiko", "openssh"])
+def any_shell(request: pytest.FixtureRequest, ssh: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
+    """Each Shell that writes state: this machine's, paramiko's and OpenSSH's (over a
+    ControlMaster started here)."""
+    if request.param == "local":
+        yield LocalShell()
+        return
+    if request.param == "paramiko":
+        sh = shell(ssh, ssh["port_key"])
+        yield sh
+        sh.close()
+        return
+    control = request.getfixturevalue("control_dir")
+    sock = control / "m.sock"
+    start_master(ssh, ssh["port_key"], sock, tmp_path)
+    target = SSHTarget.from_cluster(cluster(ssh, ssh["port_key"], transport="openssh"),
+                                    ssh_config_path=os.devnull)
+    yield OpenSSHShell(target, control_path=str(sock))
+
+
+def test_write_file_atomic_and_private(any_shell: Any, tmp_path: Path) -> None:
+    """State written through any Shell: a reader sees no file or all of it, 0600 whatever
+    the umask (a ``mode`` when asked), and no temporary file is left."""
+    key_shell = any_shell
     directory = tmp_path / "out"
     key_shell.mkdir(str(directory / "deeper" / "still"))
     key_shell.mkdir(str(directory / "deeper"))  # -p semantics: existing is fine
@@ -227,6 +251,9 @@ def test_write_file_atomic_and_private(key_shell: SSHShell, tmp_path: Path) -> N
     assert not torn, f"a reader saw a partly written file ({torn[:3]})"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert sorted(p.name for p in directory.iterdir()) == ["deeper", "state.json"]  # no temps
+    path.chmod(0o644)  # an older, more open file: written again, it is 0600 again
+    key_shell.write_file(str(path), "c")
+    assert path.read_text() == "c" and stat.S_IMODE(path.stat().st_mode) == 0o600
     key_shell.write_file(str(directory / "script.sh"), "#!/bin/sh\n", mode=0o755)
     assert stat.S_IMODE((directory / "script.sh").stat().st_mode) == 0o755
 

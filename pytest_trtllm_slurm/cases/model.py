@@ -30,15 +30,22 @@ import shlex
 from collections.abc import Iterable, Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.outcome import JobStatus
+from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
+from pytest_trtllm_slurm.planning.fields import (
+    Argument,
+    Env,
+    Mounts,
+    OneLine,
+    OneOrMany,
+    SlurmName,
+)
 from pytest_trtllm_slurm.planning.models import DeviceRequirement
-from pytest_trtllm_slurm.planning.settings import checked
 
 # --------------------------------------------------------------------------- vocabulary
 
@@ -98,29 +105,31 @@ class CaseInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = None
+    # the same checks as the trtllm_slurm marker's (by their types): these reach #SBATCH
+    # lines and argv
+    name: OneLine | None = None
     test_cmd: str | None = None
     bench_cmd: str | None = None
     eval_cmd: str | None = None
     custom_cmd: str | None = None
     custom_script: str | None = None
-    custom_env: dict[str, str] = Field(default_factory=dict)
-    perf_config_yaml: str | None = None
-    model_name: str | None = None
+    custom_env: Env = Field(default_factory=dict)
+    perf_config_yaml: OneLine | None = None
+    model_name: OneLine | None = None
     required_devices: int | None = Field(default=None, ge=0)
     total_required_devices: int | None = Field(default=None, ge=0)
     required_devices_per_node: int | None = Field(default=None, ge=1)
     monitor_timeout: str | None = None  # 1h, 30m, 3600s, HH:MM:SS
-    time_limit: str | None = None  # Slurm walltime
+    time_limit: OneLine | None = None  # Slurm walltime
     mem_mb: int | None = Field(default=None, ge=1)  # memory per node (Slurm --mem)
-    success_patterns: list[str] = Field(default_factory=list)
-    failure_patterns: list[str] = Field(default_factory=list)
-    partition: str | None = None
-    account: str | None = None
-    device_type: str | None = None
-    container_image: str | None = None
-    mounts: list[str] = Field(default_factory=list)
-    checks: list[str] = Field(default_factory=list)  # metric checks (case files)
+    success_patterns: Annotated[list[str], OneOrMany] = Field(default_factory=list)
+    failure_patterns: Annotated[list[str], OneOrMany] = Field(default_factory=list)
+    partition: SlurmName | None = None
+    account: SlurmName | None = None
+    device_type: OneLine | None = None
+    container_image: Argument | None = None
+    mounts: Annotated[Mounts, OneOrMany] = Field(default_factory=list)
+    checks: Annotated[list[str], OneOrMany] = Field(default_factory=list)  # metric checks
 
     @field_validator("custom_env", mode="before")
     @classmethod
@@ -128,37 +137,6 @@ class CaseInput(BaseModel):
         if isinstance(value, (str, list, tuple)):
             return parse_custom_env([value] if isinstance(value, str) else value)
         return value
-
-    @field_validator("success_patterns", "failure_patterns", "checks", "mounts", mode="before")
-    @classmethod
-    def _one(cls, value: object) -> object:
-        return [value] if isinstance(value, str) else value
-
-    # the same checks as the trtllm_slurm marker's: these reach #SBATCH lines and argv
-    @field_validator("partition", "account")
-    @classmethod
-    def _slurm_name(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.slurm_name_problem)
-
-    @field_validator("container_image")
-    @classmethod
-    def _image(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.argument_problem)
-
-    @field_validator("name", "model_name", "device_type", "time_limit", "perf_config_yaml")
-    @classmethod
-    def _one_line(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.line_problem)
-
-    @field_validator("mounts")
-    @classmethod
-    def _mounts(cls, value: list[str]) -> list[str]:
-        return checked(value, safe_values.mounts_problem)
-
-    @field_validator("custom_env")
-    @classmethod
-    def _env_values(cls, value: dict[str, str]) -> dict[str, str]:
-        return checked(value, safe_values.env_problem)
 
     @field_validator("checks")
     @classmethod
@@ -401,16 +379,12 @@ def case_command_of(argv: list[str]) -> str:
 
 
 def normalize_time(text: str | None, what: str) -> str | None:
-    from pytest_trtllm_slurm.planning.requirements import format_slurm_time, parse_time_limit
-
     if text is None:
         return None
     return format_slurm_time(parse_time_limit(str(text), what=what))
 
 
 def timeout_seconds(text: str | None, default: int) -> int:
-    from pytest_trtllm_slurm.planning.requirements import parse_time_limit
-
     if text is None:
         return default
     seconds = parse_time_limit(str(text), what="monitor timeout")

@@ -49,7 +49,8 @@ from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv, write_private_atomic
+from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_masked
 from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
@@ -179,33 +180,14 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
 
 
 def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
-    """The executor of ``spec.scenario``, built by the same builders as the plugin's
-    (context.py), one per scenario and context."""
-    from pytest_trtllm_slurm.controller.item_plans import PlanningContext
-    from pytest_trtllm_slurm.controller.session import (
-        local_docker_executor,
-        local_slurm_executor,
-        remote_slurm_executor,
-    )
-    from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
+    """The executor of ``spec.scenario``, built by the plugin's factory
+    (``execution.factory``), one per scenario and context."""
+    from pytest_trtllm_slurm.execution.factory import build_executor
 
     key = spec.scenario.value
-    if key in ctx.executors:
-        return ctx.executors[key]
-    planning = PlanningContext(settings=ctx.settings, local=ctx.local, clusters=ctx.clusters,
-                               slurm_env=ctx.slurm_env, rootdir=ctx.rootdir,
-                               remote_env=ctx.remote_env)
-    executor: Executor
-    if spec.scenario is Scenario.LOCAL_DIRECT:
-        executor = DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
-    elif spec.scenario is Scenario.LOCAL_DOCKER:
-        executor = local_docker_executor(planning, [spec])
-    elif spec.scenario is Scenario.LOCAL_SLURM:
-        executor = local_slurm_executor(planning, [spec], warn=ctx.warn)
-    else:
-        executor = remote_slurm_executor(planning, [spec], warn=ctx.warn)
-    ctx.executors[key] = executor
-    return executor
+    if key not in ctx.executors:
+        ctx.executors[key] = build_executor(spec.scenario, ctx, [spec], warn=ctx.warn)
+    return ctx.executors[key]
 
 
 def close_executors(ctx: CaseContext) -> None:
@@ -473,7 +455,7 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
 
 def write_result(result: CaseResult, work_dir: Path) -> Path:
     path = work_dir / "result.json"
-    write_private_atomic(path, result.model_dump_json(indent=2) + "\n")
+    write_atomic(path, result.model_dump_json(indent=2) + "\n", parents=True)
     return path
 
 

@@ -72,7 +72,7 @@ LOCAL = "local"
 def targets(rootdir: Path, wanted: list[str] | None, config: str | None) -> dict[str, Path]:
     """target name -> the folder holding its ``work_dirs/.slurm_alloc.json`` (local: the
     rootdir). ConfigError for a name that is neither ``local`` nor in the clusters file."""
-    from pytest_trtllm_slurm.controller.session import remote_state_root
+    from pytest_trtllm_slurm.execution.factory import remote_state_root
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
 
     clusters = load_clusters_file(Path(config) if config else None, rootdir).clusters

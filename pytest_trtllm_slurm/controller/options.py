@@ -25,13 +25,14 @@ import pytest
 # stdlib only: registering options still imports no pydantic
 import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.planning.durations import (
+    TIME_FORMATS,
+    format_slurm_time,
+    parse_time_limit,
+)
 
 if TYPE_CHECKING:  # config/requirements import pydantic: loaded only when settings are needed
     from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
-
-# Same text as requirements.TIME_FORMATS (a test keeps them equal); kept here so that
-# registering options imports no pydantic.
-TIME_FORMATS = "1h, 30m, 3600s, 1h30m, HH:MM:SS, MM:SS or D-HH:MM:SS"
 
 Kind = Literal["bool", "str", "path", "choice", "int", "time", "seconds", "list"]
 
@@ -315,8 +316,6 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
             raise bad()
         return int(text)
     if opt.kind in ("time", "seconds"):
-        from pytest_trtllm_slurm.planning.requirements import format_slurm_time, parse_time_limit
-
         try:
             seconds = parse_time_limit(text, what=opt.ini)
         except ConfigError:

@@ -51,6 +51,7 @@ from pytest_trtllm_slurm.execution.records import (
     parse_record,
 )
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario
@@ -326,7 +327,7 @@ class DispatchLoop:
         ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
         ids_file = work_dir / "nodeids.json"
-        ids_file.write_text(json.dumps(batch.nodeids), encoding="utf-8")
+        write_atomic(ids_file, json.dumps(batch.nodeids))
         reports = work_dir / "reports.jsonl"
         spec = JobSpec(
             scenario=key.scenario,

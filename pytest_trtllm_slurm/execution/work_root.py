@@ -8,8 +8,9 @@ A folder that already exists is left as the user has it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from pytest_trtllm_slurm.node.files import SHARED, write_atomic
 
 GITIGNORE_TEXT = "# Created by pytest-trtllm-slurm automatically.\n*\n"
 
@@ -24,7 +25,5 @@ def ensure_work_root(path: Path) -> Path:
         path.mkdir(parents=True)
     except FileExistsError:  # another run created it first: it writes the .gitignore
         return path
-    tmp = path / f".gitignore.{os.getpid()}.tmp"
-    tmp.write_text(GITIGNORE_TEXT, encoding="utf-8")
-    os.replace(tmp, path / ".gitignore")
+    write_atomic(path / ".gitignore", GITIGNORE_TEXT, mode=SHARED)  # git's to read, as always
     return path

@@ -33,13 +33,13 @@ from pytest_trtllm_slurm.node.files import (
     make_private_dirs,
     private_lock_dir,
     tree_up_to,
+    write_atomic,
 )
 from pytest_trtllm_slurm.node.forkloop import (
     AGENTS_TREE,
     ForkLoop,
     redirect_output,
     spawn,
-    write_atomic,
 )
 from pytest_trtllm_slurm.node.protocol import AGENT_ENV, GPU_LOCKS_ENV, LOCK_ROOT_ENV  # noqa: F401
 

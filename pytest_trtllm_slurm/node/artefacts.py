@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from pytest_trtllm_slurm.node.files import publish, write_atomic
 from pytest_trtllm_slurm.node.protocol import BENCHMARKS_FILE, COVERAGE_FILE  # noqa: F401
 
 
@@ -95,8 +96,7 @@ class BatchArtefacts:
         out.write()
         with contextlib.suppress(Exception):
             out.close()
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)  # complete or absent: the controller reads it once
+        publish(tmp, target)  # complete or absent: the controller reads it once
         if running:  # the forked child's own data file (in the session's dir) is copied
             with contextlib.suppress(Exception):
                 data.erase()
@@ -109,9 +109,4 @@ class BatchArtefacts:
                    if b and not getattr(b, "has_error", False)]
         if not records:
             return
-        target = work_dir / BENCHMARKS_FILE
-        tmp = work_dir / f".{BENCHMARKS_FILE}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(records, fh, default=repr)
-        os.replace(tmp, target)
+        write_atomic(work_dir / BENCHMARKS_FILE, json.dumps(records, default=repr))

@@ -12,15 +12,27 @@ folder. Whoever can write there can run code as the user or hold the user's GPUs
 - the GPU lock folder is ``/tmp/trtllm-slurm-<uid>/<job>-<node>``, and the first part is
   verified (ours, 0700, not a link) before use: another user who created it first gets
   a refusal that names it, not our GPUs (``private_lock_dir``).
+
+And every file of state a process writes for another to read (job specs, allocation and
+run state, mailbox requests, exit codes, heartbeats, results) goes through ``write_atomic``:
+the one place that writes a temporary file, fsyncs it, renames it over the name and fsyncs
+the folder, 0600 unless the caller says the file is meant to be read by others. Standard
+library only, in the lowest layer, so that every layer uses this one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
 LOCK_ROOT = "/tmp"  # node-local; the folder inside it is per user and verified
+PRIVATE = 0o600
+SHARED = None  # ``write_atomic(mode=SHARED)``: what ``open()`` would make under the umask
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class UntrustedPath(Exception):
@@ -123,3 +135,84 @@ def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
         pass
     close_own_dirs([locks])
     return locks
+
+
+def temp_name(path: Path) -> Path:
+    """A fresh hidden name next to ``path`` (``.NAME.<random>.tmp``): it never ends in a
+    name a reader looks for (``.json``, ``.cancel``, ``ready.<rank>``)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
+def fsync_dir(folder: Path) -> None:
+    """fsync a folder, so that a rename in it survives a crash of the machine. Best effort
+    where it cannot be done: a folder we may write but not read (it cannot be opened)
+    and file systems that cannot fsync a folder (EINVAL and the like) are left as they
+    are; the rename itself has happened by then."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except PermissionError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: Path, path: Path, *, mode: int | None = PRIVATE) -> None:
+    """Make the finished file ``tmp`` (written by a library that wants a name of its own)
+    ``path``: chmod (unless ``mode`` is SHARED), fsync, rename over ``path``, fsync the
+    folder. ``tmp`` must be in ``path``'s folder; it is removed when this fails."""
+    try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIVATE,
+                 parents: bool = False) -> Path:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one,
+    never a part, also after a crash: a temporary file in the same folder, fsync, rename,
+    fsync of the folder. ``mode``: 0600 by default, set before the first byte is written
+    and whatever the umask; SHARED (None) for a file meant for others (0666 less the
+    umask, as ``open()`` makes it). ``parents``: create missing folders first."""
+    target = Path(path)
+    if parents:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    blob = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    while True:
+        tmp = temp_name(target)
+        try:
+            fd = os.open(tmp, _TEMP_FLAGS, 0o666 if mode is None else PRIVATE)
+            break
+        except FileExistsError:
+            continue  # 48 random bits taken: draw again
+    try:
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)  # exact, not masked by the umask
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(target.parent)
+    return target

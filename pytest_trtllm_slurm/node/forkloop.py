@@ -35,6 +35,7 @@ from pytest_trtllm_slurm.node.files import (
     make_private_dirs,
     open_trusted,
     tree_up_to,
+    write_atomic,
 )
 from pytest_trtllm_slurm.node.protocol import LOG_MARK  # noqa: F401
 
@@ -42,17 +43,6 @@ KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
 HEARTBEAT_EVERY = 1.0
 FAST, SLOW = 0.005, 0.05  # poll interval while busy / when idle for a while
 AGENTS_TREE = ".agents"  # the top of the warm workers' mailboxes (``work_dirs/.agents``)
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """0600, complete or absent: the reader never sees half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def _refuse(path: Path, why: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV  # noqa: F401
 
 POLL = 0.05
@@ -39,9 +40,7 @@ def rank_and_size() -> tuple[int, int]:
 
 
 def _touch(path: Path, text: str = "") -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text or f"{os.getpid()}\n")
-    os.replace(tmp, path)
+    write_atomic(path, text or f"{os.getpid()}\n")
 
 
 def wait_at_gate(gate: Path, *, rank: int, size: int, max_wait: float,

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.node.forkloop import ForkLoop, redirect_output, spawn, write_atomic
+from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.forkloop import ForkLoop, redirect_output, spawn
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, GPU_LOCKS_ENV  # noqa: F401
 
 SESSION_IDLE_EXIT = 300.0  # a session whose controller vanished leaves after this

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from pytest_trtllm_slurm.node.files import SHARED, write_atomic
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, RouteDecision
 
 RouteFn = Callable[[Any, DeviceRequirement], RouteDecision]
@@ -87,7 +88,5 @@ def write_plan_json(rows: Iterable[PlanRow], path: Path | str) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     payload = [row.model_dump(mode="json") for row in rows]
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(target)
+    write_atomic(target, json.dumps(payload, indent=2) + "\n", mode=SHARED)  # a report
     return target

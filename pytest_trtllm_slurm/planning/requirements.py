@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
+from pytest_trtllm_slurm.planning.durations import (  # noqa: F401  (re-exported: the time-limit names live there)
+    TIME_FORMATS,
+    format_slurm_time,
+    parse_time_limit,
+)
+from pytest_trtllm_slurm.planning.fields import (
+    Argument,
+    Env,
+    MountTuple,
+    OneLine,
+    OneOrMany,
+    SlurmName,
+)
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
 from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
     DEFAULT_AGG_FOLDER,
@@ -38,53 +49,7 @@ from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-export
     perf_requirement,
     server_gpus,
 )
-from pytest_trtllm_slurm.planning.settings import Settings, checked
-
-# --------------------------------------------------------------------------- time limits
-
-_UNIT_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
-_CLOCK_RE = re.compile(
-    r"(?:(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2}))"  # D-HH:MM:SS
-    r"|(?:(\d+):(\d{1,2})(?::(\d{1,2}))?)"  # HH:MM:SS or MM:SS
-)
-TIME_FORMATS = "1h, 30m, 3600s, 1h30m, HH:MM:SS, MM:SS or D-HH:MM:SS"
-
-
-def parse_time_limit(text: str, *, what: str = "time limit") -> int:
-    """Seconds in ``text``.
-
-    A bare number is refused: Slurm reads it as minutes, people often mean seconds.
-    """
-    raw = str(text).strip().lower()
-    unit = _UNIT_RE.fullmatch(raw)
-    if raw and unit and any(unit.groups()):
-        d, h, m, s = (int(g or 0) for g in unit.groups())
-        return d * 86400 + h * 3600 + m * 60 + s
-    clock = _CLOCK_RE.fullmatch(raw)
-    if clock:
-        days, dh, dm, ds, a, b, c = clock.groups()
-        if days is not None:
-            hours, minutes, seconds = int(dh), int(dm), int(ds)
-            if hours < 24 and minutes < 60 and seconds < 60:
-                return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-        elif c is not None:  # HH:MM:SS
-            if int(b) < 60 and int(c) < 60:
-                return int(a) * 3600 + int(b) * 60 + int(c)
-        elif int(b) < 60:  # MM:SS
-            return int(a) * 60 + int(b)
-    raise ConfigError(f"{what}: found {text!r}; expected a duration such as {TIME_FORMATS}")
-
-
-def format_slurm_time(seconds: int) -> str:
-    """``D-HH:MM:SS`` (a day or more) or ``HH:MM:SS``: what ``sbatch --time`` takes."""
-    if seconds < 0:
-        raise ValueError(f"negative duration: {seconds}")
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
-
+from pytest_trtllm_slurm.planning.settings import Settings
 
 # --------------------------------------------------------------------------- commands
 
@@ -172,13 +137,15 @@ class TestConfig(BaseModel):
     devices: StrictInt | None = Field(default=None, ge=0)
     devices_per_node: StrictInt | None = Field(default=None, ge=1)
     nodes: StrictInt | None = Field(default=None, ge=1)
-    device_type: str | None = None
-    partition: str | None = None
-    account: str | None = None
+    # Checked here, at planning time, like the clusters file's (by their types): these
+    # values reach #SBATCH lines, srun/docker argv and the job's environment.
+    device_type: OneLine | None = None
+    partition: SlurmName | None = None
+    account: SlurmName | None = None
     time_limit: str | None = None  # normalized to Slurm's D-HH:MM:SS / HH:MM:SS
-    container_image: str | None = None
-    mounts: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
+    container_image: Argument | None = None
+    mounts: Annotated[MountTuple, OneOrMany] = ()
+    env: Env = Field(default_factory=dict)
     launch: Launch | None = None
     local: bool = False  # run in this pytest process, never dispatch
 
@@ -188,38 +155,6 @@ class TestConfig(BaseModel):
         if value is None:
             return None
         return format_slurm_time(parse_time_limit(str(value), what="time_limit"))
-
-    @field_validator("mounts", mode="before")
-    @classmethod
-    def _one_mount(cls, value: object) -> object:
-        return (value,) if isinstance(value, str) else value
-
-    # Checked here, at planning time, like the clusters file's: these values reach
-    # #SBATCH lines, srun/docker argv and the job's environment.
-    @field_validator("partition", "account")
-    @classmethod
-    def _slurm_name(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.slurm_name_problem)
-
-    @field_validator("container_image")
-    @classmethod
-    def _image(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.argument_problem)
-
-    @field_validator("device_type")
-    @classmethod
-    def _one_line(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.line_problem)
-
-    @field_validator("mounts")
-    @classmethod
-    def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return checked(value, safe_values.mounts_problem)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        return checked(value, safe_values.env_problem)
 
     @property
     def has_devices(self) -> bool:

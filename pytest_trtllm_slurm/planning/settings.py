@@ -8,27 +8,25 @@ Precedence for every setting: CLI > env (TRTLLM_SLURM_<NAME>) > ini (trtllm_<nam
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.planning.fields import (  # noqa: F401  (checked: re-exported)
+    Argument,
+    Env,
+    Host,
+    MountPath,
+    Mounts,
+    OneLine,
+    SlurmName,
+    User,
+    checked,
+)
 from pytest_trtllm_slurm.planning.models import Scenario
-
-T = TypeVar("T")
-
-
-def checked(value: T, check: Callable[[Any], str | None]) -> T:
-    """``value`` unchanged, or the ValueError pydantic reports for its field when ``check``
-    (a safe_values check) finds a problem; None passes."""
-    if value is not None:
-        problem = check(value)
-        if problem:
-            raise ValueError(problem)
-    return value
 
 
 class ClusterConfig(BaseModel):
@@ -38,81 +36,36 @@ class ClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str = ""
-    ssh_host: str | None = None
+    ssh_host: Host | None = None
     ssh_port: int | None = Field(None, ge=1, le=65535)
-    user: str | None = None
-    identity_file: str | None = None
-    known_hosts: str | None = None
+    user: User | None = None
+    identity_file: OneLine | None = None
+    known_hosts: OneLine | None = None
     accept_new_host_key: bool = False
     mfa: bool | None = None  # None: unknown, try key first and fall back if asked
     transport: Literal["paramiko", "openssh"] = "paramiko"
     otp_command: str | None = None
-    user_root_dir: str | None = None
-    remote_cwd: str | None = None
-    python: str = "python3"  # the interpreter that runs the worker pytest on the cluster
+    user_root_dir: Argument | None = None  # `cd DIR`: not an option
+    remote_cwd: Argument | None = None
+    python: Argument = "python3"  # the interpreter that runs the worker pytest on the cluster
     # git: the snapshot over the run's SSH connection (a bundle); git-origin: through a temp
     # branch on origin (the seed's way); none: a shared file system
     sync: Literal["git", "git-origin", "none"] = "none"
     sync_secrets: bool = False  # also ship untracked files that look like secrets (.env, keys)
-    account: str | None = None
-    partition: str | None = None
-    device_type: str | None = None
+    account: SlurmName | None = None
+    partition: SlurmName | None = None
+    device_type: OneLine | None = None
     gpus_per_node: int | None = Field(None, ge=1)
-    container_image: str | None = None
+    container_image: Argument | None = None
     container_runtime: Literal["pyxis", "podman", "docker", "none"] = "none"
     # pyxis + persistent allocation: run once per node, --container-writable, in the repo
     container_install_command: str | None = Field(None, min_length=1)
-    mounts: list[str] = Field(default_factory=list)
-    models_root: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    time_limit: str | None = None
+    mounts: Mounts = Field(default_factory=list)
+    models_root: MountPath | None = None
+    env: Env = Field(default_factory=dict)
+    time_limit: OneLine | None = None
     build_project: bool = False
     build_cmd: str | None = None
-
-    @field_validator("account", "partition")
-    @classmethod
-    def _slurm_name(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.slurm_name_problem)
-
-    @field_validator("ssh_host")
-    @classmethod
-    def _host(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.host_problem)
-
-    @field_validator("user")
-    @classmethod
-    def _user(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.user_problem)
-
-    @field_validator("python", "container_image")
-    @classmethod
-    def _argument(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.argument_problem)
-
-    @field_validator("models_root")
-    @classmethod
-    def _mount_path(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.mount_path_problem)
-
-    @field_validator("user_root_dir", "remote_cwd")
-    @classmethod
-    def _remote_dir(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.argument_problem)  # `cd DIR`: not an option
-
-    @field_validator("identity_file", "known_hosts", "device_type", "time_limit")
-    @classmethod
-    def _one_line(cls, value: str | None) -> str | None:
-        return checked(value, safe_values.line_problem)
-
-    @field_validator("mounts")
-    @classmethod
-    def _mounts(cls, value: list[str]) -> list[str]:
-        return checked(value, safe_values.mounts_problem)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        return checked(value, safe_values.env_problem)
 
     @property
     def is_remote(self) -> bool:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pytest_trtllm_slurm.node.files import write_atomic
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -125,11 +127,7 @@ class LocalShell:
             return 0
 
     def write_file(self, path: str, data: str, mode: int = 0o600) -> None:
-        from pytest_trtllm_slurm.planning.jobspec import write_private_atomic
-
-        write_private_atomic(Path(path), data)
-        if mode != 0o600:
-            os.chmod(path, mode)
+        write_atomic(path, data, mode=mode, parents=True)
 
     def mkdir(self, path: str, *, private: bool = False) -> None:
         if private:

@@ -53,7 +53,8 @@ from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX, blocke
 from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv, write_private_atomic
+from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.transport.shell import Shell
 
 STATE_NAME = ".slurm_alloc.json"
@@ -337,7 +338,7 @@ class AllocationManager:
             return None
 
     def _write_state(self, state: AllocationState) -> None:
-        write_private_atomic(self.state_path, state.model_dump_json(indent=2) + "\n")
+        write_atomic(self.state_path, state.model_dump_json(indent=2) + "\n", parents=True)
 
     def _delete_state(self) -> None:
         self.state_path.unlink(missing_ok=True)
@@ -396,8 +397,8 @@ class AllocationManager:
         holder = Path(str(self.lock.lock_file) + ".holder")
         try:
             me = self.runs.me
-            write_private_atomic(holder, json.dumps(
-                {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": since}))
+            record = {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": since}
+            write_atomic(holder, json.dumps(record), parents=True)
             yield
         finally:
             holder.unlink(missing_ok=True)
@@ -569,7 +570,7 @@ class AllocationManager:
                   f"{req.time_limit}.")
         code, output = self._salloc(self.salloc_argv())
         ensure_work_root(self.salloc_log.parent)
-        write_private_atomic(self.salloc_log, output)
+        write_atomic(self.salloc_log, output, parents=True)
         m = re.search(r"Granted job allocation (\d+)", output)
         if code != 0 or not m:
             raise ExecutionError(

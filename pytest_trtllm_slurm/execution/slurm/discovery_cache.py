@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.planning.jobspec import SlurmEnv, write_private_atomic
+from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 
 DEFAULT_TTL = 300.0
 
@@ -41,8 +42,8 @@ def cached_discovery(
         try:
             ensure_work_root(path.parent.parent)  # <work_dirs>/.cache/<file>
             path.parent.mkdir(exist_ok=True)
-            write_private_atomic(path, json.dumps(
-                {"key": key, "at": time.time(), "env": env.model_dump(mode="json")}))
+            write_atomic(path, json.dumps(
+                {"key": key, "at": time.time(), "env": env.model_dump(mode="json")}), parents=True)
         except OSError:
             pass  # a read-only checkout still runs, it just discovers every time
     return env

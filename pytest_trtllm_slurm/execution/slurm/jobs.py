@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.planning.durations import parse_duration  # noqa: F401  (re-exported)
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 
 CHUNK = 100  # ids per squeue/sacct/scancel call
@@ -112,39 +113,6 @@ def parse_exit_code(text: str | None) -> tuple[int | None, int | None]:
         return int(code), int(sig) if sig else 0
     except ValueError:
         return None, None
-
-
-def parse_duration(text: str | None) -> int | None:
-    """Slurm time (``%L``, ``-t``) in seconds: ``minutes``, ``M:S``, ``H:M:S``, ``D-H``,
-    ``D-H:M``, ``D-H:M:S``. ``UNLIMITED``/``INFINITE`` -> a very large number; junk -> None.
-
-    Note ``0:30`` is 30 *seconds* (Slurm's reading), not 30 minutes.
-    """
-    if text is None:
-        return None
-    text = text.strip()
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return 10**9
-    days = 0
-    if "-" in text:
-        day_text, _, text = text.partition("-")
-        if not day_text.isdigit():
-            return None
-        days = int(day_text)
-        parts = text.split(":") if text else ["0"]
-        if not all(p.isdigit() for p in parts) or len(parts) > 3:
-            return None
-        h, m, s = ([int(p) for p in parts] + [0, 0])[:3]
-        return days * 86400 + h * 3600 + m * 60 + s
-    parts = text.split(":")
-    if not text or not all(p.isdigit() for p in parts) or len(parts) > 3:
-        return None
-    nums = [int(p) for p in parts]
-    if len(nums) == 1:
-        return nums[0] * 60
-    if len(nums) == 2:
-        return nums[0] * 60 + nums[1]
-    return nums[0] * 3600 + nums[1] * 60 + nums[2]
 
 
 def format_duration(seconds: int) -> str:

@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.node.files import write_atomic
 
 FOREIGN_HOST_TTL = 24 * 3600.0  # a run on another host (shared file system) counts as
 # alive this long after its file last changed: its pids cannot be checked from here
@@ -114,17 +114,9 @@ class RunRegistry:
             os.close(fd)  # releases the lock
 
     def save(self) -> None:
-        """Write this run's file (atomically, 0600; no fsync: it matters only while the
-        machine runs)."""
+        """Write this run's file (atomically, 0600)."""
         self._make_folder()
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.me.run_id}.", dir=self.folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(self.me.model_dump_json())
-            os.replace(tmp, self.path)  # mkstemp made it 0600
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, self.me.model_dump_json())
         self._saved = True
 
     def use_allocation(self, job_id: str | None) -> None:

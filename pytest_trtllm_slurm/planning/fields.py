@@ -1,0 +1,54 @@
+"""Field types every model shares: a value that reaches a script, an argv or an env is
+checked once, in one place, with the same message wherever it was given.
+
+Each type is the field's plain type plus a ``safe_values`` check (pydantic
+``AfterValidator``), so a model says ``partition: SlurmName | None`` instead of
+repeating a validator: the marker (TestConfig), the clusters file (ClusterConfig), the
+job manifest (JobSpec) and a case (CaseInput) all refuse the same values with the same
+words. ``OneOrMany`` lets a field that holds a list also take one string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, BeforeValidator
+
+import pytest_trtllm_slurm.planning.safe_values as safe_values
+
+T = TypeVar("T")
+
+
+def checked(value: T, check: Callable[[Any], str | None]) -> T:
+    """``value`` unchanged, or the ValueError pydantic reports for its field when ``check``
+    (a safe_values check) finds a problem; None passes."""
+    if value is not None:
+        problem = check(value)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
+def _check(problem: Callable[[Any], str | None]) -> AfterValidator:
+    return AfterValidator(lambda value: checked(value, problem))
+
+
+def _one_or_many(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+#: one string may stand for a list of one (``mounts="a:b"``), before the list is checked
+OneOrMany = BeforeValidator(_one_or_many)
+
+OneLine = Annotated[str, _check(safe_values.line_problem)]  # paths, names, device types
+SlurmName = Annotated[str, _check(safe_values.slurm_name_problem)]  # account, partition
+JobName = Annotated[str, _check(safe_values.job_name_problem)]
+Argument = Annotated[str, _check(safe_values.argument_problem)]  # one argv word, not an option
+Host = Annotated[str, _check(safe_values.host_problem)]
+User = Annotated[str, _check(safe_values.user_problem)]
+MountPath = Annotated[str, _check(safe_values.mount_path_problem)]
+Mounts = Annotated[list[str], _check(safe_values.mounts_problem)]
+MountTuple = Annotated[tuple[str, ...], _check(safe_values.mounts_problem)]  # frozen models
+Argv = Annotated[list[str], _check(safe_values.argv_problem)]
+Env = Annotated[dict[str, str], _check(safe_values.env_problem)]
