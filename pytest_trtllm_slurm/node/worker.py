@@ -13,12 +13,13 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_trtllm_slurm.node import records
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION  # noqa: F401
 
@@ -44,7 +45,7 @@ class ReportWriter:
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
         self.enabled = rank_and_size()[0] == 0
         self.wanted: list[str] = []
-        self.collect_errors: list[dict[str, Any]] = []
+        self.collect_errors: list[records.CollectErrorRecord] = []
         self.marked: MarkedLines | None = None  # pytest's terminal output, marked
 
     @staticmethod
@@ -62,11 +63,11 @@ class ReportWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def emit(self, record: dict[str, Any]) -> None:
-        """One record (plain dict, the keys ``records`` defines, and ``v``) as one line."""
+    def emit(self, record: Mapping[str, Any]) -> None:
+        """One record (built by ``node.records``) as one line."""
         if not self.enabled or self._fd < 0:
             return
-        line = (json.dumps({"v": RECORD_VERSION, **record}, default=repr) + "\n").encode()
+        line = (json.dumps(record, default=repr) + "\n").encode()
         os.write(self._fd, line)
         os.fsync(self._fd)
 
@@ -81,7 +82,7 @@ class ReportWriter:
         selected = [by_id[n] for n in self.wanted if n in by_id]
         missing = [n for n in self.wanted if n not in by_id]
         if missing:
-            self.emit({"type": "missing", "nodeids": missing, "rootdir": str(config.rootpath)})
+            self.emit(records.missing(missing, str(config.rootpath)))
         deselected = [item for item in items if item.nodeid not in set(self.wanted)]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
@@ -91,13 +92,13 @@ class ReportWriter:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-            record = {"type": "collect_error", "data": data}
+            record = records.collect_error(data)
             self.collect_errors.append(record)  # a served batch repeats them (worker_serve)
             self.emit(record)
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.emit({"type": "start", "nodeid": nodeid, "location": list(location)})
+        self.emit(records.start(nodeid, location))
         # a line in the job log (progress), marked so the hang scan skips it; last, after
         # pytest's own output (-v: the node id), so what the test prints starts a new line
         shown = nodeid.replace("\r", "\\r").replace("\n", "\\n")
@@ -108,10 +109,10 @@ class ReportWriter:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        self.emit({"type": "report", "data": data})
+        self.emit(records.report(data))
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.emit({"type": "finish", "nodeid": nodeid})
+        self.emit(records.finish(nodeid))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -121,27 +122,20 @@ class ReportWriter:
         try:
             return (yield)
         finally:
-            self.emit({"type": "done", "nodeid": item.nodeid})
+            self.emit(records.done(item.nodeid))
 
     def pytest_warning_recorded(
         self, warning_message: Any, when: str, nodeid: str, location: Any
     ) -> None:
         category = warning_message.category
-        self.emit(
-            {
-                "type": "warning",
-                "when": when,
-                "nodeid": nodeid,
-                "message": str(warning_message.message),
-                "category": f"{category.__module__}.{category.__qualname__}",
-                "filename": warning_message.filename,
-                "lineno": warning_message.lineno,
-            }
-        )
+        self.emit(records.warning(
+            when, nodeid, str(warning_message.message),
+            f"{category.__module__}.{category.__qualname__}", warning_message.filename,
+            warning_message.lineno))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        self.emit({"type": "session_finish", "exitstatus": int(exitstatus)})
+        self.emit(records.session_finish(int(exitstatus)))
         self.close()
 
 
@@ -174,8 +168,7 @@ class JunitRecorders:
 
         def record(name: str, value: object) -> None:
             record_xml_attribute(name, value)
-            self.writer.emit({"type": "xml_attribute", "nodeid": nodeid,
-                              "name": str(name), "value": str(value)})
+            self.writer.emit(records.xml_attribute(nodeid, str(name), str(value)))
 
         return record
 
@@ -186,7 +179,7 @@ class JunitRecorders:
         def record(name: str, value: object) -> None:
             __tracebackhide__ = True
             record_testsuite_property(name, value)
-            self.writer.emit({"type": "suite_property", "name": name, "value": str(value)})
+            self.writer.emit(records.suite_property(name, str(value)))
 
         return record
 
