@@ -12,6 +12,7 @@ later records for it are ignored: each test ends with exactly one outcome.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ class JobContext:
     work_dir: str
     log_path: str
     nodelist: str | None = None
-    rerun: dict[str, str] = field(default_factory=dict)  # nodeid -> command
+    rerun: Mapping[str, str] = field(default_factory=dict)  # nodeid -> command
 
     def section_text(self, nodeid: str) -> str:
         lines = [
@@ -52,6 +53,32 @@ class JobContext:
         return [(JUNIT_PROPERTY + name, value) for name, value in (
             ("job_id", self.job_id), ("nodes", self.nodelist or "?"),
             ("scenario", self.scenario), ("log", self.log_path))]
+
+
+class RerunLines(Mapping[str, str]):
+    """nodeid -> the command that re-runs it, each made (and kept) when first asked for:
+    a batch of many tests shows only the lines its reports carry."""
+
+    def __init__(self, nodeids: Collection[str], command: Callable[[str], str]) -> None:
+        self._nodeids = nodeids
+        self._command = command
+        self._made: dict[str, str] = {}
+
+    def __getitem__(self, nodeid: str) -> str:
+        if nodeid not in self._nodeids:
+            raise KeyError(nodeid)
+        if nodeid not in self._made:
+            self._made[nodeid] = self._command(nodeid)
+        return self._made[nodeid]
+
+    def __contains__(self, nodeid: object) -> bool:
+        return nodeid in self._nodeids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodeids)
+
+    def __len__(self) -> int:
+        return len(self._nodeids)
 
 
 @dataclass

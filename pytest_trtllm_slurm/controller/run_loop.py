@@ -13,6 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
 from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE, asks_for_order
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
-from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
+from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
     BUILD_LOG_LINES,
@@ -76,9 +77,16 @@ class RunningBatch:
     records_seen: int = 0
     refused: BadRecord | None = None  # the first record the controller refused
 
-    @property
+    @cached_property
     def nodeids(self) -> frozenset[str]:
+        """Made once: every record of the batch is checked against it."""
         return frozenset(self.batch.nodeids)
+
+    @cached_property
+    def rerun(self) -> RerunLines:
+        """Each test's re-run line, made when a report shows it (not all at every poll)."""
+        return RerunLines(self.nodeids, lambda nodeid: self.executor.rerun_command(self.spec,
+                                                                                   nodeid))
 
     @property
     def context(self) -> JobContext:
@@ -88,7 +96,7 @@ class RunningBatch:
             work_dir=self.spec.work_dir,
             log_path=self.spec.log_path,
             nodelist=self.handle.nodelist,
-            rerun={n: self.executor.rerun_command(self.spec, n) for n in self.batch.nodeids},
+            rerun=self.rerun,
         )
 
 

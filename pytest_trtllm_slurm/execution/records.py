@@ -183,18 +183,29 @@ Record = Annotated[
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
 
 
+class _Line:
+    """A record as the JSON text a message quotes, made only when one does."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def __str__(self) -> str:
+        return json.dumps(self.data, default=repr)
+
+
 class BadRecord(ValueError):
     """A line of reports.jsonl the controller refuses; ``raw`` is the line (shortened)."""
 
-    def __init__(self, why: str, raw: str) -> None:
+    def __init__(self, why: str, raw: str | _Line) -> None:
         self.why = why
+        raw = str(raw)
         self.raw = raw if len(raw) <= RAW_SHOWN else raw[:RAW_SHOWN] + "..."
         super().__init__(f"{why}; the line: {self.raw}")
 
 
 def parse_record(data: dict[str, Any], batch_nodeids: frozenset[str] | set[str]) -> Record:
     """``data`` (one JSON object of reports.jsonl) as a typed record of this batch."""
-    raw = json.dumps(data, default=repr)
+    raw = _Line(data)
     # no "v": a worker from before records had a version (the same shapes, without "done")
     version = data.get("v", RECORD_VERSION)
     if version != RECORD_VERSION:

@@ -2,9 +2,9 @@
 
 It narrows the session to the node ids the controller sent (in a file, never
 on a command line) and appends every event to ``reports.jsonl``: one JSON
-object per line, written with a single ``write`` and fsynced, so the controller
-can read it incrementally while the batch runs and a torn last line is the
-only damage a crash can do.
+object per line, written with a single ``write`` at once (fsynced in batches:
+``report_file``), so the controller can read it incrementally while the batch
+runs and a torn last line is the only damage a crash can do.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from pytest_trtllm_slurm.node import records
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION  # noqa: F401
+from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
 
 WORKER_ENV = "TRTLLM_SLURM_WORKER"
 
@@ -39,7 +41,8 @@ class ReportWriter:
 
     def __init__(self, config: pytest.Config, path: Path) -> None:
         self.config = config
-        self._fd = self._open(path)
+        self._file = ReportFile(path)
+        self._last_start = time.monotonic()  # when the last test started
         from pytest_trtllm_slurm.node.gate import rank_and_size
 
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
@@ -48,28 +51,19 @@ class ReportWriter:
         self.collect_errors: list[records.CollectErrorRecord] = []
         self.marked: MarkedLines | None = None  # pytest's terminal output, marked
 
-    @staticmethod
-    def _open(path: Path) -> int:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
     def reopen(self, path: Path) -> None:
         """Write to another file from now on (a served batch's own reports.jsonl)."""
-        os.close(self._fd)
-        self._fd = self._open(path)
+        self._file.reopen(path)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._file.close()
 
-    def emit(self, record: Mapping[str, Any]) -> None:
-        """One record (built by ``node.records``) as one line."""
-        if not self.enabled or self._fd < 0:
+    def emit(self, record: Mapping[str, Any], *, sync: bool = False) -> None:
+        """One record (built by ``node.records``) as one line; ``sync``: on disk now (see
+        ``report_file``)."""
+        if not self.enabled or self._file.closed:
             return
-        line = (json.dumps(record, default=repr) + "\n").encode()
-        os.write(self._fd, line)
-        os.fsync(self._fd)
+        self._file.append((json.dumps(record, default=repr) + "\n").encode(), sync=sync)
 
     # -- selection -------------------------------------------------------
     @pytest.hookimpl(trylast=True)
@@ -83,7 +77,8 @@ class ReportWriter:
         missing = [n for n in self.wanted if n not in by_id]
         if missing:
             self.emit(records.missing(missing, str(config.rootpath)))
-        deselected = [item for item in items if item.nodeid not in set(self.wanted)]
+        wanted = set(self.wanted)  # once: a batch may hold tens of thousands of tests
+        deselected = [item for item in items if item.nodeid not in wanted]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
         items[:] = selected
@@ -98,7 +93,9 @@ class ReportWriter:
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.emit(records.start(nodeid, location))
+        now = time.monotonic()  # after a slow test, its end and this start are fsynced now
+        self.emit(records.start(nodeid, location), sync=now - self._last_start >= SYNC_EVERY)
+        self._last_start = now
         # a line in the job log (progress), marked so the hang scan skips it; last, after
         # pytest's own output (-v: the node id), so what the test prints starts a new line
         shown = nodeid.replace("\r", "\\r").replace("\n", "\\n")
