@@ -86,10 +86,11 @@ def main() -> None:
         }
         times: dict[str, list[float]] = {name: [] for name in ways}
         run(suite, [])  # warm the file system and bytecode caches
-        for _ in range(args.reps):
+        for rep in range(args.reps):
             for name, extra in ways.items():
                 reports.unlink(missing_ok=True)
                 times[name].append(run(suite, extra))
+                print(f"  rep {rep + 1} {name:13s} {times[name][-1]:7.2f} s", flush=True)
         if args.profile is not None:
             args.profile.parent.mkdir(parents=True, exist_ok=True)
             run(suite, DISPATCH, prefix=[sys.executable, "-m", "cProfile", "-o",

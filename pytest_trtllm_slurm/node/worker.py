@@ -26,6 +26,8 @@ from pytest_trtllm_slurm.node.protocol import RECORD_VERSION  # noqa: F401
 from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
 
 WORKER_ENV = "TRTLLM_SLURM_WORKER"
+# json.dumps(record, default=repr) without making an encoder per record (six per test)
+_encode = json.JSONEncoder(default=repr).encode
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,7 +65,7 @@ class ReportWriter:
         ``report_file``)."""
         if not self.enabled or self._file.closed:
             return
-        self._file.append((json.dumps(record, default=repr) + "\n").encode(), sync=sync)
+        self._file.append((_encode(record) + "\n").encode(), sync=sync)
 
     # -- selection -------------------------------------------------------
     @pytest.hookimpl(trylast=True)
