@@ -381,7 +381,7 @@ def test_case_argv_wrapper_records_the_exit_status(tmp_path: Path) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False,
                           env={**os.environ, "TRTLLM_CASE_REPORTS": str(reports)})
     assert proc.returncode == 3 and proc.stdout == "its\n"
-    assert json.loads(reports.read_text()) == {"type": "session_finish", "exitstatus": 3}
+    assert json.loads(reports.read_text()) == {"v": 1, "type": "session_finish", "exitstatus": 3}
 
 
 def _ctx(tmp_path: Path, **settings: object) -> CaseContext:

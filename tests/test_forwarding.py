@@ -93,7 +93,7 @@ def _report(**over):
 
 @pytest.mark.parametrize(("record", "why"), [
     ({"v": 2, "type": "start", "nodeid": "t.py::a"}, "record version 2"),
-    ({"v": 1, "type": "shell", "cmd": "x"}, "malformed 'shell' record"),
+    ({"v": 1, "type": "shell", "cmd": "x"}, "unknown record type 'shell'"),
     ({"v": 1, "type": "start", "nodeid": "t.py::other"}, "not a test of this batch"),
     ({"v": 1, "type": "missing", "nodeids": ["t.py::a", "u.py::b"]}, "not a test of this batch"),
     (_report(when=None), "malformed 'report' record"),

@@ -24,6 +24,7 @@ subprocess, no pytest). It follows the trtllm-case-executor procedure:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.outcome import JobStatus
+from pytest_trtllm_slurm.node import records
 from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
@@ -87,12 +89,15 @@ DEFAULT_TIME_LIMIT = "02:00:00"  # seed: Slurm walltime default
 WORKFLOW_INPUTS = ("custom_script", "custom_cmd", "bench_cmd", "eval_cmd", "test_cmd")
 REPORTS_ENV = "TRTLLM_CASE_REPORTS"
 WRAPPER_NAME = "trtllm-case"
+# the worker plugin's last record (``node.records.session_finish``), printf's %d the status
+FINISH_FORMAT = json.dumps(records.session_finish(0)).replace(
+    '"exitstatus": 0}', '"exitstatus": %d}')
 # runs the case command in a child shell (an ``exit`` in it cannot skip the record),
 # then appends its exit status to reports.jsonl as the worker plugin's last record
 CASE_WRAPPER = (
     'bash -c "$1"; rc=$?; '
     'if [ -n "${' + REPORTS_ENV + ':-}" ]; then '
-    "printf '{\"type\": \"session_finish\", \"exitstatus\": %d}\\n' \"$rc\" "
+    "printf " + shlex.quote(FINISH_FORMAT + "\\n") + ' "$rc" '
     '>> "$' + REPORTS_ENV + '"; fi; '
     'exit "$rc"'
 )

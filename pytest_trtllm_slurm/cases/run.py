@@ -48,8 +48,10 @@ from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor
+from pytest_trtllm_slurm.execution.records import BadRecord, SessionFinishRecord, parse_record
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_masked
 from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario
@@ -376,6 +378,22 @@ def _show(job: WatchedJob, say: Say) -> None:
     say(f"job {job.handle.job_id}: {state.status.value}{where}{why}")
 
 
+def _finish_status(records: list[dict]) -> int | None:
+    """The case command's exit status: the last ``session_finish`` record that reads as one
+    (checked as every record is: what the target wrote is not trusted)."""
+    status = None
+    for raw in records:
+        if raw.get("type") != SESSION_FINISH:
+            continue
+        try:
+            record = parse_record(raw, frozenset())
+        except BadRecord:
+            continue
+        if isinstance(record, SessionFinishRecord):
+            status = record.exitstatus
+    return status
+
+
 def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState,
             records: list[dict], watched: WatchedJob, started: float, ended: float, *,
             devices: CaseDevices | None, notes: list[str] | None,
@@ -384,11 +402,11 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
     scan = scan_log(lambda offset, limit: shell.read_from(spec.log_path, offset, limit),
                     workflow=spec.workflow, success_patterns=spec.success_patterns,
                     failure_patterns=spec.failure_patterns)
-    finish = [r for r in records if r.get("type") == "session_finish"]
+    finished = _finish_status(records)
     exit_code = final.exit_code
     job_status = final.status
-    if finish and job_status in (JobStatus.COMPLETED, JobStatus.FAILED):
-        exit_code = int(finish[-1].get("exitstatus", exit_code or 0))
+    if finished is not None and job_status in (JobStatus.COMPLETED, JobStatus.FAILED):
+        exit_code = finished
     status, errors = decide_status(
         spec.workflow, job_status, exit_code, success_hits=scan.success_hits,
         success_patterns=spec.success_patterns, failure_hits=scan.failure_hits,

@@ -12,21 +12,13 @@ later records for it are ignored: each test ends with exactly one outcome.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.execution.records import (
-    DoneRecord,
-    FinishRecord,
-    ReportRecord,
-    StartRecord,
-    SuitePropertyRecord,
-    WarningRecord,
-    XmlAttributeRecord,
-    warning_category,
-)
+from pytest_trtllm_slurm.execution.records import WarningRecord, warning_category
 
 SECTION = "trtllm-slurm"
 PHASES = ("setup", "call", "teardown")
@@ -42,7 +34,7 @@ class JobContext:
     work_dir: str
     log_path: str
     nodelist: str | None = None
-    rerun: dict[str, str] = field(default_factory=dict)  # nodeid -> command
+    rerun: Mapping[str, str] = field(default_factory=dict)  # nodeid -> command
 
     def section_text(self, nodeid: str) -> str:
         lines = [
@@ -61,6 +53,32 @@ class JobContext:
         return [(JUNIT_PROPERTY + name, value) for name, value in (
             ("job_id", self.job_id), ("nodes", self.nodelist or "?"),
             ("scenario", self.scenario), ("log", self.log_path))]
+
+
+class RerunLines(Mapping[str, str]):
+    """nodeid -> the command that re-runs it, each made (and kept) when first asked for:
+    a batch of many tests shows only the lines its reports carry."""
+
+    def __init__(self, nodeids: Collection[str], command: Callable[[str], str]) -> None:
+        self._nodeids = nodeids
+        self._command = command
+        self._made: dict[str, str] = {}
+
+    def __getitem__(self, nodeid: str) -> str:
+        if nodeid not in self._nodeids:
+            raise KeyError(nodeid)
+        if nodeid not in self._made:
+            self._made[nodeid] = self._command(nodeid)
+        return self._made[nodeid]
+
+    def __contains__(self, nodeid: object) -> bool:
+        return nodeid in self._nodeids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodeids)
+
+    def __len__(self) -> int:
+        return len(self._nodeids)
 
 
 @dataclass
@@ -106,29 +124,8 @@ class Replayer:
             None,
         )
 
-    # -- records ---------------------------------------------------------
-    def handle(self, record: Any, raw: dict[str, Any], ctx: JobContext) -> None:
-        """Replay one record (already checked by ``records.parse_record``); ``raw`` is
-        its JSON object, whose report data goes to pytest's own deserializer."""
-        if isinstance(record, StartRecord):
-            self._start(record.nodeid, ctx)
-        elif isinstance(record, ReportRecord):
-            self._report(raw["data"], ctx)
-        elif isinstance(record, FinishRecord):
-            self._finish(record.nodeid)
-        elif isinstance(record, DoneRecord):
-            self._done(record.nodeid)
-        elif isinstance(record, WarningRecord) and record.when == "runtest":
-            # config/collect warnings were already seen by the local collection
-            self._warning(record)
-        elif isinstance(record, XmlAttributeRecord):
-            xml = _junit_xml(self.config)
-            if xml is not None and not self.progress[record.nodeid].finished:
-                xml.node_reporter(record.nodeid).add_attribute(record.name, record.value)
-        elif isinstance(record, SuitePropertyRecord):
-            self._suite_property(ctx.job_id, record.name, record.value)
-
-    def _start(self, nodeid: str, ctx: JobContext) -> None:
+    # -- records (``record_handlers`` calls these, one per record type) -----
+    def start(self, nodeid: str, ctx: JobContext) -> None:
         prog = self.progress.get(nodeid)
         if prog is None or prog.finished or prog.attempt_open:
             return
@@ -137,7 +134,7 @@ class Replayer:
         item = self.items[nodeid]
         item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=item.location)
 
-    def _report(self, data: dict[str, Any], ctx: JobContext) -> None:
+    def report(self, data: dict[str, Any], ctx: JobContext) -> None:
         if isinstance(data.get("longrepr"), list):
             # a skip's (path, lineno, reason) tuple came back from JSON as a list
             data = {**data, "longrepr": tuple(data["longrepr"])}
@@ -164,7 +161,7 @@ class Replayer:
                 reporter.add_property(name, value)
         item.ihook.pytest_runtest_logreport(report=report)
 
-    def _finish(self, nodeid: str) -> None:
+    def finish(self, nodeid: str) -> None:
         prog = self.progress.get(nodeid)
         if prog is None or prog.finished or not prog.attempt_open:
             return
@@ -172,14 +169,14 @@ class Replayer:
         item = self.items[nodeid]
         item.ihook.pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
 
-    def _done(self, nodeid: str) -> None:
+    def done(self, nodeid: str) -> None:
         prog = self.progress.get(nodeid)
         if prog is None or prog.finished or not prog.started:
             return
-        self._finish(nodeid)
+        self.finish(nodeid)
         prog.finished = True
 
-    def _warning(self, record: WarningRecord) -> None:
+    def warning(self, record: WarningRecord) -> None:
         category = warning_category(record.category)
         message = warnings.WarningMessage(
             message=category(record.message),
@@ -196,7 +193,13 @@ class Replayer:
             }
         )
 
-    def _suite_property(self, job_id: str, name: str, value: str) -> None:
+    def xml_attribute(self, nodeid: str, name: str, value: str) -> None:
+        """``record_xml_attribute`` on the target: this test's junit testcase gets it."""
+        xml = _junit_xml(self.config)
+        if xml is not None and not self.progress[nodeid].finished:
+            xml.node_reporter(nodeid).add_attribute(name, value)
+
+    def suite_property(self, job_id: str, name: str, value: str) -> None:
         """A suite property as often as the batch that recorded it most often did: a
         session fixture runs once per batch, once in a plain run."""
         xml = _junit_xml(self.config)
@@ -216,7 +219,7 @@ class Replayer:
             return
         item = self.items[nodeid]
         if not prog.attempt_open:  # not started, or between two attempts
-            self._start(nodeid, ctx or JobContext("-", "-", "-", "-"))
+            self.start(nodeid, ctx or JobContext("-", "-", "-", "-"))
         done = [when for when, _ in prog.phases]
         longrepr = f"[{status}] {text}"
         if not done:
@@ -228,11 +231,11 @@ class Replayer:
             self._synth(item, "teardown", "passed", None, ctx)
         elif "teardown" not in done:
             self._synth(item, "teardown", "failed", longrepr, ctx)
-        self._done(nodeid)
+        self.done(nodeid)
 
     def skip_unsatisfied(self, item: pytest.Item, reason: str, *, fail: bool) -> None:
         """Report a test nothing can serve: skipped (as the suite would) or failed."""
-        self._start(item.nodeid, JobContext("-", "-", "-", "-"))
+        self.start(item.nodeid, JobContext("-", "-", "-", "-"))
         if fail:
             self._synth(item, "setup", "failed", f"[UNSATISFIED] {reason}", None)
         else:
@@ -241,16 +244,16 @@ class Replayer:
                 item, "setup", "skipped", (str(path), (lineno or 0) + 1, f"Skipped: {reason}"), None
             )
         self._synth(item, "teardown", "passed", None, None)
-        self._done(item.nodeid)
+        self.done(item.nodeid)
 
     def planning_error(self, item: pytest.Item, message: str) -> None:
         """A test whose markers or perf-sanity id cannot be read: an error at setup whose
         text is the message (no traceback: nothing of the test ran). The message leads with
         the test's name only where pytest renamed its id (the header shows the node id)."""
-        self._start(item.nodeid, JobContext("-", "-", "-", "-"))
+        self.start(item.nodeid, JobContext("-", "-", "-", "-"))
         self._synth(item, "setup", "failed", message.removeprefix(f"{item.nodeid}: "), None)
         self._synth(item, "teardown", "passed", None, None)
-        self._finish(item.nodeid)
+        self.finish(item.nodeid)
 
     def _synth(
         self, item: pytest.Item, when: str, outcome: str, longrepr: Any, ctx: JobContext | None

@@ -13,6 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,8 @@ from pytest_trtllm_slurm.controller.forwarding import forwarded_options
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
 from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE, asks_for_order
-from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
+from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
+from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
     BUILD_LOG_LINES,
@@ -41,15 +43,7 @@ from pytest_trtllm_slurm.execution.monitor import (
 )
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_name
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
-from pytest_trtllm_slurm.execution.records import (
-    BadRecord,
-    CollectErrorRecord,
-    FinishRecord,
-    MissingRecord,
-    SessionFinishRecord,
-    describe_line,
-    parse_record,
-)
+from pytest_trtllm_slurm.execution.records import BadRecord, describe_line, parse_record
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
@@ -84,9 +78,16 @@ class RunningBatch:
     records_seen: int = 0
     refused: BadRecord | None = None  # the first record the controller refused
 
-    @property
+    @cached_property
     def nodeids(self) -> frozenset[str]:
+        """Made once: every record of the batch is checked against it."""
         return frozenset(self.batch.nodeids)
+
+    @cached_property
+    def rerun(self) -> RerunLines:
+        """Each test's re-run line, made when a report shows it (not all at every poll)."""
+        return RerunLines(self.nodeids, lambda nodeid: self.executor.rerun_command(self.spec,
+                                                                                   nodeid))
 
     @property
     def context(self) -> JobContext:
@@ -96,7 +97,7 @@ class RunningBatch:
             work_dir=self.spec.work_dir,
             log_path=self.spec.log_path,
             nodelist=self.handle.nodelist,
-            rerun={n: self.executor.rerun_command(self.spec, n) for n in self.batch.nodeids},
+            rerun=self.rerun,
         )
 
 
@@ -121,6 +122,7 @@ class DispatchLoop:
         self.builds = builds or {}  # targets whose cluster wants a build before the tests
         self.stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
         self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
+        self.handlers = RecordHandlers(self.replayer, after_test=self._check_stop)
         hints = [h for h in (getattr(e, "poll_hint", None) for e in executors.values()) if h]
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
                                poll_interval=min([0.2, *hints]))
@@ -379,7 +381,7 @@ class DispatchLoop:
                 if isinstance(raw, UnreadableLine):
                     raise describe_line(raw.line)
                 record = parse_record(raw, running.nodeids)
-                self._accept(running, record, raw, ctx)
+                self.handlers.dispatch(record, Arrival(running, ctx, raw))
             except BadRecord as exc:
                 self._refuse(running, exc)
             except Exception as exc:  # noqa: BLE001 - pytest could not rebuild the report
@@ -388,19 +390,6 @@ class DispatchLoop:
                     json.dumps(raw, default=repr)))
         if event.final is not None:
             self._on_job_end(running, event.final)
-
-    def _accept(self, running: RunningBatch, record: object, raw: dict, ctx: JobContext) -> None:
-        if isinstance(record, MissingRecord):
-            for nodeid in record.nodeids:
-                running.missing[nodeid] = record.rootdir
-        elif isinstance(record, CollectErrorRecord):
-            running.collect_errors.append(_collect_error_text(raw))
-        elif isinstance(record, SessionFinishRecord):
-            running.session_finished = True
-        else:
-            self.replayer.handle(record, raw, ctx)
-            if isinstance(record, FinishRecord):
-                self._check_stop()  # -x / --maxfail: as pytest does after each test
 
     def _refuse(self, running: RunningBatch, bad: BadRecord) -> None:
         """A record the controller cannot accept: the batch's unfinished tests fail with
@@ -505,13 +494,6 @@ def _before(records: list[dict], ended_at: float) -> list[dict]:
         if report_stop(record) > ended_at:
             return records[:index]
     return records
-
-
-def _collect_error_text(record: dict) -> str:
-    data = record.get("data", {})
-    longrepr = data.get("longrepr")
-    text = longrepr if isinstance(longrepr, str) else json.dumps(longrepr)[:2000]
-    return f"collection error on the target in {data.get('nodeid', '?')}: {text}"
 
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)

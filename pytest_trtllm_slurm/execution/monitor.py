@@ -206,9 +206,12 @@ class Monitor:
         if not chunk:
             return []
         job.reports_offset += len(chunk)
-        data = job.partial + chunk
-        lines = data.split(b"\n")
-        job.partial = lines.pop()  # an unterminated last line waits for the next read
+        complete, _, job.partial = (job.partial + chunk).rpartition(b"\n")
+        # an unterminated last line waits for the next read
+        try:  # the lines as one text: one decode, not one per line
+            lines: list[str] | list[bytes] = complete.decode("utf-8").split("\n")
+        except UnicodeDecodeError:
+            lines = complete.split(b"\n")  # a line that is no UTF-8 is no record
         records = []
         for line in lines:
             if not line.strip():
@@ -218,8 +221,8 @@ class Monitor:
             except ValueError:
                 record = None
             # the reader decides what a line that is no record means
-            records.append(record if isinstance(record, dict) else
-                           UnreadableLine(line.decode("utf-8", "replace")))
+            records.append(record if isinstance(record, dict) else UnreadableLine(
+                line if isinstance(line, str) else line.decode("utf-8", "replace")))
         return records
 
     def _hang_seen(self, job: WatchedJob) -> bool:

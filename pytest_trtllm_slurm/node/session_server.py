@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from pytest_trtllm_slurm.node import records
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.forkloop import ForkLoop, redirect_output, spawn
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, GPU_LOCKS_ENV  # noqa: F401
@@ -146,8 +147,7 @@ class SessionServer:
         if missing:
             for record in self.writer.collect_errors:
                 self.writer.emit(record)
-            self.writer.emit({"type": "missing", "nodeids": missing,
-                              "rootdir": str(self.config.rootpath)})
+            self.writer.emit(records.missing(missing, str(self.config.rootpath)))
         items = [self.items[n] for n in wanted if n in self.items]
         session = self.session
         failed_before = session.testsfailed
@@ -158,7 +158,7 @@ class SessionServer:
         artefacts = self.config.pluginmanager.get_plugin("trtllm-slurm-artefacts")
         if artefacts is not None:  # this child ends without pytest-cov's own finish
             artefacts.write(Path(request["reports_path"]).parent, running=True)
-        self.writer.emit({"type": "session_finish", "exitstatus": status})
+        self.writer.emit(records.session_finish(status))
         with contextlib.suppress(Exception):
             self.writer.close()
         return status

@@ -2,9 +2,9 @@
 
 It narrows the session to the node ids the controller sent (in a file, never
 on a command line) and appends every event to ``reports.jsonl``: one JSON
-object per line, written with a single ``write`` and fsynced, so the controller
-can read it incrementally while the batch runs and a torn last line is the
-only damage a crash can do.
+object per line, written with a single ``write`` at once (fsynced in batches:
+``report_file``), so the controller can read it incrementally while the batch
+runs and a torn last line is the only damage a crash can do.
 """
 
 from __future__ import annotations
@@ -12,17 +12,22 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_trtllm_slurm.node import records
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION  # noqa: F401
+from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
 
 WORKER_ENV = "TRTLLM_SLURM_WORKER"
+# json.dumps(record, default=repr) without making an encoder per record (six per test)
+_encode = json.JSONEncoder(default=repr).encode
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,37 +43,29 @@ class ReportWriter:
 
     def __init__(self, config: pytest.Config, path: Path) -> None:
         self.config = config
-        self._fd = self._open(path)
+        self._file = ReportFile(path)
+        self._last_start = time.monotonic()  # when the last test started
         from pytest_trtllm_slurm.node.gate import rank_and_size
 
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
         self.enabled = rank_and_size()[0] == 0
         self.wanted: list[str] = []
-        self.collect_errors: list[dict[str, Any]] = []
+        self.collect_errors: list[records.CollectErrorRecord] = []
         self.marked: MarkedLines | None = None  # pytest's terminal output, marked
-
-    @staticmethod
-    def _open(path: Path) -> int:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def reopen(self, path: Path) -> None:
         """Write to another file from now on (a served batch's own reports.jsonl)."""
-        os.close(self._fd)
-        self._fd = self._open(path)
+        self._file.reopen(path)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._file.close()
 
-    def emit(self, record: dict[str, Any]) -> None:
-        """One record (plain dict, the keys ``records`` defines, and ``v``) as one line."""
-        if not self.enabled or self._fd < 0:
+    def emit(self, record: Mapping[str, Any], *, sync: bool = False) -> None:
+        """One record (built by ``node.records``) as one line; ``sync``: on disk now (see
+        ``report_file``)."""
+        if not self.enabled or self._file.closed:
             return
-        line = (json.dumps({"v": RECORD_VERSION, **record}, default=repr) + "\n").encode()
-        os.write(self._fd, line)
-        os.fsync(self._fd)
+        self._file.append((_encode(record) + "\n").encode(), sync=sync)
 
     # -- selection -------------------------------------------------------
     @pytest.hookimpl(trylast=True)
@@ -81,8 +78,9 @@ class ReportWriter:
         selected = [by_id[n] for n in self.wanted if n in by_id]
         missing = [n for n in self.wanted if n not in by_id]
         if missing:
-            self.emit({"type": "missing", "nodeids": missing, "rootdir": str(config.rootpath)})
-        deselected = [item for item in items if item.nodeid not in set(self.wanted)]
+            self.emit(records.missing(missing, str(config.rootpath)))
+        wanted = set(self.wanted)  # once: a batch may hold tens of thousands of tests
+        deselected = [item for item in items if item.nodeid not in wanted]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
         items[:] = selected
@@ -91,13 +89,15 @@ class ReportWriter:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-            record = {"type": "collect_error", "data": data}
+            record = records.collect_error(data)
             self.collect_errors.append(record)  # a served batch repeats them (worker_serve)
             self.emit(record)
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.emit({"type": "start", "nodeid": nodeid, "location": list(location)})
+        now = time.monotonic()  # after a slow test, its end and this start are fsynced now
+        self.emit(records.start(nodeid, location), sync=now - self._last_start >= SYNC_EVERY)
+        self._last_start = now
         # a line in the job log (progress), marked so the hang scan skips it; last, after
         # pytest's own output (-v: the node id), so what the test prints starts a new line
         shown = nodeid.replace("\r", "\\r").replace("\n", "\\n")
@@ -108,10 +108,10 @@ class ReportWriter:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        self.emit({"type": "report", "data": data})
+        self.emit(records.report(data))
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.emit({"type": "finish", "nodeid": nodeid})
+        self.emit(records.finish(nodeid))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -121,27 +121,20 @@ class ReportWriter:
         try:
             return (yield)
         finally:
-            self.emit({"type": "done", "nodeid": item.nodeid})
+            self.emit(records.done(item.nodeid))
 
     def pytest_warning_recorded(
         self, warning_message: Any, when: str, nodeid: str, location: Any
     ) -> None:
         category = warning_message.category
-        self.emit(
-            {
-                "type": "warning",
-                "when": when,
-                "nodeid": nodeid,
-                "message": str(warning_message.message),
-                "category": f"{category.__module__}.{category.__qualname__}",
-                "filename": warning_message.filename,
-                "lineno": warning_message.lineno,
-            }
-        )
+        self.emit(records.warning(
+            when, nodeid, str(warning_message.message),
+            f"{category.__module__}.{category.__qualname__}", warning_message.filename,
+            warning_message.lineno))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        self.emit({"type": "session_finish", "exitstatus": int(exitstatus)})
+        self.emit(records.session_finish(int(exitstatus)))
         self.close()
 
 
@@ -174,8 +167,7 @@ class JunitRecorders:
 
         def record(name: str, value: object) -> None:
             record_xml_attribute(name, value)
-            self.writer.emit({"type": "xml_attribute", "nodeid": nodeid,
-                              "name": str(name), "value": str(value)})
+            self.writer.emit(records.xml_attribute(nodeid, str(name), str(value)))
 
         return record
 
@@ -186,7 +178,7 @@ class JunitRecorders:
         def record(name: str, value: object) -> None:
             __tracebackhide__ = True
             record_testsuite_property(name, value)
-            self.writer.emit({"type": "suite_property", "name": name, "value": str(value)})
+            self.writer.emit(records.suite_property(name, str(value)))
 
         return record
 

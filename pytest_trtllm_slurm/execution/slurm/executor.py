@@ -82,6 +82,7 @@ from pytest_trtllm_slurm.execution.slurm.tracking import (
 )
 from pytest_trtllm_slurm.execution.slurm.warm_pool import AgentPool, WarmJob, serves_warm
 from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV
+from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_secret
 from pytest_trtllm_slurm.planning.models import Launch
@@ -646,7 +647,7 @@ class SlurmExecutor:
     def _session_finished(self, job: TrackedJob) -> bool:
         path = job.handle.spec.reports_path
         tail = self.shell.read_from(path, max(0, self.shell.size(path) - 4096))
-        return b'"session_finish"' in tail
+        return f'"{SESSION_FINISH}"'.encode() in tail
 
     def _refresh(self, active: list[TrackedJob]) -> None:
         oneshot = [j for j in active if not j.is_step]

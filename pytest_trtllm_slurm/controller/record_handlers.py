@@ -1,0 +1,97 @@
+"""What the controller does with each record a batch wrote: one ``on_<type>`` method per
+record type of ``node.records``.
+
+A record has passed ``execution.records.parse_record`` (typed, of this batch) before it
+gets here; ``dispatch`` calls the handler named after its type, as pytest-xdist's
+DSession calls ``worker_<event>`` for each event of a worker. A test keeps the record
+types, their models and these handlers in step (tests/test_record_protocol.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
+from pytest_trtllm_slurm.execution.records import (
+    CollectErrorRecord,
+    DoneRecord,
+    FinishRecord,
+    MissingRecord,
+    Record,
+    ReportRecord,
+    SessionFinishRecord,
+    StartRecord,
+    SuitePropertyRecord,
+    WarningRecord,
+    XmlAttributeRecord,
+)
+
+
+class BatchState(Protocol):
+    """What a batch's records say about the batch itself (``run_loop.RunningBatch``)."""
+
+    collect_errors: list[str]
+    missing: dict[str, str]  # nodeid -> the target's rootdir
+    session_finished: bool
+
+
+@dataclass(slots=True)
+class Arrival:
+    """Where a record came from: its batch, where the job ran, the JSON object as read
+    (a report's data goes to pytest's own deserializer whole)."""
+
+    batch: BatchState
+    ctx: JobContext
+    raw: dict[str, Any]
+
+
+class RecordHandlers:
+    """Batch records go to the batch's state, test records to the ``Replayer``."""
+
+    def __init__(self, replayer: Replayer, after_test: Callable[[], None]) -> None:
+        self.replayer = replayer
+        self.after_test = after_test  # -x / --maxfail: checked after each test, as pytest does
+
+    def dispatch(self, record: Record, came: Arrival) -> None:
+        getattr(self, "on_" + record.type)(record, came)
+
+    # -- the tests' own records: replayed into the local items --------------
+    def on_start(self, record: StartRecord, came: Arrival) -> None:
+        self.replayer.start(record.nodeid, came.ctx)
+
+    def on_report(self, record: ReportRecord, came: Arrival) -> None:
+        self.replayer.report(came.raw["data"], came.ctx)
+
+    def on_finish(self, record: FinishRecord, came: Arrival) -> None:
+        self.replayer.finish(record.nodeid)
+        self.after_test()
+
+    def on_done(self, record: DoneRecord, came: Arrival) -> None:
+        self.replayer.done(record.nodeid)
+
+    def on_warning(self, record: WarningRecord, came: Arrival) -> None:
+        if record.when == "runtest":  # config/collect warnings were seen by the local collection
+            self.replayer.warning(record)
+
+    def on_xml_attribute(self, record: XmlAttributeRecord, came: Arrival) -> None:
+        self.replayer.xml_attribute(record.nodeid, record.name, record.value)
+
+    def on_suite_property(self, record: SuitePropertyRecord, came: Arrival) -> None:
+        self.replayer.suite_property(came.ctx.job_id, record.name, record.value)
+
+    # -- the batch's records: kept for when its job ends ---------------------
+    def on_missing(self, record: MissingRecord, came: Arrival) -> None:
+        for nodeid in record.nodeids:
+            came.batch.missing[nodeid] = record.rootdir
+
+    def on_collect_error(self, record: CollectErrorRecord, came: Arrival) -> None:
+        longrepr = record.data.longrepr
+        text = longrepr if isinstance(longrepr, str) else json.dumps(longrepr)[:2000]
+        came.batch.collect_errors.append(
+            f"collection error on the target in {record.data.nodeid}: {text}")
+
+    def on_session_finish(self, record: SessionFinishRecord, came: Arrival) -> None:
+        came.batch.session_finished = True

@@ -1,0 +1,167 @@
+"""The records of ``reports.jsonl``: every type the node writes, declared once (stdlib only).
+
+Each record is one JSON object per line with a version ``v`` and a ``type``. The
+TypedDicts below are the protocol: their names are the types' names, their keys the
+fields; the functions build them, and every producer on the node (``worker``,
+``session_server``, the case wrapper's exit-status line) writes only what these return.
+The controller checks each line against its pydantic model of the same type
+(``execution.records``, which refuses to import when a model's fields differ from the
+TypedDict's) and hands it to its ``on_<type>`` handler (``controller.record_handlers``).
+A new type is a TypedDict here, a builder, a model and a handler; a test fails when
+one of them is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
+
+
+class StartRecord(TypedDict):
+    """A test's attempt started (``pytest_runtest_logstart``)."""
+
+    v: int
+    type: Literal["start"]
+    nodeid: str
+    location: list[Any]
+
+
+class ReportRecord(TypedDict):
+    """One phase's TestReport, as pytest's ``pytest_report_to_serializable`` made it."""
+
+    v: int
+    type: Literal["report"]
+    data: dict[str, Any]
+
+
+class FinishRecord(TypedDict):
+    """A test's attempt ended (``pytest_runtest_logfinish``)."""
+
+    v: int
+    type: Literal["finish"]
+    nodeid: str
+
+
+class DoneRecord(TypedDict):
+    """The item's whole protocol returned: no further attempt of it follows."""
+
+    v: int
+    type: Literal["done"]
+    nodeid: str
+
+
+class CollectErrorRecord(TypedDict):
+    """A collector failed on the target (its serialized CollectReport)."""
+
+    v: int
+    type: Literal["collect_error"]
+    data: dict[str, Any]
+
+
+class MissingRecord(TypedDict):
+    """Node ids of the batch the target did not collect (its code differs?)."""
+
+    v: int
+    type: Literal["missing"]
+    nodeids: list[str]
+    rootdir: str
+
+
+class WarningRecord(TypedDict):
+    """A warning pytest recorded on the target (``pytest_warning_recorded``)."""
+
+    v: int
+    type: Literal["warning"]
+    when: str
+    nodeid: str
+    message: str
+    category: str  # ``module.QualName``: looked up among loaded classes, never imported
+    filename: str
+    lineno: int | None
+
+
+class XmlAttributeRecord(TypedDict):
+    """``record_xml_attribute`` of a test: the controller's junit.xml gets it."""
+
+    v: int
+    type: Literal["xml_attribute"]
+    nodeid: str
+    name: str
+    value: str
+
+
+class SuitePropertyRecord(TypedDict):
+    """``record_testsuite_property``: the controller's junit.xml gets it."""
+
+    v: int
+    type: Literal["suite_property"]
+    name: str
+    value: str
+
+
+class SessionFinishRecord(TypedDict):
+    """The session ended normally with this exit status (its absence means a crash)."""
+
+    v: int
+    type: Literal["session_finish"]
+    exitstatus: int
+
+
+# every record type a node writes, by its ``type``
+RECORD_TYPES: dict[str, type] = {
+    "start": StartRecord,
+    "report": ReportRecord,
+    "finish": FinishRecord,
+    "done": DoneRecord,
+    "collect_error": CollectErrorRecord,
+    "missing": MissingRecord,
+    "warning": WarningRecord,
+    "xml_attribute": XmlAttributeRecord,
+    "suite_property": SuitePropertyRecord,
+    "session_finish": SessionFinishRecord,
+}
+SESSION_FINISH = "session_finish"  # the type whose line says the session ended normally
+
+
+def start(nodeid: str, location: tuple[str, int | None, str]) -> StartRecord:
+    return {"v": RECORD_VERSION, "type": "start", "nodeid": nodeid, "location": list(location)}
+
+
+def report(data: dict[str, Any]) -> ReportRecord:
+    return {"v": RECORD_VERSION, "type": "report", "data": data}
+
+
+def finish(nodeid: str) -> FinishRecord:
+    return {"v": RECORD_VERSION, "type": "finish", "nodeid": nodeid}
+
+
+def done(nodeid: str) -> DoneRecord:
+    return {"v": RECORD_VERSION, "type": "done", "nodeid": nodeid}
+
+
+def collect_error(data: dict[str, Any]) -> CollectErrorRecord:
+    return {"v": RECORD_VERSION, "type": "collect_error", "data": data}
+
+
+def missing(nodeids: list[str], rootdir: str) -> MissingRecord:
+    return {"v": RECORD_VERSION, "type": "missing", "nodeids": list(nodeids), "rootdir": rootdir}
+
+
+def warning(when: str, nodeid: str, message: str, category: str, filename: str,
+            lineno: int | None) -> WarningRecord:
+    return {"v": RECORD_VERSION, "type": "warning", "when": when, "nodeid": nodeid,
+            "message": message, "category": category, "filename": filename, "lineno": lineno}
+
+
+def xml_attribute(nodeid: str, name: str, value: str) -> XmlAttributeRecord:
+    return {"v": RECORD_VERSION, "type": "xml_attribute", "nodeid": nodeid, "name": name,
+            "value": value}
+
+
+def suite_property(name: str, value: str) -> SuitePropertyRecord:
+    return {"v": RECORD_VERSION, "type": "suite_property", "name": name, "value": value}
+
+
+def session_finish(exitstatus: int) -> SessionFinishRecord:
+    return {"v": RECORD_VERSION, "type": "session_finish", "exitstatus": int(exitstatus)}

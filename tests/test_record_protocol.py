@@ -1,0 +1,145 @@
+"""One record protocol between the node and the controller: every record type a node
+writes (``node.records``) has a builder, a pydantic model the controller checks it
+against, and an ``on_<type>`` handler; a type the controller does not know is refused
+with a message that names it. The record types are taken from a real worker session
+(the worker plugin in a pytest subprocess), not from a list kept by hand."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from pytest_trtllm_slurm.controller.record_handlers import RecordHandlers
+from pytest_trtllm_slurm.execution import records as controller_records
+from pytest_trtllm_slurm.execution.records import MODELS, BadRecord, parse_record
+from pytest_trtllm_slurm.node import records as node_records
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pytest_trtllm_slurm"
+
+# a suite whose one session writes every record type there is
+SUITE = {
+    "test_all.py": """
+import warnings
+
+
+def test_plain():
+    pass
+
+
+def test_warns(record_xml_attribute, record_testsuite_property):
+    record_xml_attribute("owner", "me")
+    record_testsuite_property("build", "42")
+    warnings.warn(UserWarning("careful"))
+""",
+    "test_broken.py": "def test_never(:\n",  # a collection error
+}
+WANTED = ["test_all.py::test_plain", "test_all.py::test_warns", "test_all.py::test_gone"]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The records one real worker session wrote, as JSON objects."""
+    root = tmp_path_factory.mktemp("protocol")
+    for name, text in SUITE.items():
+        (root / name).write_text(text)
+    (root / "nodeids.json").write_text(json.dumps(WANTED))
+    reports = root / "reports.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent),
+                                                      env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
+         "-p", "no:cacheprovider", "--rootdir", str(root),
+         "--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids",
+         str(root / "nodeids.json"), "--continue-on-collection-errors",
+         "test_all.py", "test_broken.py"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert reports.exists(), proc.stdout + proc.stderr
+    return [json.loads(line) for line in reports.read_text().splitlines()]
+
+
+def test_a_worker_session_writes_every_declared_type_and_only_those(written) -> None:
+    types = {record["type"] for record in written}
+    assert types == set(node_records.RECORD_TYPES), (
+        "extend SUITE so that its session writes each record type of node.records")
+    assert all(record["v"] == node_records.RECORD_VERSION for record in written)
+
+
+def test_every_record_a_worker_writes_is_accepted_and_has_a_handler(written) -> None:
+    batch = frozenset(WANTED)
+    for raw in written:
+        record = parse_record(raw, batch)
+        assert record.type == raw["type"]
+        assert callable(getattr(RecordHandlers, f"on_{record.type}", None)), (
+            f"no RecordHandlers.on_{record.type}")
+
+
+def test_every_declared_type_has_a_builder_a_model_and_a_handler() -> None:
+    for tag, shape in node_records.RECORD_TYPES.items():
+        builder = getattr(node_records, tag)
+        assert typing.get_type_hints(builder)["return"] is shape, tag
+        model = MODELS[tag]
+        assert set(model.model_fields) == set(typing.get_type_hints(shape)), tag
+        assert callable(getattr(RecordHandlers, f"on_{tag}", None)), f"no on_{tag}"
+    # and nothing the node cannot write: no stray model, handler or union member
+    assert set(MODELS) == set(node_records.RECORD_TYPES)
+    handlers = {name.removeprefix("on_") for name in vars(RecordHandlers)
+                if name.startswith("on_")}
+    assert handlers == set(node_records.RECORD_TYPES)
+    union = typing.get_args(typing.get_args(controller_records.Record)[0])
+    assert set(union) == set(MODELS.values())
+
+
+def test_a_model_that_is_not_the_nodes_declaration_is_refused_at_import() -> None:
+    from typing import Literal
+
+    with pytest.raises(TypeError, match="fields"):
+        @controller_records._shape(node_records.FinishRecord)
+        class Finish(controller_records._Record):  # the node writes no "why"
+            type: Literal["finish"]
+            nodeid: str
+            why: str = ""
+
+
+def test_the_node_builds_records_only_through_node_records() -> None:
+    """A record is never a dict literal of its own: a ``{"type": ...}`` outside
+    ``node.records`` is a type the controller may not know."""
+    offenders = []
+    for path in sorted(PACKAGE.glob("node/*.py")):
+        if path.name == "records.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict) and any(
+                    isinstance(k, ast.Constant) and k.value == "type" for k in node.keys):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders
+
+
+def test_the_case_wrappers_exit_status_line_is_a_session_finish_record(tmp_path: Path) -> None:
+    from pytest_trtllm_slurm.cases.model import CASE_WRAPPER, REPORTS_ENV
+
+    reports = tmp_path / "reports.jsonl"
+    subprocess.run(["bash", "-c", CASE_WRAPPER, "trtllm-case", "exit 7"], check=False,
+                   env={**os.environ, REPORTS_ENV: str(reports)}, timeout=30)
+    (line,) = reports.read_text().splitlines()
+    assert parse_record(json.loads(line), frozenset()) == MODELS["session_finish"](
+        type="session_finish", exitstatus=7)
+
+
+@pytest.mark.parametrize(("kind", "shown"), [
+    ("shell", "'shell'"), (["start"], "['start']"), (None, "None")])
+def test_an_unknown_record_type_is_refused_with_a_message_that_names_it(kind, shown) -> None:
+    record = {"v": 1, "nodeid": "t.py::a"} | ({} if kind is None else {"type": kind})
+    with pytest.raises(BadRecord) as refused:
+        parse_record(record, frozenset({"t.py::a"}))
+    message = str(refused.value)
+    assert f"unknown record type {shown}" in message
+    assert all(tag in message for tag in node_records.RECORD_TYPES)  # what it does read
+    assert "another version of pytest-trtllm-slurm" in message
