@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.local.docker import TRTLLM_RUN_FLAGS
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, map_slurm_state
 from pytest_trtllm_slurm.execution.protocol import JobHandle
@@ -92,10 +93,6 @@ WRAPPING_RUNTIMES = ("docker", "podman")
 CONTAINER_SCRIPT = "container_run.sh"  # the wrapper script, in the batch's work dir
 BLOCKER_AFTER = 5.0  # seconds a job waits before we look for the user's own allocation
 CONTAINER_STOP_WAIT = 15.0  # seconds a cancelled wrapped step has to remove its container
-# seconds between looks at a persistent allocation whose warm workers serve this run's
-# batches (nothing else asks the scheduler then): a failed node ends the allocation
-ALLOC_WATCH_EVERY = 2.0
-ALLOC_WATCH_GAP = 0.5  # at least this long between two looks when a served batch ended
 
 
 class SlurmExecutor:
@@ -114,8 +111,8 @@ class SlurmExecutor:
         container_runtime: str = "none",
         container_run_flags: Sequence[str] | None = None,
         warn: Callable[[str], None] | None = None,
-        min_interval: float = 0.5,
-        max_interval: float = 5.0,
+        min_interval: float = CADENCE.scheduler_min,
+        max_interval: float = CADENCE.scheduler_max,
         max_failures: int = 5,
         fail_grace: float = 30.0,
         final_wait: float = 60.0,
@@ -159,10 +156,9 @@ class SlurmExecutor:
         self._warned: set[str] = set()
         # warm workers (persistent only): an agent per node serves the batches by fork
         self.warm_workers = warm_workers and persistent
-        # seconds between monitor rounds: warm batches are files, cheap to look at here;
-        # over SSH every look is a round trip
-        local = isinstance(shell, LocalShell)
-        self.poll_hint = (0.02 if local else 0.2) if self.warm_workers else None
+        # seconds between monitor rounds (warm batches are files: see cadence)
+        self.poll_hint = (CADENCE.warm_hint(local=isinstance(shell, LocalShell))
+                          if self.warm_workers else None)
         self._pools: dict[str, AgentPool] = {}
         self._expected: set[str] = set()
         self._watch_at: dict[str, float] = {}  # allocation -> when to look at it next
@@ -475,8 +471,8 @@ class SlurmExecutor:
             # nodes of steps that ended here are given back by the next call's _poll_warm
             # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
             changed = any(visible_state(j).status != before[j.handle.job_id] for j in asked)
-            self._interval = self.min_interval if changed else min(
-                self._interval * 1.5, self.max_interval)
+            self._interval = CADENCE.next_scheduler_interval(
+                self._interval, changed=changed, low=self.min_interval, high=self.max_interval)
             self._next_at = time.monotonic() + self._interval
         return {j.handle.job_id: self._shown(j) for j in jobs}
 
@@ -497,7 +493,7 @@ class SlurmExecutor:
         return self._alive.get(job.alloc.job_id, 0.0) >= (job.ended_wall or 0.0)
 
     def _watch_allocations(self, jobs: list[TrackedJob], now: float) -> None:
-        """Every ALLOC_WATCH_EVERY s, one squeue of each allocation running this run's
+        """Every ``CADENCE.alloc_watch`` s, one squeue of each allocation running this run's
         batches: a failed node (NODE_FAIL), its time limit or a scancel ends it, and the
         batches' files alone would not say so (a DOWN node's processes may live on)."""
         watched = {j.alloc.job_id for j in jobs if j.alloc is not None
@@ -507,11 +503,11 @@ class SlurmExecutor:
         for alloc_id in watched | ending:
             due = self._watch_at.get(alloc_id, 0.0)
             if alloc_id in ending:  # a batch waits for this look to show its end
-                due = min(due, self._watched_at.get(alloc_id, 0.0) + ALLOC_WATCH_GAP)
+                due = min(due, self._watched_at.get(alloc_id, 0.0) + CADENCE.alloc_watch_gap)
             if now < due or alloc_id in self._ended:
                 continue
             self._watched_at[alloc_id] = now
-            self._watch_at[alloc_id] = now + ALLOC_WATCH_EVERY
+            self._watch_at[alloc_id] = now + CADENCE.alloc_watch
             asked = time.time()
             try:
                 row = self.jobs.squeue_jobs([alloc_id]).get(alloc_id)

@@ -32,6 +32,7 @@ from pathlib import PurePosixPath
 
 import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.disk import space_problem
 from pytest_trtllm_slurm.execution.outcome import (
     CRASH_SIGNALS,
@@ -55,7 +56,6 @@ from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
-HEALTH_EVERY = 2.0
 
 
 def serves_warm(spec: JobSpec) -> bool:
@@ -432,11 +432,11 @@ class AgentPool:
         self._send(job.job_id, job)
 
     def check_health(self) -> None:
-        """At most every HEALTH_EVERY seconds: is each used node's agent and session alive?"""
+        """At most every ``CADENCE.agent_health`` s: is each used node's agent and session alive?"""
         now = time.monotonic()
         if now < self._next_health:
             return
-        self._next_health = now + HEALTH_EVERY
+        self._next_health = now + CADENCE.agent_health
         for node in self.nodes:
             if not node.agent_dir:
                 continue
@@ -451,7 +451,7 @@ class AgentPool:
         self.check_health()
         now = time.monotonic()
         if node.session and now >= node.session_checked:
-            node.session_checked = now + HEALTH_EVERY / 4
+            node.session_checked = now + CADENCE.agent_health / 4
             code = self._read(f"{node.agent_dir}/exit_code").strip()
             if code:
                 self._lose(node, f"the warm worker on {node.name} was lost (its srun step "
