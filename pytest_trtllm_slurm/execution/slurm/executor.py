@@ -260,12 +260,12 @@ class SlurmExecutor:
     def _record_warm(self, job: TrackedJob) -> None:
         """Note a batch sent to a session in this run's record (once), so that the next run
         can cancel it if this controller is killed."""
-        placement = job.warm.placement if job.warm else None
-        if (self.runs is None or placement is None or not placement.session
+        sent = job.warm.sent if job.warm else None
+        if (self.runs is None or sent is None or not sent.session
                 or job.handle.job_id in self._recorded):
             return
         self._recorded.add(job.handle.job_id)
-        self.runs.add_warm(placement.session, placement.request_name)
+        self.runs.add_warm(sent.session, sent.request_name)
 
     def _gates(self, spec: JobSpec) -> bool:
         """A step worth launching before its nodes are free: the worker plugin's ranks

@@ -44,6 +44,14 @@ from pytest_trtllm_slurm.execution.outcome import (
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
+from pytest_trtllm_slurm.execution.slurm.placement import (
+    BestFit,
+    Placement,
+    Placer,
+    Request,
+    give_back,
+    take,
+)
 
 # a served batch sent to a session that collected the run's arguments (not its node ids)
 # and lacks one of its node ids exits with EARLY_MISS before running anything: sent again
@@ -86,15 +94,15 @@ class Node:
         return self.gpus - self.used
 
 
-@dataclass
-class Placement:
-    nodes: list[Node]
-    gpus: int  # per node
-    request_name: str = ""
-    pid_path: str = ""
-    exit_path: str = ""
-    node_for_cancel: Node | None = None
-    session: str = ""  # the session the request went to
+@dataclass(frozen=True)
+class Delivery:
+    """Where a served batch's request went and where its fork writes its pid and exit code."""
+
+    node: Node
+    session: str  # the session the request went to
+    request_name: str
+    pid_path: str
+    exit_path: str
 
 
 @dataclass
@@ -104,7 +112,8 @@ class WarmJob:
     spec: JobSpec
     warm: bool  # served by an agent (else: a step the executor launches once placed)
     job_id: str = ""
-    placement: Placement | None = None
+    placement: Placement[Node] | None = None
+    sent: Delivery | None = None  # a served batch's request, once written
     state: JobState = field(default_factory=lambda: JobState(
         status=JobStatus.PENDING, reason="waiting for GPUs in the allocation"))
     cancelled: bool = False
@@ -132,8 +141,10 @@ class AgentPool:
         gres_style: str = "gres",
         gres_type: str | None = None,
         warn: Callable[[str], None] | None = None,
+        placer: Placer | None = None,
     ) -> None:
         self.shell = shell
+        self.placer: Placer = placer or BestFit()
         self.alloc = alloc
         self.gres_style = gres_style
         self.gres_type = gres_type
@@ -186,8 +197,7 @@ class AgentPool:
             if placement is None:
                 continue
             job.placement = placement
-            for node in placement.nodes:
-                node.used += placement.gpus
+            take(placement)
             self.order.remove(job_id)
             started = True
             if job.warm:
@@ -196,30 +206,22 @@ class AgentPool:
                 launch_step(job_id, job)
         return started
 
-    def _fit(self, job: WarmJob) -> Placement | None:
-        spec = job.spec
+    def _fit(self, job: WarmJob) -> Placement[Node] | None:
         whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
-        count = max(1, spec.node_count)
-        need = self.alloc.gpus_per_node if whole else spec.devices_per_node
-        held = {id(n) for j in self.jobs.values() if j.launched_early and j.ready
-                for n in j.reserved}  # drained for a gated step whose ranks are ready
-        fits = [n for n in self.nodes if n.free >= need and (not whole or n.used == 0)
-                and id(n) not in held]
-        if len(fits) < count:
-            return None
-        fits.sort(key=lambda n: (n.free, self.nodes.index(n)))  # best fit
-        return Placement(nodes=fits[:count], gpus=need)
+        need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
+        held = [n for j in self.jobs.values() if j.launched_early and j.ready
+                for n in j.reserved]  # drained for a gated step whose ranks are ready
+        return self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
+                                 held=held)
 
     def _reserve(self, job: WarmJob) -> bool:
         """Nodes for a gated step, among those no other waiting gated step has (one
         early launch per node: its ranks hold memory there while they wait)."""
-        count = max(1, job.spec.node_count)
-        taken = {id(n) for j in self.jobs.values() if j.launched_early for n in j.reserved}
-        free = [n for n in self.nodes if id(n) not in taken]
-        if len(free) < count:
+        taken = [n for j in self.jobs.values() if j.launched_early for n in j.reserved]
+        nodes = self.placer.reserve(self.nodes, job.spec.node_count, taken=taken)
+        if nodes is None:
             return False
-        free.sort(key=lambda n: (n.used, self.nodes.index(n)))  # the least busy
-        job.reserved = free[:count]
+        job.reserved = nodes
         job.state = JobState(status=JobStatus.PENDING, reason=(
             "launched early: its ranks collect while other batches use "
             + ",".join(n.name for n in job.reserved)))
@@ -238,8 +240,7 @@ class AgentPool:
         if any(n.used for n in job.reserved):
             return False
         job.placement = Placement(nodes=list(job.reserved), gpus=self.alloc.gpus_per_node)
-        for node in job.placement.nodes:
-            node.used += job.placement.gpus
+        take(job.placement)
         self.shell.write_file(f"{job.gate_dir}/open", "")
         return True
 
@@ -259,9 +260,7 @@ class AgentPool:
 
     def release(self, job: WarmJob) -> None:
         if job.placement is not None:
-            for node in job.placement.nodes:
-                node.used = max(0, node.used - job.placement.gpus)
-            job.placement.gpus = 0
+            give_back(job.placement)
 
     def warm_up(self, spec: JobSpec) -> None:
         """Start this run's session on every node now (launching agents where none runs),
@@ -363,24 +362,22 @@ class AgentPool:
             self.release(job)
             return
         work = PurePosixPath(spec.work_dir)
-        job.placement.pid_path = str(work / "batch.pid")
-        job.placement.exit_path = str(work / "exit_code")
-        job.placement.request_name = job_id.replace("~", "_")
-        job.placement.node_for_cancel = node
-        job.placement.session = sdir
-        self._remove(job.placement.pid_path, job.placement.exit_path)  # a retry's leftovers
+        sent = Delivery(node=node, session=sdir, request_name=job_id.replace("~", "_"),
+                        pid_path=str(work / "batch.pid"), exit_path=str(work / "exit_code"))
+        job.sent = sent
+        self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
         request = {
-            "name": job.placement.request_name,
+            "name": sent.request_name,
             "nodeids": list(spec.nodeids),
             "gpus": spec.devices_per_node,
             "gpus_total": self.alloc.gpus_per_node,
             "reports_path": spec.reports_path,
             "log_path": spec.log_path,
-            "exit_path": job.placement.exit_path,
-            "pid_path": job.placement.pid_path,
+            "exit_path": sent.exit_path,
+            "pid_path": sent.pid_path,
             "env": not_inherited(spec.env, local=isinstance(self.shell, LocalShell)),
         }
-        self.shell.write_file(f"{sdir}/inbox/{job.placement.request_name}.json",
+        self.shell.write_file(f"{sdir}/inbox/{sent.request_name}.json",
                               json.dumps(request))
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
@@ -396,11 +393,11 @@ class AgentPool:
     # -- state ----------------------------------------------------------------------
     def refresh(self, job: WarmJob) -> None:
         """Started? ended? From the batch's pid and exit-code files (no scheduler)."""
-        placement = job.placement
-        if not job.warm or placement is None or job.state.status.finished:
+        placement, sent = job.placement, job.sent
+        if not job.warm or placement is None or sent is None or job.state.status.finished:
             return
         node = placement.nodes[0]
-        code = self._read(placement.exit_path).strip()
+        code = self._read(sent.exit_path).strip()
         if code == str(EARLY_MISS) and not job.cancelled:
             self._resend(job, node)
             return
@@ -409,12 +406,12 @@ class AgentPool:
             self.release(job)
             return
         if job.state.status is not JobStatus.RUNNING and (
-                self._read(placement.pid_path).strip().isdigit()):
+                self._read(sent.pid_path).strip().isdigit()):
             job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
         dead = self._dead(node)
-        if placement.session in self.lost:
+        if sent.session in self.lost:
             job.state = JobState(status=JobStatus.CRASHED, nodelist=node.name,
-                                 reason=self.lost[placement.session])
+                                 reason=self.lost[sent.session])
             self.release(job)
         elif dead:
             job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
@@ -423,8 +420,8 @@ class AgentPool:
     def _resend(self, job: WarmJob, node: Node) -> None:
         """The early session lacked one of the batch's node ids (it ran nothing): end it,
         and send the batch to a session that collects the run's node ids."""
-        assert job.placement is not None
-        if node.session == job.placement.session and node.session_ids is None:
+        assert job.sent is not None
+        if node.session == job.sent.session and node.session_ids is None:
             self.shell.write_file(f"{node.session}/inbox/stop", "")
             node.session = None
         self.warn(f"the warm worker on {node.name} collected other tests than this run "
@@ -519,9 +516,9 @@ class AgentPool:
         if placement is None:
             job.state = JobState(status=JobStatus.CANCELLED, reason="cancelled before it started")
             return
-        if job.warm and placement.node_for_cancel and placement.node_for_cancel.session:
-            sdir = placement.node_for_cancel.session
-            self.shell.write_file(f"{sdir}/inbox/{placement.request_name}.cancel", "")
+        sent = job.sent
+        if job.warm and sent is not None and sent.node.session:  # the node's session now
+            self.shell.write_file(f"{sent.node.session}/inbox/{sent.request_name}.cancel", "")
 
     def close(self) -> None:
         """End this run's sessions (the agents stay for the next run)."""
