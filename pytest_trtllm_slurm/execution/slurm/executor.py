@@ -69,6 +69,7 @@ from pytest_trtllm_slurm.execution.slurm.jobs import (
     SlurmJobs,
     parse_duration,
 )
+from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.own_blockers import WAITING_REASONS, blocker_note
 from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
@@ -245,10 +246,11 @@ class SlurmExecutor:
             self._pools[alloc.job_id] = pool
         handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self._seq)}", spec=spec,
                            submitted_at=time.time(), nodelist=alloc.nodelist)
-        job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc))
+        job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc),
+                         life=Lifecycle(Phase.WAITING))
         warm = serves_warm(spec)
         job.warm = pool.add(handle.job_id, spec, warm=warm,
-                            gated=not warm and self._gates(spec))
+                            gated=not warm and self._gates(spec), life=job.life)
         if not pool.warmed and job.warm.warm:
             pool.warmed = True
             pool.warm_up(spec)
@@ -442,8 +444,9 @@ class SlurmExecutor:
                 job.ended_wall = time.time()
         self._watch_allocations(jobs, now)
         for job in jobs:  # served batches: files only, every call
-            if job.served and job.state.status.finished and not job.settled:
-                job.settled = self._confirmed(job) and self._reports_settled(job, now)
+            if job.served and job.state.status.finished and not job.settled and (
+                    self._confirmed(job) and self._reports_settled(job, now)):
+                job.life.settle()
         # what the scheduler reports on, polled at the adaptive interval
         active = [j for j in jobs if not j.state.status.finished and not j.served
                   and not j.waiting]
@@ -466,8 +469,9 @@ class SlurmExecutor:
                         job.state = JobState(status=JobStatus.ERROR, reason=(
                             f"scheduler not answering ({self._failures} tries): {exc}"))
             for job in jobs:  # those that ended just now too
-                if job.state.status.finished and not job.settled and not job.served:
-                    job.settled = self._confirmed(job) and self._reports_settled(job, now)
+                if job.state.status.finished and not job.settled and not job.served and (
+                        self._confirmed(job) and self._reports_settled(job, now)):
+                    job.life.settle()
             # nodes of steps that ended here are given back by the next call's _poll_warm
             # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
             changed = any(visible_state(j).status != before[j.handle.job_id] for j in asked)
@@ -553,7 +557,7 @@ class SlurmExecutor:
                 continue
             job.state = JobState(status=status, nodelist=job.state.nodelist, reason=why,
                                  ended_at=end)
-            job.settled = True
+            job.life.settle()
             if job.warm is not None:
                 job.warm.state = job.state
                 job.warm.cancelled = True
@@ -614,7 +618,7 @@ class SlurmExecutor:
                 continue
             if warm.placement and warm.placement.gpus:
                 self._pools[job.alloc.job_id].release(warm)
-            elif warm.launched_early:
+            elif warm.reserved and warm.placement is None and not warm.cancelled:
                 self._pools[job.alloc.job_id].drop(warm)
         for pool in self._pools.values():  # a step it launches wakes the scheduler polls
             pool.place_waiting(self._start_granted_step)

@@ -27,7 +27,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
@@ -43,6 +43,7 @@ from pytest_trtllm_slurm.execution.outcome import (
 )
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.execution.slurm.placement import (
     BestFit,
@@ -105,29 +106,43 @@ class Delivery:
     exit_path: str
 
 
-@dataclass
 class WarmJob:
-    """A batch of this run as the pool sees it."""
+    """A batch of this run as the pool sees it. Its phase (``life``: WAITING until
+    placed, EARLY for a gated step launched before its gate opens) is the executor's
+    too; every change of ``state`` moves it."""
 
-    spec: JobSpec
-    warm: bool  # served by an agent (else: a step the executor launches once placed)
-    job_id: str = ""
-    placement: Placement[Node] | None = None
-    sent: Delivery | None = None  # a served batch's request, once written
-    state: JobState = field(default_factory=lambda: JobState(
-        status=JobStatus.PENDING, reason="waiting for GPUs in the allocation"))
-    cancelled: bool = False
-    gated: bool = False  # a step launched before its nodes are free (see ``gate``)
-    reserved: list[Node] = field(default_factory=list)  # a gated step's nodes, once launched
-    gate_dir: str = ""
-    ready: bool = False  # every rank of the gated step has collected
-    ranks: int = 0  # how many (rank 0 writes it in ``ready``)
-    done: int = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+    def __init__(self, spec: JobSpec, warm: bool, *, job_id: str = "", gated: bool = False,
+                 life: Lifecycle | None = None) -> None:
+        self.spec = spec
+        self.warm = warm  # served by an agent (else: a step the executor launches once placed)
+        self.job_id = job_id
+        self.life = life or Lifecycle(Phase.WAITING)
+        self._state = JobState(status=JobStatus.PENDING,
+                               reason="waiting for GPUs in the allocation")
+        self.life.saw(self._state.status)
+        self.placement: Placement[Node] | None = None
+        self.sent: Delivery | None = None  # a served batch's request, once written
+        self.cancelled = False
+        self.gated = gated  # a step launched before its nodes are free (see ``gate``)
+        self.reserved: list[Node] = []  # a gated step's nodes, once launched
+        self.gate_dir = ""
+        self.ready = False  # every rank of the gated step has collected
+        self.ranks = 0  # how many (rank 0 writes it in ``ready``)
+        self.done = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    @state.setter
+    def state(self, value: JobState) -> None:
+        self._state = value
+        self.life.saw(value.status)
 
     @property
     def launched_early(self) -> bool:
         """A gated step that runs (collecting, or waiting at its gate) without GPUs yet."""
-        return bool(self.reserved) and self.placement is None and not self.cancelled
+        return self.life.phase is Phase.EARLY
 
 
 class AgentPool:
@@ -166,8 +181,10 @@ class AgentPool:
         """The run's node ids, so one session per node collects them all at once."""
         self.expected |= nodeids
 
-    def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False) -> WarmJob:
-        job = WarmJob(spec, warm, job_id=job_id, gated=gated and not warm)
+    def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False,
+            life: Lifecycle | None = None) -> WarmJob:
+        """A batch to place (``life``: the executor's, in WAITING)."""
+        job = WarmJob(spec, warm, job_id=job_id, gated=gated and not warm, life=life)
         if job.gated:
             job.gate_dir = str(PurePosixPath(spec.work_dir) / "gate")
         self.jobs[job_id] = job
@@ -180,7 +197,7 @@ class AgentPool:
         started = False
         for job_id in list(self.order):
             job = self.jobs[job_id]
-            if job.placement is not None or job.cancelled:
+            if job.placement is not None or job.cancelled or job.life.ended:
                 self.order.remove(job_id)
                 continue
             if job.gated:
@@ -198,6 +215,7 @@ class AgentPool:
                 continue
             job.placement = placement
             take(placement)
+            job.life.to(Phase.SUBMITTED)
             self.order.remove(job_id)
             started = True
             if job.warm:
@@ -222,6 +240,7 @@ class AgentPool:
         if nodes is None:
             return False
         job.reserved = nodes
+        job.life.to(Phase.EARLY)
         job.state = JobState(status=JobStatus.PENDING, reason=(
             "launched early: its ranks collect while other batches use "
             + ",".join(n.name for n in job.reserved)))
@@ -241,6 +260,7 @@ class AgentPool:
             return False
         job.placement = Placement(nodes=list(job.reserved), gpus=self.alloc.gpus_per_node)
         take(job.placement)
+        job.life.to(Phase.SUBMITTED)
         self.shell.write_file(f"{job.gate_dir}/open", "")
         return True
 
@@ -257,6 +277,8 @@ class AgentPool:
         """A gated step that ended before its gate opened: its nodes are no longer set aside."""
         job.cancelled = True
         job.reserved = []
+        if not job.life.ended:
+            job.life.to(Phase.ENDED)
 
     def release(self, job: WarmJob) -> None:
         if job.placement is not None:
