@@ -32,6 +32,7 @@ from pytest_trtllm_slurm.execution.build import (
     build_failed,
     run_build,
 )
+from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.disk import is_disk_full, space_problem
 from pytest_trtllm_slurm.execution.monitor import (
     JobEvent,
@@ -125,7 +126,7 @@ class DispatchLoop:
         self.handlers = RecordHandlers(self.replayer, after_test=self._check_stop)
         hints = [h for h in (getattr(e, "poll_hint", None) for e in executors.values()) if h]
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
-                               poll_interval=min([0.2, *hints]))
+                               poll_interval=min([CADENCE.monitor, *hints]))
         self.running: dict[str, RunningBatch] = {}
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
         self.worker_options, refused = forwarded_options(self.config)

@@ -10,6 +10,7 @@ import shlex
 import time
 from collections.abc import Callable
 
+from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.monitor import Monitor, log_tail
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor
@@ -31,7 +32,7 @@ def run_build(
     spec: JobSpec,
     *,
     progress: Callable[[str], None],
-    poll_interval: float = 0.5,
+    poll_interval: float = CADENCE.build,
 ) -> tuple[JobState, str, str]:
     """Submit the build and wait for it; returns its final state, the log's last lines and
     the log's path where the build ran.

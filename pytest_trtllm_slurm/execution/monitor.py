@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.node.protocol import LOG_MARK
@@ -106,7 +107,7 @@ class Monitor:
     def __init__(
         self,
         hang_patterns: list[str],
-        poll_interval: float = 0.2,
+        poll_interval: float = CADENCE.monitor,
         on_change: Callable[[WatchedJob], None] | None = None,
     ) -> None:
         self.hang_patterns = [p.lower().encode() for p in hang_patterns if p]

@@ -6,7 +6,7 @@ and exit codes; the tests read them directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
 
@@ -22,6 +22,7 @@ from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow
+from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.warm_pool import WarmJob
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Launch
@@ -38,25 +39,48 @@ class WalltimePolicy:
     new_limit: str = "01:00:00"
 
 
-@dataclass
 class TrackedJob:
-    """One submitted batch and what the executor knows about it."""
+    """One submitted batch and what the executor knows about it. Its phase (``life``,
+    shared with the warm pool's WarmJob) follows every change of ``state``."""
 
-    handle: JobHandle
-    opts: SlurmOptions
-    alloc: AllocationState | None = None  # set for steps
-    share: StepShare | None = None
-    state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
-    step_id: str | None = None  # "<alloc>.<step>" once the task recorded it
-    left_at: float | None = None  # when it left the queue without a final state yet
-    launched_at: float = 0.0
-    cancelled: bool = False
-    negotiated: bool = False
-    settled: bool = False  # final state may be shown (its reports are complete or given up on)
-    settle_since: float | None = None
-    warm: WarmJob | None = None  # placed by the allocation's AgentPool (warm workers)
-    extra_env: dict[str, str] = field(default_factory=dict)  # the launch's, not the batch's
-    ended_wall: float | None = None  # when a served batch was seen to end (epoch s)
+    def __init__(
+        self,
+        handle: JobHandle,
+        opts: SlurmOptions,
+        *,
+        alloc: AllocationState | None = None,  # set for steps
+        share: StepShare | None = None,
+        state: JobState | None = None,
+        step_id: str | None = None,
+        life: Lifecycle | None = None,
+    ) -> None:
+        self.handle, self.opts, self.alloc, self.share = handle, opts, alloc, share
+        self.life = life or Lifecycle(Phase.SUBMITTED)
+        self._state = JobState(status=JobStatus.PENDING)
+        self.state = state or self._state
+        self.step_id = step_id  # "<alloc>.<step>" once the task recorded it
+        self.left_at: float | None = None  # when it left the queue without a final state yet
+        self.launched_at = 0.0
+        self.cancelled = False  # a cancel we asked for (it wins over FAILED)
+        self.negotiated = False  # the walltime policy looked at it (once)
+        self.settle_since: float | None = None  # since when its reports are waited for
+        self.warm: WarmJob | None = None  # placed by the allocation's AgentPool (warm workers)
+        self.extra_env: dict[str, str] = {}  # the launch's, not the batch's
+        self.ended_wall: float | None = None  # when a batch in the allocation was seen to end
+
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    @state.setter
+    def state(self, value: JobState) -> None:
+        self._state = value
+        self.life.saw(value.status)
+
+    @property
+    def settled(self) -> bool:
+        """Its final state may be shown (its reports are complete or given up on)."""
+        return self.life.settled
 
     @property
     def served(self) -> bool:
@@ -66,8 +90,7 @@ class TrackedJob:
     @property
     def waiting(self) -> bool:
         """Held back by the pool until GPUs in the allocation are free."""
-        return (self.warm is not None and self.warm.placement is None
-                and not self.warm.launched_early)
+        return self.life.waiting
 
     @property
     def is_step(self) -> bool:

@@ -27,11 +27,12 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.disk import space_problem
 from pytest_trtllm_slurm.execution.outcome import (
     CRASH_SIGNALS,
@@ -42,7 +43,16 @@ from pytest_trtllm_slurm.execution.outcome import (
 )
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
+from pytest_trtllm_slurm.execution.slurm.placement import (
+    BestFit,
+    Placement,
+    Placer,
+    Request,
+    give_back,
+    take,
+)
 
 # a served batch sent to a session that collected the run's arguments (not its node ids)
 # and lacks one of its node ids exits with EARLY_MISS before running anything: sent again
@@ -55,7 +65,6 @@ from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
-HEALTH_EVERY = 2.0
 
 
 def serves_warm(spec: JobSpec) -> bool:
@@ -86,39 +95,54 @@ class Node:
         return self.gpus - self.used
 
 
-@dataclass
-class Placement:
-    nodes: list[Node]
-    gpus: int  # per node
-    request_name: str = ""
-    pid_path: str = ""
-    exit_path: str = ""
-    node_for_cancel: Node | None = None
-    session: str = ""  # the session the request went to
+@dataclass(frozen=True)
+class Delivery:
+    """Where a served batch's request went and where its fork writes its pid and exit code."""
+
+    node: Node
+    session: str  # the session the request went to
+    request_name: str
+    pid_path: str
+    exit_path: str
 
 
-@dataclass
 class WarmJob:
-    """A batch of this run as the pool sees it."""
+    """A batch of this run as the pool sees it. Its phase (``life``: WAITING until
+    placed, EARLY for a gated step launched before its gate opens) is the executor's
+    too; every change of ``state`` moves it."""
 
-    spec: JobSpec
-    warm: bool  # served by an agent (else: a step the executor launches once placed)
-    job_id: str = ""
-    placement: Placement | None = None
-    state: JobState = field(default_factory=lambda: JobState(
-        status=JobStatus.PENDING, reason="waiting for GPUs in the allocation"))
-    cancelled: bool = False
-    gated: bool = False  # a step launched before its nodes are free (see ``gate``)
-    reserved: list[Node] = field(default_factory=list)  # a gated step's nodes, once launched
-    gate_dir: str = ""
-    ready: bool = False  # every rank of the gated step has collected
-    ranks: int = 0  # how many (rank 0 writes it in ``ready``)
-    done: int = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+    def __init__(self, spec: JobSpec, warm: bool, *, job_id: str = "", gated: bool = False,
+                 life: Lifecycle | None = None) -> None:
+        self.spec = spec
+        self.warm = warm  # served by an agent (else: a step the executor launches once placed)
+        self.job_id = job_id
+        self.life = life or Lifecycle(Phase.WAITING)
+        self._state = JobState(status=JobStatus.PENDING,
+                               reason="waiting for GPUs in the allocation")
+        self.life.saw(self._state.status)
+        self.placement: Placement[Node] | None = None
+        self.sent: Delivery | None = None  # a served batch's request, once written
+        self.cancelled = False
+        self.gated = gated  # a step launched before its nodes are free (see ``gate``)
+        self.reserved: list[Node] = []  # a gated step's nodes, once launched
+        self.gate_dir = ""
+        self.ready = False  # every rank of the gated step has collected
+        self.ranks = 0  # how many (rank 0 writes it in ``ready``)
+        self.done = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    @state.setter
+    def state(self, value: JobState) -> None:
+        self._state = value
+        self.life.saw(value.status)
 
     @property
     def launched_early(self) -> bool:
         """A gated step that runs (collecting, or waiting at its gate) without GPUs yet."""
-        return bool(self.reserved) and self.placement is None and not self.cancelled
+        return self.life.phase is Phase.EARLY
 
 
 class AgentPool:
@@ -132,8 +156,10 @@ class AgentPool:
         gres_style: str = "gres",
         gres_type: str | None = None,
         warn: Callable[[str], None] | None = None,
+        placer: Placer | None = None,
     ) -> None:
         self.shell = shell
+        self.placer: Placer = placer or BestFit()
         self.alloc = alloc
         self.gres_style = gres_style
         self.gres_type = gres_type
@@ -155,8 +181,10 @@ class AgentPool:
         """The run's node ids, so one session per node collects them all at once."""
         self.expected |= nodeids
 
-    def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False) -> WarmJob:
-        job = WarmJob(spec, warm, job_id=job_id, gated=gated and not warm)
+    def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False,
+            life: Lifecycle | None = None) -> WarmJob:
+        """A batch to place (``life``: the executor's, in WAITING)."""
+        job = WarmJob(spec, warm, job_id=job_id, gated=gated and not warm, life=life)
         if job.gated:
             job.gate_dir = str(PurePosixPath(spec.work_dir) / "gate")
         self.jobs[job_id] = job
@@ -169,7 +197,7 @@ class AgentPool:
         started = False
         for job_id in list(self.order):
             job = self.jobs[job_id]
-            if job.placement is not None or job.cancelled:
+            if job.placement is not None or job.cancelled or job.life.ended:
                 self.order.remove(job_id)
                 continue
             if job.gated:
@@ -186,8 +214,8 @@ class AgentPool:
             if placement is None:
                 continue
             job.placement = placement
-            for node in placement.nodes:
-                node.used += placement.gpus
+            take(placement)
+            job.life.to(Phase.SUBMITTED)
             self.order.remove(job_id)
             started = True
             if job.warm:
@@ -196,30 +224,23 @@ class AgentPool:
                 launch_step(job_id, job)
         return started
 
-    def _fit(self, job: WarmJob) -> Placement | None:
-        spec = job.spec
+    def _fit(self, job: WarmJob) -> Placement[Node] | None:
         whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
-        count = max(1, spec.node_count)
-        need = self.alloc.gpus_per_node if whole else spec.devices_per_node
-        held = {id(n) for j in self.jobs.values() if j.launched_early and j.ready
-                for n in j.reserved}  # drained for a gated step whose ranks are ready
-        fits = [n for n in self.nodes if n.free >= need and (not whole or n.used == 0)
-                and id(n) not in held]
-        if len(fits) < count:
-            return None
-        fits.sort(key=lambda n: (n.free, self.nodes.index(n)))  # best fit
-        return Placement(nodes=fits[:count], gpus=need)
+        need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
+        held = [n for j in self.jobs.values() if j.launched_early and j.ready
+                for n in j.reserved]  # drained for a gated step whose ranks are ready
+        return self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
+                                 held=held)
 
     def _reserve(self, job: WarmJob) -> bool:
         """Nodes for a gated step, among those no other waiting gated step has (one
         early launch per node: its ranks hold memory there while they wait)."""
-        count = max(1, job.spec.node_count)
-        taken = {id(n) for j in self.jobs.values() if j.launched_early for n in j.reserved}
-        free = [n for n in self.nodes if id(n) not in taken]
-        if len(free) < count:
+        taken = [n for j in self.jobs.values() if j.launched_early for n in j.reserved]
+        nodes = self.placer.reserve(self.nodes, job.spec.node_count, taken=taken)
+        if nodes is None:
             return False
-        free.sort(key=lambda n: (n.used, self.nodes.index(n)))  # the least busy
-        job.reserved = free[:count]
+        job.reserved = nodes
+        job.life.to(Phase.EARLY)
         job.state = JobState(status=JobStatus.PENDING, reason=(
             "launched early: its ranks collect while other batches use "
             + ",".join(n.name for n in job.reserved)))
@@ -238,8 +259,8 @@ class AgentPool:
         if any(n.used for n in job.reserved):
             return False
         job.placement = Placement(nodes=list(job.reserved), gpus=self.alloc.gpus_per_node)
-        for node in job.placement.nodes:
-            node.used += job.placement.gpus
+        take(job.placement)
+        job.life.to(Phase.SUBMITTED)
         self.shell.write_file(f"{job.gate_dir}/open", "")
         return True
 
@@ -256,12 +277,12 @@ class AgentPool:
         """A gated step that ended before its gate opened: its nodes are no longer set aside."""
         job.cancelled = True
         job.reserved = []
+        if not job.life.ended:
+            job.life.to(Phase.ENDED)
 
     def release(self, job: WarmJob) -> None:
         if job.placement is not None:
-            for node in job.placement.nodes:
-                node.used = max(0, node.used - job.placement.gpus)
-            job.placement.gpus = 0
+            give_back(job.placement)
 
     def warm_up(self, spec: JobSpec) -> None:
         """Start this run's session on every node now (launching agents where none runs),
@@ -363,24 +384,22 @@ class AgentPool:
             self.release(job)
             return
         work = PurePosixPath(spec.work_dir)
-        job.placement.pid_path = str(work / "batch.pid")
-        job.placement.exit_path = str(work / "exit_code")
-        job.placement.request_name = job_id.replace("~", "_")
-        job.placement.node_for_cancel = node
-        job.placement.session = sdir
-        self._remove(job.placement.pid_path, job.placement.exit_path)  # a retry's leftovers
+        sent = Delivery(node=node, session=sdir, request_name=job_id.replace("~", "_"),
+                        pid_path=str(work / "batch.pid"), exit_path=str(work / "exit_code"))
+        job.sent = sent
+        self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
         request = {
-            "name": job.placement.request_name,
+            "name": sent.request_name,
             "nodeids": list(spec.nodeids),
             "gpus": spec.devices_per_node,
             "gpus_total": self.alloc.gpus_per_node,
             "reports_path": spec.reports_path,
             "log_path": spec.log_path,
-            "exit_path": job.placement.exit_path,
-            "pid_path": job.placement.pid_path,
+            "exit_path": sent.exit_path,
+            "pid_path": sent.pid_path,
             "env": not_inherited(spec.env, local=isinstance(self.shell, LocalShell)),
         }
-        self.shell.write_file(f"{sdir}/inbox/{job.placement.request_name}.json",
+        self.shell.write_file(f"{sdir}/inbox/{sent.request_name}.json",
                               json.dumps(request))
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
@@ -396,11 +415,11 @@ class AgentPool:
     # -- state ----------------------------------------------------------------------
     def refresh(self, job: WarmJob) -> None:
         """Started? ended? From the batch's pid and exit-code files (no scheduler)."""
-        placement = job.placement
-        if not job.warm or placement is None or job.state.status.finished:
+        placement, sent = job.placement, job.sent
+        if not job.warm or placement is None or sent is None or job.state.status.finished:
             return
         node = placement.nodes[0]
-        code = self._read(placement.exit_path).strip()
+        code = self._read(sent.exit_path).strip()
         if code == str(EARLY_MISS) and not job.cancelled:
             self._resend(job, node)
             return
@@ -409,12 +428,12 @@ class AgentPool:
             self.release(job)
             return
         if job.state.status is not JobStatus.RUNNING and (
-                self._read(placement.pid_path).strip().isdigit()):
+                self._read(sent.pid_path).strip().isdigit()):
             job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
         dead = self._dead(node)
-        if placement.session in self.lost:
+        if sent.session in self.lost:
             job.state = JobState(status=JobStatus.CRASHED, nodelist=node.name,
-                                 reason=self.lost[placement.session])
+                                 reason=self.lost[sent.session])
             self.release(job)
         elif dead:
             job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
@@ -423,8 +442,8 @@ class AgentPool:
     def _resend(self, job: WarmJob, node: Node) -> None:
         """The early session lacked one of the batch's node ids (it ran nothing): end it,
         and send the batch to a session that collects the run's node ids."""
-        assert job.placement is not None
-        if node.session == job.placement.session and node.session_ids is None:
+        assert job.sent is not None
+        if node.session == job.sent.session and node.session_ids is None:
             self.shell.write_file(f"{node.session}/inbox/stop", "")
             node.session = None
         self.warn(f"the warm worker on {node.name} collected other tests than this run "
@@ -432,11 +451,11 @@ class AgentPool:
         self._send(job.job_id, job)
 
     def check_health(self) -> None:
-        """At most every HEALTH_EVERY seconds: is each used node's agent and session alive?"""
+        """At most every ``CADENCE.agent_health`` s: is each used node's agent and session alive?"""
         now = time.monotonic()
         if now < self._next_health:
             return
-        self._next_health = now + HEALTH_EVERY
+        self._next_health = now + CADENCE.agent_health
         for node in self.nodes:
             if not node.agent_dir:
                 continue
@@ -451,7 +470,7 @@ class AgentPool:
         self.check_health()
         now = time.monotonic()
         if node.session and now >= node.session_checked:
-            node.session_checked = now + HEALTH_EVERY / 4
+            node.session_checked = now + CADENCE.agent_health / 4
             code = self._read(f"{node.agent_dir}/exit_code").strip()
             if code:
                 self._lose(node, f"the warm worker on {node.name} was lost (its srun step "
@@ -519,9 +538,9 @@ class AgentPool:
         if placement is None:
             job.state = JobState(status=JobStatus.CANCELLED, reason="cancelled before it started")
             return
-        if job.warm and placement.node_for_cancel and placement.node_for_cancel.session:
-            sdir = placement.node_for_cancel.session
-            self.shell.write_file(f"{sdir}/inbox/{placement.request_name}.cancel", "")
+        sent = job.sent
+        if job.warm and sent is not None and sent.node.session:  # the node's session now
+            self.shell.write_file(f"{sent.node.session}/inbox/{sent.request_name}.cancel", "")
 
     def close(self) -> None:
         """End this run's sessions (the agents stay for the next run)."""

@@ -1,0 +1,104 @@
+"""The lifecycle of one batch on Slurm: one phase, and the moves allowed between phases.
+
+Every backend (one-shot sbatch jobs, steps in a persistent allocation, batches served
+by warm workers) moves its batches through the same phases, and every move goes
+through ``Lifecycle.to``, which refuses one the table does not allow. A batch's
+scheduler status (JobStatus: PENDING, RUNNING, COMPLETED, ...) feeds it through
+``Lifecycle.saw``; the warm pool's placement decisions feed it through ``to``.
+
+    WAITING -> EARLY -> SUBMITTED <-> RUNNING -> ENDED -> SETTLED
+
+(WAITING may skip EARLY, EARLY may skip SUBMITTED, and any phase before ENDED may go
+straight to ENDED: a refused submission, a cancel, an allocation that ended.)
+
+WAITING    held back by the warm pool until GPUs of the allocation are free
+           (nothing submitted yet; a warm pool batch starts here)
+EARLY      a gated step launched before its nodes are free: its ranks collect and
+           wait at the gate while other batches use the nodes; only its gate opening
+           (SUBMITTED) or its end moves it (a RUNNING seen meanwhile is the accounting
+           lagging behind the exit code of a step that ended at its gate)
+SUBMITTED  the scheduler (an sbatch job, a step) or a warm worker has it; not running
+RUNNING    seen running (a re-sent served batch goes back to SUBMITTED)
+ENDED      its final state is known, but not shown yet: its reports may still lag
+           (shared file systems) or the allocation's end has not been ruled out
+SETTLED    its final state may be shown (terminal)
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pytest_trtllm_slurm.execution.outcome import JobStatus
+
+
+class Phase(Enum):
+    WAITING = "waiting"
+    EARLY = "early"
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    ENDED = "ended"
+    SETTLED = "settled"
+
+
+ALLOWED: dict[Phase, frozenset[Phase]] = {
+    Phase.WAITING: frozenset({Phase.EARLY, Phase.SUBMITTED, Phase.ENDED}),
+    Phase.EARLY: frozenset({Phase.SUBMITTED, Phase.ENDED}),
+    Phase.SUBMITTED: frozenset({Phase.RUNNING, Phase.ENDED}),
+    Phase.RUNNING: frozenset({Phase.SUBMITTED, Phase.ENDED}),
+    Phase.ENDED: frozenset({Phase.SETTLED}),
+    Phase.SETTLED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move the lifecycle does not allow: a bug in the executor, never the cluster's doing."""
+
+
+class Lifecycle:
+    """One batch's phase (shared by the executor's and the warm pool's view of it)."""
+
+    __slots__ = ("phase",)
+
+    def __init__(self, phase: Phase = Phase.SUBMITTED) -> None:
+        self.phase = phase
+
+    def __repr__(self) -> str:
+        return f"Lifecycle({self.phase.name})"
+
+    def to(self, phase: Phase) -> None:
+        """Move to ``phase`` (staying is always allowed)."""
+        if phase is not self.phase and phase not in ALLOWED[self.phase]:
+            raise IllegalTransition(f"a batch cannot go from {self.phase.name} to {phase.name}")
+        self.phase = phase
+
+    def saw(self, status: JobStatus) -> None:
+        """The batch's status changed: a final one ends it, RUNNING runs it, PENDING is
+        pending again (a re-sent batch) unless the pool still holds it back."""
+        if status.finished:
+            if self.phase is not Phase.SETTLED:  # settled is shown as is: nothing reopens it
+                self.to(Phase.ENDED)
+            return
+        if self.phase in (Phase.ENDED, Phase.SETTLED):
+            raise IllegalTransition(f"a batch in {self.phase.name} cannot become {status.name}")
+        if self.phase is Phase.EARLY:
+            return  # the gate decides (see EARLY above)
+        if status is JobStatus.RUNNING:
+            self.to(Phase.RUNNING)
+        elif self.phase is Phase.RUNNING:
+            self.to(Phase.SUBMITTED)
+
+    def settle(self) -> None:
+        """Its final state may be shown now."""
+        self.to(Phase.SETTLED)
+
+    @property
+    def waiting(self) -> bool:
+        return self.phase is Phase.WAITING
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in (Phase.ENDED, Phase.SETTLED)
+
+    @property
+    def settled(self) -> bool:
+        return self.phase is Phase.SETTLED

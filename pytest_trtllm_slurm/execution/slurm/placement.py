@@ -1,0 +1,99 @@
+"""Which nodes and how many GPUs a batch gets in a persistent allocation.
+
+Pure: the placer looks at each node's GPUs (total and in use) and a request, and
+answers with nodes or None; nothing here reads a file or asks the scheduler, so the
+policy is tested without Slurm (tests/test_placement.py). The warm pool keeps the
+nodes, asks the placer, and books what it was given with ``take`` / ``give_back``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+
+class Slots(Protocol):
+    """What the placer sees of a node: its name, its GPUs and how many are in use."""
+
+    name: str
+    gpus: int
+    used: int
+
+
+N = TypeVar("N", bound=Slots)
+
+
+@dataclass(frozen=True)
+class Request:
+    """``nodes`` nodes with ``gpus`` free GPUs each; ``whole``: idle nodes only (a step
+    may land on any GPU of its nodes, so it gets them to itself)."""
+
+    nodes: int
+    gpus: int
+    whole: bool = False
+
+
+@dataclass
+class Placement(Generic[N]):
+    """Nodes given to a batch and the GPUs it holds on each (0 once given back)."""
+
+    nodes: list[N]
+    gpus: int
+
+    @property
+    def names(self) -> str:
+        return ",".join(n.name for n in self.nodes)
+
+
+class Placer(Protocol):
+    """A placement policy: given the nodes, where a request goes (None: not now)."""
+
+    def place(self, nodes: Sequence[N], request: Request, *,
+              held: Iterable[N] = ()) -> Placement[N] | None: ...
+
+    def reserve(self, nodes: Sequence[N], count: int, *,
+                taken: Iterable[N] = ()) -> list[N] | None: ...
+
+
+class BestFit:
+    """First come, best fit: the nodes with the fewest free GPUs that still fit, so big
+    holes stay for big batches; ties go to the allocation's node order."""
+
+    def place(self, nodes: Sequence[N], request: Request, *,
+              held: Iterable[N] = ()) -> Placement[N] | None:
+        """``held``: nodes drained for a gated step whose ranks are ready (nothing new
+        goes there)."""
+        skip = {id(n) for n in held}
+        fits = [n for n in nodes if n.gpus - n.used >= request.gpus and id(n) not in skip
+                and (not request.whole or n.used == 0)]
+        if len(fits) < max(1, request.nodes):
+            return None
+        order = {id(n): i for i, n in enumerate(nodes)}
+        fits.sort(key=lambda n: (n.gpus - n.used, order[id(n)]))
+        return Placement(nodes=fits[:max(1, request.nodes)], gpus=request.gpus)
+
+    def reserve(self, nodes: Sequence[N], count: int, *,
+                taken: Iterable[N] = ()) -> list[N] | None:
+        """Nodes to set aside for a gated step launched early: the least busy of those no
+        other early step has (one early launch per node: its ranks hold memory there)."""
+        skip = {id(n) for n in taken}
+        free = [n for n in nodes if id(n) not in skip]
+        if len(free) < max(1, count):
+            return None
+        order = {id(n): i for i, n in enumerate(nodes)}
+        free.sort(key=lambda n: (n.used, order[id(n)]))
+        return free[:max(1, count)]
+
+
+def take(placement: Placement[N]) -> None:
+    """Book the placement's GPUs on its nodes."""
+    for node in placement.nodes:
+        node.used += placement.gpus
+
+
+def give_back(placement: Placement[N]) -> None:
+    """Free the placement's GPUs (once: a given-back placement holds 0)."""
+    for node in placement.nodes:
+        node.used = max(0, node.used - placement.gpus)
+    placement.gpus = 0

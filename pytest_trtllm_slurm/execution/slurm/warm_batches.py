@@ -1,0 +1,164 @@
+"""Batches in a persistent allocation with warm workers: the allocation's AgentPool
+places them (now, or once GPUs are free); a pytest batch runs in a fork of the node's
+warm worker (followed through files, no scheduler), a multi-node MPI batch as a step
+on whole nodes (launched gated, before its nodes are free, when it can be)."""
+
+from __future__ import annotations
+
+import time
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
+from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.backend import Backends
+from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError
+from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
+from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
+from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, step_share
+from pytest_trtllm_slurm.execution.slurm.warm_pool import AgentPool, WarmJob, serves_warm
+from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+
+
+class WarmBatches:
+    """This run's pools (one per allocation) and the batches they place."""
+
+    def __init__(self, shared: Backends, *, steps: AllocationSteps) -> None:
+        self.shared = shared
+        self.steps = steps  # a step the pool gave nodes to is launched there
+        self.pools: dict[str, AgentPool] = {}
+        self.expected: set[str] = set()
+        self._recorded: set[str] = set()  # batches noted in this run's record
+
+    def expect(self, nodeids: set[str]) -> None:
+        self.expected |= nodeids
+        for pool in self.pools.values():
+            pool.expect(nodeids)
+
+    def enqueue(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState, *,
+                gated: bool) -> TrackedJob:
+        """The allocation's pool places the batch (now or once GPUs free up); it runs in a
+        worker's fork, or (MPI across nodes) as a step on whole nodes (``gated``: launched
+        before they are free, when the batch can wait at the gate)."""
+        pool = self.pools.get(alloc.job_id)
+        if pool is None:
+            pool = AgentPool(self.shared.shell, alloc, gres_style=opts.gres_style,
+                             gres_type=opts.gres_type, warn=self.shared.warn)
+            pool.expect(self.expected)
+            self.pools[alloc.job_id] = pool
+        handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self.shared.seq)}", spec=spec,
+                           submitted_at=time.time(), nodelist=alloc.nodelist)
+        job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc),
+                         life=Lifecycle(Phase.WAITING))
+        warm = serves_warm(spec)
+        job.warm = pool.add(handle.job_id, spec, warm=warm, gated=not warm and gated,
+                            life=job.life)
+        if not pool.warmed and job.warm.warm:
+            pool.warmed = True
+            pool.warm_up(spec)
+        self.shared.batches[handle.job_id] = job
+        pool.place_waiting(self._start_granted_step)
+        self.sync(job)
+        return job
+
+    def _start_granted_step(self, job_id: str, warm: WarmJob) -> None:
+        """A step the pool gave whole nodes (or set them aside for a gated step): pinned
+        to them, sharing them with the agents."""
+        job = self.shared.batches[job_id]
+        assert warm.placement is not None or warm.gated
+        nodes = ",".join(n.name for n in (warm.placement.nodes if warm.placement
+                                          else warm.reserved))
+        base = job.share or StepShare()
+        job.share = StepShare(cpus_per_task=base.cpus_per_task, mem_mb=base.mem_mb,
+                              overlap=True, extra=(*base.extra, f"--nodelist={nodes}"))
+        try:
+            if warm.gated:
+                self.shared.shell.mkdir(warm.gate_dir)
+                job.extra_env = {GATE_ENV: warm.gate_dir,
+                                 GATE_WAIT_ENV: str(job.handle.spec.monitor_timeout_seconds)}
+            self.steps.start(job)
+            self.shared.wake()
+        except (SchedulerError, ExecutionError, OSError) as exc:
+            job.state = JobState(status=JobStatus.ERROR, reason=str(exc))
+            warm.state = job.state
+
+    def sync(self, job: TrackedJob) -> None:
+        """A served or waiting batch shows the pool's view of it."""
+        warm = job.warm
+        if warm is None or not (job.served or job.waiting) or job.state.status.finished:
+            return
+        job.state = warm.state
+        if warm.placement is not None:
+            job.handle.nodelist = warm.placement.names
+            self._record(job)
+        if job.state.status is JobStatus.RUNNING and job.handle.started_at is None:
+            job.handle.started_at = time.time()
+
+    def _record(self, job: TrackedJob) -> None:
+        """Note a batch sent to a session in this run's record (once), so that the next run
+        can cancel it if this controller is killed."""
+        sent = job.warm.sent if job.warm else None
+        runs = self.shared.runs
+        if runs is None or sent is None or not sent.session or (
+                job.handle.job_id in self._recorded):
+            return
+        self._recorded.add(job.handle.job_id)
+        runs.add_warm(sent.session, sent.request_name)
+
+    def poll(self, jobs: list[TrackedJob]) -> None:
+        """Every call (files only, no scheduler): served batches' states, pool slots of
+        ended steps given back, held-back batches placed."""
+        if not self.pools:
+            return
+        for job in jobs:
+            warm = job.warm
+            if warm is None or job.alloc is None:
+                continue
+            if job.served and not job.state.status.finished:
+                self.pools[job.alloc.job_id].refresh(warm)
+                self.sync(job)
+            elif not job.state.status.finished and warm.placement is not None:
+                pool = self.pools[job.alloc.job_id]
+                if pool.ranks_exited(warm):  # its state still comes from srun and sacct
+                    pool.release(warm)
+                elif self.shared.read(job.path("exit_code")).strip() == "0":
+                    # a step of the pool that srun says succeeded: its nodes are needed
+                    # now, not after the next squeue and sacct (a failure still goes that way)
+                    job.state = JobState(status=JobStatus.COMPLETED, exit_code=0,
+                                         nodelist=job.state.nodelist)
+        self._place_waiting()
+        for job in jobs:
+            self.sync(job)
+
+    def _place_waiting(self) -> None:
+        """Give back the nodes of the pool's steps that ended (the monitor stops asking
+        about a job once it ended, so look at all of them), then start what now fits."""
+        for job in self.shared.batches.values():
+            warm = job.warm
+            if (warm is None or job.alloc is None or job.served
+                    or not job.state.status.finished):
+                continue
+            if warm.placement and warm.placement.gpus:
+                self.pools[job.alloc.job_id].release(warm)
+            elif warm.reserved and warm.placement is None and not warm.cancelled:
+                self.pools[job.alloc.job_id].drop(warm)  # a gated step ended at its gate
+        for pool in self.pools.values():  # a step it launches wakes the scheduler polls
+            pool.place_waiting(self._start_granted_step)
+
+    def cancel(self, job: TrackedJob) -> None:
+        """A served or waiting batch: its worker is told (or it never starts)."""
+        assert job.warm is not None and job.alloc is not None
+        self.pools[job.alloc.job_id].cancel(job.warm)
+        self.sync(job)
+
+    def allocation_ended(self, alloc_id: str) -> None:
+        """Stop this run's sessions in an allocation the scheduler ended."""
+        pool = self.pools.get(alloc_id)
+        if pool is not None:
+            pool.close()
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()

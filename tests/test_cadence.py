@@ -1,0 +1,31 @@
+"""The polling cadence lives in one place (execution/cadence.py): its readers take its
+values, and the scheduler's adaptive interval backs off and snaps back as documented."""
+
+from __future__ import annotations
+
+import inspect
+
+from pytest_trtllm_slurm.execution import build
+from pytest_trtllm_slurm.execution.cadence import CADENCE, Cadence
+from pytest_trtllm_slurm.execution.monitor import Monitor
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.transport.shell import LocalShell
+
+
+def test_the_readers_take_the_cadence_values() -> None:
+    assert Monitor([]).poll_interval == CADENCE.monitor == 0.2
+    executor = SlurmExecutor(LocalShell(), persistent=False)
+    assert (executor.min_interval, executor.max_interval) == (0.5, 5.0)
+    assert executor.poll_hint is None  # no warm workers: the monitor's own pace
+    assert inspect.signature(build.run_build).parameters["poll_interval"].default == 0.5
+    assert CADENCE.warm_hint(local=True) == 0.02 and CADENCE.warm_hint(local=False) == 0.2
+
+
+def test_the_scheduler_interval_grows_when_quiet_and_snaps_back_on_a_change() -> None:
+    cadence = Cadence()
+    interval, seen = 0.5, []
+    for _ in range(8):
+        interval = cadence.next_scheduler_interval(interval, changed=False, low=0.5, high=5.0)
+        seen.append(interval)
+    assert seen[:3] == [0.75, 1.125, 1.6875] and seen[-1] == 5.0  # capped
+    assert cadence.next_scheduler_interval(5.0, changed=True, low=0.5, high=5.0) == 0.5
