@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
+from pytest_trtllm_slurm.controller.batch_plan import run_batches
 from pytest_trtllm_slurm.controller.forwarding import forwarded_options
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
-from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE, asks_for_order
+from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
@@ -51,7 +52,7 @@ from pytest_trtllm_slurm.execution.records import (
     parse_record,
 )
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
+from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario
 from pytest_trtllm_slurm.planning.packing import pools_from_executors
@@ -137,15 +138,12 @@ class DispatchLoop:
         try:
             broken = self._run_builds(dispatched)
             self._announce(dispatched)
-            one_batch_per_shape = None
-            ordered = [p.item for p in self.plans if p.key is not None]
-            if len(ordered) > 1 and asks_for_order(self.config, ordered):
+            batches, ordered = run_batches(
+                self.config, [p.item for p in self.plans if p.key is not None], dispatched,
+                history.pools, history.estimates())
+            if ordered:
                 self._say(ORDER_NOTE)
-                one_batch_per_shape = {key: 1 for _, key in dispatched}
-            for batch in make_batches(
-                dispatched, one_batch_per_shape, pools=history.pools,
-                estimates=history.estimates()
-            ):
+            for batch in batches:
                 if batch.key.scenario in broken:
                     self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[batch.key.scenario])
                     continue
