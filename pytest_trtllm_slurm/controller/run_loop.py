@@ -24,6 +24,7 @@ from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
 from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
+from pytest_trtllm_slurm.controller.run_view import RunView
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
     BUILD_LOG_LINES,
@@ -126,6 +127,7 @@ class DispatchLoop:
                                poll_interval=min([0.2, *hints]))
         self.running: dict[str, RunningBatch] = {}
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
+        self.view = RunView(self.config, settings)  # status line, summary, timeline
         self.worker_options, refused = forwarded_options(self.config)
         if refused:
             self._say(f"{', '.join(refused)}: dispatched tests cannot stop in a debugger (a "
@@ -143,6 +145,7 @@ class DispatchLoop:
                 history.pools, history.estimates())
             if ordered:
                 self._say(ORDER_NOTE)
+            self.view.planned(batches, dispatched, history.pools, history.estimates())
             for batch in batches:
                 if batch.key.scenario in broken:
                     self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[batch.key.scenario])
@@ -163,6 +166,7 @@ class DispatchLoop:
             if self.monitor.active:
                 self.monitor.cancel_all()
             history.finish()
+            self.view.finish()
             self.artefacts.finish([p.item.nodeid for p in self.plans])
 
     def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
@@ -212,6 +216,7 @@ class DispatchLoop:
         events = list(self.monitor.poll())
         for event in events:
             self._on_event(event)
+        self.view.tick()
         return bool(events)
 
     def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Scenario, str]:
@@ -275,6 +280,7 @@ class DispatchLoop:
 
     def _show_state(self, job: WatchedJob) -> None:
         """A line when a job waits (and why) or starts: a pending job is never silent."""
+        self.view.changed(job)
         state = job.state
         if state.status.finished or state.status is JobStatus.RUNNING and job.started:
             return
@@ -315,6 +321,7 @@ class DispatchLoop:
         # the executor's view of the spec: remote executors map its paths to the cluster's
         running = RunningBatch(batch, handle.spec, handle, executor, attempt)
         self.running[handle.job_id] = running
+        self.view.submitted(handle.job_id, batch, attempt)
         self.monitor.add(handle, executor)
 
     def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
@@ -413,6 +420,7 @@ class DispatchLoop:
 
     def _on_job_end(self, running: RunningBatch, state: JobState) -> None:
         del self.running[running.handle.job_id]
+        self.view.ended(running.handle.job_id, state)
         ctx = running.context
         self.artefacts.collect(running.executor.shell, running.spec.work_dir,
                                prefix_mapper(running.spec.rootdir, str(self.config.rootpath)))
