@@ -13,10 +13,10 @@ import select
 import struct
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from timeline_checks import check_svg, check_trace
 
 pytest_plugins = ["pytester"]
 
@@ -85,47 +85,12 @@ def test_plain_status_summary_and_files(pytester: pytest.Pytester) -> None:
     assert {b["status"] for b in summary["batches"]} == {"COMPLETED", "FAILED"}
     for name in ("timeline.json", "timeline.svg", "summary.json"):
         assert oct((pytester.path / "out" / name).stat().st_mode & 0o777) == "0o600"
-    check_trace(pytester.path / "out" / "timeline.json", summary)
-    check_svg(pytester.path / "out" / "timeline.svg", summary)
-
-
-def check_trace(path: Path, summary: dict) -> None:
-    """Trace-event format: complete events with a start and a duration; metadata names
-    the tracks; every test is one slice, inside its batch's slice on the same track."""
-    data = json.loads(path.read_text())
-    events = data["traceEvents"]
-    assert all(e["ph"] in ("X", "M") for e in events)
-    slices = [e for e in events if e["ph"] == "X"]
-    for e in slices:
-        assert isinstance(e["ts"], int) and isinstance(e["dur"], int) and e["dur"] >= 0, e
-        assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["name"], e
-    named = {(e["pid"], e.get("tid")) for e in events if e["ph"] == "M"}
-    assert all((e["pid"], None) in named and (e["pid"], e["tid"]) in named
-               for e in slices if e["cat"] != "queue")
-    batches = [e for e in slices if e["cat"] == "batch"]
-    assert {e["args"]["job_id"] for e in batches} == {b["job_id"] for b in summary["batches"]}
-    tests = [e for e in slices if e["cat"] == "test"]
+    tests = check_trace(pytester.path / "out" / "timeline.json", summary)
     assert sorted(e["name"] for e in tests) == sorted(NODEIDS)
-    for test in tests + [e for e in slices if e["cat"] == "startup"]:
-        (parent,) = [b for b in batches if b["args"]["job_id"] == test["args"]["job_id"]
-                     and (b["pid"], b["tid"]) == (test["pid"], test["tid"])]
-        assert parent["ts"] <= test["ts"], (parent, test)
-        assert test["ts"] + test["dur"] <= parent["ts"] + parent["dur"], (parent, test)
     outcomes = {e["name"]: e["args"]["outcome"] for e in tests}
     assert outcomes["test_suite.py::test_b_fails"] == "failed"
     assert outcomes["test_suite.py::test_a[0]"] == "passed"
-
-
-def check_svg(path: Path, summary: dict) -> None:
-    """It parses as XML, needs nothing from the network, and holds one group per batch."""
-    text = path.read_text()
-    root = ET.fromstring(text)
-    assert root.tag == "{http://www.w3.org/2000/svg}svg"
-    assert "http" not in text.replace("http://www.w3.org/2000/svg", "")
-    assert "<script" not in text
-    groups = root.findall(".//{http://www.w3.org/2000/svg}g[@class='batch']")
-    assert sorted(g.get("id") for g in groups) == sorted(
-        f"batch-{b['job_id']}" for b in summary["batches"])
+    check_svg(pytester.path / "out" / "timeline.svg", summary)
 
 
 def test_no_summary_without_dispatch(pytester: pytest.Pytester) -> None:
