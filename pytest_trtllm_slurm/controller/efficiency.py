@@ -4,9 +4,9 @@ Why: a run holds GPUs for hours; how much of that time tests ran on them, and ho
 the run was from what the packer thought possible, is what a user (and CI, from the
 JSON) tracks. Computed from the run record alone.
 
-- allocated GPU-seconds: a persistent allocation's pool holds all its GPUs from the
-  run's first submission to its last batch's end; a one-shot job or a local batch holds
-  its own GPUs from when it runs to its end;
+- allocated GPU-seconds: a persistent allocation holds all its GPUs from its first batch's
+  start to its last batch's end; a one-shot job or a local batch holds its own GPUs from
+  when it runs to its end;
 - busy GPU-seconds: each test's time (setup start to teardown end) times its batch's GPUs;
 - queue: submission to running, per batch; start-up: running to the first test's start
   (interpreter, imports, collection, and a gated step's wait for its GPUs);
@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pytest_trtllm_slurm.controller.run_record import BatchSpan, RunRecord
+from pytest_trtllm_slurm.controller.run_record import RunRecord
 from pytest_trtllm_slurm.planning.jobspec import write_private_atomic
 
 
@@ -45,25 +45,23 @@ class Efficiency(BaseModel):
     lower_bound_seconds: float | None
 
 
-def persistent_pool(span: BatchSpan) -> bool:
-    """The batch ran in a persistent allocation (its pool holds GPUs all run long)."""
-    return "/allocation" in span.pool.name
-
-
 def efficiency(record: RunRecord) -> Efficiency:
     spans = list(record.batches.values())
     end_of_run = record.finished_at or record.clock()
     first = min((s.submitted for s in spans), default=None)
     last = max((s.ended or end_of_run for s in spans), default=None)
     allocated = 0.0
-    pools_seen: dict[str, int] = {}
+    held: dict[str, tuple[int, float, float]] = {}  # persistent pool -> GPUs, from, to
     for span in spans:
-        if persistent_pool(span):
-            pools_seen[span.pool.name] = span.pool.gpus
-        elif span.running is not None:
-            allocated += span.width * max(0.0, (span.ended or end_of_run) - span.running)
-    if first is not None and last is not None:
-        allocated += sum(pools_seen.values()) * max(0.0, last - first)
+        if span.running is None:
+            continue
+        end = span.ended or end_of_run
+        if span.persistent:
+            gpus, since, until = held.get(span.pool.name, (span.pool.gpus, span.running, end))
+            held[span.pool.name] = (gpus, min(since, span.running), max(until, end))
+        else:
+            allocated += span.width * max(0.0, end - span.running)
+    allocated += sum(gpus * max(0.0, until - since) for gpus, since, until in held.values())
     busy = 0.0
     queue: list[float] = []
     startup: list[float] = []

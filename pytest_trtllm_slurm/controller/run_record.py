@@ -62,6 +62,11 @@ class BatchSpan:
     def finished(self) -> bool:
         return self.ended is not None
 
+    @property
+    def persistent(self) -> bool:
+        """It runs in a persistent allocation, whose pool holds its GPUs all run long."""
+        return "/allocation" in self.pool.name
+
 
 class RunRecord:
     """Observations of one dispatched run. Registered as a plugin while the run lasts."""

@@ -38,7 +38,9 @@ def status_text(record: RunRecord, now: float) -> str:
     tests = f"tests {counts['passed']} passed, {counts['failed']} failed"
     tests += f", {counts['skipped']} skipped" if counts["skipped"] else ""
     tests += f", {counts['left']} left"
-    held = sum(s.width for s in running)
+    # a persistent allocation holds all its GPUs once a batch of the run is in it
+    pools = {s.pool.name: s.pool.gpus for s in spans if s.persistent and s.running is not None}
+    held = sum(pools.values()) + sum(s.width for s in running if not s.persistent)
     busy = sum(s.width for s in running
                if any(t.start is not None and not t.finished for t in record.tests_of(s)))
     parts = [f"batches {len(pending)} pending{why}, {len(running)} running, {len(done)} done",
