@@ -9,6 +9,7 @@ import pytest
 from pytest_trtllm_slurm.controller.efficiency import efficiency, summary_lines
 from pytest_trtllm_slurm.controller.run_record import RunRecord
 from pytest_trtllm_slurm.controller.status_line import status_text
+from pytest_trtllm_slurm.controller.timeline import waits
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.models import Scenario
@@ -130,3 +131,25 @@ def test_a_retry_is_an_event_and_a_batch_of_its_own() -> None:
         "batch batch-1gpu-1n-0 resubmitted as job 13 (retry 1, 1 test(s))",
     ]
     assert record.job_of["t.py::c"] == "13" and len(record.batches) == 3
+
+
+def test_waits_are_cut_where_the_reason_changes() -> None:
+    """Queue, then a gated step collecting early and waiting at its gate (the warm pool's
+    reasons), as the timeline shows them."""
+    clock = Clock()
+    record = RunRecord(clock=clock)
+    wide = Batch(key=key(4, 2), nodeids=["t.py::a"], expected_seconds=30.0)
+    record.plan([wide], lambda k: Pool("p/allocation/warm", nodes=2, gpus_per_node=4), None)
+    record.submitted("7", wide, 0)
+    for now, reason in ((1001.0, "waiting for GPUs in the allocation"),
+                        (1003.0, "launched early: its ranks collect while other batches use n1"),
+                        (1004.0, "ranks ready, waiting for the batches on n1 to end")):
+        clock.now = now
+        record.changed("7", JobState(status=JobStatus.PENDING, reason=reason))
+    clock.now = 1006.0
+    record.changed("7", JobState(status=JobStatus.RUNNING, nodelist="n[1-2]"))
+    span = record.batches["7"]
+    assert [(a, b, kind) for a, b, _, kind in waits(span, span.running)] == [
+        (1000.0, 1003.0, "queue"), (1003.0, 1004.0, "gate"), (1004.0, 1006.0, "gate")]
+    assert waits(span, 1006.0)[1][2] == ("gate wait batch-8gpu-2n-0 (job 7): launched early: "
+                                        "its ranks collect while other batches use n1")

@@ -20,7 +20,7 @@ def check_trace(path: Path, summary: dict) -> list[dict]:
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["name"], e
     named = {(e["pid"], e.get("tid")) for e in events if e["ph"] == "M"}
     assert all((e["pid"], None) in named and (e["pid"], e["tid"]) in named
-               for e in slices if e["cat"] != "queue")
+               for e in slices if e["cat"] not in ("queue", "gate"))
     batches = [e for e in slices if e["cat"] == "batch"]
     assert {e["args"]["job_id"] for e in batches} == {b["job_id"] for b in summary["batches"]}
     tests = [e for e in slices if e["cat"] == "test"]

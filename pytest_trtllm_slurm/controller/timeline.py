@@ -3,8 +3,9 @@
 Two files from the run record: PATH, a Chrome trace-event JSON (Perfetto,
 chrome://tracing), and PATH's ``.svg`` sibling, a self-contained picture (no script, no
 network). Each node's GPUs are tracks; a batch is a slice on each GPU it held, its
-start-up (interpreter, imports, collection; a gated step's wait for its GPUs) and its
-tests are slices inside it; queue waits (submission to running) have tracks of their own.
+start-up (interpreter, imports, collection) and its tests are slices inside it; waits
+from submission to running (queue, and a gated step's collecting and waiting for its
+nodes) have tracks of their own, cut where the reason changed.
 
 Which GPU of a node a batch had is not known here: batches are laid on a node's GPU
 tracks lowest free first, which is what a picture needs.
@@ -22,9 +23,8 @@ from pytest_trtllm_slurm.controller.run_record import BatchSpan, RunRecord, Test
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.planning.jobspec import write_private_atomic
 
-QUEUE = "queue"
 COLOURS = {"passed": "#4caf50", "failed": "#e53935", "skipped": "#fbc02d", None: "#9e9e9e",
-           "startup": "#b0bec5", "queue": "#90caf9", "batch": "#eceff1"}
+           "startup": "#b0bec5", "queue": "#90caf9", "gate": "#ce93d8", "batch": "#eceff1"}
 
 
 @dataclass
@@ -39,7 +39,8 @@ class Laid:
     first_test: float | None = None
 
 
-QueueRows = list[list[tuple[float, float, str]]]  # rows of (from, to, label)
+QueueRows = list[list[tuple[float, float, str, str]]]  # rows of (from, to, label, kind)
+GATED = ("launched early", "ranks ready")  # the warm pool's reasons for a gated step
 
 
 def lay_out(record: RunRecord) -> tuple[list[Laid], dict[str, int], QueueRows]:
@@ -82,12 +83,31 @@ def lay_out(record: RunRecord) -> tuple[list[Laid], dict[str, int], QueueRows]:
         until = ran.start if ran else (span.ended or end_of_run)
         if until - span.submitted <= 0:
             continue
-        label = f"{span.label} (job {span.job_id})"
         row = next((r for r in rows if r[-1][1] <= span.submitted), None)
         if row is None:
             rows.append(row := [])
-        row.append((span.submitted, until, label))
+        row += waits(span, until)
     return laid, {n: len(s) for n, s in busy.items()}, rows
+
+
+def waits(span: BatchSpan, until: float) -> list[tuple[float, float, str, str]]:
+    """A batch's wait from submission to running, cut where the scheduler's reason
+    changed: ``queue`` segments, and ``gate`` ones for a step launched early (its ranks
+    collect, then wait at the gate for its nodes)."""
+    cuts = [t for t, _ in span.reasons if span.submitted < t < until]
+    bounds = [span.submitted, *cuts, until]
+    out = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        seen = [r for t, r in span.reasons if t <= a + 1e-9] or [r for _, r in span.reasons[:1]]
+        reason = seen[-1] if seen else ""
+        kind = "gate" if reason.startswith(GATED) else "queue"
+        name = f"{'gate wait' if kind == 'gate' else 'queue'} {span.label} (job {span.job_id})"
+        label = name + (f": {reason}" if reason else "")
+        if out and out[-1][2] == label:  # the same reason again: one segment
+            out[-1] = (out[-1][0], b, label, kind)
+        else:
+            out.append((a, b, label, kind))
+    return out
 
 
 # -- Chrome trace events ------------------------------------------------------------------
@@ -125,14 +145,13 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
             slice_(f"batch {span.label}", "batch", pid, slot, item.start, item.end, info)
             if item.first_test is not None and item.first_test > item.start:
                 slice_("start-up", "startup", pid, slot, item.start, item.first_test,
-                       {"job_id": span.job_id, "what": "interpreter, imports, collection, "
-                        "gate wait"})
+                       {"job_id": span.job_id, "what": "interpreter, imports, collection"})
             for test, a, b in item.tests:
                 slice_(test.nodeid, "test", pid, slot, a, b,
                        {"job_id": span.job_id, "outcome": test.outcome})
     for tid, row in enumerate(rows):
-        for a, b, label in row:
-            slice_(f"queue {label}", "queue", queue_pid, tid, a, b, {})
+        for a, b, label, kind in row:
+            slice_(label, kind, queue_pid, tid, a, b, {})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"tool": "pytest-trtllm-slurm", "started": t0}}
 
@@ -148,7 +167,7 @@ def svg(record: RunRecord, title_lines: list[str]) -> str:
     track, its start-up and tests inside), queue rows below the GPU tracks."""
     laid, slots, rows = lay_out(record)
     t0 = min([s.submitted for s in record.batches.values()] + [record.started])
-    t1 = max([x.end for x in laid] + [t0 + 1.0] + [b for r in rows for _, b, _ in r])
+    t1 = max([x.end for x in laid] + [t0 + 1.0] + [w[1] for r in rows for w in r])
     scale = (WIDTH - LEFT - 20) / max(1e-6, t1 - t0)
     head = 24 + ROW * len(title_lines)
     track_y: dict[tuple[str, int], float] = {}
@@ -172,7 +191,7 @@ def svg(record: RunRecord, title_lines: list[str]) -> str:
     for i, line in enumerate(title_lines):
         parts.append(_text(8, 18 + ROW * i, line, bold=i == 0))
     parts += labels
-    parts.append(_text(8, queue_y + 13, "queue waits"))
+    parts.append(_text(8, queue_y + 13, "queue / gate waits"))
     for second in _ticks(t1 - t0):
         tx = x(t0 + second)
         parts.append(f'<line x1="{tx:.1f}" y1="{head + 14}" x2="{tx:.1f}" '
@@ -199,11 +218,12 @@ def svg(record: RunRecord, title_lines: list[str]) -> str:
         group.append("</g>")
         parts += group
     for r, row in enumerate(rows):
-        for a, b, label in row:
+        for a, b, label, kind in row:
             parts.append(_rect(x(a), queue_y + r * ROW + 2, max(0.5, x(b) - x(a)), ROW - 6,
-                               COLOURS["queue"], tip=f"{label}: queued {b - a:.1f} s"))
+                               COLOURS[kind], tip=f"{label}: {b - a:.1f} s"))
     legend = [("test passed", "passed"), ("test failed", "failed"), ("skipped", "skipped"),
-              ("start-up / gate wait", "startup"), ("queue wait", "queue")]
+              ("start-up", "startup"), ("queue wait", "queue"),
+              ("gated step: collecting / waiting for its nodes", "gate")]
     lx = LEFT
     for name, key in legend:
         parts.append(_rect(lx, head - 2, 10, 10, COLOURS[key]))
