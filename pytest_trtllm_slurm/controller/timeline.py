@@ -96,7 +96,7 @@ def waits(span: BatchSpan, until: float) -> list[tuple[float, float, str, str]]:
     collect, then wait at the gate for its nodes)."""
     cuts = [t for t, _ in span.reasons if span.submitted < t < until]
     bounds = [span.submitted, *cuts, until]
-    out = []
+    out: list[tuple[float, float, str, str]] = []
     for a, b in zip(bounds, bounds[1:], strict=False):
         seen = [r for t, r in span.reasons if t <= a + 1e-9] or [r for _, r in span.reasons[:1]]
         reason = seen[-1] if seen else ""
