@@ -6,6 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +17,7 @@ import pytest
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.command_log import masked_argv
 from pytest_trtllm_slurm.transport.shell import LocalShell
+from pytest_trtllm_slurm.transport.ssh.openssh_shell import OpenSSHShell
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import SSHShell, SSHTarget
 
 LOGGER = "pytest_trtllm_slurm"
@@ -92,3 +97,37 @@ def test_ssh_commands_logged(devcluster: dict[str, Any], caplog: pytest.LogCaptu
         ("sh -c 'exit 5'", "exit code 5"), (f"squeue -h -u {ssh['user']}", "exit code 0")]
     assert {m["host"] for m in lines} == {f"ssh {shell.name}"}
     assert "plain-secret-4" not in caplog.text
+
+
+@pytest.mark.devcluster
+def test_openssh_commands_logged(devcluster: dict[str, Any], caplog: pytest.LogCaptureFixture,
+                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Through the user's ControlMaster: the master check, each command (named as the
+    caller wrote it: the environment's values stay out) and each file operation."""
+    monkeypatch.setenv("CI", "1")
+    ssh = devcluster["ssh"]
+    control = Path(tempfile.mkdtemp(prefix="cm", dir="/tmp"))  # socket paths stay short
+    sock = control / "m.sock"
+    try:
+        subprocess.run(["ssh", "-fNM", "-o", f"ControlPath={sock}", "-i", ssh["identity_file"],
+                        "-o", f"UserKnownHostsFile={ssh['known_hosts']}", "-p",
+                        str(ssh["port_key"]), f"{ssh['user']}@{ssh['host']}"], check=True,
+                       timeout=30, stdin=subprocess.DEVNULL, capture_output=True)
+        config = ClusterConfig(name="dev", ssh_host=ssh["host"], ssh_port=ssh["port_key"],
+                               user=ssh["user"], identity_file=ssh["identity_file"],
+                               known_hosts=ssh["known_hosts"], transport="openssh")
+        caplog.set_level(logging.DEBUG, logger=LOGGER)
+        shell = OpenSSHShell(SSHTarget.from_cluster(config, ssh_config_path=os.devnull),
+                             control_path=str(sock))
+        shell.run(["sh", "-c", "exit 4"], env={"DB_PASSWORD": "plain-secret-5"})
+        shell.size(str(tmp_path / "absent"))
+    finally:
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"],
+                       capture_output=True, check=False)
+        shutil.rmtree(control, ignore_errors=True)
+    lines = command_lines(caplog)
+    assert lines[0]["host"] == "localhost" and " -O check " in lines[0]["cmd"]
+    assert (lines[1]["host"], lines[1]["cmd"], lines[1]["end"]) == (
+        f"ssh {shell.name}", "sh -c 'exit 4'", "exit code 4")
+    assert lines[2]["cmd"].startswith("sh -c ") and lines[2]["end"] == "exit code 0"
+    assert "plain-secret-5" not in caplog.text

@@ -76,9 +76,11 @@ class OpenSSHShell:
         """Find a running master (ssh config's ControlPath, then the trtllm one) or explain."""
         candidates = [self._control_path] if self._control_path else [None, TRTLLM_CONTROL_PATH]
         for path in candidates:
-            proc = subprocess.run([*self._base(path), "-O", "check", "--", self.target.alias],
-                                  capture_output=True, text=True, timeout=30,
-                                  stdin=subprocess.DEVNULL, check=False)
+            argv = [*self._base(path), "-O", "check", "--", self.target.alias]
+            with timed_command("localhost", argv) as outcome:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                                      stdin=subprocess.DEVNULL, check=False)
+                outcome.append(proc)
             if proc.returncode == 0:
                 self._control_path = path
                 return
