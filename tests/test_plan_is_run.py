@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -29,10 +30,24 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def pytest_in(suite: Path, *args: str, env: dict[str, str] | None = None,
-              timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-rA", *args], cwd=suite,
-                          capture_output=True, text=True, timeout=timeout,
-                          env=env or _env(), check=False)
+              timeout: float = 2400) -> subprocess.CompletedProcess:
+    """pytest in ``suite``; past ``timeout`` (a busy shared cluster) it gets Ctrl-C, so it
+    cancels its own jobs, and the test fails saying so."""
+    argv = [sys.executable, "-m", "pytest", "-rA", *args]
+    proc = subprocess.Popen(argv, cwd=suite, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env or _env())
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"pytest did not finish within {timeout} s (the shared cluster busy?); "
+                    f"interrupted:\n{out[-3000:]}{err[-2000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def plan_batches(suite: Path, *args: str, env: dict[str, str] | None = None) -> list[dict]:
