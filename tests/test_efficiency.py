@@ -9,7 +9,7 @@ import pytest
 from pytest_trtllm_slurm.controller.efficiency import efficiency, summary_lines
 from pytest_trtllm_slurm.controller.run_record import RunRecord
 from pytest_trtllm_slurm.controller.status_line import status_text
-from pytest_trtllm_slurm.controller.timeline import waits
+from pytest_trtllm_slurm.controller.timeline import lay_out, waits
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.models import Scenario
@@ -153,3 +153,31 @@ def test_waits_are_cut_where_the_reason_changes() -> None:
         (1000.0, 1003.0, "queue"), (1003.0, 1004.0, "gate"), (1004.0, 1006.0, "gate")]
     assert waits(span, 1006.0)[1][2] == ("gate wait batch-8gpu-2n-0 (job 7): launched early: "
                                         "its ranks collect while other batches use n1")
+
+
+def test_a_node_has_as_many_gpu_tracks_as_gpus() -> None:
+    """The next batches' tests start before the controller sees the previous batch end
+    (it polls): they still share the node's 4 GPU tracks, not a fifth and sixth."""
+    clock = Clock()
+    record = RunRecord(clock=clock)
+    pool = Pool("local_slurm/batch/allocation/warm", nodes=1, gpus_per_node=4)
+    wide = Batch(key=key(4), nodeids=["t.py::a"])
+    narrow = [Batch(key=key(1), index=i, nodeids=[f"t.py::n{i}"]) for i in range(2)]
+    record.plan([wide, *narrow], lambda k: pool, None)
+    record.submitted("1~w1", wide, 0)
+    record.changed("1~w1", JobState(status=JobStatus.RUNNING, nodelist="n1"))
+    run_test(record, "t.py::a", 1000.5, 1002.0)
+    for i, batch in enumerate(narrow):
+        record.submitted(f"1~w{i + 2}", batch, 0)
+        clock.now = 1002.1
+        record.changed(f"1~w{i + 2}", JobState(status=JobStatus.RUNNING, nodelist="n1"))
+        run_test(record, f"t.py::n{i}", 1002.2, 1003.0)
+    clock.now = 1002.6  # the wide batch's end seen after the narrow ones began
+    record.ended("1~w1", JobState(status=JobStatus.COMPLETED))
+    clock.now = 1003.5
+    for i in range(2):
+        record.ended(f"1~w{i + 2}", JobState(status=JobStatus.COMPLETED))
+    laid, slots, _ = lay_out(record)
+    assert slots == {"n1": 4}
+    assert sorted(t for x in laid for t in x.tracks if x.span.job_id != "1~w1") == [
+        ("n1", 0), ("n1", 1)]

@@ -88,6 +88,11 @@ def efficiency(record: RunRecord) -> Efficiency:
     )
 
 
+def _num(value: float) -> str:
+    """Whole GPU-seconds, tenths below 10 (a short run is not all zeros)."""
+    return f"{value:.0f}" if value >= 10 or value == 0 else f"{value:.1f}"
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
@@ -97,8 +102,8 @@ def summary_lines(eff: Efficiency) -> list[str]:
     ratio = f"{eff.ratio:.0%}" if eff.ratio is not None else "-"
     lines = [
         f"{eff.batches} batch(es), {eff.tests} dispatched test(s)",
-        f"GPU-seconds allocated {eff.gpu_seconds_allocated:.0f}, busy in tests "
-        f"{eff.gpu_seconds_busy:.0f} ({ratio} used)",
+        f"GPU-seconds allocated {_num(eff.gpu_seconds_allocated)}, busy in tests "
+        f"{_num(eff.gpu_seconds_busy)} ({ratio} used)",
         f"in queue {eff.queue_seconds_total:.1f} s (longest {eff.queue_seconds_max:.1f} s), "
         f"in start-up {eff.startup_seconds_total:.1f} s (longest {eff.startup_seconds_max:.1f} s)",
     ]

@@ -71,9 +71,13 @@ def lay_out(record: RunRecord) -> tuple[list[Laid], dict[str, int], QueueRows]:
             name = node if item.span.width else f"{node} (CPU)"
             slots = busy.setdefault(name, [])
             free = [i for i, until in enumerate(slots) if until <= item.start + 1e-6]
-            while len(free) < need:
+            capacity = item.span.pool.gpus_per_node if item.span.width else 0
+            while len(free) < need and (not capacity or len(slots) < capacity):
                 slots.append(0.0)
                 free.append(len(slots) - 1)
+            if len(free) < need:  # the node is full: the previous batch's end was seen late
+                free += sorted((i for i in range(len(slots)) if i not in free),
+                               key=lambda i: slots[i])[:need - len(free)]
             for slot in free[:need]:
                 slots[slot] = item.end
                 item.tracks.append((name, slot))
