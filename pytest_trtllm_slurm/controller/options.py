@@ -122,7 +122,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("release_allocation", "release_allocation", "--trtllm-release-allocation", "bool", False,
         "release the persistent allocation at the end of the run"),
     Opt("plan", "plan", "--trtllm-plan", "bool", False,
-        "print where each test would run and exit without running tests"),
+        "print where each test would run and the batches the run would submit (the run's "
+        "packing, expected seconds, makespan); exit without running tests"),
     Opt("plan_json", "plan_json", "--trtllm-plan-json", "path", None,
         "write the plan as JSON to PATH and exit without running tests"),
     Opt("timeline", "timeline", "--trtllm-timeline", "path", None,
