@@ -78,14 +78,27 @@ def release(suite: Path) -> None:
         sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
 
 
+# the examples that need one node: a run that finishes on a busy shared cluster
+ONE_NODE = ("-k", "not allreduce and not two_nodes and not tp4pp2",
+            "--deselect", "test_perf_sanity.py::test_e2e[aggr-llama_8b_fp8]")
+
+
+def copy_examples(tmp_path: Path) -> Path:
+    suite = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, suite, ignore=shutil.ignore_patterns("work_dirs", "__pycache__"))
+    return suite
+
+
 @pytest.fixture(scope="module")
 def examples_run(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
-    """conftest_examples planned, then run on local Slurm with everything issue 19 adds."""
-    suite = tmp_path_factory.mktemp("plan_is_run") / "examples"
-    shutil.copytree(EXAMPLES, suite, ignore=shutil.ignore_patterns("work_dirs", "__pycache__"))
+    """The one-node examples planned, then run on local Slurm (a persistent allocation,
+    warm workers: the default) with the timeline, the summary JSON and a debug log file."""
+    suite = copy_examples(tmp_path_factory.mktemp("plan_is_run"))
     try:
-        plan = plan_batches(suite)
-        proc = pytest_in(suite, "--trtllm-remote", "--trtllm-timeline=out/timeline.json",
+        plan = plan_batches(suite, *ONE_NODE)
+        # a short allocation: the scheduler can backfill it on a busy shared cluster
+        proc = pytest_in(suite, *ONE_NODE, "--trtllm-remote", "--trtllm-alloc-time-limit=30m",
+                         "--trtllm-timeline=out/timeline.json",
                          "--trtllm-summary-json=out/summary.json", "--log-file=out/run.log",
                          "--log-file-level=DEBUG")
         yield suite, plan, proc
@@ -96,10 +109,37 @@ def examples_run(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
 def test_examples_plan_batches_are_the_run_batches(examples_run) -> None:
     suite, plan, proc = examples_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert plan and run_batches(suite) == planned(plan)
+    assert len(plan) > 1 and run_batches(suite) == planned(plan)
     summary = json.loads((suite / "out" / "summary.json").read_text())
     assert Counter((b["label"], frozenset(b["nodeids"])) for b in summary["batches"]) == \
         planned(plan)
+
+
+def submitted_then_interrupted(suite: Path, plan: list[dict], *args: str,
+                               env: dict[str, str] | None = None) -> Counter:
+    """Run ``suite`` until it has written a job spec for as many batches as ``plan`` has
+    (it writes each as it submits it), then Ctrl-C it (it cancels its jobs); its batches."""
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--trtllm-remote", *args],
+                            cwd=suite, env=env or _env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while sum(run_batches(suite).values()) < len(plan) and proc.poll() is None:
+            assert time.monotonic() < deadline, "the batches were not all submitted"
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    return run_batches(suite)
+
+
+def test_all_examples_plan_batches_are_the_run_batches(devcluster: dict, tmp_path: Path) -> None:
+    """Every example (2-node MPI batches too), one-shot: compared once all are submitted."""
+    suite = copy_examples(tmp_path)
+    plan = plan_batches(suite, "--trtllm-one-shot")
+    assert any(b["nodes"] == 2 for b in plan)
+    assert submitted_then_interrupted(suite, plan, "--trtllm-one-shot") == planned(plan)
 
 
 def test_examples_gpu_use_and_timeline(examples_run) -> None:
@@ -118,6 +158,7 @@ def test_examples_gpu_use_and_timeline(examples_run) -> None:
     trace = json.loads((suite / "out" / "timeline.json").read_text())["traceEvents"]
     nodes = {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"}
     assert {"n1", "n2"} & nodes, nodes  # a node's GPUs are its tracks
+    assert "trtllm-slurm: batches " in out  # the plain status line (no terminal here)
 
 
 def test_examples_log_every_scheduler_command(examples_run) -> None:
@@ -126,7 +167,9 @@ def test_examples_log_every_scheduler_command(examples_run) -> None:
     lines = [line for line in log.splitlines() if "pytest_trtllm_slurm" in line
              or "localhost: `" in line]
     commands = [line.split("`")[1].split()[0] for line in lines if "`" in line]
-    assert {"sbatch", "squeue"} <= set(commands), log[-3000:]
+    # the persistent allocation (salloc, started detached), its warm workers (srun), polls
+    assert {"squeue", "srun"} <= set(commands), log[-3000:]
+    assert any(" salloc --no-shell " in line for line in lines), log[-3000:]
     assert all(" in " in line and (" exit code " in line or " timed out " in line)
                for line in lines if "localhost: `" in line)
 
@@ -134,9 +177,8 @@ def test_examples_log_every_scheduler_command(examples_run) -> None:
 # -- the benchmark suite -------------------------------------------------------------------
 def test_benchmark_suite_plan_batches_are_the_run_batches(
         devcluster: dict, tmp_path: Path) -> None:
-    """The 64-test suite of benchmarks/bench_makespan (1, 2, 4, 8 GPUs), one-shot: the run
-    writes every batch's job spec as it submits it, all at once; once they are all there
-    the run is interrupted (Ctrl-C: it cancels its jobs), whatever the queue."""
+    """The 64-test suite of benchmarks/bench_makespan (1, 2, 4, 8 GPUs), one-shot, compared
+    once every batch is submitted (whatever the shared cluster's queue)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_makespan import make_suite
@@ -149,16 +191,4 @@ def test_benchmark_suite_plan_batches_are_the_run_batches(
     plan = plan_batches(suite, *args, env=env)
     assert sum(len(b["nodeids"]) for b in plan) == len(tests) == 64
     assert len(plan) > 4  # the packer split the shapes
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--trtllm-remote", *args],
-                            cwd=suite, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while sum(run_batches(suite).values()) < len(plan) and proc.poll() is None:
-            assert time.monotonic() < deadline, "the batches were not all submitted"
-            time.sleep(0.5)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-    assert run_batches(suite) == planned(plan)
+    assert submitted_then_interrupted(suite, plan, *args, env=env) == planned(plan)
