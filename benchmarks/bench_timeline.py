@@ -2,6 +2,7 @@
 """The timeline picture and the GPU-use summary of the 64-test benchmark suite (issue 19).
 
     python benchmarks/bench_timeline.py [--partition gb200] [-S 1] [-C 2] [--per-shape 16]
+                                        [--alloc-time-limit 20m]
 
 The suite of ``bench_makespan`` (16 tests each of 1, 2, 4, 8 GPUs; each test S seconds,
 a conftest costing C seconds to import), run by the plugin as ``plugin_persistent`` does:
@@ -36,9 +37,12 @@ def main() -> int:
     p.add_argument("-S", "--test-seconds", type=float, default=1.0)
     p.add_argument("-C", "--import-seconds", type=float, default=2.0)
     p.add_argument("--per-shape", type=int, default=16)
+    p.add_argument("--alloc-time-limit", default="20m",
+                   help="of the persistent allocation (short: the scheduler can backfill it)")
     args = p.parse_args()
     env = bench_env(BENCH_TEST_SECONDS=str(args.test_seconds),
-                    BENCH_IMPORT_SECONDS=str(args.import_seconds))
+                    BENCH_IMPORT_SECONDS=str(args.import_seconds),
+                    TRTLLM_SLURM_ALLOC_TIME_LIMIT=args.alloc_time_limit)
     with tempfile.TemporaryDirectory(prefix="bench_timeline_") as tmp:
         suite = Path(tmp) / "suite"
         tests = make_suite(suite, args.per_shape)
