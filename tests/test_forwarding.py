@@ -53,6 +53,16 @@ def test_everything_but_what_the_controller_owns_is_forwarded(configured, tmp_pa
     assert refused == []
 
 
+def test_log_file_level_and_format_are_no_paths(configured, tmp_path) -> None:
+    """--log-file is the controller's; the level and format the worker's logging uses stay
+    as written (a level made into a path stopped every worker: 'not a logging level')."""
+    config = configured("--log-file=run.log", "--log-file-level=DEBUG",
+                        "--log-file-format=%(name)s %(message)s", "--log-level", "INFO")
+    options, _ = forwarded_options(config)
+    assert options == ["--tb=short", "--log-file-level=DEBUG",
+                       "--log-file-format=%(name)s %(message)s", "--log-level=INFO"]
+
+
 def test_short_flags_run_together_are_split_and_values_stay_with_their_flag(configured) -> None:
     config = configured("-vx", "-qq", "-Werror", "--", "-k")
     options, _ = forwarded_options(config)

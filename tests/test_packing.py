@@ -25,6 +25,7 @@ from pytest_trtllm_slurm.planning.packing import (
     Chunk,
     Estimates,
     Pool,
+    lower_bound,
     lpt,
     pack,
     pools_from_executors,
@@ -99,6 +100,30 @@ def test_pack_covers_every_test_once_and_respects_capacity(
         assert count <= sum(1 for _, k in planned if k == key)
         indexes = sorted(c.index for c in chunks if c.key == key)
         assert indexes == list(range(count))  # unique batch labels
+
+
+@given(
+    st.lists(st.tuples(KEYS, st.floats(0, 600)), min_size=1, max_size=60),
+    st.integers(1, 3), st.sampled_from([1, 2, 4, 8]), st.floats(0, 60),
+)
+def test_no_packing_beats_the_lower_bound(
+    tests: list[tuple[Key, float]], nodes: int, gpus: int, startup: float
+) -> None:
+    """What the efficiency summary compares a run's makespan with is a true bound: the
+    packer's own simulated makespan never goes below it."""
+    planned = [(f"t{i}", key) for i, (key, _) in enumerate(tests)]
+    pool = Pool("p", nodes=nodes, gpus_per_node=gpus, cpu_slots=2)
+    est = Estimates({f"t{i}": d for i, (_, d) in enumerate(tests)}, {"p": startup})
+    chunks = pack(planned, lambda k: pool, est)
+    assert lower_bound(planned, lambda k: pool, est) <= makespan(chunks) + 1e-6
+
+
+def test_lower_bound_of_the_realistic_suite() -> None:
+    """16 each of 1, 2, 4, 8 GPUs at 3 s on 2 x 4 GPUs with a 5 s start-up:
+    5 + 16 * (1 + 2 + 4 + 8) * 3 / 8 = 95 s (as benchmarks/bench_makespan.lower_bound)."""
+    planned = workload()
+    est = Estimates({n: 3.0 for n, _ in planned}, {"p": 5.0})
+    assert lower_bound(planned, lambda k: POOL, est) == pytest.approx(95.0)
 
 
 def test_the_realistic_suite_packs_near_its_bound() -> None:

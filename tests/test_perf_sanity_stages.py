@@ -140,7 +140,7 @@ def plan(pytester: pytest.Pytester, ids: list[str], strategy: str
     out = pytester.path / "plan.json"
     result = pytester.runpytest("-p", "no:cacheprovider", "--trtllm-plan",
                                            "--trtllm-plan-json", str(out), *args)
-    rows = json.loads(out.read_text()) if out.exists() else []
+    rows = json.loads(out.read_text())["tests"] if out.exists() else []
     written = {}
     for row in rows:
         shown = row["name"] or row["nodeid"]  # the test as the test list spells it

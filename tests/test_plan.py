@@ -92,8 +92,10 @@ def test_write_plan_json(tmp_path: Path) -> None:
     rows = [PlanRow(nodeid="a[x-y]", devices=4, devices_per_node=4, nodes=1)]
     path = write_plan_json(rows, tmp_path / "sub" / "plan.json")
     data = json.loads(path.read_text())
-    assert isinstance(data, list) and KEYS <= set(data[0]) and data[0]["nodeid"] == "a[x-y]"
-    assert [PlanRow.model_validate(d) for d in data] == rows
+    tests = data["tests"]
+    assert isinstance(tests, list) and KEYS <= set(tests[0]) and tests[0]["nodeid"] == "a[x-y]"
+    assert [PlanRow.model_validate(d) for d in tests] == rows
+    assert (data["batches"], data["expected_makespan_seconds"]) == ([], None)
     assert not list((tmp_path / "sub").glob(".*tmp"))
 
 
@@ -141,7 +143,7 @@ def test_closest_markers_match_get_closest_marker(pytester: pytest.Pytester) -> 
 def run_plan_json(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[dict]]:
     out = pytester.path / "out" / "plan.json"
     result = pytester.runpytest("--trtllm-plan-json", str(out), *args)
-    rows = json.loads(out.read_text()) if out.exists() else []
+    rows = json.loads(out.read_text())["tests"] if out.exists() else []
     return result, rows
 
 
@@ -343,7 +345,7 @@ def plan_examples(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, dict]
         cwd=EXAMPLES, capture_output=True, text=True, timeout=120, check=False,
         env={k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")},
     )
-    rows = {r["nodeid"]: r for r in json.loads(out.read_text())} if out.exists() else {}
+    rows = {r["nodeid"]: r for r in json.loads(out.read_text())["tests"]} if out.exists() else {}
     return proc.returncode, proc.stdout + proc.stderr, rows
 
 

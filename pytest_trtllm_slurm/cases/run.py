@@ -166,7 +166,8 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
             say(f"collecting {shlex.join(args)} failed (exit {proc.returncode}: {tail}); "
                 "using 1 device (pass --required-devices N to choose)")
             return None
-        rows = json.loads(plan.read_text(encoding="utf-8"))
+        data = json.loads(plan.read_text(encoding="utf-8"))
+        rows = data["tests"] if isinstance(data, dict) else data
     if not rows:
         say(f"collecting {shlex.join(args)} found no tests; using 1 device")
         return None

@@ -54,6 +54,8 @@ CONTROLLER_DESTS = SELECTION | STOPPING | OUTPUT_FILES | SETUP | NO_TERMINAL
 CONTROLLER_GROUPS = ("trtllm-slurm", "xdist")  # group names (prefixes) the controller owns
 NEVER_A_PATH = {"plugins", "pythonwarnings", "override_ini", "verbose", "reportchars"}
 _PATH_WORDS = ("path", "file", "dir", "basetemp", "storage", "config")
+# what such an option's value is, when it is not the path: --log-file-level DEBUG
+_NOT_PATH_ENDINGS = ("_level", "_format", "_mode")
 
 
 @dataclass
@@ -195,6 +197,7 @@ class Forwarder:
     def _path(self, action: argparse.Action, value: str) -> str:
         """``value`` made absolute when it names a path relative to the invocation dir."""
         if (not value or os.path.isabs(value) or action.choices or action.dest in NEVER_A_PATH
+                or action.dest.endswith(_NOT_PATH_ENDINGS)
                 or action.type in (int, float) or value.startswith("-") or "://" in value):
             return value
         named = f"{action.dest} {action.metavar or ''}".lower()

@@ -123,9 +123,15 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("release_allocation", "release_allocation", "--trtllm-release-allocation", "bool", False,
         "release the persistent allocation at the end of the run"),
     Opt("plan", "plan", "--trtllm-plan", "bool", False,
-        "print where each test would run and exit without running tests"),
+        "print where each test would run and the batches the run would submit (the run's "
+        "packing, expected seconds, makespan); exit without running tests"),
     Opt("plan_json", "plan_json", "--trtllm-plan-json", "path", None,
         "write the plan as JSON to PATH and exit without running tests"),
+    Opt("timeline", "timeline", "--trtllm-timeline", "path", None,
+        "write the dispatched run's timeline to PATH: a Chrome trace-event JSON (Perfetto, "
+        "chrome://tracing) and PATH's .svg sibling (a picture, no network needed)"),
+    Opt("summary_json", "summary_json", "--trtllm-summary-json", "path", None,
+        "write the dispatched run's efficiency summary and its batches as JSON to PATH"),
     Opt("keep_order", "keep_order", "--trtllm-keep-order", "bool", False,
         "run local tests in collection order, after the dispatched tests collected before them"),
     Opt("max_retries", "max_retries", "--trtllm-max-retries", "int", 1,

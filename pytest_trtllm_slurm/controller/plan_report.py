@@ -11,7 +11,14 @@ import sys
 import pytest
 
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.planning.plan import PlanRow, format_plan_lines, plan_row, write_plan_json
+from pytest_trtllm_slurm.planning.plan import (
+    BatchRow,
+    PlanRow,
+    format_batch_lines,
+    format_plan_lines,
+    plan_row,
+    write_plan_json,
+)
 from pytest_trtllm_slurm.planning.settings import Settings
 
 
@@ -21,19 +28,32 @@ class PlanPlugin:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.rows: list[PlanRow] = []
+        self.batches: list[BatchRow] = []
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from pytest_trtllm_slurm.controller.batch_plan import (
+            batch_rows,
+            plan_estimates,
+            planned_pools,
+            run_batches,
+        )
         from pytest_trtllm_slurm.controller.item_plans import plan_items
         from pytest_trtllm_slurm.controller.session import planning_context
-        from pytest_trtllm_slurm.planning.batching import make_batches
         from pytest_trtllm_slurm.planning.requirements import name_as_written
 
         try:
-            planned = plan_items(session.items, planning_context(session.config))
+            ctx = planning_context(session.config)
+            planned = plan_items(session.items, ctx)
+            dispatched = [(p.item.nodeid, p.plan.key) for p in planned if p.plan.key]
+            # the same packer, pools and estimates as the run (batch_plan)
+            pools = planned_pools(ctx, [key for _, key in dispatched])
+            batches, _ = run_batches(
+                session.config, [p.item for p in planned if p.plan.key], dispatched, pools,
+                plan_estimates(session.config, dispatched, pools))
         except ConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
-        batches = make_batches([(p.item.nodeid, p.plan.key) for p in planned if p.plan.key])
+        self.batches = batch_rows(batches, pools)
         label = {nodeid: batch.label for batch in batches for nodeid in batch.nodeids}
         self.rows = [
             plan_row(p.item.nodeid, p.requirement, p.decision, batch=label.get(p.item.nodeid),
@@ -44,6 +64,9 @@ class PlanPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         lines = format_plan_lines(self.rows)
+        if self.batches:
+            lines += ["", "batches (submission order; seconds expected from earlier runs):",
+                      *format_batch_lines(self.batches)]
         served = sum(row.scenario is not None for row in self.rows)
         errors = sum(row.error is not None for row in self.rows)
         summary = (f"{len(self.rows)} test(s): {served} routed, "
@@ -59,7 +82,7 @@ class PlanPlugin:
             else:
                 sys.stdout.write("\n".join([*lines, summary]) + "\n")
         if self.settings.plan_json:
-            path = write_plan_json(self.rows, self.settings.plan_json)
+            path = write_plan_json(self.rows, self.settings.plan_json, self.batches)
             if reporter is not None:
                 reporter.write_line(f"trtllm-slurm plan written to {path}")
         # a test that cannot be planned fails the plan run (exit 1), after the whole plan

@@ -19,12 +19,14 @@ from pathlib import Path
 import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
+from pytest_trtllm_slurm.controller.batch_plan import run_batches
 from pytest_trtllm_slurm.controller.forwarding import forwarded_options
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
-from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE, asks_for_order
+from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
+from pytest_trtllm_slurm.controller.run_view import RunView
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
     BUILD_LOG_LINES,
@@ -47,7 +49,7 @@ from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.execution.records import BadRecord, describe_line, parse_record
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
-from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
+from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario
 from pytest_trtllm_slurm.planning.packing import pools_from_executors
@@ -129,6 +131,7 @@ class DispatchLoop:
                                poll_interval=min([CADENCE.monitor, *hints]))
         self.running: dict[str, RunningBatch] = {}
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
+        self.view = RunView(self.config, settings)  # status line, summary, timeline
         self.worker_options, refused = forwarded_options(self.config)
         if refused:
             self._say(f"{', '.join(refused)}: dispatched tests cannot stop in a debugger (a "
@@ -141,15 +144,13 @@ class DispatchLoop:
         try:
             broken = self._run_builds(dispatched)
             self._announce(dispatched)
-            one_batch_per_shape = None
-            ordered = [p.item for p in self.plans if p.key is not None]
-            if len(ordered) > 1 and asks_for_order(self.config, ordered):
+            batches, ordered = run_batches(
+                self.config, [p.item for p in self.plans if p.key is not None], dispatched,
+                history.pools, history.estimates())
+            if ordered:
                 self._say(ORDER_NOTE)
-                one_batch_per_shape = {key: 1 for _, key in dispatched}
-            for batch in make_batches(
-                dispatched, one_batch_per_shape, pools=history.pools,
-                estimates=history.estimates()
-            ):
+            self.view.planned(batches, dispatched, history.pools, history.estimates())
+            for batch in batches:
                 if batch.key.scenario in broken:
                     self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[batch.key.scenario])
                     continue
@@ -169,6 +170,7 @@ class DispatchLoop:
             if self.monitor.active:
                 self.monitor.cancel_all()
             history.finish()
+            self.view.finish()
             self.artefacts.finish([p.item.nodeid for p in self.plans])
 
     def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
@@ -218,6 +220,7 @@ class DispatchLoop:
         events = list(self.monitor.poll())
         for event in events:
             self._on_event(event)
+        self.view.tick()
         return bool(events)
 
     def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Scenario, str]:
@@ -281,6 +284,7 @@ class DispatchLoop:
 
     def _show_state(self, job: WatchedJob) -> None:
         """A line when a job waits (and why) or starts: a pending job is never silent."""
+        self.view.changed(job)
         state = job.state
         if state.status.finished or state.status is JobStatus.RUNNING and job.started:
             return
@@ -321,6 +325,7 @@ class DispatchLoop:
         # the executor's view of the spec: remote executors map its paths to the cluster's
         running = RunningBatch(batch, handle.spec, handle, executor, attempt)
         self.running[handle.job_id] = running
+        self.view.submitted(handle.job_id, batch, attempt)
         self.monitor.add(handle, executor)
 
     def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
@@ -406,6 +411,7 @@ class DispatchLoop:
 
     def _on_job_end(self, running: RunningBatch, state: JobState) -> None:
         del self.running[running.handle.job_id]
+        self.view.ended(running.handle.job_id, state)
         ctx = running.context
         self.artefacts.collect(running.executor.shell, running.spec.work_dir,
                                prefix_mapper(running.spec.rootdir, str(self.config.rootpath)))

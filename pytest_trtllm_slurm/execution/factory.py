@@ -103,7 +103,7 @@ def local_docker_executor(ctx: ExecutorContext, keys: Sequence[Shape]) -> Execut
     return executor
 
 
-def _remotes_of(ctx: ExecutorContext) -> RemoteClusters:
+def remotes_of(ctx: ExecutorContext) -> RemoteClusters:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
     found = ctx.remote_env
@@ -127,7 +127,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[Shape], *,
         )
     cluster = ctx.clusters.get(names[0])
     settings = ctx.settings
-    remotes = _remotes_of(ctx)
+    remotes = remotes_of(ctx)
     shell = remotes.shell(cluster)  # the connection planning's discovery made, if any
     if hasattr(shell, "notify"):
         shell.notify = warn  # a reconnect after a drop is said, not silent

@@ -41,6 +41,7 @@ class Batch(BaseModel):
     index: int = 0  # chunk number within the key
     nodeids: list[str] = Field(default_factory=list)
     expected_seconds: float | None = None  # packing's estimate (start-up + tests), if packed
+    expected_start: float | None = None  # when packing's simulation of its pool started it
 
     @property
     def label(self) -> str:
@@ -67,7 +68,8 @@ def make_batches(
     if pools is not None:
         return [
             Batch(key=chunk.key, index=chunk.index, nodeids=chunk.nodeids,  # type: ignore[arg-type]
-                  expected_seconds=round(chunk.expected, 3))
+                  expected_seconds=round(chunk.expected, 3),
+                  expected_start=round(chunk.start, 3))
             for chunk in pack(planned, pools, estimates, fixed=parallel)
         ]
     groups: dict[BatchKey, list[str]] = {}

@@ -347,6 +347,38 @@ def pack(
     return out
 
 
+def lower_bound(
+    planned: Sequence[tuple[str, K]],
+    pool_of: Callable[[K], Pool],
+    estimates: Estimates | None = None,
+) -> float:
+    """No packing of ``planned`` ends sooner: per pool, start-up + its longest test, and
+    start-up + its tests' GPU-seconds / its GPUs (no test starts before a start-up is
+    paid); the largest over the pools (they run side by side). Expected seconds."""
+    estimates = estimates or Estimates()
+    by_key: dict[K, list[str]] = {}
+    for nodeid, key in planned:
+        by_key.setdefault(key, []).append(nodeid)
+    area: dict[tuple[Pool, bool], float] = {}  # (pool, CPU-only) -> seconds of full use
+    bound = 0.0
+    for key, nodeids in by_key.items():
+        pool, shape = pool_of(key), _shape(key)
+        startup = estimates.startup_of(pool)
+        durations = estimates.for_tests(nodeids)
+        if not pool.fits(shape):  # one chunk, elsewhere
+            bound = max(bound, startup + sum(durations))
+            continue
+        width = (shape.devices_per_node * max(1, shape.node_count)
+                 if shape.devices_per_node > 0 else 1)
+        capacity = pool.gpus if shape.devices_per_node > 0 else max(1, pool.cpu_slots)
+        slot = (pool, shape.devices_per_node <= 0)
+        area[slot] = area.get(slot, 0.0) + width * sum(durations) / max(1, capacity)
+        bound = max(bound, startup + max(durations, default=0.0))
+    for (pool, _), seconds in area.items():
+        bound = max(bound, estimates.startup_of(pool) + seconds)
+    return bound
+
+
 def _shape(key: Any) -> Shape:
     if not hasattr(key, "devices_per_node") or not hasattr(key, "node_count"):
         raise TypeError(f"a batch key needs devices_per_node and node_count: {key!r}")

@@ -7,7 +7,7 @@ stay testable without probes; the renderers are pure.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +83,66 @@ def format_plan_lines(rows: Iterable[PlanRow]) -> list[str]:
     return lines
 
 
-def write_plan_json(rows: Iterable[PlanRow], path: Path | str) -> Path:
-    """Write the rows as a JSON list of objects (keys as PlanRow); returns the path."""
+class BatchRow(BaseModel):
+    """One batch as the run will submit it (the packer's chunk): where, how wide, which
+    tests, and the packer's expected start and length (seconds from the first submission)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    target: str  # the partition, cluster or local scenario it runs on
+    scenario: str
+    pool: str  # where it competes for GPUs (packing.Pool.name)
+    gpus_per_node: int
+    nodes: int
+    tests: int
+    nodeids: list[str]
+    expected_start: float | None = None
+    expected_seconds: float | None = None  # start-up + the tests' expected durations
+
+    @property
+    def expected_end(self) -> float | None:
+        if self.expected_seconds is None:
+            return None
+        return (self.expected_start or 0.0) + self.expected_seconds
+
+
+def expected_makespan(batches: Iterable[BatchRow]) -> float | None:
+    """When the packer expects the last batch to end (pools run side by side)."""
+    ends = [b.expected_end for b in batches if b.expected_end is not None]
+    return round(max(ends), 3) if ends else None
+
+
+def format_batch_lines(batches: Sequence[BatchRow]) -> list[str]:
+    """The table by batch (submission order) and the expected makespan."""
+    header = ("batch", "target", "GPUs x nodes", "tests", "start s", "expected s")
+    table = [header] + [
+        (b.label, b.target, f"{b.gpus_per_node} x {b.nodes}", str(b.tests),
+         _seconds(b.expected_start), _seconds(b.expected_seconds)) for b in batches]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) if i >= 2 else cell.ljust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+             for row in table]
+    makespan = expected_makespan(batches)
+    lines.append(f"{len(batches)} batch(es); expected makespan "
+                 + (f"{makespan:.1f} s" if makespan is not None else "unknown"))
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def write_plan_json(rows: Iterable[PlanRow], path: Path | str,
+                    batches: Sequence[BatchRow] = ()) -> Path:
+    """Write the plan as JSON: ``tests`` (one object per test, keys as PlanRow),
+    ``batches`` (keys as BatchRow) and ``expected_makespan_seconds``; returns the path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    payload = [row.model_dump(mode="json") for row in rows]
+    payload = {
+        "tests": [row.model_dump(mode="json") for row in rows],
+        "batches": [batch.model_dump(mode="json") for batch in batches],
+        "expected_makespan_seconds": expected_makespan(batches),
+    }
     write_atomic(target, json.dumps(payload, indent=2) + "\n", mode=SHARED)  # a report
     return target

@@ -189,6 +189,8 @@ class Settings(BaseModel):
     release_allocation: bool = False
     plan: bool = False
     plan_json: str | None = None
+    timeline: str | None = None
+    summary_json: str | None = None
     keep_order: bool = False
     max_retries: int = 1
     unsatisfied: Literal["skip", "fail"] = "skip"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.transport.command_log import timed_command
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,12 @@ class LocalShell:
         cwd: str | None = None,
         retry_on_drop: bool = True,  # nothing drops locally
     ) -> CommandResult:
+        with timed_command(self.name, argv) as outcome:
+            outcome.append(self._run(argv, timeout=timeout, input=input, env=env, cwd=cwd))
+        return outcome[0]
+
+    def _run(self, argv: list[str], *, timeout: float | None, input: str | None,
+             env: dict[str, str] | None, cwd: str | None) -> CommandResult:
         full_env = {**os.environ, **env} if env else None
         try:
             proc = subprocess.run(

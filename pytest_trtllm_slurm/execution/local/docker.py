@@ -64,6 +64,7 @@ from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import is_secret
 from pytest_trtllm_slurm.planning.models import LocalEnv
 from pytest_trtllm_slurm.planning.safe_values import argument_problem
+from pytest_trtllm_slurm.transport.command_log import timed_command
 
 Engine = Literal["docker", "podman"]
 ENGINES: tuple[Engine, ...] = ("docker", "podman")
@@ -189,6 +190,11 @@ class ContainerExecutor(LocalProcessExecutor):
         self._engine("rm", "-f", *(["--time", "0"] if self.engine == "podman" else []), name)
 
     def _engine(self, *args: str, timeout: float = ENGINE_TIMEOUT) -> subprocess.CompletedProcess:
+        with timed_command("localhost", [*self.cli, *args]) as outcome:
+            outcome.append(self._engine_once(args, timeout))
+        return outcome[0]
+
+    def _engine_once(self, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess:
         try:
             return subprocess.run(
                 [*self.cli, *args], capture_output=True, text=True, timeout=timeout,

@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.planning.safe_values import control_chars
+from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
 from pytest_trtllm_slurm.transport.ssh.commands import remote_command
 from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
@@ -75,9 +76,11 @@ class OpenSSHShell:
         """Find a running master (ssh config's ControlPath, then the trtllm one) or explain."""
         candidates = [self._control_path] if self._control_path else [None, TRTLLM_CONTROL_PATH]
         for path in candidates:
-            proc = subprocess.run([*self._base(path), "-O", "check", "--", self.target.alias],
-                                  capture_output=True, text=True, timeout=30,
-                                  stdin=subprocess.DEVNULL, check=False)
+            argv = [*self._base(path), "-O", "check", "--", self.target.alias]
+            with timed_command("localhost", argv) as outcome:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                                      stdin=subprocess.DEVNULL, check=False)
+                outcome.append(proc)
             if proc.returncode == 0:
                 self._control_path = path
                 return
@@ -94,9 +97,21 @@ class OpenSSHShell:
         )
 
     def _ssh(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 60,
-             producer: Callable[[IO[bytes]], Any] | None = None) -> tuple[int, bytes, bytes, bool]:
+             producer: Callable[[IO[bytes]], Any] | None = None,
+             shown: Sequence[str] = ()) -> tuple[int, bytes, bytes, bool]:
+        """``shown``: the argv the log names (the command as the caller wrote it: the
+        remote string has the environment's values in it)."""
         # "--" before the host: nothing after it is read as an option of ssh
         argv = [*self._base(self._control_path), "--", self.target.alias, command]
+        with timed_command(f"ssh {self.name}", shown or ["ssh"]) as outcome:
+            rc, out, err, timed_out = self._popen(argv, stdin, timeout, producer)
+            outcome.append(CommandResult(tuple(argv), rc, "", err.decode(errors="replace"),
+                                         timed_out=timed_out))
+        return rc, out, err, timed_out
+
+    @staticmethod
+    def _popen(argv: list[str], stdin: bytes | None, timeout: float | None,
+               producer: Callable[[IO[bytes]], Any] | None) -> tuple[int, bytes, bytes, bool]:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         feeder = None
@@ -134,7 +149,8 @@ class OpenSSHShell:
         command = remote_command(argv, env=env, cwd=cwd)
         data = input.encode() if input is not None else b""
         for attempt in range(2):
-            rc, out, err, timed_out = self._ssh(command, stdin=data, timeout=timeout)
+            rc, out, err, timed_out = self._ssh(command, stdin=data, timeout=timeout,
+                                                shown=argv)
             text = err.decode(errors="replace")
             if rc == 255 and any(m in text for m in _SSH_FAILURE):
                 if not retry_on_drop:
@@ -153,14 +169,15 @@ class OpenSSHShell:
                          timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
         """Run argv with ``producer(stdin)`` streaming binary data into it."""
         rc, out, err, timed_out = self._ssh(remote_command(argv, cwd=cwd), timeout=timeout,
-                                            producer=producer)
+                                            producer=producer, shown=argv)
         return CommandResult(tuple(argv), rc, out.decode(errors="replace"),
                              err.decode(errors="replace"), timed_out=timed_out)
 
     def _sh(self, script: str, args: Sequence[str], *, stdin: bytes | None = None
             ) -> tuple[int, bytes, bytes]:
-        rc, out, err, timed_out = self._ssh(remote_command(["sh", "-c", script, "sh", *args]),
-                                            stdin=stdin, timeout=120)
+        sh = ["sh", "-c", script, "sh", *args]
+        rc, out, err, timed_out = self._ssh(remote_command(sh), stdin=stdin, timeout=120,
+                                            shown=sh)
         if timed_out or rc == 255:
             raise SSHConnectionLost(f"ssh to {self.target.alias} failed: "
                                     f"{err.decode(errors='replace').strip() or 'timed out'}")

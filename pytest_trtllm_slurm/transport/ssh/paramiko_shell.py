@@ -20,6 +20,7 @@ from typing import IO, Any, TypeVar
 import paramiko
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
 from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, default_otp_provider
 from pytest_trtllm_slurm.transport.ssh.commands import remote_command
@@ -157,6 +158,13 @@ class SSHShell:
 
     def _exec(self, argv: Sequence[str], command: str, timeout: float | None,
               retry_on_drop: bool, producer: Callable[[IO[bytes]], Any] | None) -> CommandResult:
+        with timed_command(f"ssh {self.name}", argv) as outcome:
+            outcome.append(self._exec_once(argv, command, timeout, retry_on_drop, producer))
+        return outcome[0]
+
+    def _exec_once(self, argv: Sequence[str], command: str, timeout: float | None,
+                   retry_on_drop: bool, producer: Callable[[IO[bytes]], Any] | None
+                   ) -> CommandResult:
         for attempt in range(3):
             conn = self._connection()
             try:

@@ -1,0 +1,117 @@
+"""The batches of a run, found one way for the run and for ``--trtllm-plan``.
+
+Why one module: the plan must be what runs. Both call ``run_batches`` with the same
+packer, the same pools (``pools_from_executors``) and the same duration estimates
+(``History``: pytest's cache). A plan builds no executor (no allocation, no SSH sync):
+``planned_pools`` gives ``pools_from_executors`` stand-ins that carry exactly the
+attributes it reads from the executors the run would build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.controller.history import History
+from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+from pytest_trtllm_slurm.controller.ordering import asks_for_order
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
+from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.packing import Estimates, Pool, pools_from_executors
+from pytest_trtllm_slurm.planning.plan import BatchRow
+
+
+def run_batches(
+    config: pytest.Config, items: Sequence[pytest.Item], dispatched: list[tuple[str, BatchKey]],
+    pools: Callable[[BatchKey], Pool], estimates: Estimates,
+) -> tuple[list[Batch], bool]:
+    """The run's batches in submission order, and whether pytest-order keeps each shape
+    in one batch (the caller says so once)."""
+    ordered = len(items) > 1 and asks_for_order(config, items)
+    one_per_shape = {key: 1 for _, key in dispatched} if ordered else None
+    return make_batches(dispatched, one_per_shape, pools=pools, estimates=estimates), ordered
+
+
+@dataclass
+class _Target:
+    """What ``pools_from_executors`` reads of an executor, without building it."""
+
+    persistent: bool = False
+    allocations: Any = None  # has ``request`` (an AllocationRequest)
+    warm_workers: bool = False
+    slurm_env: Any = None
+    gpu_count: int | None = None
+
+
+@dataclass
+class _Allocations:
+    request: Any
+
+
+def planned_pools(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Callable[[BatchKey], Pool]:
+    """The pools the run would pack into, as ``session.make_executors`` would set them up."""
+    targets: dict[Scenario, Any] = {
+        Scenario.LOCAL_DIRECT: _Target(gpu_count=ctx.local.gpu_count),
+        Scenario.LOCAL_DOCKER: _Target(gpu_count=ctx.local.gpu_count),
+    }
+    slurm_keys = [k for k in keys if k.scenario is Scenario.LOCAL_SLURM]
+    if slurm_keys:
+        targets[Scenario.LOCAL_SLURM] = _slurm_target(slurm_keys, ctx.slurm_env, ctx)
+    remote_keys = [k for k in keys if k.scenario is Scenario.REMOTE_SLURM]
+    if remote_keys:
+        # the run's RemoteSlurmExecutor shows its partition discovery only (not its
+        # allocation): its batches are packed against the partition, and so here
+        targets[Scenario.REMOTE_SLURM] = _Target(slurm_env=_remote_env(ctx, remote_keys))
+    return pools_from_executors(targets)
+
+
+def _slurm_target(keys: Sequence[BatchKey], slurm_env: Any, ctx: PlanningContext) -> _Target:
+    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
+
+    settings = ctx.settings
+    allocations = None
+    if settings.persistent:
+        allocations = _Allocations(AllocationRequest.covering(
+            list(keys), slurm_env, time_limit=settings.alloc_time_limit,
+            nodes=settings.alloc_nodes))
+    return _Target(persistent=settings.persistent, allocations=allocations,
+                   warm_workers=settings.warm_workers and settings.persistent,
+                   slurm_env=slurm_env)
+
+
+def _remote_env(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Any:
+    """The remote cluster's discovery (cached on disk; what routing used), or None when
+    it cannot be had: the plan then packs against the keys' own shapes."""
+    from pytest_trtllm_slurm.execution.factory import remotes_of
+
+    names = sorted({k.cluster or "" for k in keys})
+    if len(names) != 1 or not names[0]:
+        return None
+    try:
+        return remotes_of(ctx).env(ctx.clusters.get(names[0]))
+    except (ConfigError, ExecutionError, OSError):
+        return None
+
+
+def plan_estimates(config: pytest.Config, dispatched: list[tuple[str, BatchKey]],
+                   pools: Callable[[BatchKey], Pool]) -> Estimates:
+    """The durations of earlier runs, as the run reads them (History; not registered)."""
+    return History(config, [n for n, _ in dispatched], pools).estimates()
+
+
+def batch_rows(batches: Sequence[Batch], pools: Callable[[BatchKey], Pool]) -> list[BatchRow]:
+    """The plan's table of ``batches`` (submission order)."""
+    rows = []
+    for batch in batches:
+        key = batch.key
+        target = "/".join(filter(None, (key.cluster, key.partition))) or key.scenario.value
+        rows.append(BatchRow(
+            label=batch.label, target=target, scenario=key.scenario.value,
+            pool=pools(key).name, gpus_per_node=key.devices_per_node, nodes=key.node_count,
+            tests=len(batch.nodeids), nodeids=list(batch.nodeids),
+            expected_start=batch.expected_start, expected_seconds=batch.expected_seconds))
+    return rows

@@ -1,0 +1,193 @@
+"""What a dispatched run did, as it happens: batches (queue, start-up, tests) and tests.
+
+Why one record: the live status line, the timeline picture and the efficiency summary
+all read the same observations, taken once. The run loop tells it about submissions
+and job states (small calls); the replayed reports reach it as a pytest plugin
+(``pytest_runtest_logreport`` / ``logfinish``, like ``History``). Times are epoch
+seconds: the workers stamp their reports so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
+from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
+from pytest_trtllm_slurm.planning.packing import Pool
+
+PLUGIN_NAME = "trtllm-slurm-run-record"
+
+
+@dataclass
+class TestSpan:
+    """One dispatched test as its batch ran it (worker clock)."""
+
+    nodeid: str
+    job_id: str
+    start: float | None = None  # setup began
+    stop: float | None = None  # teardown ended (or the last phase seen)
+    outcome: str | None = None  # passed | failed | skipped
+    finished: bool = False
+
+
+@dataclass
+class BatchSpan:
+    """One submitted job (a retry is a batch of its own)."""
+
+    job_id: str
+    label: str
+    key: BatchKey
+    pool: Pool
+    nodeids: list[str]
+    attempt: int
+    submitted: float
+    expected_seconds: float | None = None
+    running: float | None = None  # when the scheduler was first seen running it
+    ended: float | None = None
+    status: str = JobStatus.PENDING.value
+    reason: str | None = None  # the scheduler's pending reason now
+    reasons: list[tuple[float, str]] = field(default_factory=list)  # every reason seen
+    nodelist: str | None = None
+
+    @property
+    def width(self) -> int:
+        """GPUs the batch holds (0: a CPU-only batch)."""
+        return max(0, self.key.devices_per_node) * max(1, self.key.node_count)
+
+    @property
+    def finished(self) -> bool:
+        return self.ended is not None
+
+    @property
+    def persistent(self) -> bool:
+        """It runs in a persistent allocation, whose pool holds its GPUs all run long."""
+        return "/allocation" in self.pool.name
+
+
+class RunRecord:
+    """Observations of one dispatched run. Registered as a plugin while the run lasts."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.started = clock()
+        self.batches: dict[str, BatchSpan] = {}  # job id -> span, in submission order
+        self.tests: dict[str, TestSpan] = {}  # nodeid -> its latest attempt
+        self.job_of: dict[str, str] = {}  # nodeid -> job id of its latest batch
+        self.planned: list[Batch] = []
+        self.pools: Callable[[BatchKey], Pool] | None = None
+        self.expected_makespan: float | None = None
+        self.lower_bound: float | None = None
+        self.events: list[tuple[float, str]] = []  # state changes that matter (CI lines)
+        self.finished_at: float | None = None
+        self.failed_submissions = 0
+
+    # -- what the run loop tells it ------------------------------------------------
+    def plan(self, batches: Sequence[Batch], pools: Callable[[BatchKey], Pool],
+             lower_bound: float | None) -> None:
+        self.planned = list(batches)
+        self.pools = pools
+        ends = [(b.expected_start or 0.0) + b.expected_seconds for b in batches
+                if b.expected_seconds is not None]
+        self.expected_makespan = max(ends) if ends else None
+        self.lower_bound = lower_bound
+
+    def submitted(self, job_id: str, batch: Batch, attempt: int) -> None:
+        pool = self.pools(batch.key) if self.pools else Pool(batch.key.scenario.value)
+        self.batches[job_id] = BatchSpan(
+            job_id=job_id, label=batch.label, key=batch.key, pool=pool,
+            nodeids=list(batch.nodeids), attempt=attempt, submitted=self.clock(),
+            expected_seconds=batch.expected_seconds)
+        for nodeid in batch.nodeids:
+            self.job_of[nodeid] = job_id
+        if attempt:
+            self._event(f"batch {batch.label} resubmitted as job {job_id} (retry {attempt}, "
+                        f"{len(batch.nodeids)} test(s))")
+
+    def changed(self, job_id: str, state: JobState) -> None:
+        """A job's status or pending reason changed (the monitor's on_change)."""
+        span = self.batches.get(job_id)
+        if span is None:
+            return
+        now = self.clock()
+        span.status = state.status.value
+        span.nodelist = state.nodelist or span.nodelist
+        if state.status is JobStatus.PENDING:
+            if state.reason and state.reason != span.reason:
+                span.reasons.append((now, state.reason))
+                self._event(f"job {job_id} [{span.label}] pending ({state.reason})")
+            span.reason = state.reason
+        elif state.status is JobStatus.RUNNING and span.running is None:
+            span.running, span.reason = now, None
+
+    def ended(self, job_id: str, state: JobState) -> None:
+        span = self.batches.get(job_id)
+        if span is None:
+            return
+        now = self.clock()
+        span.ended, span.status, span.reason = now, state.status.value, None
+        span.nodelist = state.nodelist or span.nodelist
+        if span.running is None:  # never seen running (it ran between two polls)
+            first = [t.start for t in self._tests_of(span) if t.start is not None]
+            span.running = min([*first, now])
+        if state.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
+            why = f" ({state.reason})" if state.reason else ""
+            self._event(f"job {job_id} [{span.label}] ended {state.status.value}{why}")
+
+    def finish(self) -> None:
+        self.finished_at = self.clock()
+
+    # -- replayed reports (plugin hooks) --------------------------------------------
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        job_id = self.job_of.get(report.nodeid)
+        if job_id is None:
+            return
+        span = self.tests.get(report.nodeid)
+        if span is None or span.job_id != job_id:
+            span = self.tests[report.nodeid] = TestSpan(report.nodeid, job_id)
+        start = getattr(report, "start", None)
+        stop = getattr(report, "stop", None)
+        if isinstance(start, (int, float)) and start > 0 and span.start is None:
+            span.start = float(start)
+        if isinstance(stop, (int, float)) and stop > 0:
+            span.stop = max(float(stop), span.stop or 0.0)
+        if report.failed:
+            if span.outcome != "failed":
+                self._event(f"FAILED {report.nodeid} ({report.when})")
+            span.outcome = "failed"
+        elif report.skipped and span.outcome is None:
+            span.outcome = "skipped"
+        elif report.when == "call" and report.passed and span.outcome is None:
+            span.outcome = "passed"
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        span = self.tests.get(nodeid)
+        if span is not None and nodeid in self.job_of:
+            span.finished = True
+
+    # -- views -----------------------------------------------------------------------
+    def _tests_of(self, span: BatchSpan) -> list[TestSpan]:
+        return [t for n in span.nodeids if (t := self.tests.get(n)) and t.job_id == span.job_id]
+
+    def tests_of(self, span: BatchSpan) -> list[TestSpan]:
+        """The tests this batch ran (a retried test belongs to its last batch)."""
+        return self._tests_of(span)
+
+    @property
+    def total_tests(self) -> int:
+        return len(self.job_of)
+
+    def counts(self) -> dict[str, int]:
+        """passed / failed / skipped / left over the run's dispatched tests."""
+        done = [t for t in self.tests.values() if t.finished]
+        out = {"passed": 0, "failed": 0, "skipped": 0}
+        for test in done:
+            out[test.outcome or "passed"] = out.get(test.outcome or "passed", 0) + 1
+        out["left"] = max(0, self.total_tests - len(done))
+        return out
+
+    def _event(self, text: str) -> None:
+        self.events.append((self.clock(), text))

@@ -1,0 +1,123 @@
+"""What the user sees of a dispatched run besides pytest's own lines: the live status,
+the efficiency summary, the timeline and summary files.
+
+Why a facade: the run loop makes a few small calls (planned, submitted, changed,
+ended, tick, finish) and knows nothing of how they are shown; the record, the status
+line, the summary and the timeline stay modules of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from pytest_trtllm_slurm.controller.efficiency import (
+    Efficiency,
+    efficiency,
+    summary_lines,
+    write_run_json,
+)
+from pytest_trtllm_slurm.controller.run_record import PLUGIN_NAME, RunRecord
+from pytest_trtllm_slurm.controller.status_line import PLUGIN_NAME as STATUS_NAME
+from pytest_trtllm_slurm.controller.status_line import StatusLine
+from pytest_trtllm_slurm.controller.timeline import write_timeline
+from pytest_trtllm_slurm.execution.monitor import WatchedJob
+from pytest_trtllm_slurm.execution.outcome import JobState
+from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
+from pytest_trtllm_slurm.planning.packing import Estimates, Pool, lower_bound
+from pytest_trtllm_slurm.planning.settings import Settings
+
+SUMMARY_NAME = "trtllm-slurm-run-summary"
+
+
+class RunView:
+    """One per dispatched run (a session; under xdist, nothing: a worker has no terminal)."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.enabled = not hasattr(config, "workerinput")
+        self.record = RunRecord()
+        self.status: StatusLine | None = None
+        self.summary: list[str] = []
+        self.files: list[str] = []
+
+    def planned(self, batches: Sequence[Batch], dispatched: list[tuple[str, BatchKey]],
+                pools: Callable[[BatchKey], Pool], estimates: Estimates) -> None:
+        if not self.enabled:
+            return
+        bound = lower_bound(dispatched, pools, estimates) if dispatched else None
+        self.record.plan(batches, pools, bound)
+        manager = self.config.pluginmanager
+        if not manager.has_plugin(PLUGIN_NAME):
+            manager.register(self.record, PLUGIN_NAME)
+        self.status = StatusLine(self.config, self.record)
+        if not manager.has_plugin(STATUS_NAME):
+            manager.register(self.status, STATUS_NAME)
+
+    def submitted(self, job_id: str, batch: Batch, attempt: int) -> None:
+        if self.enabled:
+            self.record.submitted(job_id, batch, attempt)
+
+    def changed(self, job: WatchedJob) -> None:
+        if self.enabled:
+            self.record.changed(job.handle.job_id, job.state)
+
+    def ended(self, job_id: str, state: JobState) -> None:
+        if self.enabled:
+            self.record.ended(job_id, state)
+
+    def tick(self) -> None:
+        if self.status is not None:
+            self.status.tick()
+
+    def finish(self) -> None:
+        """The dispatch is over: the status line goes, the summary and files are made
+        (shown in pytest's terminal summary)."""
+        if not self.enabled or self.status is None:
+            return
+        self.record.finish()
+        self.status.close()
+        manager = self.config.pluginmanager
+        for name in (PLUGIN_NAME, STATUS_NAME):
+            if manager.get_plugin(name) is not None:
+                manager.unregister(name=name)
+        if not self.record.batches:
+            return
+        eff = efficiency(self.record)
+        self.summary = summary_lines(eff)
+        self._write_files(eff)
+        if not manager.has_plugin(SUMMARY_NAME):
+            manager.register(_Summary(self), SUMMARY_NAME)
+
+    def _write_files(self, eff: Efficiency) -> None:
+        base = Path(self.config.invocation_params.dir)
+        if self.settings.timeline:
+            try:
+                trace, picture = write_timeline(base / self.settings.timeline, self.record,
+                                                ["pytest-trtllm-slurm run timeline",
+                                                 *self.summary])
+                self.files += [f"timeline (Perfetto / chrome://tracing): {trace}",
+                               f"timeline picture: {picture}"]
+            except OSError as exc:
+                self.files.append(f"timeline not written: {exc}")
+        if self.settings.summary_json:
+            try:
+                path = write_run_json(base / self.settings.summary_json, self.record, eff)
+                self.files.append(f"summary JSON: {path}")
+            except OSError as exc:
+                self.files.append(f"summary JSON not written: {exc}")
+
+
+class _Summary:
+    """The run's section of pytest's terminal summary."""
+
+    def __init__(self, view: RunView) -> None:
+        self.view = view
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        terminalreporter.write_sep("-", "trtllm-slurm: GPU use")
+        for line in [*self.view.summary, *self.view.files]:
+            terminalreporter.write_line(line)

@@ -1,0 +1,73 @@
+"""One log line per command the plugin runs through a Shell (scheduler, SSH, engine).
+
+Why here: every scheduler and SSH command passes through a Shell, so logging at that
+layer covers each command once, wherever it is issued from. The lines go to the
+``pytest_trtllm_slurm`` logger tree at DEBUG, so ``--log-cli-level=DEBUG``,
+``--log-file`` and ``caplog`` see them as pytest users expect. Secrets are masked
+with the one rule of ``planning.masking``; a command's input is never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from pytest_trtllm_slurm.planning.masking import mask_text, mask_value
+
+log = logging.getLogger("pytest_trtllm_slurm.commands")
+
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.DOTALL)
+_TAIL = 200  # characters of stderr shown for a failed command
+
+
+def masked_argv(argv: Sequence[str]) -> str:
+    """``argv`` as one shell-quoted string, secrets hidden (``NAME=value`` pieces by the
+    name rule, every piece by the value rule: URL passwords, known tokens)."""
+    return shlex.join(_masked(arg) for arg in argv)
+
+
+def _masked(arg: str) -> str:
+    match = _ASSIGNMENT.match(arg)
+    if match:
+        return f"{match.group(1)}={mask_value(match.group(1), match.group(2))}"
+    if arg.startswith("--") and "=" in arg:  # --export=HF_TOKEN=..., --env=K=V
+        option, _, value = arg.partition("=")
+        return f"{option}={_masked(value)}"
+    return mask_text(arg)
+
+
+def log_command(host: str, argv: Sequence[str], seconds: float, returncode: int | None,
+                *, timed_out: bool = False, stderr: str = "") -> None:
+    """The line for one finished command: where, what, how long, how it ended."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    if timed_out:
+        end = "timed out"
+    elif returncode is None:
+        end = "did not finish (connection lost)"
+    else:
+        end = f"exit code {returncode}"
+    detail = ""
+    if (timed_out or returncode) and stderr.strip():
+        detail = ": " + mask_text(stderr.strip().splitlines()[-1][-_TAIL:])
+    log.debug("%s: `%s` %s in %.3f s%s", host, masked_argv(argv), end, seconds, detail)
+
+
+@contextmanager
+def timed_command(host: str, argv: Sequence[str]) -> Iterator[list]:
+    """Time a command; the caller puts its CommandResult-like outcome in the yielded list
+    (``returncode``, ``timed_out``, ``stderr`` attributes). Logged also when it raises."""
+    outcome: list = []
+    started = time.monotonic()
+    try:
+        yield outcome
+    finally:
+        result = outcome[0] if outcome else None
+        log_command(host, argv, time.monotonic() - started,
+                    getattr(result, "returncode", None),
+                    timed_out=bool(getattr(result, "timed_out", False)),
+                    stderr=str(getattr(result, "stderr", "") or ""))
