@@ -264,6 +264,6 @@ def write_timeline(path: str | Path, record: RunRecord, title_lines: list[str]
         picture, trace = trace, trace.with_suffix(".json")
     else:
         picture = trace.with_suffix(".svg")
-    write_atomic(trace, json.dumps(trace_events(record)) + "\n")
+    write_atomic(trace, json.dumps(trace_events(record)) + "\n", parents=True)
     write_atomic(picture, svg(record, title_lines))
     return trace, picture
