@@ -69,14 +69,14 @@ def test_a_session_request_holds_no_secret_even_when_no_agent_reads_it(
     """The local warm start's request (left on disk when its agent is dead) carries the
     controller's environment without its secrets; the agent it goes to is the one that
     was started with them (its folder name depends on them)."""
-    from pytest_trtllm_slurm.execution.slurm.warm_pool import send_session, session_env
+    from pytest_trtllm_slurm.execution.slurm.warm_pool import env_for_session, send_session
     from pytest_trtllm_slurm.transport.shell import LocalShell
 
     monkeypatch.setenv("HF_TOKEN", "hf_secretvalue0123456789abcdef")
     monkeypatch.setenv("HTTPS_PROXY", "http://alice:pr0xypass@proxy:3128")
     monkeypatch.setenv("PLAIN_SETTING", "visible")
     # a marker that copies the controller's token: the agent has it already, not written
-    env = session_env({"PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_secretvalue0123456789abcdef",
+    env = env_for_session({"PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_secretvalue0123456789abcdef",
                        "MARKER_ONLY_TOKEN": "given-in-a-marker"}, local=True)
     assert env["MARKER_ONLY_TOKEN"] == "given-in-a-marker"  # already in a file of the user's
     sdir = send_session(LocalShell(), str(tmp_path / "agent"), "s1", ["python"],

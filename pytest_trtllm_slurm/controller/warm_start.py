@@ -76,10 +76,10 @@ def start_early_sessions(config: pytest.Config) -> int:
     from pytest_trtllm_slurm.execution.slurm.warm_pool import (
         agent_alive,
         agent_dir,
+        env_for_session,
         secrets_key,
         send_session,
         session_argv,
-        session_env,
     )
     from pytest_trtllm_slurm.transport.shell import LocalShell
 
@@ -99,7 +99,7 @@ def start_early_sessions(config: pytest.Config) -> int:
     shell = LocalShell()
     targets = run_targets(config)
     capture_no = getattr(early.option, "capture", "fd") == "no"
-    env = session_env(worker_env(early), local=True)  # type: ignore[arg-type]  # no secrets
+    env = env_for_session(worker_env(early), local=True)  # type: ignore[arg-type]  # no secrets
     secrets = secrets_key(local=True)
     started = 0
     for node in expand_hostlist(nodelist):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.slurm.tracking import WalltimePolicy
 
 # what the builders read of a batch: a BatchKey (plugin) or a JobSpec (trtllm-slurm run)
-Shape = BatchKey | JobSpec
+BatchLike = BatchKey | JobSpec
 Warn = Callable[[str], None]
 
 
@@ -58,7 +58,7 @@ class ExecutorContext(Protocol):
     def remote_env(self) -> RemoteEnv | None: ...
 
 
-def build_executors(ctx: ExecutorContext, keys: Sequence[Shape], *,
+def build_executors(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
                     warn: Warn) -> dict[Scenario, Executor]:
     """One executor per scenario the ``keys`` use, plus the local subprocess one (tests
     that run here)."""
@@ -71,7 +71,7 @@ def build_executors(ctx: ExecutorContext, keys: Sequence[Shape], *,
     return executors
 
 
-def build_executor(scenario: Scenario, ctx: ExecutorContext, keys: Sequence[Shape], *,
+def build_executor(scenario: Scenario, ctx: ExecutorContext, keys: Sequence[BatchLike], *,
                    warn: Warn) -> Executor:
     """The executor of ``scenario``, sized and checked for the batches ``keys``."""
     if scenario is Scenario.LOCAL_DIRECT:
@@ -85,7 +85,7 @@ def build_executor(scenario: Scenario, ctx: ExecutorContext, keys: Sequence[Shap
     return remote_slurm_executor(ctx, keys, warn=warn)
 
 
-def local_docker_executor(ctx: ExecutorContext, keys: Sequence[Shape]) -> Executor:
+def local_docker_executor(ctx: ExecutorContext, keys: Sequence[BatchLike]) -> Executor:
     """docker or podman, whichever answered the probe (or the forced one); every image
     must already be in the engine's store: a missing one is an error before anything runs."""
     from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor
@@ -110,7 +110,7 @@ def remotes_of(ctx: ExecutorContext) -> RemoteClusters:
     return found if isinstance(found, RemoteClusters) else RemoteClusters(None)
 
 
-def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[Shape], *,
+def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
                           warn: Warn) -> Executor:
     """Connect, check, sync the code, discover the cluster's Slurm, then the same
     SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
@@ -172,7 +172,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[Shape], *,
     return RemoteSlurmExecutor(inner, path_map, interpreter=sys.executable)
 
 
-def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[Shape], *,
+def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
                          warn: Warn) -> Executor:
     """SlurmExecutor over the local shell; persistent (an allocation sized for ``keys``)
     unless --trtllm-one-shot."""
@@ -263,7 +263,7 @@ def with_containers(
 
 
 def build_targets(ctx: ExecutorContext,
-                  keys: Sequence[Shape]) -> dict[Scenario, ClusterConfig]:
+                  keys: Sequence[BatchLike]) -> dict[Scenario, ClusterConfig]:
     """Slurm targets of this run whose cluster table says build_project = true."""
     targets: dict[Scenario, ClusterConfig] = {}
     for key in keys:

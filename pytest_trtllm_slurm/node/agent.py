@@ -76,7 +76,7 @@ def preload() -> None:
 PATH_VARS = ("PATH", "LD_LIBRARY_PATH")
 
 
-def session_env(request: dict[str, Any]) -> dict[str, str]:
+def env_from_request(request: dict[str, Any]) -> dict[str, str]:
     """The agent's environment (Slurm's view of the node) under the run's: the run's values
     win, except the node's own (SLURM_*, visible devices) and the search-path entries a
     TaskProlog or module system put in front (kept in front of the run's)."""
@@ -99,7 +99,7 @@ def start_session(request: dict[str, Any]) -> int:
         import pytest
 
         os.chdir(request["cwd"])
-        env = session_env(request)
+        env = env_from_request(request)
         os.environ.clear()
         os.environ.update(env)
         for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):

@@ -41,7 +41,7 @@ WARM_STARTUP = 0.2  # seconds, a chunk served by a warm worker without history
 TIE = 0.01  # plans whose simulated makespans differ by less than 1% count as equally fast
 
 
-class Shape(Protocol):
+class GpuShape(Protocol):
     """What packing needs from a batch key (BatchKey has it)."""
 
     @property
@@ -70,7 +70,7 @@ class Pool:
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def ways(self, shape: Shape) -> int:
+    def ways(self, shape: GpuShape) -> int:
         """How many batches of ``shape`` run side by side here (>= 1)."""
         if shape.devices_per_node <= 0:
             return max(1, self.cpu_slots)
@@ -79,7 +79,7 @@ class Pool:
         return max(1, (self.gpus_per_node // shape.devices_per_node)
                    * (self.nodes // max(1, shape.node_count)))
 
-    def fits(self, shape: Shape) -> bool:
+    def fits(self, shape: GpuShape) -> bool:
         if shape.devices_per_node <= 0:
             return True
         return shape.devices_per_node <= self.gpus_per_node and shape.node_count <= self.nodes
@@ -379,14 +379,14 @@ def lower_bound(
     return bound
 
 
-def _shape(key: Any) -> Shape:
+def _shape(key: Any) -> GpuShape:
     if not hasattr(key, "devices_per_node") or not hasattr(key, "node_count"):
         raise TypeError(f"a batch key needs devices_per_node and node_count: {key!r}")
     return key  # type: ignore[no-any-return]
 
 
 # -- where a run's batches go: read from its executors (attributes only, no I/O) -----------
-class KeyLike(Shape, Protocol):
+class KeyLike(GpuShape, Protocol):
     """What ``pools_from_executors`` reads from a batch key (BatchKey has it)."""
 
     @property

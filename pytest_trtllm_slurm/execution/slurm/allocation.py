@@ -64,7 +64,7 @@ SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
 GPU_CHECK = ["nvidia-smi", "--query-compute-apps=pid,name,used_memory", "--format=csv,noheader"]
 
 
-class Shape(Protocol):
+class SizingNeeds(Protocol):
     """What sizing needs from a batch (JobSpec and BatchKey both have it)."""
 
     @property
@@ -170,7 +170,7 @@ class AllocationRequest:
         return f"{self.account or 'trtllm'}{NAME_SUFFIX}"
 
     @classmethod
-    def covering(cls, shapes: Sequence[Shape], slurm_env: SlurmEnv | None = None, *,
+    def covering(cls, shapes: Sequence[SizingNeeds], slurm_env: SlurmEnv | None = None, *,
                  time_limit: str | None = None, nodes: int | None = None) -> AllocationRequest:
         """One allocation for a run's batches (JobSpecs or BatchKeys): the partition most
         of them use, as many nodes as the largest needs (at least ``nodes``, the user's

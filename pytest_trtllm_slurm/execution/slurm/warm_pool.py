@@ -368,7 +368,7 @@ class AgentPool:
                             capture_no="--capture=no" in spec.command, nodeids_file=True)
         send_session(self.shell, node.agent_dir, name, argv,
                      cwd=spec.invocation_dir or spec.rootdir,
-                     env=session_env(spec.env, local=isinstance(self.shell, LocalShell)),
+                     env=env_for_session(spec.env, local=isinstance(self.shell, LocalShell)),
                      files={"nodeids.json": json.dumps(ids)})
         node.session, node.session_ids = sdir, frozenset(ids)
         return sdir
@@ -578,7 +578,7 @@ def controller_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
 
 
-def session_env(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
+def env_for_session(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
     """The environment a session request carries: locally, the controller's (what srun
     would have passed) without its secrets, then the batch's own. The request is a file,
     and a secret is never written to one: the session inherits the secrets from its agent,
