@@ -177,7 +177,24 @@ def add_run(subparsers: Subparsers) -> None:
     add_run_parser(subparsers)
 
 
-SUBCOMMANDS: list[Adder] = [add_env, add_alloc, add_run]
+def add_completion(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "completion", help="print a shell completion script",
+        description="Print a bash completion script for trtllm-slurm. Load it with "
+        "`source <(trtllm-slurm completion bash)` (zsh: run `autoload -U bashcompinit && "
+        "bashcompinit` first).")
+    p.add_argument("shell", choices=("bash",))
+    p.set_defaults(handler=_print_completion)
+
+
+def _print_completion(args: argparse.Namespace) -> int:
+    from pytest_trtllm_slurm.cli.completion import bash_script
+
+    print(bash_script(build_parser()), end="")
+    return EXIT_OK
+
+
+SUBCOMMANDS: list[Adder] = [add_env, add_alloc, add_run, add_completion]
 
 
 def build_parser() -> argparse.ArgumentParser:
