@@ -1,8 +1,7 @@
 """The dev cluster is REAL: real slurmctld/slurmd/slurmdbd/sshd, real jobs, no mocks.
 
-The slowest check (TIMEOUT: Slurm enforces time limits on a ~30 s sweep, so a 1-minute job
-ends after 60-90 s) is submitted by a module fixture before the first test, so that its wait
-overlaps all the other tests; its test is the last one in the file.
+That Slurm enforces a time limit (a 1-minute job ends TIMEOUT after 60-90 s) is checked once,
+through the executor, by tests/test_slurm_executor.py::test_timeout.
 """
 import re
 import socket
@@ -17,14 +16,6 @@ from devcluster import run, sbatch, wait_for_job, wait_for_squeue
 pytestmark = pytest.mark.usefixtures("devcluster")
 
 QUIET = ["-o", "/dev/null", "-e", "/dev/null"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def timeout_job(devcluster):
-    """A 1-minute job that sleeps 300 s: submitted first, checked last (TIMEOUT)."""
-    job = sbatch("-J", "devcluster-timeout", "-t", "1", *QUIET, "--wrap", "sleep 300")
-    yield job
-    run(["scancel", job], check=False)
 
 
 def test_cluster_description(devcluster):
@@ -244,10 +235,3 @@ def test_ssh_otp_wrong_code_refused(devcluster):
         c.connect(ssh["host"], port=ssh["port_otp"], username=ssh["user"], pkey=_key(devcluster),
                   password=wrong, look_for_keys=False, allow_agent=False, timeout=20)
     c.close()
-
-
-# ------------------------------------------------------------------ last: the slow one
-
-def test_timeout(timeout_job):
-    """Submitted before the first test; Slurm's time-limit sweep runs every ~30 s."""
-    assert wait_for_job(timeout_job, 180, poll=1) == ("TIMEOUT", "0:0")
