@@ -43,6 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("trtllm_worker_reports", default=None) or not os.environ.get(
             "BENCH_PROBE_OUT"):
         return  # only the controller of a benchmark run
+    import pytest_trtllm_slurm.controller.batch_plan as batch_plan
     import pytest_trtllm_slurm.controller.item_plans as planning
     import pytest_trtllm_slurm.controller.run_loop as dispatch
     import pytest_trtllm_slurm.execution.slurm.jobs as slurm_jobs
@@ -55,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     slurm_jobs.SlurmJobs.__init__ = counting_init  # type: ignore[method-assign]
     planning.plan_items = _timed("planning", planning.plan_items)
-    make_batches = dispatch.make_batches
+    make_batches = batch_plan.make_batches  # the packer, as the run (and the plan) call it
 
     def recording_make_batches(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -65,7 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
                              "expected_seconds": b.expected_seconds} for b in batches]
         return batches
 
-    dispatch.make_batches = recording_make_batches  # type: ignore[assignment]
+    batch_plan.make_batches = recording_make_batches  # type: ignore[assignment]
     dispatch.DispatchLoop.run = _timed("dispatch_loop", dispatch.DispatchLoop.run)  # type: ignore[method-assign]
     if os.environ.get("BENCH_FAKE_EXECUTOR") == "1":
         import pytest_trtllm_slurm.controller.session as context
