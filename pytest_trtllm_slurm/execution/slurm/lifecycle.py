@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pytest_trtllm_slurm.execution.outcome import JobStatus
+from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 
 
 class Phase(Enum):
@@ -102,3 +102,20 @@ class Lifecycle:
     @property
     def settled(self) -> bool:
         return self.phase is Phase.SETTLED
+
+
+class FollowsState:
+    """A batch record (the executor's TrackedJob, the warm pool's WarmJob) whose every change
+    of ``state`` moves its lifecycle: one setter, so neither record can forget to."""
+
+    _state: JobState
+    life: Lifecycle
+
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    @state.setter
+    def state(self, value: JobState) -> None:
+        self._state = value
+        self.life.saw(value.status)

@@ -22,7 +22,7 @@ from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow
-from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
+from pytest_trtllm_slurm.execution.slurm.lifecycle import FollowsState, Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.warm_pool import WarmJob
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Launch
@@ -39,7 +39,7 @@ class WalltimePolicy:
     new_limit: str = "01:00:00"
 
 
-class TrackedJob:
+class TrackedJob(FollowsState):
     """One submitted batch and what the executor knows about it. Its phase (``life``,
     shared with the warm pool's WarmJob) follows every change of ``state``."""
 
@@ -67,15 +67,6 @@ class TrackedJob:
         self.warm: WarmJob | None = None  # placed by the allocation's AgentPool (warm workers)
         self.extra_env: dict[str, str] = {}  # the launch's, not the batch's
         self.ended_wall: float | None = None  # when a batch in the allocation was seen to end
-
-    @property
-    def state(self) -> JobState:
-        return self._state
-
-    @state.setter
-    def state(self, value: JobState) -> None:
-        self._state = value
-        self.life.saw(value.status)
 
     @property
     def settled(self) -> bool:

@@ -43,7 +43,7 @@ from pytest_trtllm_slurm.execution.outcome import (
 )
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
-from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
+from pytest_trtllm_slurm.execution.slurm.lifecycle import FollowsState, Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.execution.slurm.placement import (
     BestFit,
@@ -106,7 +106,7 @@ class Delivery:
     exit_path: str
 
 
-class WarmJob:
+class WarmJob(FollowsState):
     """A batch of this run as the pool sees it. Its phase (``life``: WAITING until
     placed, EARLY for a gated step launched before its gate opens) is the executor's
     too; every change of ``state`` moves it."""
@@ -129,15 +129,6 @@ class WarmJob:
         self.ready = False  # every rank of the gated step has collected
         self.ranks = 0  # how many (rank 0 writes it in ``ready``)
         self.done = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
-
-    @property
-    def state(self) -> JobState:
-        return self._state
-
-    @state.setter
-    def state(self, value: JobState) -> None:
-        self._state = value
-        self.life.saw(value.status)
 
     @property
     def launched_early(self) -> bool:
