@@ -108,6 +108,19 @@ def blocker(devcluster: dict) -> Iterator[str]:
     sh(["scancel", found.group(1)], check=False)
 
 
+def _next_run_cancels(suite: Path, job_id: str, killed_pid: int) -> None:
+    """The next run (one-shot, another partition) passes and says it cancelled ``job_id``,
+    left in the queue by the run with pid ``killed_pid``."""
+    nxt = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
+         "--trtllm-one-shot", "--slurm-partition=batch", "-k", "one"],
+        cwd=suite, capture_output=True, text=True, timeout=300, env=_env(), check=False)
+    out = nxt.stdout + nxt.stderr
+    assert nxt.returncode == 0, out
+    assert re.search(rf"Cancelled {job_id}, left in the queue by an earlier run that was "
+                     rf"killed \(pid {killed_pid} ", out), out
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_cancels_the_pending_one_shot_job_and_prints_the_summary(
         blocker: str, tmp_path: Path, signum: int) -> None:
@@ -140,14 +153,7 @@ def test_after_a_sigkill_the_next_run_cancels_what_the_killed_one_left(
     ctl.finish()
     time.sleep(1)
     assert squeue_state(job_id) is not None, "a SIGKILL leaves the job queued"
-    nxt = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
-         "--trtllm-one-shot", "--slurm-partition=batch", "-k", "one"],
-        cwd=suite, capture_output=True, text=True, timeout=300, env=_env(), check=False)
-    out = nxt.stdout + nxt.stderr
-    assert nxt.returncode == 0, out
-    assert re.search(rf"Cancelled {job_id}, left in the queue by an earlier run that was "
-                     rf"killed \(pid {ctl.proc.pid} ", out), out
+    _next_run_cancels(suite, job_id, ctl.proc.pid)
     assert gone_from_queue(job_id), squeue_state(job_id)
 
 
@@ -173,14 +179,7 @@ def test_the_allocation_request_that_was_never_granted_is_cancelled(
         assert f"Cancelled the allocation request {request} that was not granted" in out, out
     else:
         assert squeue_state(request) is not None, "a SIGKILL leaves the request queued"
-        nxt = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--trtllm-remote",
-             "--trtllm-one-shot", "--slurm-partition=batch", "-k", "one"],
-            cwd=suite, capture_output=True, text=True, timeout=300, env=_env(), check=False)
-        out = nxt.stdout + nxt.stderr
-        assert nxt.returncode == 0, out
-        assert re.search(rf"Cancelled {request}, left in the queue by an earlier run that was "
-                         rf"killed \(pid {ctl.proc.pid} ", out), out
+        _next_run_cancels(suite, request, ctl.proc.pid)
     assert gone_from_queue(request), squeue_state(request)
     assert not (suite / "work_dirs" / ".slurm_alloc.json").exists()
     assert squeue_state(blocker)[0] == "RUNNING"  # the other checkout's allocation stays

@@ -27,6 +27,7 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 LOCK_ROOT = "/tmp"  # node-local; the folder inside it is per user and verified
@@ -165,20 +166,17 @@ def publish(tmp: Path, path: Path, *, mode: int | None = PRIVATE) -> None:
     """Make the finished file ``tmp`` (written by a library that wants a name of its own)
     ``path``: chmod (unless ``mode`` is SHARED), fsync, rename over ``path``, fsync the
     folder. ``tmp`` must be in ``path``'s folder; it is removed when this fails."""
+    def finish(fd: int) -> None:
+        if mode is not None:
+            os.fchmod(fd, mode)
+
     try:
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            if mode is not None:
-                os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    _settle(fd, tmp, path, finish)
 
 
 def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIVATE,
@@ -199,13 +197,23 @@ def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIV
             break
         except FileExistsError:
             continue  # 48 random bits taken: draw again
+    def fill(fd: int) -> None:
+        if mode is not None:
+            os.fchmod(fd, mode)  # exact, not masked by the umask
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view):]
+
+    _settle(fd, tmp, target, fill)
+    return target
+
+
+def _settle(fd: int, tmp: Path, target: Path, prepare: Callable[[int], None]) -> None:
+    """The steps every atomic write ends with: ``prepare(fd)``, fsync, close, rename over
+    ``target``, fsync of the folder; ``tmp`` is removed when any of them fails."""
     try:
         try:
-            if mode is not None:
-                os.fchmod(fd, mode)  # exact, not masked by the umask
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view):]
+            prepare(fd)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -215,4 +223,3 @@ def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIV
             os.unlink(tmp)
         raise
     fsync_dir(target.parent)
-    return target
