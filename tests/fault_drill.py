@@ -175,6 +175,7 @@ def finish(proc: subprocess.Popen, junit: Path, started: float, timeout: float =
         proc.kill()
         out, _ = proc.communicate()
         raise AssertionError(f"the run did not end within {timeout} s:\n{out}") from None
+    junit.with_suffix(".out").write_text(out)  # the whole output, for a failed drill
     return DrillRun(proc.returncode, out, junit_outcomes(junit), time.monotonic() - started)
 
 

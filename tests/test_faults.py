@@ -83,7 +83,11 @@ def test_a_segfault_is_a_crash_with_its_signal_and_the_rest_run_again(suite: Pat
     _next_run_passes(suite, mode)
 
 
-def test_a_lost_warm_worker_is_noticed_at_once_and_a_new_one_runs_the_rest(suite: Path) -> None:
+# "agent": its launcher writes the step's exit code; "agent-and-launcher": nobody does
+# (as on a full disk), so the pool learns it from the scheduler: the agent step left the queue
+@pytest.mark.parametrize("killed", ["agent", "agent-and-launcher"])
+def test_a_lost_warm_worker_is_noticed_at_once_and_a_new_one_runs_the_rest(
+        suite: Path, killed: str) -> None:
     marks = suite / "marks"
     started = time.monotonic()
     proc, junit = start(suite, "warm", fault="wait")
@@ -92,6 +96,12 @@ def test_a_lost_warm_worker_is_noticed_at_once_and_a_new_one_runs_the_rest(suite
         job_id = alloc_id(suite)
         assert job_id is not None
         beat = next((suite / "work_dirs" / ".agents" / job_id).glob("*/heartbeat.json"))
+        if killed == "agent-and-launcher":
+            launcher = sh(["pgrep", "-f", f"bash {beat.parent}/agent.sh"], check=False)
+            pids = [int(p) for p in launcher.stdout.split()]
+            assert pids, f"no launcher of {beat.parent} runs"
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
         os.kill(json.loads(beat.read_text())["pid"], signal.SIGKILL)  # the agent, not srun
         result = finish(proc, junit, started)
@@ -105,9 +115,11 @@ def test_a_lost_warm_worker_is_noticed_at_once_and_a_new_one_runs_the_rest(suite
         assert result.status_of(f"test_fault.py::{name}") == "passed", (name, result.out)
     assert "[CRASHED]" in result.out and "warm worker on" in result.out, result.out
     assert "was lost" in result.out, result.out
+    if killed == "agent-and-launcher":
+        assert "its srun step left the queue without an exit code" in result.out, result.out
     assert result.out.count("Starting a warm worker on") == 2, result.out
     assert result.returncode == 1
-    print(f"\n[drill] lost agent, warm: detected after "
+    print(f"\n[drill] lost {killed}, warm: detected after "
           f"{detection_seconds(suite, killed_at):.1f} s, run took {result.wall:.1f} s")
     _nothing_of_ours_left(suite, "warm")
     _next_run_passes(suite, "warm")

@@ -157,6 +157,10 @@ class Monitor:
                     job, JobStatus.TIMEOUT, f"ran longer than the monitor timeout ({limit} s)"
                 )
         if job.state.status.finished:
+            # the reports held back for the scheduler's word, then the rest of the file
+            # (the run loop drops those stamped after an end the scheduler saw)
+            records += job.held
+            job.held = []
             while True:  # everything that landed, to the end of the file
                 offset = job.reports_offset
                 records += self._read_records(job)

@@ -33,6 +33,10 @@ from pytest_trtllm_slurm.planning.jobspec import JobSpec
 
 CONTAINER_STOP_WAIT = 15.0  # seconds a cancelled wrapped step has to remove its container
 LAUNCHER_START = 30.0  # seconds a launcher may take to start srun (its srun.pid)
+# seconds after its step left the queue before a missing exit-code file sends us to sacct:
+# the launcher writes it the moment srun returns, unless it cannot (a full disk, a killed
+# launcher); then sacct's final state ends the batch instead of ``final_wait`` seconds later
+EXIT_CODE_GRACE = 2.0
 
 
 class AllocationSteps:
@@ -123,8 +127,10 @@ class AllocationSteps:
                     job.state = JobState(status=JobStatus.PENDING, reason="StepResources")
             else:  # step left the queue; the launcher writes the exit code any moment
                 job.left_at = job.left_at or now
-                if now - job.left_at > self.final_wait:
-                    ended.append((job, -1))
+                waited = now - job.left_at
+                if waited > self.final_wait or (
+                        waited > EXIT_CODE_GRACE and self.shared.jobs.accounting is not False):
+                    ended.append((job, -1))  # -1: no exit code; sacct may have the end
         if ended:
             self._finalize(ended)
 
@@ -165,9 +171,12 @@ class AllocationSteps:
                 job.state = final_state(job, row, exit_code=code if code >= 0 else None)
                 continue
             job.left_at = job.left_at or now
-            if job.step_id and client.accounting is not False and now - job.left_at < 10:
+            # accounting lags a little behind srun's exit; without an exit code, wait for
+            # either up to ``final_wait``
+            lag = self.final_wait if code < 0 else 10
+            if job.step_id and client.accounting is not False and now - job.left_at < lag:
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist)
-                continue  # accounting lags a little behind srun's exit
+                continue
             job.state = exit_code_state(job, code)
 
     # -- cancel -----------------------------------------------------------------------

@@ -45,7 +45,8 @@ class WarmBatches:
         pool = self.pools.get(alloc.job_id)
         if pool is None:
             pool = AgentPool(self.shared.shell, alloc, gres_style=opts.gres_style,
-                             gres_type=opts.gres_type, warn=self.shared.warn)
+                             gres_type=opts.gres_type, warn=self.shared.warn,
+                             list_steps=self.shared.jobs.squeue_steps)
             pool.expect(self.expected)
             self.pools[alloc.job_id] = pool
         handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self.shared.seq)}", spec=spec,

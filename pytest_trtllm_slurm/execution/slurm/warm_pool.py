@@ -43,6 +43,7 @@ from pytest_trtllm_slurm.execution.outcome import (
 )
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.jobs import StepRow
 from pytest_trtllm_slurm.execution.slurm.lifecycle import FollowsState, Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.execution.slurm.placement import (
@@ -65,6 +66,10 @@ from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
+# a heartbeat this old (they come every second) sends the pool to the scheduler: is the
+# agent's srun step still listed? A step gone while its exit-code file stays empty (a full
+# disk, a killed launcher) is a lost agent now, not HEARTBEAT_STALE seconds later
+HEARTBEAT_LATE = 5.0
 
 
 def serves_warm(spec: JobSpec) -> bool:
@@ -148,8 +153,10 @@ class AgentPool:
         gres_type: str | None = None,
         warn: Callable[[str], None] | None = None,
         placer: Placer | None = None,
+        list_steps: Callable[[str], dict[str, StepRow] | None] | None = None,
     ) -> None:
         self.shell = shell
+        self.list_steps = list_steps  # the scheduler's running steps of an allocation
         self.placer: Placer = placer or BestFit()
         self.alloc = alloc
         self.gres_style = gres_style
@@ -447,12 +454,44 @@ class AgentPool:
         if now < self._next_health:
             return
         self._next_health = now + CADENCE.agent_health
+        late = []
         for node in self.nodes:
             if not node.agent_dir:
                 continue
             beat = self._heartbeat(node)
-            if beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE:
+            age = time.time() - beat.get("time", 0) if beat is not None else None
+            if age is not None and age < HEARTBEAT_STALE:
                 node.healthy_at = now
+            if node.session and node.healthy_at is not None and (age is None
+                                                                 or age >= HEARTBEAT_LATE):
+                late.append(node)
+        if late:
+            self._check_agent_steps(late)
+
+    def _check_agent_steps(self, late: list[Node]) -> None:
+        """Nodes whose heartbeat is late: lose those whose agent step left the queue."""
+        if self.list_steps is None:
+            return
+        try:
+            steps = self.list_steps(self.alloc.job_id)
+        except ExecutionError:
+            return  # the scheduler did not answer: the heartbeat's own limit still holds
+        name = f"{self.alloc.job_name or 'trtllm'}.agent"
+        running = {row.nodelist for row in (steps or {}).values() if row.name == name}
+        for node in late:
+            if node.name not in running:
+                why = (f"the warm worker on {node.name} was lost (its srun step left the "
+                       f"queue without an exit code){self._agent_errors(node)}")
+                self._mark_agent_dead(node.agent_dir)
+                self._lose(node, why)
+
+    def _mark_agent_dead(self, d: str) -> None:
+        """What the dead launcher did not write: the exit code (-1: none came; this run's
+        next batch, and every other run, then starts a new agent instead of trusting the
+        last heartbeat). On a full disk only the heartbeat's removal may succeed."""
+        self._remove(f"{d}/heartbeat.json")
+        with contextlib.suppress(ExecutionError, OSError):
+            self.shell.write_file(f"{d}/exit_code", "-1\n")
 
     def _dead(self, node: Node) -> str | None:
         """Why the node's agent cannot serve (None: it can). A lost agent or session
