@@ -60,7 +60,7 @@ from bench_common import (
     summary,
     timed,
 )
-from bench_controller import make_suite
+from bench_controller import PER_MODULE, make_suite
 
 RESULTS_DIR = BENCH_DIR / "results"
 STEPS = ("collect", "location", "plan", "pack", "submit", "replay", "reporting", "runtestloop",
@@ -72,8 +72,10 @@ PROBE_KEYS = {"collect": "collect", "location": "location", "plan": "planning",
 DISPATCH = ["--trtllm-dispatch=all"]
 
 
-def run_way(suite: Path, count: int, way: str, partition: str | None) -> dict[str, Any]:
-    """One pytest process of ``way`` in ``suite``: wall, steps, peak memory."""
+def run_way(suite: Path, count: int, way: str, partition: str | None,
+            select: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One pytest process of ``way`` in ``suite`` (``select``: its arguments, default the
+    whole suite): wall, steps, peak memory."""
     probe_out = suite / "probe.json"
     probe_out.unlink(missing_ok=True)
     extra = {"BENCH_PROBE_OUT": str(probe_out), "BENCH_PROBE_WORKER": "1"}
@@ -85,6 +87,7 @@ def run_way(suite: Path, count: int, way: str, partition: str | None) -> dict[st
         args += ["--trtllm-remote", *DISPATCH, "--trtllm-scenario=local_direct"]
     elif way == "slurm_warm":
         args += ["--trtllm-remote", *DISPATCH, f"--slurm-partition={partition}"]
+    args += list(select)
     seconds, proc = timed(args, suite, bench_env(**extra), timeout=3600)
     check_passed(proc, count, f"items {way}")
     probe = json.loads(probe_out.read_text())
@@ -111,9 +114,9 @@ def measure(size: int, reps: int, ways: list[str], partition: str | None) -> dic
         suite = Path(tmp)
         count = make_suite(suite, size)
         if "slurm_warm" in ways:  # warm the allocation and its workers (not measured)
+            # the same rootdir (the allocation is the rootdir's), one module of the suite
             log(f"items {count}: warming the persistent allocation on {partition}")
-            warm = make_suite(suite / "warmup", 250)
-            run_way(suite / "warmup", warm, "slurm_warm", partition)
+            run_way(suite, PER_MODULE, "slurm_warm", partition, select=("test_mod000.py",))
         runs: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
         try:
             for rep in range(reps):
@@ -127,7 +130,6 @@ def measure(size: int, reps: int, ways: list[str], partition: str | None) -> dic
                         f"{result['worker_maxrss_mib'] or 0:.0f} MiB")
         finally:
             if "slurm_warm" in ways:
-                release_allocation(suite / "warmup")
                 release_allocation(suite)
     out: dict[str, Any] = {"items": count, "reps": reps, "ways": {}}
     for way, results in runs.items():
@@ -145,25 +147,30 @@ def med(result: dict[str, Any], way: str, step: str) -> float | None:
     return stat["median"] if stat else None
 
 
-def ratios(result: dict[str, Any]) -> dict[str, float | None]:
-    """The targets: replay against plain's reporting, memory against plain."""
+RATIOS = ("replay/plain reporting", "replay/plain loop", "ctl MiB/plain", "worker MiB/plain",
+          "wall/plain")
+
+
+def ratios(result: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """The targets, per dispatched way: its replay against plain's reporting (and plain's
+    whole loop), its controller's and worker's peak memory and its wall time against plain."""
     ways = result["ways"]
 
     def div(a: float | None, b: float | None) -> float | None:
         return a / b if a and b else None
 
     plain_rss = ways["plain"]["maxrss_mib"]["median"]
-    out = {"replay_to_plain_reporting": div(med(result, "replay", "replay"),
-                                            med(result, "plain", "reporting")),
-           "replay_to_plain_runtestloop": div(med(result, "replay", "replay"),
-                                              med(result, "plain", "runtestloop"))}
+    out = {}
     for way in ways:
         if way == "plain":
             continue
-        out[f"{way}_wall_to_plain"] = div(med(result, way, "wall"), med(result, "plain", "wall"))
-        out[f"{way}_rss_to_plain"] = div(ways[way]["maxrss_mib"]["median"], plain_rss)
-        worker = ways[way]["worker_maxrss_mib"]["median"]
-        out[f"{way}_worker_rss_to_plain"] = div(worker, plain_rss)
+        replay = med(result, way, "replay")
+        out[way] = dict(zip(RATIOS, (
+            div(replay, med(result, "plain", "reporting")),
+            div(replay, med(result, "plain", "runtestloop")),
+            div(ways[way]["maxrss_mib"]["median"], plain_rss),
+            div(ways[way]["worker_maxrss_mib"]["median"], plain_rss),
+            div(med(result, way, "wall"), med(result, "plain", "wall"))), strict=True))
     return out
 
 
@@ -182,11 +189,12 @@ def table(results: list[dict[str, Any]]) -> str:
             lines.append(f"| {n} | {way} | " + " | ".join(cells)
                          + f" | {data['maxrss_mib']['median']:.0f} | "
                          + ("-" if worker is None else f"{worker:.0f}") + " |")
-    lines += ["", "| items | " + " | ".join(results[0]["ratios"]) + " |",
-              "|---|" + "---|" * len(results[0]["ratios"])]
+    lines += ["", "| items | way | " + " | ".join(RATIOS) + " |",
+              "|---|---|" + "---|" * len(RATIOS)]
     for result in results:
-        lines.append(f"| {result['items']} | " + " | ".join(
-            "-" if v is None else f"{v:.2f}" for v in result["ratios"].values()) + " |")
+        for way, values in result["ratios"].items():
+            lines.append(f"| {result['items']} | {way} | " + " | ".join(
+                "-" if v is None else f"{v:.2f}" for v in values.values()) + " |")
     lines += ["", "Growth of the per-item cost (µs per item at this size / at the smallest):",
               "", "| items | way | " + " | ".join(STEPS) + " |",
               "|---|---|" + "---|" * len(STEPS)]
