@@ -5,6 +5,16 @@ counts and times what the plugin does and writes it to ``$BENCH_PROBE_OUT`` (JSO
 - the batches it made (sizes, expected seconds);
 - seconds spent in planning (``plan_items``), packing (``make_batches``) and the dispatch
   loop (``DispatchLoop.run``), and the process's peak RSS (``ru_maxrss``);
+- the steps of any run (plain or dispatched), for bench_items.py: ``collect``
+  (``pytest_collection``), ``location`` (every item's ``location``, made once after
+  collection in every way alike), ``runtestloop``, ``summary`` (``pytest_terminal_summary``),
+  ``reporting`` (the time inside ``pytest_runtest_logstart/logreport/logfinish``: pytest's
+  own reporting of the items, whoever calls those hooks), ``submit`` (the dispatch loop's
+  ``_submit``: specs, node id files, the executor's submit) and ``pump`` (the loop reading
+  and replaying records); ``maxrss_children_mib`` is the largest waited-for child (the
+  local_direct worker);
+- in a worker (``--trtllm-worker-reports``) with ``BENCH_PROBE_WORKER=1``: its own peak RSS,
+  written next to its reports.jsonl (``reports.jsonl.maxrss``);
 - with ``BENCH_FAKE_EXECUTOR=1``: local_direct batches are "run" by an executor that
   writes a pre-built reports.jsonl at once (synthetic reports), so ``DispatchLoop.run``
   measures replaying them (submission time excluded).
@@ -24,25 +34,83 @@ from typing import Any
 
 import pytest
 
-STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_seconds": 0.0}
+STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_seconds": 0.0,
+                         "submit_cpu": 0.0}
+
+
+def _add(name: str, wall: float, cpu: float) -> None:
+    """Wall seconds under ``name``, this process's CPU seconds under ``name_cpu`` (what a
+    step costs the controller whatever else the shared machine runs)."""
+    timings = STATE["timings"]
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - wall
+    timings[name + "_cpu"] = timings.get(name + "_cpu", 0.0) + time.process_time() - cpu
 
 
 def _timed(name: str, func: Any) -> Any:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         try:
             return func(*args, **kwargs)
         finally:
-            STATE["timings"][name] = STATE["timings"].get(name, 0.0) + (
-                time.perf_counter() - start)
+            _add(name, wall, cpu)
     return wrapper
 
 
+class _Clock:
+    """Hook wrappers that add the time spent inside a hook to ``STATE["timings"]``."""
+
+    def _spent(self, name: str) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            return (yield)
+        finally:
+            _add(name, wall, cpu)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> Any:
+        return (yield from self._spent("collect"))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Every item's ``location`` (a cached property pytest computes from the test's
+        source: ~0.1 ms an item) made here, in every way alike, so that neither the plain
+        run's loop nor the replay hides it (both need it: logstart's ``location``)."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        for item in session.items:
+            item.location  # noqa: B018 - the cached property is the point
+        _add("location", wall, cpu)
+        STATE["items"] = {item.nodeid: item for item in session.items}
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        return (yield from self._spent("runtestloop"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> Any:
+        return (yield from self._spent("summary"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> Any:
+        return (yield from self._spent("reporting"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: Any) -> Any:
+        return (yield from self._spent("reporting"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> Any:
+        return (yield from self._spent("reporting"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("trtllm_worker_reports", default=None) or not os.environ.get(
-            "BENCH_PROBE_OUT"):
+    worker_reports = config.getoption("trtllm_worker_reports", default=None)
+    if worker_reports and os.environ.get("BENCH_PROBE_WORKER") == "1":
+        STATE["worker_reports"] = worker_reports
+        return
+    if worker_reports or not os.environ.get("BENCH_PROBE_OUT"):
         return  # only the controller of a benchmark run
+    config.pluginmanager.register(_Clock(), "bench_probe_clock")
     import pytest_trtllm_slurm.controller.batch_plan as batch_plan
     import pytest_trtllm_slurm.controller.item_plans as planning
     import pytest_trtllm_slurm.controller.run_loop as dispatch
@@ -59,15 +127,17 @@ def pytest_configure(config: pytest.Config) -> None:
     make_batches = batch_plan.make_batches  # the packer, as the run (and the plan) call it
 
     def recording_make_batches(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         batches = make_batches(*args, **kwargs)
-        STATE["timings"]["packing"] = time.perf_counter() - start
+        _add("packing", wall, cpu)
         STATE["batches"] = [{"label": b.label, "tests": len(b.nodeids),
                              "expected_seconds": b.expected_seconds} for b in batches]
         return batches
 
     batch_plan.make_batches = recording_make_batches  # type: ignore[assignment]
     dispatch.DispatchLoop.run = _timed("dispatch_loop", dispatch.DispatchLoop.run)  # type: ignore[method-assign]
+    dispatch.DispatchLoop._submit = _timed("submit", dispatch.DispatchLoop._submit)  # type: ignore[method-assign]
+    dispatch.DispatchLoop._pump = _timed("pump", dispatch.DispatchLoop._pump)  # type: ignore[method-assign]
     if os.environ.get("BENCH_FAKE_EXECUTOR") == "1":
         import pytest_trtllm_slurm.controller.session as context
 
@@ -81,6 +151,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if STATE.get("worker_reports"):
+        Path(str(STATE["worker_reports"]) + ".maxrss").write_text(
+            str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+        return
     out = os.environ.get("BENCH_PROBE_OUT")
     if not out or config.getoption("trtllm_worker_reports", default=None):
         return
@@ -91,18 +165,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     timings = dict(STATE["timings"])
     if "dispatch_loop" in timings:
         timings["replay"] = timings["dispatch_loop"] - STATE["submit_seconds"]
+    if "submit" in timings:  # the plugin's part: the instant executor's writing excluded
+        timings["submit"] -= STATE["submit_seconds"]
+        timings["submit_cpu"] -= STATE["submit_cpu"]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     Path(out).write_text(json.dumps({
         "scheduler_commands": counts,
         "scheduler_commands_total": sum(counts.values()),
         "batches": STATE["batches"],
         "timings": timings,
-        "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "maxrss_mib": usage.ru_maxrss / 1024,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "maxrss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }, indent=2))
 
 
 class InstantExecutor:
     """local_direct stand-in: a batch "ran" the moment it is submitted; its reports.jsonl
-    holds a passed setup/call/teardown per test, serialized like the worker does."""
+    holds a passed setup/call/teardown per test, serialized like the worker does (the
+    item's location and keywords, as the worker's item has them)."""
 
     def __init__(self, config: pytest.Config) -> None:
         from pytest_trtllm_slurm.transport.shell import LocalShell
@@ -114,27 +195,38 @@ class InstantExecutor:
     def submit(self, spec: Any) -> Any:
         from pytest_trtllm_slurm.execution.protocol import JobHandle
 
-        start = time.perf_counter()
-        lines = []
+        start, cpu = time.perf_counter(), time.process_time()
         template: dict[str, dict[str, Any]] = {}
-        for nodeid in spec.nodeids:
-            location = [nodeid.split("::", 1)[0], 1, nodeid.split("::")[-1]]
-            lines.append(json.dumps({"type": "start", "nodeid": nodeid, "location": location}))
-            for when in ("setup", "call", "teardown"):
-                if when not in template:
-                    report = pytest.TestReport(nodeid=nodeid, location=tuple(location),  # type: ignore[arg-type]
-                                               keywords={}, outcome="passed", longrepr=None,
-                                               when=when, duration=0.001)  # type: ignore[arg-type]
-                    template[when] = self.config.hook.pytest_report_to_serializable(
-                        config=self.config, report=report)
-                data = {**template[when], "nodeid": nodeid, "location": location}
-                lines.append(json.dumps({"type": "report", "data": data}))
-            lines.append(json.dumps({"type": "finish", "nodeid": nodeid}))
-        lines.append(json.dumps({"type": "session_finish", "exitstatus": 0}))
-        Path(spec.reports_path).write_text("\n".join(lines) + "\n")
+        lines = 0
+        # written line by line: the benchmark's own copy of 100,000 tests' reports must not
+        # count in the controller's peak memory
+        with open(spec.reports_path, "w") as out:
+            items = STATE.get("items", {})
+            for nodeid in spec.nodeids:
+                item = items.get(nodeid)  # its location and keywords, as a worker writes them
+                location = list(item.location) if item else [nodeid.split("::", 1)[0], 1,
+                                                              nodeid.split("::")[-1]]
+                keywords = {k: 1 for k in item.keywords} if item else {}
+                out.write(json.dumps({"type": "start", "nodeid": nodeid,
+                                      "location": location}) + "\n")
+                for when in ("setup", "call", "teardown"):
+                    if when not in template:
+                        report = pytest.TestReport(nodeid=nodeid, location=tuple(location),  # type: ignore[arg-type]
+                                                   keywords={}, outcome="passed", longrepr=None,
+                                                   when=when, duration=0.001)  # type: ignore[arg-type]
+                        template[when] = self.config.hook.pytest_report_to_serializable(
+                            config=self.config, report=report)
+                    data = {**template[when], "nodeid": nodeid, "location": location,
+                            "keywords": keywords}
+                    out.write(json.dumps({"type": "report", "data": data}) + "\n")
+                out.write(json.dumps({"type": "finish", "nodeid": nodeid}) + "\n")
+                lines += 5
+            out.write(json.dumps({"type": "session_finish", "exitstatus": 0}) + "\n")
+            lines += 1
         Path(spec.log_path).write_text("")
         STATE["submit_seconds"] += time.perf_counter() - start
-        return JobHandle(job_id=f"instant-{len(lines)}-{time.time_ns()}", spec=spec,
+        STATE["submit_cpu"] += time.process_time() - cpu
+        return JobHandle(job_id=f"instant-{lines}-{time.time_ns()}", spec=spec,
                          submitted_at=time.time(), nodelist="localhost")
 
     def poll(self, handles: list[Any]) -> dict[str, Any]:

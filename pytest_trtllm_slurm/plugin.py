@@ -164,6 +164,9 @@ def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list |
     work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
     loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root,
                         builds=build_targets(ctx, keys))
+    # the loop needs the plans only: each item's requirement and route decision (two
+    # models an item) are not held through the run
+    del planned, keys
     try:
         loop.run()
     except KeyboardInterrupt:

@@ -26,7 +26,7 @@ from pytest_trtllm_slurm.planning.resolve import normalize_device_type, resolve_
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
 
 
-@dataclass
+@dataclass(slots=True)
 class ItemPlan:
     """Where one item goes (planning's answer, read by the loop)."""
 
@@ -61,7 +61,7 @@ class PlanningContext:
         return None
 
 
-@dataclass
+@dataclass(slots=True)
 class PlannedItem:
     item: pytest.Item
     requirement: DeviceRequirement
@@ -207,4 +207,13 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
 
 
 def plan_items(items: list[pytest.Item], ctx: PlanningContext) -> list[PlannedItem]:
-    return [plan_item(item, ctx) for item in items]
+    """Every item's plan; the items of one batch key share one key object (a run of
+    100,000 tests holds a handful of keys, not 100,000 equal copies)."""
+    keys: dict[BatchKey, BatchKey] = {}
+    planned = []
+    for item in items:
+        one = plan_item(item, ctx)
+        if one.plan.key is not None:
+            one.plan.key = keys.setdefault(one.plan.key, one.plan.key)
+        planned.append(one)
+    return planned

@@ -11,6 +11,7 @@ later records for it are ignored: each test ends with exactly one outcome.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -56,20 +57,17 @@ class JobContext:
 
 
 class RerunLines(Mapping[str, str]):
-    """nodeid -> the command that re-runs it, each made (and kept) when first asked for:
-    a batch of many tests shows only the lines its reports carry."""
+    """nodeid -> the command that re-runs it, made when asked for (a report's section
+    carries it; not kept here as well: 100,000 tests' lines are tens of MiB)."""
 
     def __init__(self, nodeids: Collection[str], command: Callable[[str], str]) -> None:
         self._nodeids = nodeids
         self._command = command
-        self._made: dict[str, str] = {}
 
     def __getitem__(self, nodeid: str) -> str:
         if nodeid not in self._nodeids:
             raise KeyError(nodeid)
-        if nodeid not in self._made:
-            self._made[nodeid] = self._command(nodeid)
-        return self._made[nodeid]
+        return self._command(nodeid)
 
     def __contains__(self, nodeid: object) -> bool:
         return nodeid in self._nodeids
@@ -81,7 +79,7 @@ class RerunLines(Mapping[str, str]):
         return len(self._nodeids)
 
 
-@dataclass
+@dataclass(slots=True)
 class TestProgress:
     started: bool = False  # an attempt was ever started
     attempt_open: bool = False  # logstart seen, logfinish not yet
@@ -99,6 +97,14 @@ class Replayer:
         self.progress: dict[str, TestProgress] = {nodeid: TestProgress() for nodeid in items}
         self._suite_properties: dict[tuple[str, str], int] = {}  # added to the junit xml
         self._suite_seen: dict[tuple[str, tuple[str, str]], int] = {}  # (job, property) -> n
+        self._xml: Any = _UNSET  # the session's junit writer, looked up once
+
+    @property
+    def xml(self) -> Any:
+        """``--junitxml``'s writer or None (set at configure: one look-up per session)."""
+        if self._xml is _UNSET:
+            self._xml = _junit_xml(self.config)
+        return self._xml
 
     # -- state -----------------------------------------------------------
     def track(self, item: pytest.Item) -> None:
@@ -115,7 +121,7 @@ class Replayer:
         for nodeid in nodeids:
             prog = self.progress[nodeid]
             if prog.started and not prog.attempt_open and not prog.rerun:
-                prog.finished = True
+                _finished(prog)
 
     def running_test(self, nodeids: list[str]) -> str | None:
         """The test of ``nodeids`` that started but did not finish (where a job died)."""
@@ -144,16 +150,18 @@ class Replayer:
         prog = self.progress.get(report.nodeid)
         if prog is None or prog.finished or not prog.attempt_open:
             return
+        item = self.items[report.nodeid]
+        _share_strings(report, item)
         if report.when == "call" or report.failed:
             report.sections.append((SECTION, ctx.section_text(report.nodeid)))
         _count_failed_subtest(self.config, report)
-        self._log(self.items[report.nodeid], report, ctx)
+        self._log(item, report, ctx)
 
     def _log(self, item: pytest.Item, report: pytest.TestReport, ctx: JobContext | None) -> None:
         prog = self.progress[item.nodeid]
         prog.phases.append((report.when, report.outcome))
         prog.rerun = prog.rerun or report.outcome == "rerun"
-        xml = _junit_xml(self.config)
+        xml = self.xml
         if xml is not None and report.when == "teardown" and ctx is not None and ctx.job_id != "-":
             # before the teardown report, which closes the junit testcase
             reporter = xml.node_reporter(report)
@@ -174,7 +182,7 @@ class Replayer:
         if prog is None or prog.finished or not prog.started:
             return
         self.finish(nodeid)
-        prog.finished = True
+        _finished(prog)
 
     def warning(self, record: WarningRecord) -> None:
         category = warning_category(record.category)
@@ -195,14 +203,14 @@ class Replayer:
 
     def xml_attribute(self, nodeid: str, name: str, value: str) -> None:
         """``record_xml_attribute`` on the target: this test's junit testcase gets it."""
-        xml = _junit_xml(self.config)
+        xml = self.xml
         if xml is not None and not self.progress[nodeid].finished:
             xml.node_reporter(nodeid).add_attribute(name, value)
 
     def suite_property(self, job_id: str, name: str, value: str) -> None:
         """A suite property as often as the batch that recorded it most often did: a
         session fixture runs once per batch, once in a plain run."""
-        xml = _junit_xml(self.config)
+        xml = self.xml
         if xml is None:
             return
         key = (job_id, (name, value))
@@ -273,6 +281,31 @@ class Replayer:
             user_properties=list(item.user_properties),
         )
         self._log(item, report, ctx)
+
+
+def _finished(prog: TestProgress) -> None:
+    """The test has its one outcome: what its attempt reported is no longer needed."""
+    prog.finished = True
+    prog.phases.clear()
+
+
+def _share_strings(report: pytest.TestReport, item: pytest.Item) -> None:
+    """A replayed report holds the same string objects a report made here would: the
+    item's node id and location, and one copy of each keyword, phase and outcome name
+    (JSON decoding makes new strings for every line, ~1 KB an item, which the terminal's
+    statistics keep for the whole session). Values are unchanged; a location that is not
+    the item's (the target's code differs) is kept as the target wrote it."""
+    report.nodeid = item.nodeid
+    if tuple(report.location) == item.location:
+        report.location = item.location
+    report.when = sys.intern(report.when)  # type: ignore[assignment]
+    report.outcome = sys.intern(report.outcome)  # type: ignore[assignment]
+    if isinstance(report.keywords, dict):
+        report.keywords = {sys.intern(k) if type(k) is str else k: v
+                           for k, v in report.keywords.items()}
+
+
+_UNSET = object()
 
 
 def _junit_xml(config: pytest.Config) -> Any:

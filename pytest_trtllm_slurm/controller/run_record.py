@@ -22,7 +22,7 @@ from pytest_trtllm_slurm.planning.packing import Pool
 PLUGIN_NAME = "trtllm-slurm-run-record"
 
 
-@dataclass
+@dataclass(slots=True)
 class TestSpan:
     """One dispatched test as its batch ran it (worker clock)."""
 
