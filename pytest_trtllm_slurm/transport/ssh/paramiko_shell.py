@@ -1,6 +1,8 @@
 """SSHShell: the Shell protocol over one paramiko connection (remote_slurm's transport).
 
-One Transport per run, one channel per command, one SFTP session for files. A dropped
+One Transport per run, one SFTP session for files, and one relay channel (``node/relay.py``,
+started once per connection) that runs the commands and pushes the growth of watched
+files; without python3 on the login node, one channel per command as before. A dropped
 connection is re-established with backoff on the next call (an MFA login asks the
 code provider again); a command cut by the drop is re-run only when the caller says
 it may be (``retry_on_drop``; sbatch must not be).
@@ -30,6 +32,7 @@ from pytest_trtllm_slurm.transport.ssh.connect import (
     SSHConnectionLost,
     connect,
 )
+from pytest_trtllm_slurm.transport.ssh.relay_client import RelayChannel, RelayLost, started_in
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DROP_ERRORS = (EOFError, OSError, paramiko.SSHException)
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
+RELAY_STARTS = 5  # relays one run starts at most (a login node that keeps killing them)
 
 __all__ = ["SSHShell", "SSHTarget", "SSHConnectionLost", "SSHConnectError", "remote_command"]
 
@@ -49,7 +53,8 @@ class SSHShell:
     """Run commands and read/write files on an SSH host (see the module docstring)."""
 
     def __init__(self, target: SSHTarget, *, otp_provider: OtpProvider = default_otp_provider,
-                 backoff: Sequence[float] = BACKOFF) -> None:
+                 backoff: Sequence[float] = BACKOFF, relay: bool = True,
+                 relay_python: str = "python3") -> None:
         self.target = target
         self.name = target.alias
         self.reconnects = 0
@@ -59,6 +64,13 @@ class SSHShell:
         self._sftp_lock = threading.Lock()  # one SFTP request at a time
         self._conn: Connection | None = None
         self._ever_connected = False
+        # the relay: commands and pushed file growth on one channel (see relay_client)
+        self.use_relay = relay
+        self.relay_python = relay_python
+        self.relay_starts = 0
+        self._relay: RelayChannel | None = None
+        self._relay_conn: Connection | None = None  # the connection the relay was tried on
+        self._relay_lock = threading.Lock()
         # told while a dropped connection is re-established (the run shows it: a frozen
         # run is worse than a line); None: the log only
         self.notify: Callable[[str], None] | None = None
@@ -80,6 +92,10 @@ class SSHShell:
         self._connection()
 
     def close(self) -> None:
+        with self._relay_lock:
+            if self._relay is not None:
+                self._relay.close()
+            self._relay = self._relay_conn = None
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -100,8 +116,9 @@ class SSHShell:
             if not self._ever_connected:  # the first login fails fast: it is usually config
                 self._conn = connect(self.target, self._otp_provider)
                 self._ever_connected = True
-                return self._conn
-            self._conn = self._reconnect()
+            else:
+                self._conn = self._reconnect()
+            self._start_relay_soon(self._conn)
             return self._conn
 
     def _reconnect(self) -> Connection:
@@ -139,16 +156,116 @@ class SSHShell:
                 self._conn = None
         log.warning("ssh: connection to %s dropped", self.target.display)
 
+    # -- the relay ----------------------------------------------------------------
+    def _start_relay_soon(self, conn: Connection) -> None:
+        """Start the relay beside the first commands (they take channels meanwhile)."""
+        if self.use_relay:
+            threading.Thread(target=self._relay_on, args=(conn,), name="ssh-relay-start",
+                             daemon=True).start()
+
+    def _relay_on(self, conn: Connection, *, wait: bool = True) -> RelayChannel | None:
+        """The live relay of ``conn``, started on first use (again after it died, up to
+        RELAY_STARTS a run); None: commands take a channel each. ``wait=False``: None
+        while a start is under way (a command does not wait for it)."""
+        if not self._relay_lock.acquire(blocking=wait):
+            return None
+        try:
+            old = self._relay
+            if old is not None and self._relay_conn is conn and old.alive:
+                return old
+            if not self.use_relay or self.relay_starts >= RELAY_STARTS:
+                return None
+            if old is None and self._relay_conn is conn:
+                return None  # it did not come up on this connection
+            self.relay_starts += 1
+            since = time.monotonic()
+            relay = RelayChannel.start(conn.transport, self.relay_python)
+            log.debug("ssh: relay on %s %s", self.target.display, started_in(relay, since))
+            if old is not None:
+                old.close()
+                if relay is not None:  # the files the old one watched, from what is unread
+                    try:
+                        for path, offset, wake in old.watches():
+                            relay.watch(path, offset, wake=wake)
+                    except RelayLost:
+                        pass  # dead too: its pushed() says None, the reader reads files
+            self._relay, self._relay_conn = relay, conn
+            return relay
+        finally:
+            self._relay_lock.release()
+
+    def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
+        """Have the relay push what ``path`` gets past ``offset`` (read it with ``pushed``);
+        ``wake``: a push ends ``wait_news``. Without a relay, nothing (reads go to SFTP)."""
+        relay = self._relay_on(self._connection())
+        if relay is not None:
+            try:
+                relay.watch(path, offset, wake=wake)
+            except RelayLost:
+                pass  # pushed() says None: the reader reads the file
+
+    def unwatch(self, path: str) -> None:
+        relay = self._relay
+        if relay is not None:
+            try:
+                relay.unwatch(path)
+            except RelayLost:
+                pass
+
+    def pushed(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
+        """Pushed bytes of a watched ``path`` from ``offset`` (b"": nothing new); None when
+        the pushes do not cover it (no relay, it died, a gap): read the file instead."""
+        relay = self._relay
+        return relay.pushed(path, offset, limit) if relay is not None else None
+
+    def wait_news(self, timeout: float) -> None:
+        """Sleep ``timeout`` seconds, or less when the relay pushes a watched file's growth."""
+        relay = self._relay
+        if relay is not None and relay.alive:
+            relay.wait_news(timeout)
+        else:
+            time.sleep(timeout)
+
     # -- commands -----------------------------------------------------------------
     def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None,
             retry_on_drop: bool = True) -> CommandResult:
         """Run argv remotely. ``retry_on_drop=False`` for commands that must not run twice
         (submissions): a drop mid-command then raises SSHConnectionLost instead."""
-        command = remote_command(argv, env=env, cwd=cwd)
+        command = remote_command(argv, env=env, cwd=cwd)  # also checks the env names
+        if self.use_relay:
+            result = self._run_relayed(argv, timeout, input, env, cwd, retry_on_drop)
+            if result is not None:
+                return result
         data = input.encode() if input is not None else None
         return self._exec(argv, command, timeout, retry_on_drop,
                           (lambda fh: fh.write(data)) if data is not None else None)
+
+    def _run_relayed(self, argv: list[str], timeout: float | None, input: str | None,
+                     env: dict[str, str] | None, cwd: str | None,
+                     retry_on_drop: bool) -> CommandResult | None:
+        """``argv`` through the relay; None: no relay, or it ended under a command that may
+        run again (the caller then runs it on a channel of its own)."""
+        conn = self._connection()
+        relay = self._relay_on(conn, wait=False)
+        if relay is None:
+            return None
+        with timed_command(f"ssh {self.name}", argv) as outcome:
+            try:
+                outcome.append(relay.run(argv, timeout=timeout, input=input, env=env, cwd=cwd))
+            except RelayLost:
+                if not conn.active:
+                    self._dropped(conn)
+                if not retry_on_drop:
+                    raise SSHConnectionLost(
+                        f"the SSH connection to {self.target.display} dropped while "
+                        f"`{shlex.join(argv)}` was running; it was not run again (it may "
+                        "have taken effect). The connection is re-established on the next "
+                        "call") from None
+                log.warning("ssh: re-running `%s` after the relay's channel ended",
+                            shlex.join(argv))
+                return None
+        return outcome[0]
 
     def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                          timeout: float | None = 600, cwd: str | None = None) -> CommandResult:

@@ -16,4 +16,4 @@ def shell_for_cluster(cluster: ClusterConfig, *, ssh_config_path: str | None = N
     target = SSHTarget.from_cluster(cluster, ssh_config_path=ssh_config_path)
     if cluster.transport == "openssh":
         return OpenSSHShell(target)
-    return SSHShell(target, otp_provider=otp_provider)
+    return SSHShell(target, otp_provider=otp_provider, relay_python=cluster.python)

@@ -1,0 +1,154 @@
+"""The login node's end of the wire: one process per run, started over SSH, that runs
+the controller's commands and pushes the growth of the files it watches.
+
+Why: every command over SSH on its own channel is a new sshd session (PAM, the login
+shell), a fifth of a second or more each, and a file the controller polls costs a round
+trip per look. This relay is started once per run on one channel and kept: commands
+ride it as JSON lines, and the bytes appended to watched files (reports.jsonl, job logs)
+are sent as soon as they are seen, without being asked for.
+
+Stdlib only, one file, Python 3.6+ (a login node's system python3; hence type comments,
+not annotations): the controller sends this file's text as ``python3 -c`` (nothing needs
+to be installed on the login node). It ends when its stdin closes (the channel or the
+connection is gone).
+
+Lines in (one JSON object each):
+    {"op": "run", "id": N, "argv": [...], "env": {...}|null, "cwd": str|null,
+     "input": str|null, "timeout": float|null}
+    {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
+    {"op": "unwatch", "path": str}
+Lines out:
+    {"ready": VERSION}                                once, first
+    {"id": N, "rc": int, "out": str, "err": str, "timed_out": bool}
+    {"push": path, "offset": int, "data": base64}    bytes of path from offset
+"""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import IO, Any, Dict, Optional  # noqa: F401, UP035 - used by type comments
+
+VERSION = 1
+WATCH_INTERVAL = 0.02  # seconds between two looks at the watched files (local stat calls)
+PUSH_LIMIT = 1 << 20  # bytes per push line
+
+
+class Relay:
+    """Reads requests from ``stdin``, answers and pushes on ``stdout`` (one writer lock)."""
+
+    def __init__(self, stdin, stdout):
+        # type: (IO[bytes], IO[bytes]) -> None
+        self._in = stdin
+        self._out = stdout
+        self._out_lock = threading.Lock()
+        self._watched = {}  # type: dict[str, int]
+        self._watch_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def send(self, message):
+        # type: (Dict[str, Any]) -> None
+        line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        with self._out_lock:
+            try:
+                self._out.write(line)
+                self._out.flush()
+            except (OSError, ValueError):  # the channel is gone: nothing to tell anyone
+                self._stop.set()
+
+    def serve(self):
+        # type: () -> None
+        self.send({"ready": VERSION})
+        watcher = threading.Thread(target=self._watch_loop, daemon=True)
+        watcher.start()
+        for raw in self._in:
+            try:
+                request = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(request, dict):
+                continue
+            op = request.get("op")
+            if op == "run":
+                threading.Thread(target=self._run, args=(request,), daemon=True).start()
+            elif op == "watch":
+                with self._watch_lock:
+                    self._watched[str(request["path"])] = int(request.get("offset") or 0)
+            elif op == "unwatch":
+                with self._watch_lock:
+                    self._watched.pop(str(request["path"]), None)
+        self._stop.set()
+
+    def _run(self, request):
+        # type: (Dict[str, Any]) -> None
+        argv = [str(a) for a in request["argv"]]
+        env = None  # type: Optional[Dict[str, str]]
+        if request.get("env"):
+            env = dict(os.environ)
+            env.update({str(k): str(v) for k, v in request["env"].items()})
+        data = request.get("input")
+        answer = {"id": request["id"], "rc": 0, "out": "", "err": "",
+                  "timed_out": False}  # type: Dict[str, Any]
+        cwd = request.get("cwd") or None
+        if cwd and not os.path.isdir(cwd):  # what ``cd DIR && ...`` says over a login shell
+            answer.update(rc=1, err=f"cd: {cwd}: No such file or directory")
+            self.send(answer)
+            return
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=env,
+                stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:  # as a login shell says it: not found 127, not runnable 126
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            answer.update(rc=code, err=f"{argv[0]}: {exc.strerror or exc}")
+            self.send(answer)
+            return
+        try:
+            out, err = proc.communicate(
+                data.encode() if data is not None else None, timeout=request.get("timeout"))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            answer["timed_out"], answer["rc"] = True, 124
+        else:
+            answer["rc"] = proc.returncode
+        answer["out"] = out.decode("utf-8", "replace")
+        answer["err"] = err.decode("utf-8", "replace")
+        self.send(answer)
+
+    def _watch_loop(self):
+        # type: () -> None
+        while not self._stop.wait(WATCH_INTERVAL):
+            with self._watch_lock:
+                watched = list(self._watched.items())
+            for path, offset in watched:
+                self._push(path, offset)
+
+    def _push(self, path, offset):
+        # type: (str, int) -> None
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(PUSH_LIMIT)
+        except OSError:
+            return  # not there yet
+        if not data:
+            return
+        with self._watch_lock:
+            if self._watched.get(path) != offset:
+                return  # unwatched (or moved) meanwhile
+            self._watched[path] = offset + len(data)
+        self.send({"push": path, "offset": offset,
+                   "data": base64.b64encode(data).decode("ascii")})
+
+
+def main():
+    # type: () -> None
+    Relay(sys.stdin.buffer, sys.stdout.buffer).serve()
+
+
+if __name__ == "__main__":
+    main()

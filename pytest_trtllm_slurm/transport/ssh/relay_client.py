@@ -1,0 +1,268 @@
+"""The controller's end of the login-node relay (``node/relay.py``): one channel per run.
+
+Why: a command on its own SSH channel is a new sshd session (PAM, the login shell), a
+fifth of a second or more each; through the relay it is one JSON line each way. The
+relay also pushes what is appended to the files the monitor watches, so the monitor
+learns of a report without a round trip and wakes as soon as one lands.
+
+What it guarantees: the pushed bytes are kept by their absolute offset in the file, so a
+reader that asks for an offset the pushes do not cover (the relay died, the reader read
+ahead through SFTP) is told ``None`` and reads the file itself: nothing is lost or read
+twice, whatever the channel does. Commands' input, output and environment never touch
+the disk (they ride the channel only).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from pytest_trtllm_slurm.node import relay as relay_source
+from pytest_trtllm_slurm.transport.shell import CommandResult
+from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 20.0  # seconds for the relay to say it is up (a cold python3 on a busy login node)
+ANSWER_GRACE = 30.0  # seconds past a command's own timeout before the controller gives up on it
+
+
+class RelayLost(Exception):
+    """The relay's channel ended under a command: it may or may not have run."""
+
+
+# the cluster's own interpreter when the login node has it (often an absolute path: no
+# shim or module to resolve), else the login node's python3
+_START = ('command -v "$0" >/dev/null 2>&1 && exec "$0" -u -c "$1"; '
+          'exec python3 -u -c "$1"')
+
+
+def relay_argv(python: str) -> list[str]:
+    """The command that starts the relay: its source on the command line, nothing installed."""
+    return ["sh", "-c", _START, python, Path(relay_source.__file__).read_text()]
+
+
+@dataclass
+class _Feed:
+    """Bytes of one watched file, from ``start`` on, as pushed and not yet read past."""
+
+    start: int
+    data: bytearray = field(default_factory=bytearray)
+    broken: bool = False  # a push skipped bytes: the file is read directly from now on
+    wake: bool = True  # a push wakes whoever waits in wait_news (reports: yes; logs: no)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+
+@dataclass
+class _Pending:
+    done: threading.Event = field(default_factory=threading.Event)
+    answer: dict[str, Any] | None = None
+
+
+class RelayChannel:
+    """One running relay: commands through it, pushed file growth out of it."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()  # pending answers and feeds
+        self._pending: dict[int, _Pending] = {}
+        self._feeds: dict[str, _Feed] = {}
+        self._ids = itertools.count(1)
+        self._ready = threading.Event()
+        self._alive = True
+        self.pushed_bytes = 0  # what the relay sent unasked (figures for benchmarks)
+        self._news = threading.Condition()
+        self._reader = threading.Thread(target=self._read, name="ssh-relay", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls, transport: paramiko.Transport, python: str = "python3",
+              ready_timeout: float = READY_TIMEOUT) -> RelayChannel | None:
+        """A relay on a new channel of ``transport``; None when it does not come up (no
+        python3 on the login node, a restricted shell): the caller runs commands as before."""
+        try:
+            chan = transport.open_session(timeout=30)
+            chan.exec_command(remote_command(relay_argv(python)))
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            log.debug("ssh relay: could not start: %s", exc)
+            return None
+        relay = cls(chan)
+        if not relay._ready.wait(ready_timeout) or not relay.alive:
+            err = b""
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(1 << 16)
+            log.debug("ssh relay: did not come up: %s", err.decode(errors="replace")[-300:])
+            relay.close()
+            return None
+        return relay
+
+    @property
+    def alive(self) -> bool:
+        return self._alive and not self._chan.closed
+
+    def close(self) -> None:
+        """Closing stdin ends the relay; its running commands finish on their own."""
+        self._alive = False
+        try:
+            self._chan.close()
+        except (EOFError, OSError, paramiko.SSHException):
+            pass
+        self._fail_pending()
+
+    # -- commands -------------------------------------------------------------------
+    def run(self, argv: list[str], *, timeout: float | None, input: str | None,
+            env: dict[str, str] | None, cwd: str | None) -> CommandResult:
+        """Run ``argv`` on the login node; RelayLost when the channel ends first."""
+        ident = next(self._ids)
+        pending = _Pending()
+        with self._lock:
+            self._pending[ident] = pending
+        try:
+            self._send({"op": "run", "id": ident, "argv": list(argv), "env": env or None,
+                        "cwd": cwd, "input": input, "timeout": timeout})
+            wait = None if timeout is None else timeout + ANSWER_GRACE
+            if not pending.done.wait(wait):
+                return CommandResult(tuple(argv), 124, "", "no answer from the relay",
+                                     timed_out=True)
+        finally:
+            with self._lock:
+                self._pending.pop(ident, None)
+        answer = pending.answer
+        if answer is None:
+            raise RelayLost()
+        return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
+                             str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
+
+    # -- pushed files ---------------------------------------------------------------
+    def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
+        """Push what ``path`` gets from ``offset`` on (again, if it was watched); ``wake``:
+        its pushes end a wait_news early."""
+        with self._lock:
+            self._feeds[path] = _Feed(start=offset, wake=wake)
+        self._send({"op": "watch", "path": path, "offset": offset})
+
+    def unwatch(self, path: str) -> None:
+        with self._lock:
+            self._feeds.pop(path, None)
+        if self.alive:
+            self._send({"op": "unwatch", "path": path})
+
+    def watches(self) -> list[tuple[str, int, bool]]:
+        """(path, lowest offset still held, wake) of every watched file: what a relay
+        that replaces this one watches again."""
+        with self._lock:
+            return [(path, feed.start, feed.wake) for path, feed in self._feeds.items()]
+
+    def pushed(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
+        """Bytes of ``path`` from ``offset`` that were pushed (b"": none since); None when
+        the pushes do not cover ``offset`` and the caller must read the file itself.
+        What lies before ``offset`` is dropped: the reader has it."""
+        with self._lock:
+            feed = self._feeds.get(path)
+            if not self.alive or feed is None or feed.broken:
+                return None
+            if not feed.start <= offset <= feed.end:
+                return None
+            del feed.data[:offset - feed.start]
+            feed.start = offset
+            return bytes(feed.data[:limit])
+
+    def wait_news(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, less when a push (or the channel's end) comes."""
+        with self._news:
+            self._news.wait(timeout)
+
+    # -- the channel ----------------------------------------------------------------
+    def _send(self, message: dict[str, Any]) -> None:
+        line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        try:
+            with self._send_lock:
+                self._chan.sendall(line)
+        except (EOFError, OSError, paramiko.SSHException):
+            self.close()
+            raise RelayLost() from None
+
+    def _read(self) -> None:
+        buffer = b""
+        try:
+            while True:
+                chunk = self._chan.recv(1 << 16)
+                if not chunk:
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    self._handle(line)
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            log.debug("ssh relay: channel ended: %s", exc)
+        finally:
+            self._alive = False
+            self._ready.set()
+            self._fail_pending()
+
+    def _handle(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            log.debug("ssh relay: not a message: %r", line[:200])
+            return
+        if not isinstance(message, dict):
+            return
+        if "push" in message:
+            self._take_push(message)
+        elif "id" in message:
+            with self._lock:
+                pending = self._pending.get(message["id"])
+            if pending is not None:
+                pending.answer = message
+                pending.done.set()
+        elif "ready" in message:
+            self._ready.set()
+
+    def _take_push(self, message: dict[str, Any]) -> None:
+        try:
+            data = base64.b64decode(message["data"])
+            offset = int(message["offset"])
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            return
+        with self._lock:
+            feed = self._feeds.get(str(message["push"]))
+            if feed is None or feed.broken:
+                return
+            if offset > feed.end:
+                feed.broken = True  # a gap: never guess what it held
+            elif offset + len(data) > feed.end:
+                feed.data += data[feed.end - offset:]  # only what is new (no doubles)
+            self.pushed_bytes += len(data)
+            if not feed.wake:
+                return
+        with self._news:
+            self._news.notify_all()
+
+    def _fail_pending(self) -> None:
+        with self._lock:
+            pending = list(self._pending.values())
+        for item in pending:
+            item.done.set()  # answer None: RelayLost
+        with self._news:
+            self._news.notify_all()
+
+
+def started_in(relay: RelayChannel | None, since: float) -> str:
+    """A log line's words for a relay start attempt."""
+    took = time.monotonic() - since
+    return f"started in {took:.3f} s" if relay else f"not available ({took:.3f} s)"
