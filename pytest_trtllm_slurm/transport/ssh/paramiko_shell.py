@@ -194,6 +194,10 @@ class SSHShell:
         finally:
             self._relay_lock.release()
 
+    def relay_up(self) -> bool:
+        """Whether commands ride the relay (waiting for a start under way)."""
+        return self._relay_on(self._connection()) is not None
+
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
         """Have the relay push what ``path`` gets past ``offset`` (read it with ``pushed``);
         ``wake``: a push ends ``wait_news``. Without a relay, nothing (reads go to SFTP)."""
@@ -244,28 +248,32 @@ class SSHShell:
     def _run_relayed(self, argv: list[str], timeout: float | None, input: str | None,
                      env: dict[str, str] | None, cwd: str | None,
                      retry_on_drop: bool) -> CommandResult | None:
-        """``argv`` through the relay; None: no relay, or it ended under a command that may
-        run again (the caller then runs it on a channel of its own)."""
-        conn = self._connection()
-        relay = self._relay_on(conn, wait=False)
-        if relay is None:
-            return None
-        with timed_command(f"ssh {self.name}", argv) as outcome:
-            try:
-                outcome.append(relay.run(argv, timeout=timeout, input=input, env=env, cwd=cwd))
-            except RelayLost:
-                if not conn.active:
-                    self._dropped(conn)
-                if not retry_on_drop:
-                    raise SSHConnectionLost(
-                        f"the SSH connection to {self.target.display} dropped while "
-                        f"`{shlex.join(argv)}` was running; it was not run again (it may "
-                        "have taken effect). The connection is re-established on the next "
-                        "call") from None
-                log.warning("ssh: re-running `%s` after the relay's channel ended",
-                            shlex.join(argv))
+        """``argv`` through the relay; None: no relay (the caller runs it on a channel of
+        its own). A relay that ends under a command that may run again is replaced and the
+        command re-run once through the new one."""
+        for attempt in range(2):
+            conn = self._connection()
+            relay = self._relay_on(conn, wait=attempt > 0)
+            if relay is None:
                 return None
-        return outcome[0]
+            with timed_command(f"ssh {self.name}", argv) as outcome:
+                try:
+                    outcome.append(relay.run(argv, timeout=timeout, input=input, env=env,
+                                             cwd=cwd))
+                except RelayLost:
+                    if not conn.active:
+                        self._dropped(conn)
+                    if not retry_on_drop:
+                        raise SSHConnectionLost(
+                            f"the SSH connection to {self.target.display} dropped while "
+                            f"`{shlex.join(argv)}` was running; it was not run again (it may "
+                            "have taken effect). The connection is re-established on the "
+                            "next call") from None
+                    log.warning("ssh: re-running `%s` after the relay's channel ended",
+                                shlex.join(argv))
+                    continue
+            return outcome[0]
+        return None
 
     def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                          timeout: float | None = 600, cwd: str | None = None) -> CommandResult:

@@ -19,6 +19,7 @@ import binascii
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,14 +43,19 @@ class RelayLost(Exception):
 
 
 # the cluster's own interpreter when the login node has it (often an absolute path: no
-# shim or module to resolve), else the login node's python3
-_START = ('command -v "$0" >/dev/null 2>&1 && exec "$0" -u -c "$1"; '
-          'exec python3 -u -c "$1"')
+# shim or module to resolve), else the login node's python3; $2 names the relay in ps
+_START = ('command -v "$0" >/dev/null 2>&1 && exec "$0" -u -c "$1" "$2"; '
+          'exec python3 -u -c "$1" "$2"')
+
+
+def relay_tag(pid: int | None = None) -> str:
+    """The relay's one argument: whose it is (``ps`` on the login node shows it)."""
+    return f"trtllm-relay:{os.getpid() if pid is None else pid}"
 
 
 def relay_argv(python: str) -> list[str]:
     """The command that starts the relay: its source on the command line, nothing installed."""
-    return ["sh", "-c", _START, python, Path(relay_source.__file__).read_text()]
+    return ["sh", "-c", _START, python, Path(relay_source.__file__).read_text(), relay_tag()]
 
 
 @dataclass
