@@ -8,6 +8,7 @@ its own relays by the tag they carry (``trtllm-relay:<pid of the controller>``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import signal
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
     SSHConnectionLost,
@@ -177,3 +179,20 @@ def test_pushed_lines_survive_killed_relays(ssh_shell: SSHShell, tmp_path: Path)
     assert got.decode() == "".join(lines)  # every line, in order, once
     assert kills == 2 and ssh_shell.relay_starts == 3
     assert from_push > 0, "the lines came by push, not only by reads"
+
+
+def test_a_stream_through_the_relay(ssh_shell: SSHShell) -> None:
+    """A bundle or tar stream (binary, bigger than one piece) arrives whole; a producer
+    that fails is an error, not a silent half file."""
+    assert ssh_shell.relay_up()
+    blob = bytes(range(256)) * 12_000  # ~3 MB, every byte value
+    result = ssh_shell.run_stdin_stream(["md5sum"], lambda fh: fh.write(blob))
+    assert result.ok and result.stdout.split()[0] == hashlib.md5(blob).hexdigest()
+
+    def broken(fh: Any) -> None:
+        fh.write(b"half")
+        raise OSError("the local file went away")
+
+    with pytest.raises(ExecutionError, match="the local file went away"):
+        ssh_shell.run_stdin_stream(["sh", "-c", "cat > /dev/null"], broken)
+    assert len(relay_pids()) == 1 and ssh_shell.relay_starts == 1

@@ -15,6 +15,9 @@ connection is gone).
 Lines in (one JSON object each):
     {"op": "run", "id": N, "argv": [...], "env": {...}|null, "cwd": str|null,
      "input": str|null, "timeout": float|null}
+    {"op": "run", ..., "stream": true}                stdin comes as "stdin" lines:
+    {"op": "stdin", "id": N, "data": base64}          a piece of a streamed stdin
+    {"op": "stdin", "id": N, "eof": true}             its end
     {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
     {"op": "unwatch", "path": str}
 Lines out:
@@ -26,6 +29,7 @@ Lines out:
 import base64
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -47,6 +51,7 @@ class Relay:
         self._watched = {}  # type: dict[str, int]
         self._watch_lock = threading.Lock()
         self._stop = threading.Event()
+        self._streams = {}  # type: Dict[int, queue.Queue[Optional[bytes]]]
 
     def send(self, message):
         # type: (Dict[str, Any]) -> None
@@ -72,7 +77,14 @@ class Relay:
                 continue
             op = request.get("op")
             if op == "run":
+                if request.get("stream"):  # before any of its stdin lines is read
+                    self._streams[request["id"]] = queue.Queue()
                 threading.Thread(target=self._run, args=(request,), daemon=True).start()
+            elif op == "stdin":
+                pieces = self._streams.get(int(request.get("id") or 0))
+                if pieces is not None:
+                    pieces.put(None if request.get("eof") else
+                               base64.b64decode(request.get("data") or ""))
             elif op == "watch":
                 with self._watch_lock:
                     self._watched[str(request["path"])] = int(request.get("offset") or 0)
@@ -80,6 +92,8 @@ class Relay:
                 with self._watch_lock:
                     self._watched.pop(str(request["path"]), None)
         self._stop.set()
+        for pieces in list(self._streams.values()):
+            pieces.put(None)
 
     def _run(self, request):
         # type: (Dict[str, Any]) -> None
@@ -89,6 +103,7 @@ class Relay:
             env = dict(os.environ)
             env.update({str(k): str(v) for k, v in request["env"].items()})
         data = request.get("input")
+        pieces = self._streams.get(request["id"])
         answer = {"id": request["id"], "rc": 0, "out": "", "err": "",
                   "timed_out": False}  # type: Dict[str, Any]
         cwd = request.get("cwd") or None
@@ -99,25 +114,64 @@ class Relay:
         try:
             proc = subprocess.Popen(
                 argv, cwd=cwd, env=env,
-                stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                stdin=subprocess.PIPE if data is not None or pieces else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:  # as a login shell says it: not found 127, not runnable 126
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             answer.update(rc=code, err=f"{argv[0]}: {exc.strerror or exc}")
+            self._streams.pop(request["id"], None)
             self.send(answer)
             return
         try:
-            out, err = proc.communicate(
-                data.encode() if data is not None else None, timeout=request.get("timeout"))
+            if pieces is not None:
+                out, err = self._streamed(proc, pieces, request.get("timeout"))
+                self._streams.pop(request["id"], None)
+            else:
+                out, err = proc.communicate(data.encode() if data is not None else None,
+                                            timeout=request.get("timeout"))
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, err = proc.communicate()
+            out, err = proc.communicate() if pieces is None else (b"", b"")
             answer["timed_out"], answer["rc"] = True, 124
         else:
             answer["rc"] = proc.returncode
         answer["out"] = out.decode("utf-8", "replace")
         answer["err"] = err.decode("utf-8", "replace")
         self.send(answer)
+
+    @staticmethod
+    def _streamed(proc, pieces, timeout):
+        # type: (subprocess.Popen[bytes], queue.Queue[Optional[bytes]], Optional[float]) -> Any
+        """Feed ``pieces`` to the process's stdin as they come while its output is read."""
+        outputs = {}  # type: Dict[str, bytes]
+
+        def drain(name, stream):
+            # type: (str, IO[bytes]) -> None
+            outputs[name] = stream.read()
+
+        readers = [threading.Thread(target=drain, args=(name, stream), daemon=True)
+                   for name, stream in (("out", proc.stdout), ("err", proc.stderr))]
+        for reader in readers:
+            reader.start()
+        stdin, broken = proc.stdin, False
+        assert stdin is not None
+        while True:
+            piece = pieces.get()
+            if piece is None:
+                break
+            if not broken:
+                try:
+                    stdin.write(piece)
+                except OSError:  # it stopped reading: the rest is dropped, its exit code says
+                    broken = True
+        try:
+            stdin.close()
+        except OSError:
+            pass
+        proc.wait(timeout)  # TimeoutExpired: the caller kills it
+        for reader in readers:
+            reader.join()
+        return outputs.get("out", b""), outputs.get("err", b"")
 
     def _watch_loop(self):
         # type: () -> None

@@ -158,18 +158,16 @@ class SSHShell:
 
     # -- the relay ----------------------------------------------------------------
     def _start_relay_soon(self, conn: Connection) -> None:
-        """Start the relay beside the first commands (they take channels meanwhile)."""
+        """Start the relay now, while the caller gets on with what needs no command."""
         if self.use_relay:
             threading.Thread(target=self._relay_on, args=(conn,), name="ssh-relay-start",
                              daemon=True).start()
 
-    def _relay_on(self, conn: Connection, *, wait: bool = True) -> RelayChannel | None:
+    def _relay_on(self, conn: Connection) -> RelayChannel | None:
         """The live relay of ``conn``, started on first use (again after it died, up to
-        RELAY_STARTS a run); None: commands take a channel each. ``wait=False``: None
-        while a start is under way (a command does not wait for it)."""
-        if not self._relay_lock.acquire(blocking=wait):
-            return None
-        try:
+        RELAY_STARTS a run); None: commands take a channel each. A command waits for a
+        start under way: a session of its own costs about as much as the start."""
+        with self._relay_lock:
             old = self._relay
             if old is not None and self._relay_conn is conn and old.alive:
                 return old
@@ -191,8 +189,6 @@ class SSHShell:
                         pass  # dead too: its pushed() says None, the reader reads files
             self._relay, self._relay_conn = relay, conn
             return relay
-        finally:
-            self._relay_lock.release()
 
     def relay_up(self) -> bool:
         """Whether commands ride the relay (waiting for a start under way)."""
@@ -251,9 +247,9 @@ class SSHShell:
         """``argv`` through the relay; None: no relay (the caller runs it on a channel of
         its own). A relay that ends under a command that may run again is replaced and the
         command re-run once through the new one."""
-        for attempt in range(2):
+        for _attempt in range(2):
             conn = self._connection()
-            relay = self._relay_on(conn, wait=attempt > 0)
+            relay = self._relay_on(conn)
             if relay is None:
                 return None
             with timed_command(f"ssh {self.name}", argv) as outcome:
@@ -279,6 +275,23 @@ class SSHShell:
                          timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
         """Run argv with ``producer(stdin)`` streaming binary data into it (a tar stream).
         Not retried on a drop: the producer may not be re-runnable."""
+        conn = self._connection()
+        relay = self._relay_on(conn)
+        if relay is not None:
+            with timed_command(f"ssh {self.name}", argv) as outcome:
+                try:
+                    result, error = relay.run_stream(argv, producer, timeout=timeout, cwd=cwd)
+                except RelayLost:
+                    if not conn.active:
+                        self._dropped(conn)
+                    raise SSHConnectionLost(
+                        f"the SSH connection to {self.target.display} dropped while "
+                        f"`{shlex.join(argv)}` was running; it was not run again") from None
+                if error is not None and result.returncode == 0:
+                    raise ExecutionError(f"sending input to `{shlex.join(argv)}` on "
+                                         f"{self.target.display} failed: {error}")
+                outcome.append(result)
+            return result
         return self._exec(argv, remote_command(argv, cwd=cwd), timeout, False, producer)
 
     def _exec(self, argv: Sequence[str], command: str, timeout: float | None,

@@ -22,9 +22,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import paramiko
 
@@ -153,6 +154,40 @@ class RelayChannel:
         return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
                              str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
 
+    def run_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
+                   timeout: float | None, cwd: str | None) -> tuple[CommandResult,
+                                                                  BaseException | None]:
+        """Run ``argv`` with ``producer(stdin)`` streaming into it (a tar or git bundle);
+        also what the producer raised, if it did. RelayLost when the channel ends first."""
+        ident = next(self._ids)
+        pending = _Pending()
+        with self._lock:
+            self._pending[ident] = pending
+        error: BaseException | None = None
+        try:
+            self._send({"op": "run", "id": ident, "argv": list(argv), "env": None,
+                        "cwd": cwd, "input": None, "timeout": timeout, "stream": True})
+            try:
+                producer(_StdinWriter(self, ident))  # type: ignore[arg-type]
+            except RelayLost:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - told to the caller with the result
+                error = exc
+            self._send({"op": "stdin", "id": ident, "eof": True})
+            wait = None if timeout is None else timeout + ANSWER_GRACE
+            if not pending.done.wait(wait):
+                return CommandResult(tuple(argv), 124, "", "no answer from the relay",
+                                     timed_out=True), error
+        finally:
+            with self._lock:
+                self._pending.pop(ident, None)
+        answer = pending.answer
+        if answer is None:
+            raise RelayLost()
+        return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
+                             str(answer.get("err", "")),
+                             timed_out=bool(answer.get("timed_out"))), error
+
     # -- pushed files ---------------------------------------------------------------
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
         """Push what ``path`` gets from ``offset`` on (again, if it was watched); ``wake``:
@@ -266,6 +301,25 @@ class RelayChannel:
             item.done.set()  # answer None: RelayLost
         with self._news:
             self._news.notify_all()
+
+
+class _StdinWriter:
+    """The binary file interface a producer writes to: pieces as ``stdin`` lines."""
+
+    PIECE = 1 << 18
+
+    def __init__(self, relay: RelayChannel, ident: int) -> None:
+        self._relay, self._id = relay, ident
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        for start in range(0, len(view), self.PIECE):
+            piece = base64.b64encode(view[start:start + self.PIECE]).decode("ascii")
+            self._relay._send({"op": "stdin", "id": self._id, "data": piece})
+        return len(data)
+
+    def flush(self) -> None:
+        pass
 
 
 def started_in(relay: RelayChannel | None, since: float) -> str:
