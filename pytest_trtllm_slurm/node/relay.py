@@ -18,6 +18,9 @@ Lines in (one JSON object each):
     {"op": "run", ..., "stream": true}                stdin comes as "stdin" lines:
     {"op": "stdin", "id": N, "data": base64}          a piece of a streamed stdin
     {"op": "stdin", "id": N, "eof": true}             its end
+    {"op": "read", "id": N, "path", "offset", "limit"} / "size" / "write" (path, data
+     base64, mode: atomic) / "mkdir" (path, private): one round trip each; the answer
+     has "data" / "size" (and "absent") / nothing, or "errno" and "error"
     {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
     {"op": "unwatch", "path": str}
 Lines out:
@@ -85,6 +88,8 @@ class Relay:
                 if pieces is not None:
                     pieces.put(None if request.get("eof") else
                                base64.b64decode(request.get("data") or ""))
+            elif op in FILE_OPS:
+                threading.Thread(target=self._file_op, args=(request,), daemon=True).start()
             elif op == "watch":
                 with self._watch_lock:
                     self._watched[str(request["path"])] = int(request.get("offset") or 0)
@@ -94,6 +99,16 @@ class Relay:
         self._stop.set()
         for pieces in list(self._streams.values()):
             pieces.put(None)
+
+    def _file_op(self, request):
+        # type: (Dict[str, Any]) -> None
+        """One file operation, one round trip (over SFTP: open, stat, read, close...)."""
+        answer = {"id": request["id"]}  # type: Dict[str, Any]
+        try:
+            answer.update(FILE_OPS[request["op"]](request))
+        except OSError as exc:
+            answer.update(errno=exc.errno or 0, error=exc.strerror or str(exc))
+        self.send(answer)
 
     def _run(self, request):
         # type: (Dict[str, Any]) -> None
@@ -197,6 +212,76 @@ class Relay:
             self._watched[path] = offset + len(data)
         self.send({"push": path, "offset": offset,
                    "data": base64.b64encode(data).decode("ascii")})
+
+
+def _read(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    try:
+        with open(request["path"], "rb") as fh:
+            fh.seek(int(request["offset"]))
+            data = fh.read(int(request["limit"]))
+    except FileNotFoundError:
+        data = b""
+    return {"data": base64.b64encode(data).decode("ascii")}
+
+
+def _size(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    try:
+        return {"size": os.stat(request["path"]).st_size}
+    except FileNotFoundError:
+        return {"size": 0, "absent": True}
+
+
+def _write(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    """Atomic and 0600 from its first byte, as node/files.write_atomic (not importable
+    here: this file travels alone): a temporary name, fsync, then a rename."""
+    path = request["path"]
+    folder, base = os.path.split(path)
+    tmp = os.path.join(folder, f".{base}.tmp-{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(base64.b64decode(request["data"]))
+            fh.flush()
+            os.fsync(fh.fileno())
+        if int(request["mode"]) != 0o600:
+            os.chmod(tmp, int(request["mode"]))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return {}
+
+
+def _mkdir(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    """``mkdir -p``; ``private``: the folders it creates are 0700 (whatever the umask)."""
+    path, private = request["path"].rstrip("/") or "/", bool(request.get("private"))
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700 if private else 0o777)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+            continue
+        if private:
+            os.chmod(folder, 0o700)
+    return {}
+
+
+FILE_OPS = {"read": _read, "size": _size, "write": _write, "mkdir": _mkdir}
 
 
 def main():

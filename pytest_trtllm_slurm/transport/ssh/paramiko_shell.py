@@ -1,8 +1,9 @@
 """SSHShell: the Shell protocol over one paramiko connection (remote_slurm's transport).
 
-One Transport per run, one SFTP session for files, and one relay channel (``node/relay.py``,
-started once per connection) that runs the commands and pushes the growth of watched
-files; without python3 on the login node, one channel per command as before. A dropped
+One Transport per run and on it one relay channel (``node/relay.py``, started once per
+connection): commands and file operations ride it, one round trip each, and it pushes
+the growth of watched files. Without python3 on the login node (or while the relay is
+being replaced), a channel per command and SFTP for files, as before. A dropped
 connection is re-established with backoff on the next call (an MFA login asks the
 code provider again); a command cut by the drop is re-run only when the caller says
 it may be (``retry_on_drop``; sbatch must not be).
@@ -10,6 +11,7 @@ it may be (``retry_on_drop``; sbatch must not be).
 
 from __future__ import annotations
 
+import base64
 import logging
 import posixpath
 import shlex
@@ -364,7 +366,19 @@ class SSHShell:
         return CommandResult(tuple(argv), status, out.decode(errors="replace"),
                              err.decode(errors="replace"))
 
-    # -- files (SFTP) ---------------------------------------------------------------
+    # -- files (the relay, else SFTP) ------------------------------------------------
+    def _relayed_file_op(self, op: str, **fields: Any) -> dict[str, Any] | None:
+        """``op`` through the relay in one round trip; None: no relay or it ended (file
+        operations are idempotent: the caller does it over SFTP)."""
+        relay = self._relay_on(self._connection()) if self.use_relay else None
+        if relay is None:
+            return None
+        try:
+            return relay.file_op(op, **fields)
+        except RelayLost:
+            return None
+
+
     def _sftp(self, op: Callable[[paramiko.SFTPClient], T]) -> T:
         """Run an idempotent SFTP operation, reconnecting (and repeating it) on a drop."""
         for attempt in range(3):
@@ -387,6 +401,10 @@ class SSHShell:
         raise AssertionError("unreachable")
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
+        answer = self._relayed_file_op("read", path=path, offset=offset, limit=limit)
+        if answer is not None:
+            return base64.b64decode(answer["data"])
+
         def op(sftp: paramiko.SFTPClient) -> bytes:
             try:
                 with sftp.open(path, "rb") as fh:
@@ -398,6 +416,10 @@ class SSHShell:
         return self._sftp(op)
 
     def size(self, path: str) -> int:
+        answer = self._relayed_file_op("size", path=path)
+        if answer is not None:
+            return int(answer["size"])
+
         def op(sftp: paramiko.SFTPClient) -> int:
             try:
                 return int(sftp.stat(path).st_size or 0)
@@ -407,6 +429,10 @@ class SSHShell:
         return self._sftp(op)
 
     def exists(self, path: str) -> bool:
+        answer = self._relayed_file_op("size", path=path)
+        if answer is not None:
+            return not answer.get("absent")
+
         def op(sftp: paramiko.SFTPClient) -> bool:
             try:
                 sftp.stat(path)
@@ -419,6 +445,12 @@ class SSHShell:
     def mkdir(self, path: str, *, private: bool = False) -> None:
         """``mkdir -p``: create missing parents; an existing directory is fine. ``private``:
         the folders it creates are 0700."""
+        try:
+            if self._relayed_file_op("mkdir", path=path, private=private) is not None:
+                return
+        except OSError as exc:
+            raise ExecutionError(f"cannot create directory {path} on {self.target.display}: "
+                                 f"{exc.strerror or exc}") from None
 
         def make(sftp: paramiko.SFTPClient, p: str) -> None:
             try:
@@ -446,6 +478,14 @@ class SSHShell:
     def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
         """Atomic: a 0600 temp file next to ``path``, then posix-rename over it."""
         blob = data.encode() if isinstance(data, str) else data
+        try:
+            if self._relayed_file_op("write", path=path, mode=mode,
+                                     data=base64.b64encode(blob).decode("ascii")) is not None:
+                return
+        except OSError as exc:
+            raise ExecutionError(
+                f"cannot write {path} on {self.target.display}: {exc.strerror or exc}"
+            ) from None
         directory, base = posixpath.split(path)
         tmp = posixpath.join(directory, f".{base}.tmp-{uuid.uuid4().hex[:12]}")
 

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 20.0  # seconds for the relay to say it is up (a cold python3 on a busy login node)
 ANSWER_GRACE = 30.0  # seconds past a command's own timeout before the controller gives up on it
+FILE_OP_WAIT = 60.0  # seconds for one file operation's answer
 
 
 class RelayLost(Exception):
@@ -130,27 +131,44 @@ class RelayChannel:
             pass
         self._fail_pending()
 
-    # -- commands -------------------------------------------------------------------
-    def run(self, argv: list[str], *, timeout: float | None, input: str | None,
-            env: dict[str, str] | None, cwd: str | None) -> CommandResult:
-        """Run ``argv`` on the login node; RelayLost when the channel ends first."""
+    # -- requests -------------------------------------------------------------------
+    def call(self, message: dict[str, Any], wait: float | None = None) -> dict[str, Any] | None:
+        """Send one request and wait for its answer (None: none within ``wait`` seconds);
+        RelayLost when the channel ends first."""
         ident = next(self._ids)
         pending = _Pending()
         with self._lock:
             self._pending[ident] = pending
         try:
-            self._send({"op": "run", "id": ident, "argv": list(argv), "env": env or None,
-                        "cwd": cwd, "input": input, "timeout": timeout})
-            wait = None if timeout is None else timeout + ANSWER_GRACE
+            self._send({**message, "id": ident})
             if not pending.done.wait(wait):
-                return CommandResult(tuple(argv), 124, "", "no answer from the relay",
-                                     timed_out=True)
+                return None
         finally:
             with self._lock:
                 self._pending.pop(ident, None)
-        answer = pending.answer
-        if answer is None:
+        if pending.answer is None:
             raise RelayLost()
+        return pending.answer
+
+    def file_op(self, op: str, **fields: Any) -> dict[str, Any]:
+        """A file operation in one round trip (read, size, write, mkdir); OSError as the
+        login node raised it."""
+        answer = self.call({"op": op, **fields}, FILE_OP_WAIT)
+        if answer is None:
+            raise RelayLost()  # stuck (a hung file system): the caller tries SFTP
+        if "errno" in answer:
+            raise OSError(int(answer["errno"]), str(answer.get("error", "")))
+        return answer
+
+    def run(self, argv: list[str], *, timeout: float | None, input: str | None,
+            env: dict[str, str] | None, cwd: str | None) -> CommandResult:
+        """Run ``argv`` on the login node; RelayLost when the channel ends first."""
+        answer = self.call({"op": "run", "argv": list(argv), "env": env or None, "cwd": cwd,
+                            "input": input, "timeout": timeout},
+                           None if timeout is None else timeout + ANSWER_GRACE)
+        if answer is None:
+            return CommandResult(tuple(argv), 124, "", "no answer from the relay",
+                                 timed_out=True)
         return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
                              str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
 
