@@ -96,6 +96,7 @@ class SSHShell:
     def close(self) -> None:
         with self._relay_lock:
             if self._relay is not None:
+                log.debug("ssh: relay on %s: %s", self.target.display, self._relay.summary())
                 self._relay.close()
             self._relay = self._relay_conn = None
         with self._lock:
@@ -182,6 +183,7 @@ class SSHShell:
             relay = RelayChannel.start(conn.transport, self.relay_python)
             log.debug("ssh: relay on %s %s", self.target.display, started_in(relay, since))
             if old is not None:
+                log.debug("ssh: relay on %s: %s", self.target.display, old.summary())
                 old.close()
                 if relay is not None:  # the files the old one watched, from what is unread
                     try:

@@ -93,6 +93,8 @@ class RelayChannel:
         self._ready = threading.Event()
         self._alive = True
         self.pushed_bytes = 0  # what the relay sent unasked (figures for benchmarks)
+        self.pushes = 0
+        self.requests: dict[str, int] = {}  # round trips by operation (run, read, write...)
         self._news = threading.Condition()
         self._reader = threading.Thread(target=self._read, name="ssh-relay", daemon=True)
         self._reader.start()
@@ -122,6 +124,13 @@ class RelayChannel:
     def alive(self) -> bool:
         return self._alive and not self._chan.closed
 
+    def summary(self) -> str:
+        """What went through it: round trips by operation, pushes (for the debug log)."""
+        with self._lock:
+            asked = ", ".join(f"{n} {op}" for op, n in sorted(self.requests.items()))
+            return (f"{sum(self.requests.values())} round trips ({asked or 'none'}), "
+                    f"{self.pushes} pushes ({self.pushed_bytes} bytes)")
+
     def close(self) -> None:
         """Closing stdin ends the relay; its running commands finish on their own."""
         self._alive = False
@@ -139,6 +148,7 @@ class RelayChannel:
         pending = _Pending()
         with self._lock:
             self._pending[ident] = pending
+            self.requests[message["op"]] = self.requests.get(message["op"], 0) + 1
         try:
             self._send({**message, "id": ident})
             if not pending.done.wait(wait):
@@ -307,6 +317,7 @@ class RelayChannel:
             elif offset + len(data) > feed.end:
                 feed.data += data[feed.end - offset:]  # only what is new (no doubles)
             self.pushed_bytes += len(data)
+            self.pushes += 1
             if not feed.wake:
                 return
         with self._news:
