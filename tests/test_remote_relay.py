@@ -112,3 +112,60 @@ def test_killed_relays_lose_and_double_nothing(devcluster: dict[str, Any],
                                 ("test_waits[0]", "passed"), ("test_waits[1]", "passed"),
                                 ("test_waits[2]", "passed")], out
     assert "meant to fail" in out
+
+
+CONFTEST = '''import os
+import pathlib
+import time
+
+SEEN = pathlib.Path({seen!r})
+
+
+def relay_running():
+    tag = ("trtllm-relay:%d" % os.getpid()).encode()
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\\0")
+        except OSError:
+            continue
+        if tag in argv and b"-c" in argv and not argv[0].endswith(b"sh"):
+            return True
+    return False
+
+
+if not os.environ.get("SLURM_JOB_ID"):  # the controller importing the suite, not a worker
+    deadline = time.monotonic() + 60  # an import as slow as torch's, at most
+    while not relay_running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    SEEN.write_text("relay up while the suite was imported" if relay_running() else "no relay")
+'''
+
+
+def test_the_connection_opens_while_the_suite_imports(devcluster: dict[str, Any],
+                                                      tmp_path: Path) -> None:
+    """--slurm-cluster with a key login: the run's one connection, relay included, is up
+    while the controller still imports the suite's conftest, and it is the one the run
+    uses (one relay for the whole run)."""
+    suite = make_suite(tmp_path, devcluster["ssh"])
+    seen = tmp_path / "seen"
+    (suite / "conftest.py").write_text(CONFTEST.format(seen=str(seen)))
+    git(suite, "add", "-A")
+    git(suite, "commit", "-q", "-m", "conftest")
+    (tmp_path / "go").touch()  # test_waits need not wait here
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
+         "--slurm-cluster=devssh", "--trtllm-one-shot"],
+        cwd=suite, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    relays: set[int] = set()
+    try:
+        while proc.poll() is None:
+            relays.update(relay_pids(proc.pid))
+            time.sleep(0.05)
+        out = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "1 failed, 4 passed" in out, out
+    assert seen.read_text() == "relay up while the suite was imported"
+    assert len(relays) == 1, f"the run started {len(relays)} relays: {sorted(relays)}"
