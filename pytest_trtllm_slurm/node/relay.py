@@ -39,7 +39,10 @@ import threading
 from typing import IO, Any, Dict, Optional  # noqa: F401, UP035 - used by type comments
 
 VERSION = 1
-WATCH_INTERVAL = 0.02  # seconds between two looks at the watched files (local stat calls)
+# seconds between two looks at the watched files: short while they grow, longer (up to
+# WATCH_MAX) while they do not, so a login node's shared file system is not stat'ed
+# hundreds of times a second by a run that waits for slow tests
+WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.25, 1.5
 PUSH_LIMIT = 1 << 20  # bytes per push line
 
 
@@ -190,28 +193,35 @@ class Relay:
 
     def _watch_loop(self):
         # type: () -> None
-        while not self._stop.wait(WATCH_INTERVAL):
+        interval = WATCH_MIN
+        while not self._stop.wait(interval):
             with self._watch_lock:
                 watched = list(self._watched.items())
+            grew = False
             for path, offset in watched:
-                self._push(path, offset)
+                grew = self._push(path, offset) or grew
+            interval = WATCH_MIN if grew else min(interval * WATCH_GROWTH, WATCH_MAX)
 
     def _push(self, path, offset):
-        # type: (str, int) -> None
+        # type: (str, int) -> bool
+        """Send what ``path`` has past ``offset``; whether there was anything."""
         try:
+            if os.stat(path).st_size <= offset:
+                return False  # one stat, no open, while nothing is new
             with open(path, "rb") as fh:
                 fh.seek(offset)
                 data = fh.read(PUSH_LIMIT)
         except OSError:
-            return  # not there yet
+            return False  # not there yet
         if not data:
-            return
+            return False
         with self._watch_lock:
             if self._watched.get(path) != offset:
-                return  # unwatched (or moved) meanwhile
+                return False  # unwatched (or moved) meanwhile
             self._watched[path] = offset + len(data)
         self.send({"push": path, "offset": offset,
                    "data": base64.b64encode(data).decode("ascii")})
+        return True
 
 
 def _read(request):

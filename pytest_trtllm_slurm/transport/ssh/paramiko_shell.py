@@ -73,6 +73,8 @@ class SSHShell:
         self._relay: RelayChannel | None = None
         self._relay_conn: Connection | None = None  # the connection the relay was tried on
         self._relay_lock = threading.Lock()
+        self._later_watches: dict[str, tuple[int, bool]] = {}  # for the next relay
+        self._watch_lock = threading.Lock()  # guards _later_watches
         # told while a dropped connection is re-established (the run shows it: a frozen
         # run is worse than a line); None: the log only
         self.notify: Callable[[str], None] | None = None
@@ -182,15 +184,25 @@ class SSHShell:
             since = time.monotonic()
             relay = RelayChannel.start(conn.transport, self.relay_python)
             log.debug("ssh: relay on %s %s", self.target.display, started_in(relay, since))
+            with self._watch_lock:
+                watches = [(path, offset, wake) for path, (offset, wake)
+                           in self._later_watches.items()]
+                if relay is not None:
+                    self._later_watches.clear()
             if old is not None:
                 log.debug("ssh: relay on %s: %s", self.target.display, old.summary())
                 old.close()
-                if relay is not None:  # the files the old one watched, from what is unread
-                    try:
-                        for path, offset, wake in old.watches():
-                            relay.watch(path, offset, wake=wake)
-                    except RelayLost:
-                        pass  # dead too: its pushed() says None, the reader reads files
+                watches += old.watches()  # the files the old one watched, from what is unread
+            if relay is None:  # kept for a relay started later (another connection)
+                with self._watch_lock:
+                    for path, offset, wake in watches:
+                        self._later_watches.setdefault(path, (offset, wake))
+            else:
+                try:
+                    for path, offset, wake in watches:
+                        relay.watch(path, offset, wake=wake)
+                except RelayLost:
+                    pass  # dead too: its pushed() says None, the reader reads files
             self._relay, self._relay_conn = relay, conn
             return relay
 
@@ -200,15 +212,22 @@ class SSHShell:
 
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
         """Have the relay push what ``path`` gets past ``offset`` (read it with ``pushed``);
-        ``wake``: a push ends ``wait_news``. Without a relay, nothing (reads go to SFTP)."""
-        relay = self._relay_on(self._connection())
-        if relay is not None:
+        ``wake``: a push ends ``wait_news``. Never connects (a monitor's bookkeeping must not
+        wait on the network): with no live relay now, the next relay started watches it;
+        until then ``pushed`` says None and the reader reads the file."""
+        relay = self._relay
+        if relay is not None and relay.alive:
             try:
                 relay.watch(path, offset, wake=wake)
+                return
             except RelayLost:
-                pass  # pushed() says None: the reader reads the file
+                pass
+        with self._watch_lock:
+            self._later_watches[path] = (offset, wake)
 
     def unwatch(self, path: str) -> None:
+        with self._watch_lock:
+            self._later_watches.pop(path, None)
         relay = self._relay
         if relay is not None:
             try:
