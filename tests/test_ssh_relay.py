@@ -196,3 +196,21 @@ def test_a_stream_through_the_relay(ssh_shell: SSHShell) -> None:
     with pytest.raises(ExecutionError, match="the local file went away"):
         ssh_shell.run_stdin_stream(["sh", "-c", "cat > /dev/null"], broken)
     assert len(relay_pids()) == 1 and ssh_shell.relay_starts == 1
+
+
+def test_a_watch_made_before_the_relay_runs(ssh_shell: SSHShell, tmp_path: Path) -> None:
+    """A job added before the connection (or while its relay is replaced) is watched by
+    the relay that starts next: its lines still come by push, once each."""
+    path = str(tmp_path / "early.jsonl")
+    ssh_shell.watch(path, 0)  # not connected yet: nothing runs on the login node
+    assert ssh_shell.pushed(path, 0) is None  # the reader reads the file meanwhile
+    assert ssh_shell.relay_up()
+    lines = "".join(f"line {i}\n" for i in range(50))
+    Path(path).write_text(lines)
+    got, offset, deadline = b"", 0, time.monotonic() + 30
+    while offset < len(lines) and time.monotonic() < deadline:
+        data = ssh_shell.pushed(path, offset)
+        assert data is not None, "the new relay does not watch the file"
+        got, offset = got + data, offset + len(data)
+        ssh_shell.wait_news(0.1)
+    assert got.decode() == lines
