@@ -39,10 +39,11 @@ import threading
 from typing import IO, Any, Dict, Optional  # noqa: F401, UP035 - used by type comments
 
 VERSION = 1
-# seconds between two looks at the watched files: short while they grow, longer (up to
-# WATCH_MAX) while they do not, so a login node's shared file system is not stat'ed
-# hundreds of times a second by a run that waits for slow tests
-WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.25, 1.5
+# seconds between two looks at the watched files: short after a new watch and while they
+# grow, longer while they do not (up to WATCH_MAX: the controller's own remote poll was
+# 0.2 s), so a login node's shared file system is not opened hundreds of times a second
+# by a run that waits for slow tests
+WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.2, 1.5
 PUSH_LIMIT = 1 << 20  # bytes per push line
 
 
@@ -57,6 +58,7 @@ class Relay:
         self._watched = {}  # type: dict[str, int]
         self._watch_lock = threading.Lock()
         self._stop = threading.Event()
+        self._new_watch = threading.Event()
         self._streams = {}  # type: Dict[int, queue.Queue[Optional[bytes]]]
 
     def send(self, message):
@@ -96,6 +98,7 @@ class Relay:
             elif op == "watch":
                 with self._watch_lock:
                     self._watched[str(request["path"])] = int(request.get("offset") or 0)
+                self._new_watch.set()  # a new batch: look often again
             elif op == "unwatch":
                 with self._watch_lock:
                     self._watched.pop(str(request["path"]), None)
@@ -194,7 +197,10 @@ class Relay:
     def _watch_loop(self):
         # type: () -> None
         interval = WATCH_MIN
-        while not self._stop.wait(interval):
+        while not self._stop.is_set():
+            if self._new_watch.wait(interval):
+                self._new_watch.clear()
+                interval = WATCH_MIN
             with self._watch_lock:
                 watched = list(self._watched.items())
             grew = False
@@ -205,9 +211,7 @@ class Relay:
     def _push(self, path, offset):
         # type: (str, int) -> bool
         """Send what ``path`` has past ``offset``; whether there was anything."""
-        try:
-            if os.stat(path).st_size <= offset:
-                return False  # one stat, no open, while nothing is new
+        try:  # open first: on NFS an open revalidates the size, a bare stat may be stale
             with open(path, "rb") as fh:
                 fh.seek(offset)
                 data = fh.read(PUSH_LIMIT)
