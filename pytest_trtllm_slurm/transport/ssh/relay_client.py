@@ -30,6 +30,7 @@ from typing import IO, Any
 import paramiko
 
 from pytest_trtllm_slurm.node import relay as relay_source
+from pytest_trtllm_slurm.planning.masking import mask_text
 from pytest_trtllm_slurm.transport.shell import CommandResult
 from pytest_trtllm_slurm.transport.ssh.commands import remote_command
 
@@ -115,7 +116,8 @@ class RelayChannel:
             err = b""
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(1 << 16)
-            log.debug("ssh relay: did not come up: %s", err.decode(errors="replace")[-300:])
+            log.debug("ssh relay: did not come up: %s",
+                      mask_text(err.decode(errors="replace")[-300:]))
             relay.close()
             return None
         return relay
@@ -287,7 +289,9 @@ class RelayChannel:
         try:
             message = json.loads(line)
         except ValueError:
-            log.debug("ssh relay: not a message: %r", line[:200])
+            # a login shell that prints (a banner in .bashrc): skipped, shown masked
+            log.debug("ssh relay: not a message: %s",
+                      mask_text(line[:200].decode("utf-8", "replace")))
             return
         if not isinstance(message, dict):
             return
