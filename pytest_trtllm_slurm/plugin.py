@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
             or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
             or any(getattr(ns, options.BY_NAME[n].dest, None) for n in ("plan", "plan_json"))):
         return
-    from pytest_trtllm_slurm.controller.warm_start import start_early_sessions
+    from pytest_trtllm_slurm.controller.warm_start import connect_early, start_early_sessions
 
     try:
+        connect_early(early_config)  # a remote cluster's connection, while the suite imports
         started = start_early_sessions(early_config)
     except (ConfigError, ExecutionError, OSError):
         return  # an optimization: the run itself reports a bad setting, once configured
@@ -94,6 +96,9 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    early_connect = sys.modules.get("pytest_trtllm_slurm.execution.remote.early_connect")
+    if early_connect is not None:  # loaded only by a run that connected early
+        early_connect.close_unused()
     if _EARLY_SESSIONS_STARTED:
         from pytest_trtllm_slurm.controller.warm_start import stop_unused_sessions
 

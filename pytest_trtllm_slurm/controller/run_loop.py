@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -164,7 +163,7 @@ class DispatchLoop:
             while self.monitor.active:
                 self._check_stop()
                 if not self._pump():
-                    time.sleep(self.monitor.poll_interval)
+                    self.monitor.wait()
             self._check_stop()
         finally:
             if self.monitor.active:
@@ -205,7 +204,7 @@ class DispatchLoop:
             while any(not self.replayer.is_finished(n) for n in before) and self.monitor.active:
                 self._check_stop()
                 if not self._pump():
-                    time.sleep(self.monitor.poll_interval)
+                    self.monitor.wait()
             self._run_local([plan])
 
     def _check_stop(self) -> None:

@@ -116,6 +116,28 @@ def start_early_sessions(config: pytest.Config) -> int:
     return started
 
 
+def connect_early(config: pytest.Config) -> bool:
+    """Open the SSH connection of the remote cluster ``--slurm-cluster`` names, in a thread,
+    while pytest imports the suite (``execution.remote.early_connect``); whether it did."""
+    early = EarlyConfig(config)
+    if not options.remote_requested(early):  # type: ignore[arg-type]
+        return False
+    settings = options.resolve_settings(early)  # type: ignore[arg-type]
+    if not (settings.remote and settings.slurm_cluster):
+        return False
+    clusters = options.clusters_file(early)  # type: ignore[arg-type]
+    if not clusters.clusters and not settings.config_path:
+        from pytest_trtllm_slurm.planning.settings import load_clusters_file
+
+        clusters = load_clusters_file(None, config.rootpath)  # the default locations
+    cluster = clusters.find(settings.slurm_cluster)
+    if cluster is None:
+        return False
+    from pytest_trtllm_slurm.execution.remote import early_connect
+
+    return early_connect.start(cluster)
+
+
 def stop_unused_sessions() -> None:
     """Sessions no pool took (nothing ran on their node): end them now, not at their
     idle timeout."""

@@ -2,6 +2,9 @@
 
 Per poll: one state query per executor for all its jobs, then an incremental
 read (by offset) of each job's reports.jsonl and log. Nothing is read whole.
+Over a shell that pushes (SSH with its relay), those reads take the pushed bytes
+instead of a round trip each, and the wait between polls ends when a report line
+lands; a job's last read, once it has ended, always reads the file itself.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.node.protocol import LOG_MARK
+from pytest_trtllm_slurm.transport.shell import PushingShell
 
 LOG_OVERLAP = 256  # bytes kept from the previous log chunk so a pattern split across reads is seen
 _MARK = LOG_MARK.encode()
@@ -118,7 +122,23 @@ class Monitor:
     def add(self, handle: JobHandle, executor: Executor) -> WatchedJob:
         job = WatchedJob(handle=handle, executor=executor)
         self.jobs[handle.job_id] = job
+        shell = executor.shell
+        if isinstance(shell, PushingShell):
+            shell.watch(handle.spec.reports_path, 0)
+            if self.hang_patterns:  # read for hangs only; its lines wake nobody
+                shell.watch(handle.spec.log_path, 0, wake=False)
         return job
+
+    def wait(self, timeout: float | None = None) -> None:
+        """The pause between two polls (``poll_interval``): shorter when the one shell of
+        the active jobs pushes a report line meanwhile."""
+        timeout = self.poll_interval if timeout is None else timeout
+        shells = {id(j.executor.shell): j.executor.shell for j in self.jobs.values()}
+        only = next(iter(shells.values())) if len(shells) == 1 else None
+        if isinstance(only, PushingShell):
+            only.wait_news(timeout)
+        else:
+            time.sleep(timeout)
 
     @property
     def active(self) -> bool:
@@ -161,12 +181,13 @@ class Monitor:
             # (the run loop drops those stamped after an end the scheduler saw)
             records += job.held
             job.held = []
-            while True:  # everything that landed, to the end of the file
+            while True:  # everything that landed, to the end of the file (itself)
                 offset = job.reports_offset
-                records += self._read_records(job)
+                records += self._read_records(job, final=True)
                 if job.reports_offset == offset:
                     break
             del self.jobs[job.handle.job_id]
+            self._unwatch(job)
             final = job.state
             if job.forced_status is not None:
                 final = JobState(  # it ended because we stopped it: its code says nothing
@@ -205,9 +226,26 @@ class Monitor:
         job.executor.cancel(job.handle)
         job.state = job.executor.poll([job.handle]).get(job.handle.job_id, job.state)
 
-    def _read_records(self, job: WatchedJob) -> list[dict[str, Any]]:
+    @staticmethod
+    def _chunk(job: WatchedJob, path: str, offset: int, *, final: bool = False) -> bytes:
+        """Bytes of ``path`` from ``offset``: the pushed ones when the shell has them, else
+        (and always for a job's ``final`` read) the file's own."""
         shell = job.executor.shell
-        chunk = shell.read_from(job.handle.spec.reports_path, job.reports_offset)
+        if not final and isinstance(shell, PushingShell):
+            data = shell.pushed(path, offset)
+            if data is not None:
+                return data
+        return shell.read_from(path, offset)
+
+    @staticmethod
+    def _unwatch(job: WatchedJob) -> None:
+        shell = job.executor.shell
+        if isinstance(shell, PushingShell):
+            shell.unwatch(job.handle.spec.reports_path)
+            shell.unwatch(job.handle.spec.log_path)
+
+    def _read_records(self, job: WatchedJob, *, final: bool = False) -> list[dict[str, Any]]:
+        chunk = self._chunk(job, job.handle.spec.reports_path, job.reports_offset, final=final)
         if not chunk:
             return []
         job.reports_offset += len(chunk)
@@ -233,7 +271,7 @@ class Monitor:
     def _hang_seen(self, job: WatchedJob) -> bool:
         if not self.hang_patterns:
             return False
-        chunk = job.executor.shell.read_from(job.handle.spec.log_path, job.log_offset)
+        chunk = self._chunk(job, job.handle.spec.log_path, job.log_offset)
         if not chunk:
             return False
         job.log_offset += len(chunk)
@@ -243,6 +281,7 @@ class Monitor:
     def cancel_all(self) -> None:
         for job in list(self.jobs.values()):
             job.executor.cancel(job.handle)
+            self._unwatch(job)
         self.jobs.clear()
 
 

@@ -12,7 +12,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.transport.command_log import timed_command
@@ -75,6 +75,22 @@ class Shell(Protocol):
         ...
 
     def exists(self, path: str) -> bool: ...
+
+
+@runtime_checkable
+class PushingShell(Protocol):
+    """A Shell whose far end pushes what is appended to watched files (SSHShell's relay),
+    so a reader learns of new lines without a round trip per look. ``pushed`` may answer
+    None at any time (no relay, it died): the reader then reads the file by offset, so
+    nothing is lost or read twice."""
+
+    def watch(self, path: str, offset: int, *, wake: bool = True) -> None: ...
+
+    def unwatch(self, path: str) -> None: ...
+
+    def pushed(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None: ...
+
+    def wait_news(self, timeout: float) -> None: ...
 
 
 class LocalShell:

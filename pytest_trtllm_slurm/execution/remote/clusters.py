@@ -52,9 +52,10 @@ class RemoteClusters:
             if self._shell_factory is not None:
                 shell = self._shell_factory(cluster)
             else:
+                from pytest_trtllm_slurm.execution.remote import early_connect
                 from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
-                shell = shell_for_cluster(cluster)
+                shell = early_connect.take(cluster) or shell_for_cluster(cluster)
             shell.connect()
             self._shells[name] = shell
         return self._shells[name]

@@ -1,6 +1,9 @@
 """SSHShell: the Shell protocol over one paramiko connection (remote_slurm's transport).
 
-One Transport per run, one channel per command, one SFTP session for files. A dropped
+One Transport per run and on it one relay channel (``node/relay.py``, started once per
+connection): commands and file operations ride it, one round trip each, and it pushes
+the growth of watched files. Without python3 on the login node (or while the relay is
+being replaced), a channel per command and SFTP for files, as before. A dropped
 connection is re-established with backoff on the next call (an MFA login asks the
 code provider again); a command cut by the drop is re-run only when the caller says
 it may be (``retry_on_drop``; sbatch must not be).
@@ -8,6 +11,7 @@ it may be (``retry_on_drop``; sbatch must not be).
 
 from __future__ import annotations
 
+import base64
 import logging
 import posixpath
 import shlex
@@ -30,6 +34,7 @@ from pytest_trtllm_slurm.transport.ssh.connect import (
     SSHConnectionLost,
     connect,
 )
+from pytest_trtllm_slurm.transport.ssh.relay_client import RelayChannel, RelayLost, started_in
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DROP_ERRORS = (EOFError, OSError, paramiko.SSHException)
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
+RELAY_STARTS = 5  # relays one run starts at most (a login node that keeps killing them)
 
 __all__ = ["SSHShell", "SSHTarget", "SSHConnectionLost", "SSHConnectError", "remote_command"]
 
@@ -49,7 +55,8 @@ class SSHShell:
     """Run commands and read/write files on an SSH host (see the module docstring)."""
 
     def __init__(self, target: SSHTarget, *, otp_provider: OtpProvider = default_otp_provider,
-                 backoff: Sequence[float] = BACKOFF) -> None:
+                 backoff: Sequence[float] = BACKOFF, relay: bool = True,
+                 relay_python: str = "python3") -> None:
         self.target = target
         self.name = target.alias
         self.reconnects = 0
@@ -59,6 +66,15 @@ class SSHShell:
         self._sftp_lock = threading.Lock()  # one SFTP request at a time
         self._conn: Connection | None = None
         self._ever_connected = False
+        # the relay: commands and pushed file growth on one channel (see relay_client)
+        self.use_relay = relay
+        self.relay_python = relay_python
+        self.relay_starts = 0
+        self._relay: RelayChannel | None = None
+        self._relay_conn: Connection | None = None  # the connection the relay was tried on
+        self._relay_lock = threading.Lock()
+        self._later_watches: dict[str, tuple[int, bool]] = {}  # for the next relay
+        self._watch_lock = threading.Lock()  # guards _later_watches
         # told while a dropped connection is re-established (the run shows it: a frozen
         # run is worse than a line); None: the log only
         self.notify: Callable[[str], None] | None = None
@@ -80,6 +96,11 @@ class SSHShell:
         self._connection()
 
     def close(self) -> None:
+        with self._relay_lock:
+            if self._relay is not None:
+                log.debug("ssh: relay on %s: %s", self.target.display, self._relay.summary())
+                self._relay.close()
+            self._relay = self._relay_conn = None
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -100,8 +121,9 @@ class SSHShell:
             if not self._ever_connected:  # the first login fails fast: it is usually config
                 self._conn = connect(self.target, self._otp_provider)
                 self._ever_connected = True
-                return self._conn
-            self._conn = self._reconnect()
+            else:
+                self._conn = self._reconnect()
+            self._start_relay_soon(self._conn)
             return self._conn
 
     def _reconnect(self) -> Connection:
@@ -139,21 +161,160 @@ class SSHShell:
                 self._conn = None
         log.warning("ssh: connection to %s dropped", self.target.display)
 
+    # -- the relay ----------------------------------------------------------------
+    def _start_relay_soon(self, conn: Connection) -> None:
+        """Start the relay now, while the caller gets on with what needs no command."""
+        if self.use_relay:
+            threading.Thread(target=self._relay_on, args=(conn,), name="ssh-relay-start",
+                             daemon=True).start()
+
+    def _relay_on(self, conn: Connection) -> RelayChannel | None:
+        """The live relay of ``conn``, started on first use (again after it died, up to
+        RELAY_STARTS a run); None: commands take a channel each. A command waits for a
+        start under way: a session of its own costs about as much as the start."""
+        with self._relay_lock:
+            old = self._relay
+            if old is not None and self._relay_conn is conn and old.alive:
+                return old
+            if not self.use_relay or self.relay_starts >= RELAY_STARTS:
+                return None
+            if old is None and self._relay_conn is conn:
+                return None  # it did not come up on this connection
+            self.relay_starts += 1
+            since = time.monotonic()
+            relay = RelayChannel.start(conn.transport, self.relay_python)
+            log.debug("ssh: relay on %s %s", self.target.display, started_in(relay, since))
+            with self._watch_lock:
+                watches = [(path, offset, wake) for path, (offset, wake)
+                           in self._later_watches.items()]
+                if relay is not None:
+                    self._later_watches.clear()
+            if old is not None:
+                log.debug("ssh: relay on %s: %s", self.target.display, old.summary())
+                old.close()
+                watches += old.watches()  # the files the old one watched, from what is unread
+            if relay is None:  # kept for a relay started later (another connection)
+                with self._watch_lock:
+                    for path, offset, wake in watches:
+                        self._later_watches.setdefault(path, (offset, wake))
+            else:
+                try:
+                    for path, offset, wake in watches:
+                        relay.watch(path, offset, wake=wake)
+                except RelayLost:
+                    pass  # dead too: its pushed() says None, the reader reads files
+            self._relay, self._relay_conn = relay, conn
+            return relay
+
+    def relay_up(self) -> bool:
+        """Whether commands ride the relay (waiting for a start under way)."""
+        return self._relay_on(self._connection()) is not None
+
+    def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
+        """Have the relay push what ``path`` gets past ``offset`` (read it with ``pushed``);
+        ``wake``: a push ends ``wait_news``. Never connects (a monitor's bookkeeping must not
+        wait on the network): with no live relay now, the next relay started watches it;
+        until then ``pushed`` says None and the reader reads the file."""
+        relay = self._relay
+        if relay is not None and relay.alive:
+            try:
+                relay.watch(path, offset, wake=wake)
+                return
+            except RelayLost:
+                pass
+        with self._watch_lock:
+            self._later_watches[path] = (offset, wake)
+
+    def unwatch(self, path: str) -> None:
+        with self._watch_lock:
+            self._later_watches.pop(path, None)
+        relay = self._relay
+        if relay is not None:
+            try:
+                relay.unwatch(path)
+            except RelayLost:
+                pass
+
+    def pushed(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
+        """Pushed bytes of a watched ``path`` from ``offset`` (b"": nothing new); None when
+        the pushes do not cover it (no relay, it died, a gap): read the file instead."""
+        relay = self._relay
+        return relay.pushed(path, offset, limit) if relay is not None else None
+
+    def wait_news(self, timeout: float) -> None:
+        """Sleep ``timeout`` seconds, or less when the relay pushes a watched file's growth."""
+        relay = self._relay
+        if relay is not None and relay.alive:
+            relay.wait_news(timeout)
+        else:
+            time.sleep(timeout)
+
     # -- commands -----------------------------------------------------------------
     def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None,
             retry_on_drop: bool = True) -> CommandResult:
         """Run argv remotely. ``retry_on_drop=False`` for commands that must not run twice
         (submissions): a drop mid-command then raises SSHConnectionLost instead."""
-        command = remote_command(argv, env=env, cwd=cwd)
+        command = remote_command(argv, env=env, cwd=cwd)  # also checks the env names
+        if self.use_relay:
+            result = self._run_relayed(argv, timeout, input, env, cwd, retry_on_drop)
+            if result is not None:
+                return result
         data = input.encode() if input is not None else None
         return self._exec(argv, command, timeout, retry_on_drop,
                           (lambda fh: fh.write(data)) if data is not None else None)
+
+    def _run_relayed(self, argv: list[str], timeout: float | None, input: str | None,
+                     env: dict[str, str] | None, cwd: str | None,
+                     retry_on_drop: bool) -> CommandResult | None:
+        """``argv`` through the relay; None: no relay (the caller runs it on a channel of
+        its own). A relay that ends under a command that may run again is replaced and the
+        command re-run once through the new one."""
+        for _attempt in range(2):
+            conn = self._connection()
+            relay = self._relay_on(conn)
+            if relay is None:
+                return None
+            with timed_command(f"ssh {self.name}", argv) as outcome:
+                try:
+                    outcome.append(relay.run(argv, timeout=timeout, input=input, env=env,
+                                             cwd=cwd))
+                except RelayLost:
+                    if not conn.active:
+                        self._dropped(conn)
+                    if not retry_on_drop:
+                        raise SSHConnectionLost(
+                            f"the SSH connection to {self.target.display} dropped while "
+                            f"`{shlex.join(argv)}` was running; it was not run again (it may "
+                            "have taken effect). The connection is re-established on the "
+                            "next call") from None
+                    log.warning("ssh: re-running `%s` after the relay's channel ended",
+                                shlex.join(argv))
+                    continue
+            return outcome[0]
+        return None
 
     def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                          timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
         """Run argv with ``producer(stdin)`` streaming binary data into it (a tar stream).
         Not retried on a drop: the producer may not be re-runnable."""
+        conn = self._connection()
+        relay = self._relay_on(conn)
+        if relay is not None:
+            with timed_command(f"ssh {self.name}", argv) as outcome:
+                try:
+                    result, error = relay.run_stream(argv, producer, timeout=timeout, cwd=cwd)
+                except RelayLost:
+                    if not conn.active:
+                        self._dropped(conn)
+                    raise SSHConnectionLost(
+                        f"the SSH connection to {self.target.display} dropped while "
+                        f"`{shlex.join(argv)}` was running; it was not run again") from None
+                if error is not None and result.returncode == 0:
+                    raise ExecutionError(f"sending input to `{shlex.join(argv)}` on "
+                                         f"{self.target.display} failed: {error}")
+                outcome.append(result)
+            return result
         return self._exec(argv, remote_command(argv, cwd=cwd), timeout, False, producer)
 
     def _exec(self, argv: Sequence[str], command: str, timeout: float | None,
@@ -226,7 +387,19 @@ class SSHShell:
         return CommandResult(tuple(argv), status, out.decode(errors="replace"),
                              err.decode(errors="replace"))
 
-    # -- files (SFTP) ---------------------------------------------------------------
+    # -- files (the relay, else SFTP) ------------------------------------------------
+    def _relayed_file_op(self, op: str, **fields: Any) -> dict[str, Any] | None:
+        """``op`` through the relay in one round trip; None: no relay or it ended (file
+        operations are idempotent: the caller does it over SFTP)."""
+        relay = self._relay_on(self._connection()) if self.use_relay else None
+        if relay is None:
+            return None
+        try:
+            return relay.file_op(op, **fields)
+        except RelayLost:
+            return None
+
+
     def _sftp(self, op: Callable[[paramiko.SFTPClient], T]) -> T:
         """Run an idempotent SFTP operation, reconnecting (and repeating it) on a drop."""
         for attempt in range(3):
@@ -249,6 +422,10 @@ class SSHShell:
         raise AssertionError("unreachable")
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
+        answer = self._relayed_file_op("read", path=path, offset=offset, limit=limit)
+        if answer is not None:
+            return base64.b64decode(answer["data"])
+
         def op(sftp: paramiko.SFTPClient) -> bytes:
             try:
                 with sftp.open(path, "rb") as fh:
@@ -260,6 +437,10 @@ class SSHShell:
         return self._sftp(op)
 
     def size(self, path: str) -> int:
+        answer = self._relayed_file_op("size", path=path)
+        if answer is not None:
+            return int(answer["size"])
+
         def op(sftp: paramiko.SFTPClient) -> int:
             try:
                 return int(sftp.stat(path).st_size or 0)
@@ -269,6 +450,10 @@ class SSHShell:
         return self._sftp(op)
 
     def exists(self, path: str) -> bool:
+        answer = self._relayed_file_op("size", path=path)
+        if answer is not None:
+            return not answer.get("absent")
+
         def op(sftp: paramiko.SFTPClient) -> bool:
             try:
                 sftp.stat(path)
@@ -281,6 +466,12 @@ class SSHShell:
     def mkdir(self, path: str, *, private: bool = False) -> None:
         """``mkdir -p``: create missing parents; an existing directory is fine. ``private``:
         the folders it creates are 0700."""
+        try:
+            if self._relayed_file_op("mkdir", path=path, private=private) is not None:
+                return
+        except OSError as exc:
+            raise ExecutionError(f"cannot create directory {path} on {self.target.display}: "
+                                 f"{exc.strerror or exc}") from None
 
         def make(sftp: paramiko.SFTPClient, p: str) -> None:
             try:
@@ -308,6 +499,14 @@ class SSHShell:
     def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
         """Atomic: a 0600 temp file next to ``path``, then posix-rename over it."""
         blob = data.encode() if isinstance(data, str) else data
+        try:
+            if self._relayed_file_op("write", path=path, mode=mode,
+                                     data=base64.b64encode(blob).decode("ascii")) is not None:
+                return
+        except OSError as exc:
+            raise ExecutionError(
+                f"cannot write {path} on {self.target.display}: {exc.strerror or exc}"
+            ) from None
         directory, base = posixpath.split(path)
         tmp = posixpath.join(directory, f".{base}.tmp-{uuid.uuid4().hex[:12]}")
 

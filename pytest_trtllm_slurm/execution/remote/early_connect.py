@@ -1,0 +1,86 @@
+"""A remote cluster's SSH connection opened before pytest imports the suite.
+
+Why: connecting (the SSH handshake, the login-node relay's start: a login shell and a
+python3) takes about half a second to a second, and a run has nothing else to do while
+it waits for it. Started from ``pytest_load_initial_conftests`` in a thread, it overlaps
+the import of the suite's conftests, collection and planning; ``RemoteClusters`` takes it
+on its first use of that cluster. Only for a cluster named by ``--slurm-cluster`` that
+logs in with a key and nothing typed (paramiko, ``mfa = false``): a prompt for a one-time
+code must never come from a thread in the middle of collection. A failure here is kept
+quiet: the run connects again the usual way, and reports the error then.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Early:
+    cluster: ClusterConfig
+    thread: threading.Thread
+    shell: list[Any] = field(default_factory=list)  # the connected shell, once it is
+
+
+_EARLY: dict[str, _Early] = {}
+
+
+def suitable(cluster: ClusterConfig) -> bool:
+    """A login that needs nothing typed: safe to open from a thread."""
+    return cluster.is_remote and cluster.transport == "paramiko" and cluster.mfa is False
+
+
+def start(cluster: ClusterConfig) -> bool:
+    """Connect to ``cluster`` in a thread now (once); whether it was started."""
+    if not suitable(cluster) or cluster.name in _EARLY:
+        return False
+    early = _Early(cluster, threading.Thread(name=f"ssh-early-{cluster.name}", daemon=True,
+                                             target=lambda: _connect(early)))
+    _EARLY[cluster.name] = early
+    early.thread.start()
+    return True
+
+
+def _connect(early: _Early) -> None:
+    from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
+
+    try:
+        shell = shell_for_cluster(early.cluster)
+        shell.connect()
+        relay_up = getattr(shell, "relay_up", None)
+        if relay_up is not None:
+            relay_up()  # its relay too: the first command finds it running
+    except Exception as exc:  # noqa: BLE001 - the run connects again and says why
+        log.debug("ssh: early connection to %s failed: %s", early.cluster.name, exc)
+        return
+    early.shell.append(shell)
+
+
+def take(cluster: ClusterConfig) -> Any | None:
+    """The early connection to ``cluster`` (waited for), handed out once; None when there
+    is none, it failed, or the cluster's settings are not the ones it was opened with."""
+    early = _EARLY.pop(cluster.name, None)
+    if early is None:
+        return None
+    early.thread.join()
+    shell = early.shell[0] if early.shell else None
+    if shell is not None and early.cluster != cluster:
+        shell.close()
+        return None
+    return shell
+
+
+def close_unused() -> None:
+    """End the connections no one took (the run dispatched nothing there)."""
+    while _EARLY:
+        _, early = _EARLY.popitem()
+        early.thread.join()
+        for shell in early.shell:
+            shell.close()

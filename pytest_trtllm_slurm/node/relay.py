@@ -1,0 +1,307 @@
+"""The login node's end of the wire: one process per run, started over SSH, that runs
+the controller's commands and pushes the growth of the files it watches.
+
+Why: every command over SSH on its own channel is a new sshd session (PAM, the login
+shell), a fifth of a second or more each, and a file the controller polls costs a round
+trip per look. This relay is started once per run on one channel and kept: commands
+ride it as JSON lines, and the bytes appended to watched files (reports.jsonl, job logs)
+are sent as soon as they are seen, without being asked for.
+
+Stdlib only, one file, Python 3.6+ (a login node's system python3; hence type comments,
+not annotations): the controller sends this file's text as ``python3 -c`` (nothing needs
+to be installed on the login node). It ends when its stdin closes (the channel or the
+connection is gone).
+
+Lines in (one JSON object each):
+    {"op": "run", "id": N, "argv": [...], "env": {...}|null, "cwd": str|null,
+     "input": str|null, "timeout": float|null}
+    {"op": "run", ..., "stream": true}                stdin comes as "stdin" lines:
+    {"op": "stdin", "id": N, "data": base64}          a piece of a streamed stdin
+    {"op": "stdin", "id": N, "eof": true}             its end
+    {"op": "read", "id": N, "path", "offset", "limit"} / "size" / "write" (path, data
+     base64, mode: atomic) / "mkdir" (path, private): one round trip each; the answer
+     has "data" / "size" (and "absent") / nothing, or "errno" and "error"
+    {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
+    {"op": "unwatch", "path": str}
+Lines out:
+    {"ready": VERSION}                                once, first
+    {"id": N, "rc": int, "out": str, "err": str, "timed_out": bool}
+    {"push": path, "offset": int, "data": base64}    bytes of path from offset
+"""
+
+import base64
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from typing import IO, Any, Dict, Optional  # noqa: F401, UP035 - used by type comments
+
+VERSION = 1
+# seconds between two looks at the watched files: short after a new watch and while they
+# grow, longer while they do not (up to WATCH_MAX: the controller's own remote poll was
+# 0.2 s), so a login node's shared file system is not opened hundreds of times a second
+# by a run that waits for slow tests
+WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.2, 1.5
+PUSH_LIMIT = 1 << 20  # bytes per push line
+
+
+class Relay:
+    """Reads requests from ``stdin``, answers and pushes on ``stdout`` (one writer lock)."""
+
+    def __init__(self, stdin, stdout):
+        # type: (IO[bytes], IO[bytes]) -> None
+        self._in = stdin
+        self._out = stdout
+        self._out_lock = threading.Lock()
+        self._watched = {}  # type: dict[str, int]
+        self._watch_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._new_watch = threading.Event()
+        self._streams = {}  # type: Dict[int, queue.Queue[Optional[bytes]]]
+
+    def send(self, message):
+        # type: (Dict[str, Any]) -> None
+        line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        with self._out_lock:
+            try:
+                self._out.write(line)
+                self._out.flush()
+            except (OSError, ValueError):  # the channel is gone: nothing to tell anyone
+                self._stop.set()
+
+    def serve(self):
+        # type: () -> None
+        self.send({"ready": VERSION})
+        watcher = threading.Thread(target=self._watch_loop, daemon=True)
+        watcher.start()
+        for raw in self._in:
+            try:
+                request = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(request, dict):
+                continue
+            op = request.get("op")
+            if op == "run":
+                if request.get("stream"):  # before any of its stdin lines is read
+                    self._streams[request["id"]] = queue.Queue()
+                threading.Thread(target=self._run, args=(request,), daemon=True).start()
+            elif op == "stdin":
+                pieces = self._streams.get(int(request.get("id") or 0))
+                if pieces is not None:
+                    pieces.put(None if request.get("eof") else
+                               base64.b64decode(request.get("data") or ""))
+            elif op in FILE_OPS:
+                threading.Thread(target=self._file_op, args=(request,), daemon=True).start()
+            elif op == "watch":
+                with self._watch_lock:
+                    self._watched[str(request["path"])] = int(request.get("offset") or 0)
+                self._new_watch.set()  # a new batch: look often again
+            elif op == "unwatch":
+                with self._watch_lock:
+                    self._watched.pop(str(request["path"]), None)
+        self._stop.set()
+        for pieces in list(self._streams.values()):
+            pieces.put(None)
+
+    def _file_op(self, request):
+        # type: (Dict[str, Any]) -> None
+        """One file operation, one round trip (over SFTP: open, stat, read, close...)."""
+        answer = {"id": request["id"]}  # type: Dict[str, Any]
+        try:
+            answer.update(FILE_OPS[request["op"]](request))
+        except OSError as exc:
+            answer.update(errno=exc.errno or 0, error=exc.strerror or str(exc))
+        self.send(answer)
+
+    def _run(self, request):
+        # type: (Dict[str, Any]) -> None
+        argv = [str(a) for a in request["argv"]]
+        env = None  # type: Optional[Dict[str, str]]
+        if request.get("env"):
+            env = dict(os.environ)
+            env.update({str(k): str(v) for k, v in request["env"].items()})
+        data = request.get("input")
+        pieces = self._streams.get(request["id"])
+        answer = {"id": request["id"], "rc": 0, "out": "", "err": "",
+                  "timed_out": False}  # type: Dict[str, Any]
+        cwd = request.get("cwd") or None
+        if cwd and not os.path.isdir(cwd):  # what ``cd DIR && ...`` says over a login shell
+            answer.update(rc=1, err=f"cd: {cwd}: No such file or directory")
+            self.send(answer)
+            return
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=env,
+                stdin=subprocess.PIPE if data is not None or pieces else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:  # as a login shell says it: not found 127, not runnable 126
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            answer.update(rc=code, err=f"{argv[0]}: {exc.strerror or exc}")
+            self._streams.pop(request["id"], None)
+            self.send(answer)
+            return
+        try:
+            if pieces is not None:
+                out, err = self._streamed(proc, pieces, request.get("timeout"))
+                self._streams.pop(request["id"], None)
+            else:
+                out, err = proc.communicate(data.encode() if data is not None else None,
+                                            timeout=request.get("timeout"))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate() if pieces is None else (b"", b"")
+            answer["timed_out"], answer["rc"] = True, 124
+        else:
+            answer["rc"] = proc.returncode
+        answer["out"] = out.decode("utf-8", "replace")
+        answer["err"] = err.decode("utf-8", "replace")
+        self.send(answer)
+
+    @staticmethod
+    def _streamed(proc, pieces, timeout):
+        # type: (subprocess.Popen[bytes], queue.Queue[Optional[bytes]], Optional[float]) -> Any
+        """Feed ``pieces`` to the process's stdin as they come while its output is read."""
+        outputs = {}  # type: Dict[str, bytes]
+
+        def drain(name, stream):
+            # type: (str, IO[bytes]) -> None
+            outputs[name] = stream.read()
+
+        readers = [threading.Thread(target=drain, args=(name, stream), daemon=True)
+                   for name, stream in (("out", proc.stdout), ("err", proc.stderr))]
+        for reader in readers:
+            reader.start()
+        stdin, broken = proc.stdin, False
+        assert stdin is not None
+        while True:
+            piece = pieces.get()
+            if piece is None:
+                break
+            if not broken:
+                try:
+                    stdin.write(piece)
+                except OSError:  # it stopped reading: the rest is dropped, its exit code says
+                    broken = True
+        try:
+            stdin.close()
+        except OSError:
+            pass
+        proc.wait(timeout)  # TimeoutExpired: the caller kills it
+        for reader in readers:
+            reader.join()
+        return outputs.get("out", b""), outputs.get("err", b"")
+
+    def _watch_loop(self):
+        # type: () -> None
+        interval = WATCH_MIN
+        while not self._stop.is_set():
+            if self._new_watch.wait(interval):
+                self._new_watch.clear()
+                interval = WATCH_MIN
+            with self._watch_lock:
+                watched = list(self._watched.items())
+            grew = False
+            for path, offset in watched:
+                grew = self._push(path, offset) or grew
+            interval = WATCH_MIN if grew else min(interval * WATCH_GROWTH, WATCH_MAX)
+
+    def _push(self, path, offset):
+        # type: (str, int) -> bool
+        """Send what ``path`` has past ``offset``; whether there was anything."""
+        try:  # open first: on NFS an open revalidates the size, a bare stat may be stale
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(PUSH_LIMIT)
+        except OSError:
+            return False  # not there yet
+        if not data:
+            return False
+        with self._watch_lock:
+            if self._watched.get(path) != offset:
+                return False  # unwatched (or moved) meanwhile
+            self._watched[path] = offset + len(data)
+        self.send({"push": path, "offset": offset,
+                   "data": base64.b64encode(data).decode("ascii")})
+        return True
+
+
+def _read(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    try:
+        with open(request["path"], "rb") as fh:
+            fh.seek(int(request["offset"]))
+            data = fh.read(int(request["limit"]))
+    except FileNotFoundError:
+        data = b""
+    return {"data": base64.b64encode(data).decode("ascii")}
+
+
+def _size(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    try:
+        return {"size": os.stat(request["path"]).st_size}
+    except FileNotFoundError:
+        return {"size": 0, "absent": True}
+
+
+def _write(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    """Atomic and 0600 from its first byte, as node/files.write_atomic (not importable
+    here: this file travels alone): a temporary name, fsync, then a rename."""
+    path = request["path"]
+    folder, base = os.path.split(path)
+    tmp = os.path.join(folder, f".{base}.tmp-{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(base64.b64decode(request["data"]))
+            fh.flush()
+            os.fsync(fh.fileno())
+        if int(request["mode"]) != 0o600:
+            os.chmod(tmp, int(request["mode"]))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return {}
+
+
+def _mkdir(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    """``mkdir -p``; ``private``: the folders it creates are 0700 (whatever the umask)."""
+    path, private = request["path"].rstrip("/") or "/", bool(request.get("private"))
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700 if private else 0o777)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+            continue
+        if private:
+            os.chmod(folder, 0o700)
+    return {}
+
+
+FILE_OPS = {"read": _read, "size": _size, "write": _write, "mkdir": _mkdir}
+
+
+def main():
+    # type: () -> None
+    Relay(sys.stdin.buffer, sys.stdout.buffer).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,361 @@
+"""The controller's end of the login-node relay (``node/relay.py``): one channel per run.
+
+Why: a command on its own SSH channel is a new sshd session (PAM, the login shell), a
+fifth of a second or more each; through the relay it is one JSON line each way. The
+relay also pushes what is appended to the files the monitor watches, so the monitor
+learns of a report without a round trip and wakes as soon as one lands.
+
+What it guarantees: the pushed bytes are kept by their absolute offset in the file, so a
+reader that asks for an offset the pushes do not cover (the relay died, the reader read
+ahead through SFTP) is told ``None`` and reads the file itself: nothing is lost or read
+twice, whatever the channel does. Commands' input, output and environment never touch
+the disk (they ride the channel only).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import paramiko
+
+from pytest_trtllm_slurm.node import relay as relay_source
+from pytest_trtllm_slurm.planning.masking import mask_text
+from pytest_trtllm_slurm.transport.shell import CommandResult
+from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 20.0  # seconds for the relay to say it is up (a cold python3 on a busy login node)
+ANSWER_GRACE = 30.0  # seconds past a command's own timeout before the controller gives up on it
+FILE_OP_WAIT = 60.0  # seconds for one file operation's answer
+
+
+class RelayLost(Exception):
+    """The relay's channel ended under a command: it may or may not have run."""
+
+
+# the cluster's own interpreter when the login node has it (often an absolute path: no
+# shim or module to resolve), else the login node's python3; $2 names the relay in ps
+_START = ('command -v "$0" >/dev/null 2>&1 && exec "$0" -u -c "$1" "$2"; '
+          'exec python3 -u -c "$1" "$2"')
+
+
+def relay_tag(pid: int | None = None) -> str:
+    """The relay's one argument: whose it is (``ps`` on the login node shows it)."""
+    return f"trtllm-relay:{os.getpid() if pid is None else pid}"
+
+
+def relay_argv(python: str) -> list[str]:
+    """The command that starts the relay: its source on the command line, nothing installed."""
+    return ["sh", "-c", _START, python, Path(relay_source.__file__).read_text(), relay_tag()]
+
+
+@dataclass
+class _Feed:
+    """Bytes of one watched file, from ``start`` on, as pushed and not yet read past."""
+
+    start: int
+    data: bytearray = field(default_factory=bytearray)
+    broken: bool = False  # a push skipped bytes: the file is read directly from now on
+    wake: bool = True  # a push wakes whoever waits in wait_news (reports: yes; logs: no)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+
+@dataclass
+class _Pending:
+    done: threading.Event = field(default_factory=threading.Event)
+    answer: dict[str, Any] | None = None
+
+
+class RelayChannel:
+    """One running relay: commands through it, pushed file growth out of it."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()  # pending answers and feeds
+        self._pending: dict[int, _Pending] = {}
+        self._feeds: dict[str, _Feed] = {}
+        self._ids = itertools.count(1)
+        self._ready = threading.Event()
+        self._alive = True
+        self.pushed_bytes = 0  # what the relay sent unasked (figures for benchmarks)
+        self.pushes = 0
+        self.requests: dict[str, int] = {}  # round trips by operation (run, read, write...)
+        self._news = threading.Condition()
+        self._reader = threading.Thread(target=self._read, name="ssh-relay", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls, transport: paramiko.Transport, python: str = "python3",
+              ready_timeout: float = READY_TIMEOUT) -> RelayChannel | None:
+        """A relay on a new channel of ``transport``; None when it does not come up (no
+        python3 on the login node, a restricted shell): the caller runs commands as before."""
+        try:
+            chan = transport.open_session(timeout=30)
+            chan.exec_command(remote_command(relay_argv(python)))
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            log.debug("ssh relay: could not start: %s", exc)
+            return None
+        relay = cls(chan)
+        if not relay._ready.wait(ready_timeout) or not relay.alive:
+            err = b""
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(1 << 16)
+            log.debug("ssh relay: did not come up: %s",
+                      mask_text(err.decode(errors="replace")[-300:]))
+            relay.close()
+            return None
+        return relay
+
+    @property
+    def alive(self) -> bool:
+        return self._alive and not self._chan.closed
+
+    def summary(self) -> str:
+        """What went through it: round trips by operation, pushes (for the debug log)."""
+        with self._lock:
+            asked = ", ".join(f"{n} {op}" for op, n in sorted(self.requests.items()))
+            return (f"{sum(self.requests.values())} round trips ({asked or 'none'}), "
+                    f"{self.pushes} pushes ({self.pushed_bytes} bytes)")
+
+    def close(self) -> None:
+        """Closing stdin ends the relay; its running commands finish on their own."""
+        self._alive = False
+        try:
+            self._chan.close()
+        except (EOFError, OSError, paramiko.SSHException):
+            pass
+        self._fail_pending()
+
+    # -- requests -------------------------------------------------------------------
+    def call(self, message: dict[str, Any], wait: float | None = None) -> dict[str, Any] | None:
+        """Send one request and wait for its answer (None: none within ``wait`` seconds);
+        RelayLost when the channel ends first."""
+        ident = next(self._ids)
+        pending = _Pending()
+        with self._lock:
+            self._pending[ident] = pending
+            self.requests[message["op"]] = self.requests.get(message["op"], 0) + 1
+        try:
+            self._send({**message, "id": ident})
+            if not pending.done.wait(wait):
+                return None
+        finally:
+            with self._lock:
+                self._pending.pop(ident, None)
+        if pending.answer is None:
+            raise RelayLost()
+        return pending.answer
+
+    def file_op(self, op: str, **fields: Any) -> dict[str, Any]:
+        """A file operation in one round trip (read, size, write, mkdir); OSError as the
+        login node raised it."""
+        answer = self.call({"op": op, **fields}, FILE_OP_WAIT)
+        if answer is None:
+            raise RelayLost()  # stuck (a hung file system): the caller tries SFTP
+        if "errno" in answer:
+            raise OSError(int(answer["errno"]), str(answer.get("error", "")))
+        return answer
+
+    def run(self, argv: list[str], *, timeout: float | None, input: str | None,
+            env: dict[str, str] | None, cwd: str | None) -> CommandResult:
+        """Run ``argv`` on the login node; RelayLost when the channel ends first."""
+        answer = self.call({"op": "run", "argv": list(argv), "env": env or None, "cwd": cwd,
+                            "input": input, "timeout": timeout},
+                           None if timeout is None else timeout + ANSWER_GRACE)
+        if answer is None:
+            return CommandResult(tuple(argv), 124, "", "no answer from the relay",
+                                 timed_out=True)
+        return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
+                             str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
+
+    def run_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
+                   timeout: float | None, cwd: str | None) -> tuple[CommandResult,
+                                                                  BaseException | None]:
+        """Run ``argv`` with ``producer(stdin)`` streaming into it (a tar or git bundle);
+        also what the producer raised, if it did. RelayLost when the channel ends first."""
+        ident = next(self._ids)
+        pending = _Pending()
+        with self._lock:
+            self._pending[ident] = pending
+        error: BaseException | None = None
+        try:
+            self._send({"op": "run", "id": ident, "argv": list(argv), "env": None,
+                        "cwd": cwd, "input": None, "timeout": timeout, "stream": True})
+            try:
+                producer(_StdinWriter(self, ident))  # type: ignore[arg-type]
+            except RelayLost:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - told to the caller with the result
+                error = exc
+            self._send({"op": "stdin", "id": ident, "eof": True})
+            wait = None if timeout is None else timeout + ANSWER_GRACE
+            if not pending.done.wait(wait):
+                return CommandResult(tuple(argv), 124, "", "no answer from the relay",
+                                     timed_out=True), error
+        finally:
+            with self._lock:
+                self._pending.pop(ident, None)
+        answer = pending.answer
+        if answer is None:
+            raise RelayLost()
+        return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
+                             str(answer.get("err", "")),
+                             timed_out=bool(answer.get("timed_out"))), error
+
+    # -- pushed files ---------------------------------------------------------------
+    def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
+        """Push what ``path`` gets from ``offset`` on (again, if it was watched); ``wake``:
+        its pushes end a wait_news early."""
+        with self._lock:
+            self._feeds[path] = _Feed(start=offset, wake=wake)
+        self._send({"op": "watch", "path": path, "offset": offset})
+
+    def unwatch(self, path: str) -> None:
+        with self._lock:
+            self._feeds.pop(path, None)
+        if self.alive:
+            self._send({"op": "unwatch", "path": path})
+
+    def watches(self) -> list[tuple[str, int, bool]]:
+        """(path, lowest offset still held, wake) of every watched file: what a relay
+        that replaces this one watches again."""
+        with self._lock:
+            return [(path, feed.start, feed.wake) for path, feed in self._feeds.items()]
+
+    def pushed(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
+        """Bytes of ``path`` from ``offset`` that were pushed (b"": none since); None when
+        the pushes do not cover ``offset`` and the caller must read the file itself.
+        What lies before ``offset`` is dropped: the reader has it."""
+        with self._lock:
+            feed = self._feeds.get(path)
+            if not self.alive or feed is None or feed.broken:
+                return None
+            if not feed.start <= offset <= feed.end:
+                return None
+            del feed.data[:offset - feed.start]
+            feed.start = offset
+            return bytes(feed.data[:limit])
+
+    def wait_news(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, less when a push (or the channel's end) comes."""
+        with self._news:
+            self._news.wait(timeout)
+
+    # -- the channel ----------------------------------------------------------------
+    def _send(self, message: dict[str, Any]) -> None:
+        line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        try:
+            with self._send_lock:
+                self._chan.sendall(line)
+        except (EOFError, OSError, paramiko.SSHException):
+            self.close()
+            raise RelayLost() from None
+
+    def _read(self) -> None:
+        buffer = b""
+        try:
+            while True:
+                chunk = self._chan.recv(1 << 16)
+                if not chunk:
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    self._handle(line)
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            log.debug("ssh relay: channel ended: %s", exc)
+        finally:
+            self._alive = False
+            self._ready.set()
+            self._fail_pending()
+
+    def _handle(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            # a login shell that prints (a banner in .bashrc): skipped, shown masked
+            log.debug("ssh relay: not a message: %s",
+                      mask_text(line[:200].decode("utf-8", "replace")))
+            return
+        if not isinstance(message, dict):
+            return
+        if "push" in message:
+            self._take_push(message)
+        elif "id" in message:
+            with self._lock:
+                pending = self._pending.get(message["id"])
+            if pending is not None:
+                pending.answer = message
+                pending.done.set()
+        elif "ready" in message:
+            self._ready.set()
+
+    def _take_push(self, message: dict[str, Any]) -> None:
+        try:
+            data = base64.b64decode(message["data"])
+            offset = int(message["offset"])
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            return
+        with self._lock:
+            feed = self._feeds.get(str(message["push"]))
+            if feed is None or feed.broken:
+                return
+            if offset > feed.end:
+                feed.broken = True  # a gap: never guess what it held
+            elif offset + len(data) > feed.end:
+                feed.data += data[feed.end - offset:]  # only what is new (no doubles)
+            self.pushed_bytes += len(data)
+            self.pushes += 1
+            if not feed.wake:
+                return
+        with self._news:
+            self._news.notify_all()
+
+    def _fail_pending(self) -> None:
+        with self._lock:
+            pending = list(self._pending.values())
+        for item in pending:
+            item.done.set()  # answer None: RelayLost
+        with self._news:
+            self._news.notify_all()
+
+
+class _StdinWriter:
+    """The binary file interface a producer writes to: pieces as ``stdin`` lines."""
+
+    PIECE = 1 << 18
+
+    def __init__(self, relay: RelayChannel, ident: int) -> None:
+        self._relay, self._id = relay, ident
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        for start in range(0, len(view), self.PIECE):
+            piece = base64.b64encode(view[start:start + self.PIECE]).decode("ascii")
+            self._relay._send({"op": "stdin", "id": self._id, "data": piece})
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def started_in(relay: RelayChannel | None, since: float) -> str:
+    """A log line's words for a relay start attempt."""
+    took = time.monotonic() - since
+    return f"started in {took:.3f} s" if relay else f"not available ({took:.3f} s)"

@@ -1,0 +1,216 @@
+"""The SSH relay (node/relay.py through transport/ssh/relay_client.py) against the dev
+cluster's REAL sshd: commands ride one long-lived channel and say what a channel of their
+own says; pushed file growth is read by offset, and killing the relay (the login node's
+process, by its pid) mid-command or mid-stream loses nothing and doubles nothing.
+
+The relay runs on this machine (the dev cluster's login node is 127.0.0.1): a test finds
+its own relays by the tag they carry (``trtllm-relay:<pid of the controller>``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
+    SSHConnectionLost,
+    SSHShell,
+    SSHTarget,
+)
+from pytest_trtllm_slurm.transport.ssh.relay_client import relay_tag
+
+pytestmark = pytest.mark.devcluster
+
+
+def relay_pids(controller_pid: int | None = None) -> list[int]:
+    """Relays started by ``controller_pid`` (this process by default)."""
+    tag = relay_tag(controller_pid).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if tag in argv and b"-c" in argv and not argv[0].endswith(b"sh"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_relays(controller_pid: int | None = None, timeout: float = 30) -> list[int]:
+    """SIGKILL this controller's relay(s), waiting for one to exist first."""
+    deadline = time.monotonic() + timeout
+    while not (pids := relay_pids(controller_pid)):
+        assert time.monotonic() < deadline, "no relay came up"
+        time.sleep(0.05)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+@pytest.fixture
+def ssh_shell(devcluster: dict[str, Any]) -> Iterator[SSHShell]:
+    ssh = devcluster["ssh"]
+    cluster = ClusterConfig(name="dev", ssh_host=ssh["host"], ssh_port=ssh["port_key"],
+                            user=ssh["user"], identity_file=ssh["identity_file"],
+                            known_hosts=ssh["known_hosts"])
+    sh = SSHShell(SSHTarget.from_cluster(cluster, ssh_config_path=os.devnull))
+    yield sh
+    sh.close()
+
+
+def plain(sh: SSHShell) -> SSHShell:
+    """The same host without a relay: a channel per command, as before the relay."""
+    other = SSHShell(sh.target, relay=False)
+    other.connect()
+    return other
+
+
+COMMANDS: list[tuple[list[str], dict[str, Any]]] = [
+    (["printf", "%s|", "a b", "it's", "$HOME", "[x] y", "`id`"], {}),
+    (["sh", "-c", 'echo "$V"; pwd; cat'], {"env": {"V": "sp ace $X 'q'"}, "cwd": "/tmp",
+                                          "input": "line one\nline two\n"}),
+    (["sh", "-c", "echo out; echo err >&2; exit 3"], {}),
+    (["true"], {"cwd": "/no/such/dir"}),
+    (["sleep", "5"], {"timeout": 0.5}),
+]
+
+
+def test_commands_through_the_relay_say_what_a_channel_each_says(ssh_shell: SSHShell) -> None:
+    assert ssh_shell.relay_up()
+    other = plain(ssh_shell)
+    try:
+        for argv, kw in COMMANDS:
+            relayed, alone = ssh_shell.run(argv, **kw), other.run(argv, **kw)
+            assert (relayed.returncode, relayed.timed_out) == (alone.returncode,
+                                                               alone.timed_out), argv
+            assert relayed.stdout == alone.stdout, argv
+            if alone.stderr.strip():
+                assert relayed.stderr.strip(), argv
+        assert ssh_shell.run(["no-such-command-here"]).returncode == 127
+    finally:
+        other.close()
+    assert len(relay_pids()) == 1, "one relay serves the connection"
+    assert ssh_shell.relay_starts == 1
+
+
+def test_a_relay_killed_mid_command(ssh_shell: SSHShell, tmp_path: Path) -> None:
+    assert ssh_shell.relay_up()
+    marker = tmp_path / "ran"
+    argv = ["sh", "-c", f"sleep 1; echo x >> {shlex.quote(str(marker))}; echo done"]
+    results: list[Any] = []
+
+    def repeatable() -> None:
+        results.append(ssh_shell.run(argv))
+
+    thread = threading.Thread(target=repeatable)
+    thread.start()
+    time.sleep(0.3)
+    first = kill_relays()
+    thread.join(30)
+    # a command that may run again is run again (on a channel of its own), and says so
+    assert results and results[0].ok and results[0].stdout == "done\n"
+    # one that must not (a submission) is not: the caller is told it may have run
+    assert ssh_shell.relay_up()  # a new relay
+    assert relay_pids() and relay_pids() != first
+    errors: list[BaseException] = []
+
+    def once() -> None:
+        try:
+            ssh_shell.run(argv, retry_on_drop=False)
+        except SSHConnectionLost as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=once)
+    thread.start()
+    time.sleep(0.3)
+    kill_relays()
+    thread.join(30)
+    assert errors and "was not run again" in str(errors[0])
+    assert ssh_shell.run(["echo", "still here"]).stdout == "still here\n"
+
+
+def test_pushed_lines_survive_killed_relays(ssh_shell: SSHShell, tmp_path: Path) -> None:
+    """A reader that reads as the monitor does (pushed bytes, else the file by offset)
+    gets every line once while the relay is killed twice under it."""
+    path = str(tmp_path / "reports.jsonl")
+    assert ssh_shell.relay_up()
+    ssh_shell.watch(path, 0)
+    lines = [f'{{"n": {i}, "pad": "{"x" * (i % 50)}"}}\n' for i in range(300)]
+    done = threading.Event()
+
+    def writer() -> None:
+        with open(path, "a") as fh:
+            for i, line in enumerate(lines):
+                fh.write(line)
+                fh.flush()
+                if i % 10 == 0:
+                    time.sleep(0.01)
+        done.set()
+
+    got, offset, from_push, kills = bytearray(), 0, 0, 0
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while not done.is_set() or offset < os.path.getsize(path):
+        data = ssh_shell.pushed(path, offset)
+        if data:
+            from_push += 1
+        if data is None:
+            data = ssh_shell.read_from(path, offset)
+        got += data
+        offset += len(data)
+        if kills < 2 and len(got) > (kills + 1) * len("".join(lines)) // 3:
+            kill_relays()
+            kills += 1
+            ssh_shell.run(["true"])  # the next command starts a relay: it watches again
+        ssh_shell.wait_news(0.05)
+    thread.join()
+    assert got.decode() == "".join(lines)  # every line, in order, once
+    assert kills == 2 and ssh_shell.relay_starts == 3
+    assert from_push > 0, "the lines came by push, not only by reads"
+
+
+def test_a_stream_through_the_relay(ssh_shell: SSHShell) -> None:
+    """A bundle or tar stream (binary, bigger than one piece) arrives whole; a producer
+    that fails is an error, not a silent half file."""
+    assert ssh_shell.relay_up()
+    blob = bytes(range(256)) * 12_000  # ~3 MB, every byte value
+    result = ssh_shell.run_stdin_stream(["md5sum"], lambda fh: fh.write(blob))
+    assert result.ok and result.stdout.split()[0] == hashlib.md5(blob).hexdigest()
+
+    def broken(fh: Any) -> None:
+        fh.write(b"half")
+        raise OSError("the local file went away")
+
+    with pytest.raises(ExecutionError, match="the local file went away"):
+        ssh_shell.run_stdin_stream(["sh", "-c", "cat > /dev/null"], broken)
+    assert len(relay_pids()) == 1 and ssh_shell.relay_starts == 1
+
+
+def test_a_watch_made_before_the_relay_runs(ssh_shell: SSHShell, tmp_path: Path) -> None:
+    """A job added before the connection (or while its relay is replaced) is watched by
+    the relay that starts next: its lines still come by push, once each."""
+    path = str(tmp_path / "early.jsonl")
+    ssh_shell.watch(path, 0)  # not connected yet: nothing runs on the login node
+    assert ssh_shell.pushed(path, 0) is None  # the reader reads the file meanwhile
+    assert ssh_shell.relay_up()
+    lines = "".join(f"line {i}\n" for i in range(50))
+    Path(path).write_text(lines)
+    got, offset, deadline = b"", 0, time.monotonic() + 30
+    while offset < len(lines) and time.monotonic() < deadline:
+        data = ssh_shell.pushed(path, offset)
+        assert data is not None, "the new relay does not watch the file"
+        got, offset = got + data, offset + len(data)
+        ssh_shell.wait_news(0.1)
+    assert got.decode() == lines
