@@ -427,6 +427,7 @@ def test_credentials_in_the_origin_url_never_reach_the_cluster(repos: dict[str, 
     assert result.cloned and git(remote, "rev-parse", "HEAD").strip() == result.commit
     assert "s3cret" not in " ".join(result.warnings)
     assert "s3cret" not in (remote / ".git" / "config").read_text()
+    (local / "tracked.txt").write_text("changed: the snapshot must be pushed\n")
     with pytest.raises(ExecutionError) as err:
         sync_workspace(local, ssh_shell, str(remote), user="u", name="m", via="origin")
     assert "s3cret" not in str(err.value) and "https://127.0.0.1:9/proj.git" in str(err.value)

@@ -1,0 +1,170 @@
+"""A lock on a file of the target (the cluster), held there by a process for as long as we want.
+
+Why: a remote cluster's persistent allocation is shared by every machine and CI runner of
+the user, so the lock that guards it must live where they all meet, on the cluster's file
+system. ``flock`` there is held by a small process (``flock`` then ``cat``) whose stdin is
+our end of the connection. It lets go when we release it, and also when this process dies or
+its connection drops: sshd closes the pipe, ``cat`` ends, the kernel drops the lock. So a
+crashed holder's lock is recovered at once, without a time-out to guess; a holder that
+vanished without closing its connection (a suspended laptop) lets go after ``max_hold``.
+
+The same works over a LocalShell (a plain child process), so one code path serves both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
+
+log = logging.getLogger(__name__)
+
+# $1 lock file, $2 seconds to wait for it, $3 seconds to hold it at most, $4 holder record
+_HOLD = r"""
+lock=$1 wait=$2 hold=$3 info=$4
+command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
+exec 9>>"$lock" || exit 71
+flock -x -w "$wait" 9 || exit 75
+umask 077
+printf '%s\n' "$info" >"$lock.holder.$$" && mv -f "$lock.holder.$$" "$lock.holder"
+timeout "$hold" cat >/dev/null
+rm -f "$lock.holder"
+"""
+KEEPALIVE = 1.0  # seconds between the bytes that tell a dead holder channel from a live one
+LOCK_WAIT_EXIT = 75
+
+
+class ShellLock:
+    """An exclusive lock on ``path`` of ``shell``'s host (see the module docstring)."""
+
+    def __init__(self, shell: Shell, path: str, *, max_hold: float = 7 * 24 * 3600.0) -> None:
+        self.shell = shell
+        self.path = path
+        self.max_hold = max_hold
+        self._release = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._result: CommandResult | None = None
+        self._token = ""
+
+    @property
+    def where(self) -> str:
+        """The lock file as messages name it."""
+        return f"{self.shell.name}:{self.path}"
+
+    @property
+    def held(self) -> bool:
+        """Held now (the holder process still runs)."""
+        return self._thread is not None and self._thread.is_alive() and self._result is None
+
+    def acquire(self, timeout: float, info: dict[str, object] | None = None, *,
+                waiting: Callable[[float], None] | None = None) -> bool:
+        """Take the lock within ``timeout`` seconds (False when another holds it that long).
+        ``waiting(seconds)`` is called about once a second while it waits."""
+        if self.held:
+            raise RuntimeError(f"{self.where} is already held by this process")
+        self._token = secrets.token_hex(8)
+        record = json.dumps({**(info or {}), "token": self._token})
+        self._release.clear()
+        self._result = None
+        argv = ["sh", "-c", _HOLD, "sh", self.path, str(max(1, int(timeout + 0.999))),
+                str(int(self.max_hold)), record]
+        self._thread = threading.Thread(target=self._hold, args=(argv,), daemon=True,
+                                        name=f"lock {self.path}")
+        self._thread.start()
+        started, pause, said = time.monotonic(), 0.01, time.monotonic()
+        while True:
+            if self._result is not None:  # the holder ended before it held the lock
+                res = self._result
+                if res.returncode == LOCK_WAIT_EXIT:
+                    return False
+                raise ExecutionError(f"could not take the lock {self.where}: {res.describe()}")
+            if self._mine():
+                return True
+            now = time.monotonic()
+            if now - started > timeout + 30:  # the remote side's own wait ended long ago
+                self.release()
+                return False
+            if waiting is not None and now - said >= 1.0:
+                said = now
+                waiting(now - started)
+            time.sleep(pause)
+            pause = min(0.25, pause * 2)
+
+    def release(self) -> None:
+        """Let go (the holder's stdin closes; it removes its record and ends)."""
+        self._release.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._thread = None
+
+    def holder(self) -> dict[str, object] | None:
+        """The current holder's record (None when none is recorded)."""
+        raw = self.shell.read_from(f"{self.path}.holder", 0, 1 << 14)
+        try:
+            found = json.loads(raw.decode("utf-8", "replace") or "null")
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
+    def _mine(self) -> bool:
+        found = self.holder()
+        return bool(found) and found.get("token") == self._token  # type: ignore[union-attr]
+
+    def _hold(self, argv: list[str]) -> None:
+        def produce(stdin: IO[bytes]) -> None:
+            try:
+                while not self._release.wait(KEEPALIVE):
+                    stdin.write(b"\n")  # fails once the holder is gone: then stop feeding
+                    stdin.flush()
+            except (OSError, ValueError):
+                return
+            except Exception as exc:  # noqa: BLE001 - a dropped channel, whatever its type
+                log.debug("lock %s: holder channel ended: %s", self.path, exc)
+
+        try:
+            result = hold_stdin(self.shell, argv, produce)
+        except Exception as exc:  # noqa: BLE001 - reported to the waiting caller
+            result = CommandResult(tuple(argv), 255, "", str(exc))
+        if not self._release.is_set():
+            log.warning("lock %s: its holder ended while held (%s)", self.where,
+                        result.describe())
+        self._result = result
+
+
+def hold_stdin(shell: Shell, argv: list[str],
+               produce: Callable[[IO[bytes]], None]) -> CommandResult:
+    """Run argv with ``produce`` feeding its stdin until it returns (no time limit)."""
+    runner = getattr(shell, "run_stdin_stream", None)
+    if runner is not None:
+        result: CommandResult = runner(argv, produce, timeout=None)
+        return result
+    with tempfile.TemporaryFile() as err:  # (communicate() would close stdin at once)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=err)  # LocalShell: a child process here
+        assert proc.stdin is not None
+        feeder = threading.Thread(target=_feed_and_close, args=(proc.stdin, produce),
+                                  daemon=True)
+        feeder.start()
+        code = proc.wait()
+        feeder.join(timeout=30)
+        err.seek(0)
+        return CommandResult(tuple(argv), code, "", err.read().decode(errors="replace"))
+
+
+def _feed_and_close(stdin: IO[bytes], produce: Callable[[IO[bytes]], None]) -> None:
+    try:
+        produce(stdin)
+    finally:
+        try:
+            stdin.close()
+        except OSError:
+            pass
