@@ -270,8 +270,9 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     send = [n for n, blob in prepared.untracked.items()
             if blob == "-" or shipped.get(n) != blob or n in missing]
     _send_untracked(git, shell, remote_repo, send, result, say or log.info)
-    result.removed = sorted(n for n in shipped if n not in prepared.untracked)
-    if result.removed:
+    before = remote.record.untracked if remote.present and remote.record else {}
+    result.removed = sorted(n for n in before if n not in prepared.untracked)
+    if result.removed and not result.stashed:  # (a stash took them already)
         shell.run(["rm", "-f", "--", *(f"{remote_repo}/{n}" for n in result.removed)],
                   timeout=120)
     record = SyncRecord(commit=result.commit, branch=result.branch,
