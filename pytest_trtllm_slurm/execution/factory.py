@@ -129,6 +129,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
     from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
     from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+    from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 
     names = sorted({k.cluster or "" for k in keys})
     if len(names) != 1 or not names[0]:
@@ -148,6 +149,8 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     # CI runner of the user shares them (state_store, shared_runs)
     state_dir = shared_state_dir(paths)
     runs = ShellRunRegistry(shell, f"{state_dir}/runs")
+    ensure_work_root(rootdir / "work_dirs")  # this checkout ran there (`alloc status` looks)
+    remote_state_root(rootdir, cluster.name).mkdir(exist_ok=True)
     sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn, runs=runs)
     slurm_env = remotes.env(cluster)
     local_work_root = Path(settings.work_dir) if settings.work_dir else rootdir / "work_dirs"
