@@ -394,6 +394,7 @@ def test_preflight_creates_dir_and_records_slurm_version(ssh_shell: SSHShell, tm
     assert result.created_dir and root.is_dir() and result.host == "127.0.0.1"
     assert result.slurm_version.startswith("22.05")
     assert "git" in result.tools_checked and "sbatch" in result.tools_checked
+    assert "flock" in result.tools_checked  # the shared allocation's locks there
     assert not preflight(ssh_shell, cluster).created_dir
 
 

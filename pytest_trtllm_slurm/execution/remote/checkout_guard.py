@@ -44,7 +44,7 @@ def checkout_claimed(runs: ShellRunRegistry, checkout: str,
     if not lock.acquire(SYNC_LOCK_WAIT, {"pid": me.pid, "host": me.host, "run_id": me.run_id,
                                          "since": me.began}):
         raise ExecutionError(f"another run has been syncing into {runs.shell.name}:{checkout} "
-                             f"for more than {SYNC_LOCK_WAIT:.0f} s ({lock.holder()})")
+                             f"for more than {SYNC_LOCK_WAIT:.0f} s ({lock.describe()})")
     try:
         users = [r for r, alive, _ in runs.others() if alive and r.checkout == checkout]
         other = [r for r in users if r.code != prepared.key]

@@ -265,7 +265,8 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
         if result.via == "origin":
             _sync_via_origin(git, shell, remote_repo, prepared.fetch_url, result)
         else:
-            _sync_via_ssh(git, shell, remote_repo, result)
+            _sync_via_ssh(git, shell, remote_repo, result,
+                          remote.refs if remote.present else None)
     missing = {n for n in shipped if n not in remote.untracked}  # removed on the remote
     send = [n for n, blob in prepared.untracked.items()
             if blob == "-" or shipped.get(n) != blob or n in missing]
@@ -392,9 +393,11 @@ def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
             log.warning("code sync: %s", msg)
 
 
-def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult) -> None:
-    """A bundle of the commits the remote lacks, over the run's own connection."""
-    haves = _remote_commits(git, shell, remote_repo)
+def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
+                  refs: list[str] | None = None) -> None:
+    """A bundle of the commits the remote lacks, over the run's own connection (``refs``:
+    the remote's ref targets, when the probe read them)."""
+    haves = _remote_commits(git, shell, remote_repo, refs)
     if result.commit in haves:  # nothing to send: the remote already has the snapshot
         _remote_checkout(shell, remote_repo, result, [result.commit], "checking the snapshot")
         return
@@ -428,11 +431,14 @@ def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> 
     return False
 
 
-def _remote_commits(git: _Git, shell: Shell, repo: str) -> set[str]:
+def _remote_commits(git: _Git, shell: Shell, repo: str,
+                    refs: list[str] | None = None) -> set[str]:
     """Commits at the remote's refs that exist here too: the bundle's prerequisites."""
-    res = _remote(shell, ["git", "-C", repo, "for-each-ref",
-                          "--format=%(objectname) %(*objectname)"], "listing its refs")
-    ids = sorted({w for w in res.stdout.split() if re.fullmatch(r"[0-9a-f]{40,64}", w)})
+    if refs is None:
+        refs = _remote(shell, ["git", "-C", repo, "for-each-ref",
+                               "--format=%(objectname) %(*objectname)"],
+                       "listing its refs").stdout.split()
+    ids = sorted({w for w in refs if re.fullmatch(r"[0-9a-f]{40,64}", w)})
     if not ids:
         return set()
     check = git("cat-file", "--batch-check=%(objectname) %(objecttype)",

@@ -31,6 +31,7 @@ from pytest_trtllm_slurm.transport.shell import Shell
 
 SLURM_TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun", "salloc")
 SYNC_TOOLS = ("git", "tar")
+STATE_TOOLS = ("flock",)  # the shared allocation's locks on the cluster (util-linux)
 _MISSING = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 
 __all__ = ["PreflightResult", "RemotePaths", "SyncResult", "preflight", "remote_paths",
@@ -62,7 +63,7 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
     if directory:
         created = _ensure_dir(shell, cluster, directory, create_dirs)
     version = _slurm_version(shell, cluster)
-    tools = [*SLURM_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
+    tools = [*SLURM_TOOLS, *STATE_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
     res = shell.run(["sh", "-c", _MISSING, "sh", *tools], timeout=60)
     missing = res.stdout.split()
     if not res.ok or missing:

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 # every record with whether its run still holds its lock ("live") or not ("dead")
 _LIST = r"""
+command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
 cd "$1" 2>/dev/null || exit 0
 for f in *.json; do
   [ -f "$f" ] || continue
@@ -69,7 +70,7 @@ class ShellRunRegistry(RunRegistry):
         if not lock.acquire(SHORT_LOCK_WAIT, {"pid": me.pid, "host": me.host,
                                               "run_id": me.run_id, "since": me.began}):
             raise ExecutionError(f"another run held {lock.where} for more than "
-                                 f"{SHORT_LOCK_WAIT:.0f} s ({lock.holder()})")
+                                 f"{SHORT_LOCK_WAIT:.0f} s ({lock.describe()})")
         try:
             yield
         finally:
@@ -81,7 +82,8 @@ class ShellRunRegistry(RunRegistry):
         if self._lease is not None and self._lease.held:
             return
         self._make_folder()
-        lease = self._lease or ShellLock(self.shell, f"{self.remote}/{self.me.run_id}.lock")
+        lease = self._lease or ShellLock(self.shell, f"{self.remote}/{self.me.run_id}.lock",
+                                         keep=True)
         if not lease.acquire(60, {"pid": self.me.pid, "host": self.me.host,
                                   "run_id": self.me.run_id, "since": self.me.began}):
             raise ExecutionError(f"could not take this run's own lock {lease.where}")
@@ -104,6 +106,8 @@ class ShellRunRegistry(RunRegistry):
             self._lease = None
 
     def others(self) -> list[tuple[RunRecord, bool, Path | str]]:
+        """Every other run's record, live or not (none when they cannot be told apart:
+        a live run must never be taken for a dead one)."""
         res = self.shell.run(["sh", "-c", _LIST, "sh", self.remote], timeout=60)
         if not res.ok:
             log.warning("run registry %s could not be listed: %s", self.where, res.describe())

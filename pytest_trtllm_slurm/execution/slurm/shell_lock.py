@@ -46,14 +46,19 @@ LOCK_WAIT_EXIT = 75
 class ShellLock:
     """An exclusive lock on ``path`` of ``shell``'s host (see the module docstring)."""
 
-    def __init__(self, shell: Shell, path: str, *, max_hold: float = 7 * 24 * 3600.0) -> None:
+    def __init__(self, shell: Shell, path: str, *, max_hold: float = 7 * 24 * 3600.0,
+                 keep: bool = False) -> None:
+        """``keep``: a holder that ends while held (the connection dropped) is started
+        again, for a lock that proves a run alive (nobody else contends for it)."""
         self.shell = shell
         self.path = path
         self.max_hold = max_hold
+        self.keep = keep
         self._release = threading.Event()
         self._thread: threading.Thread | None = None
         self._result: CommandResult | None = None
         self._token = ""
+        self._was_held = False
 
     @property
     def where(self) -> str:
@@ -72,6 +77,7 @@ class ShellLock:
         if self.held:
             raise RuntimeError(f"{self.where} is already held by this process")
         self._token = secrets.token_hex(8)
+        self._was_held = False
         record = json.dumps({**(info or {}), "token": self._token})
         self._release.clear()
         self._result = None
@@ -88,6 +94,7 @@ class ShellLock:
                     return False
                 raise ExecutionError(f"could not take the lock {self.where}: {res.describe()}")
             if self._mine():
+                self._was_held = True
                 return True
             now = time.monotonic()
             if now - started > timeout + 30:  # the remote side's own wait ended long ago
@@ -115,6 +122,10 @@ class ShellLock:
             return None
         return found if isinstance(found, dict) else None
 
+    def describe(self) -> str:
+        """Who holds it, for messages."""
+        return describe_holder(self.holder())
+
     def _mine(self) -> bool:
         found = self.holder()
         return bool(found) and found.get("token") == self._token  # type: ignore[union-attr]
@@ -130,14 +141,27 @@ class ShellLock:
             except Exception as exc:  # noqa: BLE001 - a dropped channel, whatever its type
                 log.debug("lock %s: holder channel ended: %s", self.path, exc)
 
-        try:
-            result = hold_stdin(self.shell, argv, produce)
-        except Exception as exc:  # noqa: BLE001 - reported to the waiting caller
-            result = CommandResult(tuple(argv), 255, "", str(exc))
-        if not self._release.is_set():
+        while True:
+            try:
+                result = hold_stdin(self.shell, argv, produce)
+            except Exception as exc:  # noqa: BLE001 - reported to the waiting caller
+                result = CommandResult(tuple(argv), 255, "", str(exc))
+            if self._release.is_set():
+                break
             log.warning("lock %s: its holder ended while held (%s)", self.where,
                         result.describe())
+            if not (self.keep and self._was_held) or self._release.wait(1.0):
+                break  # (the next try reconnects)
         self._result = result
+
+
+def describe_holder(info: dict[str, object] | None) -> str:
+    """``held by pid P on H since T, run R`` from a holder record (messages)."""
+    try:
+        return (f"held by pid {info['pid']} on {info['host']} since {info['since']}, "
+                f"run {info['run_id']}") if info else "its holder is not recorded"
+    except KeyError:
+        return "its holder is not recorded"
 
 
 def hold_stdin(shell: Shell, argv: list[str],

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, describe_holder
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.transport.shell import Shell
 
 if TYPE_CHECKING:
     from filelock import FileLock
-
-    from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
 
 SAY_EVERY = 30.0  # seconds between repeated "still waiting for the lock" lines
 Warn = Callable[[str], None]
@@ -70,16 +69,6 @@ class StateStore(Protocol):
 
 def _aside_name(name: str, why: str) -> str:
     return f"{name}.{why}-{datetime.now().strftime('%Y%m%d_%H%M%S')}-{uuid.uuid4().hex[:4]}"
-
-
-def _describe(info: dict[str, object] | None) -> str:
-    if not info:
-        return "its holder is not recorded"
-    try:
-        return (f"held by pid {info['pid']} on {info['host']} since {info['since']}, "
-                f"run {info['run_id']}")
-    except KeyError:
-        return "its holder is not recorded"
 
 
 class LocalStateStore:
@@ -168,7 +157,7 @@ class LocalStateStore:
             info = json.loads(Path(str(self.path) + ".lock.holder").read_text("utf-8"))
         except (OSError, ValueError):
             return "its holder is not recorded"
-        return _describe(info if isinstance(info, dict) else None)
+        return describe_holder(info if isinstance(info, dict) else None)
 
 
 class ShellStateStore:
@@ -221,8 +210,6 @@ class ShellStateStore:
         return None
 
     def lock_file(self) -> ShellLock:
-        from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
-
         return ShellLock(self.shell, self.path + ".lock")
 
     @contextlib.contextmanager
@@ -236,12 +223,12 @@ class ShellStateStore:
         def waiting(seconds: float) -> None:
             if seconds >= say_at[0]:
                 say_at[0] = seconds + SAY_EVERY
-                warn(f"Waiting since {since} for {lock.where} ({_describe(lock.holder())}).")
+                warn(f"Waiting since {since} for {lock.where} ({lock.describe()}).")
 
         if not lock.acquire(timeout, holder, waiting=waiting):
             raise ExecutionError(
                 f"another run held {lock.where} for more than {timeout:.0f} s "
-                f"({_describe(lock.holder())}); it is let go when that run ends or its "
+                f"({lock.describe()}); it is let go when that run ends or its "
                 "connection drops")
         try:
             yield
