@@ -20,10 +20,16 @@ same moment cannot both pass the check and then both sync.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from pytest_trtllm_slurm.errors import ExecutionError
-from pytest_trtllm_slurm.execution.remote.sync import PreparedSync
+from pytest_trtllm_slurm.execution.remote.sync import (
+    PreparedSync,
+    RemoteCheckout,
+    parse_probe,
+    probe_argv,
+)
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord
 from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
@@ -31,27 +37,51 @@ from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
 SYNC_LOCK_WAIT = 1800.0  # a first sync clones the repository: it may take a while
 
 
+# two looks in one round trip: the run registry, a separator line, the checkout
+_BOTH = 'sh -c "$1" sh "$2"; printf "\\036\\n"; shift 2; exec "$@"'
+
+
 @contextlib.contextmanager
 def checkout_claimed(runs: ShellRunRegistry, checkout: str,
-                     prepared: PreparedSync) -> Iterator[list[RunRecord]]:
-    """Hold the checkout's lock while the caller syncs ``prepared`` into ``checkout``;
-    yields the live runs that test the same code there (the sync must not disturb them).
-    ExecutionError when a live run tests other code there; this run's record names the
-    checkout and its code once the sync is done."""
+                     prepare: Callable[[], PreparedSync]
+                     ) -> Iterator[tuple[PreparedSync, list[RunRecord], RemoteCheckout]]:
+    """Hold the checkout's lock while the caller syncs into ``checkout``; yields what
+    ``prepare()`` made (run while the lock and this run's own lease are being taken), the
+    live runs that test the same code there (the sync must not disturb them) and what the
+    checkout holds now. ExecutionError when a live run tests other code there; once the
+    sync is done this run's record names the checkout and its code."""
     runs.shell.mkdir(runs.remote, private=True)
+    runs.start_lease()
     lock = ShellLock(runs.shell, f"{runs.remote}/.checkout.lock", max_hold=SYNC_LOCK_WAIT + 60)
     me = runs.me
-    if not lock.acquire(SYNC_LOCK_WAIT, {"pid": me.pid, "host": me.host, "run_id": me.run_id,
-                                         "since": me.began}):
+    info = {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": me.began}
+    with ThreadPoolExecutor(1, thread_name_prefix="checkout-lock") as pool:
+        taking = pool.submit(lock.acquire, SYNC_LOCK_WAIT, info)
+        try:
+            prepared = prepare()
+        except BaseException:
+            if taking.result():
+                lock.release()
+            raise
+        held = taking.result()
+    if not held:
         raise ExecutionError(f"another run has been syncing into {runs.shell.name}:{checkout} "
                              f"for more than {SYNC_LOCK_WAIT:.0f} s ({lock.describe()})")
     try:
-        users = [r for r, alive, _ in runs.others() if alive and r.checkout == checkout]
+        script, _, folder = runs.list_argv()[2:]
+        res = runs.shell.run(["sh", "-c", _BOTH, "sh", script, folder, *probe_argv(checkout)],
+                             timeout=300)
+        listing, sep, looked = res.stdout.partition("\036\n")
+        if not res.ok or not sep:
+            raise ExecutionError(f"code sync to {runs.shell.name} failed while looking at "
+                                 f"{checkout}: {res.describe()}")
+        users = [r for r, alive, _ in runs.parse_listing(listing)
+                 if alive and r.checkout == checkout]
         other = [r for r in users if r.code != prepared.key]
         if other:
             raise ExecutionError(conflict_message(runs.shell.name, checkout, other[0],
                                                   prepared))
-        yield users
+        yield prepared, users, parse_probe(looked)
         me.checkout, me.code, me.code_note = checkout, prepared.key, prepared.describe()
         runs.save()
     finally:

@@ -43,6 +43,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -133,7 +134,7 @@ class PreparedSync:
 
 
 @dataclass
-class _Remote:
+class RemoteCheckout:
     """What ``_PROBE`` found in the remote checkout."""
 
     present: bool
@@ -219,9 +220,13 @@ def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: st
     ignored) files as a tar stream; only what the remote lacks is sent. ``say`` gets the
     lines a user should see (the untracked files before they are shipped, what was
     withheld)."""
-    prepared = prepare_sync(local_repo, user=user, name=name, now=now, via=via,
-                            ship_secrets=ship_secrets)
-    return push_sync(prepared, shell, remote_repo, say=say)
+    # the look at the remote (one round trip) overlaps the local snapshot
+    with ThreadPoolExecutor(1, thread_name_prefix="sync-probe") as pool:
+        probing = pool.submit(probe, shell, remote_repo)
+        prepared = prepare_sync(local_repo, user=user, name=name, now=now, via=via,
+                                ship_secrets=ship_secrets)
+        probed = probing.result()
+    return push_sync(prepared, shell, remote_repo, say=say, probed=probed)
 
 
 def prepare_sync(local_repo: Path, *, user: str, name: str, now: datetime | None = None,
@@ -245,13 +250,15 @@ def prepare_sync(local_repo: Path, *, user: str, name: str, now: datetime | None
 
 
 def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
-              say: Say | None = None, shared: bool = False) -> SyncResult:
+              say: Say | None = None, shared: bool = False,
+              probed: RemoteCheckout | None = None) -> SyncResult:
     """The remote half: send what ``remote_repo`` lacks of ``prepared``. ``shared``: a live
-    run tests the same code there, so what its tests left is not stashed from under it."""
+    run tests the same code there, so what its tests left is not stashed from under it.
+    ``probed``: what ``probe`` found there just now (else it looks itself)."""
     start = time.monotonic() - prepared.result.seconds
     git, result = prepared.git, prepared.result
     result.remote_repo = remote_repo
-    remote = _probe(shell, remote_repo)
+    remote = probed if probed is not None else probe(shell, remote_repo)
     if not remote.present:
         _first_checkout(git, shell, remote_repo, prepared.fetch_url, result)
     shipped = remote.record.untracked if remote.present and remote.record else {}
@@ -290,18 +297,28 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     return result
 
 
-def _probe(shell: Shell, repo: str) -> _Remote:
-    res = _remote(shell, ["sh", "-c", _PROBE, "sh", repo, _STASH_EXCLUDE],
-                  f"looking at {repo}")
-    lines = res.stdout.split("\n", 5)
+def probe(shell: Shell, repo: str) -> RemoteCheckout:
+    """What the remote checkout holds (one round trip)."""
+    res = _remote(shell, probe_argv(repo), f"looking at {repo}")
+    return parse_probe(res.stdout)
+
+
+def probe_argv(repo: str) -> list[str]:
+    """The probe's command (to run alone, or with another look in the same round trip)."""
+    return ["sh", "-c", _PROBE, "sh", repo, _STASH_EXCLUDE]
+
+
+def parse_probe(stdout: str) -> RemoteCheckout:
+    """The probe's output read."""
+    lines = stdout.split("\n", 5)
     if not lines or lines[0] != "present" or len(lines) < 6:
-        return _Remote(present=False)
+        return RemoteCheckout(present=False)
     record = None
     try:
         record = SyncRecord.model_validate(json.loads(lines[4])) if lines[4] else None
     except (ValueError, ValidationError):
         record = None
-    found = _Remote(present=True, head=lines[1].strip(), branch=lines[2].strip(),
+    found = RemoteCheckout(present=True, head=lines[1].strip(), branch=lines[2].strip(),
                     refs=lines[3].split(), record=record)
     entries = lines[5].split("\0")
     skip = False

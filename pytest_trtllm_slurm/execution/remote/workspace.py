@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.remote.checkout_guard import checkout_claimed
 from pytest_trtllm_slurm.execution.remote.sync import (
+    PreparedSync,
     SyncResult,
     prepare_sync,
     push_sync,
@@ -174,10 +175,15 @@ def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, n
         return None
     paths = remote_paths(cluster, local_rootdir)
     who = user or cluster.user or getattr(getattr(shell, "target", None), "user", None) or "user"
-    prepared = prepare_sync(_toplevel(local_rootdir), user=who, name=name,
+    def prepare() -> PreparedSync:
+        return prepare_sync(_toplevel(local_rootdir), user=who, name=name,
                             via="origin" if cluster.sync == "git-origin" else "ssh",
                             ship_secrets=cluster.sync_secrets)
+
     if runs is None:
-        return push_sync(prepared, shell, paths.remote_repo, say=say)
-    with checkout_claimed(runs, paths.remote_repo, prepared) as sharing:
-        return push_sync(prepared, shell, paths.remote_repo, say=say, shared=bool(sharing))
+        return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who,
+                              name=name, via="origin" if cluster.sync == "git-origin" else "ssh",
+                              ship_secrets=cluster.sync_secrets, say=say)
+    with checkout_claimed(runs, paths.remote_repo, prepare) as (prepared, sharing, probed):
+        return push_sync(prepared, shell, paths.remote_repo, say=say, shared=bool(sharing),
+                         probed=probed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class ShellRunRegistry(RunRegistry):
         self.remote = folder.rstrip("/")
         self._made = False
         self._lease: ShellLock | None = None
+        self._starting: threading.Thread | None = None
+        self._start_error: BaseException | None = None
 
     @property
     def where(self) -> str:
@@ -89,7 +92,27 @@ class ShellRunRegistry(RunRegistry):
             raise ExecutionError(f"could not take this run's own lock {lease.where}")
         self._lease = lease
 
+    def start_lease(self) -> None:
+        """Begin taking this run's lock in the background (it costs a round trip); the
+        first save() waits for it."""
+        if self._starting is None and (self._lease is None or not self._lease.held):
+            self._starting = threading.Thread(target=self._start, daemon=True,
+                                              name="run lease")
+            self._starting.start()
+
+    def _start(self) -> None:
+        try:
+            self._hold_lease()
+        except BaseException as exc:  # noqa: BLE001 - raised again by save()
+            self._start_error = exc
+
     def save(self) -> None:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+            if self._start_error is not None:
+                error, self._start_error = self._start_error, None
+                raise error
         self._hold_lease()  # first: a record is never seen without its live lock
         self.shell.write_file(self._remote_path(self.me.run_id), self.me.model_dump_json())
         self._saved = True
@@ -108,12 +131,20 @@ class ShellRunRegistry(RunRegistry):
     def others(self) -> list[tuple[RunRecord, bool, Path | str]]:
         """Every other run's record, live or not (none when they cannot be told apart:
         a live run must never be taken for a dead one)."""
-        res = self.shell.run(["sh", "-c", _LIST, "sh", self.remote], timeout=60)
+        res = self.shell.run(self.list_argv(), timeout=60)
         if not res.ok:
             log.warning("run registry %s could not be listed: %s", self.where, res.describe())
             return []
+        return self.parse_listing(res.stdout)
+
+    def list_argv(self) -> list[str]:
+        """The listing's command (to run alone, or with another look in one round trip)."""
+        return ["sh", "-c", _LIST, "sh", self.remote]
+
+    def parse_listing(self, stdout: str) -> list[tuple[RunRecord, bool, Path | str]]:
+        """(record, alive, path) of every other run, from the listing's output."""
         found: list[tuple[RunRecord, bool, Path | str]] = []
-        for line in res.stdout.splitlines():
+        for line in stdout.splitlines():
             name, _, rest = line.partition("\t")
             state, _, text = rest.partition("\t")
             if name == f"{self.me.run_id}.json":
