@@ -32,6 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_common import REPO, cluster, fmt, log, ratio, summary  # noqa: E402
 
 from pytest_trtllm_slurm.execution.remote.sync import SyncResult, sync_workspace  # noqa: E402
+from pytest_trtllm_slurm.execution.remote.workspace import (  # noqa: E402
+    remote_paths,
+    shared_state_dir,
+    sync_cluster,
+)
+from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry  # noqa: E402
 from pytest_trtllm_slurm.planning.settings import ClusterConfig  # noqa: E402
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import SSHShell, SSHTarget  # noqa: E402
 
@@ -83,6 +89,35 @@ def one(repo: Path, shell: SSHShell, remote: str) -> tuple[float, SyncResult, in
 _COUNT = [0]
 
 
+def floor(shell: SSHShell) -> tuple[float, SyncResult, int]:
+    """One command over the connection: what every round trip costs here."""
+    start = time.perf_counter()
+    shell.run(["true"])
+    return time.perf_counter() - start, SyncResult(branch="", commit="", remote_repo=""), 1
+
+
+def guarded(repo: Path, shell: SSHShell, ssh: dict[str, Any],
+            remote: str) -> tuple[float, SyncResult, int]:
+    """A sync as a run makes it: the checkout claimed in the cluster's run registry (lock,
+    this run's lease, the registry read with the probe); the run's end is not timed."""
+    cluster_cfg = ClusterConfig.model_validate({
+        "name": "dev", "ssh_host": ssh["host"], "ssh_port": ssh["port_key"],
+        "user": ssh["user"], "identity_file": ssh["identity_file"],
+        "known_hosts": ssh["known_hosts"], "sync": "git",
+        "user_root_dir": remote.rsplit("/", 1)[0]})
+    paths = remote_paths(cluster_cfg, repo)
+    assert paths.remote_repo == remote, (paths.remote_repo, remote)
+    runs = ShellRunRegistry(shell, f"{shared_state_dir(paths)}/runs")
+    before = _commands()
+    start = time.perf_counter()
+    result = sync_cluster(cluster_cfg, repo, shell, name="sync", user="bench", runs=runs)
+    took = time.perf_counter() - start
+    ops = _commands() - before
+    runs.finish()
+    assert result is not None
+    return took, result, ops
+
+
 def _commands() -> int:
     return _COUNT[0]
 
@@ -123,7 +158,8 @@ def main() -> None:
                                    "reps": args.reps, "ways": {}}
         rows: dict[str, list[tuple[float, SyncResult, int]]] = {
             "first full sync": [], "no change": [], "one tracked file changed": [],
-            "one untracked file changed": []}
+            "one untracked file changed": [], "no change, as a run syncs (guarded)": [],
+            "one ssh command (`true`): the floor": []}
         for rep in range(args.reps):
             remote = str(base / f"remote_{rep}" / "proj")
             rows["first full sync"].append(one(repo, shell, remote))
@@ -132,6 +168,8 @@ def main() -> None:
             rows["one tracked file changed"].append(one(repo, shell, remote))
             (repo / "scratch_0.py").write_text(f"value = {rep}\n")
             rows["one untracked file changed"].append(one(repo, shell, remote))
+            rows["no change, as a run syncs (guarded)"].append(guarded(repo, shell, ssh, remote))
+            rows["one ssh command (`true`): the floor"].append(floor(shell))
             git(repo, "checkout", "-q", "--", "README.md")
             log(f"rep {rep + 1}/{args.reps}: " + ", ".join(
                 f"{name} {found[-1][0]:.3f} s" for name, found in rows.items()))
@@ -139,7 +177,7 @@ def main() -> None:
         print(f"\ncode sync over ssh {ssh['host']}:{ssh['port_key']} ({tracked} tracked files, "
               f"5 untracked; median (min-max) of {args.reps}; shared 2-CPU machine: compare "
               "within this run)\n")
-        print(f"{'sync':30} {'seconds':>28} {'x first':>8} {'bytes sent':>11} {'ssh ops':>8}")
+        print(f"{'sync':36} {'seconds':>28} {'x first':>8} {'bytes sent':>11} {'ssh ops':>8}")
         for name, found in rows.items():
             stat = summary([r[0] for r in found])
             sent = summary([r[1].sent_bytes for r in found])
@@ -148,7 +186,7 @@ def main() -> None:
             figures["ways"][name] = {"seconds": stat, "ratio_to_first": x, "sent_bytes": sent,
                                      "ssh_operations": ops,
                                      "unchanged": [r[1].unchanged for r in found]}
-            print(f"{name:30} {fmt(stat, 's', 3):>28} {x or 0:>8.3f} "
+            print(f"{name:36} {fmt(stat, 's', 3):>28} {x or 0:>8.3f} "
                   f"{int(sent['median']):>11} {int(ops['median']):>8}")
     shell.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
