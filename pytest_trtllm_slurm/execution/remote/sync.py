@@ -427,9 +427,10 @@ def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
     try:
         _remote_checkout(shell, remote_repo, result,
                          [bundle_path, f"refs/heads/{result.branch}"],
-                         "fetching the snapshot from the bundle sent over SSH")
-    finally:
+                         "fetching the snapshot from the bundle sent over SSH", bundle_path)
+    except BaseException:  # (the checkout's own clean-up may not have run)
         shell.run(["rm", "-f", "--", bundle_path], timeout=60)
+        raise
 
 
 def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> bool:
@@ -574,29 +575,41 @@ def _ensure_clone(shell: Shell, remote_repo: str, url: str) -> bool:
     return True
 
 
+# one round trip: fetch (when given a source and its ref), check out as the temp branch,
+# check HEAD, prune older temp branches of the same prefix, remove the bundle (if any)
+_CHECKOUT = r"""
+repo=$1 branch=$2 expect=$3 prefix=$4 bundle=$5; shift 5
+[ -n "$bundle" ] && trap 'rm -f -- "$bundle"' EXIT
+cd "$repo" || exit 9
+if [ $# -gt 1 ]; then git fetch --quiet "$@" || exit 10; start=FETCH_HEAD; else start=$1; fi
+git checkout --quiet -f -B "$branch" "$start" || exit 11
+got=$(git rev-parse HEAD)
+[ "$got" = "$expect" ] || { echo "$got"; exit 12; }
+# (the prefix is made of [A-Za-z0-9_-] only: literal in a regular expression)
+git for-each-ref --format='%(refname:short)' refs/heads/ | grep -xE -e "${prefix}_[0-9]{14}" |
+  grep -vxF -e "$branch" | xargs -r git branch -D --quiet >/dev/null 2>&1
+exit 0
+"""
+
+
 def _remote_checkout(shell: Shell, repo: str, result: SyncResult, fetch: list[str],
-                     what: str) -> None:
+                     what: str, bundle: str = "") -> None:
     """Fetch ``fetch`` (a remote or bundle and its ref, or a commit the remote has), check
-    it out as the temp branch, prune older temp branches (leftovers were stashed first)."""
+    it out as the temp branch, prune older temp branches (leftovers were stashed first):
+    one round trip. ``bundle``: removed there afterwards, whatever happened."""
     branch = result.branch
-    if len(fetch) > 1:
-        _remote(shell, ["git", "-C", repo, "fetch", "--quiet", *fetch], f"{what} in {repo}",
-                timeout=1800)
-        start = "FETCH_HEAD"
-    else:
-        start = fetch[0]
-    _remote(shell, ["git", "-C", repo, "checkout", "--quiet", "-f", "-B", branch, start],
-            f"checking out {branch} in {repo}")
-    got = _remote(shell, ["git", "-C", repo, "rev-parse", "HEAD"], "reading HEAD").stdout.strip()
-    if got != result.commit:
-        raise ExecutionError(f"code sync to {shell.name}: {repo} is at {got} after checkout, "
-                             f"expected {result.commit}")
     prefix = branch.rsplit("_", 1)[0]
-    refs = shell.run(["git", "-C", repo, "for-each-ref", "--format=%(refname:short)",
-                      "refs/heads/"], timeout=60).stdout.split()
-    old = [r for r in refs if r != branch and re.fullmatch(re.escape(prefix) + r"_\d{14}", r)]
-    if old:
-        shell.run(["git", "-C", repo, "branch", "-D", "--quiet", *old], timeout=60)
+    res = shell.run(["sh", "-c", _CHECKOUT, "sh", repo, branch, result.commit, prefix,
+                     bundle, *fetch], timeout=1800)
+    if res.ok:
+        return
+    step = {9: f"entering {repo}", 10: f"{what} in {repo}",
+            11: f"checking out {branch} in {repo}"}.get(res.returncode)
+    if res.returncode == 12:
+        raise ExecutionError(f"code sync to {shell.name}: {repo} is at {res.stdout.strip()} "
+                             f"after checkout, expected {result.commit}")
+    raise ExecutionError(f"code sync to {shell.name} failed while {step or what}: "
+                         f"{res.describe()}; the local repository was not changed")
 
 
 def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
