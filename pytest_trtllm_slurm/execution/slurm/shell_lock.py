@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import IO
 
 from pytest_trtllm_slurm.errors import ExecutionError
@@ -43,6 +44,17 @@ KEEPALIVE = 1.0  # seconds between the bytes that tell a dead holder channel fro
 LOCK_WAIT_EXIT = 75
 
 
+@dataclass
+class _Hold:
+    """One acquisition: its holder thread, its token, how it ended."""
+
+    token: str
+    release: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    result: CommandResult | None = None
+    was_held: bool = False
+
+
 class ShellLock:
     """An exclusive lock on ``path`` of ``shell``'s host (see the module docstring)."""
 
@@ -54,11 +66,7 @@ class ShellLock:
         self.path = path
         self.max_hold = max_hold
         self.keep = keep
-        self._release = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._result: CommandResult | None = None
-        self._token = ""
-        self._was_held = False
+        self._hold: _Hold | None = None
 
     @property
     def where(self) -> str:
@@ -68,7 +76,9 @@ class ShellLock:
     @property
     def held(self) -> bool:
         """Held now (the holder process still runs)."""
-        return self._thread is not None and self._thread.is_alive() and self._result is None
+        hold = self._hold
+        return (hold is not None and hold.thread is not None and hold.thread.is_alive()
+                and hold.result is None and not hold.release.is_set())
 
     def acquire(self, timeout: float, info: dict[str, object] | None = None, *,
                 waiting: Callable[[float], None] | None = None) -> bool:
@@ -76,25 +86,23 @@ class ShellLock:
         ``waiting(seconds)`` is called about once a second while it waits."""
         if self.held:
             raise RuntimeError(f"{self.where} is already held by this process")
-        self._token = secrets.token_hex(8)
-        self._was_held = False
-        record = json.dumps({**(info or {}), "token": self._token})
-        self._release.clear()
-        self._result = None
+        hold = self._hold = _Hold(token=secrets.token_hex(8))
+        record = json.dumps({**(info or {}), "token": hold.token})
         argv = ["sh", "-c", _HOLD, "sh", self.path, str(max(1, int(timeout + 0.999))),
                 str(int(self.max_hold)), record]
-        self._thread = threading.Thread(target=self._hold, args=(argv,), daemon=True,
-                                        name=f"lock {self.path}")
-        self._thread.start()
+        hold.thread = threading.Thread(target=self._run_holder, args=(hold, argv), daemon=True,
+                                       name=f"lock {self.path}")
+        hold.thread.start()
         started, pause, said = time.monotonic(), 0.01, time.monotonic()
         while True:
-            if self._result is not None:  # the holder ended before it held the lock
-                res = self._result
-                if res.returncode == LOCK_WAIT_EXIT:
+            if hold.result is not None:  # the holder ended before it held the lock
+                if hold.result.returncode == LOCK_WAIT_EXIT:
                     return False
-                raise ExecutionError(f"could not take the lock {self.where}: {res.describe()}")
-            if self._mine():
-                self._was_held = True
+                raise ExecutionError(f"could not take the lock {self.where}: "
+                                     f"{hold.result.describe()}")
+            found = self.holder()
+            if found and found.get("token") == hold.token:
+                hold.was_held = True
                 return True
             now = time.monotonic()
             if now - started > timeout + 30:  # the remote side's own wait ended long ago
@@ -106,12 +114,15 @@ class ShellLock:
             time.sleep(pause)
             pause = min(0.25, pause * 2)
 
-    def release(self) -> None:
-        """Let go (the holder's stdin closes; it removes its record and ends)."""
-        self._release.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        self._thread = None
+    def release(self, *, wait: bool = False) -> None:
+        """Let go: the holder's stdin closes, it removes its record and ends, which frees
+        the lock a moment later (another waiter gets it then). ``wait``: until it ended."""
+        hold, self._hold = self._hold, None
+        if hold is None:
+            return
+        hold.release.set()
+        if wait and hold.thread is not None:
+            hold.thread.join(timeout=30)
 
     def holder(self) -> dict[str, object] | None:
         """The current holder's record (None when none is recorded)."""
@@ -126,14 +137,10 @@ class ShellLock:
         """Who holds it, for messages."""
         return describe_holder(self.holder())
 
-    def _mine(self) -> bool:
-        found = self.holder()
-        return bool(found) and found.get("token") == self._token  # type: ignore[union-attr]
-
-    def _hold(self, argv: list[str]) -> None:
+    def _run_holder(self, hold: _Hold, argv: list[str]) -> None:
         def produce(stdin: IO[bytes]) -> None:
             try:
-                while not self._release.wait(KEEPALIVE):
+                while not hold.release.wait(KEEPALIVE):
                     stdin.write(b"\n")  # fails once the holder is gone: then stop feeding
                     stdin.flush()
             except (OSError, ValueError):
@@ -146,13 +153,13 @@ class ShellLock:
                 result = hold_stdin(self.shell, argv, produce)
             except Exception as exc:  # noqa: BLE001 - reported to the waiting caller
                 result = CommandResult(tuple(argv), 255, "", str(exc))
-            if self._release.is_set():
+            if hold.release.is_set():
                 break
             log.warning("lock %s: its holder ended while held (%s)", self.where,
                         result.describe())
-            if not (self.keep and self._was_held) or self._release.wait(1.0):
+            if not (self.keep and hold.was_held) or hold.release.wait(1.0):
                 break  # (the next try reconnects)
-        self._result = result
+        hold.result = result
 
 
 def describe_holder(info: dict[str, object] | None) -> str:
