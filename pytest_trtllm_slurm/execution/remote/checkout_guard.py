@@ -55,8 +55,11 @@ def checkout_claimed(runs: ShellRunRegistry, checkout: str,
     lock = ShellLock(runs.shell, f"{runs.remote}/.checkout.lock", max_hold=SYNC_LOCK_WAIT + 60)
     me = runs.me
     info = {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": me.began}
+    # once the lock is held, the registry and the checkout are read in the same round trip
+    script, _, folder = runs.list_argv()[2:]
+    look = ["sh", "-c", _BOTH, "sh", script, folder, *probe_argv(checkout)]
     with ThreadPoolExecutor(1, thread_name_prefix="checkout-lock") as pool:
-        taking = pool.submit(lock.acquire, SYNC_LOCK_WAIT, info)
+        taking = pool.submit(lock.acquire, SYNC_LOCK_WAIT, info, then=look)
         try:
             prepared = prepare()
         except BaseException:
@@ -68,13 +71,11 @@ def checkout_claimed(runs: ShellRunRegistry, checkout: str,
         raise ExecutionError(f"another run has been syncing into {runs.shell.name}:{checkout} "
                              f"for more than {SYNC_LOCK_WAIT:.0f} s ({lock.describe()})")
     try:
-        script, _, folder = runs.list_argv()[2:]
-        res = runs.shell.run(["sh", "-c", _BOTH, "sh", script, folder, *probe_argv(checkout)],
-                             timeout=300)
-        listing, sep, looked = res.stdout.partition("\036\n")
-        if not res.ok or not sep:
+        status, output = lock.output()
+        listing, sep, looked = output.partition("\036\n")
+        if status != 0 or not sep:
             raise ExecutionError(f"code sync to {runs.shell.name} failed while looking at "
-                                 f"{checkout}: {res.describe()}")
+                                 f"{checkout} (exit status {status}): {output[-500:]}")
         users = [r for r, alive, _ in runs.parse_listing(listing)
                  if alive and r.checkout == checkout]
         other = [r for r in users if r.code != prepared.key]

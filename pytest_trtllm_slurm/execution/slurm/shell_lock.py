@@ -29,13 +29,19 @@ from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 
 log = logging.getLogger(__name__)
 
-# $1 lock file, $2 seconds to wait for it, $3 seconds to hold it at most, $4 holder record
+# $1 lock file, $2 seconds to wait for it, $3 seconds to hold it at most, $4 holder record,
+# then a command to run once it is held (its output and status in <lock>.out, written
+# before the holder record that tells the waiting side it holds the lock)
 _HOLD = r"""
-lock=$1 wait=$2 hold=$3 info=$4
+lock=$1 wait=$2 hold=$3 info=$4; shift 4
 command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
 exec 9>>"$lock" || exit 71
 flock -x -w "$wait" 9 || exit 75
 umask 077
+if [ $# -gt 0 ]; then
+  { "$@" </dev/null 2>/dev/null; printf '\036%s\n' "$?"; } >"$lock.out.$$"
+  mv -f "$lock.out.$$" "$lock.out"
+fi
 printf '%s\n' "$info" >"$lock.holder.$$" && mv -f "$lock.holder.$$" "$lock.holder"
 timeout "$hold" cat >/dev/null
 rm -f "$lock.holder"
@@ -81,15 +87,17 @@ class ShellLock:
                 and hold.result is None and not hold.release.is_set())
 
     def acquire(self, timeout: float, info: dict[str, object] | None = None, *,
-                waiting: Callable[[float], None] | None = None) -> bool:
+                waiting: Callable[[float], None] | None = None,
+                then: list[str] | None = None) -> bool:
         """Take the lock within ``timeout`` seconds (False when another holds it that long).
-        ``waiting(seconds)`` is called about once a second while it waits."""
+        ``waiting(seconds)`` is called about once a second while it waits. ``then``: a
+        command run there once the lock is held, in the same round trip (``output()``)."""
         if self.held:
             raise RuntimeError(f"{self.where} is already held by this process")
         hold = self._hold = _Hold(token=secrets.token_hex(8))
         record = json.dumps({**(info or {}), "token": hold.token})
         argv = ["sh", "-c", _HOLD, "sh", self.path, str(max(1, int(timeout + 0.999))),
-                str(int(self.max_hold)), record]
+                str(int(self.max_hold)), record, *(then or [])]
         hold.thread = threading.Thread(target=self._run_holder, args=(hold, argv), daemon=True,
                                        name=f"lock {self.path}")
         hold.thread.start()
@@ -123,6 +131,12 @@ class ShellLock:
         hold.release.set()
         if wait and hold.thread is not None:
             hold.thread.join(timeout=30)
+
+    def output(self) -> tuple[int, str]:
+        """The exit status and output of the ``then`` command of the last acquire."""
+        text = self.shell.read_from(f"{self.path}.out", 0, 1 << 26).decode("utf-8", "replace")
+        body, sep, status = text.rstrip("\n").rpartition("\036")
+        return (int(status), body) if sep and status.isdigit() else (-1, text)
 
     def holder(self) -> dict[str, object] | None:
         """The current holder's record (None when none is recorded)."""
