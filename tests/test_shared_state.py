@@ -35,6 +35,7 @@ from pytest_trtllm_slurm.execution.slurm.allocation import (
     AllocationManager,
     AllocationRequest,
 )
+from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
 from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, load_clusters_file
@@ -156,6 +157,7 @@ def test_two_machines_share_one_allocation_kept_on_the_cluster(machines: dict) -
 HOLDER = r"""
 import sys, time
 from pathlib import Path
+from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
 from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
 from pytest_trtllm_slurm.planning.settings import load_clusters_file
@@ -206,6 +208,11 @@ def test_a_crashed_holders_lock_and_lease_are_recovered(machines: dict) -> None:
             assert held["run_id"] == b.runs.me.run_id
         assert b.runs.users_of("4242") == []
         assert [r.run_id for r, _ in b.runs.dead()] == [run_id]
+        # the next run's reaper forgets the dead run's record, on the cluster
+        said: list[str] = []
+        reap_dead_runs(b.runs, b.jobs, b.shell, "root", said.append)
+        assert not Path(f"{state_dir}/runs/{run_id}.json").exists()
+        assert b.runs.dead() == []
     finally:
         if holder.poll() is None:
             holder.kill()
