@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from pytest_trtllm_slurm.errors import ExecutionError
-from pytest_trtllm_slurm.execution.remote.sync import (
-    PreparedSync,
+from pytest_trtllm_slurm.execution.remote.checkout_probe import (
     RemoteCheckout,
     parse_probe,
     probe_argv,
 )
+from pytest_trtllm_slurm.execution.remote.sync import PreparedSync
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord
 from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock

@@ -33,7 +33,6 @@ every untracked file is shipped again.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -49,9 +48,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote.checkout_probe import (
+    RECORD,
+    STASH_EXCLUDE,
+    RemoteCheckout,
+    SyncRecord,
+    probe,
+)
 from pytest_trtllm_slurm.execution.remote.secret_files import looks_secret
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 from pytest_trtllm_slurm.transport.ssh.auth import can_prompt
@@ -63,23 +69,6 @@ LISTED_NAMES = 50  # untracked names printed before shipping; the rest are count
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MESSAGE = "sync: temp snapshot for remote execution (pytest-trtllm-slurm)"
-_STASH_EXCLUDE = ":(exclude,glob)**/work_dirs/**"
-RECORD = ".git/trtllm-sync.json"  # in the remote checkout: what the last sync left there
-
-# one round trip: is there a checkout, its HEAD and branch, its refs, the sync record and
-# what differs from HEAD (tracked edits and untracked files, work_dirs left out)
-_PROBE = r"""
-repo=$1
-[ -d "$repo/.git" ] || { echo missing; exit 0; }
-cd "$repo" || exit 1
-echo present
-git rev-parse -q --verify HEAD || echo none
-git symbolic-ref -q --short HEAD || echo detached
-git for-each-ref --format='%(objectname) %(*objectname)' | tr '\n' ' '; echo
-tr -d '\n' <.git/trtllm-sync.json 2>/dev/null; echo
-GIT_OPTIONAL_LOCKS=0 git status --porcelain -z --untracked-files=all -- . "$2"
-"""
-
 
 class SyncResult(BaseModel):
     """What was synced where (for the run's note and for logs)."""
@@ -99,14 +88,6 @@ class SyncResult(BaseModel):
     removed: list[str] = Field(default_factory=list)  # untracked files gone here, removed there
     seconds: float = 0.0
     warnings: list[str] = Field(default_factory=list)
-
-
-class SyncRecord(BaseModel):
-    """What the last sync left in the remote checkout (``RECORD``)."""
-
-    commit: str
-    branch: str
-    untracked: dict[str, str] = Field(default_factory=dict)  # name -> blob id
 
 
 @dataclass
@@ -131,24 +112,6 @@ class PreparedSync:
     def describe(self) -> str:
         n = len(self.untracked)
         return f"commit {self.result.commit[:10]}" + (f" + {n} untracked file(s)" if n else "")
-
-
-@dataclass
-class RemoteCheckout:
-    """What ``_PROBE`` found in the remote checkout."""
-
-    present: bool
-    head: str = ""
-    branch: str = ""
-    refs: list[str] = field(default_factory=list)
-    record: SyncRecord | None = None
-    changed: list[str] = field(default_factory=list)  # tracked files that differ from HEAD
-    untracked: set[str] = field(default_factory=set)
-
-    def leftovers(self) -> list[str]:
-        """What the remote holds that no sync put there (to be stashed)."""
-        shipped = self.record.untracked if self.record else {}
-        return self.changed + sorted(n for n in self.untracked if n not in shipped)
 
 
 def without_credentials(url: str) -> str:
@@ -297,44 +260,6 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     return result
 
 
-def probe(shell: Shell, repo: str) -> RemoteCheckout:
-    """What the remote checkout holds (one round trip)."""
-    res = _remote(shell, probe_argv(repo), f"looking at {repo}")
-    return parse_probe(res.stdout)
-
-
-def probe_argv(repo: str) -> list[str]:
-    """The probe's command (to run alone, or with another look in the same round trip)."""
-    return ["sh", "-c", _PROBE, "sh", repo, _STASH_EXCLUDE]
-
-
-def parse_probe(stdout: str) -> RemoteCheckout:
-    """The probe's output read."""
-    lines = stdout.split("\n", 5)
-    if not lines or lines[0] != "present" or len(lines) < 6:
-        return RemoteCheckout(present=False)
-    record = None
-    try:
-        record = SyncRecord.model_validate(json.loads(lines[4])) if lines[4] else None
-    except (ValueError, ValidationError):
-        record = None
-    found = RemoteCheckout(present=True, head=lines[1].strip(), branch=lines[2].strip(),
-                    refs=lines[3].split(), record=record)
-    entries = lines[5].split("\0")
-    skip = False
-    for entry in entries:
-        if skip or len(entry) < 4:
-            skip = False
-            continue
-        code, path = entry[:2], entry[3:]
-        if code == "??":
-            found.untracked.add(path)
-        else:
-            found.changed.append(path)
-            skip = code[0] in "RC"  # the next entry is the rename's source
-    return found
-
-
 def _first_checkout(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
                     result: SyncResult) -> None:
     """No checkout there yet: clone origin (read only) for the history, else an empty
@@ -355,7 +280,7 @@ def _stash_leftovers(shell: Shell, repo: str, result: SyncResult) -> None:
     """Edits and files on the remote that no sync put there are kept in a stash."""
     stash = shell.run(["git", "-C", repo, "stash", "push", "--include-untracked",
                        "--quiet", "-m", f"auto-stash before remote sync {result.branch}", "--",
-                       ".", _STASH_EXCLUDE], timeout=300)
+                       ".", STASH_EXCLUDE], timeout=300)
     if not stash.ok:
         result.warnings.append(f"remote leftovers could not be stashed: {stash.describe()}")
         log.warning("code sync: %s", result.warnings[-1])
