@@ -107,7 +107,7 @@ def guarded(repo: Path, shell: SSHShell, ssh: dict[str, Any],
         "user_root_dir": remote.rsplit("/", 1)[0]})
     paths = remote_paths(cluster_cfg, repo)
     assert paths.remote_repo == remote, (paths.remote_repo, remote)
-    runs = ShellRunRegistry(shell, f"{shared_state_dir(paths)}/runs")
+    runs = ShellRunRegistry(shell, f"{shared_state_dir(cluster_cfg, paths)}/runs")
     before = _commands()
     start = time.perf_counter()
     result = sync_cluster(cluster_cfg, repo, shell, name="sync", user="bench", runs=runs)

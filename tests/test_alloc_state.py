@@ -208,7 +208,7 @@ def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
     shell = shell_for_cluster(cluster)
     shell.connect()
     # as the plugin builds it: the state on the cluster (execution.factory)
-    state_dir = shared_state_dir(remote_paths(cluster, tmp_path))
+    state_dir = shared_state_dir(cluster, remote_paths(cluster, tmp_path))
     remote = AllocationManager(shell, rootdir=tmp_path / "work_dirs" / ".remote-devssh",
                                request=AllocationRequest(partition="batch", account="acct_a",
                                                          time_limit="15"),

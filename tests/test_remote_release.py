@@ -19,7 +19,7 @@ def test_release_allocation_releases_the_remote_clusters_allocation(remote_setup
     found = re.search(r"Allocation (\d+) released\.", out)
     assert found, out
     assert "No allocation to release" not in out
-    state = remote_root / "local" / "work_dirs" / ".trtllm-state" / ".slurm_alloc.json"
+    state = remote_root / ".trtllm-state" / "local" / ".slurm_alloc.json"
     assert not state.exists()
     end = time.monotonic() + 30
     while (squeue_state(found.group(1)) or ("GONE",))[0] == "RUNNING":

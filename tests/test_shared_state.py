@@ -91,7 +91,7 @@ def machine_manager(repo: Path, warnings: list[str]) -> AllocationManager:
     shell = shell_for_cluster(cluster)
     shell.connect()
     paths = remote_paths(cluster, repo)
-    state_dir = shared_state_dir(paths)
+    state_dir = shared_state_dir(cluster, paths)
     return AllocationManager(
         shell, rootdir=repo / "work_dirs" / ".remote-devssh",
         request=AllocationRequest(partition="batch", account="acct_a", nodes=1,
@@ -122,7 +122,7 @@ def test_two_machines_share_one_allocation_kept_on_the_cluster(machines: dict) -
         assert f"Reusing allocation {state.job_id}" in " ".join(b.messages)
         assert a.owner == b.owner  # the same owner tag: one allocation per checkout there
         # the state is on the cluster, private, and on neither machine
-        folder = machines["home"] / "proj" / "work_dirs" / ".trtllm-state"
+        folder = machines["home"] / ".trtllm-state" / "proj"
         on_cluster = folder / STATE_NAME
         assert json.loads(on_cluster.read_text())["job_id"] == state.job_id
         assert stat.S_IMODE(on_cluster.stat().st_mode) == 0o600
@@ -182,7 +182,8 @@ def test_a_crashed_holders_lock_and_lease_are_recovered(machines: dict) -> None:
     record counts as dead, not as a live user of the allocation."""
     b_said: list[str] = []
     b = machine_manager(machines["b"], b_said)
-    state_dir = shared_state_dir(remote_paths(cluster_of(machines["b"]), machines["b"]))
+    b_cluster = cluster_of(machines["b"])
+    state_dir = shared_state_dir(b_cluster, remote_paths(b_cluster, machines["b"]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(machines["a"]), state_dir],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -231,7 +232,8 @@ def registry(repo: Path, made: list[ShellRunRegistry]) -> ShellRunRegistry:
     cluster = cluster_of(repo)
     shell = shell_for_cluster(cluster)
     shell.connect()
-    runs = ShellRunRegistry(shell, f"{shared_state_dir(remote_paths(cluster, repo))}/runs")
+    runs = ShellRunRegistry(shell,
+                            f"{shared_state_dir(cluster, remote_paths(cluster, repo))}/runs")
     made.append(runs)
     return runs
 
@@ -267,3 +269,16 @@ def test_two_runs_share_a_remote_checkout_only_with_the_same_code(
     other = sync_cluster(cluster_of(b_repo), b_repo, run_b.shell, name="t", runs=run_b)
     assert other is not None and not other.unchanged
     assert (checkout / "mod.py").read_text() == "VALUE = 3\n"
+
+
+def test_the_first_clone_keeps_the_shared_state(
+        machines: dict, registries: list[ShellRunRegistry]) -> None:
+    """The cluster clones origin for the first sync: the registry (the run's record and
+    lock) lives beside the checkout, so the clone neither fails on it nor removes it."""
+    b_repo = machines["b"]  # a clone: its origin (a's folder) is reachable from the cluster
+    run_b = registry(b_repo, registries)
+    result = sync_cluster(cluster_of(b_repo), b_repo, run_b.shell, name="t", runs=run_b)
+    assert result is not None and result.cloned and not result.warnings, result
+    assert Path(f"{run_b.remote}/{run_b.me.run_id}.json").exists()
+    seen = registry(machines["a"], registries).others()
+    assert [(r.run_id, alive) for r, alive, _ in seen] == [(run_b.me.run_id, True)]

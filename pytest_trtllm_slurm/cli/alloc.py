@@ -5,7 +5,7 @@ releasing it is an explicit act: this command or ``--trtllm-release-allocation``
 
 Each target has its own: the local Slurm cluster (``work_dirs/.slurm_alloc.json``) and
 every remote cluster of the clusters file, whose state is kept on the cluster itself
-(``<user_root_dir>/<repo>/work_dirs/.trtllm-state/``), shared by every machine of the user.
+(``<user_root_dir>/.trtllm-state/<repo>/``), shared by every machine of the user.
 ``--cluster NAME`` picks one (``local`` for the local cluster) and looks on it over SSH;
 without it ``status`` and ``release`` cover the local one and the remote clusters this
 checkout has run on (``work_dirs/.remote-<name>/`` exists), and name the others.
@@ -101,7 +101,7 @@ def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
     cluster = load_clusters_file(Path(config) if config else None, rootdir).get(name)
     shell = shell_for_cluster(cluster)
     shell.connect()
-    state_dir = shared_state_dir(remote_paths(cluster, rootdir))
+    state_dir = shared_state_dir(cluster, remote_paths(cluster, rootdir))
     manager = AllocationManager(shell, rootdir=folder, request=AllocationRequest(account=account),
                                 store=ShellStateStore(shell, state_dir, STATE_NAME),
                                 runs=ShellRunRegistry(shell, f"{state_dir}/runs"))

@@ -147,7 +147,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     paths = remote_paths(cluster, rootdir)
     # the allocation's state and the run registry live on the cluster: every machine and
     # CI runner of the user shares them (state_store, shared_runs)
-    state_dir = shared_state_dir(paths)
+    state_dir = shared_state_dir(cluster, paths)
     runs = ShellRunRegistry(shell, f"{state_dir}/runs")
     ensure_work_root(rootdir / "work_dirs")  # this checkout ran there (`alloc status` looks)
     remote_state_root(rootdir, cluster.name).mkdir(exist_ok=True)

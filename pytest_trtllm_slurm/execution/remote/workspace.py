@@ -142,10 +142,16 @@ def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
     return RemotePaths(repo, f"{root}/work_dirs")
 
 
-def shared_state_dir(paths: RemotePaths) -> str:
+def shared_state_dir(cluster: ClusterConfig, paths: RemotePaths) -> str:
     """The private folder on the cluster that holds the persistent allocation's state and
-    the run registry, shared by every machine of the user that tests this repository there
-    (``<user_root_dir>/<repo>/work_dirs/.trtllm-state``)."""
+    the run registry, shared by every machine of the user that tests this repository there:
+    ``<user_root_dir>/.trtllm-state/<repo>`` (beside the checkout, not in it: the first
+    clone, a stash or a cleaned work_dirs never touch it); with ``sync = "none"`` the
+    repository's own ``work_dirs/.trtllm-state``."""
+    base = (cluster.user_root_dir or cluster.remote_cwd or "").rstrip("/")
+    root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
+    if cluster.sync != "none" and base and root.startswith(base + "/"):
+        return f"{base}/.trtllm-state/{root[len(base) + 1:]}"
     return f"{paths.remote_work_root}/.trtllm-state"
 
 
