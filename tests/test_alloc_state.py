@@ -232,4 +232,5 @@ def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
             assert time.monotonic() < end, squeue_state(state.job_id)
             time.sleep(0.5)
     finally:
+        remote.close()  # this run's record and lease on the cluster go
         sh(["scancel", state.job_id], check=False)
