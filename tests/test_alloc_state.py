@@ -192,6 +192,9 @@ def test_two_cold_runs_in_one_rootdir_start_one_agent_per_node(devcluster: dict,
 
 def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
         devcluster: dict, tmp_path: Path) -> None:
+    from pytest_trtllm_slurm.execution.remote.workspace import remote_paths, shared_state_dir
+    from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+    from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
     from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
@@ -204,9 +207,13 @@ def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
     cluster = load_clusters_file(None, tmp_path).get("devssh")
     shell = shell_for_cluster(cluster)
     shell.connect()
+    # as the plugin builds it: the state on the cluster (execution.factory)
+    state_dir = shared_state_dir(cluster, remote_paths(cluster, tmp_path))
     remote = AllocationManager(shell, rootdir=tmp_path / "work_dirs" / ".remote-devssh",
                                request=AllocationRequest(partition="batch", account="acct_a",
                                                          time_limit="15"),
+                               store=ShellStateStore(shell, state_dir, STATE),
+                               runs=ShellRunRegistry(shell, f"{state_dir}/runs"),
                                agents_dir=str(tmp_path / "remote_work" / ".agents"))
     state = remote.ensure()
     assert state is not None
@@ -225,4 +232,5 @@ def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
             assert time.monotonic() < end, squeue_state(state.job_id)
             time.sleep(0.5)
     finally:
+        remote.close()  # this run's record and lease on the cluster go
         sh(["scancel", state.job_id], check=False)

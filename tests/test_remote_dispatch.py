@@ -88,8 +88,8 @@ def remote_setup(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
     yield local, remote_root, before
     assert git(origin, "for-each-ref", "--format=%(refname)") == "refs/heads/main\n", \
         "a run pushed to origin"
-    for name in ("devssh", "devotp", "devsize"):
-        state = local / "work_dirs" / f".remote-{name}" / "work_dirs" / ".slurm_alloc.json"
+    for home in (remote_root, base / "size_home"):  # (the state is kept on the cluster)
+        state = home / ".trtllm-state" / "local" / ".slurm_alloc.json"
         if state.exists():  # never leave an allocation behind on the shared dev cluster
             sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
 
@@ -249,7 +249,7 @@ def test_persistent_over_mfa_survives_a_cut_connection(remote_setup, devcluster:
     assert out.count("PASSED test_untracked_slow.py::test_slow_remote") == 1, out
     assert "PASSED test_single_gpu.py::test_one_gpu[fp16]" in out
     assert devcluster["ssh"]["otp_static"] not in out
-    state = local / "work_dirs" / ".remote-devotp" / "work_dirs" / ".slurm_alloc.json"
+    state = remote_root / ".trtllm-state" / "local" / ".slurm_alloc.json"
     assert json.loads(state.read_text())["job_id"]
 
 

@@ -11,7 +11,7 @@ from test_remote_dispatch import remote_setup, run_pytest  # noqa: F401  (the re
 
 
 def test_release_allocation_releases_the_remote_clusters_allocation(remote_setup) -> None:  # noqa: F811
-    local, _, _ = remote_setup
+    local, remote_root, _ = remote_setup
     proc = run_pytest(local, "--slurm-cluster=devssh", "--trtllm-dispatch=all",
                       "--trtllm-release-allocation", "-k", "one_gpu")
     out = proc.stdout + proc.stderr
@@ -19,7 +19,7 @@ def test_release_allocation_releases_the_remote_clusters_allocation(remote_setup
     found = re.search(r"Allocation (\d+) released\.", out)
     assert found, out
     assert "No allocation to release" not in out
-    state = local / "work_dirs" / ".remote-devssh" / "work_dirs" / ".slurm_alloc.json"
+    state = remote_root / ".trtllm-state" / "local" / ".slurm_alloc.json"
     assert not state.exists()
     end = time.monotonic() + 30
     while (squeue_state(found.group(1)) or ("GONE",))[0] == "RUNNING":

@@ -394,6 +394,7 @@ def test_preflight_creates_dir_and_records_slurm_version(ssh_shell: SSHShell, tm
     assert result.created_dir and root.is_dir() and result.host == "127.0.0.1"
     assert result.slurm_version.startswith("22.05")
     assert "git" in result.tools_checked and "sbatch" in result.tools_checked
+    assert "flock" in result.tools_checked  # the shared allocation's locks there
     assert not preflight(ssh_shell, cluster).created_dir
 
 
@@ -427,6 +428,58 @@ def test_credentials_in_the_origin_url_never_reach_the_cluster(repos: dict[str, 
     assert result.cloned and git(remote, "rev-parse", "HEAD").strip() == result.commit
     assert "s3cret" not in " ".join(result.warnings)
     assert "s3cret" not in (remote / ".git" / "config").read_text()
+    (local / "tracked.txt").write_text("changed: the snapshot must be pushed\n")
     with pytest.raises(ExecutionError) as err:
         sync_workspace(local, ssh_shell, str(remote), user="u", name="m", via="origin")
     assert "s3cret" not in str(err.value) and "https://127.0.0.1:9/proj.git" in str(err.value)
+
+
+# -- only what changed is sent (issue 20) ----------------------------------------------
+def test_a_sync_with_no_change_sends_nothing_and_a_change_sends_only_itself(
+        repos: dict[str, Path], ssh_shell: SSHShell) -> None:
+    local = repos["local"]
+    remote = repos["remote_root"] / "proj"
+    modify(local)
+    first = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert first.cloned and first.sent_bytes > 0 and len(first.untracked) == 3
+    again = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    # nothing went over the wire: no commit, no file, no checkout, no stash
+    assert again.unchanged and again.sent_bytes == 0 and again.bundle_bytes == 0
+    assert again.untracked == [] and again.removed == [] and not again.stashed
+    assert again.commit == first.commit and again.branch == first.branch
+    assert git(remote, "rev-parse", "HEAD").strip() == first.commit
+    assert git(remote, "stash", "list") == ""
+    # one untracked file changed: only it is shipped
+    (local / "tests" / "test_new.py").write_text("def test_new():\n    assert 1\n")
+    one = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert one.unchanged and one.untracked == ["tests/test_new.py"] and one.bundle_bytes == 0
+    assert 0 < one.sent_bytes < 20_000
+    assert (remote / "tests" / "test_new.py").read_text() == "def test_new():\n    assert 1\n"
+    # one tracked file changed: one small commit, no untracked file
+    (local / "tracked.txt").write_text("tracked v3\n")
+    tracked = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert not tracked.unchanged and tracked.untracked == [] and not tracked.stashed
+    assert 0 < tracked.bundle_bytes == tracked.sent_bytes < 5_000
+    assert (remote / "tracked.txt").read_text() == "tracked v3\n"
+    assert (remote / ODD_NAME).read_text() == "odd\n"  # untouched, still there
+    # an untracked file removed here is removed there (only what a sync shipped)
+    (local / "run.sh").unlink()
+    (remote / "made_on_the_cluster.txt").write_text("a session's output\n")
+    gone = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert gone.removed == ["run.sh"] and not (remote / "run.sh").exists()
+    # a file no sync put there is a leftover: stashed as before, everything shipped again
+    assert gone.stashed and not (remote / "made_on_the_cluster.txt").exists()
+    assert sorted(gone.untracked) == sorted([ODD_NAME, "tests/test_new.py"])
+    last = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert last.unchanged and last.sent_bytes == 0
+
+
+def test_an_untracked_file_deleted_on_the_cluster_is_shipped_again(
+        repos: dict[str, Path], ssh_shell: SSHShell) -> None:
+    local = repos["local"]
+    remote = repos["remote_root"] / "proj"
+    (local / "notes.txt").write_text("notes\n")
+    sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    (remote / "notes.txt").unlink()
+    again = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert again.untracked == ["notes.txt"] and (remote / "notes.txt").read_text() == "notes\n"

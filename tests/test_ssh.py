@@ -25,6 +25,7 @@ import pytest
 from devcluster import child_pids, wait_for_job
 
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.shell import LocalShell
 from pytest_trtllm_slurm.transport.ssh.auth import OneTimeCode
@@ -607,6 +608,25 @@ def test_openssh_over_control_master(ssh: dict[str, Any], control_dir: Path, tmp
     assert sh.exists(str(path)) and not sh.exists(str(tmp_path / "absent"))
     res = sh.run_stdin_stream(["sh", "-c", "wc -c"], lambda fh: fh.write(b"x" * 100000))
     assert res.stdout.strip() == "100000"
+
+    def slow_chunks(fh: Any) -> None:  # a producer still writing after the command started
+        for _ in range(20):
+            fh.write(b"y" * 5000)
+            fh.flush()
+            time.sleep(0.01)
+
+    res = sh.run_stdin_stream(["sh", "-c", "wc -c"], slow_chunks)
+    assert res.stdout.strip() == "100000"
+    # a lock on the cluster held through this transport is held (shell_lock)
+    lock, other = ShellLock(sh, str(tmp_path / "l.lock")), ShellLock(LocalShell(),
+                                                                     str(tmp_path / "l.lock"))
+    assert lock.acquire(30)
+    try:
+        assert not other.acquire(1)
+    finally:
+        lock.release()
+    assert other.acquire(30)
+    other.release()
 
 
 def test_shell_for_cluster_picks_transport(ssh: dict[str, Any], control_dir: Path,

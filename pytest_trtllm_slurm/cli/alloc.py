@@ -4,10 +4,11 @@ The allocation outlives pytest runs on purpose (no queue wait next time), so
 releasing it is an explicit act: this command or ``--trtllm-release-allocation``.
 
 Each target has its own: the local Slurm cluster (``work_dirs/.slurm_alloc.json``) and
-every remote cluster of the clusters file (``work_dirs/.remote-<name>/...``, reached over
-SSH only when its state file exists). ``--cluster NAME`` picks one (``local`` for the
-local cluster); without it ``status`` shows them all and ``release`` releases every one
-that has a state file.
+every remote cluster of the clusters file, whose state is kept on the cluster itself
+(``<user_root_dir>/.trtllm-state/<repo>/``), shared by every machine of the user.
+``--cluster NAME`` picks one (``local`` for the local cluster) and looks on it over SSH;
+without it ``status`` and ``release`` cover the local one and the remote clusters this
+checkout has run on (``work_dirs/.remote-<name>/`` exists), and name the others.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ LOCAL = "local"
 
 
 def targets(rootdir: Path, wanted: list[str] | None, config: str | None) -> dict[str, Path]:
-    """target name -> the folder holding its ``work_dirs/.slurm_alloc.json`` (local: the
-    rootdir). ConfigError for a name that is neither ``local`` nor in the clusters file."""
+    """target name -> this checkout's folder for it (local: the rootdir; a remote cluster:
+    ``work_dirs/.remote-<name>``, there once a run used it). ConfigError for a name that
+    is neither ``local`` nor in the clusters file."""
     from pytest_trtllm_slurm.execution.factory import remote_state_root
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
 
@@ -88,14 +90,26 @@ def targets(rootdir: Path, wanted: list[str] | None, config: str | None) -> dict
 
 def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
                    config: str | None) -> AllocationManager:
-    """A manager over SSH for a remote cluster's allocation."""
+    """A manager over SSH for a remote cluster's allocation, whose state is on the
+    cluster (the folder every machine of the user shares)."""
+    from pytest_trtllm_slurm.execution.remote.workspace import remote_paths, shared_state_dir
+    from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+    from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
     from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
     cluster = load_clusters_file(Path(config) if config else None, rootdir).get(name)
     shell = shell_for_cluster(cluster)
     shell.connect()
-    return manager_for(folder, account, shell)
+    state_dir = shared_state_dir(cluster, remote_paths(cluster, rootdir))
+    manager = AllocationManager(shell, rootdir=folder, request=AllocationRequest(account=account),
+                                store=ShellStateStore(shell, state_dir, STATE_NAME),
+                                runs=ShellRunRegistry(shell, f"{state_dir}/runs"))
+    if account is None:
+        state = manager.peek_state()
+        if state is not None and state.account:
+            manager.request.account = state.account
+    return manager
 
 
 def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
@@ -107,13 +121,11 @@ def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
         print(f"trtllm-slurm alloc: {exc}", file=sys.stderr)
         return 4
     infos: dict[str, dict[str, Any]] = {}
+    explicit = bool(getattr(args, "cluster", None))
     for name, folder in chosen.items():
-        has_state = (folder / "work_dirs" / STATE_NAME).exists()
-        explicit = bool(getattr(args, "cluster", None))
-        if name != LOCAL and not has_state:
-            if explicit or args.alloc_command == "status":
-                infos[name] = {"state_file": str(folder / "work_dirs" / STATE_NAME),
-                               "allocation": None}
+        if name != LOCAL and not explicit and not folder.is_dir():
+            if args.alloc_command == "status":  # never run there from here: not connected
+                infos[name] = {"state_file": None, "allocation": None, "not_looked": True}
             continue
         try:
             manager = (manager_for(folder, args.account, shell) if name == LOCAL else
@@ -137,6 +149,9 @@ def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
 def format_status(info: dict[str, Any]) -> str:
     """Human-readable lines for ``alloc status``."""
     alloc = info.get("allocation")
+    if info.get("not_looked"):
+        return ("not looked at: this checkout has not run there (--cluster NAME looks on the "
+                "cluster, where every machine's runs share the allocation)")
     if not alloc and info.get("unreadable"):
         return (f"No persistent allocation: {info['state_file']} is unreadable (the next run "
                 "moves it aside).")

@@ -115,10 +115,21 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     """Connect, check, sync the code, discover the cluster's Slurm, then the same
     SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
     from pytest_trtllm_slurm.execution.remote.executor import PathMap, RemoteSlurmExecutor
-    from pytest_trtllm_slurm.execution.remote.workspace import preflight, remote_paths, sync_cluster
-    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
+    from pytest_trtllm_slurm.execution.remote.workspace import (
+        preflight,
+        remote_paths,
+        shared_state_dir,
+        sync_cluster,
+    )
+    from pytest_trtllm_slurm.execution.slurm.allocation import (
+        STATE_NAME,
+        AllocationManager,
+        AllocationRequest,
+    )
     from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
-    from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+    from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+    from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+    from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 
     names = sorted({k.cluster or "" for k in keys})
     if len(names) != 1 or not names[0]:
@@ -133,9 +144,15 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         shell.notify = warn  # a reconnect after a drop is said, not silent
     preflight(shell, cluster)
     rootdir = ctx.rootdir
-    sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn)
-    slurm_env = remotes.env(cluster)
     paths = remote_paths(cluster, rootdir)
+    # the allocation's state and the run registry live on the cluster: every machine and
+    # CI runner of the user shares them (state_store, shared_runs)
+    state_dir = shared_state_dir(cluster, paths)
+    runs = ShellRunRegistry(shell, f"{state_dir}/runs")
+    ensure_work_root(rootdir / "work_dirs")  # this checkout ran there (`alloc status` looks)
+    remote_state_root(rootdir, cluster.name).mkdir(exist_ok=True)
+    sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn, runs=runs)
+    slurm_env = remotes.env(cluster)
     local_work_root = Path(settings.work_dir) if settings.work_dir else rootdir / "work_dirs"
     remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
     path_map = PathMap(
@@ -150,8 +167,9 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         )
         manager = AllocationManager(
             shell,
-            # the state of a remote allocation is kept here, one file per cluster
-            rootdir=remote_state_root(rootdir, cluster.name),
+            rootdir=remote_state_root(rootdir, cluster.name),  # (here: the salloc log only)
+            store=ShellStateStore(shell, state_dir, STATE_NAME),
+            runs=runs,
             request=with_containers(request, cluster, remote_root),
             user=slurm_env.user,
             warn=warn,
@@ -163,8 +181,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         persistent=settings.persistent,
         allocation_manager=manager,
         warn=warn,
-        runs=manager.runs if manager else RunRegistry(
-            remote_state_root(rootdir, cluster.name) / "work_dirs" / ".runs"),
+        runs=runs,
         container_runtime=cluster.container_runtime,
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
@@ -216,8 +233,8 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
 
 
 def remote_state_root(rootdir: Path, cluster: str) -> Path:
-    """Where a remote cluster's allocation state is kept here (one folder per cluster;
-    its ``work_dirs/.slurm_alloc.json``)."""
+    """This machine's folder for a remote cluster (its ``work_dirs/.salloc.log``); the
+    allocation's state itself is on the cluster (``workspace.shared_state_dir``)."""
     return rootdir / "work_dirs" / f".remote-{cluster}"
 
 

@@ -19,10 +19,20 @@ snapshot; older temp branches of the same ``<user>_<name>_`` prefix are pruned f
 Untracked files are listed in the run's output before they are shipped; files that look
 like secrets (secret_files.looks_secret) are never shipped, nor uncommitted changes to
 tracked ones, unless ``ship_secrets`` (``sync_secrets = true``).
+
+Only what changed since the last sync is sent: the snapshot commit is deterministic (HEAD's
+date, so the same tree on the same HEAD is the same commit), the remote checkout keeps a
+record of what was synced (``.git/trtllm-sync.json``: the commit and each untracked file's
+blob id), and one round trip (``_probe``) tells what is there. When the remote is at the
+snapshot and holds nothing else, no commit is sent, nothing is checked out and only the
+untracked files whose content changed are shipped (removed ones are removed there).
+Leftovers on the remote (edits, files a session left) are stashed as before, and then
+every untracked file is shipped again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -32,6 +42,8 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Literal
@@ -39,6 +51,13 @@ from typing import IO, Literal
 from pydantic import BaseModel, Field
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote.checkout_probe import (
+    RECORD,
+    STASH_EXCLUDE,
+    RemoteCheckout,
+    SyncRecord,
+    probe,
+)
 from pytest_trtllm_slurm.execution.remote.secret_files import looks_secret
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 from pytest_trtllm_slurm.transport.ssh.auth import can_prompt
@@ -50,8 +69,6 @@ LISTED_NAMES = 50  # untracked names printed before shipping; the rest are count
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MESSAGE = "sync: temp snapshot for remote execution (pytest-trtllm-slurm)"
-_STASH_EXCLUDE = ":(exclude,glob)**/work_dirs/**"
-
 
 class SyncResult(BaseModel):
     """What was synced where (for the run's note and for logs)."""
@@ -65,8 +82,36 @@ class SyncResult(BaseModel):
     untracked: list[str] = Field(default_factory=list)  # shipped, relative to the repo top
     withheld: list[str] = Field(default_factory=list)  # looked like secrets: not shipped
     bundle_bytes: int = 0  # via ssh: the bundle's size (0: the remote had the commit)
+    sent_bytes: int = 0  # every byte streamed to the remote (bundle and untracked files)
+    unchanged: bool = False  # the remote already held this code: no commit was sent
+    stashed: bool = False  # leftovers on the remote were stashed first
+    removed: list[str] = Field(default_factory=list)  # untracked files gone here, removed there
     seconds: float = 0.0
     warnings: list[str] = Field(default_factory=list)
+
+
+@dataclass
+class PreparedSync:
+    """The local half of a sync: the snapshot and the untracked files, nothing sent yet."""
+
+    git: _Git
+    result: SyncResult
+    fetch_url: str
+    tree: str
+    untracked: dict[str, str] = field(default_factory=dict)  # name -> blob id
+
+    @property
+    def key(self) -> str:
+        """What this code is, the same on every machine with the same files: the snapshot's
+        tree and the untracked files' content (not the commit: authors differ)."""
+        digest = hashlib.sha1(self.tree.encode())
+        for name, blob in sorted(self.untracked.items()):
+            digest.update(f"\0{name}\0{blob}".encode())
+        return digest.hexdigest()[:16]
+
+    def describe(self) -> str:
+        n = len(self.untracked)
+        return f"commit {self.result.commit[:10]}" + (f" + {n} untracked file(s)" if n else "")
 
 
 def without_credentials(url: str) -> str:
@@ -135,8 +180,22 @@ def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: st
                    ship_secrets: bool = False, say: Say | None = None) -> SyncResult:
     """Make ``remote_repo`` (on ``shell``) match the local working tree: tracked changes as
     a snapshot commit (``via`` the SSH connection, or through origin), untracked (not
-    ignored) files as a tar stream. ``say`` gets the lines a user should see (the untracked
-    files before they are shipped, what was withheld)."""
+    ignored) files as a tar stream; only what the remote lacks is sent. ``say`` gets the
+    lines a user should see (the untracked files before they are shipped, what was
+    withheld)."""
+    # the look at the remote (one round trip) overlaps the local snapshot
+    with ThreadPoolExecutor(1, thread_name_prefix="sync-probe") as pool:
+        probing = pool.submit(probe, shell, remote_repo)
+        prepared = prepare_sync(local_repo, user=user, name=name, now=now, via=via,
+                                ship_secrets=ship_secrets)
+        probed = probing.result()
+    return push_sync(prepared, shell, remote_repo, say=say, probed=probed)
+
+
+def prepare_sync(local_repo: Path, *, user: str, name: str, now: datetime | None = None,
+                 via: Via = "ssh", ship_secrets: bool = False) -> PreparedSync:
+    """The local half: the snapshot commit and the untracked files to ship (with their
+    blob ids); nothing is sent and the local repository is not changed."""
     start = time.monotonic()
     git = _Git(_toplevel(local_repo))
     head = git("rev-parse", "--verify", "HEAD^{commit}").stdout.strip()
@@ -144,14 +203,53 @@ def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: st
         raise ConfigError(f"code sync: {git.top} has no commit yet; commit something first")
     # the cluster clones origin without the credentials a URL may carry (never on its disk)
     fetch_url = without_credentials(git("remote", "get-url", "origin").stdout.strip())
-    branch = temp_branch_name(user, name, now)
-    result = SyncResult(branch=branch, commit="", remote_repo=remote_repo, via=via)
-    result.commit = _snapshot(git, head, ship_secrets, result)
-    if via == "origin":
-        _sync_via_origin(git, shell, remote_repo, fetch_url, result)
+    result = SyncResult(branch=temp_branch_name(user, name, now), commit="", remote_repo="",
+                        via=via)
+    result.commit, tree = _snapshot(git, head, ship_secrets, result)
+    prepared = PreparedSync(git, result, fetch_url, tree,
+                            _untracked(git, ship_secrets, result))
+    result.seconds = round(time.monotonic() - start, 3)
+    return prepared
+
+
+def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
+              say: Say | None = None, shared: bool = False,
+              probed: RemoteCheckout | None = None) -> SyncResult:
+    """The remote half: send what ``remote_repo`` lacks of ``prepared``. ``shared``: a live
+    run tests the same code there, so what its tests left is not stashed from under it.
+    ``probed``: what ``probe`` found there just now (else it looks itself)."""
+    start = time.monotonic() - prepared.result.seconds
+    git, result = prepared.git, prepared.result
+    result.remote_repo = remote_repo
+    remote = probed if probed is not None else probe(shell, remote_repo)
+    if not remote.present:
+        _first_checkout(git, shell, remote_repo, prepared.fetch_url, result)
+    shipped = remote.record.untracked if remote.present and remote.record else {}
+    if remote.present and remote.head == result.commit and (shared or not remote.leftovers()):
+        result.unchanged = True
+        result.branch = remote.branch if remote.branch != "detached" else result.branch
     else:
-        _sync_via_ssh(git, shell, remote_repo, fetch_url, result)
-    _send_untracked(git, shell, remote_repo, ship_secrets, result, say or log.info)
+        if remote.present and remote.leftovers() and not shared:
+            _stash_leftovers(shell, remote_repo, result)
+            shipped = {}  # the stash took our untracked files too
+        if result.via == "origin":
+            _sync_via_origin(git, shell, remote_repo, prepared.fetch_url, result)
+        else:
+            _sync_via_ssh(git, shell, remote_repo, result,
+                          remote.refs if remote.present else None)
+    missing = {n for n in shipped if n not in remote.untracked}  # removed on the remote
+    send = [n for n, blob in prepared.untracked.items()
+            if blob == "-" or shipped.get(n) != blob or n in missing]
+    _send_untracked(git, shell, remote_repo, send, result, say or log.info)
+    before = remote.record.untracked if remote.present and remote.record else {}
+    result.removed = sorted(n for n in before if n not in prepared.untracked)
+    if result.removed and not result.stashed:  # (a stash took them already)
+        shell.run(["rm", "-f", "--", *(f"{remote_repo}/{n}" for n in result.removed)],
+                  timeout=120)
+    record = SyncRecord(commit=result.commit, branch=result.branch,
+                        untracked=prepared.untracked)
+    if remote.record != record:
+        shell.write_file(f"{remote_repo}/{RECORD}", record.model_dump_json())
     if result.withheld and say is not None:
         shown = ", ".join(result.withheld[:LISTED_NAMES])
         more = len(result.withheld) - LISTED_NAMES
@@ -160,6 +258,54 @@ def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: st
             f"{shown}" + (f" and {more} more" if more > 0 else ""))
     result.seconds = round(time.monotonic() - start, 3)
     return result
+
+
+def _first_checkout(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
+                    result: SyncResult) -> None:
+    """No checkout there yet: clone origin (read only) for the history, else an empty
+    repository (via ssh); via origin, origin must be cloned."""
+    if result.via == "origin":
+        if not fetch_url:
+            return  # _sync_via_origin says what is missing
+        result.cloned = _ensure_clone(shell, remote_repo, fetch_url)
+    elif fetch_url and _try_clone(shell, remote_repo, fetch_url, result):
+        result.cloned = True
+    else:
+        _remote(shell, ["git", "init", "--quiet", "--", remote_repo],
+                f"creating an empty repository at {remote_repo}")
+        result.cloned = True
+
+
+def _stash_leftovers(shell: Shell, repo: str, result: SyncResult) -> None:
+    """Edits and files on the remote that no sync put there are kept in a stash."""
+    stash = shell.run(["git", "-C", repo, "stash", "push", "--include-untracked",
+                       "--quiet", "-m", f"auto-stash before remote sync {result.branch}", "--",
+                       ".", STASH_EXCLUDE], timeout=300)
+    if not stash.ok:
+        result.warnings.append(f"remote leftovers could not be stashed: {stash.describe()}")
+        log.warning("code sync: %s", result.warnings[-1])
+    else:
+        result.stashed = True
+
+
+def _untracked(git: _Git, ship_secrets: bool, result: SyncResult) -> dict[str, str]:
+    """Untracked, not ignored files (not under work_dirs) -> blob id; secret-looking ones
+    withheld unless ``ship_secrets``."""
+    listing = git("ls-files", "-z", "--others", "--exclude-standard",
+                  check="listing untracked files").stdout
+    # the plugin's own job folders are results, not code: never shipped back and forth
+    names = [n for n in listing.split("\0") if n and "work_dirs" not in n.split("/")[:-1]]
+    if not ship_secrets:
+        result.withheld.extend(n for n in names if looks_secret(n))
+        names = [n for n in names if not looks_secret(n)]
+    files = [n for n in names if "\n" not in n and (git.top / n).is_file()
+             and not (git.top / n).is_symlink()]
+    blobs = git("hash-object", "--no-filters", "--stdin-paths",
+                input="".join(f"{n}\n" for n in files),
+                check="hashing untracked files").stdout.split() if files else []
+    found = dict(zip(files, blobs, strict=False))
+    # links and names hash-object cannot take: always shipped (their id is never equal)
+    return {n: found.get(n, "-") for n in names}
 
 
 def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
@@ -172,7 +318,7 @@ def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
                           "sync = \"git\" to send it over SSH, or sync = \"none\" for a shared "
                           "file system")
     branch = result.branch
-    result.cloned = _ensure_clone(shell, remote_repo, fetch_url)
+    result.cloned = _ensure_clone(shell, remote_repo, fetch_url) or result.cloned
     git("push", "--quiet", "--no-progress", push_url, f"{result.commit}:refs/heads/{branch}",
         timeout=600,
         check=f"pushing the snapshot to origin ({without_credentials(push_url)}) as {branch}")
@@ -189,18 +335,11 @@ def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
             log.warning("code sync: %s", msg)
 
 
-def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
-                  result: SyncResult) -> None:
-    """A bundle of the commits the remote lacks, over the run's own connection."""
-    if shell.exists(f"{remote_repo}/.git"):
-        pass
-    elif fetch_url and _try_clone(shell, remote_repo, fetch_url, result):
-        result.cloned = True
-    else:
-        _remote(shell, ["git", "init", "--quiet", "--", remote_repo],
-                f"creating an empty repository at {remote_repo}")
-        result.cloned = True
-    haves = _remote_commits(git, shell, remote_repo)
+def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
+                  refs: list[str] | None = None) -> None:
+    """A bundle of the commits the remote lacks, over the run's own connection (``refs``:
+    the remote's ref targets, when the probe read them)."""
+    haves = _remote_commits(git, shell, remote_repo, refs)
     if result.commit in haves:  # nothing to send: the remote already has the snapshot
         _remote_checkout(shell, remote_repo, result, [result.commit], "checking the snapshot")
         return
@@ -208,13 +347,15 @@ def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
     with tempfile.TemporaryDirectory(prefix="trtllm-bundle-") as tmp:
         bundle = _make_bundle(git, Path(tmp), result, haves)
         result.bundle_bytes = bundle.stat().st_size
+        result.sent_bytes += result.bundle_bytes
         _upload(shell, bundle, bundle_path)
     try:
         _remote_checkout(shell, remote_repo, result,
                          [bundle_path, f"refs/heads/{result.branch}"],
-                         "fetching the snapshot from the bundle sent over SSH")
-    finally:
+                         "fetching the snapshot from the bundle sent over SSH", bundle_path)
+    except BaseException:  # (the checkout's own clean-up may not have run)
         shell.run(["rm", "-f", "--", bundle_path], timeout=60)
+        raise
 
 
 def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> bool:
@@ -233,11 +374,14 @@ def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> 
     return False
 
 
-def _remote_commits(git: _Git, shell: Shell, repo: str) -> set[str]:
+def _remote_commits(git: _Git, shell: Shell, repo: str,
+                    refs: list[str] | None = None) -> set[str]:
     """Commits at the remote's refs that exist here too: the bundle's prerequisites."""
-    res = _remote(shell, ["git", "-C", repo, "for-each-ref",
-                          "--format=%(objectname) %(*objectname)"], "listing its refs")
-    ids = sorted({w for w in res.stdout.split() if re.fullmatch(r"[0-9a-f]{40,64}", w)})
+    if refs is None:
+        refs = _remote(shell, ["git", "-C", repo, "for-each-ref",
+                               "--format=%(objectname) %(*objectname)"],
+                       "listing its refs").stdout.split()
+    ids = sorted({w for w in refs if re.fullmatch(r"[0-9a-f]{40,64}", w)})
     if not ids:
         return set()
     check = git("cat-file", "--batch-check=%(objectname) %(objecttype)",
@@ -275,7 +419,7 @@ def _upload(shell: Shell, local: Path, remote: str) -> None:
             shutil.copyfileobj(src, stream, 1 << 20)
 
     argv = ["sh", "-c", 'umask 077 && cat > "$1"', "sh", remote]
-    res = _stream(shell, argv, produce)
+    res, _ = _stream(shell, argv, produce)
     if not res.ok:
         raise ExecutionError(f"code sync to {shell.name} failed while sending the bundle to "
                              f"{remote}: {res.describe()}; the local repository was not changed")
@@ -291,9 +435,10 @@ def _toplevel(path: Path) -> Path:
     return Path(proc.stdout.strip())
 
 
-def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> str:
-    """A commit of HEAD + all tracked changes (staged or not), built in a private index.
-    Changes to files that look like secrets stay out (HEAD's version), unless asked."""
+def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> tuple[str, str]:
+    """A commit of HEAD + all tracked changes (staged or not), built in a private index, and
+    its tree. Changes to files that look like secrets stay out (HEAD's version), unless
+    asked. Dated as HEAD is, so the same changes give the same commit (nothing to send)."""
     rel_index = git("rev-parse", "--git-path", "index").stdout.strip()
     real_index = str(git.top / rel_index) if rel_index else ""
     with tempfile.TemporaryDirectory(prefix="trtllm-sync-") as tmp:
@@ -312,13 +457,16 @@ def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> s
                 _keep_head_version(git, head, secret, env)
                 result.withheld.extend(secret)
         tree = git("write-tree", env=env, check="writing the snapshot tree").stdout.strip()
-    ident = {}
+    when = git("show", "-s", "--format=%ct %cz", head).stdout.split()
+    ident = {f"GIT_{who}_DATE": f"@{when[0]} {when[1]}" for who in ("AUTHOR", "COMMITTER")
+             } if len(when) == 2 else {}
     if git("var", "GIT_COMMITTER_IDENT").returncode != 0:  # no user.name/email configured
-        ident = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
-                 for what, value in (("NAME", "pytest-trtllm-slurm"),
-                                     ("EMAIL", "pytest-trtllm-slurm@invalid"))}
-    return git("commit-tree", tree, "-p", head, "-m", SNAPSHOT_MESSAGE, env=ident,
-               check="creating the snapshot commit").stdout.strip()
+        ident.update({f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
+                      for what, value in (("NAME", "pytest-trtllm-slurm"),
+                                          ("EMAIL", "pytest-trtllm-slurm@invalid"))})
+    commit = git("commit-tree", tree, "-p", head, "-m", SNAPSHOT_MESSAGE, env=ident,
+                 check="creating the snapshot commit").stdout.strip()
+    return commit, tree
 
 
 def _keep_head_version(git: _Git, head: str, paths: list[str], env: dict[str, str]) -> None:
@@ -352,51 +500,47 @@ def _ensure_clone(shell: Shell, remote_repo: str, url: str) -> bool:
     return True
 
 
+# one round trip: fetch (when given a source and its ref), check out as the temp branch,
+# check HEAD, prune older temp branches of the same prefix, remove the bundle (if any)
+_CHECKOUT = r"""
+repo=$1 branch=$2 expect=$3 prefix=$4 bundle=$5; shift 5
+[ -n "$bundle" ] && trap 'rm -f -- "$bundle"' EXIT
+cd "$repo" || exit 9
+if [ $# -gt 1 ]; then git fetch --quiet "$@" || exit 10; start=FETCH_HEAD; else start=$1; fi
+git checkout --quiet -f -B "$branch" "$start" || exit 11
+got=$(git rev-parse HEAD)
+[ "$got" = "$expect" ] || { echo "$got"; exit 12; }
+# (the prefix is made of [A-Za-z0-9_-] only: literal in a regular expression)
+git for-each-ref --format='%(refname:short)' refs/heads/ | grep -xE -e "${prefix}_[0-9]{14}" |
+  grep -vxF -e "$branch" | xargs -r git branch -D --quiet >/dev/null 2>&1
+exit 0
+"""
+
+
 def _remote_checkout(shell: Shell, repo: str, result: SyncResult, fetch: list[str],
-                     what: str) -> None:
-    """Stash the remote's leftovers, fetch ``fetch`` (a remote or bundle and its ref, or a
-    commit the remote has), check it out as the temp branch, prune older temp branches."""
+                     what: str, bundle: str = "") -> None:
+    """Fetch ``fetch`` (a remote or bundle and its ref, or a commit the remote has), check
+    it out as the temp branch, prune older temp branches (leftovers were stashed first):
+    one round trip. ``bundle``: removed there afterwards, whatever happened."""
     branch = result.branch
-    if result.cloned:
-        stash = CommandResult((), 0, "", "")  # just made: no leftovers to keep
-    else:
-        stash = shell.run(["git", "-C", repo, "stash", "push", "--include-untracked",
-                           "--quiet", "-m", f"auto-stash before remote sync {branch}", "--", ".",
-                           _STASH_EXCLUDE], timeout=300)
-    if not stash.ok:
-        result.warnings.append(f"remote leftovers could not be stashed: {stash.describe()}")
-        log.warning("code sync: %s", result.warnings[-1])
-    if len(fetch) > 1:
-        _remote(shell, ["git", "-C", repo, "fetch", "--quiet", *fetch], f"{what} in {repo}",
-                timeout=1800)
-        start = "FETCH_HEAD"
-    else:
-        start = fetch[0]
-    _remote(shell, ["git", "-C", repo, "checkout", "--quiet", "-f", "-B", branch, start],
-            f"checking out {branch} in {repo}")
-    got = _remote(shell, ["git", "-C", repo, "rev-parse", "HEAD"], "reading HEAD").stdout.strip()
-    if got != result.commit:
-        raise ExecutionError(f"code sync to {shell.name}: {repo} is at {got} after checkout, "
-                             f"expected {result.commit}")
     prefix = branch.rsplit("_", 1)[0]
-    refs = shell.run(["git", "-C", repo, "for-each-ref", "--format=%(refname:short)",
-                      "refs/heads/"], timeout=60).stdout.split()
-    old = [r for r in refs if r != branch and re.fullmatch(re.escape(prefix) + r"_\d{14}", r)]
-    if old:
-        shell.run(["git", "-C", repo, "branch", "-D", "--quiet", *old], timeout=60)
+    res = shell.run(["sh", "-c", _CHECKOUT, "sh", repo, branch, result.commit, prefix,
+                     bundle, *fetch], timeout=1800)
+    if res.ok:
+        return
+    step = {9: f"entering {repo}", 10: f"{what} in {repo}",
+            11: f"checking out {branch} in {repo}"}.get(res.returncode)
+    if res.returncode == 12:
+        raise ExecutionError(f"code sync to {shell.name}: {repo} is at {res.stdout.strip()} "
+                             f"after checkout, expected {result.commit}")
+    raise ExecutionError(f"code sync to {shell.name} failed while {step or what}: "
+                         f"{res.describe()}; the local repository was not changed")
 
 
-def _send_untracked(git: _Git, shell: Shell, remote_repo: str, ship_secrets: bool,
+def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
                     result: SyncResult, say: Say) -> None:
-    """Untracked, not ignored files as one tar stream into ``tar -x`` on the remote side,
-    listed through ``say`` first; secret-looking ones withheld unless ``ship_secrets``."""
-    listing = git("ls-files", "-z", "--others", "--exclude-standard",
-                  check="listing untracked files").stdout
-    # the plugin's own job folders are results, not code: never shipped back and forth
-    names = [n for n in listing.split("\0") if n and "work_dirs" not in n.split("/")[:-1]]
-    if not ship_secrets:
-        result.withheld.extend(n for n in names if looks_secret(n))
-        names = [n for n in names if not looks_secret(n)]
+    """Untracked files (the ones the remote lacks or has another version of) as one tar
+    stream into ``tar -x`` on the remote side, listed through ``say`` first."""
     result.untracked = names
     result.untracked_files = len(names)
     if not names:
@@ -415,7 +559,8 @@ def _send_untracked(git: _Git, shell: Shell, remote_repo: str, ship_secrets: boo
                     log.debug("code sync: %s vanished before it was sent", name)
 
     argv = ["tar", "-x", "--no-same-owner", "-f", "-", "-C", remote_repo]
-    res = _stream(shell, argv, produce)
+    res, sent = _stream(shell, argv, produce)
+    result.sent_bytes += sent
     if not res.ok:
         raise ExecutionError(f"code sync to {shell.name} failed while unpacking untracked "
                              f"files: {res.describe()}")
@@ -427,18 +572,43 @@ def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def _stream(shell: Shell, argv: list[str], produce: Callable[[IO[bytes]], None]) -> CommandResult:
-    """Run argv with produce() writing its stdin: SSH shells stream over the channel."""
+class _Counted:
+    """A binary stream that counts what is written through it (what a sync sent)."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self.inner = inner
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        self.count += len(data)
+        self.inner.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
+def _stream(shell: Shell, argv: list[str],
+            produce: Callable[[IO[bytes]], None]) -> tuple[CommandResult, int]:
+    """Run argv with produce() writing its stdin (SSH shells stream over the channel); the
+    result and the bytes sent."""
+    counted: list[_Counted] = []
+
+    def counting(stream: IO[bytes]) -> None:
+        counted.append(_Counted(stream))
+        produce(counted[0])  # type: ignore[arg-type]
+
     runner = getattr(shell, "run_stdin_stream", None)
     if runner is not None:
-        return runner(argv, produce, timeout=1800)
+        res: CommandResult = runner(argv, counting, timeout=1800)
+        return res, counted[0].count if counted else 0
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)  # LocalShell: the same machine
     assert proc.stdin is not None
     try:
-        produce(proc.stdin)
+        counting(proc.stdin)
     finally:
         proc.stdin.close()
     out, err = proc.communicate(timeout=1800)
-    return CommandResult(tuple(argv), proc.returncode, out.decode(errors="replace"),
-                         err.decode(errors="replace"))
+    return (CommandResult(tuple(argv), proc.returncode, out.decode(errors="replace"),
+                          err.decode(errors="replace")), counted[0].count if counted else 0)

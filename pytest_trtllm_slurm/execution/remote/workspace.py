@@ -18,16 +18,25 @@ from typing import NamedTuple
 from pydantic import BaseModel, Field
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
-from pytest_trtllm_slurm.execution.remote.sync import SyncResult, sync_workspace
+from pytest_trtllm_slurm.execution.remote.checkout_guard import checkout_claimed
+from pytest_trtllm_slurm.execution.remote.sync import (
+    PreparedSync,
+    SyncResult,
+    prepare_sync,
+    push_sync,
+    sync_workspace,
+)
+from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.shell import Shell
 
 SLURM_TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun", "salloc")
 SYNC_TOOLS = ("git", "tar")
+STATE_TOOLS = ("flock",)  # the shared allocation's locks on the cluster (util-linux)
 _MISSING = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 
 __all__ = ["PreflightResult", "RemotePaths", "SyncResult", "preflight", "remote_paths",
-           "remote_work_dir", "sync_cluster", "sync_workspace"]
+           "remote_work_dir", "shared_state_dir", "sync_cluster", "sync_workspace"]
 
 
 class PreflightResult(BaseModel):
@@ -55,7 +64,7 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
     if directory:
         created = _ensure_dir(shell, cluster, directory, create_dirs)
     version = _slurm_version(shell, cluster)
-    tools = [*SLURM_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
+    tools = [*SLURM_TOOLS, *STATE_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
     res = shell.run(["sh", "-c", _MISSING, "sh", *tools], timeout=60)
     missing = res.stdout.split()
     if not res.ok or missing:
@@ -133,6 +142,19 @@ def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
     return RemotePaths(repo, f"{root}/work_dirs")
 
 
+def shared_state_dir(cluster: ClusterConfig, paths: RemotePaths) -> str:
+    """The private folder on the cluster that holds the persistent allocation's state and
+    the run registry, shared by every machine of the user that tests this repository there:
+    ``<user_root_dir>/.trtllm-state/<repo>`` (beside the checkout, not in it: the first
+    clone, a stash or a cleaned work_dirs never touch it); with ``sync = "none"`` the
+    repository's own ``work_dirs/.trtllm-state``."""
+    base = (cluster.user_root_dir or cluster.remote_cwd or "").rstrip("/")
+    root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
+    if cluster.sync != "none" and base and root.startswith(base + "/"):
+        return f"{base}/.trtllm-state/{root[len(base) + 1:]}"
+    return f"{paths.remote_work_root}/.trtllm-state"
+
+
 def remote_work_dir(paths: RemotePaths, local_work_dir: Path) -> str:
     """The remote twin of a local ``work_dirs/<name>_<ts>``."""
     return f"{paths.remote_work_root}/{Path(local_work_dir).name}"
@@ -149,14 +171,25 @@ def _toplevel(path: Path) -> Path:
 
 
 def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,
-                 user: str | None = None, say: Callable[[str], None] | None = None
-                 ) -> SyncResult | None:
+                 user: str | None = None, say: Callable[[str], None] | None = None,
+                 runs: ShellRunRegistry | None = None) -> SyncResult | None:
     """Seed Step 4 for a cluster: nothing for ``sync = "none"``, else sync_workspace over
-    the SSH connection (``"git"``) or through origin (``"git-origin"``)."""
+    the SSH connection (``"git"``) or through origin (``"git-origin"``). With ``runs`` (the
+    cluster's run registry) the checkout is claimed first (``checkout_guard``): a live run
+    testing other code there stops this one before anything is sent."""
     if cluster.sync == "none":
         return None
     paths = remote_paths(cluster, local_rootdir)
     who = user or cluster.user or getattr(getattr(shell, "target", None), "user", None) or "user"
-    return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who, name=name,
-                          via="origin" if cluster.sync == "git-origin" else "ssh",
-                          ship_secrets=cluster.sync_secrets, say=say)
+    def prepare() -> PreparedSync:
+        return prepare_sync(_toplevel(local_rootdir), user=who, name=name,
+                            via="origin" if cluster.sync == "git-origin" else "ssh",
+                            ship_secrets=cluster.sync_secrets)
+
+    if runs is None:
+        return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who,
+                              name=name, via="origin" if cluster.sync == "git-origin" else "ssh",
+                              ship_secrets=cluster.sync_secrets, say=say)
+    with checkout_claimed(runs, paths.remote_repo, prepare) as (prepared, sharing, probed):
+        return push_sync(prepared, shell, paths.remote_repo, say=say, shared=bool(sharing),
+                         probed=probed)

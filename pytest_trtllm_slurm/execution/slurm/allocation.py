@@ -19,21 +19,17 @@ import hashlib
 import json
 import re
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
-
-if TYPE_CHECKING:
-    from filelock import FileLock
 import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.render.scripts import GresStyle, gpu_flag
 from pytest_trtllm_slurm.execution.slurm.alloc_containers import (
     SETUP_TIMEOUT,
@@ -52,6 +48,7 @@ from pytest_trtllm_slurm.execution.slurm.jobs import (
 from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX, blocker_note
 from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+from pytest_trtllm_slurm.execution.slurm.state_store import LocalStateStore, StateStore
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
@@ -264,6 +261,7 @@ class AllocationManager:
         pyxis: bool = False,
         agents_dir: str | None = None,
         runs: RunRegistry | None = None,
+        store: StateStore | None = None,
     ) -> None:
         self.shell = shell
         # where warm workers keep their agents (``<dir>/<job id>/<node>-<tag>/``)
@@ -272,14 +270,16 @@ class AllocationManager:
         self.jobs = jobs or SlurmJobs(shell)
         self.work_dirs = Path(rootdir) / "work_dirs"
         self.state_path = self.work_dirs / STATE_NAME
+        # where the state lives: here, or on the cluster for a remote one (state_store)
+        self.store: StateStore = store or LocalStateStore(self.state_path)
         self.salloc_log = self.work_dirs / ".salloc.log"
         # another run may hold the lock while it allocates, and with pyxis while it imports
         # and installs an image (minutes for a TensorRT-LLM image)
         setup_wait = SETUP_TIMEOUT if self.request.container_runtime == "pyxis" else 0
         self._lock_timeout = wait_seconds + 120 + setup_wait
-        self._lock: FileLock | None = None
+        # the same tag on every machine that shares the store
         self.owner = "trtllm-slurm:" + hashlib.sha1(
-            str(self.state_path.resolve()).encode()).hexdigest()[:12]
+            self.store.identity.encode()).hexdigest()[:12]
         self._user = user
         self.warn = warn or (lambda msg: None)
         self.wait_seconds = wait_seconds
@@ -288,60 +288,40 @@ class AllocationManager:
         self.runs = runs or RunRegistry(self.work_dirs / ".runs")
         self._state_note = "state file was missing"  # why there is no state (orphan message)
 
-    @property
-    def lock(self) -> FileLock:
-        """The state file's lock; filelock (and the asyncio it imports) loads only when a
-        run must allocate or change the allocation, not when it reuses a valid one."""
-        if self._lock is None:
-            from filelock import FileLock
-
-            self._lock = FileLock(str(self.state_path) + ".lock", timeout=self._lock_timeout)
-        return self._lock
-
     # -- state file -------------------------------------------------------------
     def read_state(self) -> AllocationState | None:
         """The state file, or None. One that cannot be read or is not a state (binary
         garbage, truncated, wrong types, a folder) is moved aside and reported."""
         try:
-            return AllocationState.model_validate(
-                json.loads(self.state_path.read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            return None
+            text = self.store.read()
+            return None if text is None else AllocationState.model_validate(json.loads(text))
         except (OSError, ValueError, ValidationError) as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             aside = self._move_aside()
             self._state_note = f"state file was unreadable ({first})"
-            self._say(f"State file {self.state_path} is unreadable or corrupt ({first}); "
+            self._say(f"State file {self.store.where} is unreadable or corrupt ({first}); "
                       + (f"moved to {aside}; " if aside else "")
                       + "continuing without it.", warn=True)
             return None
 
-    def _move_aside(self, why: str = "bad") -> Path | None:
+    def _move_aside(self, why: str = "bad") -> str | None:
         """Keep a bad state file for a look (``.slurm_alloc.json.<why>-<time>``)."""
-        aside = self.state_path.with_name(
-            f"{STATE_NAME}.{why}-{datetime.now().strftime('%Y%m%d_%H%M%S')}-{uuid.uuid4().hex[:4]}")
-        try:
-            self.state_path.rename(aside)
-            return aside
-        except OSError:
-            with contextlib.suppress(OSError):
-                self._delete_state()
-            return None
+        return self.store.move_aside(why)
 
     def peek_state(self) -> AllocationState | None:
         """The state file if it parses, without the lock and without removing a bad one
         (it is replaced atomically, so a read sees a whole file, old or new)."""
         try:
-            return AllocationState.model_validate(
-                json.loads(self.state_path.read_text(encoding="utf-8")))
+            text = self.store.read()
+            return None if text is None else AllocationState.model_validate(json.loads(text))
         except (OSError, ValueError, ValidationError):
             return None
 
     def _write_state(self, state: AllocationState) -> None:
-        write_atomic(self.state_path, state.model_dump_json(indent=2) + "\n", parents=True)
+        self.store.write(state.model_dump_json(indent=2) + "\n")
 
     def _delete_state(self) -> None:
-        self.state_path.unlink(missing_ok=True)
+        self.store.delete()
 
     # -- the main entry -----------------------------------------------------------
     def ensure(self) -> AllocationState | None:
@@ -372,45 +352,13 @@ class AllocationManager:
     @contextlib.contextmanager
     def holding_lock(self) -> Iterator[None]:
         """The state file's lock, waited for with a line every SAY_EVERY seconds naming
-        its holder; an ExecutionError naming the lock file and its holder after
+        its holder; an ExecutionError naming the lock and its holder after
         ``_lock_timeout`` seconds (never a bare filelock.Timeout)."""
-        from filelock import Timeout
-
-        started, since = time.monotonic(), datetime.now().strftime("%H:%M:%S")
-        say_at = started + 5.0
-        while True:
-            left = started + self._lock_timeout - time.monotonic()
-            try:
-                self.lock.acquire(timeout=max(0.01, min(5.0, left)))
-                break
-            except Timeout:
-                now = time.monotonic()
-                if now - started >= self._lock_timeout:
-                    raise ExecutionError(
-                        f"another run held {self.lock.lock_file} for more than "
-                        f"{self._lock_timeout:.0f} s ({self._holder()}); if that run is gone, "
-                        "delete the lock file") from None
-                if now >= say_at:
-                    say_at = now + SAY_EVERY
-                    self.warn(f"Waiting since {since} for {self.lock.lock_file} "
-                              f"({self._holder()}).")
-        holder = Path(str(self.lock.lock_file) + ".holder")
-        try:
-            me = self.runs.me
-            record = {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": since}
-            write_atomic(holder, json.dumps(record), parents=True)
+        me = self.runs.me
+        holder = {"pid": me.pid, "host": me.host, "run_id": me.run_id,
+                  "since": datetime.now().strftime("%H:%M:%S")}
+        with self.store.locked(self._lock_timeout, holder, self.warn):
             yield
-        finally:
-            holder.unlink(missing_ok=True)
-            self.lock.release()
-
-    def _holder(self) -> str:
-        try:
-            info = json.loads(Path(str(self.lock.lock_file) + ".holder").read_text("utf-8"))
-            return (f"held by pid {info['pid']} on {info['host']} since {info['since']}, "
-                    f"run {info['run_id']}")
-        except (OSError, ValueError, KeyError, TypeError):
-            return "its holder is not recorded"
 
     @property
     def pyxis(self) -> bool:
@@ -435,7 +383,7 @@ class AllocationManager:
             elif kind == "foreign":
                 aside = self._move_aside("foreign")
                 self._state_note = f"state file named job {state.job_id}, not ours"
-                self._say(f"State file {self.state_path} names job {state.job_id}, which is not "
+                self._say(f"State file {self.store.where} names job {state.job_id}, which is not "
                           f"this checkout's allocation ({why}): not used, not cancelled; "
                           + (f"the file is moved to {aside}." if aside else "file removed."),
                           warn=True)
@@ -750,14 +698,14 @@ class AllocationManager:
         """The state file plus the scheduler's view (for ``trtllm-slurm alloc status``)."""
         state = self.peek_state()  # never waits for a run that holds the lock
         if state is None:
-            info: dict[str, object] = {"state_file": str(self.state_path), "allocation": None}
-            if self.state_path.exists():
+            info: dict[str, object] = {"state_file": self.store.where, "allocation": None}
+            if self.store.exists():
                 info["unreadable"] = True
             return info
         left = self.jobs.time_left(state.job_id)
         steps = self.jobs.squeue_steps(state.job_id) if left else None
         return {
-            "state_file": str(self.state_path),
+            "state_file": self.store.where,
             "allocation": state.model_dump(),
             "scheduler_state": left[0] if left else "GONE",
             "time_left": left[1] if left else None,
@@ -789,7 +737,7 @@ class AllocationManager:
                 if (state is None or job_id != state.job_id) and comment == self.owner:
                     self.jobs.scancel([job_id])
                     msgs.append(f"Orphaned allocation {job_id} released.")
-        return " ".join(msgs) or f"No allocation to release ({self.state_path} absent)."
+        return " ".join(msgs) or f"No allocation to release ({self.store.where} absent)."
 
     # -- helpers ------------------------------------------------------------------------------
     @property

@@ -39,7 +39,7 @@ def reap_dead_runs(runs: RunRegistry, jobs: SlurmJobs, shell: Shell, user: str |
             cancelled += warm
             say(f"Cancelled {len(warm)} warm-worker batch(es) of an earlier run that was "
                 f"killed (pid {record.pid} on {record.host}, run {record.run_id}).")
-        path.unlink(missing_ok=True)
+        runs.drop(path)
     return cancelled
 
 

@@ -61,6 +61,10 @@ class RunRecord(BaseModel):
     jobs: dict[str, str] = Field(default_factory=dict)  # one-shot job id -> job name
     steps: list[StepRecord] = Field(default_factory=list)
     warm: list[WarmRecord] = Field(default_factory=list)
+    began: str = ""  # when the run registered (ISO time, for messages)
+    checkout: str | None = None  # the remote checkout this run synced and tests from
+    code: str | None = None  # what it synced there: snapshot tree + untracked files' digest
+    code_note: str | None = None  # the same for people: "commit abc123 + 2 untracked file(s)"
 
 
 def process_start(pid: int) -> str:
@@ -90,7 +94,8 @@ class RunRegistry:
         self.folder = Path(folder)
         pid = os.getpid()
         self.me = RunRecord(run_id=f"{socket.gethostname()}-{pid}-{uuid.uuid4().hex[:6]}",
-                            pid=pid, host=socket.gethostname(), started=process_start(pid))
+                            pid=pid, host=socket.gethostname(), started=process_start(pid),
+                            began=time.strftime("%Y-%m-%d %H:%M:%S"))
         self._saved = False
 
     def _make_folder(self) -> None:
@@ -148,9 +153,9 @@ class RunRegistry:
             self.path.unlink(missing_ok=True)
             self._saved = False
 
-    def others(self) -> list[tuple[RunRecord, bool, Path]]:
+    def others(self) -> list[tuple[RunRecord, bool, Path | str]]:
         """(record, alive, path) of every other run's file; unreadable ones are skipped."""
-        found = []
+        found: list[tuple[RunRecord, bool, Path | str]] = []
         try:
             paths = sorted(self.folder.glob("*.json"))
         except OSError:
@@ -171,9 +176,13 @@ class RunRegistry:
             return time.time() - mtime < FOREIGN_HOST_TTL
         return pid_alive(record.pid, record.started)
 
+    def drop(self, path: Path | str) -> None:
+        """Forget a dead run's file (the reaper cancelled what it left)."""
+        Path(path).unlink(missing_ok=True)
+
     def users_of(self, allocation: str) -> list[RunRecord]:
         """Live runs other than this one that use ``allocation``."""
         return [r for r, alive, _ in self.others() if alive and r.allocation == allocation]
 
-    def dead(self) -> list[tuple[RunRecord, Path]]:
+    def dead(self) -> list[tuple[RunRecord, Path | str]]:
         return [(r, p) for r, alive, p in self.others() if not alive]

@@ -130,15 +130,14 @@ class OpenSSHShell:
             feeder = threading.Thread(target=feed, daemon=True)
             feeder.start()
             stdin = None
+        if feeder is not None:  # (communicate() would close stdin under the producer)
+            return _streamed(proc, feeder, timeout)
         try:
-            out, err = proc.communicate(stdin if producer is None else None, timeout=timeout)
+            out, err = proc.communicate(stdin, timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
             return 124, out, err, True
-        finally:
-            if feeder is not None:
-                feeder.join(timeout=30)
         return proc.returncode, out, err, False
 
     def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
@@ -206,3 +205,31 @@ class OpenSSHShell:
         if rc != 0:
             raise ExecutionError(f"writing {path} on {self.target.alias} failed: "
                           f"{err.decode(errors='replace').strip()}")
+
+
+def _streamed(proc: subprocess.Popen[bytes], feeder: threading.Thread,
+              timeout: float | None) -> tuple[int, bytes, bytes, bool]:
+    """Wait for ``proc`` while its producer still writes stdin: stdout and stderr are read by
+    threads (a full pipe never stalls it), stdin is left to the producer to close."""
+    out, err = bytearray(), bytearray()
+
+    def drain(stream: IO[bytes] | None, into: bytearray) -> None:
+        if stream is not None:
+            for chunk in iter(lambda: stream.read1(1 << 16), b""):  # type: ignore[attr-defined]
+                into.extend(chunk)
+
+    readers = [threading.Thread(target=drain, args=(proc.stdout, out), daemon=True),
+               threading.Thread(target=drain, args=(proc.stderr, err), daemon=True)]
+    for reader in readers:
+        reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        timed_out = True
+    for reader in readers:
+        reader.join(timeout=30)
+    feeder.join(timeout=30)
+    return (124 if timed_out else proc.returncode), bytes(out), bytes(err), timed_out

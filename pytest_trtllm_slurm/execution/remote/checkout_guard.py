@@ -1,0 +1,101 @@
+"""One remote checkout, several runs at once: they may share it only while they test the
+same code.
+
+Why: the code sync rewrites the remote checkout in place, so a second run (another
+terminal, another machine, another CI job of the same user) syncing other code would change
+the files under the tests the first run is still running. What a user expects: two runs
+of the same code simply share the checkout (nothing is re-sent, nothing is stashed under
+the other run), and a run of other code stops before it touches anything, with an error
+that names the checkout, the run using it and how to proceed. A per-run copy of the
+checkout was not chosen: a TensorRT-LLM checkout is gigabytes and its build
+(``build_project``) lives in it, so a silent copy would cost a clone and a rebuild per run.
+
+Each run's record in the cluster's run registry (``shared_runs``) names the checkout and
+a key of the code it synced there (the snapshot's tree and the untracked files' content);
+a run is live while it holds its lock there, so a crashed run never blocks the checkout.
+The check and the sync happen under one lock on the cluster, so two runs starting at the
+same moment cannot both pass the check and then both sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.remote.checkout_probe import (
+    RemoteCheckout,
+    parse_probe,
+    probe_argv,
+)
+from pytest_trtllm_slurm.execution.remote.sync import PreparedSync
+from pytest_trtllm_slurm.execution.slurm.runs import RunRecord
+from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
+
+SYNC_LOCK_WAIT = 1800.0  # a first sync clones the repository: it may take a while
+
+
+# two looks in one round trip: the run registry, a separator line, the checkout
+_BOTH = 'sh -c "$1" sh "$2"; printf "\\036\\n"; shift 2; exec "$@"'
+
+
+@contextlib.contextmanager
+def checkout_claimed(runs: ShellRunRegistry, checkout: str,
+                     prepare: Callable[[], PreparedSync]
+                     ) -> Iterator[tuple[PreparedSync, list[RunRecord], RemoteCheckout]]:
+    """Hold the checkout's lock while the caller syncs into ``checkout``; yields what
+    ``prepare()`` made (run while the lock and this run's own lease are being taken), the
+    live runs that test the same code there (the sync must not disturb them) and what the
+    checkout holds now. ExecutionError when a live run tests other code there; once the
+    sync is done this run's record names the checkout and its code."""
+    runs.shell.mkdir(runs.remote, private=True)
+    runs.start_lease()
+    lock = ShellLock(runs.shell, f"{runs.remote}/.checkout.lock", max_hold=SYNC_LOCK_WAIT + 60)
+    me = runs.me
+    info = {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": me.began}
+    # once the lock is held, the registry and the checkout are read in the same round trip
+    script, _, folder = runs.list_argv()[2:]
+    look = ["sh", "-c", _BOTH, "sh", script, folder, *probe_argv(checkout)]
+    with ThreadPoolExecutor(1, thread_name_prefix="checkout-lock") as pool:
+        taking = pool.submit(lock.acquire, SYNC_LOCK_WAIT, info, then=look)
+        try:
+            prepared = prepare()
+        except BaseException:
+            if taking.result():
+                lock.release()
+            raise
+        held = taking.result()
+    if not held:
+        raise ExecutionError(f"another run has been syncing into {runs.shell.name}:{checkout} "
+                             f"for more than {SYNC_LOCK_WAIT:.0f} s ({lock.describe()})")
+    try:
+        status, output = lock.output()
+        listing, sep, looked = output.partition("\036\n")
+        if status != 0 or not sep:
+            raise ExecutionError(f"code sync to {runs.shell.name} failed while looking at "
+                                 f"{checkout} (exit status {status}): {output[-500:]}")
+        users = [r for r, alive, _ in runs.parse_listing(listing)
+                 if alive and r.checkout == checkout]
+        other = [r for r in users if r.code != prepared.key]
+        if other:
+            raise ExecutionError(conflict_message(runs.shell.name, checkout, other[0],
+                                                  prepared))
+        yield prepared, users, parse_probe(looked)
+        me.checkout, me.code, me.code_note = checkout, prepared.key, prepared.describe()
+        runs.save()
+    finally:
+        lock.release()
+
+
+def conflict_message(host: str, checkout: str, other: RunRecord, prepared: PreparedSync) -> str:
+    """The error a run gets when another live run tests other code in its checkout."""
+    return (
+        f"the remote checkout {host}:{checkout} is in use by another run that tests other "
+        f"code: run {other.run_id} (pid {other.pid} on {other.host}, since {other.began or '?'}"
+        f"; {other.code_note or 'its code'}). This run has {prepared.describe()}; syncing it "
+        "now would change the files under that run's tests, so nothing was synced. Wait for "
+        "that run to finish, or give this run its own checkout: point user_root_dir of the "
+        "cluster's table at another folder (for example one per CI job)"
+    )

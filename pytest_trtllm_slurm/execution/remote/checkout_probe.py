@@ -1,0 +1,104 @@
+"""What a remote checkout holds, read in one round trip (the code sync's first look).
+
+Why: every SSH command costs a round trip (about half a second on the dev cluster's sshd),
+so the sync asks once for all it needs to decide what to send: whether the checkout exists,
+its HEAD and branch, its refs (what a bundle may leave out), the record the last sync left
+there (``RECORD``: the commit and each shipped untracked file's blob id) and ``git status``
+(tracked edits and files no sync put there, ``work_dirs`` left out). With the record, a sync
+with no change sends nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field, ValidationError
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.transport.shell import Shell
+
+STASH_EXCLUDE = ":(exclude,glob)**/work_dirs/**"  # the plugin's job folders: never code
+RECORD = ".git/trtllm-sync.json"  # in the remote checkout: what the last sync left there
+
+# one round trip: is there a checkout, its HEAD and branch, its refs, the sync record and
+# what differs from HEAD (tracked edits and untracked files, work_dirs left out)
+_PROBE = r"""
+repo=$1
+[ -d "$repo/.git" ] || { echo missing; exit 0; }
+cd "$repo" || exit 1
+echo present
+git rev-parse -q --verify HEAD || echo none
+git symbolic-ref -q --short HEAD || echo detached
+git for-each-ref --format='%(objectname) %(*objectname)' | tr '\n' ' '; echo
+tr -d '\n' <"$3" 2>/dev/null; echo
+GIT_OPTIONAL_LOCKS=0 git status --porcelain -z --untracked-files=all -- . "$2"
+"""
+
+
+class SyncRecord(BaseModel):
+    """What the last sync left in the remote checkout (``RECORD``)."""
+
+    commit: str
+    branch: str
+    untracked: dict[str, str] = Field(default_factory=dict)  # name -> blob id
+
+
+
+@dataclass
+class RemoteCheckout:
+    """What ``_PROBE`` found in the remote checkout."""
+
+    present: bool
+    head: str = ""
+    branch: str = ""
+    refs: list[str] = field(default_factory=list)
+    record: SyncRecord | None = None
+    changed: list[str] = field(default_factory=list)  # tracked files that differ from HEAD
+    untracked: set[str] = field(default_factory=set)
+
+    def leftovers(self) -> list[str]:
+        """What the remote holds that no sync put there (to be stashed)."""
+        shipped = self.record.untracked if self.record else {}
+        return self.changed + sorted(n for n in self.untracked if n not in shipped)
+
+
+def probe(shell: Shell, repo: str) -> RemoteCheckout:
+    """What the remote checkout holds (one round trip)."""
+    res = shell.run(probe_argv(repo), timeout=300)
+    if not res.ok:
+        raise ExecutionError(f"code sync to {shell.name} failed while looking at {repo}: "
+                             f"{res.describe()}; the local repository was not changed")
+    return parse_probe(res.stdout)
+
+
+def probe_argv(repo: str) -> list[str]:
+    """The probe's command (to run alone, or with another look in the same round trip)."""
+    return ["sh", "-c", _PROBE, "sh", repo, STASH_EXCLUDE, RECORD]
+
+
+def parse_probe(stdout: str) -> RemoteCheckout:
+    """The probe's output read."""
+    lines = stdout.split("\n", 5)
+    if not lines or lines[0] != "present" or len(lines) < 6:
+        return RemoteCheckout(present=False)
+    record = None
+    try:
+        record = SyncRecord.model_validate(json.loads(lines[4])) if lines[4] else None
+    except (ValueError, ValidationError):
+        record = None
+    found = RemoteCheckout(present=True, head=lines[1].strip(), branch=lines[2].strip(),
+                           refs=lines[3].split(), record=record)
+    entries = lines[5].split("\0")
+    skip = False
+    for entry in entries:
+        if skip or len(entry) < 4:
+            skip = False
+            continue
+        code, path = entry[:2], entry[3:]
+        if code == "??":
+            found.untracked.add(path)
+        else:
+            found.changed.append(path)
+            skip = code[0] in "RC"  # the next entry is the rename's source
+    return found

@@ -1,0 +1,215 @@
+"""A lock on a file of the target (the cluster), held there by a process for as long as we want.
+
+Why: a remote cluster's persistent allocation is shared by every machine and CI runner of
+the user, so the lock that guards it must live where they all meet, on the cluster's file
+system. ``flock`` there is held by a small process (``flock`` then ``cat``) whose stdin is
+our end of the connection. It lets go when we release it, and also when this process dies or
+its connection drops: sshd closes the pipe, ``cat`` ends, the kernel drops the lock. So a
+crashed holder's lock is recovered at once, without a time-out to guess; a holder that
+vanished without closing its connection (a suspended laptop) lets go after ``max_hold``.
+
+The same works over a LocalShell (a plain child process), so one code path serves both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
+
+log = logging.getLogger(__name__)
+
+# $1 lock file, $2 seconds to wait for it, $3 seconds to hold it at most, $4 holder record,
+# then a command to run once it is held (its output and status in <lock>.out, written
+# before the holder record that tells the waiting side it holds the lock)
+_HOLD = r"""
+lock=$1 wait=$2 hold=$3 info=$4; shift 4
+command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
+exec 9>>"$lock" || exit 71
+flock -x -w "$wait" 9 || exit 75
+umask 077
+if [ $# -gt 0 ]; then
+  { "$@" </dev/null 2>/dev/null; printf '\036%s\n' "$?"; } >"$lock.out.$$"
+  mv -f "$lock.out.$$" "$lock.out"
+fi
+printf '%s\n' "$info" >"$lock.holder.$$" && mv -f "$lock.holder.$$" "$lock.holder"
+timeout "$hold" cat >/dev/null
+rm -f "$lock.holder"
+"""
+KEEPALIVE = 1.0  # seconds between the bytes that tell a dead holder channel from a live one
+LOCK_WAIT_EXIT = 75
+
+
+@dataclass
+class _Hold:
+    """One acquisition: its holder thread, its token, how it ended."""
+
+    token: str
+    release: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    result: CommandResult | None = None
+    was_held: bool = False
+
+
+class ShellLock:
+    """An exclusive lock on ``path`` of ``shell``'s host (see the module docstring)."""
+
+    def __init__(self, shell: Shell, path: str, *, max_hold: float = 7 * 24 * 3600.0,
+                 keep: bool = False) -> None:
+        """``keep``: a holder that ends while held (the connection dropped) is started
+        again, for a lock that proves a run alive (nobody else contends for it)."""
+        self.shell = shell
+        self.path = path
+        self.max_hold = max_hold
+        self.keep = keep
+        self._hold: _Hold | None = None
+
+    @property
+    def where(self) -> str:
+        """The lock file as messages name it."""
+        return f"{self.shell.name}:{self.path}"
+
+    @property
+    def held(self) -> bool:
+        """Held now (the holder process still runs)."""
+        hold = self._hold
+        return (hold is not None and hold.thread is not None and hold.thread.is_alive()
+                and hold.result is None and not hold.release.is_set())
+
+    def acquire(self, timeout: float, info: dict[str, object] | None = None, *,
+                waiting: Callable[[float], None] | None = None,
+                then: list[str] | None = None) -> bool:
+        """Take the lock within ``timeout`` seconds (False when another holds it that long).
+        ``waiting(seconds)`` is called about once a second while it waits. ``then``: a
+        command run there once the lock is held, in the same round trip (``output()``)."""
+        if self.held:
+            raise RuntimeError(f"{self.where} is already held by this process")
+        hold = self._hold = _Hold(token=secrets.token_hex(8))
+        record = json.dumps({**(info or {}), "token": hold.token})
+        argv = ["sh", "-c", _HOLD, "sh", self.path, str(max(1, int(timeout + 0.999))),
+                str(int(self.max_hold)), record, *(then or [])]
+        hold.thread = threading.Thread(target=self._run_holder, args=(hold, argv), daemon=True,
+                                       name=f"lock {self.path}")
+        hold.thread.start()
+        started, pause, said = time.monotonic(), 0.01, time.monotonic()
+        while True:
+            if hold.result is not None:  # the holder ended before it held the lock
+                if hold.result.returncode == LOCK_WAIT_EXIT:
+                    return False
+                raise ExecutionError(f"could not take the lock {self.where}: "
+                                     f"{hold.result.describe()}")
+            found = self.holder()
+            if found and found.get("token") == hold.token:
+                hold.was_held = True
+                return True
+            now = time.monotonic()
+            if now - started > timeout + 30:  # the remote side's own wait ended long ago
+                self.release()
+                return False
+            if waiting is not None and now - said >= 1.0:
+                said = now
+                waiting(now - started)
+            time.sleep(pause)
+            pause = min(0.25, pause * 2)
+
+    def release(self, *, wait: bool = False) -> None:
+        """Let go: the holder's stdin closes, it removes its record and ends, which frees
+        the lock a moment later (another waiter gets it then). ``wait``: until it ended."""
+        hold, self._hold = self._hold, None
+        if hold is None:
+            return
+        hold.release.set()
+        if wait and hold.thread is not None:
+            hold.thread.join(timeout=30)
+
+    def output(self) -> tuple[int, str]:
+        """The exit status and output of the ``then`` command of the last acquire."""
+        text = self.shell.read_from(f"{self.path}.out", 0, 1 << 26).decode("utf-8", "replace")
+        body, sep, status = text.rstrip("\n").rpartition("\036")
+        return (int(status), body) if sep and status.isdigit() else (-1, text)
+
+    def holder(self) -> dict[str, object] | None:
+        """The current holder's record (None when none is recorded)."""
+        raw = self.shell.read_from(f"{self.path}.holder", 0, 1 << 14)
+        try:
+            found = json.loads(raw.decode("utf-8", "replace") or "null")
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
+    def describe(self) -> str:
+        """Who holds it, for messages."""
+        return describe_holder(self.holder())
+
+    def _run_holder(self, hold: _Hold, argv: list[str]) -> None:
+        def produce(stdin: IO[bytes]) -> None:
+            try:
+                while not hold.release.wait(KEEPALIVE):
+                    stdin.write(b"\n")  # fails once the holder is gone: then stop feeding
+                    stdin.flush()
+            except (OSError, ValueError):
+                return
+            except Exception as exc:  # noqa: BLE001 - a dropped channel, whatever its type
+                log.debug("lock %s: holder channel ended: %s", self.path, exc)
+
+        while True:
+            try:
+                result = hold_stdin(self.shell, argv, produce)
+            except Exception as exc:  # noqa: BLE001 - reported to the waiting caller
+                result = CommandResult(tuple(argv), 255, "", str(exc))
+            if hold.release.is_set():
+                break
+            log.warning("lock %s: its holder ended while held (%s)", self.where,
+                        result.describe())
+            if not (self.keep and hold.was_held) or hold.release.wait(1.0):
+                break  # (the next try reconnects)
+        hold.result = result
+
+
+def describe_holder(info: dict[str, object] | None) -> str:
+    """``held by pid P on H since T, run R`` from a holder record (messages)."""
+    try:
+        return (f"held by pid {info['pid']} on {info['host']} since {info['since']}, "
+                f"run {info['run_id']}") if info else "its holder is not recorded"
+    except KeyError:
+        return "its holder is not recorded"
+
+
+def hold_stdin(shell: Shell, argv: list[str],
+               produce: Callable[[IO[bytes]], None]) -> CommandResult:
+    """Run argv with ``produce`` feeding its stdin until it returns (no time limit)."""
+    runner = getattr(shell, "run_stdin_stream", None)
+    if runner is not None:
+        result: CommandResult = runner(argv, produce, timeout=None)
+        return result
+    with tempfile.TemporaryFile() as err:  # (communicate() would close stdin at once)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=err)  # LocalShell: a child process here
+        assert proc.stdin is not None
+        feeder = threading.Thread(target=_feed_and_close, args=(proc.stdin, produce),
+                                  daemon=True)
+        feeder.start()
+        code = proc.wait()
+        feeder.join(timeout=30)
+        err.seek(0)
+        return CommandResult(tuple(argv), code, "", err.read().decode(errors="replace"))
+
+
+def _feed_and_close(stdin: IO[bytes], produce: Callable[[IO[bytes]], None]) -> None:
+    try:
+        produce(stdin)
+    finally:
+        try:
+            stdin.close()
+        except OSError:
+            pass

@@ -1,0 +1,284 @@
+"""A remote cluster's allocation state lives on the cluster (issue 20), against the REAL dev
+cluster and its REAL sshd.
+
+Two "machines" are two local checkouts of the same repository (each with its own
+work_dirs, its own SSH connection and, for the crash test, its own process) that reach the
+cluster as the same user with the same user_root_dir. The cluster's file system is this
+machine's, so the test can look at what was written there directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from devcluster import run as sh
+from devcluster import squeue_state
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.remote.workspace import (
+    remote_paths,
+    shared_state_dir,
+    sync_cluster,
+)
+from pytest_trtllm_slurm.execution.slurm.allocation import (
+    STATE_NAME,
+    AllocationManager,
+    AllocationRequest,
+)
+from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
+from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, load_clusters_file
+from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
+
+pytestmark = pytest.mark.devcluster
+
+
+def git(repo: Path, *args: str) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           *args], capture_output=True, text=True, check=False,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def clusters_toml(ssh: dict[str, Any], user_root_dir: Path) -> str:
+    return ("[clusters.devssh]\n"
+            f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
+            f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+            f'mfa = false\nsync = "git"\nuser_root_dir = "{user_root_dir}"\n'
+            'partition = "batch"\n')
+
+
+@pytest.fixture
+def machines(devcluster: dict, tmp_path: Path) -> dict[str, Any]:
+    """Two checkouts of one repository (``a/proj`` and ``b/proj``), one cluster home."""
+    home = tmp_path / "cluster_home"
+    toml = clusters_toml(devcluster["ssh"], home)
+    found: dict[str, Any] = {"home": home, "ssh": devcluster["ssh"]}
+    a = tmp_path / "a" / "proj"
+    a.mkdir(parents=True)
+    git(a, "init", "-q", "-b", "main")
+    (a / ".gitignore").write_text("work_dirs/\n")
+    (a / "mod.py").write_text("VALUE = 1\n")
+    (a / "trtllm-slurm.toml").write_text(toml)
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "base")
+    b = tmp_path / "b" / "proj"
+    b.parent.mkdir()
+    subprocess.run(["git", "clone", "-q", str(a), str(b)], check=True)
+    found["a"], found["b"] = a, b
+    return found
+
+
+def cluster_of(repo: Path) -> ClusterConfig:
+    return load_clusters_file(None, repo).get("devssh")
+
+
+def machine_manager(repo: Path, warnings: list[str]) -> AllocationManager:
+    """What the plugin builds on one machine for the remote cluster (execution.factory)."""
+    cluster = cluster_of(repo)
+    shell = shell_for_cluster(cluster)
+    shell.connect()
+    paths = remote_paths(cluster, repo)
+    state_dir = shared_state_dir(cluster, paths)
+    return AllocationManager(
+        shell, rootdir=repo / "work_dirs" / ".remote-devssh",
+        request=AllocationRequest(partition="batch", account="acct_a", nodes=1,
+                                  gpus_per_node=1, time_limit="15", exclusive=False),
+        store=ShellStateStore(shell, state_dir, STATE_NAME),
+        runs=ShellRunRegistry(shell, f"{state_dir}/runs"), user="root",
+        warn=warnings.append, wait_seconds=120, agents_dir=f"{paths.remote_work_root}/.agents")
+
+
+def alloc_cli(rootdir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    return subprocess.run([sys.executable, "-m", "pytest_trtllm_slurm", "alloc", *args,
+                           "--rootdir", str(rootdir)], capture_output=True, text=True,
+                          timeout=120, env=env, check=False, cwd=rootdir)
+
+
+def test_two_machines_share_one_allocation_kept_on_the_cluster(machines: dict) -> None:
+    a_said: list[str] = []
+    b_said: list[str] = []
+    a = machine_manager(machines["a"], a_said)
+    state = a.ensure()
+    assert state is not None
+    try:
+        b = machine_manager(machines["b"], b_said)
+        b_state = b.ensure()
+        # the second machine found and reused the first one's allocation
+        assert b_state is not None and b_state.job_id == state.job_id, (a.messages, b.messages)
+        assert f"Reusing allocation {state.job_id}" in " ".join(b.messages)
+        assert a.owner == b.owner  # the same owner tag: one allocation per checkout there
+        # the state is on the cluster, private, and on neither machine
+        folder = machines["home"] / ".trtllm-state" / "proj"
+        on_cluster = folder / STATE_NAME
+        assert json.loads(on_cluster.read_text())["job_id"] == state.job_id
+        assert stat.S_IMODE(on_cluster.stat().st_mode) == 0o600
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        for repo in (machines["a"], machines["b"]):
+            assert not list(repo.rglob(STATE_NAME)), repo
+        # each machine sees the other as a live user of the allocation (the lease)
+        assert [r.run_id for r in b.runs.users_of(state.job_id)] == [a.runs.me.run_id]
+        assert [r.run_id for r in a.runs.users_of(state.job_id)] == [b.runs.me.run_id]
+        # `trtllm-slurm alloc status` on the second machine sees it, over SSH
+        status = alloc_cli(machines["b"], "status", "--cluster", "devssh")
+        assert status.returncode == 0, status.stderr
+        assert f"[devssh] Allocation {state.job_id} (acct_a-trtllm.persistent): RUNNING" \
+            in status.stdout, status.stdout
+        assert f"state file: 127.0.0.1:{on_cluster}" in status.stdout, status.stdout
+        a.close()
+        assert b.runs.users_of(state.job_id) == []  # a's lease went with its run
+        b.close()
+        release = alloc_cli(machines["b"], "release", "--cluster", "devssh")
+        assert release.returncode == 0, release.stderr
+        assert f"[devssh] Allocation {state.job_id} released." in release.stdout
+        assert not on_cluster.exists()
+        end = time.monotonic() + 30
+        while (squeue_state(state.job_id) or ("GONE",))[0] == "RUNNING":
+            assert time.monotonic() < end, squeue_state(state.job_id)
+            time.sleep(0.5)
+    finally:
+        sh(["scancel", state.job_id], check=False)
+
+
+# another machine's process: takes the allocation's lock and registers as a run, then waits
+HOLDER = r"""
+import sys, time
+from pathlib import Path
+from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
+from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+from pytest_trtllm_slurm.planning.settings import load_clusters_file
+from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
+
+repo, state_dir = Path(sys.argv[1]), sys.argv[2]
+shell = shell_for_cluster(load_clusters_file(None, repo).get("devssh"))
+shell.connect()
+runs = ShellRunRegistry(shell, state_dir + "/runs")
+runs.use_allocation("4242")
+store = ShellStateStore(shell, state_dir, ".slurm_alloc.json")
+with store.locked(30, {"pid": runs.me.pid, "host": runs.me.host, "run_id": runs.me.run_id,
+                       "since": "now"}, print):
+    print("held", runs.me.run_id, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_crashed_holders_lock_and_lease_are_recovered(machines: dict) -> None:
+    """A run on another machine holds the allocation's lock and is killed (SIGKILL: no
+    cleanup runs). Its lock is free again as soon as its connection is gone, and its
+    record counts as dead, not as a live user of the allocation."""
+    b_said: list[str] = []
+    b = machine_manager(machines["b"], b_said)
+    b_cluster = cluster_of(machines["b"])
+    state_dir = shared_state_dir(b_cluster, remote_paths(b_cluster, machines["b"]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(machines["a"]), state_dir],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline()
+        assert line.startswith("held "), line + holder.stderr.read() if holder.stderr else ""
+        run_id = line.split()[1]
+        # held: another machine waits, and the error names the holder
+        b._lock_timeout = 3
+        with pytest.raises(ExecutionError) as err, b.holding_lock():
+            pass
+        assert f"pid {holder.pid}" in str(err.value) and run_id in str(err.value)
+        assert f"127.0.0.1:{state_dir}/{STATE_NAME}.lock" in str(err.value)
+        assert [r.run_id for r in b.runs.users_of("4242")] == [run_id]
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        # killed: the lock is let go with its connection, no time-out to wait for
+        b._lock_timeout = 30
+        with b.holding_lock():
+            held = json.loads(Path(f"{state_dir}/{STATE_NAME}.lock.holder").read_text())
+            assert held["run_id"] == b.runs.me.run_id
+        assert b.runs.users_of("4242") == []
+        assert [r.run_id for r, _ in b.runs.dead()] == [run_id]
+        # the next run's reaper forgets the dead run's record, on the cluster
+        said: list[str] = []
+        reap_dead_runs(b.runs, b.jobs, b.shell, "root", said.append)
+        assert not Path(f"{state_dir}/runs/{run_id}.json").exists()
+        assert b.runs.dead() == []
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        b.close()
+
+
+@pytest.fixture
+def registries(machines: dict) -> Iterator[list[ShellRunRegistry]]:
+    made: list[ShellRunRegistry] = []
+    yield made
+    for runs in made:
+        runs.finish()
+
+
+def registry(repo: Path, made: list[ShellRunRegistry]) -> ShellRunRegistry:
+    cluster = cluster_of(repo)
+    shell = shell_for_cluster(cluster)
+    shell.connect()
+    runs = ShellRunRegistry(shell,
+                            f"{shared_state_dir(cluster, remote_paths(cluster, repo))}/runs")
+    made.append(runs)
+    return runs
+
+
+def test_two_runs_share_a_remote_checkout_only_with_the_same_code(
+        machines: dict, registries: list[ShellRunRegistry]) -> None:
+    """Run A synced and tests its code; run B (another machine) with other code stops
+    before it sends anything, naming the checkout and run A; with the same code it shares
+    the checkout (nothing sent); once A has ended, B syncs its own code."""
+    a_repo, b_repo = machines["a"], machines["b"]
+    checkout = machines["home"] / "proj"
+    run_a = registry(a_repo, registries)
+    first = sync_cluster(cluster_of(a_repo), a_repo, run_a.shell, name="t", runs=run_a)
+    assert first is not None and (checkout / "mod.py").read_text() == "VALUE = 1\n"
+    (b_repo / "mod.py").write_text("VALUE = 2\n")
+    run_b = registry(b_repo, registries)
+    with pytest.raises(ExecutionError) as err:
+        sync_cluster(cluster_of(b_repo), b_repo, run_b.shell, name="t", runs=run_b)
+    message = str(err.value)
+    assert f"the remote checkout 127.0.0.1:{checkout} is in use by another run" in message
+    assert run_a.me.run_id in message and f"pid {run_a.me.pid}" in message
+    assert "nothing was synced" in message and "user_root_dir" in message
+    assert (checkout / "mod.py").read_text() == "VALUE = 1\n"  # run A's code, untouched
+    # the same code: shared, nothing sent, nothing stashed from under run A
+    (checkout / "a_session_output.txt").write_text("run A's test wrote this\n")
+    (b_repo / "mod.py").write_text("VALUE = 1\n")
+    shared = sync_cluster(cluster_of(b_repo), b_repo, run_b.shell, name="t", runs=run_b)
+    assert shared is not None and shared.unchanged and shared.sent_bytes == 0
+    assert (checkout / "a_session_output.txt").exists()
+    # run A ended: run B may sync other code
+    run_a.finish()
+    (b_repo / "mod.py").write_text("VALUE = 3\n")
+    other = sync_cluster(cluster_of(b_repo), b_repo, run_b.shell, name="t", runs=run_b)
+    assert other is not None and not other.unchanged
+    assert (checkout / "mod.py").read_text() == "VALUE = 3\n"
+
+
+def test_the_first_clone_keeps_the_shared_state(
+        machines: dict, registries: list[ShellRunRegistry]) -> None:
+    """The cluster clones origin for the first sync: the registry (the run's record and
+    lock) lives beside the checkout, so the clone neither fails on it nor removes it."""
+    b_repo = machines["b"]  # a clone: its origin (a's folder) is reachable from the cluster
+    run_b = registry(b_repo, registries)
+    result = sync_cluster(cluster_of(b_repo), b_repo, run_b.shell, name="t", runs=run_b)
+    assert result is not None and result.cloned and not result.warnings, result
+    assert Path(f"{run_b.remote}/{run_b.me.run_id}.json").exists()
+    seen = registry(machines["a"], registries).others()
+    assert [(r.run_id, alive) for r, alive, _ in seen] == [(run_b.me.run_id, True)]
