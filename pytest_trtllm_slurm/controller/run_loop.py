@@ -11,9 +11,10 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from pytest_trtllm_slurm.execution.build import (
     run_build,
 )
 from pytest_trtllm_slurm.execution.cadence import CADENCE
+from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.disk import is_disk_full, space_problem
 from pytest_trtllm_slurm.execution.monitor import (
     JobEvent,
@@ -51,7 +53,7 @@ from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
-from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.models import Target, target_name, target_of
 from pytest_trtllm_slurm.planning.packing import pools_from_executors
 from pytest_trtllm_slurm.planning.resolve import build_arch
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
@@ -112,9 +114,9 @@ class DispatchLoop:
         session: pytest.Session,
         settings: Settings,
         plans: list[ItemPlan],
-        executors: dict[Scenario, Executor],
+        executors: dict[Target, Executor],
         work_root: Path,
-        builds: dict[Scenario, ClusterConfig] | None = None,
+        builds: dict[Target, ClusterConfig] | None = None,
     ) -> None:
         self.session = session
         self.config = session.config
@@ -150,9 +152,10 @@ class DispatchLoop:
             if ordered:
                 self._say(ORDER_NOTE)
             self.view.planned(batches, dispatched, history.pools, history.estimates())
+            self._prepare({target_of(b.key) for b in batches if target_of(b.key) not in broken})
             for batch in batches:
-                if batch.key.scenario in broken:
-                    self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[batch.key.scenario])
+                if target_of(batch.key) in broken:
+                    self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[target_of(batch.key)])
                     continue
                 self._submit(batch, attempt=0)
                 history.submitted(batch)
@@ -175,13 +178,31 @@ class DispatchLoop:
 
     def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
         """Tell each executor that wants it (warm workers) all node ids it will get."""
-        by_scenario: dict[Scenario, set[str]] = {}
+        by_target: dict[Target, set[str]] = {}
         for nodeid, key in dispatched:
-            by_scenario.setdefault(key.scenario, set()).add(nodeid)
-        for scenario, nodeids in by_scenario.items():
-            expect = getattr(self.executors.get(scenario), "expect", None)
+            by_target.setdefault(target_of(key), set()).add(nodeid)
+        for target, nodeids in by_target.items():
+            expect = getattr(self.executors.get(target), "expect", None)
             if expect is not None:
                 expect(nodeids)
+
+    def _prepare(self, targets: set[Target]) -> None:
+        """Several Slurm targets (clusters): each gets its allocation now, all at the same
+        time, so no cluster's batches wait for another's allocation to start. A failure
+        here is said and left to the submission, which reports it per batch."""
+        steps = {t: prepare for t in targets
+                 if (prepare := getattr(self.executors.get(t), "prepare", None)) is not None}
+        if len(steps) < 2:
+            return  # one target: its first submission prepares it, as always
+
+        def guarded(target: Target, prepare: Callable[[], None]) -> None:
+            try:
+                prepare()
+            except (ExecutionError, OSError) as exc:
+                self._say(f"{target_name(target)}: could not prepare ({exc}); its batches "
+                          "try again when submitted")
+
+        side_by_side({t: partial(guarded, t, p) for t, p in steps.items()})
 
     def _run_local(self, plans: list[ItemPlan]) -> None:
         runnable = [p for p in plans if p.skip_reason is None and p.error is None]
@@ -223,18 +244,23 @@ class DispatchLoop:
         self.view.tick()
         return bool(events)
 
-    def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Scenario, str]:
+    def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Target, str]:
         """Build once per target whose cluster asks for it (build_project = true), before
-        any batch; returns the targets whose build failed, with the log's last lines."""
-        broken: dict[Scenario, str] = {}
-        for scenario, cluster in self.builds.items():
-            keys = [key for _, key in dispatched if key.scenario is scenario]
-            if not keys:
-                continue
-            spec = self._build_spec(keys[0], cluster)
-            state, tail, log = run_build(self.executors[scenario], spec, progress=self._say)
+        any batch, the clusters' builds side by side; returns the targets whose build
+        failed, with the log's last lines."""
+        specs = {}
+        for target, cluster in self.builds.items():
+            keys = [key for _, key in dispatched if target_of(key) == target]
+            if keys:
+                specs[target] = self._build_spec(keys[0], cluster)
+        ended = side_by_side({target: partial(run_build, self.executors[target], spec,
+                                              progress=self._say)
+                              for target, spec in specs.items()})
+        broken: dict[Target, str] = {}
+        for target, (state, tail, log) in ended.items():
+            spec = specs[target]
             if build_failed(state):
-                broken[scenario] = (
+                broken[target] = (
                     f"the build job ({spec.name}) ended {state.status.value}"
                     + (f" with exit code {state.exit_code}" if state.exit_code is not None else "")
                     + f"; nothing was dispatched.\nlog: {log}\n"
@@ -247,7 +273,7 @@ class DispatchLoop:
     def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
         ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"build_{self.stamp}_", dir=self.work_root))
-        env = getattr(self.executors[key.scenario], "slurm_env", None)
+        env = getattr(self.executors[target_of(key)], "slurm_env", None)
         part = env.partition(key.partition) if env and key.partition else None
         arch = build_arch(key.device_type or (part.gpu_type if part else None))
         spec = JobSpec(
@@ -300,7 +326,7 @@ class DispatchLoop:
 
     # -- submission --------------------------------------------------------
     def _submit(self, batch: Batch, attempt: int) -> None:
-        executor = self.executors[batch.key.scenario]
+        executor = self.executors[target_of(batch.key)]
         full = space_problem(str(self.work_root))
         if full is not None:  # a full disk is named, not an INTERNALERROR in a write
             self._fail_batch(batch, JobStatus.ERROR, f"the batch was not started: {full}")
@@ -367,7 +393,7 @@ class DispatchLoop:
             monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
             hang_patterns=self.settings.hang_patterns,
             build_arch=build_arch(key.device_type) if key.total_devices else None,
-            slurm_env=getattr(self.executors[key.scenario], "slurm_env", None),
+            slurm_env=getattr(self.executors[target_of(key)], "slurm_env", None),
         )
         spec.write()
         return spec
