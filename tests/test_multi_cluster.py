@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -220,3 +221,41 @@ def test_a_device_type_no_cluster_has_is_a_clear_error(two_clusters: Path) -> No
     assert proc.returncode == 4, out  # a usage error: nothing ran
     assert "device type B200 is not on this machine" in out, out
     assert "clusters: gbssh (gb200: 4x gb200 per node, 2 nodes)" in out, out
+
+
+def test_a_cluster_that_cannot_be_reached_fails_only_its_own_tests(two_clusters: Path,
+                                                                    devcluster: dict) -> None:
+    """A third cluster whose login node refuses connections (its table says enough to
+    route without connecting): its B200 test fails naming the cluster and the reason,
+    the H200 test on devcluster passes, and the run is no usage error."""
+    suite = two_clusters
+    with socket.socket() as probe:  # a port nothing listens on (taken, then let go)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ssh = devcluster["ssh"]
+    config = suite / "three.toml"
+    config.write_text(
+        (suite / "trtllm-slurm.toml").read_text()
+        + "\n[clusters.down]\n"
+        f'ssh_host = "127.0.0.1"\nssh_port = {port}\nuser = "{ssh["user"]}"\n'
+        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+        'mfa = false\nsync = "none"\npartition = "b200"\ndevice_type = "B200"\n'
+        "gpus_per_node = 8\n")
+    (suite / "test_down.py").write_text(
+        "import pytest\nfrom test_where import _record\n\n"
+        "@pytest.mark.trtllm_slurm(device_type='B200')\n@pytest.mark.skip_less_device(1)\n"
+        "def test_on_b200():\n    pass\n\n"
+        "@pytest.mark.trtllm_slurm(device_type='H200')\n@pytest.mark.skip_less_device(1)\n"
+        "def test_h200_beside():\n    _record('beside')\n")
+    try:
+        proc = run_pytest(suite, "--trtllm-remote", f"--trtllm-config={config}",
+                          "test_down.py")
+    finally:
+        (suite / "test_down.py").unlink()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "PASSED test_down.py::test_h200_beside" in out, out
+    assert seen(suite, "beside")["partition"] == "batch"
+    assert "FAILED test_down.py::test_on_b200" in out, out
+    assert "cluster 'down' could not be set up" in out, out
+    assert f"127.0.0.1 port {port}" in out, out

@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.planning.batching import BatchKey
@@ -78,10 +78,31 @@ def build_executors(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     for key in keys:
         if key.scenario is Scenario.REMOTE_SLURM:
             by_cluster.setdefault(target_of(key), []).append(key)
-    built = side_by_side({target: partial(remote_slurm_executor, ctx, mine, warn=warn)
-                          for target, mine in by_cluster.items()})
+    # one cluster that cannot be set up stops the run; of several, only its own tests fail
+    several = len(by_cluster) + (Scenario.LOCAL_SLURM in executors) > 1
+    build = partial(_one_of_several, warn=warn) if several else _alone
+    built = side_by_side({target: partial(build, target, partial(
+        remote_slurm_executor, ctx, mine, warn=warn)) for target, mine in by_cluster.items()})
     executors.update(built)
     return with_cluster_ids(executors, ctx)
+
+
+def _alone(target: Target, make: Callable[[], Executor]) -> Executor:
+    return make()
+
+
+def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn) -> Executor:
+    """The cluster's executor; one that cannot be set up (unreachable, preflight, sync)
+    stands in its place and fails that cluster's batches with the reason."""
+    from pytest_trtllm_slurm.execution.unreachable import UnreachableCluster
+
+    name = target[1] if isinstance(target, tuple) else target.value
+    try:
+        return make()
+    except (ConfigError, ExecutionError, OSError) as exc:
+        warn(f"cluster {name!r} could not be set up ({exc}); its tests fail, the other "
+             "clusters run")
+        return UnreachableCluster(name, str(exc))
 
 
 def with_cluster_ids(executors: dict[Target, Executor],

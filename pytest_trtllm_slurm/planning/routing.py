@@ -28,6 +28,12 @@ Rules, first match wins (each is a row of tests/test_routing.py):
    else unsatisfied: scenario None with a reason naming what exists and how to
    choose (the plugin skips the test, or fails it with --trtllm-unsatisfied=fail).
 
+Each test is routed on its own, so one run may send tests to the local Slurm and to
+several remote clusters (the run then has one executor per cluster, all at work at
+once: execution.factory). A clusters-file ``partition`` is what that cluster offers: the
+type and size checks and the messages see that partition only, so two tables may stand
+for two parts of one Slurm (the dev cluster's batch and gb200 in tests/test_multi_cluster).
+
 A remote cluster is sized like the local one: ``remote_env(cluster)`` (when given) returns
 what discovery over SSH found there (partitions, GPUs per node and type), with the
 clusters-file keys (partition, gpus_per_node, device_type, account) overriding it; the
