@@ -10,11 +10,13 @@ prolog per node); Slurm, SSH and the plugin are real.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,21 @@ def run_pytest(suite: Path, *args: str, timeout: float = 420) -> subprocess.Comp
         cwd=suite, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
+@contextlib.contextmanager
+def paired(suite: Path) -> Iterator[None]:
+    """The H200 and GB200 tests wait for each other while this lasts; what an earlier run
+    left (a start file would let a test pass the wait alone) is gone first."""
+    folder = suite / "seen"
+    folder.mkdir(exist_ok=True)
+    for left in folder.glob("*"):
+        left.unlink()
+    (folder / "pair").write_text("")
+    try:
+        yield
+    finally:
+        (folder / "pair").unlink()
+
+
 def seen(suite: Path, name: str) -> dict:
     return json.loads((suite / "seen" / f"{name}.json").read_text())
 
@@ -147,13 +164,9 @@ def test_each_test_runs_on_its_cluster_at_the_same_time(two_clusters: Path) -> N
     overlap (each waits for the other to have started), a failure on one cluster is
     reported and the other's results stay; one summary covers both."""
     suite = two_clusters
-    (suite / "seen").mkdir(exist_ok=True)
-    (suite / "seen" / "pair").write_text("")
-    try:
+    with paired(suite):
         proc = run_pytest(suite, "--trtllm-remote", "--trtllm-summary-json=summary.json",
                           "--trtllm-timeline=timeline.json")
-    finally:
-        (suite / "seen" / "pair").unlink()
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out  # one test fails on purpose
     assert "PASSED test_where.py::test_on_h200" in out, out
@@ -259,3 +272,37 @@ def test_a_cluster_that_cannot_be_reached_fails_only_its_own_tests(two_clusters:
     assert "FAILED test_down.py::test_on_b200" in out, out
     assert "cluster 'down' could not be set up" in out, out
     assert f"127.0.0.1 port {port}" in out, out
+
+
+def test_two_remote_clusters_in_one_run(two_clusters: Path, devcluster: dict) -> None:
+    """Two remote clusters (the dev sshd twice: its batch and its gb200 partitions), no
+    local Slurm in the way (--trtllm-scenario=remote_slurm): each has its own connection,
+    allocation and executor, the H200 and GB200 tests overlap on their own nodes."""
+    suite = two_clusters
+    ssh = devcluster["ssh"]
+    login = (f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\n'
+             f'user = "{ssh["user"]}"\nidentity_file = "{ssh["identity_file"]}"\n'
+             f'known_hosts = "{ssh["known_hosts"]}"\nmfa = false\nsync = "none"\n'
+             f'python = "{sys.executable}"\n')
+    config = suite / "two_remote.toml"
+    config.write_text(f'[clusters.hssh]\n{login}partition = "batch"\n\n'
+                      f'[clusters.gbssh]\n{login}partition = "gb200"\n')
+    with paired(suite):
+        proc = run_pytest(suite, "--trtllm-remote", "--trtllm-scenario=remote_slurm",
+                          f"--trtllm-config={config}",
+                          "--trtllm-summary-json=two_remote.json", "-k",
+                          "test_on_h200 or test_on_gb200")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "PASSED test_where.py::test_on_h200" in out, out
+    assert "PASSED test_where.py::test_on_gb200" in out, out
+    h200, gb200 = seen(suite, "h200"), seen(suite, "gb200")
+    assert (h200["partition"], gb200["partition"]) == ("batch", "gb200"), (h200, gb200)
+    assert max(h200["start"], gb200["start"]) < min(h200["stop"], gb200["stop"]), (h200, gb200)
+    summary = json.loads((suite / "two_remote.json").read_text())
+    assert sorted(summary["clusters"]) == ["gbssh", "hssh"]
+    assert {(b["cluster"], b["scenario"]) for b in summary["batches"]} == {
+        ("hssh", "remote_slurm"), ("gbssh", "remote_slurm")}
+    assert all(b["job_id"].startswith(f"{b['cluster']}:") for b in summary["batches"])
+    # each cluster its own allocation
+    assert (suite / "work_dirs" / ".remote-hssh").is_dir()
