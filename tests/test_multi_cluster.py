@@ -159,6 +159,23 @@ def test_the_plan_names_the_cluster_of_each_test(two_clusters: Path) -> None:
     assert "local Slurm devcluster: batch (4x h200 per node, 2 nodes)" in why, why
 
 
+def test_a_device_keyword_finds_the_cluster_that_has_it(two_clusters: Path) -> None:
+    """skip_device_not_contain(['GB200']): only gbssh's discovery has a GB200 (the local
+    cluster's table offers its batch partition alone), so the test goes there."""
+    suite = two_clusters
+    (suite / "test_keyword.py").write_text(
+        "import pytest\n\n@pytest.mark.skip_device_not_contain(['GB200'])\n"
+        "@pytest.mark.skip_less_device(1)\ndef test_any_gb200():\n    pass\n")
+    try:
+        proc = run_pytest(suite, "--trtllm-plan", "test_keyword.py")
+    finally:
+        (suite / "test_keyword.py").unlink()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert ("test_keyword.py::test_any_gb200: 1 x GB200 = 1 node(s) x 1 -> remote_slurm "
+            "partition=gb200 cluster=gbssh") in out, out
+
+
 def test_each_test_runs_on_its_cluster_at_the_same_time(two_clusters: Path) -> None:
     """An H200 test and a GB200 test in one run: each lands on its cluster's nodes, they
     overlap (each waits for the other to have started), a failure on one cluster is
