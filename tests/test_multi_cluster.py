@@ -111,9 +111,16 @@ def two_clusters(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
 
 def run_pytest(suite: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args],
-        cwd=suite, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args]
+    try:
+        return subprocess.run(argv, cwd=suite, capture_output=True, text=True,
+                              timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired as exc:  # what it waited for is in its output
+        def text(value: str | bytes | None) -> str:
+            return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
+
+        return subprocess.CompletedProcess(argv, -9, f"TIMED OUT after {timeout} s\n"
+                                           + text(exc.stdout), text(exc.stderr))
 
 
 @contextlib.contextmanager
