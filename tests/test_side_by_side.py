@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_trtllm_slurm.execution.cluster_ids import ClusterJobIds
-from pytest_trtllm_slurm.execution.concurrent import side_by_side
+from pytest_trtllm_slurm.execution.concurrent import Background, side_by_side
 from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
@@ -102,3 +102,20 @@ def test_each_remote_cluster_is_a_target_and_a_pool_of_its_own() -> None:
     pools = pools_from_executors({})
     assert pools(far).name == "remote_slurm/far/batch/one-shot"
     assert pools(near).name == "remote_slurm/near/batch/one-shot"
+
+
+def test_a_background_step_says_when_it_is_done_and_what_it_raised() -> None:
+    """The run loop submits a cluster's batches once its step is done, and does not wait
+    for it before then."""
+    gate = threading.Event()
+    job = Background(lambda: "ready" if gate.wait(30) else "never")
+    assert not job.done  # still waiting at the gate: the caller goes on meanwhile
+    gate.set()
+    assert job.result() == "ready" and job.done
+
+    def broken() -> None:
+        raise RuntimeError("queue refused the allocation")
+
+    failed = Background(broken)
+    with pytest.raises(RuntimeError, match="queue refused"):
+        failed.result()

@@ -36,7 +36,7 @@ from pytest_trtllm_slurm.execution.build import (
     run_build,
 )
 from pytest_trtllm_slurm.execution.cadence import CADENCE
-from pytest_trtllm_slurm.execution.concurrent import side_by_side
+from pytest_trtllm_slurm.execution.concurrent import Background, side_by_side
 from pytest_trtllm_slurm.execution.disk import is_disk_full, space_problem
 from pytest_trtllm_slurm.execution.monitor import (
     JobEvent,
@@ -132,6 +132,9 @@ class DispatchLoop:
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
                                poll_interval=min([CADENCE.monitor, *hints]))
         self.running: dict[str, RunningBatch] = {}
+        self._queue: list[Batch] = []  # batches whose cluster is not ready yet
+        self._preparing: dict[Target, Background[None]] = {}  # clusters getting ready
+        self._history: History | None = None
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
         self.view = RunView(self.config, settings)  # status line, summary, timeline
         self.worker_options, refused = forwarded_options(self.config)
@@ -152,19 +155,20 @@ class DispatchLoop:
             if ordered:
                 self._say(ORDER_NOTE)
             self.view.planned(batches, dispatched, history.pools, history.estimates())
+            self._history = history
             self._prepare({target_of(b.key) for b in batches if target_of(b.key) not in broken})
             for batch in batches:
                 if target_of(batch.key) in broken:
                     self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[target_of(batch.key)])
                     continue
-                self._submit(batch, attempt=0)
-                history.submitted(batch)
+                self._queue.append(batch)
+            self._submit_ready()
             local = [p for p in self.plans if p.key is None]
             if self.settings.keep_order:
                 self._run_in_order(local)
             else:
                 self._run_local(local)
-            while self.monitor.active:
+            while self._busy:
                 self._check_stop()
                 if not self._pump():
                     time.sleep(self.monitor.poll_interval)
@@ -187,9 +191,10 @@ class DispatchLoop:
                 expect(nodeids)
 
     def _prepare(self, targets: set[Target]) -> None:
-        """Several Slurm targets (clusters): each gets its allocation now, all at the same
-        time, so no cluster's batches wait for another's allocation to start. A failure
-        here is said and left to the submission, which reports it per batch."""
+        """Several Slurm targets (clusters): each gets its allocation now, in a thread of
+        its own, all at the same time; a target's batches are submitted once it is ready
+        (``_submit_ready``), so no cluster waits for another's queue. A failure here is
+        said and left to the submission, which reports it per batch."""
         steps = {t: prepare for t in targets
                  if (prepare := getattr(self.executors.get(t), "prepare", None)) is not None}
         if len(steps) < 2:
@@ -202,7 +207,27 @@ class DispatchLoop:
                 self._say(f"{target_name(target)}: could not prepare ({exc}); its batches "
                           "try again when submitted")
 
-        side_by_side({t: partial(guarded, t, p) for t, p in steps.items()})
+        self._preparing = {t: Background(partial(guarded, t, p)) for t, p in steps.items()}
+
+    def _submit_ready(self) -> None:
+        """Submit, in the packer's order, the queued batches whose target is ready."""
+        if not self._queue:
+            return
+        waiting = []
+        for batch in self._queue:
+            preparing = self._preparing.get(target_of(batch.key))
+            if preparing is not None and not preparing.done:
+                waiting.append(batch)
+                continue
+            self._submit(batch, attempt=0)
+            if self._history is not None:
+                self._history.submitted(batch)
+        self._queue = waiting
+
+    @property
+    def _busy(self) -> bool:
+        """Jobs to watch, or batches waiting for their cluster to be ready."""
+        return self.monitor.active or bool(self._queue)
 
     def _run_local(self, plans: list[ItemPlan]) -> None:
         runnable = [p for p in plans if p.skip_reason is None and p.error is None]
@@ -223,7 +248,7 @@ class DispatchLoop:
         order = {p.item.nodeid: i for i, p in enumerate(self.plans)}
         for plan in plans:
             before = [n for n in self.replayer.progress if order[n] < order[plan.item.nodeid]]
-            while any(not self.replayer.is_finished(n) for n in before) and self.monitor.active:
+            while any(not self.replayer.is_finished(n) for n in before) and self._busy:
                 self._check_stop()
                 if not self._pump():
                     time.sleep(self.monitor.poll_interval)
@@ -238,6 +263,7 @@ class DispatchLoop:
 
     def _pump(self) -> bool:
         """Replay whatever the jobs wrote since the last call; True if anything happened."""
+        self._submit_ready()
         events = list(self.monitor.poll())
         for event in events:
             self._on_event(event)
