@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from pytest_trtllm_slurm.cases.run import CaseContext, close_executors, executor_for
 from pytest_trtllm_slurm.controller.item_plans import PlanningContext
-from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.factory import (
     build_executor,
     build_executors,
@@ -80,13 +77,14 @@ def test_a_persistent_local_slurm_gets_an_allocation_sized_for_the_batches(
         assert slurm.allocations.agents_dir == str(tmp_path / "work_dirs" / ".agents")
 
 
-def test_one_remote_cluster_per_run(tmp_path: Path) -> None:
-    keys = [BatchKey(scenario=Scenario.REMOTE_SLURM, cluster="far"),
-            BatchKey(scenario=Scenario.REMOTE_SLURM, cluster="other")]
-    for ctx in contexts(tmp_path):
-        with pytest.raises(ConfigError, match=r"one remote cluster per run, found \['far', "
-                                              r"'other'\]; pick one with --slurm-cluster"):
-            build_executors(ctx, keys, warn=print)
+def test_one_local_slurm_cluster_keeps_its_own_job_ids(tmp_path: Path) -> None:
+    """Job ids are prefixed with the cluster only when a run spans several clusters
+    (tests/test_multi_cluster.py); one cluster's ids stay as Slurm gives them."""
+    keys = [BatchKey(scenario=Scenario.LOCAL_SLURM, partition="batch", total_devices=1,
+                     devices_per_node=1)]
+    for ctx in contexts(tmp_path, persistent=False):
+        assert isinstance(build_executors(ctx, keys, warn=print)[Scenario.LOCAL_SLURM],
+                          SlurmExecutor)
 
 
 def test_build_targets_are_the_clusters_that_build(tmp_path: Path) -> None:
@@ -96,6 +94,13 @@ def test_build_targets_are_the_clusters_that_build(tmp_path: Path) -> None:
         targets = build_targets(ctx, keys)
         assert list(targets) == [Scenario.LOCAL_SLURM]
         assert targets[Scenario.LOCAL_SLURM].name == "DevCluster"
+    # a remote cluster that builds is a target of its own, keyed by its name
+    builds = ClustersFile(clusters={**clusters().clusters, "far": ClusterConfig.model_validate(
+        {"name": "far", "ssh_host": "far.example", "build_project": True})})
+    ctx = PlanningContext(settings=Settings(), local=LOCAL, clusters=builds, slurm_env=ENV,
+                          rootdir=tmp_path)
+    assert list(build_targets(ctx, keys)) == [Scenario.LOCAL_SLURM,
+                                              (Scenario.REMOTE_SLURM, "far")]
 
 
 def test_a_case_builds_each_scenario_once_through_the_factory(tmp_path: Path) -> None:

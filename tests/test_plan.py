@@ -42,13 +42,17 @@ def fake_item(nodeid: str, **marks: tuple[tuple[Any, ...], dict[str, Any]]) -> A
 
 def test_plan_row_node_math_uses_the_target() -> None:
     req = DeviceRequirement(total=8, per_node=None, device_type="H200", source="mpi")
-    decision = RouteDecision(scenario=Scenario.REMOTE_SLURM, partition="p", target_gpus_per_node=4)
+    decision = RouteDecision(scenario=Scenario.REMOTE_SLURM, cluster="far", partition="p",
+                             target_gpus_per_node=4)
     row = plan_row("t::a", req, decision, partition="fallback", batch="b1")
     assert row.model_dump() == {
         "nodeid": "t::a", "devices": 8, "devices_per_node": 4, "nodes": 2,
-        "device_type": "H200", "scenario": "remote_slurm", "partition": "p", "batch": "b1",
-        "source": "mpi", "reason": None, "name": None, "error": None,
+        "device_type": "H200", "scenario": "remote_slurm", "partition": "p", "cluster": "far",
+        "batch": "b1", "source": "mpi", "reason": None, "name": None, "error": None,
     }
+    # the cluster is a Slurm target's only: a local test names none
+    here = plan_row("t::c", req, RouteDecision(scenario=Scenario.LOCAL_DIRECT, cluster="x"))
+    assert here.cluster is None
     unrouted = plan_row("t::b", req, RouteDecision(scenario=None, reason="no H200"), "fallback")
     assert (unrouted.scenario, unrouted.partition, unrouted.nodes) == (None, "fallback", 1)
 
@@ -57,12 +61,12 @@ def test_format_plan_lines() -> None:
     rows = [
         PlanRow(nodeid="a", devices=0, devices_per_node=0, nodes=1, scenario="local_direct"),
         PlanRow(nodeid="b", devices=8, devices_per_node=4, nodes=2, device_type="H200",
-                scenario="remote_slurm", partition="batch", batch="b-3"),
+                scenario="remote_slurm", partition="batch", cluster="far", batch="b-3"),
         PlanRow(nodeid="c", devices=2, devices_per_node=2, nodes=1, reason="no GPUs anywhere"),
     ]
     assert format_plan_lines(rows) == [
         "a: CPU only -> local_direct",
-        "b: 8 x H200 = 2 node(s) x 4 -> remote_slurm partition=batch batch=b-3",
+        "b: 8 x H200 = 2 node(s) x 4 -> remote_slurm partition=batch cluster=far batch=b-3",
         "c: 2 x any GPU = 1 node(s) x 2 -> not served (no GPUs anywhere)",
     ]
 

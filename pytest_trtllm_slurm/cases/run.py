@@ -54,7 +54,7 @@ from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_masked
-from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario
+from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, target_name, target_of
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
 
 Say = Callable[[str], None]
@@ -183,11 +183,11 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
 
 
 def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
-    """The executor of ``spec.scenario``, built by the plugin's factory
-    (``execution.factory``), one per scenario and context."""
+    """The executor of ``spec``'s target (its scenario; a remote cluster its own), built
+    by the plugin's factory (``execution.factory``), one per target and context."""
     from pytest_trtllm_slurm.execution.factory import build_executor
 
-    key = spec.scenario.value
+    key = target_name(target_of(spec))
     if key not in ctx.executors:
         ctx.executors[key] = build_executor(spec.scenario, ctx, [spec], warn=ctx.warn)
     return ctx.executors[key]

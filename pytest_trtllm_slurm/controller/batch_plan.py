@@ -20,7 +20,7 @@ from pytest_trtllm_slurm.controller.item_plans import PlanningContext
 from pytest_trtllm_slurm.controller.ordering import asks_for_order
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
-from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
 from pytest_trtllm_slurm.planning.packing import Estimates, Pool, pools_from_executors
 from pytest_trtllm_slurm.planning.plan import BatchRow
 
@@ -54,18 +54,19 @@ class _Allocations:
 
 def planned_pools(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Callable[[BatchKey], Pool]:
     """The pools the run would pack into, as ``session.make_executors`` would set them up."""
-    targets: dict[Scenario, Any] = {
+    targets: dict[Target, Any] = {
         Scenario.LOCAL_DIRECT: _Target(gpu_count=ctx.local.gpu_count),
         Scenario.LOCAL_DOCKER: _Target(gpu_count=ctx.local.gpu_count),
     }
     slurm_keys = [k for k in keys if k.scenario is Scenario.LOCAL_SLURM]
     if slurm_keys:
         targets[Scenario.LOCAL_SLURM] = _slurm_target(slurm_keys, ctx.slurm_env, ctx)
-    remote_keys = [k for k in keys if k.scenario is Scenario.REMOTE_SLURM]
-    if remote_keys:
-        # the run's RemoteSlurmExecutor shows its partition discovery only (not its
-        # allocation): its batches are packed against the partition, and so here
-        targets[Scenario.REMOTE_SLURM] = _Target(slurm_env=_remote_env(ctx, remote_keys))
+    for key in keys:
+        target = target_of(key)
+        if key.scenario is Scenario.REMOTE_SLURM and target not in targets:
+            # the run's RemoteSlurmExecutor shows its partition discovery only (not its
+            # allocation): its batches are packed against the partition, and so here
+            targets[target] = _Target(slurm_env=_remote_env(ctx, key.cluster))
     return pools_from_executors(targets)
 
 
@@ -83,16 +84,15 @@ def _slurm_target(keys: Sequence[BatchKey], slurm_env: Any, ctx: PlanningContext
                    slurm_env=slurm_env)
 
 
-def _remote_env(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Any:
+def _remote_env(ctx: PlanningContext, cluster: str | None) -> Any:
     """The remote cluster's discovery (cached on disk; what routing used), or None when
     it cannot be had: the plan then packs against the keys' own shapes."""
     from pytest_trtllm_slurm.execution.factory import remotes_of
 
-    names = sorted({k.cluster or "" for k in keys})
-    if len(names) != 1 or not names[0]:
+    if not cluster:
         return None
     try:
-        return remotes_of(ctx).env(ctx.clusters.get(names[0]))
+        return remotes_of(ctx).env(ctx.clusters.get(cluster))
     except (ConfigError, ExecutionError, OSError):
         return None
 

@@ -118,20 +118,41 @@ def summary_lines(eff: Efficiency) -> list[str]:
     return lines
 
 
+def cluster_lines(record: RunRecord) -> list[str]:
+    """One line per cluster when the run spanned several: where its tests went and how
+    they ended (a failure on one cluster is seen beside the other's results)."""
+    if len(record.clusters) < 2:
+        return []
+    lines = []
+    for cluster in record.clusters:
+        spans = [s for s in record.batches.values() if s.cluster == cluster]
+        parts = sorted({s.key.partition for s in spans if s.key.partition})
+        counts = record.counts(cluster)
+        tests = sum(counts.values())
+        ended = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+        lines.append(f"cluster {cluster}" + (f" ({', '.join(parts)})" if parts else "")
+                     + f": {len(spans)} batch(es), {tests} test(s)"
+                     + (f": {ended}" if ended else ""))
+    return lines
+
+
 def run_json(record: RunRecord, eff: Efficiency) -> dict[str, Any]:
-    """What --trtllm-summary-json writes: the summary, and each batch as it ran."""
+    """What --trtllm-summary-json writes: the summary, the clusters the run used, and
+    each batch as it ran (with its cluster and partition)."""
     batches = []
     for span in record.batches.values():
         batches.append({
             "job_id": span.job_id, "label": span.label, "attempt": span.attempt,
-            "scenario": span.key.scenario.value, "pool": span.pool.name,
+            "scenario": span.key.scenario.value, "cluster": span.key.cluster,
+            "partition": span.key.partition, "pool": span.pool.name,
             "gpus_per_node": span.key.devices_per_node, "nodes": span.key.node_count,
             "nodelist": span.nodelist, "status": span.status,
             "nodeids": span.nodeids, "expected_seconds": span.expected_seconds,
             "submitted": span.submitted, "running": span.running, "ended": span.ended,
             "pending_reasons": [reason for _, reason in span.reasons],
         })
-    return {"efficiency": eff.model_dump(mode="json"), "batches": batches}
+    return {"efficiency": eff.model_dump(mode="json"), "clusters": record.clusters,
+            "batches": batches}
 
 
 def write_run_json(path: str | Path, record: RunRecord, eff: Efficiency) -> Path:

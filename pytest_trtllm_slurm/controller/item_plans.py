@@ -12,7 +12,7 @@ import pytest
 
 import pytest_trtllm_slurm.planning.requirements as requirements
 import pytest_trtllm_slurm.planning.routing as routing
-from pytest_trtllm_slurm.errors import TestSpecError
+from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.models import (
@@ -69,17 +69,42 @@ class PlannedItem:
     plan: ItemPlan
 
 
-def available_device_types(ctx: PlanningContext) -> list[str]:
+def available_device_types(ctx: PlanningContext, *, discover: bool = False) -> list[str]:
     """Device types some target offers: the remote cluster --slurm-cluster names (what
     discovery found there, unless its table names a device_type), this machine, the local
-    Slurm, configured clusters."""
+    Slurm (its table's partition only, when it names one), configured clusters; with
+    ``discover``, also what discovery finds on every remote cluster whose table names no
+    device_type (a run of several clusters: one of them may be the only one with it)."""
     found = _named_remote_types(ctx)
     found += [ctx.local.device_type] if ctx.local.gpu_count and ctx.local.device_type else []
     if ctx.slurm_env is not None:
-        found += [p.gpu_type for p in ctx.slurm_env.partitions if p.gpu_type]
+        local = ctx.clusters.find(ctx.local.cluster_name) if ctx.local.cluster_name else None
+        found += [p.gpu_type for p in ctx.slurm_env.partitions if p.gpu_type
+                  and not (local is not None and local.partition and p.name != local.partition)]
     found += [c.device_type for c in ctx.clusters.clusters.values() if c.device_type]
+    if discover:
+        found += _discovered_remote_types(ctx)
     types = [normalize_device_type(t) for t in found]
     return list(dict.fromkeys(t for t in types if t))
+
+
+def _discovered_remote_types(ctx: PlanningContext) -> list[str]:
+    """GPU types discovery finds on the remote clusters whose table names none (their
+    table's partition only, when it names one); one that cannot be reached offers none."""
+    if ctx.remote_env is None or ctx.settings.slurm_cluster:
+        return []  # --slurm-cluster: only that one counts (_named_remote_types)
+    here = (ctx.local.cluster_name or "").lower()
+    found: list[str] = []
+    for key, cluster in ctx.clusters.clusters.items():
+        if key.lower() == here or cluster.device_type or not cluster.is_remote:
+            continue
+        try:
+            env = ctx.remote_env(cluster)
+        except ConfigError:
+            continue
+        found += [p.gpu_type for p in (env.partitions if env else []) if p.gpu_type
+                  and not (cluster.partition and p.name != cluster.partition)]
+    return found
 
 
 def _named_remote_types(ctx: PlanningContext) -> list[str]:
@@ -100,6 +125,8 @@ def with_keyword_type(req: DeviceRequirement, ctx: PlanningContext) -> DeviceReq
     if req.device_type or not req.device_keywords:
         return req
     available = available_device_types(ctx)
+    if not any(k.lower() in t.lower() for t in available for k in req.device_keywords):
+        available = available_device_types(ctx, discover=True)  # connects: only if needed
     for device_type in available:
         if any(k.lower() in device_type.lower() for k in req.device_keywords):
             return req.model_copy(update={"device_type": device_type})

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from pytest_trtllm_slurm.execution.build import (
     run_build,
 )
 from pytest_trtllm_slurm.execution.cadence import CADENCE
+from pytest_trtllm_slurm.execution.concurrent import Background, side_by_side
 from pytest_trtllm_slurm.execution.disk import is_disk_full, space_problem
 from pytest_trtllm_slurm.execution.monitor import (
     JobEvent,
@@ -50,7 +52,7 @@ from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
-from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.models import Target, target_name, target_of
 from pytest_trtllm_slurm.planning.packing import pools_from_executors
 from pytest_trtllm_slurm.planning.resolve import build_arch
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
@@ -111,9 +113,9 @@ class DispatchLoop:
         session: pytest.Session,
         settings: Settings,
         plans: list[ItemPlan],
-        executors: dict[Scenario, Executor],
+        executors: dict[Target, Executor],
         work_root: Path,
-        builds: dict[Scenario, ClusterConfig] | None = None,
+        builds: dict[Target, ClusterConfig] | None = None,
     ) -> None:
         self.session = session
         self.config = session.config
@@ -129,6 +131,9 @@ class DispatchLoop:
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
                                poll_interval=min([CADENCE.monitor, *hints]))
         self.running: dict[str, RunningBatch] = {}
+        self._queue: list[Batch] = []  # batches whose cluster is not ready yet
+        self._preparing: dict[Target, Background[None]] = {}  # clusters getting ready
+        self._history: History | None = None
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
         self.view = RunView(self.config, settings)  # status line, summary, timeline
         self.worker_options, refused = forwarded_options(self.config)
@@ -149,18 +154,20 @@ class DispatchLoop:
             if ordered:
                 self._say(ORDER_NOTE)
             self.view.planned(batches, dispatched, history.pools, history.estimates())
+            self._history = history
+            self._prepare({target_of(b.key) for b in batches if target_of(b.key) not in broken})
             for batch in batches:
-                if batch.key.scenario in broken:
-                    self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[batch.key.scenario])
+                if target_of(batch.key) in broken:
+                    self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[target_of(batch.key)])
                     continue
-                self._submit(batch, attempt=0)
-                history.submitted(batch)
+                self._queue.append(batch)
+            self._submit_ready()
             local = [p for p in self.plans if p.key is None]
             if self.settings.keep_order:
                 self._run_in_order(local)
             else:
                 self._run_local(local)
-            while self.monitor.active:
+            while self._busy:
                 self._check_stop()
                 if not self._pump():
                     self.monitor.wait()
@@ -174,13 +181,52 @@ class DispatchLoop:
 
     def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
         """Tell each executor that wants it (warm workers) all node ids it will get."""
-        by_scenario: dict[Scenario, set[str]] = {}
+        by_target: dict[Target, set[str]] = {}
         for nodeid, key in dispatched:
-            by_scenario.setdefault(key.scenario, set()).add(nodeid)
-        for scenario, nodeids in by_scenario.items():
-            expect = getattr(self.executors.get(scenario), "expect", None)
+            by_target.setdefault(target_of(key), set()).add(nodeid)
+        for target, nodeids in by_target.items():
+            expect = getattr(self.executors.get(target), "expect", None)
             if expect is not None:
                 expect(nodeids)
+
+    def _prepare(self, targets: set[Target]) -> None:
+        """Several Slurm targets (clusters): each gets its allocation now, in a thread of
+        its own, all at the same time; a target's batches are submitted once it is ready
+        (``_submit_ready``), so no cluster waits for another's queue. A failure here is
+        said and left to the submission, which reports it per batch."""
+        steps = {t: prepare for t in targets
+                 if (prepare := getattr(self.executors.get(t), "prepare", None)) is not None}
+        if len(steps) < 2:
+            return  # one target: its first submission prepares it, as always
+
+        def guarded(target: Target, prepare: Callable[[], None]) -> None:
+            try:
+                prepare()
+            except (ExecutionError, OSError) as exc:
+                self._say(f"{target_name(target)}: could not prepare ({exc}); its batches "
+                          "try again when submitted")
+
+        self._preparing = {t: Background(partial(guarded, t, p)) for t, p in steps.items()}
+
+    def _submit_ready(self) -> None:
+        """Submit, in the packer's order, the queued batches whose target is ready."""
+        if not self._queue:
+            return
+        waiting = []
+        for batch in self._queue:
+            preparing = self._preparing.get(target_of(batch.key))
+            if preparing is not None and not preparing.done:
+                waiting.append(batch)
+                continue
+            self._submit(batch, attempt=0)
+            if self._history is not None:
+                self._history.submitted(batch)
+        self._queue = waiting
+
+    @property
+    def _busy(self) -> bool:
+        """Jobs to watch, or batches waiting for their cluster to be ready."""
+        return self.monitor.active or bool(self._queue)
 
     def _run_local(self, plans: list[ItemPlan]) -> None:
         runnable = [p for p in plans if p.skip_reason is None and p.error is None]
@@ -201,7 +247,7 @@ class DispatchLoop:
         order = {p.item.nodeid: i for i, p in enumerate(self.plans)}
         for plan in plans:
             before = [n for n in self.replayer.progress if order[n] < order[plan.item.nodeid]]
-            while any(not self.replayer.is_finished(n) for n in before) and self.monitor.active:
+            while any(not self.replayer.is_finished(n) for n in before) and self._busy:
                 self._check_stop()
                 if not self._pump():
                     self.monitor.wait()
@@ -216,24 +262,30 @@ class DispatchLoop:
 
     def _pump(self) -> bool:
         """Replay whatever the jobs wrote since the last call; True if anything happened."""
+        self._submit_ready()
         events = list(self.monitor.poll())
         for event in events:
             self._on_event(event)
         self.view.tick()
         return bool(events)
 
-    def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Scenario, str]:
+    def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Target, str]:
         """Build once per target whose cluster asks for it (build_project = true), before
-        any batch; returns the targets whose build failed, with the log's last lines."""
-        broken: dict[Scenario, str] = {}
-        for scenario, cluster in self.builds.items():
-            keys = [key for _, key in dispatched if key.scenario is scenario]
-            if not keys:
-                continue
-            spec = self._build_spec(keys[0], cluster)
-            state, tail, log = run_build(self.executors[scenario], spec, progress=self._say)
+        any batch, the clusters' builds side by side; returns the targets whose build
+        failed, with the log's last lines."""
+        specs = {}
+        for target, cluster in self.builds.items():
+            keys = [key for _, key in dispatched if target_of(key) == target]
+            if keys:
+                specs[target] = self._build_spec(keys[0], cluster)
+        ended = side_by_side({target: partial(run_build, self.executors[target], spec,
+                                              progress=self._say)
+                              for target, spec in specs.items()})
+        broken: dict[Target, str] = {}
+        for target, (state, tail, log) in ended.items():
+            spec = specs[target]
             if build_failed(state):
-                broken[scenario] = (
+                broken[target] = (
                     f"the build job ({spec.name}) ended {state.status.value}"
                     + (f" with exit code {state.exit_code}" if state.exit_code is not None else "")
                     + f"; nothing was dispatched.\nlog: {log}\n"
@@ -246,7 +298,7 @@ class DispatchLoop:
     def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
         ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"build_{self.stamp}_", dir=self.work_root))
-        env = getattr(self.executors[key.scenario], "slurm_env", None)
+        env = getattr(self.executors[target_of(key)], "slurm_env", None)
         part = env.partition(key.partition) if env and key.partition else None
         arch = build_arch(key.device_type or (part.gpu_type if part else None))
         spec = JobSpec(
@@ -299,7 +351,7 @@ class DispatchLoop:
 
     # -- submission --------------------------------------------------------
     def _submit(self, batch: Batch, attempt: int) -> None:
-        executor = self.executors[batch.key.scenario]
+        executor = self.executors[target_of(batch.key)]
         full = space_problem(str(self.work_root))
         if full is not None:  # a full disk is named, not an INTERNALERROR in a write
             self._fail_batch(batch, JobStatus.ERROR, f"the batch was not started: {full}")
@@ -366,7 +418,7 @@ class DispatchLoop:
             monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
             hang_patterns=self.settings.hang_patterns,
             build_arch=build_arch(key.device_type) if key.total_devices else None,
-            slurm_env=getattr(self.executors[key.scenario], "slurm_env", None),
+            slurm_env=getattr(self.executors[target_of(key)], "slurm_env", None),
         )
         spec.write()
         return spec

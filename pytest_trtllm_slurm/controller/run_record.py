@@ -63,6 +63,11 @@ class BatchSpan:
         return self.ended is not None
 
     @property
+    def cluster(self) -> str:
+        """The Slurm cluster it ran on (clusters-file or ClusterName), else ``here``."""
+        return self.key.cluster or "here"
+
+    @property
     def persistent(self) -> bool:
         """It runs in a persistent allocation, whose pool holds its GPUs all run long."""
         return "/allocation" in self.pool.name
@@ -177,16 +182,24 @@ class RunRecord:
         return self._tests_of(span)
 
     @property
+    def clusters(self) -> list[str]:
+        """The clusters the run's batches went to, in submission order."""
+        return list(dict.fromkeys(span.cluster for span in self.batches.values()))
+
+    @property
     def total_tests(self) -> int:
         return len(self.job_of)
 
-    def counts(self) -> dict[str, int]:
-        """passed / failed / skipped / left over the run's dispatched tests."""
-        done = [t for t in self.tests.values() if t.finished]
+    def counts(self, cluster: str | None = None) -> dict[str, int]:
+        """passed / failed / skipped / left over the run's dispatched tests (those sent
+        to ``cluster`` only, when given)."""
+        mine = [n for n, job in self.job_of.items()
+                if cluster is None or self.batches[job].cluster == cluster]
+        done = [t for n in mine if (t := self.tests.get(n)) is not None and t.finished]
         out = {"passed": 0, "failed": 0, "skipped": 0}
         for test in done:
             out[test.outcome or "passed"] = out.get(test.outcome or "passed", 0) + 1
-        out["left"] = max(0, self.total_tests - len(done))
+        out["left"] = max(0, len(mine) - len(done))
         return out
 
     def _event(self, text: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from pytest_trtllm_slurm.controller.efficiency import (
     Efficiency,
+    cluster_lines,
     efficiency,
     summary_lines,
     write_run_json,
@@ -87,7 +88,7 @@ class RunView:
         if not self.record.batches:
             return
         eff = efficiency(self.record)
-        self.summary = summary_lines(eff)
+        self.summary = summary_lines(eff) + cluster_lines(self.record)
         self._write_files(eff)
         if not manager.has_plugin(SUMMARY_NAME):
             manager.register(_Summary(self), SUMMARY_NAME)

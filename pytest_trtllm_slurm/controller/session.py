@@ -19,7 +19,7 @@ from pytest_trtllm_slurm.controller.item_plans import PlanningContext
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.planning.batching import BatchKey
-from pytest_trtllm_slurm.planning.models import Scenario
+from pytest_trtllm_slurm.planning.models import Scenario, Target
 from pytest_trtllm_slurm.planning.requirements import PerfSources
 from pytest_trtllm_slurm.planning.safe_values import line_problem
 from pytest_trtllm_slurm.planning.settings import ClustersFile, load_clusters_file
@@ -107,9 +107,10 @@ def remote_clusters(config: pytest.Config) -> RemoteClusters:
 
 def make_executors(
     ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
-) -> dict[Scenario, Executor]:
-    """One executor per scenario this run uses, built from the batches' keys by the
-    execution layer's factory; their warnings go to this run's terminal."""
+) -> dict[Target, Executor]:
+    """One executor per target this run uses (a scenario; each remote cluster its own),
+    built from the batches' keys by the execution layer's factory; their warnings go to
+    this run's terminal."""
     from pytest_trtllm_slurm.execution.factory import build_executors
 
     return build_executors(ctx, keys, warn=terminal_warning(config))

@@ -64,10 +64,12 @@ def lay_out(record: RunRecord) -> tuple[list[Laid], dict[str, int], QueueRows]:
         laid.append(Laid(span, [], start, end, sorted(tests, key=lambda t: t[1]),
                          min(starts, default=None)))
     busy: dict[str, list[float]] = {}  # node -> busy-until per slot
+    several = len(record.clusters) > 1  # node names are a cluster's own: say whose
     for item in sorted(laid, key=lambda x: (x.start, x.span.submitted)):
         nodes = expand_hostlist(item.span.nodelist or "") or ["localhost"]
         need = max(1, item.span.key.devices_per_node)
         for node in nodes[:max(1, item.span.key.node_count)]:
+            node = f"{item.span.cluster}:{node}" if several else node
             name = node if item.span.width else f"{node} (CPU)"
             slots = busy.setdefault(name, [])
             free = [i for i, until in enumerate(slots) if until <= item.start + 1e-6]
@@ -142,7 +144,8 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
                    "args": {"name": "queue (submitted, not yet running)"}})
     for item in laid:
         span = item.span
-        info = {"job_id": span.job_id, "status": span.status, "nodes": span.nodelist,
+        info = {"job_id": span.job_id, "cluster": span.cluster, "status": span.status,
+                "nodes": span.nodelist,
                 "tests": len(span.nodeids), "attempt": span.attempt, "pool": span.pool.name}
         for node, slot in item.tracks:
             pid = pids[node]

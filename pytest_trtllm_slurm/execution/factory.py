@@ -4,10 +4,12 @@ Both callers know the same things once a run has looked around (settings, this m
 probe, the local Slurm's discovery, the clusters file, the remote connections): that is
 ``ExecutorContext``, which the plugin's PlanningContext and the case runner's CaseContext
 both are. Given the shapes of the batches (BatchKeys, or a case's JobSpec), this module
-builds the executor of each scenario: local subprocess, docker/podman, Slurm over the
-local shell (a persistent allocation unless one-shot), Slurm over SSH with the code synced
-and paths mapped. No pytest here: the plugin's side (reading options, the terminal for
-warnings) stays in ``controller.session``.
+builds the executor of each target: local subprocess, docker/podman, Slurm over the
+local shell (a persistent allocation unless one-shot), and, per remote cluster, Slurm over
+SSH with the code synced and paths mapped (a run may span several clusters: each has its
+own executor, keyed ``(REMOTE_SLURM, name)``; see ``planning.models.target_of``). No
+pytest here: the plugin's side (reading options, the terminal for warnings) stays in
+``controller.session``.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
-from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario
+from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, Target, target_of
 from pytest_trtllm_slurm.planning.routing import RemoteEnv
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
 
@@ -59,16 +63,61 @@ class ExecutorContext(Protocol):
 
 
 def build_executors(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
-                    warn: Warn) -> dict[Scenario, Executor]:
-    """One executor per scenario the ``keys`` use, plus the local subprocess one (tests
-    that run here)."""
-    executors = {Scenario.LOCAL_DIRECT: build_executor(Scenario.LOCAL_DIRECT, ctx, [],
-                                                       warn=warn)}
-    for scenario in (Scenario.LOCAL_DOCKER, Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
+                    warn: Warn) -> dict[Target, Executor]:
+    """One executor per target the ``keys`` use (``models.target_of``: a scenario, or a
+    remote cluster: each cluster its own connection, sync and allocation), plus the local
+    subprocess one (tests that run here). Several remote clusters are made ready side by
+    side (connection checks and code sync run at the same time)."""
+    executors: dict[Target, Executor] = {
+        Scenario.LOCAL_DIRECT: build_executor(Scenario.LOCAL_DIRECT, ctx, [], warn=warn)}
+    for scenario in (Scenario.LOCAL_DOCKER, Scenario.LOCAL_SLURM):
         mine = [k for k in keys if k.scenario is scenario]
         if mine:
             executors[scenario] = build_executor(scenario, ctx, mine, warn=warn)
-    return executors
+    by_cluster: dict[Target, list[BatchLike]] = {}
+    for key in keys:
+        if key.scenario is Scenario.REMOTE_SLURM:
+            by_cluster.setdefault(target_of(key), []).append(key)
+    # one cluster that cannot be set up stops the run; of several, only its own tests fail
+    several = len(by_cluster) + (Scenario.LOCAL_SLURM in executors) > 1
+    build = partial(_one_of_several, warn=warn) if several else _alone
+    built = side_by_side({target: partial(build, target, partial(
+        remote_slurm_executor, ctx, mine, warn=warn)) for target, mine in by_cluster.items()})
+    executors.update(built)
+    return with_cluster_ids(executors, ctx)
+
+
+def _alone(target: Target, make: Callable[[], Executor]) -> Executor:
+    return make()
+
+
+def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn) -> Executor:
+    """The cluster's executor; one that cannot be set up (unreachable, preflight, sync)
+    stands in its place and fails that cluster's batches with the reason."""
+    from pytest_trtllm_slurm.execution.unreachable import UnreachableCluster
+
+    name = target[1] if isinstance(target, tuple) else target.value
+    try:
+        return make()
+    except (ConfigError, ExecutionError, OSError) as exc:
+        warn(f"cluster {name!r} could not be set up ({exc}); its tests fail, the other "
+             "clusters run")
+        return UnreachableCluster(name, str(exc))
+
+
+def with_cluster_ids(executors: dict[Target, Executor],
+                     ctx: ExecutorContext) -> dict[Target, Executor]:
+    """Several Slurm clusters in one run: each one's job ids are prefixed with its name
+    (two clusters may hand out the same id); one cluster: as they are."""
+    from pytest_trtllm_slurm.execution.cluster_ids import ClusterJobIds
+
+    names = {target: target[1] if isinstance(target, tuple) else ctx.local.cluster_name or "local"
+             for target in executors
+             if isinstance(target, tuple) or target is Scenario.LOCAL_SLURM}
+    if len(names) < 2:
+        return executors
+    return {target: ClusterJobIds(executor, names[target]) if target in names else executor
+            for target, executor in executors.items()}
 
 
 def build_executor(scenario: Scenario, ctx: ExecutorContext, keys: Sequence[BatchLike], *,
@@ -132,10 +181,8 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 
     names = sorted({k.cluster or "" for k in keys})
-    if len(names) != 1 or not names[0]:
-        raise ConfigError(
-            f"one remote cluster per run, found {names}; pick one with --slurm-cluster NAME"
-        )
+    if len(names) != 1 or not names[0]:  # build_executors groups the keys by cluster
+        raise ConfigError(f"one remote executor serves one cluster, found {names}")
     cluster = ctx.clusters.get(names[0])
     settings = ctx.settings
     remotes = remotes_of(ctx)
@@ -280,9 +327,9 @@ def with_containers(
 
 
 def build_targets(ctx: ExecutorContext,
-                  keys: Sequence[BatchLike]) -> dict[Scenario, ClusterConfig]:
+                  keys: Sequence[BatchLike]) -> dict[Target, ClusterConfig]:
     """Slurm targets of this run whose cluster table says build_project = true."""
-    targets: dict[Scenario, ClusterConfig] = {}
+    targets: dict[Target, ClusterConfig] = {}
     for key in keys:
         if key.scenario is Scenario.REMOTE_SLURM and key.cluster:
             cluster: ClusterConfig | None = ctx.clusters.get(key.cluster)
@@ -291,7 +338,7 @@ def build_targets(ctx: ExecutorContext,
         else:
             continue
         if cluster is not None and cluster.build_project:
-            targets[key.scenario] = cluster
+            targets[target_of(key)] = cluster
     return targets
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,6 +20,28 @@ class Scenario(str, Enum):
     LOCAL_DOCKER = "local_docker"
     LOCAL_SLURM = "local_slurm"
     REMOTE_SLURM = "remote_slurm"
+
+
+# Which executor a batch goes to: its scenario, except that each remote cluster has its own
+# (a run may span several clusters, each with its own connection, allocation and sync).
+Target = Scenario | tuple[Scenario, str]
+
+
+def target_of(key: Any) -> Target:
+    """The executor of a batch key (anything with ``scenario`` and, maybe, ``cluster``):
+    ``(REMOTE_SLURM, cluster)`` for a remote cluster, else the scenario alone."""
+    scenario = key.scenario
+    cluster = getattr(key, "cluster", None)
+    if scenario is Scenario.REMOTE_SLURM and cluster:
+        return (scenario, cluster)
+    return scenario  # type: ignore[no-any-return]
+
+
+def target_name(target: Target) -> str:
+    """``remote_slurm:NAME`` or the scenario's value: for messages and case keys."""
+    if isinstance(target, tuple):
+        return f"{target[0].value}:{target[1]}"
+    return target.value
 
 
 class Launch(str, Enum):

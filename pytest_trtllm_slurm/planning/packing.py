@@ -33,6 +33,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
+from pytest_trtllm_slurm.planning.models import target_of
+
 DEFAULT_DURATION = 30.0  # seconds, a test without history
 DEFAULT_STARTUP = 15.0  # seconds, a pool without history (imports of torch/tensorrt_llm ...)
 MAX_ROUNDS = 512  # bound on the local moves (each improves the plan)
@@ -405,11 +407,17 @@ def pools_from_executors(executors: Mapping[Any, Any]) -> Callable[[KeyLike], Po
     - Slurm otherwise (one-shot, or a key the allocation cannot serve): its partition
       as discovery saw it (nodes x GPUs per node), shared with everyone else's jobs.
     - local_direct / local_docker: this machine's GPUs; a CPU-only batch one at a time.
+
+    ``executors`` is keyed by ``models.target_of`` (a remote cluster has its own executor,
+    and its pools are named after it: two clusters never share a pool).
     """
 
     def pool_of(key: KeyLike) -> Pool:
         scenario = str(getattr(key.scenario, "value", key.scenario))
-        executor = executors.get(key.scenario)
+        target = target_of(key)
+        executor = executors.get(target)
+        if isinstance(target, tuple):  # a remote cluster's pools are its own
+            scenario = f"{scenario}/{target[1]}"
         if scenario in ("local_direct", "local_docker"):
             return Pool(scenario, nodes=1, gpus_per_node=_local_gpus(executor), cpu_slots=1)
         manager = getattr(executor, "allocations", None)

@@ -14,8 +14,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from pytest_trtllm_slurm.node.files import SHARED, write_atomic
-from pytest_trtllm_slurm.planning.models import DeviceRequirement, RouteDecision
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, RouteDecision, Scenario
 
+_SLURM = (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM)
 RouteFn = Callable[[Any, DeviceRequirement], RouteDecision]
 RequirementFn = Callable[[Any], DeviceRequirement]
 
@@ -34,6 +35,7 @@ class PlanRow(BaseModel):
     device_type: str | None = None
     scenario: str | None = None
     partition: str | None = None
+    cluster: str | None = None  # the Slurm cluster it goes to (local or clusters-file name)
     batch: str | None = None
     source: str = "default"  # which marker / YAML the device count came from
     reason: str | None = None
@@ -55,6 +57,7 @@ def plan_row(nodeid: str, req: DeviceRequirement, decision: RouteDecision,
         device_type=req.device_type,
         scenario=decision.scenario.value if decision.scenario is not None else None,
         partition=decision.partition or partition,
+        cluster=decision.cluster if decision.scenario in _SLURM else None,
         batch=batch,
         source=req.source,
         reason=None if error else decision.reason,
@@ -78,7 +81,8 @@ def format_plan_lines(rows: Iterable[PlanRow]) -> list[str]:
             need = (f"{row.devices} x {kind} = {row.nodes} node(s) x {row.devices_per_node}")
         where = row.scenario or f"not served ({row.reason or 'no route'})"
         extras = "".join(f" {key}={value}" for key, value in
-                         (("partition", row.partition), ("batch", row.batch)) if value)
+                         (("partition", row.partition), ("cluster", row.cluster),
+                 ("batch", row.batch)) if value)
         lines.append(f"{shown}: {need} -> {where}{extras}")
     return lines
 

@@ -28,6 +28,12 @@ Rules, first match wins (each is a row of tests/test_routing.py):
    else unsatisfied: scenario None with a reason naming what exists and how to
    choose (the plugin skips the test, or fails it with --trtllm-unsatisfied=fail).
 
+Each test is routed on its own, so one run may send tests to the local Slurm and to
+several remote clusters (the run then has one executor per cluster, all at work at
+once: execution.factory). A clusters-file ``partition`` is what that cluster offers: the
+type and size checks and the messages see that partition only, so two tables may stand
+for two parts of one Slurm (the dev cluster's batch and gb200 in tests/test_multi_cluster).
+
 A remote cluster is sized like the local one: ``remote_env(cluster)`` (when given) returns
 what discovery over SSH found there (partitions, GPUs per node and type), with the
 clusters-file keys (partition, gpus_per_node, device_type, account) overriding it; the
@@ -42,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
+from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
 from pytest_trtllm_slurm.planning.resolve import (
     describe_requirement,
@@ -194,7 +200,9 @@ class _Ctx:
         return next((c for k, c in self.clusters.clusters.items() if k.lower() == name), None)
 
     def local_offers_type(self) -> bool:
-        parts = self.slurm_env.partitions if self.slurm_env else []
+        """A partition of the local Slurm has the wanted type (only the clusters file's
+        partition, when the local cluster's table names one)."""
+        parts = _own_partitions(self.slurm_env, self._local_cfg()) if self.slurm_env else []
         return any(p.gpu_type and device_type_matches(p, self.wanted) for p in parts)
 
     def local_slurm(self) -> RouteDecision:
@@ -316,7 +324,7 @@ class _Ctx:
             return _same_type(cfg.device_type, self.wanted)
         env = self._discovered(cfg)
         return env is not None and any(p.gpu_type and device_type_matches(p, self.wanted)
-                                       for p in env.partitions)
+                                       for p in _own_partitions(env, cfg))
 
     def remote_by_type(self) -> RouteDecision:
         remote = self._remote_clusters()
@@ -368,7 +376,7 @@ class _Ctx:
             slurm = ", ".join(
                 f"{p.name} ({p.gpus_per_node}x {p.gpu_type or 'GPU'} per node, "
                 f"{len(p.nodes)} nodes)"
-                for p in self.slurm_env.partitions
+                for p in _own_partitions(self.slurm_env, self._local_cfg())
             )
             parts.append(f"local Slurm {self.local.cluster_name or ''}: {slurm or 'no partitions'}")
         elif not self.local.slurm_available:
@@ -376,14 +384,34 @@ class _Ctx:
         parts.append(f"configured clusters: {self._list_clusters(self._remote_clusters())}")
         return "; ".join(parts)
 
-    @staticmethod
-    def _list_clusters(cfgs: list[ClusterConfig]) -> str:
+    def _list_clusters(self, cfgs: list[ClusterConfig]) -> str:
+        """Each cluster with what it offers: its discovered partitions (the clusters
+        file's one only, when it names one) when discovery is at hand, else its table."""
         if not cfgs:
             return "none"
-        return ", ".join(
-            f"{c.name} ({c.device_type or 'any type'}, {c.gpus_per_node or '?'} GPUs per node)"
-            for c in cfgs
-        )
+        return ", ".join(f"{c.name} ({self._offer(c)})" for c in cfgs)
+
+    def _offer(self, cfg: ClusterConfig) -> str:
+        table = f"{cfg.device_type or 'any type'}, {cfg.gpus_per_node or '?'} GPUs per node"
+        if self.remote_env is None or (cfg.device_type and cfg.gpus_per_node):
+            return table
+        try:
+            env = self._discovered(cfg)
+        except ConfigError:  # unreachable: what its table says is all there is
+            return table
+        if env is None:
+            return table
+        own = env.model_copy(update={"partitions": _own_partitions(env, cfg)})
+        return _describe_partitions(own)
+
+
+def _own_partitions(env: SlurmEnv | None, cfg: ClusterConfig | None) -> list[PartitionInfo]:
+    """The partitions a cluster serves: the clusters file's ``partition`` alone when its
+    table names one (two tables may stand for two parts of one cluster), else all."""
+    parts = env.partitions if env else []
+    if cfg is not None and cfg.partition:
+        return [p for p in parts if p.name == cfg.partition]
+    return list(parts)
 
 
 def _describe_partitions(env: SlurmEnv, only: str | None = None) -> str:

@@ -99,6 +99,11 @@ class RemoteSlurmExecutor:
         if expect is not None:
             expect(nodeids)
 
+    def prepare(self) -> None:
+        prepare = getattr(self.inner, "prepare", None)
+        if prepare is not None:
+            prepare()
+
     def cancel(self, handle: JobHandle) -> None:
         self.inner.cancel(handle)
 

@@ -163,10 +163,7 @@ class SlurmExecutor:
     def submit(self, spec: JobSpec) -> JobHandle:
         """Start the batch without waiting for it; a refused submission comes back as a
         handle in state ERROR (its tests then fail with the scheduler's message)."""
-        if self.runs is not None and not self._reaped:
-            self._reaped = True  # what killed runs left behind goes first
-            reap_dead_runs(self.runs, self.jobs, self.shell,
-                           self.slurm_env.user if self.slurm_env else None, self.warn)
+        self._reap_once()
         spec = self.launch.prepare(spec, self.shell)
         opts = self.launch.options(spec)
         alloc = self._allocation_for(spec) if self.persistent else None
@@ -187,8 +184,38 @@ class SlurmExecutor:
             self._wake()
         return job.handle
 
+    def prepare(self) -> None:
+        """What the first submit would do first (clean up after killed runs; get the
+        persistent allocation, waiting for it to run), done now: a run that spans several
+        clusters prepares them side by side instead of one after the other."""
+        self._reap_once()
+        if self.persistent:
+            self._ensure_allocation()
+
+    def _reap_once(self) -> None:
+        if self.runs is not None and not self._reaped:
+            self._reaped = True  # what killed runs left behind goes first
+            reap_dead_runs(self.runs, self.jobs, self.shell,
+                           self.slurm_env.user if self.slurm_env else None, self.warn)
+
     def _allocation_for(self, spec: JobSpec) -> AllocationState | None:
         """The persistent allocation when it can serve ``spec``; None -> run one-shot."""
+        self._ensure_allocation()
+        if self._alloc is None:
+            return None
+        why = self._alloc.serves(spec)
+        if why is not None:
+            self._warn_once(f"serves:{why}", f"Batch {spec.name} does not fit allocation "
+                            f"{self._alloc.job_id} ({why}); it runs as a one-shot job.")
+            return None
+        if spec.time_limit and f"time:{spec.time_limit}" not in self._warned:
+            assert self.allocations is not None  # an allocation came from it
+            self._warned.add(f"time:{spec.time_limit}")
+            self.allocations.check_time(self._alloc, spec)
+        return self._alloc
+
+    def _ensure_allocation(self) -> None:
+        """Ask for the persistent allocation once (again after it ended)."""
         assert self.allocations is not None
         if not self._alloc_checked:
             self._alloc_checked = True
@@ -199,17 +226,6 @@ class SlurmExecutor:
                 self._alloc = None
             if self._alloc is not None:
                 self.allocations.check_gpu_processes(self._alloc)
-        if self._alloc is None:
-            return None
-        why = self._alloc.serves(spec)
-        if why is not None:
-            self._warn_once(f"serves:{why}", f"Batch {spec.name} does not fit allocation "
-                            f"{self._alloc.job_id} ({why}); it runs as a one-shot job.")
-            return None
-        if spec.time_limit and f"time:{spec.time_limit}" not in self._warned:
-            self._warned.add(f"time:{spec.time_limit}")
-            self.allocations.check_time(self._alloc, spec)
-        return self._alloc
 
     def _allocation_ended(self, alloc_id: str) -> None:
         """The scheduler ended an allocation of this run: stop its sessions there; the
