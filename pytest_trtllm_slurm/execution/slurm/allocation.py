@@ -557,8 +557,11 @@ class AllocationManager:
         self.shell.mkdir(str(PurePosixPath(base).parent))
         self.shell.run(["rm", "-f", out, rc], timeout=30)
         self.jobs.counts["salloc"] += 1
+        # run from the work dirs: squeue's WorkDir (%Z) then names the checkout that owns
+        # the allocation, on a remote cluster too (not the login shell's home)
         res = self.shell.run(["setsid", "-f", "sh", "-c", script, "sh", out, rc, *argv],
-                             timeout=30, retry_on_drop=False)
+                             timeout=30, retry_on_drop=False,
+                             cwd=str(PurePosixPath(base).parent))
         if not res.ok:  # (it may have started all the same: never leave a request behind)
             self._cancel_request(None)
             raise ExecutionError(f"could not start salloc: {res.describe()}")
