@@ -5,6 +5,8 @@ counts and times what the plugin does and writes it to ``$BENCH_PROBE_OUT`` (JSO
 - the batches it made (sizes, expected seconds);
 - seconds spent in planning (``plan_items``), packing (``make_batches``) and the dispatch
   loop (``DispatchLoop.run``), and the process's peak RSS (``ru_maxrss``);
+- the controller's CPU seconds (user + system, its own and its finished children's:
+  squeue, sacct ...) at the end of collection and at the end of the run;
 - with ``BENCH_FAKE_EXECUTOR=1``: local_direct batches are "run" by an executor that
   writes a pre-built reports.jsonl at once (synthetic reports), so ``DispatchLoop.run``
   measures replaying them (submission time excluded).
@@ -24,7 +26,20 @@ from typing import Any
 
 import pytest
 
-STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_seconds": 0.0}
+STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_seconds": 0.0,
+                         "cpu": {}}
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process and of its waited-for children."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"self": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get("BENCH_PROBE_OUT"):
+        STATE["cpu"]["after_collection"] = _cpu()
 
 
 def _timed(name: str, func: Any) -> Any:
@@ -97,6 +112,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "batches": STATE["batches"],
         "timings": timings,
         "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cpu": {**STATE["cpu"], "end": _cpu()},
     }, indent=2))
 
 
