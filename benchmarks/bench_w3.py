@@ -9,10 +9,10 @@ this benchmark's RPCs and nobody else's): N slurmd with 8 fake GPUs each, partit
 ``batch`` = every node. Everything here talks to it through ``SLURM_CONF``.
 
 The suite: ``--tests`` tests, needs of 1, 2, 4, 8 and 16 GPUs in equal numbers (16 = 2
-nodes x 8, one MPI rank per GPU through the plugin), each sleeping a heavy-tailed time
-(lognormal, median ``--median`` s, sigma ``--sigma``, capped at ``--max``: a few near the
-cap), under a conftest that sleeps ``--import-seconds`` at import (torch / tensorrt_llm
-stand-in). Tests are sleeps: the machine has 2 CPUs.
+nodes x 8: one process, or with ``--launch mpi`` one rank per GPU), each sleeping a
+heavy-tailed time (lognormal, median ``--median`` s, sigma ``--sigma``, capped at ``--max``:
+a few near the cap), under a conftest that sleeps ``--import-seconds`` at import (torch /
+tensorrt_llm stand-in). Tests are sleeps: the machine has 2 CPUs.
 
 Ways (each timed from start to every result known):
 
@@ -265,8 +265,9 @@ def main() -> int:
     ap.add_argument("--sigma", type=float, default=1.0)
     ap.add_argument("--max", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=21)
-    ap.add_argument("--launch", default="mpi", choices=("mpi", "single"),
-                    help="how 16-GPU (2-node) tests start")
+    ap.add_argument("--launch", default="single", choices=("mpi", "single"),
+                    help="how 16-GPU (2-node) tests start (mpi: 16 pytest ranks per batch, "
+                    "more than a 2-CPU machine starts in time)")
     ap.add_argument("--ways", default="plugin,per_shape")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--plugin-args", default="", help="extra pytest arguments (shlex)")
