@@ -15,6 +15,8 @@ counts and times what the plugin does and writes it to ``$BENCH_PROBE_OUT`` (JSO
   local_direct worker);
 - in a worker (``--trtllm-worker-reports``) with ``BENCH_PROBE_WORKER=1``: its own peak RSS,
   written next to its reports.jsonl (``reports.jsonl.maxrss``);
+- the controller's CPU seconds (user + system, its own and its finished children's:
+  squeue, sacct ...) at the end of collection and at the end of the run;
 - with ``BENCH_FAKE_EXECUTOR=1``: local_direct batches are "run" by an executor that
   writes a pre-built reports.jsonl at once (synthetic reports), so ``DispatchLoop.run``
   measures replaying them (submission time excluded).
@@ -35,7 +37,8 @@ from typing import Any
 import pytest
 
 STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_seconds": 0.0,
-                         "submit_cpu": 0.0}
+                         "submit_cpu": 0.0,
+                         "cpu": {}}
 
 
 def _add(name: str, wall: float, cpu: float) -> None:
@@ -44,6 +47,18 @@ def _add(name: str, wall: float, cpu: float) -> None:
     timings = STATE["timings"]
     timings[name] = timings.get(name, 0.0) + time.perf_counter() - wall
     timings[name + "_cpu"] = timings.get(name + "_cpu", 0.0) + time.process_time() - cpu
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process and of its waited-for children."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"self": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get("BENCH_PROBE_OUT"):
+        STATE["cpu"]["after_collection"] = _cpu()
 
 
 def _timed(name: str, func: Any) -> Any:
@@ -177,6 +192,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "maxrss_mib": usage.ru_maxrss / 1024,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
         "maxrss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "cpu": {**STATE["cpu"], "end": _cpu()},
     }, indent=2))
 
 

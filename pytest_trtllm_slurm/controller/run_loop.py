@@ -167,10 +167,20 @@ class DispatchLoop:
                 self._run_in_order(local)
             else:
                 self._run_local(local)
+            base = self.monitor.poll_interval
+            wait = base
             while self._busy:
                 self._check_stop()
-                if not self._pump():
-                    self.monitor.wait()
+                found = self._pump()
+                least = CADENCE.round_wait(base, len(self.monitor.jobs))
+                if found:  # look again at once, unless so many batches make a round costly
+                    wait = least
+                    if least > base:
+                        self.monitor.wait(least)
+                else:
+                    wait = max(wait, least)
+                    self.monitor.wait(wait)  # (ends early when a pushed report lands)
+                    wait = CADENCE.next_idle_wait(wait, base=base)
             self._check_stop()
         finally:
             if self.monitor.active:

@@ -25,10 +25,24 @@ class Cadence:
     # locally; over SSH every look is a round trip)
     warm_local: float = 0.02
     warm_remote: float = 0.2
-    # one squeue of a persistent allocation whose warm workers serve this run's
-    # batches (nothing else asks the scheduler then): a failed node ends it
+    # the run loop's wait after a round that found nothing: the monitor's interval,
+    # ``idle_growth`` times longer per quiet round up to ``idle_max`` (never below the
+    # interval); back to the interval after a round that found something. Measured on
+    # 32 nodes: quiet 20 ms rounds were most of the controller's CPU time
+    idle_growth: float = 1.5
+    idle_max: float = 0.2
+    # a round reads every active batch's files: beyond this many batches the least wait
+    # between rounds grows with them (up to idle_max), so the controller's CPU per second
+    # stays bounded (measured: 85 warm batches on 32 nodes, rounds back to back after
+    # every report, were most of its CPU time)
+    batches_per_round: int = 8
+    # one look at a persistent allocation whose warm workers serve this run's batches
+    # (nothing else asks the scheduler then): a failed node ends it. Ended batches'
+    # results wait for it while others run (shown up to this late; their GPUs are
+    # given back at once, from the files)
     alloc_watch: float = 2.0
-    alloc_watch_gap: float = 0.5  # at least this long between two looks once a batch ended
+    # at least this long between two looks once the run's last batches there ended
+    alloc_watch_gap: float = 0.5
     # AgentPool: heartbeats of the agents (their sessions' exit codes: a quarter of it)
     agent_health: float = 2.0
     # run_build: a build job's wait
@@ -37,6 +51,16 @@ class Cadence:
     def warm_hint(self, *, local: bool) -> float:
         """The monitor interval a warm-worker executor asks for."""
         return self.warm_local if local else self.warm_remote
+
+    def round_wait(self, base: float, active: int) -> float:
+        """The least wait between two rounds over ``active`` batches (``base``: the
+        monitor's interval; never below it, at most ``idle_max`` unless base is more)."""
+        stretch = max(1, -(-active // self.batches_per_round))  # ceil
+        return min(max(base, self.idle_max), base * stretch)
+
+    def next_idle_wait(self, current: float, *, base: float) -> float:
+        """The run loop's next wait after a quiet round (``base``: the monitor's interval)."""
+        return min(current * self.idle_growth, max(base, self.idle_max))
 
     def next_scheduler_interval(self, current: float, *, changed: bool,
                                 low: float, high: float) -> float:

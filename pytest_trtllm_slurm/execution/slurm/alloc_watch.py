@@ -39,16 +39,19 @@ class AllocationWatch:
         return self.alive.get(job.alloc.job_id, 0.0) >= (job.ended_wall or 0.0)
 
     def watch(self, jobs: list[TrackedJob], now: float) -> None:
-        """Every ``CADENCE.alloc_watch`` s, one squeue of each allocation running this
-        run's batches; sooner (``CADENCE.alloc_watch_gap``) when a batch that ended waits
-        for this look to show its end."""
+        """Every ``CADENCE.alloc_watch`` s, one look (``scontrol show job``: two slurmctld
+        RPCs, squeue takes three) at each allocation running this run's batches. Sooner
+        (``CADENCE.alloc_watch_gap``) when batches that ended wait for this look to show
+        their end and none of the run's batches there still runs (the run's last results
+        wait for nothing else); while others run, their ends share the regular look
+        (measured on 8 nodes, 200 tests: one look per ended batch was most of the RPCs)."""
         watched = {j.alloc.job_id for j in jobs if j.alloc is not None
                    and not j.state.status.finished}
         ending = {j.alloc.job_id for j in jobs if j.alloc is not None
                   and j.state.status.finished and not j.settled and not self.confirmed(j)}
         for alloc_id in watched | ending:
             due = self._watch_at.get(alloc_id, 0.0)
-            if alloc_id in ending:
+            if alloc_id in ending and alloc_id not in watched:
                 due = min(due, self._watched_at.get(alloc_id, 0.0) + CADENCE.alloc_watch_gap)
             if now < due or alloc_id in self.ended:
                 continue
@@ -56,7 +59,7 @@ class AllocationWatch:
             self._watch_at[alloc_id] = now + CADENCE.alloc_watch
             asked = time.time()
             try:
-                row = self.shared.jobs.squeue_jobs([alloc_id]).get(alloc_id)
+                row = self.shared.jobs.scontrol_job(alloc_id)
                 self._failing.pop(alloc_id, None)
                 if row is not None and row.state in ("RUNNING", "SUSPENDED"):
                     self.alive[alloc_id] = asked
