@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,13 @@ log = logging.getLogger(__name__)
 class _Early:
     cluster: ClusterConfig
     thread: threading.Thread
+    then: Callable[[Any], Any] | None = None  # more work on the connected shell
     shell: list[Any] = field(default_factory=list)  # the connected shell, once it is
+    done: list[Any] = field(default_factory=list)  # what ``then`` returned
 
 
 _EARLY: dict[str, _Early] = {}
+_DONE: dict[str, Any] = {}  # what ``then`` returned, once its connection was taken
 
 
 def suitable(cluster: ClusterConfig) -> bool:
@@ -37,12 +41,13 @@ def suitable(cluster: ClusterConfig) -> bool:
     return cluster.is_remote and cluster.transport == "paramiko" and cluster.mfa is False
 
 
-def start(cluster: ClusterConfig) -> bool:
-    """Connect to ``cluster`` in a thread now (once); whether it was started."""
+def start(cluster: ClusterConfig, then: Callable[[Any], Any] | None = None) -> bool:
+    """Connect to ``cluster`` in a thread now (once), then run ``then(shell)`` there (the
+    sync and the early sessions: ``early_start``); whether it was started."""
     if not suitable(cluster) or cluster.name in _EARLY:
         return False
     early = _Early(cluster, threading.Thread(name=f"ssh-early-{cluster.name}", daemon=True,
-                                             target=lambda: _connect(early)))
+                                             target=lambda: _connect(early)), then)
     _EARLY[cluster.name] = early
     early.thread.start()
     return True
@@ -61,6 +66,11 @@ def _connect(early: _Early) -> None:
         log.debug("ssh: early connection to %s failed: %s", early.cluster.name, exc)
         return
     early.shell.append(shell)
+    if early.then is not None:
+        try:
+            early.done.append(early.then(shell))
+        except Exception as exc:  # noqa: BLE001 - the executor does it again and says why
+            log.debug("ssh: early work on %s failed: %s", early.cluster.name, exc)
 
 
 def take(cluster: ClusterConfig) -> Any | None:
@@ -72,9 +82,31 @@ def take(cluster: ClusterConfig) -> Any | None:
     early.thread.join()
     shell = early.shell[0] if early.shell else None
     if shell is not None and early.cluster != cluster:
+        _undo(early, shell)
         shell.close()
         return None
+    if shell is not None and early.done:
+        _DONE[cluster.name] = early.done[0]
     return shell
+
+
+def done(cluster: ClusterConfig) -> Any | None:
+    """What the early work (``then``) did on ``cluster``'s taken connection, handed out
+    once; None when there was none."""
+    return _DONE.pop(cluster.name, None)
+
+
+def _undo(early: _Early, shell: Any) -> None:
+    """Stop the early sessions and end the run's record on the cluster (no one will)."""
+    from pytest_trtllm_slurm.execution.remote import early_start
+
+    for work in early.done:
+        if isinstance(work, early_start.EarlyRemote):
+            early_start.stop_sessions(shell, work)
+            try:
+                work.runs.finish()
+            except Exception as exc:  # noqa: BLE001 - best effort at the end of a run
+                log.debug("ssh: ending the early run record failed: %s", exc)
 
 
 def close_unused() -> None:
@@ -83,4 +115,7 @@ def close_unused() -> None:
         _, early = _EARLY.popitem()
         early.thread.join()
         for shell in early.shell:
+            _undo(early, shell)
             shell.close()
+    while _DONE:  # taken, but no executor used the work (nothing dispatched there)
+        _DONE.popitem()
