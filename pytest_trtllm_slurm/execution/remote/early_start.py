@@ -111,10 +111,11 @@ def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, st
     from pytest_trtllm_slurm.execution.slurm.allocation import STATE_NAME
 
     raw = ShellStateStore(shell, state_dir, STATE_NAME).read()
-    if not raw:
-        return []
-    state = json.loads(raw)
-    job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")
+    try:
+        state = json.loads(raw or "null")
+        job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []  # no allocation yet (or a state file the allocation manager will judge)
     base = path_map.argv(ask.base, interpreter=sys.executable)
     targets = [path_map.text(t) for t in ask.targets]
     env = env_for_session(ask.env, local=False)
