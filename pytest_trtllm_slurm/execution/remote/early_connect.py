@@ -30,10 +30,11 @@ class _Early:
     then: Callable[[Any], Any] | None = None  # more work on the connected shell
     shell: list[Any] = field(default_factory=list)  # the connected shell, once it is
     done: list[Any] = field(default_factory=list)  # what ``then`` returned
+    connected: threading.Event = field(default_factory=threading.Event)  # or failed to
 
 
 _EARLY: dict[str, _Early] = {}
-_DONE: dict[str, Any] = {}  # what ``then`` returned, once its connection was taken
+_TAKEN: dict[str, _Early] = {}  # connections handed out, their ``then`` maybe still running
 
 
 def suitable(cluster: ClusterConfig) -> bool:
@@ -62,10 +63,12 @@ def _connect(early: _Early) -> None:
         relay_up = getattr(shell, "relay_up", None)
         if relay_up is not None:
             relay_up()  # its relay too: the first command finds it running
+        early.shell.append(shell)
     except Exception as exc:  # noqa: BLE001 - the run connects again and says why
         log.debug("ssh: early connection to %s failed: %s", early.cluster.name, exc)
         return
-    early.shell.append(shell)
+    finally:
+        early.connected.set()  # planning may use the connection while ``then`` runs
     if early.then is not None:
         try:
             early.done.append(early.then(shell))
@@ -74,26 +77,32 @@ def _connect(early: _Early) -> None:
 
 
 def take(cluster: ClusterConfig) -> Any | None:
-    """The early connection to ``cluster`` (waited for), handed out once; None when there
-    is none, it failed, or the cluster's settings are not the ones it was opened with."""
+    """The early connection to ``cluster`` (waited for, not the work on it: the shell
+    takes commands from several threads), handed out once; None when there is none, it
+    failed, or the cluster's settings are not the ones it was opened with."""
     early = _EARLY.pop(cluster.name, None)
     if early is None:
         return None
-    early.thread.join()
+    early.connected.wait()
     shell = early.shell[0] if early.shell else None
     if shell is not None and early.cluster != cluster:
+        early.thread.join()
         _undo(early, shell)
         shell.close()
         return None
-    if shell is not None and early.done:
-        _DONE[cluster.name] = early.done[0]
+    if shell is not None:
+        _TAKEN[cluster.name] = early
     return shell
 
 
 def done(cluster: ClusterConfig) -> Any | None:
-    """What the early work (``then``) did on ``cluster``'s taken connection, handed out
-    once; None when there was none."""
-    return _DONE.pop(cluster.name, None)
+    """What the early work (``then``) did on ``cluster``'s taken connection (waited for),
+    handed out once; None when there was none."""
+    early = _TAKEN.pop(cluster.name, None)
+    if early is None:
+        return None
+    early.thread.join()
+    return early.done[0] if early.done else None
 
 
 def _undo(early: _Early, shell: Any) -> None:
@@ -117,5 +126,4 @@ def close_unused() -> None:
         for shell in early.shell:
             _undo(early, shell)
             shell.close()
-    while _DONE:  # taken, but no executor used the work (nothing dispatched there)
-        _DONE.popitem()
+    _TAKEN.clear()  # taken, but no executor used the work (nothing dispatched there)
