@@ -7,9 +7,11 @@ submitted, that import comes after the controller's own. Started here instead, f
 agent of the run's persistent allocation collects what the run's own arguments select
 while the controller does the same, and the first batches find it ready.
 
-Only where that is known without asking anyone: a local allocation state file and agents
-whose heartbeat is fresh. Anything else (no allocation yet, a remote cluster, settings
-that turn warm workers off) does nothing here; the pool starts sessions as before. A
+Locally only where that is known without asking anyone: a local allocation state file and
+agents whose heartbeat is fresh. A remote cluster named by ``--slurm-cluster`` does the same
+from its early connection's thread, after syncing the code (``connect_early``). Anything
+else (no allocation yet, settings that turn warm workers off) does nothing here; the pool
+starts sessions as before. A
 session whose collection turns out to lack a batch's node id says so before running it,
 and the pool collects again by node id (``agents.EARLY_MISS``).
 """
@@ -118,7 +120,9 @@ def start_early_sessions(config: pytest.Config) -> int:
 
 def connect_early(config: pytest.Config) -> bool:
     """Open the SSH connection of the remote cluster ``--slurm-cluster`` names, in a thread,
-    while pytest imports the suite (``execution.remote.early_connect``); whether it did."""
+    while pytest imports the suite (``execution.remote.early_connect``), then sync the code
+    and, in a warm allocation, start the sessions there as ``start_early_sessions`` does
+    locally (``execution.remote.early_start``); whether it did."""
     early = EarlyConfig(config)
     if not options.remote_requested(early):  # type: ignore[arg-type]
         return False
@@ -133,9 +137,30 @@ def connect_early(config: pytest.Config) -> bool:
     cluster = clusters.find(settings.slurm_cluster)
     if cluster is None:
         return False
-    from pytest_trtllm_slurm.execution.remote import early_connect
+    from pytest_trtllm_slurm.execution.remote import early_connect, early_start
 
-    return early_connect.start(cluster)
+    ask = None
+    if settings.persistent and settings.warm_workers:
+        from pytest_trtllm_slurm.controller.run_loop import (
+            pytest_base_argv,
+            worker_cwd,
+            worker_env,
+        )
+
+        ask = early_start.SessionAsk(
+            base=pytest_base_argv(early),  # type: ignore[arg-type]
+            cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
+            targets=run_targets(config),
+            env=worker_env(early),  # type: ignore[arg-type]
+            capture_no=getattr(early.option, "capture", "fd") == "no",
+            local_work_root=settings.work_dir or str(config.rootpath / "work_dirs"))
+    rootdir = config.rootpath
+
+    def sync_and_start(shell: Any) -> early_start.EarlyRemote:
+        # sync first: a session never imports code older than the run's sync
+        return early_start.sync_and_start(shell, cluster, rootdir, ask)
+
+    return early_connect.start(cluster, then=sync_and_start)
 
 
 def stop_unused_sessions() -> None:

@@ -163,13 +163,9 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
                           warn: Warn) -> Executor:
     """Connect, check, sync the code, discover the cluster's Slurm, then the same
     SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
-    from pytest_trtllm_slurm.execution.remote.executor import PathMap, RemoteSlurmExecutor
-    from pytest_trtllm_slurm.execution.remote.workspace import (
-        preflight,
-        remote_paths,
-        shared_state_dir,
-        sync_cluster,
-    )
+    from pytest_trtllm_slurm.execution.remote import early_connect, early_start
+    from pytest_trtllm_slurm.execution.remote.executor import RemoteSlurmExecutor
+    from pytest_trtllm_slurm.execution.remote.workspace import preflight, sync_cluster
     from pytest_trtllm_slurm.execution.slurm.allocation import (
         STATE_NAME,
         AllocationManager,
@@ -189,23 +185,31 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     shell = remotes.shell(cluster)  # the connection planning's discovery made, if any
     if hasattr(shell, "notify"):
         shell.notify = warn  # a reconnect after a drop is said, not silent
-    preflight(shell, cluster)
+    # what the early connection's thread did already: preflight, sync, early sessions
+    early = early_connect.done(cluster)
+    if not isinstance(early, early_start.EarlyRemote) or early.runs.shell is not shell:
+        early = None
+    if early is None or not early.checked:
+        preflight(shell, cluster)
     rootdir = ctx.rootdir
-    paths = remote_paths(cluster, rootdir)
+    local_work_root = Path(settings.work_dir) if settings.work_dir else rootdir / "work_dirs"
+    paths, state_dir, path_map = early_start.layout(cluster, rootdir, local_work_root)
     # the allocation's state and the run registry live on the cluster: every machine and
     # CI runner of the user shares them (state_store, shared_runs)
-    state_dir = shared_state_dir(cluster, paths)
-    runs = ShellRunRegistry(shell, f"{state_dir}/runs")
+    runs = early.runs if early is not None else ShellRunRegistry(shell, f"{state_dir}/runs")
     ensure_work_root(rootdir / "work_dirs")  # this checkout ran there (`alloc status` looks)
     remote_state_root(rootdir, cluster.name).mkdir(exist_ok=True)
-    sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn, runs=runs)
+    if early is not None and early.synced and early_start.still_current(early, cluster,
+                                                                        rootdir):
+        for note in early.notes:  # what that sync had to say
+            warn(note)
+    else:
+        if early is not None:  # the code changed since: its sessions imported older code
+            early_start.stop_sessions(shell, early)
+        sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn,
+                     runs=runs)
     slurm_env = remotes.env(cluster)
-    local_work_root = Path(settings.work_dir) if settings.work_dir else rootdir / "work_dirs"
     remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
-    path_map = PathMap(
-        {str(rootdir): remote_root, str(local_work_root): paths.remote_work_root},
-        python=cluster.python,
-    )
     manager = None
     if settings.persistent:
         request = AllocationRequest.covering(
@@ -233,7 +237,10 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
     )
-    return RemoteSlurmExecutor(inner, path_map, interpreter=sys.executable)
+    kept = early
+    return RemoteSlurmExecutor(
+        inner, path_map, interpreter=sys.executable,
+        before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept))
 
 
 def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,14 @@ log = logging.getLogger(__name__)
 class _Early:
     cluster: ClusterConfig
     thread: threading.Thread
+    then: Callable[[Any], Any] | None = None  # more work on the connected shell
     shell: list[Any] = field(default_factory=list)  # the connected shell, once it is
+    done: list[Any] = field(default_factory=list)  # what ``then`` returned
+    connected: threading.Event = field(default_factory=threading.Event)  # or failed to
 
 
 _EARLY: dict[str, _Early] = {}
+_TAKEN: dict[str, _Early] = {}  # connections handed out, their ``then`` maybe still running
 
 
 def suitable(cluster: ClusterConfig) -> bool:
@@ -37,12 +42,13 @@ def suitable(cluster: ClusterConfig) -> bool:
     return cluster.is_remote and cluster.transport == "paramiko" and cluster.mfa is False
 
 
-def start(cluster: ClusterConfig) -> bool:
-    """Connect to ``cluster`` in a thread now (once); whether it was started."""
+def start(cluster: ClusterConfig, then: Callable[[Any], Any] | None = None) -> bool:
+    """Connect to ``cluster`` in a thread now (once), then run ``then(shell)`` there (the
+    sync and the early sessions: ``early_start``); whether it was started."""
     if not suitable(cluster) or cluster.name in _EARLY:
         return False
     early = _Early(cluster, threading.Thread(name=f"ssh-early-{cluster.name}", daemon=True,
-                                             target=lambda: _connect(early)))
+                                             target=lambda: _connect(early)), then)
     _EARLY[cluster.name] = early
     early.thread.start()
     return True
@@ -57,24 +63,59 @@ def _connect(early: _Early) -> None:
         relay_up = getattr(shell, "relay_up", None)
         if relay_up is not None:
             relay_up()  # its relay too: the first command finds it running
+        early.shell.append(shell)
     except Exception as exc:  # noqa: BLE001 - the run connects again and says why
         log.debug("ssh: early connection to %s failed: %s", early.cluster.name, exc)
         return
-    early.shell.append(shell)
+    finally:
+        early.connected.set()  # planning may use the connection while ``then`` runs
+    if early.then is not None:
+        try:
+            early.done.append(early.then(shell))
+        except Exception as exc:  # noqa: BLE001 - the executor does it again and says why
+            log.debug("ssh: early work on %s failed: %s", early.cluster.name, exc)
 
 
 def take(cluster: ClusterConfig) -> Any | None:
-    """The early connection to ``cluster`` (waited for), handed out once; None when there
-    is none, it failed, or the cluster's settings are not the ones it was opened with."""
+    """The early connection to ``cluster`` (waited for, not the work on it: the shell
+    takes commands from several threads), handed out once; None when there is none, it
+    failed, or the cluster's settings are not the ones it was opened with."""
     early = _EARLY.pop(cluster.name, None)
     if early is None:
         return None
-    early.thread.join()
+    early.connected.wait()
     shell = early.shell[0] if early.shell else None
     if shell is not None and early.cluster != cluster:
+        early.thread.join()
+        _undo(early, shell)
         shell.close()
         return None
+    if shell is not None:
+        _TAKEN[cluster.name] = early
     return shell
+
+
+def done(cluster: ClusterConfig) -> Any | None:
+    """What the early work (``then``) did on ``cluster``'s taken connection (waited for),
+    handed out once; None when there was none."""
+    early = _TAKEN.pop(cluster.name, None)
+    if early is None:
+        return None
+    early.thread.join()
+    return early.done[0] if early.done else None
+
+
+def _undo(early: _Early, shell: Any) -> None:
+    """Stop the early sessions and end the run's record on the cluster (no one will)."""
+    from pytest_trtllm_slurm.execution.remote import early_start
+
+    for work in early.done:
+        if isinstance(work, early_start.EarlyRemote):
+            early_start.stop_sessions(shell, work)
+            try:
+                work.runs.finish()
+            except Exception as exc:  # noqa: BLE001 - best effort at the end of a run
+                log.debug("ssh: ending the early run record failed: %s", exc)
 
 
 def close_unused() -> None:
@@ -83,4 +124,6 @@ def close_unused() -> None:
         _, early = _EARLY.popitem()
         early.thread.join()
         for shell in early.shell:
+            _undo(early, shell)
             shell.close()
+    _TAKEN.clear()  # taken, but no executor used the work (nothing dispatched there)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.execution.outcome import JobState
@@ -65,8 +66,10 @@ class PathMap:
 class RemoteSlurmExecutor:
     """An Executor that maps a spec to the cluster's paths and delegates to ``inner``."""
 
-    def __init__(self, inner: Executor, paths: PathMap, interpreter: str) -> None:
+    def __init__(self, inner: Executor, paths: PathMap, interpreter: str,
+                 before_close: Callable[[], None] | None = None) -> None:
         self.inner = inner
+        self.before_close = before_close  # e.g. stop the early sessions no batch took
         self.shell: Shell = inner.shell
         self.paths = paths
         self.interpreter = interpreter
@@ -116,4 +119,6 @@ class RemoteSlurmExecutor:
         return shlex.join(["ssh", *where, self.inner.rerun_command(spec, nodeid)])
 
     def close(self) -> None:
+        if self.before_close is not None:
+            self.before_close()
         self.inner.close()

@@ -36,7 +36,7 @@ STATE_TOOLS = ("flock",)  # the shared allocation's locks on the cluster (util-l
 _MISSING = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 
 __all__ = ["PreflightResult", "RemotePaths", "SyncResult", "preflight", "remote_paths",
-           "remote_work_dir", "shared_state_dir", "sync_cluster", "sync_workspace"]
+           "remote_work_dir", "shared_state_dir", "sync_cluster", "sync_workspace", "toplevel"]
 
 
 class PreflightResult(BaseModel):
@@ -168,6 +168,9 @@ def _toplevel(path: Path) -> Path:
     except OSError:
         return Path(path).resolve()
     return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path(path).resolve()
+
+
+toplevel = _toplevel  # the repository's top folder (the early start checks its code)
 
 
 def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,

@@ -1,0 +1,159 @@
+"""A remote cluster's sync and warm-worker sessions, from the early connection's thread.
+
+Why: locally a warm run's sessions import the suite while the controller does
+(``controller.warm_start``). Over SSH they could not: a session must never import code older
+than what the run syncs, and the sync came after collection. Here, on the connection opened
+while pytest imports the suite (``early_connect``), the code is synced first, then one
+session is asked of each live agent of the cluster's persistent allocation (its state lives
+on the cluster), exactly as locally. The executor takes what was done (``EarlyRemote``): the
+same run registry (lease, checkout claim); no second sync when the local code is still the
+synced code; when it changed meanwhile, the early sessions are stopped (they imported the
+older code) and it syncs again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote.executor import PathMap
+from pytest_trtllm_slurm.execution.remote.sync import prepare_sync
+from pytest_trtllm_slurm.execution.remote.workspace import (
+    RemotePaths,
+    preflight,
+    remote_paths,
+    shared_state_dir,
+    sync_cluster,
+    toplevel,
+)
+from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
+from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+from pytest_trtllm_slurm.execution.slurm.warm_pool import (
+    agent_alive,
+    agent_dir,
+    env_for_session,
+    send_session,
+    session_argv,
+)
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.shell import Shell
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SessionAsk:
+    """What an early session runs, in the controller's local terms (mapped here)."""
+
+    base: list[str]  # pytest_base_argv: the local interpreter first
+    cwd: str
+    targets: list[str]
+    env: dict[str, str]
+    capture_no: bool
+    local_work_root: str
+
+
+@dataclass
+class EarlyRemote:
+    """What the early thread did on one cluster, for the executor to take over."""
+
+    runs: ShellRunRegistry
+    checked: bool = False  # preflight passed
+    synced: bool = False  # the checkout holds ``code`` (the sync ended without error)
+    code: str | None = None  # the synced code's key (``PreparedSync.key``)
+    notes: list[str] = field(default_factory=list)  # what the sync said to the user
+    sessions: list[str] = field(default_factory=list)  # session dirs started
+
+
+def layout(cluster: ClusterConfig, rootdir: Path, local_work_root: Path
+           ) -> tuple[RemotePaths, str, PathMap]:
+    """Where the checkout and work dirs are on the cluster, where the shared state is, and
+    the local->remote path map (the same for the early thread and the executor)."""
+    paths = remote_paths(cluster, rootdir)
+    remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
+    path_map = PathMap({str(rootdir): remote_root, str(local_work_root): paths.remote_work_root},
+                       python=cluster.python)
+    return paths, shared_state_dir(cluster, paths), path_map
+
+
+def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
+                   ask: SessionAsk | None) -> EarlyRemote:
+    """Preflight, sync, then (``ask``) a session on each live agent of the cluster's
+    allocation. Stops at the first failure quietly: the executor does that step again
+    and reports it."""
+    paths, state_dir, path_map = layout(cluster, rootdir, Path(ask.local_work_root) if ask
+                                        else rootdir / "work_dirs")
+    done = EarlyRemote(ShellRunRegistry(shell, f"{state_dir}/runs"))
+    try:
+        preflight(shell, cluster)
+        done.checked = True
+        sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}",
+                     say=done.notes.append, runs=done.runs)
+        done.code = done.runs.me.code if cluster.sync != "none" else None
+        done.synced = True
+        if ask is not None:
+            done.sessions = _start_sessions(shell, cluster, paths, state_dir, path_map, ask)
+    except (ConfigError, ExecutionError, OSError, ValueError) as exc:
+        log.debug("ssh: early sync/sessions on %s stopped: %s", cluster.name, exc)
+    return done
+
+
+def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, state_dir: str,
+                    path_map: PathMap, ask: SessionAsk) -> list[str]:
+    from pytest_trtllm_slurm.execution.slurm.allocation import STATE_NAME
+
+    raw = ShellStateStore(shell, state_dir, STATE_NAME).read()
+    try:
+        state = json.loads(raw or "null")
+        job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []  # no allocation yet (or a state file the allocation manager will judge)
+    base = path_map.argv(ask.base, interpreter=sys.executable)
+    targets = [path_map.text(t) for t in ask.targets]
+    env = env_for_session(ask.env, local=False)
+    started = []
+    for node in expand_hostlist(nodelist):
+        # as the warm pool names it: the remote interpreter, no secrets key (remote)
+        adir = agent_dir(f"{paths.remote_work_root}/.agents/{job_id}", node, cluster.python)
+        if early_sessions.has(adir) or not agent_alive(shell, adir):
+            continue
+        name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        argv = session_argv(cluster.python, base, f"{adir}/sessions/{name}", targets,
+                            capture_no=ask.capture_no, nodeids_file=False)
+        sdir = send_session(shell, adir, name, argv, cwd=path_map.text(ask.cwd), env=env)
+        early_sessions.remember(adir, sdir)
+        started.append(sdir)
+    return started
+
+
+def still_current(early: EarlyRemote, cluster: ClusterConfig, rootdir: Path) -> bool:
+    """Whether the local code is still what the early thread synced (files may have changed
+    while the suite was imported and collected). Local git only: nothing is sent."""
+    if cluster.sync == "none":
+        return True
+    prepared = prepare_sync(toplevel(rootdir), user="early", name="check",
+                            via="origin" if cluster.sync == "git-origin" else "ssh",
+                            ship_secrets=cluster.sync_secrets)
+    return prepared.key == early.code
+
+
+def stop_sessions(shell: Shell, early: EarlyRemote) -> None:
+    """End the early sessions no batch has taken (they imported code the run no longer
+    has, or the run has no use for them)."""
+    for sdir in early.sessions:
+        adir = sdir.rsplit("/sessions/", 1)[0]
+        if early_sessions.take(adir) != sdir:
+            continue  # a batch took it, or it was never recorded
+        try:
+            shell.write_file(f"{sdir}/inbox/stop", "")
+        except (ExecutionError, OSError) as exc:
+            log.debug("ssh: could not stop the early session %s: %s", sdir, exc)
+    early.sessions = []

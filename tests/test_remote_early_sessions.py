@@ -1,0 +1,125 @@
+"""Early warm-worker sessions over SSH: a warm run on a remote cluster syncs the code and
+starts its sessions on the allocation's agents while the controller still imports the
+suite, as a local run does; a file changed after those sessions started is never served
+from them (they imported the older code). The dev cluster's sshd is the login node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_remote_relay import git
+
+pytestmark = pytest.mark.devcluster
+
+TESTS = '''import pytest
+
+VALUE = "old"
+
+
+@pytest.mark.trtllm_slurm(devices=1)
+def test_one():
+    pass
+
+
+@pytest.mark.trtllm_slurm(devices=1)
+def test_value():
+    assert VALUE == "new"
+'''
+
+# the controller (not a worker in the job), told to by the file MODE: wait until this run's
+# early session has been asked for on the cluster, then change the test file
+CONFTEST = '''import os
+import pathlib
+import time
+
+HERE = pathlib.Path(__file__).parent
+MODE = pathlib.Path({mode!r})
+HOME = pathlib.Path({home!r})
+
+if not os.environ.get("SLURM_JOB_ID") and MODE.exists() and MODE.read_text() == "change":
+    mine = "**/.agents/*/*/sessions/early-%d-*" % os.getpid()
+    deadline = time.monotonic() + 120
+    while not any(HOME.glob(mine)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    test = HERE / "test_early.py"
+    test.write_text(test.read_text().replace('VALUE = "old"', 'VALUE = "new"'))
+'''
+
+
+def make_suite(base: Path, ssh: dict[str, Any]) -> Path:
+    suite = base / "suite"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    trtllm_slurm: resources (pytest-trtllm-slurm)\n")
+    (suite / "test_early.py").write_text(TESTS)
+    (suite / "conftest.py").write_text(CONFTEST.format(mode=str(base / "mode"),
+                                                       home=str(base / "cluster_home")))
+    (suite / ".gitignore").write_text("__pycache__/\n.pytest_cache/\nwork_dirs/\n")
+    (suite / "trtllm-slurm.toml").write_text(
+        "[clusters.devssh]\n"
+        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
+        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+        f'mfa = false\nsync = "git"\nuser_root_dir = "{base / "cluster_home"}"\n'
+        f'python = "{sys.executable}"\npartition = "batch"\n')
+    origin = base / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
+    git(suite, "init", "-q", "-b", "main")
+    git(suite, "add", "-A")
+    git(suite, "commit", "-q", "-m", "suite")
+    git(suite, "remote", "add", "origin", str(origin))
+    git(suite, "push", "-q", "origin", "main")
+    return suite
+
+
+def run(suite: Path, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
+                           "--slurm-cluster=devssh", *args], cwd=suite, capture_output=True,
+                          text=True, timeout=1200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    return out
+
+
+def sessions(home: Path) -> set[Path]:
+    return set(home.glob("**/work_dirs/.agents/*/*/sessions/*"))
+
+
+def cancel_allocation(home: Path) -> None:
+    """The allocation this test's runs made (its state file on the "cluster"), cancelled."""
+    for state in home.glob(".trtllm-state/**/*.json"):
+        try:
+            job_id = str(json.loads(state.read_text())["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        subprocess.run(["scancel", job_id], check=False, capture_output=True)
+
+
+def test_early_sessions_over_ssh_serve_the_run_and_never_stale_code(
+        devcluster: dict[str, Any], tmp_path: Path) -> None:
+    home = tmp_path / "cluster_home"
+    suite = make_suite(tmp_path, devcluster["ssh"])
+    try:
+        run(suite, "-k", "test_one")  # the allocation and its agents
+        before = sessions(home)
+        out = run(suite, "-k", "test_one")
+        assert "PASSED test_early.py::test_one" in out
+        new = sessions(home) - before
+        # the run asked for no session of its own: the early one served the batch
+        assert new and all(p.name.startswith("early-") for p in new), (new, out)
+
+        (tmp_path / "mode").write_text("change")
+        before = sessions(home)
+        out = run(suite, "-k", "test_value")
+        assert "PASSED test_early.py::test_value" in out, out  # the changed file ran
+        new = sessions(home) - before
+        early = [p for p in new if p.name.startswith("early-")]
+        later = [p for p in new if not p.name.startswith("early-")]
+        assert early and later, (new, out)
+        assert all((p / "inbox" / "stop").exists() for p in early), out  # told to stop
+    finally:
+        cancel_allocation(home)
