@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,6 +219,93 @@ def test_a_crashed_holders_lock_and_lease_are_recovered(machines: dict) -> None:
         if holder.poll() is None:
             holder.kill()
         b.close()
+
+
+def test_a_lock_wait_cut_by_a_dropped_connection_waits_again(machines: dict) -> None:
+    """Machine b waits for the lock another machine holds, and b's SSH connection is cut
+    (its sshd session killed) while it waits: b reconnects and keeps waiting, and takes
+    the lock once the holder is gone, instead of failing with the dropped connection."""
+    b = machine_manager(machines["b"], [])
+    b_cluster = cluster_of(machines["b"])
+    state_dir = shared_state_dir(b_cluster, remote_paths(b_cluster, machines["b"]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(machines["a"]), state_dir],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env)
+    outcome: list[object] = []
+
+    def wait_for_the_lock() -> None:
+        try:
+            with b.holding_lock():
+                outcome.append(json.loads(
+                    Path(f"{state_dir}/{STATE_NAME}.lock.holder").read_text()))
+        except ExecutionError as exc:
+            outcome.append(exc)
+
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline()
+        assert line.startswith("held "), line + holder.stderr.read() if holder.stderr else ""
+        b.shell.run(["true"])  # b's connection is up before it waits
+        b._lock_timeout = 60
+        waiter = threading.Thread(target=wait_for_the_lock, daemon=True)
+        waiter.start()
+        time.sleep(2.0)  # b waits on the cluster now
+        cut = _kill_sshd_sessions_of(os.getpid(), port=b_cluster.ssh_port or 22)
+        assert cut, "no sshd session of this process was found to cut"
+        time.sleep(1.0)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        waiter.join(timeout=90)
+        assert outcome, "b still waits for the lock after its holder was killed"
+        assert isinstance(outcome[0], dict), outcome[0]
+        assert outcome[0]["run_id"] == b.runs.me.run_id
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        b.close()
+
+
+def _tcp_sockets() -> list[tuple[int, int, int]]:
+    """(local port, remote port, inode) of every IPv4 TCP socket of this machine."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], int(fields[9])
+        found.append((int(local.split(":")[1], 16), int(remote.split(":")[1], 16), inode))
+    return found
+
+
+def _socket_inodes(pid: int | str) -> set[int]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _kill_sshd_sessions_of(pid: int, *, port: int) -> list[int]:
+    """SIGKILL the sshd processes serving ``pid``'s connections to ``port`` here (a cut
+    connection, as the client sees it: its next read fails)."""
+    sockets = _tcp_sockets()
+    mine = _socket_inodes(pid)
+    client_ports = {lp for lp, rp, inode in sockets if rp == port and inode in mine}
+    server_inodes = {inode for lp, rp, inode in sockets if lp == port and rp in client_ports}
+    killed = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == pid:
+            continue
+        try:
+            if _socket_inodes(proc.name) & server_inodes:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return killed
 
 
 @pytest.fixture

@@ -61,6 +61,9 @@ class _Hold:
     was_held: bool = False
 
 
+WAIT_RETRIES = 3  # a lock wait cut by a dropped connection starts again this often
+
+
 class ShellLock:
     """An exclusive lock on ``path`` of ``shell``'s host (see the module docstring)."""
 
@@ -162,13 +165,24 @@ class ShellLock:
             except Exception as exc:  # noqa: BLE001 - a dropped channel, whatever its type
                 log.debug("lock %s: holder channel ended: %s", self.path, exc)
 
+        drops = 0
         while True:
+            cut = False
             try:
                 result = hold_stdin(self.shell, argv, produce)
             except Exception as exc:  # noqa: BLE001 - reported to the waiting caller
-                result = CommandResult(tuple(argv), 255, "", str(exc))
+                result, cut = CommandResult(tuple(argv), 255, "", str(exc)), True
             if hold.release.is_set():
                 break
+            if cut and not hold.was_held and drops < WAIT_RETRIES:
+                # the connection dropped while we waited for the lock (never held: nothing
+                # to give back); wait again on the next connection (``acquire`` bounds it)
+                drops += 1
+                log.warning("lock %s: the connection dropped while waiting for it (%s); "
+                            "waiting again", self.where, result.stderr)
+                if hold.release.wait(1.0):
+                    break
+                continue
             log.warning("lock %s: its holder ended while held (%s)", self.where,
                         result.describe())
             if not (self.keep and hold.was_held) or hold.release.wait(1.0):
