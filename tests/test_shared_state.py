@@ -314,6 +314,7 @@ def registries(machines: dict) -> Iterator[list[ShellRunRegistry]]:
     yield made
     for runs in made:
         runs.finish()
+        runs.shell.close()  # (its relay ends with the connection)
 
 
 def registry(repo: Path, made: list[ShellRunRegistry]) -> ShellRunRegistry:
