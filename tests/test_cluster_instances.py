@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,11 @@ def test_the_plugin_runs_a_two_node_sixteen_gpu_test_on_it(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "PASSED test_sixteen.py::test_two_nodes_sixteen_gpus" in out
-    acct = _run(["sacct", "-X", "-n", "-P", "--format=Cluster,State,NNodes",
-                 "-S", "now-10minutes"], env=env).stdout.split()
+    deadline = time.monotonic() + 60  # slurmctld sends the job's end to slurmdbd a bit later
+    while True:
+        acct = _run(["sacct", "-X", "-n", "-P", "--format=Cluster,State,NNodes",
+                     "-S", "now-10minutes"], env=env).stdout.split()
+        if f"{NAME}|COMPLETED|2" in acct or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert f"{NAME}|COMPLETED|2" in acct, acct

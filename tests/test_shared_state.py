@@ -225,8 +225,10 @@ def test_a_lock_wait_cut_by_a_dropped_connection_waits_again(machines: dict) -> 
     """Machine b waits for the lock another machine holds, and b's SSH connection is cut
     (its sshd session killed) while it waits: b reconnects and keeps waiting, and takes
     the lock once the holder is gone, instead of failing with the dropped connection."""
-    b = machine_manager(machines["b"], [])
     b_cluster = cluster_of(machines["b"])
+    port = b_cluster.ssh_port or 22
+    others = _client_ports(os.getpid(), port)  # this process's connections before b's
+    b = machine_manager(machines["b"], [])
     state_dir = shared_state_dir(b_cluster, remote_paths(b_cluster, machines["b"]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRTLLM_SLURM_")}
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(machines["a"]), state_dir],
@@ -251,8 +253,8 @@ def test_a_lock_wait_cut_by_a_dropped_connection_waits_again(machines: dict) -> 
         waiter = threading.Thread(target=wait_for_the_lock, daemon=True)
         waiter.start()
         time.sleep(2.0)  # b waits on the cluster now
-        cut = _kill_sshd_sessions_of(os.getpid(), port=b_cluster.ssh_port or 22)
-        assert cut, "no sshd session of this process was found to cut"
+        cut = _kill_sshd_sessions(_client_ports(os.getpid(), port) - others, port=port)
+        assert cut, "no sshd session of b's connection was found to cut"
         time.sleep(1.0)
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
@@ -288,16 +290,20 @@ def _socket_inodes(pid: int | str) -> set[int]:
     return inodes
 
 
-def _kill_sshd_sessions_of(pid: int, *, port: int) -> list[int]:
-    """SIGKILL the sshd processes serving ``pid``'s connections to ``port`` here (a cut
-    connection, as the client sees it: its next read fails)."""
-    sockets = _tcp_sockets()
+def _client_ports(pid: int, port: int) -> set[int]:
+    """The local ports of ``pid``'s TCP connections to ``port`` on this machine."""
     mine = _socket_inodes(pid)
-    client_ports = {lp for lp, rp, inode in sockets if rp == port and inode in mine}
-    server_inodes = {inode for lp, rp, inode in sockets if lp == port and rp in client_ports}
+    return {lp for lp, rp, inode in _tcp_sockets() if rp == port and inode in mine}
+
+
+def _kill_sshd_sessions(client_ports: set[int], *, port: int) -> list[int]:
+    """SIGKILL the sshd processes serving the connections from ``client_ports`` to
+    ``port`` here (a cut connection, as its client sees it: its next read fails)."""
+    server_inodes = {inode for lp, rp, inode in _tcp_sockets()
+                     if lp == port and rp in client_ports}
     killed = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == pid:
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
             if _socket_inodes(proc.name) & server_inodes:
