@@ -445,7 +445,11 @@ def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> t
         index = os.path.join(tmp, "index")
         env = {"GIT_INDEX_FILE": index}
         if real_index and os.path.isfile(real_index):
-            shutil.copyfile(real_index, index)
+            # copy2: the copy keeps the index's mtime, which git's racy-entry check needs
+            # (a file changed in the second the index was written, at the same size, is
+            # hashed again); a fresh mtime made git trust the stale stat data and ship
+            # the old content
+            shutil.copy2(real_index, index)
         else:
             git("read-tree", head, env=env, check="reading HEAD into a private index")
         git("add", "-u", env=env, timeout=600, check="staging tracked changes (private index)")
