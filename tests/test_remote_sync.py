@@ -11,6 +11,7 @@ import hashlib
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -483,3 +484,27 @@ def test_an_untracked_file_deleted_on_the_cluster_is_shipped_again(
     (remote / "notes.txt").unlink()
     again = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
     assert again.untracked == ["notes.txt"] and (remote / "notes.txt").read_text() == "notes\n"
+
+
+def test_a_same_size_edit_in_the_second_the_index_was_written_is_shipped(
+        repos: dict[str, Path], ssh_shell: SSHShell) -> None:
+    """git trusts an index entry's stat data (seconds) unless the file is not older than
+    the index itself (a "racy" entry, hashed again). The snapshot's private index must
+    keep that: a same-size edit made in the second `git add` wrote the index is shipped,
+    even when the sync comes seconds later."""
+    local = repos["local"]
+    remote = repos["remote_root"] / "proj"
+    target = local / "tracked.txt"
+    sync_workspace(local, ssh_shell, str(remote), user="u", name="r")
+    for _ in range(20):  # the add and the edit within one second of the clock
+        second = int(time.time())
+        target.write_text("racy v1\n")
+        git(local, "add", "tracked.txt")
+        target.write_text("racy v2\n")  # same size, same second: same stat data
+        if int(time.time()) == second:
+            break
+    else:
+        pytest.fail("could not write, add and edit within one second")
+    time.sleep(1.5)  # the sync's private index is made seconds after the real one
+    sync_workspace(local, ssh_shell, str(remote), user="u", name="r")
+    assert (remote / "tracked.txt").read_text() == "racy v2\n"
