@@ -178,3 +178,21 @@ def child_pids(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 kids.append(int(entry))
     return kids
+
+
+def publish_ssh_suite(suite, base, ssh, *, partition="batch", message="suite"):
+    """Point ``suite`` at the dev sshd as cluster ``devssh`` (git sync into
+    ``base/cluster_home``), commit it and push it to a bare origin beside it."""
+    import sys as _sys
+    (suite / "trtllm-slurm.toml").write_text(
+        "[clusters.devssh]\n"
+        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
+        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+        f'mfa = false\nsync = "git"\nuser_root_dir = "{base / "cluster_home"}"\n'
+        f'python = "{_sys.executable}"\npartition = "{partition}"\n')
+    origin = base / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", message],
+                 ["remote", "add", "origin", str(origin)], ["push", "-q", "origin", "main"]):
+        subprocess.run(["git", *args], cwd=suite, check=True, capture_output=True)
+    return suite

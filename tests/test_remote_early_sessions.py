@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_remote_relay import git
+from devcluster import publish_ssh_suite
 
 pytestmark = pytest.mark.devcluster
 
@@ -60,20 +60,7 @@ def make_suite(base: Path, ssh: dict[str, Any]) -> Path:
     (suite / "conftest.py").write_text(CONFTEST.format(mode=str(base / "mode"),
                                                        home=str(base / "cluster_home")))
     (suite / ".gitignore").write_text("__pycache__/\n.pytest_cache/\nwork_dirs/\n")
-    (suite / "trtllm-slurm.toml").write_text(
-        "[clusters.devssh]\n"
-        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
-        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
-        f'mfa = false\nsync = "git"\nuser_root_dir = "{base / "cluster_home"}"\n'
-        f'python = "{sys.executable}"\npartition = "batch"\n')
-    origin = base / "origin.git"
-    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
-    git(suite, "init", "-q", "-b", "main")
-    git(suite, "add", "-A")
-    git(suite, "commit", "-q", "-m", "suite")
-    git(suite, "remote", "add", "origin", str(origin))
-    git(suite, "push", "-q", "origin", "main")
-    return suite
+    return publish_ssh_suite(suite, base, ssh)
 
 
 def run(suite: Path, *args: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from devcluster import publish_ssh_suite
 from test_ssh_relay import kill_relays, relay_pids
 
 pytestmark = pytest.mark.devcluster
@@ -57,20 +58,7 @@ def make_suite(base: Path, ssh: dict[str, Any]) -> Path:
         "[pytest]\nmarkers =\n    trtllm_slurm: resources (pytest-trtllm-slurm)\n")
     (suite / "test_relay_run.py").write_text(TESTS.format(go=str(base / "go")))
     (suite / ".gitignore").write_text("__pycache__/\n.pytest_cache/\nwork_dirs/\n")
-    (suite / "trtllm-slurm.toml").write_text(
-        "[clusters.devssh]\n"
-        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
-        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
-        f'mfa = false\nsync = "git"\nuser_root_dir = "{base / "cluster_home"}"\n'
-        f'python = "{sys.executable}"\npartition = "batch"\n')
-    origin = base / "origin.git"
-    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
-    git(suite, "init", "-q", "-b", "main")
-    git(suite, "add", "-A")
-    git(suite, "commit", "-q", "-m", "suite")
-    git(suite, "remote", "add", "origin", str(origin))
-    git(suite, "push", "-q", "origin", "main")
-    return suite
+    return publish_ssh_suite(suite, base, ssh)
 
 
 def first_report_landed(cluster_home: Path) -> bool:
