@@ -145,11 +145,14 @@ def cancel_jobs(ids: Sequence[str]) -> None:
         sh(["scancel", *ids])
 
 
-def release_allocation(rootdir: Path) -> None:
-    """``trtllm-slurm alloc release`` for ``rootdir``; also a remote one kept under
-    ``work_dirs/.remote-*/``. Never leaves an allocation behind on the shared cluster."""
+def release_allocation(rootdir: Path, config: Path | None = None) -> None:
+    """``trtllm-slurm alloc release`` for ``rootdir`` (with ``config``: also every cluster
+    that clusters file names, whose state lives on the cluster); also a remote one kept
+    under ``work_dirs/.remote-*/``. Never leaves an allocation behind on the shared
+    cluster."""
     sh([sys.executable, "-m", "pytest_trtllm_slurm.cli.main", "alloc", "release",
-        "--rootdir", str(rootdir)], timeout=120)
+        "--rootdir", str(rootdir), *(["--config", str(config)] if config else [])],
+       timeout=120)
     for state in rootdir.glob("work_dirs/.remote-*/work_dirs/.slurm_alloc.json"):
         try:
             job = json.loads(state.read_text())["job_id"]

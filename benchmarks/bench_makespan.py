@@ -12,6 +12,10 @@ Ways (each run from nothing queued to every result known):
 - ``plugin_persistent``: ``pytest --trtllm-remote`` (the default): a warm persistent
   allocation (created by an untimed warm-up run, which also fills the durations cache),
   batches packed into steps that run side by side;
+- ``plugin_ssh``: the same as ``plugin_persistent`` over the dev cluster's sshd
+  (``--slurm-cluster=devssh``: key login, one connection and its relay; ``sync = "none"``,
+  the issue's setting: the login node sees the same files; ``--ssh-sync git`` clones the
+  suite under a user_root_dir instead), its own warm-up run first;
 - ``plugin_one_shot``: the same with ``--trtllm-one-shot`` (one sbatch job per batch; its
   own warm-up run first);
 - ``naive``: one ``sbatch --wait`` per test, all submitted at once, each ``pytest <nodeid>``;
@@ -93,13 +97,45 @@ def make_suite(root: Path, per_shape: int) -> list[tuple[str, int]]:
     return [(f"test_suite.py::test_gpu{g}[{i}]", g) for g in SHAPES for i in range(per_shape)]
 
 
+GITIGNORE = "__pycache__/\n.pytest_cache/\nwork_dirs/\n"
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=bench", "-c",
+                    "user.email=bench@localhost", *args], check=True, capture_output=True,
+                   text=True)
+
+
+def ssh_cluster(root: Path, suite: Path, ssh: dict[str, Any], partition: str,
+                sync: str) -> Path:
+    """A clusters file naming the dev cluster's sshd as ``devssh`` (key login), and the
+    suite as a git repository with an origin (what ``sync = "git"`` clones)."""
+    (suite / ".gitignore").write_text(GITIGNORE)
+    origin = root / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
+    git(suite, "init", "-q", "-b", "main")
+    git(suite, "add", "-A")
+    git(suite, "commit", "-q", "-m", "makespan suite")
+    git(suite, "remote", "add", "origin", str(origin))
+    git(suite, "push", "-q", "origin", "main")
+    config = root / "clusters.toml"
+    config.write_text(
+        "[clusters.devssh]\n"
+        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
+        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+        f'mfa = false\nsync = "{sync}"\nuser_root_dir = "{root / "cluster_home"}"\n'
+        f'python = "{sys.executable}"\npartition = "{partition}"\n')
+    return config
+
+
 def lower_bound(tests: list[tuple[str, int]], s: float, c: float, gpus: int) -> float:
     return max(c + sum(g for _, g in tests) * s / gpus, c + s)
 
 
 class Runner:
     def __init__(self, root: Path, partition: str, gpu_type: str | None, gpus: int,
-                 s: float, c: float, per_shape: int, background: float) -> None:
+                 s: float, c: float, per_shape: int, background: float,
+                 ssh: dict[str, Any] | None = None, ssh_sync: str = "none") -> None:
         self.root = root
         self.partition = partition
         self.gpu_type = gpu_type
@@ -110,6 +146,8 @@ class Runner:
         self.env = bench_env(BENCH_TEST_SECONDS=str(s), BENCH_IMPORT_SECONDS=str(c))
         self.background = background  # RPCs/s of the other users (estimate)
         self.seq = 0
+        self.ssh_config = (ssh_cluster(root, self.suite, ssh, partition, ssh_sync)
+                           if ssh else None)
 
     # -- helpers -------------------------------------------------------------------
     def gres(self, per_node: int) -> str:
@@ -150,15 +188,20 @@ class Runner:
         return ids
 
     # -- the ways ----------------------------------------------------------------------
-    def plugin(self, one_shot: bool) -> dict[str, Any]:
+    def plugin(self, one_shot: bool, over_ssh: bool = False) -> dict[str, Any]:
         probe = self.root / "probe.json"
         probe.unlink(missing_ok=True)
         env = {**self.env, "BENCH_PROBE_OUT": str(probe)}
         argv = [sys.executable, "-m", "pytest", "-q", *PLUGIN, "-p", "bench_probe",
                 "--trtllm-remote", f"--slurm-partition={self.partition}"]
         argv += ["--trtllm-one-shot"] if one_shot else []
+        if over_ssh:
+            if self.ssh_config is None:
+                raise RuntimeError("plugin_ssh: the dev cluster describes no sshd")
+            argv += ["--slurm-cluster=devssh", f"--trtllm-config={self.ssh_config}"]
         seconds, proc = timed(argv, self.suite, env, timeout=3600)
-        check_passed(proc, len(self.tests), "plugin " + ("one-shot" if one_shot else
+        check_passed(proc, len(self.tests), "plugin " + ("over SSH" if over_ssh else
+                                                          "one-shot" if one_shot else
                                                           "persistent"))
         data = json.loads(probe.read_text())
         return {"seconds": seconds, "plugin_commands": data["scheduler_commands_total"],
@@ -237,18 +280,20 @@ def run_pytest(suite: str, nodeid: str, env: dict[str, str]) -> int:
     return subprocess.run(argv, cwd=suite, env=env, check=False).returncode
 
 
-WAYS = ("plugin_persistent", "plugin_one_shot", "naive", "submitit", "per_shape")
+WAYS = ("plugin_persistent", "plugin_ssh", "plugin_one_shot", "naive", "submitit", "per_shape")
 
 
 def run(partition: dict[str, Any], s: float, c: float, per_shape: int, reps: int,
         background: float, ways: tuple[str, ...] = WAYS,
-        naive_reps: int | None = None) -> dict[str, Any]:
+        naive_reps: int | None = None, ssh: dict[str, Any] | None = None,
+        ssh_sync: str = "none") -> dict[str, Any]:
     gpus = len(partition["nodes"]) * int(partition["gpus_per_node"])
     out: dict[str, Any] = {"partition": partition["name"], "gpus": gpus, "S": s, "C": c,
                            "tests": per_shape * len(SHAPES), "reps": reps, "ways": {}}
     with tempfile.TemporaryDirectory(prefix="bench_makespan_") as tmp:
         runner = Runner(Path(tmp), partition["name"], partition.get("gpu_type"), gpus, s, c,
-                        per_shape, background)
+                        per_shape, background, ssh=ssh if "plugin_ssh" in ways else None,
+                        ssh_sync=ssh_sync)
         tests = len(runner.tests)
         out["lower_bound"] = lower_bound(runner.tests, s, c, gpus)
         log(f"makespan: {tests} tests, S={s} s, C={c} s, partition {partition['name']} "
@@ -260,9 +305,13 @@ def run(partition: dict[str, Any], s: float, c: float, per_shape: int, reps: int
                     out["ways"][way] = {"skipped": "submitit is not installed "
                                         "(pip install submitit)"}
                     continue
+                if way == "plugin_ssh" and runner.ssh_config is None:
+                    out["ways"][way] = {"skipped": "the dev cluster describes no sshd"}
+                    continue
                 func: Callable[[], dict[str, Any]]
                 if way.startswith("plugin"):
-                    func = functools.partial(runner.plugin, way == "plugin_one_shot")
+                    func = functools.partial(runner.plugin, way == "plugin_one_shot",
+                                             way == "plugin_ssh")
                     log(f"{way}: warm-up run (allocation, durations cache)")
                     runner.measure(f"{way} warm-up", func)
                 else:
@@ -279,11 +328,12 @@ def run(partition: dict[str, Any], s: float, c: float, per_shape: int, reps: int
                     out["ways"][way] = {"skipped": f"failed: {str(exc)[:300]}"}
                     continue
                 finally:
-                    if way == "plugin_persistent":
-                        release_allocation(runner.suite)  # the nodes are free for the others
+                    if way in ("plugin_persistent", "plugin_ssh"):
+                        # the nodes are free for the others
+                        release_allocation(runner.suite, runner.ssh_config)
                 out["ways"][way] = aggregate(results, tests)
         finally:
-            release_allocation(runner.suite)
+            release_allocation(runner.suite, runner.ssh_config)
             cancel_jobs(our_jobs(PREFIX))
     bound = {"median": out["lower_bound"], "min": out["lower_bound"],
              "max": out["lower_bound"], "n": 1}
@@ -293,6 +343,9 @@ def run(partition: dict[str, Any], s: float, c: float, per_shape: int, reps: int
     persistent = out["ways"].get("plugin_persistent", {}).get("seconds")
     shape = out["ways"].get("per_shape", {}).get("seconds")
     out["persistent_vs_per_shape"] = ratio(persistent, shape)
+    # the issue's targets: over SSH at most 1.05x the bound and 1.03x the same run locally
+    out["ssh_vs_persistent"] = ratio(out["ways"].get("plugin_ssh", {}).get("seconds"),
+                                     persistent)
     return out
 
 

@@ -33,19 +33,22 @@ pytestmark = pytest.mark.devcluster
 
 
 def relay_pids(controller_pid: int | None = None) -> list[int]:
-    """Relays started by ``controller_pid`` (this process by default)."""
+    """Relays started by ``controller_pid`` (this process by default). A command the relay
+    starts shows the relay's command line between its fork and its exec: a process whose
+    parent matches too is such a child, not a second relay."""
     tag = relay_tag(controller_pid).encode()
-    found = []
+    found: dict[int, int] = {}  # pid -> parent pid
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            if tag in argv and b"-c" in argv and not argv[0].endswith(b"sh"):
+                stat = (entry / "stat").read_text()
+                found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if tag in argv and b"-c" in argv and not argv[0].endswith(b"sh"):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, parent in found.items() if parent not in found]
 
 
 def kill_relays(controller_pid: int | None = None, timeout: float = 30) -> list[int]:

@@ -57,6 +57,7 @@ def start(cluster: ClusterConfig, then: Callable[[Any], Any] | None = None) -> b
 def _connect(early: _Early) -> None:
     from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
+    shell = None
     try:
         shell = shell_for_cluster(early.cluster)
         shell.connect()
@@ -66,6 +67,8 @@ def _connect(early: _Early) -> None:
         early.shell.append(shell)
     except Exception as exc:  # noqa: BLE001 - the run connects again and says why
         log.debug("ssh: early connection to %s failed: %s", early.cluster.name, exc)
+        if shell is not None:
+            shell.close()  # no connection (nor relay) left open beside the run's own
         return
     finally:
         early.connected.set()  # planning may use the connection while ``then`` runs
