@@ -47,7 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
+    BENCH_DIR,
     PLUGIN,
+    REPO,
     bench_env,
     cancel_jobs,
     check_passed,
@@ -69,8 +71,9 @@ CONFTEST = '''import os
 import time
 
 # Stands in for the torch / tensorrt_llm imports of a real TensorRT-LLM suite:
-# every pytest process that collects this suite pays it once.
-time.sleep(float(os.environ.get("BENCH_IMPORT_SECONDS", "0")))
+# every pytest process that collects this suite pays it once. The default is written
+# here: a run over SSH does not forward the controller's environment to the cluster.
+time.sleep(float(os.environ.get("BENCH_IMPORT_SECONDS", "{c}")))
 '''
 INI = """[pytest]
 markers =
@@ -78,9 +81,9 @@ markers =
 """
 
 
-def suite_module(per_shape: int) -> str:
+def suite_module(per_shape: int, s: float = 0.0) -> str:
     lines = ["import os", "import time", "", "import pytest", "",
-             'S = float(os.environ.get("BENCH_TEST_SECONDS", "0"))', ""]
+             f'S = float(os.environ.get("BENCH_TEST_SECONDS", "{s}"))', ""]
     for gpus, (_per_node, nodes) in SHAPES.items():
         marker = (f"@pytest.mark.trtllm_slurm(devices={gpus})" if nodes == 1 else
                   f'@pytest.mark.trtllm_slurm(devices={gpus}, nodes={nodes}, launch="mpi")')
@@ -89,11 +92,12 @@ def suite_module(per_shape: int) -> str:
     return "\n".join(lines)
 
 
-def make_suite(root: Path, per_shape: int) -> list[tuple[str, int]]:
+def make_suite(root: Path, per_shape: int, s: float = 0.0, c: float = 0.0
+               ) -> list[tuple[str, int]]:
     root.mkdir(parents=True, exist_ok=True)
     (root / "pytest.ini").write_text(INI)
-    (root / "conftest.py").write_text(CONFTEST)
-    (root / "test_suite.py").write_text(suite_module(per_shape))
+    (root / "conftest.py").write_text(CONFTEST.replace("{c}", str(c)))
+    (root / "test_suite.py").write_text(suite_module(per_shape, s))
     return [(f"test_suite.py::test_gpu{g}[{i}]", g) for g in SHAPES for i in range(per_shape)]
 
 
@@ -124,7 +128,10 @@ def ssh_cluster(root: Path, suite: Path, ssh: dict[str, Any], partition: str,
         f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
         f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
         f'mfa = false\nsync = "{sync}"\nuser_root_dir = "{root / "cluster_home"}"\n'
-        f'python = "{sys.executable}"\npartition = "{partition}"\n')
+        f'python = "{sys.executable}"\npartition = "{partition}"\n'
+        # the controller's environment is not forwarded over SSH: the probe plugin (-p
+        # bench_probe) and the plugin under test must be importable there too
+        f'[clusters.devssh.env]\nPYTHONPATH = "{BENCH_DIR}:{REPO}"\n')
     return config
 
 
@@ -142,7 +149,7 @@ class Runner:
         self.gpus = gpus
         self.s, self.c = s, c
         self.suite = root / "suite"
-        self.tests = make_suite(self.suite, per_shape)
+        self.tests = make_suite(self.suite, per_shape, s, c)
         self.env = bench_env(BENCH_TEST_SECONDS=str(s), BENCH_IMPORT_SECONDS=str(c))
         self.background = background  # RPCs/s of the other users (estimate)
         self.seq = 0

@@ -185,11 +185,14 @@ def test_remote_implied_by_cli_cluster_unless_explicit() -> None:
     assert build(ini={"remote": True}) is True
 
 
-def test_bad_cluster_value_names_the_file() -> None:
+def test_bad_cluster_value_names_the_file(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text('[clusters.dev]\ntime_limit = "forever"\n')
     with pytest.raises(ConfigError) as info:
-        build_settings(layered(cli={"slurm_cluster": "dev"}), bases={}, rootdir=Path("/"),
-                       load_clusters=fake_clusters(time_limit="forever"))
-    assert "c.toml" in str(info.value) and "clusters.dev.time_limit" in str(info.value)
+        build_settings(layered(cli={"slurm_cluster": "dev", "config": str(toml)}),
+                       bases={}, rootdir=tmp_path)
+    assert str(toml) in str(info.value) and "clusters.dev.time_limit" in str(info.value)
+    assert "'forever'" in str(info.value)
 
 
 # --------------------------------------------------------------------------- end to end

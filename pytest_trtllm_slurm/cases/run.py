@@ -274,11 +274,15 @@ def prepare_case(
         write_result(result, work_dir)
         prepared.refused = result
         return prepared
-    account = decision.account if decision.scenario in (
-        Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM) else None
+    on_slurm = decision.scenario in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM)
+    account = decision.account if on_slurm else None
     reports = work_dir / "reports.jsonl"
+    # the clusters file's env and time_limit are the cluster's defaults (the case's win)
+    name = (decision.cluster or ctx.local.cluster_name) if on_slurm else None
+    table = ctx.clusters.find(name) if name else None
     # a pytest in the job must not dispatch again, whatever the repo's ini says
-    env = {"TRTLLM_SLURM_REMOTE": "0", **inp.custom_env, REPORTS_ENV: str(reports)}
+    env = {"TRTLLM_SLURM_REMOTE": "0", **(table.env if table else {}), **inp.custom_env,
+           REPORTS_ENV: str(reports)}
     prepared.spec = JobSpec(
         scenario=decision.scenario,
         workflow=workflow.value,
@@ -296,7 +300,7 @@ def prepare_case(
         account=account,
         partition=decision.partition,
         time_limit=normalize_time(inp.time_limit, "time limit") or settings.time_limit
-        or DEFAULT_TIME_LIMIT,
+        or (table.time_limit if table else None) or DEFAULT_TIME_LIMIT,
         mem_mb=inp.mem_mb,
         container_image=run_settings.container_image,
         mounts=[*classified.mounts, *inp.mounts],

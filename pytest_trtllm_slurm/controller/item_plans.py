@@ -23,7 +23,7 @@ from pytest_trtllm_slurm.planning.models import (
     Scenario,
 )
 from pytest_trtllm_slurm.planning.resolve import normalize_device_type, resolve_container_image
-from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
 
 
 @dataclass(slots=True)
@@ -152,6 +152,15 @@ def target_device_type(decision: RouteDecision, ctx: PlanningContext) -> str | N
     return ctx.local.device_type
 
 
+def cluster_table(decision: RouteDecision, ctx: PlanningContext) -> ClusterConfig | None:
+    """The clusters-file table of the Slurm cluster a batch runs on (a remote one, or the
+    local Slurm under its ClusterName); None for other targets or without one."""
+    if decision.scenario not in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
+        return None
+    name = decision.cluster or ctx.local.cluster_name
+    return ctx.clusters.find(name) if name else None
+
+
 def batch_image(
     explicit: str | None, decision: RouteDecision, req: DeviceRequirement, ctx: PlanningContext
 ) -> str | None:
@@ -160,9 +169,7 @@ def batch_image(
     partition's arch); elsewhere only an explicit image counts."""
     if decision.scenario not in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
         return explicit
-    name = decision.cluster or ctx.local.cluster_name
-    cluster = next((c for k, c in ctx.clusters.clusters.items()
-                    if name and k.lower() == name.lower()), None)
+    cluster = cluster_table(decision, ctx)
     if cluster is None or cluster.container_runtime == "none":
         return explicit
     arch = None
@@ -214,6 +221,7 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
     if not decision.dispatched:
         return PlannedItem(item, req, decision, ItemPlan(item, None))
     per_node = req.resolve_per_node(decision.target_gpus_per_node)
+    table = cluster_table(decision, ctx)
     key = BatchKey(
         scenario=decision.scenario,
         cluster=decision.cluster,
@@ -226,9 +234,12 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         container_image=batch_image(test_cfg.container_image or settings.container_image,
                                     decision, req, ctx),
         mounts=tuple(test_cfg.mounts or ()),
-        env=tuple(sorted((test_cfg.env or {}).items())),
+        # the clusters file's env and time_limit are the cluster's defaults: the marker's
+        # win, and the run's --slurm-time-limit (settings) beats the file's
+        env=tuple(sorted({**(table.env if table else {}), **(test_cfg.env or {})}.items())),
         launch=Launch(test_cfg.launch or "single"),
-        time_limit=test_cfg.time_limit,
+        time_limit=test_cfg.time_limit or (
+            table.time_limit if table and not settings.time_limit else None),
     )
     return PlannedItem(item, req, decision, ItemPlan(item, key))
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError
@@ -63,9 +63,23 @@ class ClusterConfig(BaseModel):
     mounts: Mounts = Field(default_factory=list)
     models_root: MountPath | None = None
     env: Env = Field(default_factory=dict)
+    # the default walltime of this cluster's jobs (a marker's or the run's option wins);
+    # normalized to Slurm's D-HH:MM:SS / HH:MM:SS
     time_limit: OneLine | None = None
     build_project: bool = False
     build_cmd: str | None = None
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _normalize_time(cls, value: object) -> object:
+        from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
+
+        if value is None:
+            return None
+        try:
+            return format_slurm_time(parse_time_limit(str(value), what="time_limit"))
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None  # named with the file and the cluster
 
     @property
     def is_remote(self) -> bool:
