@@ -155,11 +155,19 @@ class SSHShell:
         )
 
     def _dropped(self, conn: Connection) -> None:
+        """``conn`` ended under a command. Said once, and only when it was the live
+        connection: not when ``close`` ended it (a lock holder or a reader still in flight
+        at the end of a run) nor when another thread has already noticed."""
         with self._lock:
-            if self._conn is conn:
+            live = self._conn is conn
+            if live:
                 conn.close()
                 self._conn = None
-        log.warning("ssh: connection to %s dropped", self.target.display)
+        if live:
+            log.warning("ssh: connection to %s dropped", self.target.display)
+        else:
+            log.debug("ssh: a command on an ended connection to %s stopped",
+                      self.target.display)
 
     # -- the relay ----------------------------------------------------------------
     def _start_relay_soon(self, conn: Connection) -> None:
@@ -205,6 +213,14 @@ class SSHShell:
                     pass  # dead too: its pushed() says None, the reader reads files
             self._relay, self._relay_conn = relay, conn
             return relay
+
+    @property
+    def parallel_safe(self) -> bool:
+        """Whether several commands may be run at once (discovery's prefetch): over a live
+        relay they share its one channel, a thread each there; without it each would open a
+        channel of its own, and sshd's MaxSessions (10 by default) is soon reached."""
+        relay = self._relay
+        return relay is not None and relay.alive
 
     def relay_up(self) -> bool:
         """Whether commands ride the relay (waiting for a start under way)."""
