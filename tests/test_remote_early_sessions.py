@@ -29,6 +29,11 @@ def test_one():
 @pytest.mark.trtllm_slurm(devices=1)
 def test_value():
     assert VALUE == "new"
+
+
+@pytest.mark.trtllm_slurm(devices=64)
+def test_too_big():
+    pass
 '''
 
 # the controller (not a worker in the job), told to by the file MODE: wait until this run's
@@ -108,5 +113,17 @@ def test_early_sessions_over_ssh_serve_the_run_and_never_stale_code(
         later = [p for p in new if not p.name.startswith("early-")]
         assert early and later, (new, out)
         assert all((p / "inbox" / "stop").exists() for p in early), out  # told to stop
+
+        # planning connects (discovery, its cache gone) but no test is served there: the
+        # sessions started while the suite was imported are stopped at the end all the same
+        (tmp_path / "mode").write_text("")
+        for cached in suite.glob("work_dirs/.cache/slurm_env-remote-*.json"):
+            cached.unlink()
+        before = sessions(home)
+        out = run(suite, "-k", "test_too_big")
+        assert "SKIPPED" in out and "64" in out, out
+        early = [p for p in sessions(home) - before if p.name.startswith("early-")]
+        assert early, out
+        assert all((p / "inbox" / "stop").exists() for p in early), out
     finally:
         cancel_allocation(home)

@@ -122,11 +122,17 @@ def _undo(early: _Early, shell: Any) -> None:
 
 
 def close_unused() -> None:
-    """End the connections no one took (the run dispatched nothing there)."""
+    """End the connections no one took, and stop the early sessions (and end the run's
+    record) of every cluster the run dispatched nothing to: left alone, those sessions
+    would hold their node's memory until their idle exit."""
     while _EARLY:
         _, early = _EARLY.popitem()
         early.thread.join()
         for shell in early.shell:
             _undo(early, shell)
             shell.close()
-    _TAKEN.clear()  # taken, but no executor used the work (nothing dispatched there)
+    while _TAKEN:  # taken by planning (discovery), but nothing was dispatched there
+        _, early = _TAKEN.popitem()
+        early.thread.join()
+        for shell in early.shell:  # still open: the run's RemoteClusters closes it later
+            _undo(early, shell)
