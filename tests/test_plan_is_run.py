@@ -192,3 +192,32 @@ def test_benchmark_suite_plan_batches_are_the_run_batches(
     assert sum(len(b["nodeids"]) for b in plan) == len(tests) == 64
     assert len(plan) > 4  # the packer split the shapes
     assert submitted_then_interrupted(suite, plan, *args, env=env) == planned(plan)
+
+
+def test_over_ssh_a_persistent_run_packs_as_locally(devcluster: dict, tmp_path: Path) -> None:
+    """The same 64-test suite planned for the dev cluster reached locally and over its sshd
+    (``--slurm-cluster``): the same batches, packed into the warm allocation, even after a
+    cold run measured a long start-up (its allocation's wait) for the cluster."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_makespan import make_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from devcluster import publish_ssh_suite
+
+    suite = tmp_path / "suite"
+    tests = make_suite(suite, per_shape=16)
+    (suite / ".gitignore").write_text("__pycache__/\n.pytest_cache/\nwork_dirs/\n")
+    publish_ssh_suite(suite, tmp_path, devcluster["ssh"], partition="gb200")
+    cache = suite / ".pytest_cache" / "v" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "trtllm-slurm-durations").write_text(json.dumps({n: 3.0 for n, _ in tests}))
+    # what a cold run records: from its first submission to its first test, 60 s
+    (cache / "trtllm-slurm-startup").write_text(json.dumps(
+        {"remote_slurm/devssh/gb200/one-shot": 60.0, "local_slurm/gb200/one-shot": 60.0}))
+    env = _env()
+    local = plan_batches(suite, "-q", "--slurm-partition=gb200", env=env)
+    remote = plan_batches(suite, "-q", "--slurm-cluster=devssh", env=env)
+    assert len(local) > 4  # the packer split the shapes across the allocation's GPUs
+    assert planned(remote) == planned(local)
+    assert {b["pool"] for b in remote} == {"remote_slurm/devssh/gb200/allocation/warm"}

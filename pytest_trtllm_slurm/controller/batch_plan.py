@@ -61,12 +61,14 @@ def planned_pools(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Callable[[B
     slurm_keys = [k for k in keys if k.scenario is Scenario.LOCAL_SLURM]
     if slurm_keys:
         targets[Scenario.LOCAL_SLURM] = _slurm_target(slurm_keys, ctx.slurm_env, ctx)
+    remote: dict[Target, list[BatchKey]] = {}
     for key in keys:
-        target = target_of(key)
-        if key.scenario is Scenario.REMOTE_SLURM and target not in targets:
-            # the run's RemoteSlurmExecutor shows its partition discovery only (not its
-            # allocation): its batches are packed against the partition, and so here
-            targets[target] = _Target(slurm_env=_remote_env(ctx, key.cluster))
+        if key.scenario is Scenario.REMOTE_SLURM:
+            remote.setdefault(target_of(key), []).append(key)
+    for target, mine in remote.items():
+        # as a local cluster: its persistent allocation (sized for its own keys, against
+        # its discovery), else its partition
+        targets[target] = _slurm_target(mine, _remote_env(ctx, mine[0].cluster), ctx)
     return pools_from_executors(targets)
 
 

@@ -79,6 +79,21 @@ class RemoteSlurmExecutor:
         """What discovery found on the cluster (recorded in job_spec.json)."""
         return getattr(self.inner, "slurm_env", None)
 
+    # what the packer reads (``packing.pools_from_executors``), as of a local cluster: a
+    # persistent allocation's batches are packed into it, with a warm worker's start-up,
+    # not into the partition with the start-up a cold run measured (its allocation's wait)
+    @property
+    def persistent(self) -> bool:
+        return bool(getattr(self.inner, "persistent", False))
+
+    @property
+    def allocations(self) -> object:
+        return getattr(self.inner, "allocations", None)
+
+    @property
+    def warm_workers(self) -> bool:
+        return bool(getattr(self.inner, "warm_workers", False))
+
     def submit(self, spec: JobSpec) -> JobHandle:
         remote = self.paths.spec(spec, self.interpreter)
         self.shell.mkdir(remote.work_dir)
