@@ -343,6 +343,29 @@ def test_tests_that_depend_on_others_run_in_one_batch_and_the_run_says_so(
     assert len(jobs) == 1, jobs
 
 
+ONCE_PER_PROCESS = {
+    "old_api.py": "import warnings\n\nwarnings.warn(DeprecationWarning('old_api is old'))\n",
+    "check_imports_old_api.py": "def test_imports_it():\n    import old_api  # noqa: F401\n",
+    # a plugin's end of the run importing the same module (hypothesis writing its patch)
+    "conftest.py": "def pytest_terminal_summary(terminalreporter):\n    import old_api  # noqa\n",
+    "pytest.ini": "[pytest]\npython_files = check_*.py\n",
+}
+
+
+def test_a_warning_raised_once_per_process_is_shown_once(tmp_path: Path) -> None:
+    """The worker imports the module in the test and its warning is replayed there; the
+    controller's terminal summary imports it for the first time in its process: a plain
+    run (one process) shows the warning once, and so does the dispatched one."""
+    for name, text in ONCE_PER_PROCESS.items():
+        (tmp_path / name).write_text(text)
+    plain = run_suite(tmp_path, "-p", "no:cacheprovider", tag="plain")
+    dispatched = run_suite(tmp_path, "-p", "no:cacheprovider", *MODES["local_direct"],
+                           tag="local_direct")
+    assert _summary(plain) == "1 passed, 1 warning", plain.stdout
+    assert _summary(dispatched) == _summary(plain), dispatched.stdout
+    assert dispatched.stdout.count("old_api is old") == plain.stdout.count("old_api is old")
+
+
 def test_the_table_covers_the_plugins_users_expect() -> None:
     """The issue's list, and every plugin pinned in the test extra, has a row."""
     wanted = {"pytest-timeout", "pytest-rerunfailures", "pytest-forked", "pytest-xdist",
