@@ -10,7 +10,9 @@ import atexit
 import gc
 import os
 import sys
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,6 +106,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
         stop_unused_sessions()
         _EARLY_SESSIONS_STARTED.clear()
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_terminal_summary(terminalreporter: Any) -> Generator[None]:
+    """Inside pytest's recording of the summary's warnings (trylast: the innermost
+    wrapper): a warning a worker reported already is not raised a second time."""
+    if not dispatch_enabled(terminalreporter.config):
+        return (yield)
+    from pytest_trtllm_slurm.controller.echoed_warnings import without_echoes
+
+    with without_echoes(terminalreporter.config):
+        return (yield)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -77,6 +77,19 @@ def test_plugin_options_pass_with_their_values_and_pdb_is_refused(configured) ->
     assert refused == ["--pdb"]
 
 
+def test_report_writers_with_a_worker_half_reach_the_worker_without_their_file(
+        configured, tmp_path) -> None:
+    """pytest-json-report's worker attaches each test's streams and metadata to its
+    reports but writes no file; allure's worker writes its results where a plain run does,
+    and the directory is cleaned once, by the controller; pytest-html is the controller's."""
+    config = configured("--json-report", "--json-report-file=r.json", "--json-report-omit",
+                        "log", "--json-report-indent=2", "--alluredir=out", "--clean-alluredir",
+                        "--html=r.html", "--self-contained-html")
+    options, _ = forwarded_options(config)
+    assert options == ["--tb=short", "--json-report", "--json-report-omit=log",
+                       f"--alluredir={tmp_path / 'sub' / 'out'}", "--json-report-file=none"]
+
+
 def test_own_output_leaves_out_the_plugins_lines_even_split_across_reads() -> None:
     mark = LOG_MARK.encode()
     reader = OwnOutput()

@@ -9,12 +9,15 @@ message, rerun counts, junit properties...). Rows with the same options share on
 mode, so the table grows without a run per row.
 
 Plugins deliberately not in the table: pytest-randomly (active as soon as it is installed:
-it would shuffle this project's own suite and every suite its tests run) and flaky (its
-``flaky`` marker clashes with pytest-rerunfailures', which is in the table).
+it would shuffle this project's own suite and every suite its tests run; the worker gets
+the controller's seed, see ``forwarding.RESOLVED_HERE``), flaky (its ``flaky`` marker
+clashes with pytest-rerunfailures', which is in the table) and pytest-instafail (it
+prints from the replayed reports, as the terminal does: nothing a worker could change).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -85,6 +88,58 @@ def subtest_lines(run: SuiteRun, state: Path) -> object:
     return sorted(_lines(run.stdout, r"^(SUBFAIL|SUBPASS|FAILED|PASSED) check_subtests"))
 
 
+def unittest_subtest_lines(run: SuiteRun, state: Path) -> object:
+    return sorted(_lines(run.stdout, r"^(SUB)?(FAILED|PASSED)\S* check_unittest_subtests"))
+
+
+def longrepr_lines(nodeid: str, pattern: str) -> Callable[[SuiteRun, Path], object]:
+    return lambda run, state: _call_longrepr(run, nodeid, pattern)
+
+
+def html_results(run: SuiteRun, state: Path) -> object:
+    """pytest-html's results table (result, test, links: not the duration) per test."""
+    text = (state / "report.html").read_text()
+    match = re.search(r'data-jsonblob="([^"]*)"', text)
+    assert match, "no results in the html report"
+    tests = json.loads(html.unescape(match.group(1)))["tests"]
+    return {nodeid: [[cell for cell in result["resultsTableRow"]
+                      if "col-duration" not in cell] for result in results]
+            for nodeid, results in tests.items() if nodeid.startswith("check_html.py")}
+
+
+def json_report(run: SuiteRun, state: Path) -> object:
+    """pytest-json-report's file: each test's outcome, metadata, user properties, and per
+    phase its outcome, streams, log messages and failure (not durations or times)."""
+    data = json.loads((state / "report.json").read_text())
+
+    def stage(s: dict) -> tuple:
+        return (s.get("outcome"), s.get("stdout"), s.get("stderr"),
+                [r.get("msg") for r in s.get("log", [])], (s.get("crash") or {}).get("message"))
+
+    tests = [(t["nodeid"], t["outcome"], t.get("metadata"), t.get("user_properties"),
+              [stage(t[w]) for w in ("setup", "call", "teardown") if w in t])
+             for t in data["tests"] if t["nodeid"].startswith("check_json_report.py")]
+    return data["exitcode"], data["summary"], sorted(tests, key=str)
+
+
+def allure_results(run: SuiteRun, state: Path) -> object:
+    """allure-pytest's results dir: each test's name, status, message, steps, labels (not
+    host and thread: where it ran) and attachments; the fixtures its containers name."""
+    results, fixtures = [], set()
+    for path in (state / "allure").glob("*-result.json"):
+        r = json.loads(path.read_text())
+        results.append((r.get("fullName"), r.get("name"), r.get("status"),
+                        (r.get("statusDetails") or {}).get("message"),
+                        [(s.get("name"), s.get("status")) for s in r.get("steps", [])],
+                        sorted((label["name"], label["value"]) for label in r.get("labels", [])
+                               if label["name"] not in ("host", "thread")),
+                        [a.get("name") for a in r.get("attachments", [])]))
+    for path in (state / "allure").glob("*-container.json"):
+        c = json.loads(path.read_text())
+        fixtures.update(f.get("name") for f in c.get("befores", []) + c.get("afters", []))
+    return sorted(results, key=str), sorted(fixtures)
+
+
 def junit_properties(run: SuiteRun, state: Path) -> object:
     root = ET.parse(run.junit).getroot()
     # the plugin's own per-testcase properties (job id, nodes, ...) are dispatch-only
@@ -97,7 +152,9 @@ def junit_suite_properties(run: SuiteRun, state: Path) -> object:
     root = ET.parse(run.junit).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     assert suite is not None
-    props = [(p.get("name"), p.get("value")) for p in suite.findall("properties/property")]
+    # hypothesis records each test's statistics (with its timings: only the name compares)
+    props = [(p.get("name"), "?" if p.get("name", "").startswith("hypothesis-statistics-")
+              else p.get("value")) for p in suite.findall("properties/property")]
     owners = [case.get("owner") for case in suite.iter("testcase")
               if case.get("classname") == "check_junit_suite_properties"]
     return props, owners
@@ -120,6 +177,11 @@ class Row:
 
 CLI_OPTIONS = ("--timeout=1", "--asyncio-mode=auto")  # (a rerun would not re-arm --timeout)
 COLLECTION_OPTIONS = ("--forked", "--count=2")
+# report writers (files under the run's state dir) and --disable-socket; pytest-dependency
+# runs with them, away from pytest-order (which keeps a shape in one batch by itself)
+REPORT_OPTIONS = ("--html={state}/report.html", "--json-report",
+                  "--json-report-file={state}/report.json", "--alluredir={state}/allure",
+                  "--clean-alluredir", "--disable-socket")
 
 ROWS = [
     Row("pytest-cov", "branch-and-fail-under", ("check_cov.py",),
@@ -157,6 +219,18 @@ ROWS = [
     Row("pytest-xdist", "worker-identity", ("check_xdist_identity.py",), ("-n", "2")),
     Row("pytest", "junit-suite-property-and-xml-attribute", ("check_junit_suite_properties.py",),
         (), junit_suite_properties),
+    Row("pytest", "unittest-subtests", ("check_unittest_subtests.py",), (),
+        unittest_subtest_lines),
+    Row("hypothesis", "falsifying-example", ("check_hypothesis.py",), (),
+        longrepr_lines("check_hypothesis.py::test_falsified", r"Falsifying example|x=")),
+    Row("pytest-check", "soft-assertions", ("check_check.py",), (),
+        longrepr_lines("check_check.py::test_soft_failures", r"FAILURE:|Failed Checks")),
+    Row("pytest-html", "report-results", ("check_html.py",), REPORT_OPTIONS, html_results),
+    Row("pytest-json-report", "report-file", ("check_json_report.py",), REPORT_OPTIONS,
+        json_report),
+    Row("allure-pytest", "results-dir", ("check_allure.py",), REPORT_OPTIONS, allure_results),
+    Row("pytest-socket", "disable-socket", ("check_socket.py",), REPORT_OPTIONS),
+    Row("pytest-dependency", "depends-marker", ("check_dependency.py",), REPORT_OPTIONS),
 ]
 
 
@@ -254,13 +328,53 @@ def test_an_ordered_suite_runs_each_shape_as_one_batch_and_says_what_is_not_kept
     assert len(jobs) == 1, jobs
 
 
+def test_tests_that_depend_on_others_run_in_one_batch_and_the_run_says_so(
+        compat: CompatRuns, request: pytest.FixtureRequest) -> None:
+    """pytest-dependency on warm workers: a test sees the outcome of those it depends on
+    only in its own batch (its own pytest session). The shape stays in one batch, and the
+    run says once what is not kept (dependencies on tests of other shapes, or run here)."""
+    request.getfixturevalue("devcluster")
+    row = next(r for r in ROWS if r.case == "depends-marker")
+    dispatched, _ = compat.get(row, "slurm_warm")
+    assert dispatched.stdout.count("pytest-dependency: a test sees the outcome") == 1, (
+        dispatched.stdout)
+    assert "pytest-order:" not in dispatched.stdout
+    jobs = set(re.findall(r"^job id:\s+(\S+)", dispatched.stdout, re.MULTILINE))
+    assert len(jobs) == 1, jobs
+
+
+ONCE_PER_PROCESS = {
+    "old_api.py": "import warnings\n\nwarnings.warn(DeprecationWarning('old_api is old'))\n",
+    "check_imports_old_api.py": "def test_imports_it():\n    import old_api  # noqa: F401\n",
+    # a plugin's end of the run importing the same module (hypothesis writing its patch)
+    "conftest.py": "def pytest_terminal_summary(terminalreporter):\n    import old_api  # noqa\n",
+    "pytest.ini": "[pytest]\npython_files = check_*.py\n",
+}
+
+
+def test_a_warning_raised_once_per_process_is_shown_once(tmp_path: Path) -> None:
+    """The worker imports the module in the test and its warning is replayed there; the
+    controller's terminal summary imports it for the first time in its process: a plain
+    run (one process) shows the warning once, and so does the dispatched one."""
+    for name, text in ONCE_PER_PROCESS.items():
+        (tmp_path / name).write_text(text)
+    plain = run_suite(tmp_path, "-p", "no:cacheprovider", tag="plain")
+    dispatched = run_suite(tmp_path, "-p", "no:cacheprovider", *MODES["local_direct"],
+                           tag="local_direct")
+    assert _summary(plain) == "1 passed, 1 warning", plain.stdout
+    assert _summary(dispatched) == _summary(plain), dispatched.stdout
+    assert dispatched.stdout.count("old_api is old") == plain.stdout.count("old_api is old")
+
+
 def test_the_table_covers_the_plugins_users_expect() -> None:
     """The issue's list, and every plugin pinned in the test extra, has a row."""
     wanted = {"pytest-timeout", "pytest-rerunfailures", "pytest-forked", "pytest-xdist",
               "pytest-asyncio", "pytest-cov", "pytest-benchmark", "pytest-mock", "pytest-env",
-              "pytest-order", "pytest-repeat"}
+              "pytest-order", "pytest-repeat", "pytest-html", "pytest-json-report",
+              "pytest-check", "pytest-dependency", "allure-pytest", "pytest-socket"}
     assert wanted <= {row.plugin for row in ROWS}
-    assert {"junit-record-property", "subtests"} <= {row.case for row in ROWS}
+    assert {"junit-record-property", "subtests", "unittest-subtests"} <= {
+        row.case for row in ROWS}
     pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
     for plugin in wanted - {"pytest-xdist"}:  # xdist is a runtime dependency
         assert f'"{plugin}==' in pyproject, f"{plugin} is not pinned in the test extra"

@@ -17,7 +17,7 @@ import pytest
 
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import PlanningContext
-from pytest_trtllm_slurm.controller.ordering import asks_for_order
+from pytest_trtllm_slurm.controller.ordering import kept_together
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
 from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
@@ -28,12 +28,12 @@ from pytest_trtllm_slurm.planning.plan import BatchRow
 def run_batches(
     config: pytest.Config, items: Sequence[pytest.Item], dispatched: list[tuple[str, BatchKey]],
     pools: Callable[[BatchKey], Pool], estimates: Estimates,
-) -> tuple[list[Batch], bool]:
-    """The run's batches in submission order, and whether pytest-order keeps each shape
-    in one batch (the caller says so once)."""
-    ordered = len(items) > 1 and asks_for_order(config, items)
-    one_per_shape = {key: 1 for _, key in dispatched} if ordered else None
-    return make_batches(dispatched, one_per_shape, pools=pools, estimates=estimates), ordered
+) -> tuple[list[Batch], list[str]]:
+    """The run's batches in submission order, and why each shape is kept in one batch
+    (pytest-order, pytest-dependency: the notes the caller says once; [] when not)."""
+    notes = kept_together(config, items)
+    one_per_shape = {key: 1 for _, key in dispatched} if notes else None
+    return make_batches(dispatched, one_per_shape, pools=pools, estimates=estimates), notes
 
 
 @dataclass

@@ -11,13 +11,19 @@ reach the tests as in a plain run. The controller owns:
   ``--lf``/``--ff``/``--nf``/``--sw`` and friends (the worker gets node ids);
 - how the run stops: ``-x``/``--maxfail`` (the controller cancels the other jobs);
 - output files and reports written once for the run: ``--junitxml``, ``--html``,
-  ``--report-log``, ``--log-file``, coverage reports and thresholds, benchmark files;
+  ``--report-log``, ``--log-file``, coverage reports and thresholds, benchmark files,
+  the JSON report's file (the worker gets ``--json-report`` and writes no file: like
+  pytest-xdist's workers, it attaches each test's streams, logs and ``json_metadata`` to
+  its reports), ``--clean-alluredir`` (done once, here; ``--alluredir`` reaches the worker,
+  which writes each test's result file as a plain run does);
 - pytest-xdist's options (``-n``, ``--dist``, ...): the worker runs its batch itself;
 - this plugin's options, the rootdir and ini file (the worker gets the controller's);
 - ``--pdb``/``--trace``: a target has no terminal (the run says so once).
 
 Values that name a path relative to the invocation directory are made absolute (the
-worker runs in the rootdir, perhaps on another machine where paths are mapped).
+worker runs in the rootdir, perhaps on another machine where paths are mapped). A value a
+plugin resolves once for the run reaches the worker as resolved here, as pytest-xdist
+hands it to its workers (pytest-randomly's seed: a batch's tests get this run's seed).
 """
 
 from __future__ import annotations
@@ -43,14 +49,20 @@ SELECTION = {
 STOPPING = {"maxfail", "exitfirst"}
 OUTPUT_FILES = {
     "xmlpath", "junitprefix", "resultlog", "report_log", "htmlpath", "self_contained_html",
-    "css", "json_report", "json_report_file", "json_report_indent", "json_report_omit",
-    "allure_report_dir", "log_file", "pastebin", "debug",
+    "css", "json_report_file", "json_report_indent", "clean_alluredir", "log_file",
+    "pastebin", "debug",
     "cov_report", "cov_fail_under", "benchmark_json", "benchmark_save",
     "benchmark_autosave", "benchmark_save_data", "benchmark_histogram",
 }
 SETUP = {"rootdir", "inifilename", "help", "version"}
 NO_TERMINAL = {"usepdb", "trace", "usepdb_cls"}  # need the user's terminal
 CONTROLLER_DESTS = SELECTION | STOPPING | OUTPUT_FILES | SETUP | NO_TERMINAL
+# a report writer whose per-test half runs with the test (pytest-xdist's workers run it):
+# when its switch is on here, the worker gets these options too, so it writes no file
+WORKER_HALF = {"json_report": ["--json-report-file=none"]}
+# values a plugin resolves once for the run, at configure (dest -> flag): the worker gets
+# this run's value, never its own (pytest-xdist's workers get them through workerinput)
+RESOLVED_HERE = {"randomly_seed": "--randomly-seed"}
 CONTROLLER_GROUPS = ("trtllm-slurm", "xdist")  # group names (prefixes) the controller owns
 NEVER_A_PATH = {"plugins", "pythonwarnings", "override_ini", "verbose", "reportchars"}
 _PATH_WORDS = ("path", "file", "dir", "basetemp", "storage", "config")
@@ -183,7 +195,7 @@ class Forwarder:
         if action.dest == "override_ini":
             value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
             return value.split("=", 1)[0].strip() == "addopts"  # folded in already
-        return action.dest in CONTROLLER_DESTS
+        return action.dest in CONTROLLER_DESTS or action.dest in RESOLVED_HERE
 
     def render(self, occurrence: Occurrence) -> list[str]:
         tokens = list(occurrence.tokens)
@@ -210,6 +222,20 @@ class Forwarder:
         for occurrence in split_options(invocation_args(self.config), self.actions):
             if not self.owned(occurrence):
                 out += self.render(occurrence)
+        return out + self.worker_halves() + self.resolved_here()
+
+    def worker_halves(self) -> list[str]:
+        """What a report writer's worker half needs besides its switch (``WORKER_HALF``)."""
+        return [token for dest, tokens in WORKER_HALF.items()
+                if getattr(self.config.option, dest, None) for token in tokens]
+
+    def resolved_here(self) -> list[str]:
+        """This run's resolved values (``RESOLVED_HERE``) of the plugins that are active."""
+        out = []
+        for dest, flag in RESOLVED_HERE.items():
+            value = getattr(self.config.option, dest, None)
+            if flag in self.actions and value is not None:
+                out.append(f"{flag}={value}")
         return out
 
 

@@ -1,16 +1,20 @@
-"""Suites that fix their tests' order (the pytest face).
+"""Suites whose tests rely on one another (the pytest face).
 
 pytest-order (``@pytest.mark.order``, ``--order-dependencies``, ``--order-marker-prefix``)
-sorts the collected items, and the controller sends them in that order. But batches run
-side by side: a shape split into several batches would run its ordered tests in parallel,
-in no particular order. So when the run asks for an order, each shape's tests stay in one
-batch (in collection order), and the run says once what is still not kept: the order
-between batches of different shapes or targets, and between them and this machine's tests.
+sorts the collected items, and the controller sends them in that order; pytest-dependency
+(``@pytest.mark.dependency(depends=[...])``) skips a test unless the tests it depends on
+passed earlier in the same pytest session. But batches run side by side, each its own
+session: a shape split into several batches would run its ordered tests in parallel, in
+no particular order, and a test would not see the outcome of one it depends on in another
+batch (it would be skipped where a plain run passes it). So when the run asks for either,
+each shape's tests stay in one batch (in collection order), and the run says once what is
+still not kept: the order, or the outcomes, between batches of different shapes or
+targets, and between them and this machine's tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import pytest
 
@@ -19,6 +23,12 @@ ORDER_NOTE = (
     "which now runs as one batch (not split to run side by side); batches of different "
     "shapes still run at the same time, and tests that run on this machine do not wait "
     "for dispatched ones (--trtllm-keep-order makes them)"
+)
+DEPENDENCY_NOTE = (
+    "pytest-dependency: a test sees the outcome of the tests it depends on only within "
+    "its target and device shape, which now runs as one batch (not split to run side by "
+    "side); a dependency on a test of another shape, or on one that runs on this machine, "
+    "is not seen, and the test is skipped as if that test had not run"
 )
 
 
@@ -30,3 +40,20 @@ def asks_for_order(config: pytest.Config, items: Iterable[pytest.Item]) -> bool:
     if getattr(opt, "order_dependencies", False) or getattr(opt, "order_marker_prefix", None):
         return True
     return any(item.get_closest_marker("order") is not None for item in items)
+
+
+def asks_for_dependencies(config: pytest.Config, items: Iterable[pytest.Item]) -> bool:
+    """pytest-dependency is active and a test depends on another."""
+    if not config.pluginmanager.has_plugin("dependency"):
+        return False
+    return any(mark.kwargs.get("depends") or len(mark.args) > 1
+               for item in items for mark in item.iter_markers("dependency"))
+
+
+def kept_together(config: pytest.Config, items: Sequence[pytest.Item]) -> list[str]:
+    """What keeps each shape's tests in one batch, as the notes the run says once
+    (none: batches are split freely)."""
+    if len(items) < 2:
+        return []
+    notes = [ORDER_NOTE] if asks_for_order(config, items) else []
+    return notes + ([DEPENDENCY_NOTE] if asks_for_dependencies(config, items) else [])

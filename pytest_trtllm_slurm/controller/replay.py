@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from pytest_trtllm_slurm.controller.echoed_warnings import note_replayed
 from pytest_trtllm_slurm.execution.records import WarningRecord, warning_category
 
 SECTION = "trtllm-slurm"
@@ -154,7 +155,6 @@ class Replayer:
         _share_strings(report, item)
         if report.when == "call" or report.failed:
             report.sections.append((SECTION, ctx.section_text(report.nodeid)))
-        _count_failed_subtest(self.config, report)
         self._log(item, report, ctx)
 
     def _log(self, item: pytest.Item, report: pytest.TestReport, ctx: JobContext | None) -> None:
@@ -185,6 +185,8 @@ class Replayer:
         _finished(prog)
 
     def warning(self, record: WarningRecord) -> None:
+        note_replayed(self.config, (record.category, record.message, record.filename,
+                                    record.lineno or 0))
         category = warning_category(record.category)
         message = warnings.WarningMessage(
             message=category(record.message),
@@ -314,17 +316,3 @@ def _junit_xml(config: pytest.Config) -> Any:
 
     return config.stash.get(xml_key, None)
 
-
-def _count_failed_subtest(config: pytest.Config, report: pytest.TestReport) -> None:
-    """pytest's subtests fail a passing test that holds failed subtests by a count kept in
-    the process that ran them; a replayed failed subtest adds to this process's count, so
-    the test's own report reads as in a plain run (pytest >= 9 only)."""
-    if not report.failed or type(report).__name__ != "SubtestReport":
-        return
-    try:
-        from _pytest.subtests import failed_subtests_key
-    except ImportError:
-        return
-    counts = config.stash.get(failed_subtests_key, None)
-    if counts is not None:
-        counts[report.nodeid] += 1

@@ -23,7 +23,6 @@ from pytest_trtllm_slurm.controller.batch_plan import run_batches
 from pytest_trtllm_slurm.controller.forwarding import forwarded_options
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
-from pytest_trtllm_slurm.controller.ordering import ORDER_NOTE
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
 from pytest_trtllm_slurm.controller.run_view import RunView
@@ -148,11 +147,11 @@ class DispatchLoop:
         try:
             broken = self._run_builds(dispatched)
             self._announce(dispatched)
-            batches, ordered = run_batches(
+            batches, notes = run_batches(
                 self.config, [p.item for p in self.plans if p.key is not None], dispatched,
                 history.pools, history.estimates())
-            if ordered:
-                self._say(ORDER_NOTE)
+            for note in notes:
+                self._say(note)
             self.view.planned(batches, dispatched, history.pools, history.estimates())
             self._history = history
             self._prepare({target_of(b.key) for b in batches if target_of(b.key) not in broken})

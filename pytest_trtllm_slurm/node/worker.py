@@ -106,7 +106,12 @@ class ReportWriter:
         else:
             print(f"\n{LOG_MARK}START {shown}", file=sys.__stdout__, flush=True)
 
+    @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Written last, once every plugin here has seen the report: pytest's subtests
+        fail a passing test that holds failed ``subtests`` (not unittest ``subTest``) when
+        the terminal reporter asks its status, with a count kept in this process only; the
+        controller replays that verdict as it stands."""
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.emit(records.report(data))
 
@@ -150,11 +155,58 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
     return (yield)
 
 
+def forward_suite_properties(config: pytest.Config, writer: ReportWriter) -> None:
+    """Each suite property also goes to the controller: the target's junit.xml is not the
+    one the user reads. Every way in goes through the junit writer's
+    ``add_global_property``: pytest's ``record_testsuite_property`` and plugins that call
+    it themselves (hypothesis records each test's statistics there). A session without a
+    junit file of its own (a warm worker's) gets ``SuiteProperties`` in its place."""
+    from _pytest.junitxml import xml_key
+
+    xml = config.stash.get(xml_key, None)
+    if xml is None:
+        stand_in: Any = SuiteProperties(writer, config.getini("junit_family"))
+        config.stash[xml_key] = stand_in
+        return
+    own = xml.add_global_property
+
+    def add_global_property(name: str, value: object) -> None:
+        own(name, value)
+        writer.emit(records.suite_property(str(name), str(value)))
+
+    xml.add_global_property = add_global_property  # type: ignore[method-assign]
+
+
+class SuiteProperties:
+    """What a session without a junit file offers of pytest's junit writer: suite
+    properties (sent to the controller) and per-test reporters whose attributes the
+    ``record_xml_attribute`` fixture sends (``JunitRecorders``)."""
+
+    def __init__(self, writer: ReportWriter, family: str) -> None:
+        self.writer = writer
+        self.family = family
+
+    def add_global_property(self, name: str, value: object) -> None:
+        self.writer.emit(records.suite_property(str(name), str(value)))
+
+    def node_reporter(self, report: object) -> _NoTestcase:
+        return _NoTestcase()
+
+
+class _NoTestcase:
+    """A testcase no file holds: what is recorded on it reaches the controller another way."""
+
+    def add_attribute(self, name: str, value: object) -> None:
+        """``record_xml_attribute``: sent by ``JunitRecorders``."""
+
+    def add_property(self, name: str, value: object) -> None:
+        """``record_property``: the report's user properties carry it."""
+
+
 class JunitRecorders:
-    """pytest's junit recorders, also sent to the controller: the target's junit.xml is not
-    the one the user reads (``record_xml_attribute`` sets the testcase's attributes,
-    ``record_testsuite_property`` the suite's properties). Each wraps pytest's own fixture,
-    so its warnings and checks stay pytest's."""
+    """pytest's ``record_xml_attribute``, also sent to the controller: the target's
+    junit.xml is not the one the user reads. It wraps pytest's own fixture, so its
+    warnings and checks stay pytest's."""
 
     def __init__(self, writer: ReportWriter) -> None:
         self.writer = writer
@@ -168,17 +220,6 @@ class JunitRecorders:
         def record(name: str, value: object) -> None:
             record_xml_attribute(name, value)
             self.writer.emit(records.xml_attribute(nodeid, str(name), str(value)))
-
-        return record
-
-    @pytest.fixture(scope="session")
-    def record_testsuite_property(
-        self, record_testsuite_property: Callable[[str, object], None]
-    ) -> Callable[[str, object], None]:
-        def record(name: str, value: object) -> None:
-            __tracebackhide__ = True
-            record_testsuite_property(name, value)
-            self.writer.emit(records.suite_property(name, str(value)))
 
         return record
 
@@ -250,6 +291,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "trtllm-slurm-artefacts")
     # registered after every other plugin, so these fixtures override theirs
     config.pluginmanager.register(JunitRecorders(writer), "trtllm-slurm-junit-recorders")
+    forward_suite_properties(config, writer)
     if config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(XdistIdentity(), "trtllm-slurm-xdist-identity")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
