@@ -7,8 +7,8 @@ no GPU support, so the ``docker`` / ``podman`` on PATH is a shim standing in for
 the NVIDIA container toolkit: it logs and drops the GPU flags (``--gpus X``, ``--device
 nvidia.com/gpu=N``) and runs the real CLI with the rest. dockerd is reached through DOCKER_HOST
 in the controller's environment, which srun passes on to the task; podman's store through the
-fixture's flags in the shim (its config-file route, tests/test_docker_dispatch.py::_engine_env,
-makes every ``podman run --rm`` here take 20 s longer: measured, 20.4 s against 0.3 s).
+fixture's flags in the shim (tests/test_docker_dispatch.py::_engine_env is the config-file route
+to the same store; tests/containers_fixture.py::ensure_podman says why both are as fast).
 
 One run per mode (one-shot sbatch jobs; steps of a persistent allocation, with warm workers,
 the default, and without): a 1-GPU test sees the image's marker file, CUDA_VISIBLE_DEVICES

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -11,20 +13,39 @@ DISPATCH = ["--trtllm-remote", "--trtllm-dispatch=all", "--trtllm-scenario=local
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory):
-    base = tmp_path_factory.mktemp("fidelity")
-    marker = base / "injected"
-    suite = copy_suite("fidelity_suite", base, {"MARKER_PATH": str(marker)})
-    plain = run_suite(suite, "-p", "no:cacheprovider", tag="plain")
-    dispatched = run_suite(suite, "-p", "no:cacheprovider", *DISPATCH, tag="dispatched")
-    return plain, dispatched, marker
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(3) as threads:
+        yield threads
 
 
 @pytest.fixture(scope="module")
-def xdist_run(runs):
-    plain, _, _ = runs
-    return run_suite(plain.junit.parent, "-p", "no:cacheprovider", "-n", "2", *DISPATCH,
-                     tag="xdist")
+def suite_runs(tmp_path_factory: pytest.TempPathFactory, pool: ThreadPoolExecutor):
+    """The plain, dispatched and xdist runs of one copy of the suite, started side by side
+    (they share only the suite's files: each has its own reports, junit file and batch
+    folders, and the suite's tests write no file)."""
+    base = tmp_path_factory.mktemp("fidelity")
+    marker = base / "injected"
+    suite = copy_suite("fidelity_suite", base, {"MARKER_PATH": str(marker)})
+    started = {
+        "plain": pool.submit(run_suite, suite, "-p", "no:cacheprovider", tag="plain"),
+        "dispatched": pool.submit(run_suite, suite, "-p", "no:cacheprovider", *DISPATCH,
+                                  tag="dispatched"),
+        "xdist": pool.submit(run_suite, suite, "-p", "no:cacheprovider", "-n", "2", *DISPATCH,
+                             tag="xdist"),
+    }
+    return started, marker
+
+
+@pytest.fixture(scope="module")
+def runs(suite_runs):
+    started, marker = suite_runs
+    return started["plain"].result(), started["dispatched"].result(), marker
+
+
+@pytest.fixture(scope="module")
+def xdist_run(suite_runs):
+    started, _ = suite_runs
+    return started["xdist"].result()
 
 
 def _summary(run) -> str:

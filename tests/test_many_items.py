@@ -9,6 +9,7 @@ same testcases.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,10 +34,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
     suite = tmp_path_factory.mktemp("many")
     (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow_marker: a keyword\n")
     (suite / "test_many.py").write_text(SUITE.format(n=TESTS))
-    plain = run_suite(suite, "-p", "no:cacheprovider", tag="plain", timeout=900)
-    dispatched = run_suite(suite, "-p", "no:cacheprovider", *DISPATCH, tag="dispatched",
-                           timeout=900)
-    return plain, dispatched
+    # side by side: the runs share nothing but the suite's files (their reports, junit files
+    # and the dispatched run's work_dirs are their own), and each is mostly one busy CPU
+    with ThreadPoolExecutor(2) as pool:
+        plain = pool.submit(run_suite, suite, "-p", "no:cacheprovider", tag="plain",
+                            timeout=900)
+        dispatched = pool.submit(run_suite, suite, "-p", "no:cacheprovider", *DISPATCH,
+                                 tag="dispatched", timeout=900)
+        return plain.result(), dispatched.result()
 
 
 def _phases(reports: list[dict]) -> list[tuple[str, str, str]]:

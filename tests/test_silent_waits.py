@@ -31,7 +31,11 @@ class UnreachableController(LocalShell):
 def test_a_scheduler_outage_is_said_with_since_when(devcluster: dict, tmp_path: Path) -> None:
     conf = tmp_path / "slurm.conf"
     text = Path("/etc/slurm/slurm.conf").read_text()
-    conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=1", text))
+    text = re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=1", text)
+    # a client tries to reach the controller once a second for MessageTimeout seconds (10 by
+    # default) before it fails; 2 here: each squeue fails the same way, after ~1 s, not ~10 s
+    text = re.sub(r"(?m)^MessageTimeout=.*\n", "", text) + "MessageTimeout=2\n"
+    conf.write_text(text)
     said: list[str] = []
     executor = SlurmExecutor(LocalShell(), persistent=False, warn=said.append,
                              min_interval=0.1, max_interval=0.2, fail_grace=600)

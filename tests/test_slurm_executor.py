@@ -5,6 +5,11 @@ gb200 (g1, g2): the module's persistent allocation (one whole node) and the
 1-CPU TIMEOUT job submitted at module start (it needs ~60-150 s, so it runs
 while the other tests do); batch (n1, n2): one-shot jobs, the 2-node jobs,
 small non-exclusive allocations of the state-file tests, and NODE_FAIL.
+
+The TIMEOUT job is watched from its submission on by a Monitor in a thread, and
+test_timeout is marked ``last`` (tests/conftest.py): in a run of more than this
+module it runs after every other test, so the later modules run while Slurm's
+time-limit sweep comes round instead of the whole suite waiting for it.
 """
 
 from __future__ import annotations
@@ -115,21 +120,66 @@ def alloc_request(**kw: Any) -> AllocationRequest:
 
 
 # -- fixtures -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slurm_env(devcluster: dict[str, Any]) -> SlurmEnv:
     return SlurmClient(LocalShell()).discover()
 
 
-@pytest.fixture(scope="module")
+class _Stopped(Exception):
+    """The session ended before the watched job did."""
+
+
+class WatchedJob:
+    """A submitted job that a Monitor watches in a thread (``drive``) until it ends."""
+
+    def __init__(self, executor: SlurmExecutor, handle: JobHandle, timeout: float) -> None:
+        self.executor, self.handle = executor, handle
+        self._stop = threading.Event()
+        self._outcome: tuple[dict[str, JobState], dict[str, list[dict[str, Any]]]] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._watch, args=(timeout,), daemon=True,
+                                        name=f"watch {handle.job_id}")
+        self._thread.start()
+
+    def _watch(self, timeout: float) -> None:
+        def stop_early(monitor: Monitor) -> None:
+            if self._stop.is_set():
+                monitor.cancel_all()
+                raise _Stopped
+
+        try:
+            finals, records, _ = drive(self.executor, [self.handle], timeout, stop_early)
+            self._outcome = finals, records
+        except BaseException as exc:  # noqa: BLE001 - handed to the test that checks it
+            self._error = exc
+
+    def result(self) -> tuple[dict[str, JobState], dict[str, list[dict[str, Any]]]]:
+        """(finals, records) as ``drive`` returns them, once the job ended."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._outcome is not None
+        return self._outcome
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+
+@pytest.fixture(scope="session")
 def timeout_job(slurm_env: SlurmEnv, tmp_path_factory: pytest.TempPathFactory
-                ) -> Iterator[tuple[SlurmExecutor, JobHandle]]:
-    """Submitted first, checked last: a 1-minute limit is enforced on a ~30 s sweep."""
+                ) -> Iterator[WatchedJob]:
+    """Submitted first, checked last: a 1-minute limit is enforced on a ~30 s sweep. Its
+    Monitor runs from the submission on (the same rounds test_timeout once ran itself),
+    for up to 600 s: on the shared dev cluster it may pend behind another run's
+    allocation first (test_timeout used to allow 200 s after the module's other tests)."""
     root = tmp_path_factory.mktemp("timeout")
     executor = SlurmExecutor(LocalShell(), slurm_env=slurm_env, persistent=False)
     spec = make_spec(root, "timeout", "report(started=True)\ntime.sleep(600)\n",
                      partition="gb200", time_limit="1")
-    handle = executor.submit(spec)
-    yield executor, handle
+    watched = WatchedJob(executor, executor.submit(spec), 600)
+    yield watched
+    watched.stop()
     executor.close()
 
 
@@ -454,18 +504,23 @@ def test_node_fail(slurm_env: SlurmEnv, tmp_path: Path, timeout_job: Any) -> Non
                            capture_output=True, timeout=300, check=True)
 
 
-def test_timeout(timeout_job: tuple[SlurmExecutor, JobHandle]) -> None:
-    executor, handle = timeout_job
-    finals, records, _ = drive(executor, [handle], 200)
+@pytest.mark.last
+def test_timeout(timeout_job: WatchedJob) -> None:
+    handle = timeout_job.handle
+    finals, records = timeout_job.result()
     assert records[handle.job_id] == [{"started": True}]
     assert finals[handle.job_id].status is JobStatus.TIMEOUT, finals
 
 
-def test_nothing_of_ours_left_behind(alloc_root: Path) -> None:
+def test_nothing_of_ours_left_behind(alloc_root: Path, timeout_job: WatchedJob) -> None:
+    # the TIMEOUT job is not left behind: its monitor still watches it (test_timeout)
+    def left() -> list[str]:
+        return [j for j in our_jobs() if j.split("|", 1)[0] != timeout_job.handle.job_id]
+
     deadline = time.monotonic() + 20  # cancelled jobs may still be COMPLETING briefly
-    while our_jobs() and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert our_jobs() == []
+    assert left() == []
     state = AllocationState.model_validate_json(
         (alloc_root / "work_dirs" / ".slurm_alloc.json").read_text())
     assert sh("squeue", "-h", "-j", state.job_id, "-o", "%T|%j").strip() == (

@@ -246,3 +246,11 @@ def test_finished_job_waits_a_bounded_time_for_its_reports(tmp_path: Path) -> No
     assert executor.poll([handle])[handle.job_id].status is JobStatus.RUNNING
     time.sleep(0.35)
     assert executor.poll([handle])[handle.job_id].status is JobStatus.COMPLETED
+    # a build job writes no reports: its end is shown at once, with no wait for a last line
+    build = _spec(tmp_path / "c").model_copy(update={"workflow": "build"})
+    shell.answers["sbatch"] = [(0, "13\n", "")]
+    shell.answers["sacct"] = [(0, "13|COMPLETED|0:0|n1|None\n", "")]
+    waiting = SlurmExecutor(shell, persistent=False, min_interval=0, max_interval=0,
+                            report_wait=600)
+    handle = waiting.submit(build)
+    assert waiting.poll([handle])[handle.job_id].status is JobStatus.COMPLETED

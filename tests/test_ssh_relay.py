@@ -202,6 +202,34 @@ def test_a_stream_through_the_relay(ssh_shell: SSHShell) -> None:
     assert len(relay_pids()) == 1 and ssh_shell.relay_starts == 1
 
 
+def test_a_streamed_command_that_ends_first_is_answered_while_input_still_comes(
+        ssh_shell: SSHShell) -> None:
+    """A command that ends before its input (a lock's ``flock -w`` that timed out, fed
+    keep-alive bytes until it is released) is answered as it ends: the producer's next
+    write fails as one to a closed pipe does, instead of feeding it until it gives up."""
+    assert ssh_shell.relay_up()
+    stopped: list[BaseException] = []
+
+    def keep_alive(fh: Any) -> None:
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                fh.write(b"\n")
+                fh.flush()
+                time.sleep(0.2)
+        except OSError as exc:
+            stopped.append(exc)
+
+    result = ssh_shell.run_stdin_stream(["sh", "-c", "sleep 1; exit 75"], keep_alive)
+    assert result.returncode == 75, result.describe()
+    assert stopped and isinstance(stopped[0], BrokenPipeError), "fed until its own deadline"
+    # the relay still serves: the next command and a stream after it
+    assert ssh_shell.run(["echo", "next"], timeout=30).stdout == "next\n"
+    assert ssh_shell.run_stdin_stream(["wc", "-c"], lambda fh: fh.write(b"x" * 10)).stdout \
+        .strip() == "10"
+    assert len(relay_pids()) == 1 and ssh_shell.relay_starts == 1
+
+
 def test_a_watch_made_before_the_relay_runs(ssh_shell: SSHShell, tmp_path: Path) -> None:
     """A job added before the connection (or while its relay is replaced) is watched by
     the relay that starts next: its lines still come by push, once each."""

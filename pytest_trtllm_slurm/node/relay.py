@@ -17,7 +17,8 @@ Lines in (one JSON object each):
      "input": str|null, "timeout": float|null}
     {"op": "run", ..., "stream": true}                stdin comes as "stdin" lines:
     {"op": "stdin", "id": N, "data": base64}          a piece of a streamed stdin
-    {"op": "stdin", "id": N, "eof": true}             its end
+    {"op": "stdin", "id": N, "eof": true}             its end (a command that ends first
+                                                      is answered then; later pieces dropped)
     {"op": "read", "id": N, "path", "offset", "limit"} / "size" / "write" (path, data
      base64, mode: atomic) / "mkdir" (path, private): one round trip each; the answer
      has "data" / "size" (and "absent") / nothing, or "errno" and "error"
@@ -45,6 +46,9 @@ VERSION = 1
 # by a run that waits for slow tests
 WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.2, 1.5
 PUSH_LIMIT = 1 << 20  # bytes per push line
+# seconds between two looks at a streamed command waiting for input: one that ended (a
+# lock wait that timed out) is answered then, not when the controller ends the input
+STREAM_LOOK = 0.5
 
 
 class Relay:
@@ -177,10 +181,15 @@ class Relay:
         stdin, broken = proc.stdin, False
         assert stdin is not None
         while True:
-            piece = pieces.get()
+            try:
+                piece = pieces.get(timeout=STREAM_LOOK)
+            except queue.Empty:
+                piece = b""
             if piece is None:
                 break
-            if not broken:
+            if proc.poll() is not None:  # it ended before its input did: answer now (the
+                break  # rest is dropped; the client's writes fail from the answer on)
+            if piece and not broken:
                 try:
                     stdin.write(piece)
                 except OSError:  # it stopped reading: the rest is dropped, its exit code says

@@ -4,7 +4,8 @@ Shared file systems lag: a job can end before its last report lines are visible 
 A batch whose process ended (exit code, sacct) has closed its reports file, so after
 one refresh of the directory's attribute cache what is there is all there is: a crash
 (no ``session_finish`` line, ever) is decided at once. Only a batch that exited 0 (a
-clean pytest always writes the line) waits for it, bounded by ``report_wait``.
+clean pytest always writes the line) waits for it, bounded by ``report_wait``. A build job
+writes no reports at all: it has nothing to wait for.
 """
 
 from __future__ import annotations
@@ -14,10 +15,15 @@ from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob
 from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.transport.shell import Shell
 
+#: workflows whose command writes no reports file (its exit code is all there is)
+NO_REPORTS = frozenset({"build"})
+
 
 def reports_settled(shell: Shell, job: TrackedJob, now: float, report_wait: float) -> bool:
     """True when the batch's reports are complete, or given up on."""
     if job.state.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
+        return True
+    if job.handle.spec.workflow in NO_REPORTS:
         return True
     if session_finished(shell, job):
         return True

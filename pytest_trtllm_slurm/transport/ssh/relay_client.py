@@ -198,9 +198,11 @@ class RelayChannel:
             self._send({"op": "run", "id": ident, "argv": list(argv), "env": None,
                         "cwd": cwd, "input": None, "timeout": timeout, "stream": True})
             try:
-                producer(_StdinWriter(self, ident))  # type: ignore[arg-type]
+                producer(_StdinWriter(self, ident, pending))  # type: ignore[arg-type]
             except RelayLost:
                 raise
+            except CommandEnded:
+                pass  # it stopped reading: the rest is dropped, its exit code says
             except BaseException as exc:  # noqa: BLE001 - told to the caller with the result
                 error = exc
             self._send({"op": "stdin", "id": ident, "eof": True})
@@ -336,15 +338,25 @@ class RelayChannel:
             self._news.notify_all()
 
 
+class CommandEnded(BrokenPipeError):
+    """A write to the input of a streamed command that has ended (was answered)."""
+
+
 class _StdinWriter:
-    """The binary file interface a producer writes to: pieces as ``stdin`` lines."""
+    """The binary file interface a producer writes to: pieces as ``stdin`` lines. Once the
+    command is answered (it ended) a write fails as one to a closed pipe does, so a
+    producer that feeds it until then (a lock's keep-alive) stops."""
 
     PIECE = 1 << 18
 
-    def __init__(self, relay: RelayChannel, ident: int) -> None:
-        self._relay, self._id = relay, ident
+    def __init__(self, relay: RelayChannel, ident: int, pending: _Pending) -> None:
+        self._relay, self._id, self._pending = relay, ident, pending
 
     def write(self, data: bytes) -> int:
+        if self._pending.done.is_set():
+            if self._pending.answer is None:
+                raise RelayLost()
+            raise CommandEnded(f"the command ended (exit code {self._pending.answer.get('rc')})")
         view = memoryview(data)
         for start in range(0, len(view), self.PIECE):
             piece = base64.b64encode(view[start:start + self.PIECE]).decode("ascii")
