@@ -143,3 +143,26 @@ def test_an_unknown_record_type_is_refused_with_a_message_that_names_it(kind, sh
     assert f"unknown record type {shown}" in message
     assert all(tag in message for tag in node_records.RECORD_TYPES)  # what it does read
     assert "another version of pytest-trtllm-slurm" in message
+
+
+def test_a_worker_without_a_junit_file_ends_cleanly_and_sends_suite_properties(
+        tmp_path: Path) -> None:
+    """A warm session and a worker started by hand have no junit file: the suite property
+    still reaches the controller, and the session ends with pytest's exit code (a stand-in
+    for the junit writer that pytest could not unregister made it exit 1 with a traceback)."""
+    (tmp_path / "test_one.py").write_text(
+        "def test_one(record_testsuite_property):\n    record_testsuite_property('b', '7')\n")
+    reports = tmp_path / "reports.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent),
+                                                      env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         "--trtllm-worker-reports", str(reports), "test_one.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    written = [json.loads(line) for line in reports.read_text().splitlines()]
+    assert [(r["name"], r["value"]) for r in written if r["type"] == "suite_property"] == [
+        ("b", "7")], written

@@ -167,6 +167,8 @@ def forward_suite_properties(config: pytest.Config, writer: ReportWriter) -> Non
     if xml is None:
         stand_in: Any = SuiteProperties(writer, config.getini("junit_family"))
         config.stash[xml_key] = stand_in
+        # registered as pytest's own writer is: its unconfigure unregisters what it finds
+        config.pluginmanager.register(stand_in, "trtllm-slurm-suite-properties")
         return
     own = xml.add_global_property
 
