@@ -104,6 +104,7 @@ def _mount_entries(text: str, runtime: str) -> list[str]:
     ("podman", "--trtllm-one-shot"),
     ("podman", "--trtllm-warm-workers"),
     ("none", "--trtllm-one-shot"),  # no image: LLM_MODELS_ROOT on the host
+    ("none", "--trtllm-warm-workers"),  # ... and in the warm workers' forks
 ])
 def test_the_clusters_mounts_and_models_root_reach_the_batch(
         request, devcluster: dict[str, Any], trtllm_image, runtime: str, mode: str,
