@@ -55,7 +55,7 @@ from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_masked
 from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, target_name, target_of
-from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
+from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings, with_mounts
 
 Say = Callable[[str], None]
 TAIL_ON_FAILURE = 100
@@ -277,12 +277,16 @@ def prepare_case(
     on_slurm = decision.scenario in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM)
     account = decision.account if on_slurm else None
     reports = work_dir / "reports.jsonl"
-    # the clusters file's env and time_limit are the cluster's defaults (the case's win)
+    # the clusters file's env, models root, mounts and time_limit are the cluster's
+    # defaults (the case's win)
     name = (decision.cluster or ctx.local.cluster_name) if on_slurm else None
     table = ctx.clusters.find(name) if name else None
     # a pytest in the job must not dispatch again, whatever the repo's ini says
-    env = {"TRTLLM_SLURM_REMOTE": "0", **(table.env if table else {}), **inp.custom_env,
+    env = {"TRTLLM_SLURM_REMOTE": "0", **(table.job_env if table else {}), **inp.custom_env,
            REPORTS_ENV: str(reports)}
+    mounts = [*classified.mounts, *inp.mounts]
+    if table and run_settings.container_image:
+        mounts = list(with_mounts(mounts, table.container_mounts))
     prepared.spec = JobSpec(
         scenario=decision.scenario,
         workflow=workflow.value,
@@ -303,7 +307,7 @@ def prepare_case(
         or (table.time_limit if table else None) or DEFAULT_TIME_LIMIT,
         mem_mb=inp.mem_mb,
         container_image=run_settings.container_image,
-        mounts=[*classified.mounts, *inp.mounts],
+        mounts=mounts,
         env=env,
         work_dir=str(work_dir),
         log_path=str(work_dir / f"{model}_{workflow.value}.log"),

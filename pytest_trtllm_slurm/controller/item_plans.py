@@ -23,7 +23,12 @@ from pytest_trtllm_slurm.planning.models import (
     Scenario,
 )
 from pytest_trtllm_slurm.planning.resolve import normalize_device_type, resolve_container_image
-from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
+from pytest_trtllm_slurm.planning.settings import (
+    ClusterConfig,
+    ClustersFile,
+    Settings,
+    with_mounts,
+)
 
 
 @dataclass(slots=True)
@@ -222,6 +227,8 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         return PlannedItem(item, req, decision, ItemPlan(item, None))
     per_node = req.resolve_per_node(decision.target_gpus_per_node)
     table = cluster_table(decision, ctx)
+    image = batch_image(test_cfg.container_image or settings.container_image, decision, req, ctx)
+    own_mounts = tuple(test_cfg.mounts or ())
     key = BatchKey(
         scenario=decision.scenario,
         cluster=decision.cluster,
@@ -231,12 +238,13 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         devices_per_node=per_node,
         node_count=req.nodes(decision.target_gpus_per_node),
         device_type=req.device_type or target_device_type(decision, ctx) if req.total else None,
-        container_image=batch_image(test_cfg.container_image or settings.container_image,
-                                    decision, req, ctx),
-        mounts=tuple(test_cfg.mounts or ()),
-        # the clusters file's env and time_limit are the cluster's defaults: the marker's
-        # win, and the run's --slurm-time-limit (settings) beats the file's
-        env=tuple(sorted({**(table.env if table else {}), **(test_cfg.env or {})}.items())),
+        container_image=image,
+        # the clusters file's mounts, models root, env and time_limit are the cluster's
+        # defaults: the marker's win (its mounts first), and the run's --slurm-time-limit
+        # (settings) beats the file's; mounts only mean something in a container
+        mounts=with_mounts(own_mounts, table.container_mounts) if table and image
+        else own_mounts,
+        env=tuple(sorted({**(table.job_env if table else {}), **(test_cfg.env or {})}.items())),
         launch=Launch(test_cfg.launch or "single"),
         time_limit=test_cfg.time_limit or (
             table.time_limit if table and not settings.time_limit else None),

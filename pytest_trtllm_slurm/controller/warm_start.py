@@ -151,8 +151,8 @@ def connect_early(config: pytest.Config) -> bool:
             base=pytest_base_argv(early),  # type: ignore[arg-type]
             cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
             targets=run_targets(config),
-            # as a batch's: the worker's, then the clusters file's env for that cluster
-            env={**worker_env(early), **cluster.env},  # type: ignore[arg-type]
+            # as a batch's: the worker's, then the clusters file's env (and models root)
+            env={**worker_env(early), **cluster.job_env},  # type: ignore[arg-type]
             capture_no=getattr(early.option, "capture", "fd") == "no",
             local_work_root=settings.work_dir or str(config.rootpath / "work_dirs"))
     rootdir = config.rootpath

@@ -8,6 +8,7 @@ Precedence for every setting: CLI > env (TRTLLM_SLURM_<NAME>) > ini (trtllm_<nam
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +28,9 @@ from pytest_trtllm_slurm.planning.fields import (  # noqa: F401  (checked: re-ex
     checked,
 )
 from pytest_trtllm_slurm.planning.models import Scenario
+
+#: TensorRT-LLM's tests find their models through this variable (``llm_models_root()``)
+MODELS_ROOT_ENV = "LLM_MODELS_ROOT"
 
 
 class ClusterConfig(BaseModel):
@@ -84,6 +88,41 @@ class ClusterConfig(BaseModel):
     @property
     def is_remote(self) -> bool:
         return self.ssh_host is not None
+
+    @property
+    def job_env(self) -> dict[str, str]:
+        """The env of every test run on this cluster (a marker's wins): LLM_MODELS_ROOT =
+        ``models_root`` (TensorRT-LLM's tests look their models up there, in a container,
+        where it is mounted at the same path, or on the node itself), then the ``env``
+        table (which may set LLM_MODELS_ROOT itself)."""
+        return {**({MODELS_ROOT_ENV: self.models_root} if self.models_root else {}),
+                **self.env}
+
+    @property
+    def container_mounts(self) -> list[str]:
+        """What every container batch on this cluster mounts besides its own: ``mounts``
+        and the models root, read-only at its host path."""
+        root = [f"{self.models_root}:{self.models_root}:ro"] if self.models_root else []
+        return [*self.mounts, *root]
+
+
+def mount_target(text: str) -> str:
+    """Where a ``SRC[:DST[:FLAGS]]`` mount appears in the container (DST, else SRC)."""
+    parts = text.split(":")
+    return parts[1] if len(parts) > 1 and parts[1] else parts[0]
+
+
+def with_mounts(own: Sequence[str], more: Sequence[str]) -> tuple[str, ...]:
+    """``own`` (a batch's own mounts, which win), then those of ``more`` (the cluster's)
+    at a container path not taken yet: docker refuses two mounts at one path."""
+    taken = {mount_target(m).rstrip("/") for m in own}
+    out = list(own)
+    for mount in more:
+        target = mount_target(mount).rstrip("/")
+        if target not in taken:
+            taken.add(target)
+            out.append(mount)
+    return tuple(out)
 
 
 class ClustersFile(BaseModel):

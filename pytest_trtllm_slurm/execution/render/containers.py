@@ -34,13 +34,12 @@ from typing import Literal
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.resolve import enroot_uri
 from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem, mount_problem
+from pytest_trtllm_slurm.planning.settings import MODELS_ROOT_ENV, mount_target
 
 Engine = Literal["docker", "podman"]
 
 #: where the plugin package is mounted inside containers (on PYTHONPATH)
 PLUGIN_ROOT = "/opt/trtllm-slurm"
-#: TensorRT-LLM's tests find their models through this variable
-MODELS_ROOT_ENV = "LLM_MODELS_ROOT"
 #: the docker/podman label every container of ours carries (value: the owner tag)
 OWNER_LABEL = "trtllm-slurm.owner"
 JOB_LABEL = "trtllm-slurm.job"
@@ -140,7 +139,9 @@ def job_mounts(
     """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike).
 
     Host paths are kept (the worker's argv names them). A directory inside an earlier
-    one is not mounted twice. The JobSpec's own mounts come last and are passed as given.
+    one is not mounted twice. The JobSpec's own mounts (the marker's, then the cluster's:
+    its ``mounts`` and models root) come last and are passed as given, each container path
+    once: one that is mounted already (the repo, say, in the cluster's mounts) is left out.
     """
     out: list[str] = []
     seen: list[str] = []
@@ -148,11 +149,17 @@ def job_mounts(
         if path and not any(_under(path, s) for s in seen):
             seen.append(path)
             out.append(_mount(path))
-    if models_root and not any(_under(models_root, s) for s in seen):
+    own = {mount_target(m).rstrip("/") for m in spec.mounts}
+    if (models_root and not any(_under(models_root, s) for s in seen)
+            and models_root.rstrip("/") not in own):
         out.append(_mount(models_root, flags="ro"))
+    taken = {mount_target(m).rstrip("/") for m in out}
     for text in spec.mounts:
         parse_mount(text)  # validated, passed through unchanged
-        out.append(text)
+        target = mount_target(text).rstrip("/")
+        if target not in taken:
+            taken.add(target)
+            out.append(text)
     if include_plugin:
         out.append(_mount(plugin_dir(), f"{PLUGIN_ROOT}/pytest_trtllm_slurm", "ro"))
     return out

@@ -22,6 +22,7 @@ from pytest_trtllm_slurm.execution.render.containers import (
     pyxis_setup_argvs,
 )
 from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
+from pytest_trtllm_slurm.planning.settings import with_mounts
 
 SETUP_TIMEOUT = 3600  # an import of a large image over a slow registry link takes a while
 
@@ -54,9 +55,11 @@ def setup_name(image: str, account: str | None) -> str:
 def setup_mounts(repo: str, extra: Sequence[str] = (), models_root: str | None = None
                  ) -> list[str]:
     """What the setup steps mount: the repo (the install step runs there, e.g. ``pip install
-    -e .``), the cluster's mounts, the models root read-only. ValueError for a mount pyxis
-    cannot express (a relative path, a ',' in a path)."""
-    out = [f"{repo}:{repo}", *extra, *([f"{models_root}:{models_root}:ro"] if models_root else [])]
+    -e .``), the cluster's mounts, the models root read-only, each container path once (the
+    cluster's mounts may hold the repo). ValueError for a mount pyxis cannot express (a
+    relative path, a ',' in a path)."""
+    out = list(with_mounts([f"{repo}:{repo}"], [
+        *extra, *([f"{models_root}:{models_root}:ro"] if models_root else [])]))
     for mount in out:
         parse_mount(mount)
         if "," in mount:
