@@ -162,6 +162,40 @@ def release_allocation(rootdir: Path, config: Path | None = None) -> None:
         state.unlink(missing_ok=True)
 
 
+# -- a suite reached over the dev cluster's sshd ------------------------------------------------
+GITIGNORE = "__pycache__/\n.pytest_cache/\nwork_dirs/\n"
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=bench", "-c",
+                    "user.email=bench@localhost", *args], check=True, capture_output=True,
+                   text=True)
+
+
+def publish(suite: Path, base: Path, message: str) -> None:
+    """``suite`` as a git repository (work dirs ignored) pushed to a bare origin in ``base``
+    (what ``sync = "git"`` clones; a run also needs a repository to find its root)."""
+    (suite / ".gitignore").write_text(GITIGNORE)
+    origin = base / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
+    git(suite, "init", "-q", "-b", "main")
+    git(suite, "add", "-A")
+    git(suite, "commit", "-q", "-m", message)
+    git(suite, "remote", "add", "origin", str(origin))
+    git(suite, "push", "-q", "origin", "main")
+
+
+def devssh_table(ssh: dict[str, Any], *, sync: str, partition: str,
+                 user_root_dir: Path | None = None, name: str = "devssh") -> str:
+    """A clusters-file table naming the dev cluster's sshd (key login) as cluster ``name``."""
+    return (f"[clusters.{name}]\n"
+            f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
+            f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
+            f'mfa = false\nsync = "{sync}"\npython = "{sys.executable}"\n'
+            f'partition = "{partition}"\n'
+            + (f'user_root_dir = "{user_root_dir}"\n' if user_root_dir else ""))
+
+
 # -- environment of every run ---------------------------------------------------------------------
 def bench_env(**extra: str) -> dict[str, str]:
     """The environment of every pytest a benchmark starts (controller, workers, jobs).

@@ -17,17 +17,19 @@ released, local and one-shot), so drift hits all alike; ratios are to the local 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench_common import (
+    GITIGNORE,
     PLUGIN,
     bench_env,
     check_passed,
+    devssh_table,
     log,
+    publish,
     ratio,
     release_allocation,
     summary,
@@ -47,32 +49,17 @@ markers =
 """
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=bench", "-c",
-                    "user.email=bench@localhost", *args], check=True, capture_output=True,
-                   text=True)
-
-
 def make_suite(base: Path, ssh: dict[str, Any] | None, partition: str) -> Path:
     suite = base / "latency"
     suite.mkdir()
     (suite / "pytest.ini").write_text(INI)
     (suite / "test_one.py").write_text(TEST)
-    (suite / ".gitignore").write_text("__pycache__/\n.pytest_cache/\nwork_dirs/\n")
     if ssh:
-        (suite / "trtllm-slurm.toml").write_text(
-            "[clusters.devssh]\n"
-            f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
-            f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
-            f'mfa = false\nsync = "git"\nuser_root_dir = "{base / "cluster_home"}"\n'
-            f'python = "{sys.executable}"\npartition = "{partition}"\n')
-        origin = base / "origin.git"
-        subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
-        git(suite, "init", "-q", "-b", "main")
-        git(suite, "add", "-A")
-        git(suite, "commit", "-q", "-m", "latency suite")
-        git(suite, "remote", "add", "origin", str(origin))
-        git(suite, "push", "-q", "origin", "main")
+        (suite / "trtllm-slurm.toml").write_text(devssh_table(
+            ssh, sync="git", partition=partition, user_root_dir=base / "cluster_home"))
+        publish(suite, base, "latency suite")
+    else:
+        (suite / ".gitignore").write_text(GITIGNORE)
     return suite
 
 

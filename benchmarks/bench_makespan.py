@@ -53,9 +53,11 @@ from bench_common import (
     bench_env,
     cancel_jobs,
     check_passed,
+    devssh_table,
     jobs_ended_after,
     log,
     our_jobs,
+    publish,
     ratio,
     release_allocation,
     sdiag_reset,
@@ -101,37 +103,17 @@ def make_suite(root: Path, per_shape: int, s: float = 0.0, c: float = 0.0
     return [(f"test_suite.py::test_gpu{g}[{i}]", g) for g in SHAPES for i in range(per_shape)]
 
 
-GITIGNORE = "__pycache__/\n.pytest_cache/\nwork_dirs/\n"
-
-
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=bench", "-c",
-                    "user.email=bench@localhost", *args], check=True, capture_output=True,
-                   text=True)
-
-
 def ssh_cluster(root: Path, suite: Path, ssh: dict[str, Any], partition: str,
                 sync: str) -> Path:
     """A clusters file naming the dev cluster's sshd as ``devssh`` (key login), and the
     suite as a git repository with an origin (what ``sync = "git"`` clones)."""
-    (suite / ".gitignore").write_text(GITIGNORE)
-    origin = root / "origin.git"
-    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
-    git(suite, "init", "-q", "-b", "main")
-    git(suite, "add", "-A")
-    git(suite, "commit", "-q", "-m", "makespan suite")
-    git(suite, "remote", "add", "origin", str(origin))
-    git(suite, "push", "-q", "origin", "main")
+    publish(suite, root, "makespan suite")
     config = root / "clusters.toml"
     config.write_text(
-        "[clusters.devssh]\n"
-        f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
-        f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
-        f'mfa = false\nsync = "{sync}"\nuser_root_dir = "{root / "cluster_home"}"\n'
-        f'python = "{sys.executable}"\npartition = "{partition}"\n'
+        devssh_table(ssh, sync=sync, partition=partition, user_root_dir=root / "cluster_home")
         # the controller's environment is not forwarded over SSH: the probe plugin (-p
         # bench_probe) and the plugin under test must be importable there too
-        f'[clusters.devssh.env]\nPYTHONPATH = "{BENCH_DIR}:{REPO}"\n')
+        + f'\n[clusters.devssh.env]\nPYTHONPATH = "{BENCH_DIR}:{REPO}"\n')
     return config
 
 

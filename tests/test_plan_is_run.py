@@ -175,17 +175,22 @@ def test_examples_log_every_scheduler_command(examples_run) -> None:
 
 
 # -- the benchmark suite -------------------------------------------------------------------
-def test_benchmark_suite_plan_batches_are_the_run_batches(
-        devcluster: dict, tmp_path: Path) -> None:
-    """The 64-test suite of benchmarks/bench_makespan (1, 2, 4, 8 GPUs), one-shot, compared
-    once every batch is submitted (whatever the shared cluster's queue)."""
+def benchmark_suite(suite: Path) -> list[tuple[str, int]]:
+    """benchmarks/bench_makespan's 64-test suite (16 each of 1, 2, 4, 8 GPUs) in ``suite``."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_makespan import make_suite
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return make_suite(suite, per_shape=16)
+
+
+def test_benchmark_suite_plan_batches_are_the_run_batches(
+        devcluster: dict, tmp_path: Path) -> None:
+    """The 64-test suite of benchmarks/bench_makespan (1, 2, 4, 8 GPUs), one-shot, compared
+    once every batch is submitted (whatever the shared cluster's queue)."""
     suite = tmp_path / "suite"
-    tests = make_suite(suite, per_shape=16)
+    tests = benchmark_suite(suite)
     env = _env(BENCH_TEST_SECONDS="0", BENCH_IMPORT_SECONDS="0")
     args = ("-q", "--slurm-partition=batch", "--trtllm-one-shot")
     plan = plan_batches(suite, *args, env=env)
@@ -198,15 +203,10 @@ def test_over_ssh_a_persistent_run_packs_as_locally(devcluster: dict, tmp_path: 
     """The same 64-test suite planned for the dev cluster reached locally and over its sshd
     (``--slurm-cluster``): the same batches, packed into the warm allocation, even after a
     cold run measured a long start-up (its allocation's wait) for the cluster."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from bench_makespan import make_suite
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
     from devcluster import publish_ssh_suite
 
     suite = tmp_path / "suite"
-    tests = make_suite(suite, per_shape=16)
+    tests = benchmark_suite(suite)
     (suite / ".gitignore").write_text("__pycache__/\n.pytest_cache/\nwork_dirs/\n")
     publish_ssh_suite(suite, tmp_path, devcluster["ssh"], partition="gb200")
     cache = suite / ".pytest_cache" / "v" / "cache"

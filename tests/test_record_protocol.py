@@ -43,6 +43,18 @@ def test_warns(record_xml_attribute, record_testsuite_property):
 WANTED = ["test_all.py::test_plain", "test_all.py::test_warns", "test_all.py::test_gone"]
 
 
+def run_worker(root: Path, reports: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A real worker session (the node side's plugin) in ``root``, writing ``reports``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent),
+                                                      env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
+         "-p", "no:cacheprovider", "--rootdir", str(root),
+         "--trtllm-worker-reports", str(reports), *args],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """The records one real worker session wrote, as JSON objects."""
@@ -51,16 +63,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
         (root / name).write_text(text)
     (root / "nodeids.json").write_text(json.dumps(WANTED))
     reports = root / "reports.jsonl"
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent),
-                                                      env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
-         "-p", "no:cacheprovider", "--rootdir", str(root),
-         "--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids",
-         str(root / "nodeids.json"), "--continue-on-collection-errors",
-         "test_all.py", "test_broken.py"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = run_worker(root, reports, "--trtllm-worker-nodeids", str(root / "nodeids.json"),
+                      "--continue-on-collection-errors", "test_all.py", "test_broken.py")
     assert reports.exists(), proc.stdout + proc.stderr
     return [json.loads(line) for line in reports.read_text().splitlines()]
 
@@ -153,14 +157,7 @@ def test_a_worker_without_a_junit_file_ends_cleanly_and_sends_suite_properties(
     (tmp_path / "test_one.py").write_text(
         "def test_one(record_testsuite_property):\n    record_testsuite_property('b', '7')\n")
     reports = tmp_path / "reports.jsonl"
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent),
-                                                      env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
-         "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-         "--trtllm-worker-reports", str(reports), "test_one.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = run_worker(tmp_path, reports, "test_one.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     written = [json.loads(line) for line in reports.read_text().splitlines()]
