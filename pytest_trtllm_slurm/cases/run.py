@@ -279,8 +279,7 @@ def prepare_case(
     reports = work_dir / "reports.jsonl"
     # the clusters file's env, models root, mounts and time_limit are the cluster's
     # defaults (the case's win)
-    name = (decision.cluster or ctx.local.cluster_name) if on_slurm else None
-    table = ctx.clusters.find(name) if name else None
+    table = ctx.clusters.table_of(decision.scenario, decision.cluster, ctx.local.cluster_name)
     # a pytest in the job must not dispatch again, whatever the repo's ini says
     env = {"TRTLLM_SLURM_REMOTE": "0", **(table.job_env if table else {}), **inp.custom_env,
            REPORTS_ENV: str(reports)}

@@ -157,24 +157,14 @@ def target_device_type(decision: RouteDecision, ctx: PlanningContext) -> str | N
     return ctx.local.device_type
 
 
-def cluster_table(decision: RouteDecision, ctx: PlanningContext) -> ClusterConfig | None:
-    """The clusters-file table of the Slurm cluster a batch runs on (a remote one, or the
-    local Slurm under its ClusterName); None for other targets or without one."""
-    if decision.scenario not in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
-        return None
-    name = decision.cluster or ctx.local.cluster_name
-    return ctx.clusters.find(name) if name else None
-
-
 def batch_image(
-    explicit: str | None, decision: RouteDecision, req: DeviceRequirement, ctx: PlanningContext
+    explicit: str | None, decision: RouteDecision, req: DeviceRequirement, ctx: PlanningContext,
+    cluster: ClusterConfig | None,
 ) -> str | None:
-    """The image a batch runs in. For a Slurm cluster whose container_runtime is not
-    "none": option/marker > clusters file > jenkins/current_image_tags.properties (by the
-    partition's arch); elsewhere only an explicit image counts."""
-    if decision.scenario not in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
-        return explicit
-    cluster = cluster_table(decision, ctx)
+    """The image a batch runs in. On a Slurm cluster whose table (``cluster``) has a
+    container_runtime other than "none": option/marker > clusters file >
+    jenkins/current_image_tags.properties (by the partition's arch); elsewhere only an
+    explicit image counts."""
     if cluster is None or cluster.container_runtime == "none":
         return explicit
     arch = None
@@ -226,8 +216,9 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
     if not decision.dispatched:
         return PlannedItem(item, req, decision, ItemPlan(item, None))
     per_node = req.resolve_per_node(decision.target_gpus_per_node)
-    table = cluster_table(decision, ctx)
-    image = batch_image(test_cfg.container_image or settings.container_image, decision, req, ctx)
+    table = ctx.clusters.table_of(decision.scenario, decision.cluster, ctx.local.cluster_name)
+    image = batch_image(test_cfg.container_image or settings.container_image, decision, req,
+                        ctx, table)
     own_mounts = tuple(test_cfg.mounts or ())
     key = BatchKey(
         scenario=decision.scenario,

@@ -140,6 +140,16 @@ class ClustersFile(BaseModel):
                 return cluster
         return None
 
+    def table_of(self, scenario: Scenario | None, cluster: str | None,
+                 local_name: str | None) -> ClusterConfig | None:
+        """The table of the Slurm cluster a batch runs on (a remote one, or the local Slurm
+        under its ClusterName), whose env, mounts, models root, time limit and image are the
+        batch's defaults; None for other targets or without one."""
+        if scenario not in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
+            return None
+        name = cluster or local_name
+        return self.find(name) if name else None
+
     def get(self, name: str) -> ClusterConfig:
         cluster = self.find(name)
         if cluster is not None:

@@ -13,6 +13,7 @@ import json
 import shlex
 from collections.abc import Callable
 from pathlib import PurePosixPath
+from typing import Any
 
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
@@ -63,6 +64,16 @@ class PathMap:
         return spec.model_copy(update=update)
 
 
+class _FromInner:
+    """A read-only attribute of the wrapped executor (``default`` when it has none)."""
+
+    def __init__(self, name: str, default: Any) -> None:
+        self.name, self.default = name, default
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.inner, self.name, self.default)
+
+
 class RemoteSlurmExecutor:
     """An Executor that maps a spec to the cluster's paths and delegates to ``inner``."""
 
@@ -74,25 +85,15 @@ class RemoteSlurmExecutor:
         self.paths = paths
         self.interpreter = interpreter
 
-    @property
-    def slurm_env(self) -> object:
-        """What discovery found on the cluster (recorded in job_spec.json)."""
-        return getattr(self.inner, "slurm_env", None)
-
-    # what the packer reads (``packing.pools_from_executors``), as of a local cluster: a
-    # persistent allocation's batches are packed into it, with a warm worker's start-up,
-    # not into the partition with the start-up a cold run measured (its allocation's wait)
-    @property
-    def persistent(self) -> bool:
-        return bool(getattr(self.inner, "persistent", False))
-
-    @property
-    def allocations(self) -> object:
-        return getattr(self.inner, "allocations", None)
-
-    @property
-    def warm_workers(self) -> bool:
-        return bool(getattr(self.inner, "warm_workers", False))
+    # what the controller reads of a Slurm executor is the inner one's: its discovery
+    # (job_spec.json), and what the packer sizes pools by (``pools_from_executors``), as
+    # for a local cluster: a persistent allocation's batches are packed into it with a warm
+    # worker's start-up, not into the partition with a cold run's measured start-up
+    slurm_env = _FromInner("slurm_env", None)
+    persistent = _FromInner("persistent", False)
+    allocations = _FromInner("allocations", None)
+    warm_workers = _FromInner("warm_workers", False)
+    poll_hint = _FromInner("poll_hint", None)
 
     def submit(self, spec: JobSpec) -> JobHandle:
         remote = self.paths.spec(spec, self.interpreter)
@@ -107,10 +108,6 @@ class RemoteSlurmExecutor:
 
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         return self.inner.poll(handles)
-
-    @property
-    def poll_hint(self) -> float | None:
-        return getattr(self.inner, "poll_hint", None)
 
     def expect(self, nodeids: set[str]) -> None:
         expect = getattr(self.inner, "expect", None)
