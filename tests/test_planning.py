@@ -45,13 +45,17 @@ def test_batch_image_by_partition_arch(tmp_path, runtime, partition, explicit, e
     ctx = context(tmp_path, runtime)
     decision = RouteDecision(scenario=Scenario.LOCAL_SLURM, partition=partition,
                              cluster="devcluster")
-    assert batch_image(explicit, decision, DeviceRequirement(total=1, per_node=1), ctx) == expected
+    table = ctx.clusters.table_of(decision.scenario, decision.cluster, ctx.local.cluster_name)
+    assert batch_image(explicit, decision, DeviceRequirement(total=1, per_node=1), ctx,
+                       table) == expected
 
 
 def test_local_tests_never_get_an_image_from_the_file(tmp_path) -> None:
     ctx = context(tmp_path, "pyxis")
     here = RouteDecision(scenario=Scenario.LOCAL_DIRECT, dispatched=False)
-    assert batch_image(None, here, DeviceRequirement(), ctx) is None
+    table = ctx.clusters.table_of(here.scenario, here.cluster, ctx.local.cluster_name)
+    assert table is None  # a test run here has no cluster's defaults
+    assert batch_image(None, here, DeviceRequirement(), ctx, table) is None
 
 
 def test_target_device_type_of_a_partition(tmp_path) -> None:
