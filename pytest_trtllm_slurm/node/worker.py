@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -226,21 +225,6 @@ class JunitRecorders:
         return record
 
 
-class XdistIdentity:
-    """Under ``pytest -n N`` the dispatching process is an xdist worker: a test it sends
-    to a target sees that worker's ``worker_id`` and ``testrun_uid`` (the controller puts
-    them in ``PYTEST_XDIST_*``, read when the fixture runs: a served session's batches
-    may come from different xdist workers). Without them, xdist's own answers."""
-
-    @pytest.fixture(scope="session")
-    def worker_id(self) -> str:
-        return os.environ.get("PYTEST_XDIST_WORKER") or "master"
-
-    @pytest.fixture(scope="session")
-    def testrun_uid(self) -> str:
-        return os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
-
-
 class MarkedLines:
     """pytest's own terminal output in the job log, each line starting with ``LOG_MARK``:
     the hang scan reads only the test's own output, never a node id pytest printed."""
@@ -295,7 +279,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(JunitRecorders(writer), "trtllm-slurm-junit-recorders")
     forward_suite_properties(config, writer)
     if config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
-        config.pluginmanager.register(XdistIdentity(), "trtllm-slurm-xdist-identity")
+        from pytest_trtllm_slurm.node import xdist_identity
+
+        config.pluginmanager.register(xdist_identity, "trtllm-slurm-xdist-identity")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     terminal = getattr(reporter, "_tw", None)
     if terminal is not None and hasattr(terminal, "_file"):
