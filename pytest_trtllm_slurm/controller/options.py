@@ -34,7 +34,7 @@ from pytest_trtllm_slurm.planning.durations import (
 if TYPE_CHECKING:  # config/requirements import pydantic: loaded only when settings are needed
     from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
 
-Kind = Literal["bool", "str", "path", "choice", "int", "time", "seconds", "list"]
+Kind = Literal["bool", "str", "path", "choice", "int", "time", "seconds", "list", "counts"]
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,9 @@ OPTIONS: tuple[Opt, ...] = (
         "what happens to a test nothing can serve", choices=("skip", "fail")),
     Opt("hang_pattern", "hang_patterns", "--trtllm-hang-pattern", "list", ("hang detected",),
         "log text that means a hang (repeatable; replaces the default; env: one per line)"),
+    Opt("marker_devices", "marker_devices", None, "counts", ("gpu2:2", "gpu4:4"),
+        "named markers that size a test: NAME:COUNT words (a test marked NAME needs COUNT "
+        "GPUs of one node), replacing TensorRT-LLM's table; ini/env only"),
 )
 BY_NAME: dict[str, Opt] = {opt.name: opt for opt in OPTIONS}
 
@@ -151,7 +154,8 @@ MARKERS: tuple[str, ...] = (
     "skip_device_not_contain(keywords): needs a device whose name contains one of keywords",
     "trtllm_slurm(devices=None, devices_per_node=None, nodes=None, device_type=None, "
     "partition=None, account=None, time_limit=None, container_image=None, mounts=(), env={}, "
-    "launch=None, local=False): per-test resources and job settings for trtllm-slurm",
+    "launch=None, launcher=None, local=False): per-test resources and job settings for "
+    "trtllm-slurm",
 )
 
 _SETTINGS_KEY = pytest.StashKey["Settings"]()
@@ -186,7 +190,8 @@ def register(parser: pytest.Parser) -> None:
             if opt.false_flag:
                 group.addoption(opt.false_flag, dest=opt.dest, action="store_const", const=False,
                                 default=None, help=f"opposite of {opt.flag} ({opt.ini}=false)")
-        ini_type = {"bool": "bool", "int": "int", "list": "linelist"}.get(opt.kind, "string")
+        ini_type = {"bool": "bool", "int": "int", "list": "linelist",
+                    "counts": "linelist"}.get(opt.kind, "string")
         parser.addini(opt.ini, f"{opt.help} (env {opt.env})", type=ini_type,  # type: ignore[arg-type]
                       default=None)
 
@@ -276,6 +281,7 @@ def _expected(opt: Opt) -> str:
         "time": f"a duration such as {TIME_FORMATS}",
         "seconds": f"a positive duration such as {TIME_FORMATS}",
         "list": "one text per line",
+        "counts": "NAME:COUNT words, e.g. 'gpu2:2 gpu4:4'",
     }.get(opt.kind, "a non-empty text")
 
 
@@ -301,6 +307,11 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
         if text in _TRUE or text in _FALSE:
             return text in _TRUE
         raise bad()
+    if opt.kind == "counts":
+        from pytest_trtllm_slurm.planning.requirements import parse_marker_devices
+
+        items = value.splitlines() if isinstance(value, str) else list(value)
+        return parse_marker_devices(items, f"{_source_name(opt, source)} ({opt.where()})")
     if opt.kind == "list":
         items = value.splitlines() if isinstance(value, str) else list(value)
         items = [str(i).strip() for i in items if str(i).strip()]

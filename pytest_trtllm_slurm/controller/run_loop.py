@@ -413,10 +413,12 @@ class DispatchLoop:
             devices_per_node=key.devices_per_node,
             device_type=key.device_type,
             launch=key.launch,
+            launcher_prefix=list(key.launcher),
             cluster=key.cluster,
             account=key.account,
             partition=key.partition,
             time_limit=key.time_limit or self.settings.time_limit,
+            mem_mb=key.mem_mb,
             container_image=key.container_image,
             mounts=list(key.mounts),
             # unbuffered: what a test prints reaches the job log at once (hang patterns)

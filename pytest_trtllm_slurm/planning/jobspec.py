@@ -86,6 +86,9 @@ class JobSpec(BaseModel):
     devices_per_node: int = 0
     device_type: OneLine | None = None
     launch: Launch = Launch.SINGLE
+    # what each rank of a launch=mpi batch runs before the command (trtllm-llmapi-launch);
+    # empty: the executor's (from its construction), if any
+    launcher_prefix: Argv = Field(default_factory=list)
     cluster: OneLine | None = None
     account: SlurmName | None = None
     partition: SlurmName | None = None

@@ -77,6 +77,8 @@ def serves_warm(spec: JobSpec) -> bool:
     process (not an srun-launched MPI job), no container (pyxis starts those)."""
     if spec.workflow != "pytest" or not spec.nodeids or not spec.rerun_argv:
         return False
+    if spec.launcher_prefix:  # the launcher runs pytest (on rank 0), not a forked worker
+        return False
     return not spec.container_image and (spec.launch is not Launch.MPI or
                                          (spec.total_devices or 0) <= 1)
 
