@@ -210,6 +210,7 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         pinned_local=bool(test_cfg.local),
         partition=test_cfg.partition,
         remote_env=ctx.remote_env,
+        cluster=test_cfg.cluster,
     )
     if decision.scenario is None:
         return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=decision.reason))

@@ -180,6 +180,7 @@ class TestConfig(BaseModel):
     # Checked here, at planning time, like the clusters file's (by their types): these
     # values reach #SBATCH lines, srun/docker argv and the job's environment.
     device_type: OneLine | None = None
+    cluster: SlurmName | None = None  # run on this cluster (as --slurm-cluster, for this test)
     partition: SlurmName | None = None
     account: SlurmName | None = None
     time_limit: str | None = None  # normalized to Slurm's D-HH:MM:SS / HH:MM:SS

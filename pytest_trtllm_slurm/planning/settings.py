@@ -266,5 +266,9 @@ class Settings(BaseModel):
     max_retries: int = 1
     unsatisfied: Literal["skip", "fail"] = "skip"
     hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])
+    # TensorRT-LLM's test-db: folder, contexts, terms (planning/testdb.py)
+    test_db: str | None = None
+    test_db_contexts: list[str] = Field(default_factory=list)
+    test_db_terms: list[str] = Field(default_factory=list)
     # named markers -> devices on one node (ini trtllm_marker_devices)
     marker_devices: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_MARKER_DEVICES))
