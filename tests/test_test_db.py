@@ -103,7 +103,7 @@ def test_a_pre_merge_stage_runs_on_every_gpu_type_in_one_command(
     # the plan says what ran where, and what did not
     assert "l0_dev#1 (4 x *h200*, cpu x86_64; stage=pre_merge backend=pytorch) -> " \
         "devcluster/batch (4x h200 per node): 4 GPUs on 1 node, 2 tests" in out, out
-    assert "devcluster/gb200 (4x gb200 per node): 1 GPUs on 1 node, 1 tests" in out, out
+    assert "devcluster/gb200 (4x gb200 per node): 1 GPU on 1 node, 1 tests" in out, out
     assert "8 GPUs on 2 nodes, 1 tests" in out, out
     assert "l0_dev#5 (8 x *b300*; stage=pre_merge backend=pytorch): no configured cluster" \
         in out, out

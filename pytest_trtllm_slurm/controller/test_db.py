@@ -154,7 +154,8 @@ class TestDbStage:
         for sel in rendering.selections:
             block = sel.block
             self.lines.append(
-                f"  {block.describe()} -> {sel.target.describe()}: {sel.devices} GPUs on "
+                f"  {block.describe()} -> {sel.target.describe()}: {sel.devices} "
+                f"GPU{'s' if sel.devices != 1 else ''} on "
                 f"{sel.nodes} node{'s' if sel.nodes != 1 else ''}, "
                 f"{counts.get(block.name, 0)} tests")
             if block.unchecked:
