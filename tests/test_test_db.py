@@ -109,3 +109,64 @@ def test_a_pre_merge_stage_runs_on_every_gpu_type_in_one_command(
         in out, out
     assert "not run: 'unittest/test_folder.py -k \"not slow\"'" in out, out
     assert "not checked: wildcards.linux_distribution_name" in out, out
+
+
+def test_targets_are_the_local_partitions_then_the_remote_clusters() -> None:
+    from test_routing import DEV_ENV, H200_A, LOGIN, clusters
+
+    from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+    from pytest_trtllm_slurm.controller.test_db import targets_of
+    from pytest_trtllm_slurm.planning.settings import Settings
+
+    ctx = PlanningContext(settings=Settings(), local=LOGIN, clusters=clusters(far=H200_A),
+                          slurm_env=DEV_ENV)
+    assert targets_of(ctx) == [H200, GB200, testdb.Target("far", None, "H200", 8)]
+    only = PlanningContext(settings=Settings(slurm_cluster="far"), local=LOGIN,
+                           clusters=clusters(far=H200_A), slurm_env=DEV_ENV)
+    assert targets_of(only) == [testdb.Target("far", None, "H200", 8)]
+
+
+def test_a_tests_cluster_key_routes_it_there_as_slurm_cluster_would() -> None:
+    from test_routing import DEV_ENV, H200_A, LOGIN, clusters
+
+    from pytest_trtllm_slurm.planning.models import DeviceRequirement, Scenario
+    from pytest_trtllm_slurm.planning.routing import route
+    from pytest_trtllm_slurm.planning.settings import Settings
+
+    req = DeviceRequirement(total=4, per_node=4, device_type="H200")
+    args = dict(settings=Settings(), local=LOGIN, clusters=clusters(far=H200_A),
+                slurm_env=DEV_ENV)
+    assert route(req, **args).scenario is Scenario.LOCAL_SLURM  # the local H200s first
+    far = route(req, cluster="far", **args)
+    assert (far.scenario, far.cluster) == (Scenario.REMOTE_SLURM, "far")
+    here = route(req, cluster="devcluster", partition="batch", **args)
+    assert (here.scenario, here.partition) == (Scenario.LOCAL_SLURM, "batch")
+
+
+def test_a_stage_runs_on_a_remote_cluster_over_ssh(devcluster: dict[str, Any],
+                                                   tmp_path: Path) -> None:
+    """--slurm-cluster=devssh: the targets are what discovery finds over SSH (its table
+    names no partition), the tests run there."""
+    from devcluster import publish_ssh_suite
+
+    suite = tmp_path / "suite"
+    shutil.copytree(DATA / "test_db_suite", suite)
+    (suite / ".gitignore").write_text("__pycache__/\nwork_dirs/\n")
+    publish_ssh_suite(suite, tmp_path, devcluster["ssh"])
+    toml = suite / "trtllm-slurm.toml"
+    toml.write_text(re.sub(r'(?m)^partition = .*\n', "", toml.read_text()))
+    subprocess.run(["git", "-C", str(suite), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qam", "any partition"], check=True)
+    try:
+        proc = run_stage(suite, "--trtllm-test-db-terms", "stage=pre_merge backend=tensorrt",
+                         "--slurm-cluster=devssh", "--trtllm-one-shot")
+    finally:
+        subprocess.run([sys.executable, "-m", "pytest_trtllm_slurm.cli.main", "alloc",
+                        "release", "--rootdir", str(suite), "--cluster", "devssh"],
+                       cwd=suite, capture_output=True, text=True, timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "-> devssh/batch (4x h200 per node): 4 GPUs on 1 node, 1 tests" in out, out
+    assert "scenario: remote_slurm" in out, out
+    assert re.findall(r"^PASSED (\S+)", proc.stdout, re.MULTILINE) == [
+        "check_stage.py::test_tensorrt_backend"], out
