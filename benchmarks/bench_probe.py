@@ -72,6 +72,24 @@ def _timed(name: str, func: Any) -> Any:
     return wrapper
 
 
+def _profiled(path: str, func: Any) -> Any:
+    """``func`` under cProfile, its stats dumped to ``path`` (``BENCH_PROFILE``): where the
+    dispatch loop's CPU goes (cProfile slows what it watches: read the shares, not the
+    seconds)."""
+    import cProfile
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            profile.disable()
+            profile.dump_stats(path)
+    return wrapper
+
+
 class _Clock:
     """Hook wrappers that add the time spent inside a hook to ``STATE["timings"]``."""
 
@@ -150,7 +168,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return batches
 
     batch_plan.make_batches = recording_make_batches  # type: ignore[assignment]
-    dispatch.DispatchLoop.run = _timed("dispatch_loop", dispatch.DispatchLoop.run)  # type: ignore[method-assign]
+    run = _timed("dispatch_loop", dispatch.DispatchLoop.run)
+    if os.environ.get("BENCH_PROFILE"):
+        run = _profiled(os.environ["BENCH_PROFILE"], run)
+    dispatch.DispatchLoop.run = run  # type: ignore[method-assign]
     dispatch.DispatchLoop._submit = _timed("submit", dispatch.DispatchLoop._submit)  # type: ignore[method-assign]
     dispatch.DispatchLoop._pump = _timed("pump", dispatch.DispatchLoop._pump)  # type: ignore[method-assign]
     if os.environ.get("BENCH_FAKE_EXECUTOR") == "1":

@@ -144,10 +144,12 @@ class Runner:
         self.env = bench_env(BENCH_IMPORT_SECONDS=str(c))
         self.runs = 0
 
-    def plugin(self, extra: list[str]) -> dict[str, Any]:
+    def plugin(self, extra: list[str], profile: str | None = None) -> dict[str, Any]:
         self.runs += 1
         probe, junit = self.root / f"probe{self.runs}.json", self.root / f"plugin{self.runs}.xml"
         env = {**self.env, "BENCH_PROBE_OUT": str(probe)}
+        if profile:  # the dispatch loop under cProfile (bench_probe): the timed run only
+            env["BENCH_PROFILE"] = profile
         argv = [sys.executable, "-m", "pytest", "-q", *PLUGIN,
                 "-p", "bench_probe", "--trtllm-remote", "--slurm-partition=batch",
                 f"--trtllm-alloc-nodes={self.nodes}", f"--junitxml={junit}", *extra]
@@ -271,6 +273,8 @@ def main() -> int:
     ap.add_argument("--ways", default="plugin,per_shape")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--plugin-args", default="", help="extra pytest arguments (shlex)")
+    ap.add_argument("--profile", default=None,
+                    help="cProfile the timed plugin run's dispatch loop into this file")
     ap.add_argument("--out", default=None, help="results file stem (default w3_<nodes>x<tests>)")
     args = ap.parse_args()
 
@@ -298,7 +302,8 @@ def main() -> int:
                         log("plugin: warm-up run (allocation, warm workers, durations cache)")
                         out["plugin_warmup"] = runner.measure("plugin warm-up",
                                                               lambda: runner.plugin(extra))
-                    out["ways"]["plugin"] = runner.measure("plugin", lambda: runner.plugin(extra))
+                    out["ways"]["plugin"] = runner.measure(
+                        "plugin", lambda: runner.plugin(extra, args.profile))
                 elif way == "per_shape":
                     release_allocation(runner.suite)  # the baseline gets every node
                     out["ways"]["per_shape"] = runner.measure("per_shape", runner.per_shape)
