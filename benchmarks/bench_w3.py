@@ -171,8 +171,8 @@ class Runner:
         self.runs += 1
         probe, junit = self.root / f"probe{self.runs}.json", self.root / f"plugin{self.runs}.xml"
         env = {**self.env, "BENCH_PROBE_OUT": str(probe)}
-        if profile:  # the dispatch loop under cProfile (bench_probe): the timed run only
-            env["BENCH_PROFILE"] = profile
+        if profile:  # the dispatch loop profiled (bench_probe): the timed run only
+            env["BENCH_SAMPLE" if profile.endswith(".txt") else "BENCH_PROFILE"] = profile
         argv = [sys.executable, "-m", "pytest", "-q", *PLUGIN,
                 "-p", "bench_probe", "--trtllm-remote", "--slurm-partition=batch",
                 f"--trtllm-alloc-nodes={self.nodes}", f"--junitxml={junit}", *extra]
@@ -301,7 +301,8 @@ def main() -> int:
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--plugin-args", default="", help="extra pytest arguments (shlex)")
     ap.add_argument("--profile", default=None,
-                    help="cProfile the timed plugin run's dispatch loop into this file")
+                    help="profile the timed plugin run's dispatch loop into this file: "
+                    "a CPU-time sampler's table (*.txt) or cProfile's stats (else)")
     ap.add_argument("--out", default=None, help="results file stem (default w3_<nodes>x<tests>)")
     args = ap.parse_args()
 
