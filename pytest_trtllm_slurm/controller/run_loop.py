@@ -39,14 +39,17 @@ from pytest_trtllm_slurm.execution.disk import is_disk_full, space_problem
 from pytest_trtllm_slurm.execution.monitor import (
     JobEvent,
     Monitor,
-    UnreadableLine,
     WatchedJob,
     log_tail,
-    report_stop,
 )
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_name
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
-from pytest_trtllm_slurm.execution.records import BadRecord, describe_line, parse_record
+from pytest_trtllm_slurm.execution.records import (
+    BadRecord,
+    UnreadableLine,
+    describe_line,
+    parse_record,
+)
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
@@ -436,16 +439,13 @@ class DispatchLoop:
     def _on_event(self, event: JobEvent) -> None:
         running = self.running[event.job.handle.job_id]
         ctx = running.context
-        records = event.records
-        if event.final is not None and event.final.ended_at is not None:
-            records = _before(records, event.final.ended_at)
-        for raw in records:
+        for raw in event.records:
             if running.refused is not None:
                 break  # nothing more of this batch is trusted
             running.records_seen += 1
             try:
                 if isinstance(raw, UnreadableLine):
-                    raise describe_line(raw.line)
+                    raise describe_line(raw.line, raw.why)
                 record = parse_record(raw, running.nodeids)
                 self.handlers.dispatch(record, Arrival(running, ctx, raw))
             except BadRecord as exc:
@@ -550,17 +550,6 @@ class DispatchLoop:
         reason = plan.skip_reason or "no target can serve this test"
         self.replayer.track(plan.item)
         self.replayer.skip_unsatisfied(plan.item, reason, fail=self.settings.unsatisfied == "fail")
-
-
-def _before(records: list[dict], ended_at: float) -> list[dict]:
-    """The records written before the scheduler ended the job (a node set DOWN may keep
-    its processes running, and they keep writing): from the first test report that
-    stopped after ``ended_at``, nothing counts (a test that ended in the very second of
-    the failure runs again rather than count on a doubt)."""
-    for index, record in enumerate(records):
-        if report_stop(record) > ended_at:
-            return records[:index]
-    return records
 
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
