@@ -17,7 +17,15 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+)
 
 from pytest_trtllm_slurm.node import records as node_records
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
@@ -418,3 +426,101 @@ def warning_category(qualified: str) -> type[Warning]:
             return cls
         todo.extend(cls.__subclasses__())
     return UserWarning
+
+
+# -- the other files a target writes: each read through one model here --------------------
+
+MAX_ARTEFACT = 256 << 20  # bytes of an artefact (coverage data, benchmarks.json) read
+
+
+def load_json(raw: bytes | str, what: str) -> Any:
+    """``raw`` (the bytes of a file a target wrote) as JSON; ``BadRecord`` (a ValueError)
+    naming ``what`` whatever is wrong, nesting deep enough to raise RecursionError too."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        why = "JSON nested too deep"
+    except ValueError as exc:
+        why = f"not JSON ({exc})"
+    except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
+        why = f"unreadable ({type(exc).__name__})"
+    text = raw if isinstance(raw, str) else raw[:RAW_SHOWN].decode("utf-8", "replace")
+    raise BadRecord(f"{what}: {why}", text)
+
+
+_B = TypeVar("_B", bound=BaseModel)
+
+
+def validated(model: type[_B], raw: bytes | str, what: str) -> _B:
+    """``raw`` as ``model``; ``BadRecord`` (a ValueError) with the first problem and the
+    start of the text, never another exception."""
+    data = load_json(raw, what)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "the top level"
+        why = f"{what}: {where}: {first['msg']}"
+    except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
+        why = f"{what}: unreadable ({type(exc).__name__})"
+    text = raw if isinstance(raw, str) else raw[:RAW_SHOWN].decode("utf-8", "replace")
+    raise BadRecord(why, text)
+
+
+class Heartbeat(BaseModel):
+    """``heartbeat.json`` of a warm worker's agent (``node.forkloop``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    time: Annotated[float, Field(allow_inf_nan=False)]
+    running: Int = 0
+    pending: Int = 0
+
+
+class BenchmarkStats(BaseModel):
+    """What pytest-benchmark's table, JSON and comparisons compute with."""
+
+    model_config = ConfigDict(extra="allow")
+
+    min: Num
+    max: Num
+    mean: Num
+    stddev: Num
+    rounds: Int
+    median: Num
+    iqr: Num
+    q1: Num
+    q3: Num
+    iqr_outliers: Int
+    stddev_outliers: Int
+    outliers: Str
+    ld15iqr: Num
+    hd15iqr: Num
+    ops: Num
+    total: Num
+    iterations: Int = 1
+    data: list[Num] = Field(default_factory=list)
+
+
+class Benchmark(BaseModel):
+    """One result of ``benchmarks.json`` (pytest-benchmark's ``as_dict``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Str
+    fullname: Str
+    group: Str | None = None
+    param: Str | None = None
+    params: dict[str, Any] | None = None
+    extra_info: dict[str, Any] = Field(default_factory=dict)
+    stats: BenchmarkStats
+
+
+class Benchmarks(RootModel[list[Benchmark]]):
+    """``benchmarks.json``: the results a batch's worker measured."""
+
+
+def parse_benchmarks(raw: bytes) -> list[dict[str, Any]]:
+    """The results of ``benchmarks.json`` as JSON objects, each checked; ``BadRecord``
+    otherwise."""
+    return [b.model_dump() for b in validated(Benchmarks, raw, "benchmarks.json").root]

@@ -23,11 +23,18 @@ Lines in (one JSON object each):
      base64, mode: atomic) / "mkdir" (path, private): one round trip each; the answer
      has "data" / "size" (and "absent") / nothing, or "errno" and "error"
     {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
+    {"op": "ack", "path": str, "offset": int}        the controller has read to ``offset``
     {"op": "unwatch", "path": str}
 Lines out:
     {"ready": VERSION}                                once, first
     {"id": N, "rc": int, "out": str, "err": str, "timed_out": bool}
     {"push": path, "offset": int, "data": base64}    bytes of path from offset
+    {"took": N, "bytes": int}                         a streamed stdin's piece was written
+
+Flow control, both ways: a watched file is pushed at most ``PUSH_WINDOW`` bytes ahead of
+what the controller acknowledged reading, and the controller sends a streamed stdin at
+most ``STDIN_WINDOW`` bytes ahead of what was written to the command (``took``); the
+queue of a streamed stdin here is bounded as well (``STDIN_QUEUE`` pieces).
 """
 
 import base64
@@ -46,6 +53,9 @@ VERSION = 1
 # by a run that waits for slow tests
 WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.2, 1.5
 PUSH_LIMIT = 1 << 20  # bytes per push line
+PUSH_WINDOW = 8 << 20  # bytes of a watched file pushed ahead of the controller's last ack
+STDIN_WINDOW = 4 << 20  # bytes of a streamed stdin the controller sends ahead of "took"
+STDIN_QUEUE = 32  # pieces (at most 256 KiB each) of a streamed stdin queued here
 # seconds between two looks at a streamed command waiting for input: one that ended (a
 # lock wait that timed out) is answered then, not when the controller ends the input
 STREAM_LOOK = 0.5
@@ -60,6 +70,7 @@ class Relay:
         self._out = stdout
         self._out_lock = threading.Lock()
         self._watched = {}  # type: dict[str, int]
+        self._acked = {}  # type: dict[str, int]  # what the controller has read, by path
         self._watch_lock = threading.Lock()
         self._stop = threading.Event()
         self._new_watch = threading.Event()
@@ -90,25 +101,44 @@ class Relay:
             op = request.get("op")
             if op == "run":
                 if request.get("stream"):  # before any of its stdin lines is read
-                    self._streams[request["id"]] = queue.Queue()
+                    self._streams[request["id"]] = queue.Queue(STDIN_QUEUE)
                 threading.Thread(target=self._run, args=(request,), daemon=True).start()
             elif op == "stdin":
-                pieces = self._streams.get(int(request.get("id") or 0))
-                if pieces is not None:
-                    pieces.put(None if request.get("eof") else
-                               base64.b64decode(request.get("data") or ""))
+                self._queue(int(request.get("id") or 0), None if request.get("eof") else
+                            base64.b64decode(request.get("data") or ""))
             elif op in FILE_OPS:
                 threading.Thread(target=self._file_op, args=(request,), daemon=True).start()
             elif op == "watch":
                 with self._watch_lock:
                     self._watched[str(request["path"])] = int(request.get("offset") or 0)
+                    self._acked[str(request["path"])] = int(request.get("offset") or 0)
                 self._new_watch.set()  # a new batch: look often again
+            elif op == "ack":
+                with self._watch_lock:
+                    path = str(request["path"])
+                    if path in self._acked:
+                        self._acked[path] = max(self._acked[path],
+                                                int(request.get("offset") or 0))
+                self._new_watch.set()  # room again: push at once
             elif op == "unwatch":
                 with self._watch_lock:
                     self._watched.pop(str(request["path"]), None)
+                    self._acked.pop(str(request["path"]), None)
         self._stop.set()
-        for pieces in list(self._streams.values()):
-            pieces.put(None)
+        for ident in list(self._streams):
+            self._queue(ident, None)
+
+    def _queue(self, ident, piece):
+        # type: (int, Optional[bytes]) -> None
+        """``piece`` of a streamed stdin (None: its end) to its command: waits while the
+        queue is full, as long as the command still reads."""
+        pieces = self._streams.get(ident)
+        while pieces is not None:
+            try:
+                pieces.put(piece, timeout=STREAM_LOOK)
+                return
+            except queue.Full:
+                pieces = self._streams.get(ident)
 
     def _file_op(self, request):
         # type: (Dict[str, Any]) -> None
@@ -149,7 +179,7 @@ class Relay:
             return
         try:
             if pieces is not None:
-                out, err = self._streamed(proc, pieces, request.get("timeout"))
+                out, err = self._streamed(proc, pieces, request.get("timeout"), request["id"])
                 self._streams.pop(request["id"], None)
             else:
                 out, err = proc.communicate(data.encode() if data is not None else None,
@@ -164,10 +194,10 @@ class Relay:
         answer["err"] = err.decode("utf-8", "replace")
         self.send(answer)
 
-    @staticmethod
-    def _streamed(proc, pieces, timeout):
-        # type: (subprocess.Popen[bytes], queue.Queue[Optional[bytes]], Optional[float]) -> Any
-        """Feed ``pieces`` to the process's stdin as they come while its output is read."""
+    def _streamed(self, proc, pieces, timeout, ident):
+        # type: (subprocess.Popen[bytes], queue.Queue[Optional[bytes]], Optional[float], int) -> Any
+        """Feed ``pieces`` to the process's stdin as they come while its output is read;
+        each piece written (or dropped) is told to the controller (``took``): its window."""
         outputs = {}  # type: Dict[str, bytes]
 
         def drain(name, stream):
@@ -192,8 +222,11 @@ class Relay:
             if piece and not broken:
                 try:
                     stdin.write(piece)
+                    stdin.flush()
                 except OSError:  # it stopped reading: the rest is dropped, its exit code says
                     broken = True
+            if piece:
+                self.send({"took": ident, "bytes": len(piece)})
         try:
             stdin.close()
         except OSError:
@@ -211,19 +244,22 @@ class Relay:
                 self._new_watch.clear()
                 interval = WATCH_MIN
             with self._watch_lock:
-                watched = list(self._watched.items())
+                watched = [(path, offset, self._acked.get(path, offset) + PUSH_WINDOW - offset)
+                           for path, offset in self._watched.items()]
             grew = False
-            for path, offset in watched:
-                grew = self._push(path, offset) or grew
+            for path, offset, room in watched:
+                if room > 0:  # else the controller has not read what it was sent: wait
+                    grew = self._push(path, offset, min(room, PUSH_LIMIT)) or grew
             interval = WATCH_MIN if grew else min(interval * WATCH_GROWTH, WATCH_MAX)
 
-    def _push(self, path, offset):
-        # type: (str, int) -> bool
-        """Send what ``path`` has past ``offset``; whether there was anything."""
+    def _push(self, path, offset, limit):
+        # type: (str, int, int) -> bool
+        """Send what ``path`` has past ``offset`` (at most ``limit`` bytes); whether there
+        was anything."""
         try:  # open first: on NFS an open revalidates the size, a bare stat may be stale
             with open(path, "rb") as fh:
                 fh.seek(offset)
-                data = fh.read(PUSH_LIMIT)
+                data = fh.read(limit)
         except OSError:
             return False  # not there yet
         if not data:

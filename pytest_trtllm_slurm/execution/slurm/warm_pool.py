@@ -41,6 +41,7 @@ from pytest_trtllm_slurm.execution.outcome import (
     signal_name,
     signal_of_exit_code,
 )
+from pytest_trtllm_slurm.execution.records import BadRecord, Heartbeat, validated
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.jobs import StepRow
@@ -662,10 +663,12 @@ def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
 
 
 def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
+    """The agent's last heartbeat; None when there is none or it is not one (a heartbeat
+    that does not read as ``records.Heartbeat`` is as good as a stale one)."""
     raw = shell.read_from(f"{agent_dir}/heartbeat.json", 0, 4096)
     try:
-        return json.loads(raw) if raw else None
-    except ValueError:
+        return validated(Heartbeat, raw, "heartbeat.json").model_dump() if raw else None
+    except BadRecord:
         return None
 
 
