@@ -32,9 +32,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any
 
 import paramiko
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from pytest_trtllm_slurm.node import relay as relay_source
 from pytest_trtllm_slurm.planning.masking import mask_text
@@ -52,6 +53,28 @@ MAX_MESSAGE = 160 << 20
 
 class RelayLost(Exception):
     """The relay's channel ended under a command: it may or may not have run."""
+
+
+_Int = Annotated[int, Strict()]
+_Str = Annotated[str, Strict()]
+
+
+class RelayAnswer(BaseModel):
+    """An answer line of the relay, every field typed as the client uses it: an answer
+    that is not one ends the channel (commands fall back to channels of their own)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: _Int
+    rc: _Int = 0
+    out: _Str = ""
+    err: _Str = ""
+    timed_out: Annotated[bool, Strict()] = False
+    data: _Str = Field(default="", pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+    size: _Int = Field(default=0, ge=0)
+    absent: Annotated[bool, Strict()] = False
+    errno: _Int | None = None
+    error: _Str = ""
 
 
 # the cluster's own interpreter when the login node has it (often an absolute path: no
@@ -318,7 +341,7 @@ class RelayChannel:
     def _handle(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-        except ValueError:
+        except Exception:  # noqa: BLE001 - not JSON, nested too deep, ...: never the reader's end
             # a login shell that prints (a banner in .bashrc): skipped, shown masked
             log.debug("ssh relay: not a message: %s",
                       mask_text(line[:200].decode("utf-8", "replace")))
@@ -330,6 +353,13 @@ class RelayChannel:
         elif "took" in message:
             self._took(message)
         elif "id" in message:
+            try:
+                RelayAnswer.model_validate(message)
+            except ValidationError as exc:
+                log.debug("ssh relay: not an answer (%s): channel ended",
+                          exc.errors()[0]["msg"])
+                self.close()
+                return
             with self._lock:
                 pending = self._pending.get(message["id"])
             if pending is not None:
