@@ -210,8 +210,9 @@ class Monitor:
         of the failure runs again rather than count on a doubt (``records_before``)."""
         assert job.ended is not None
         offset = job.reports_offset
-        records = records + self._read_records(job, final=True)
-        done = job.reports_offset == offset
+        if not records:  # else these are this round's: the file's rest from the next
+            records = self._read_records(job, final=True)
+        done = job.reports_offset == offset and not records
         if job.ended.ended_at is not None:
             kept = records_before(records, job.ended.ended_at)
             records, done = kept, done or len(kept) < len(records)

@@ -20,9 +20,11 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     RootModel,
     Strict,
+    Tag,
     TypeAdapter,
     ValidationError,
 )
@@ -167,8 +169,19 @@ class ExceptionRepr(_Kwargs):
     chain: list[tuple[ReprTraceback, ReprFileLocation | None, Str | None]] | None = None
 
 
-# None (passed), a text, a skip's (path, lineno, reason), or an exception's repr
-Longrepr = None | Str | tuple[Str, Int | None, Str] | ExceptionRepr
+def _longrepr_kind(value: Any) -> str:
+    return {type(None): "none", str: "text", list: "skip", tuple: "skip",
+            dict: "exception"}.get(type(value), "other")
+
+
+# None (passed), a text, a skip's (path, lineno, reason), or an exception's repr; told
+# apart by their JSON type, so a refusal names the field that is wrong
+Longrepr = Annotated[
+    Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
+    | Annotated[tuple[Str, Int | None, Str], Tag("skip")]
+    | Annotated[ExceptionRepr, Tag("exception")],
+    Discriminator(_longrepr_kind),
+]
 
 
 class ReportData(BaseModel):
@@ -371,7 +384,7 @@ class LineReader:
                 if end >= 0:
                     self._skipping = False
             elif self._kept + stop - pos > self.max_line:
-                start = b"".join(self._pieces)[:RAW_SHOWN] + chunk[pos:pos + RAW_SHOWN]
+                start = (self._pieces[0] if self._pieces else chunk[pos:])[:RAW_SHOWN]
                 records.append(UnreadableLine(
                     start[:RAW_SHOWN].decode("utf-8", "replace"),
                     f"a line longer than {self.max_line} bytes (the longest the controller "
