@@ -437,8 +437,9 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_a_streamed_stdin_is_bounded_on_the_login_node(ssh_transport: Any) -> None:
-    """64 MiB streamed into a command that reads nothing for 4 s: the login node's relay
-    holds about a window of it (it queued the whole stream), and every byte arrives."""
+    """64 MiB streamed into a command that reads nothing for 10 s: the producer waits for
+    the command (a window ahead of it) instead of the login node's relay queueing the
+    stream, the relay holds about a window, and every byte arrives."""
     from test_ssh_relay import relay_pids
 
     relay = RelayChannel.start(ssh_transport)
@@ -459,12 +460,16 @@ def test_a_streamed_stdin_is_bounded_on_the_login_node(ssh_transport: Any) -> No
     sampler.start()
     piece = b"y" * (1 << 20)
 
+    sent_at: list[float] = []
+
     def produce(stdin: Any) -> None:
         for _ in range(64):
             stdin.write(piece)
+        sent_at.append(time.monotonic())
 
+    started = time.monotonic()
     try:
-        result, error = relay.run_stream(["sh", "-c", "sleep 4; wc -c"], produce,
+        result, error = relay.run_stream(["sh", "-c", "sleep 10; wc -c"], produce,
                                          timeout=120, cwd=None)
     finally:
         stop.set()
@@ -472,7 +477,8 @@ def test_a_streamed_stdin_is_bounded_on_the_login_node(ssh_transport: Any) -> No
         relay.close()
     assert error is None and result.returncode == 0, result
     assert result.stdout.strip() == str(64 << 20)
-    assert peak[0] < 48 * 1024, f"relay peak RSS {peak[0] >> 10} MiB"
+    assert 0 < peak[0] < 40 * 1024, f"relay peak RSS {peak[0] >> 10} MiB"
+    assert sent_at[0] - started > 9, "the whole stream was sent before the command read any"
 
 
 def test_relay_answers_are_base64_where_data_is_expected() -> None:
