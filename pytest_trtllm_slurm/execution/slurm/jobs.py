@@ -252,10 +252,22 @@ class SlurmJobs:
                               env=env, cwd=cwd,
                               retry_on_drop=argv[0] not in _SUBMISSIONS)
 
+    def run_input(self, argv: list[str], text: str, *, cwd: str | None = None) -> CommandResult:
+        """``run`` with ``text`` on the command's stdin."""
+        self.counts[argv[0]] += 1
+        return self.shell.run(argv, timeout=self.timeout, input=text, cwd=cwd,
+                              retry_on_drop=argv[0] not in _SUBMISSIONS)
+
     # -- submit ---------------------------------------------------------------
-    def sbatch(self, script_path: str, *, cwd: str | None = None) -> str:
-        """Submit a script; returns the job id. SchedulerError names sbatch's complaint."""
-        res = self.run(["sbatch", "--parsable", script_path], cwd=cwd)
+    def sbatch(self, script_path: str, *, cwd: str | None = None,
+               script: str | None = None) -> str:
+        """Submit a script; returns the job id. SchedulerError names sbatch's complaint.
+        ``script``: its text, given to sbatch on stdin (what runs is what was rendered, even
+        if someone swapped the file at ``script_path``, which is then kept for reading)."""
+        if script is not None:
+            res = self.run_input(["sbatch", "--parsable"], script, cwd=cwd)
+        else:
+            res = self.run(["sbatch", "--parsable", script_path], cwd=cwd)
         if not res.ok:
             raise SchedulerError(res)
         try:

@@ -7,14 +7,18 @@ This shell never starts a master and never answers a prompt (BatchMode=yes).
 
 from __future__ import annotations
 
+import base64
+import functools
+import json
 import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.node import relay as relay_module
 from pytest_trtllm_slurm.planning.safe_values import control_chars
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
@@ -33,9 +37,6 @@ TRTLLM_CONTROL_PATH = LEGACY_CONTROL_PATH
 
 _READ = 'if [ -f "$1" ]; then tail -c +"$2" "$1" | head -c "$3"; fi'
 _SIZE = 'if [ -f "$1" ]; then wc -c < "$1"; else echo 0; fi'
-_WRITE = ('umask 077; t="$(dirname "$1")/.$(basename "$1").tmp.$$"; '
-          'if cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$1"; then exit 0; fi; '
-          'rm -f "$t"; exit 1')
 _SSH_FAILURE = ("Connection closed", "Connection reset", "Broken pipe", "mux_client",
                 "Control socket", "ssh: ", "Connection timed out", "kex_exchange")
 
@@ -233,19 +234,37 @@ class OpenSSHShell:
     def exists(self, path: str) -> bool:
         return self._sh('test -e "$1"', [path])[0] == 0
 
+    def _file_op(self, op: str, path: str, **fields: Any) -> None:
+        """One of the relay's file operations (node/relay.py, sent as ``python3 -c``): the
+        same verified mkdir and O_EXCL|O_NOFOLLOW write as over the relay, one ssh each."""
+        request = json.dumps({"op": op, "path": path, **fields}).encode()
+        argv = ["python3", "-c", _relay_source(), "--one-op"]
+        rc, out, err, timed_out = self._ssh(remote_command(argv), stdin=request, timeout=120,
+                                            shown=["python3", "-c", "<relay>", op, path])
+        if timed_out or rc == 255:
+            raise SSHConnectionLost(f"ssh to {self.target.alias} failed: "
+                                    f"{err.decode(errors='replace').strip() or 'timed out'}")
+        what = "creating the folder" if op == "mkdir" else "writing"
+        try:
+            answer = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise ExecutionError(f"{what} {path} on {self.target.alias} failed (exit code "
+                                 f"{rc}): {err.decode(errors='replace').strip()}") from None
+        if rc != 0 or "errno" in answer:
+            raise ExecutionError(f"{what} {path} on {self.target.alias} failed: "
+                                 f"{answer.get('error') or err.decode(errors='replace')}")
+
     def mkdir(self, path: str, *, private: bool = False) -> None:
-        script = '(umask 077 && mkdir -p "$1")' if private else 'mkdir -p "$1"'
-        rc, _, err = self._sh(script, [path])
-        if rc != 0:
-            raise ExecutionError(f"mkdir -p {path} on {self.target.alias} failed: "
-                          f"{err.decode(errors='replace').strip()}")
+        self._file_op("mkdir", path, private=private)
 
     def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
         blob = data.encode() if isinstance(data, str) else data
-        rc, _, err = self._sh(_WRITE, [path, f"{mode:o}"], stdin=blob)
-        if rc != 0:
-            raise ExecutionError(f"writing {path} on {self.target.alias} failed: "
-                          f"{err.decode(errors='replace').strip()}")
+        self._file_op("write", path, mode=mode, data=base64.b64encode(blob).decode("ascii"))
+
+
+@functools.cache
+def _relay_source() -> str:
+    return Path(relay_module.__file__).read_text()  # type: ignore[arg-type]
 
 
 def _streamed(proc: subprocess.Popen[bytes], feeder: threading.Thread,
