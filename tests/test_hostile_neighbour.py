@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -21,10 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from devcluster import wait_for_job
 
-from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote.sync import verify_checkout
+from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
+from pytest_trtllm_slurm.node.files import UntrustedPath
+from pytest_trtllm_slurm.node.report_file import ReportFile
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.shell import LocalShell
 from pytest_trtllm_slurm.transport.ssh.openssh_shell import OpenSSHShell
+from pytest_trtllm_slurm.transport.ssh.paramiko_shell import SSHShell
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 pytestmark = pytest.mark.devcluster
@@ -94,6 +102,15 @@ def shared_dir(neighbour: Neighbour) -> Iterator[Path]:
     """A folder both may write (a group scratch folder: 0777, no sticky bit)."""
     path = Path(tempfile.mkdtemp(prefix="shared-", dir="/tmp"))
     path.chmod(0o777)
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A folder of ours others may enter but not write (a home directory: 0755)."""
+    path = Path(tempfile.mkdtemp(prefix="home-", dir="/tmp"))
+    path.chmod(0o755)
     yield path
     subprocess.run(["rm", "-rf", str(path)], check=False)
 
@@ -214,3 +231,127 @@ def test_our_master_in_a_private_folder_is_used(ssh: dict[str, Any]) -> None:
     finally:
         stop_master(sock)
         subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+# -- 2. the tree the run makes on a cluster -------------------------------------------------
+@pytest.fixture(params=["local", "relay", "sftp", "openssh"])
+def any_shell(request: pytest.FixtureRequest, ssh: dict[str, Any]) -> Iterator[Any]:
+    """Each Shell that makes folders and writes files: this machine's, paramiko's over its
+    relay and over plain SFTP, and OpenSSH's (over a master in a private folder)."""
+    if request.param == "local":
+        yield LocalShell()
+        return
+    if request.param in ("relay", "sftp"):
+        target = SSHTarget.from_cluster(ClusterConfig.model_validate(
+            {"name": "dev", "ssh_host": ssh["host"], "ssh_port": ssh["port_key"],
+             "user": ssh["user"], "identity_file": ssh["identity_file"],
+             "known_hosts": ssh["known_hosts"]}), ssh_config_path=os.devnull)
+        sh = SSHShell(target, relay=request.param == "relay")
+        yield sh
+        sh.close()
+        return
+    folder = Path(tempfile.mkdtemp(prefix="cm", dir="/tmp"))
+    sock = folder / "m.sock"
+    start_master(ssh, sock)
+    try:
+        yield OpenSSHShell(openssh_target(ssh), control_path=str(sock))
+    finally:
+        stop_master(sock)
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+def test_a_folder_the_neighbour_made_first_is_refused(any_shell: Any, neighbour: Neighbour,
+                                                      shared_dir: Path) -> None:
+    """The neighbour creates the batch folder (0777) before the run: refused, named."""
+    planted = neighbour.mkdir(shared_dir / "work_dirs" / "batch_1")
+    with pytest.raises(ExecutionError) as err:
+        any_shell.mkdir(str(planted), private=True)
+    assert str(planted) in str(err.value) and f"uid {neighbour.uid}" in str(err.value)
+
+
+def test_a_link_the_neighbour_planted_is_refused(any_shell: Any, neighbour: Neighbour,
+                                                 shared_dir: Path) -> None:
+    """A link at the folder's name, to the neighbour's own folder: refused, not followed
+    (nothing is made in the neighbour's folder)."""
+    theirs = neighbour.mkdir(neighbour.home / f"theirs-{secrets.token_hex(3)}")
+    link = neighbour.link(theirs, shared_dir / "batch_2")
+    with pytest.raises(ExecutionError) as err:
+        any_shell.mkdir(str(link / "inner"))
+    assert str(link) in str(err.value) and "symbolic link" in str(err.value)
+    assert list(theirs.iterdir()) == []
+    with pytest.raises(ExecutionError, match="symbolic link"):
+        any_shell.mkdir(str(link), private=True)
+
+
+def test_a_folder_of_ours_others_may_write_is_refused(any_shell: Any, tmp_path: Path) -> None:
+    """Our own folder, made under umask 002 (the group may write it): refused, named."""
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o775)
+    with pytest.raises(ExecutionError) as err:
+        any_shell.mkdir(str(loose), private=True)
+    assert str(loose) in str(err.value) and "0775" in str(err.value)
+
+
+def test_folders_made_are_private_whatever_the_umask(any_shell: Any, tmp_path: Path) -> None:
+    """Every folder a run makes is 0700, also where the login shell's umask is 002; a
+    file it writes is 0600 and no temporary file is left."""
+    old = os.umask(0o002)  # this machine's shell and, through it, the dev sshd's children
+    try:
+        deep = tmp_path / "a" / "b" / "c"
+        any_shell.mkdir(str(deep))
+        any_shell.write_file(str(deep / "job.sbatch"), "#!/bin/sh\n")
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", deep):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert stat.S_IMODE((deep / "job.sbatch").stat().st_mode) == 0o600
+    assert [p.name for p in deep.iterdir()] == ["job.sbatch"]
+
+
+def test_a_planted_reports_file_is_refused(neighbour: Neighbour, shared_dir: Path) -> None:
+    """The neighbour plants reports.jsonl (its own, 0666) or a link there to a file of
+    its own: the worker refuses both, naming them; nothing is appended to either."""
+    planted = neighbour.file(shared_dir / "reports.jsonl", "")
+    with pytest.raises(UntrustedPath) as err:
+        ReportFile(planted)
+    assert str(planted) in str(err.value) and f"uid {neighbour.uid}" in str(err.value)
+    victim = neighbour.file(neighbour.home / "victim.txt", "theirs\n", mode=0o666)
+    link = neighbour.link(victim, shared_dir / "linked.jsonl")
+    with pytest.raises(UntrustedPath, match="symbolic link"):
+        ReportFile(link)
+    assert planted.read_text() == "" and victim.read_text() == "theirs\n"
+
+
+def test_the_remote_checkout_git_folder_others_may_write_is_refused(
+        neighbour: Neighbour, ssh: dict[str, Any], home: Path) -> None:
+    """A remote checkout whose .git/hooks the group may write (made under umask 002): the
+    neighbour drops a post-checkout hook; code sync refuses before git runs it."""
+    repo = home / "checkout"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".git" / "hooks").chmod(0o775)
+    neighbour.file(repo / ".git" / "hooks" / "post-checkout", "#!/bin/sh\ntouch PWNED\n",
+                   mode=0o755)
+    target = SSHTarget.from_cluster(ClusterConfig.model_validate(
+        {"name": "dev", "ssh_host": ssh["host"], "ssh_port": ssh["port_key"],
+         "user": ssh["user"], "identity_file": ssh["identity_file"],
+         "known_hosts": ssh["known_hosts"]}), ssh_config_path=os.devnull)
+    with SSHShell(target) as sh, pytest.raises(ExecutionError) as err:
+        verify_checkout(sh, str(repo))
+    assert str(repo / ".git" / "hooks") in str(err.value)
+    # the user's own, private checkout is fine
+    (repo / ".git" / "hooks" / "post-checkout").unlink()
+    (repo / ".git" / "hooks").chmod(0o755)
+    verify_checkout(LocalShell(), str(repo))
+
+
+def test_sbatch_runs_the_script_as_rendered(devcluster: dict[str, Any], tmp_path: Path) -> None:
+    """What runs is the script the run rendered, even when job.sbatch is replaced between
+    its write and sbatch (someone who could write the batch folder)."""
+    script = tmp_path / "job.sbatch"
+    rendered = f"#!/bin/sh\n#SBATCH -o {tmp_path}/out.log\necho rendered\n"
+    script.write_text(rendered)
+    script.write_text(f"#!/bin/sh\n#SBATCH -o {tmp_path}/out.log\necho swapped\n")
+    job_id = SlurmJobs(LocalShell()).sbatch(str(script), cwd=str(tmp_path), script=rendered)
+    wait_for_job(job_id)
+    assert (tmp_path / "out.log").read_text().strip() == "rendered"

@@ -27,7 +27,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 LOCK_ROOT = "/tmp"  # node-local; the folder inside it is per user and verified
@@ -63,6 +63,19 @@ def refuse_untrusted_dir(folder: str | Path) -> None:
                             "files there or swap ours): remove it and run again")
 
 
+def refuse_foreign_links(folders: Iterable[Path]) -> None:
+    """UntrustedPath naming the first of ``folders`` that is a symbolic link owned by
+    someone else than this user or root (a link planted on the way to our folders)."""
+    for folder in folders:
+        try:
+            st = os.lstat(folder)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
+            raise UntrustedPath(f"{folder}: it is a symbolic link owned by uid {st.st_uid}; "
+                                "refusing to make or use folders through it")
+
+
 def make_dirs(path: str | Path, *, private: bool = False) -> Path:
     """``mkdir -p`` whose new folders are 0700 (whatever the umask). Each folder it makes,
     or finds made meanwhile by someone else, is verified (``refuse_untrusted_dir``);
@@ -74,6 +87,7 @@ def make_dirs(path: str | Path, *, private: bool = False) -> Path:
         if os.path.lexists(folder):
             break
         missing.append(folder)
+    refuse_foreign_links(target.parents if missing else (target, *target.parents))
     for folder in reversed(missing):
         try:
             folder.mkdir(mode=0o700)

@@ -283,6 +283,24 @@ def _refuse_untrusted_dir(folder):
                       "files there or swap ours): remove it and run again")
 
 
+def _refuse_foreign_links(path):
+    # type: (str) -> None
+    """OSError(EPERM) naming the first of ``path`` and its parents that is a symbolic
+    link owned by someone else than this user or root (as node/files.refuse_foreign_links)."""
+    while path:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
+            raise OSError(errno.EPERM, f"{path}: it is a symbolic link owned by uid {st.st_uid}; refusing "
+                          "to make or use folders through it")
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+
+
 def _write(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
     """Atomic and 0600 from its first byte, as node/files.write_atomic (not importable
@@ -321,6 +339,7 @@ def _mkdir(request):
         if parent == path:
             break
         path = parent
+    _refuse_foreign_links(path)
     for folder in reversed(missing):
         try:
             os.mkdir(folder, 0o700)

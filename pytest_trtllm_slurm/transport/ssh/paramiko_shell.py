@@ -500,6 +500,17 @@ class SSHShell:
                 raise OSError(errno.EPERM, f"{p}: {why}; refusing to use it (someone else "
                               "could put files there or swap ours): remove it and run again")
 
+        def refuse_foreign_links(sftp: paramiko.SFTPClient, p: str) -> None:
+            while p:  # (as node/files.refuse_foreign_links)
+                attrs = sftp.lstat(p)
+                if stat.S_ISLNK(attrs.st_mode or 0) and attrs.st_uid not in (uid, 0):
+                    raise OSError(errno.EPERM, f"{p}: it is a symbolic link owned by uid "
+                                  f"{attrs.st_uid}; refusing to make or use folders through it")
+                parent = posixpath.dirname(p.rstrip("/"))
+                if parent == p or not parent:
+                    break
+                p = parent
+
         def exists(sftp: paramiko.SFTPClient, p: str) -> bool:
             try:
                 sftp.lstat(p)
@@ -515,6 +526,7 @@ class SSHShell:
                 if parent == p:
                     break
                 p = parent
+            refuse_foreign_links(sftp, p)
             for folder in reversed(missing):
                 try:
                     sftp.mkdir(folder, 0o700)
