@@ -293,8 +293,8 @@ def _refuse_foreign_links(path):
         except FileNotFoundError:
             st = None
         if st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
-            raise OSError(errno.EPERM, f"{path}: it is a symbolic link owned by uid {st.st_uid}; refusing "
-                          "to make or use folders through it")
+            raise OSError(errno.EPERM, f"{path}: it is a symbolic link owned by uid "
+                          f"{st.st_uid}; refusing to make or use folders through it")
         parent = os.path.dirname(path)
         if parent == path:
             break
