@@ -163,9 +163,10 @@ def _short_cluster(token: str, actions: dict[str, argparse.Action]) -> list[Occu
     return parts
 
 
-def invocation_args(config: pytest.Config) -> list[str]:
-    """What pytest parsed: ini addopts, PYTEST_ADDOPTS, then the command line."""
-    env = os.environ.get("PYTEST_ADDOPTS", "")
+def invocation_args(config: pytest.Config, *, with_env: bool = True) -> list[str]:
+    """What pytest parsed: ini addopts, PYTEST_ADDOPTS (unless not ``with_env``), then the
+    command line."""
+    env = os.environ.get("PYTEST_ADDOPTS", "") if with_env else ""
     return [*config.getini("addopts"), *shlex.split(env), *map(str, config.invocation_params.args)]
 
 
@@ -218,11 +219,23 @@ class Forwarder:
         return value
 
     def forwarded(self) -> list[str]:
+        """The worker's argv options: ini addopts and the command line (PYTEST_ADDOPTS
+        reaches the worker as the variable it was: ``forwarded_addopts``)."""
+        out = self._kept(invocation_args(self.config, with_env=False))
+        return out + self.worker_halves() + self.resolved_here()
+
+    def forwarded_addopts(self) -> str:
+        """PYTEST_ADDOPTS as the worker gets it: the user's, less what the controller owns.
+        An environment variable, not argv: what it holds (``--api-token=...``) is not in
+        ``ps``, job_spec.json or the re-run lines."""
+        return shlex.join(self._kept(shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))))
+
+    def _kept(self, args: list[str]) -> list[str]:
         out: list[str] = []
-        for occurrence in split_options(invocation_args(self.config), self.actions):
+        for occurrence in split_options(args, self.actions):
             if not self.owned(occurrence):
                 out += self.render(occurrence)
-        return out + self.worker_halves() + self.resolved_here()
+        return out
 
     def worker_halves(self) -> list[str]:
         """What a report writer's worker half needs besides its switch (``WORKER_HALF``)."""
@@ -237,6 +250,11 @@ class Forwarder:
             if flag in self.actions and value is not None:
                 out.append(f"{flag}={value}")
         return out
+
+
+def forwarded_addopts(config: pytest.Config) -> str:
+    """The worker's PYTEST_ADDOPTS (``Forwarder.forwarded_addopts``)."""
+    return Forwarder(config).forwarded_addopts()
 
 
 def forwarded_options(config: pytest.Config) -> tuple[list[str], list[str]]:

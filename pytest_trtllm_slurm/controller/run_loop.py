@@ -20,7 +20,7 @@ import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
 from pytest_trtllm_slurm.controller.batch_plan import run_batches
-from pytest_trtllm_slurm.controller.forwarding import forwarded_options
+from pytest_trtllm_slurm.controller.forwarding import forwarded_addopts, forwarded_options
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
@@ -576,10 +576,11 @@ def worker_cwd(config: pytest.Config) -> Path:
 
 def worker_env(config: pytest.Config) -> dict[str, str]:
     """The environment every worker gets: unbuffered output (what a test prints reaches
-    the job log at once: hang patterns), no PYTEST_ADDOPTS (the worker's argv has the
-    options already), and, under pytest-xdist, the identity of the xdist worker that
-    dispatches (``worker_id``, ``testrun_uid`` and PYTEST_XDIST_* as there)."""
-    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": ""}
+    the job log at once: hang patterns), PYTEST_ADDOPTS less what the controller owns
+    (an environment variable, as it was: never argv), and, under pytest-xdist, the
+    identity of the xdist worker that dispatches (``worker_id``, ``testrun_uid`` and
+    PYTEST_XDIST_* as there)."""
+    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": forwarded_addopts(config)}
     workerinput = getattr(config, "workerinput", None)
     if workerinput:
         env["PYTEST_XDIST_WORKER"] = str(workerinput.get("workerid", ""))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.masking import mask_argv
 from pytest_trtllm_slurm.planning.models import Launch
 from pytest_trtllm_slurm.planning.safe_values import control_chars, env_problem, line_problem
 
@@ -363,10 +364,10 @@ def rerun_argv(spec: JobSpec, nodeid: str) -> list[str]:
     """A plain pytest run of ``nodeid`` with the batch's options (no worker plugin, no
     node-id file); a job that is not a pytest batch re-runs its own command."""
     if not spec.rerun_argv:
-        return list(spec.command)
+        return mask_argv(spec.command)
     if spec.invocation_dir and spec.invocation_dir != spec.rootdir:
         nodeid = f"{spec.rootdir.rstrip('/')}/{nodeid}"  # node ids are relative to the rootdir
-    return [*spec.rerun_argv, nodeid]
+    return [*mask_argv(spec.rerun_argv), nodeid]
 
 
 def render_rerun_sbatch(spec: JobSpec, nodeid: str, opts: SlurmOptions) -> str:
