@@ -163,11 +163,15 @@ def _short_cluster(token: str, actions: dict[str, argparse.Action]) -> list[Occu
     return parts
 
 
-def invocation_args(config: pytest.Config, *, with_env: bool = True) -> list[str]:
-    """What pytest parsed: ini addopts, PYTEST_ADDOPTS (unless not ``with_env``), then the
-    command line."""
-    env = os.environ.get("PYTEST_ADDOPTS", "") if with_env else ""
-    return [*config.getini("addopts"), *shlex.split(env), *map(str, config.invocation_params.args)]
+def invocation_args(config: pytest.Config) -> list[str]:
+    """What pytest parsed: ini addopts, PYTEST_ADDOPTS, then the command line."""
+    return [*addopts_args(config), *map(str, config.invocation_params.args)]
+
+
+def addopts_args(config: pytest.Config) -> list[str]:
+    """What pytest put before the command line: the ini's addopts, then PYTEST_ADDOPTS."""
+    env = os.environ.get("PYTEST_ADDOPTS", "")
+    return [*config.getini("addopts"), *shlex.split(env)]
 
 
 class Forwarder:
@@ -218,17 +222,21 @@ class Forwarder:
             return str(self.here / value)
         return value
 
-    def forwarded(self) -> list[str]:
-        """The worker's argv options: ini addopts and the command line (PYTEST_ADDOPTS
-        reaches the worker as the variable it was: ``forwarded_addopts``)."""
-        out = self._kept(invocation_args(self.config, with_env=False))
+    def forwarded(self, *, with_ini: bool = True) -> list[str]:
+        """The options of the ini's addopts (unless not ``with_ini``) and of the command
+        line. PYTEST_ADDOPTS is not among them: the worker gets it, after the ini's addopts,
+        in its own PYTEST_ADDOPTS (``forwarded_addopts``), so its argv is the command
+        line's options (``with_ini=False``); a re-run line writes the ini's out."""
+        ini = list(self.config.getini("addopts")) if with_ini else []
+        out = self._kept([*ini, *map(str, self.config.invocation_params.args)])
         return out + self.worker_halves() + self.resolved_here()
 
     def forwarded_addopts(self) -> str:
-        """PYTEST_ADDOPTS as the worker gets it: the user's, less what the controller owns.
-        An environment variable, not argv: what it holds (``--api-token=...``) is not in
-        ``ps``, job_spec.json or the re-run lines."""
-        return shlex.join(self._kept(shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))))
+        """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's PYTEST_ADDOPTS, less
+        what the controller owns, in pytest's order (the worker reads it before its argv,
+        with its own ini addopts off). An environment variable, not argv: what it holds
+        (``--api-token=...``) is not in ``ps``, job_spec.json or the re-run lines."""
+        return shlex.join(self._kept(addopts_args(self.config)))
 
     def _kept(self, args: list[str]) -> list[str]:
         out: list[str] = []
@@ -257,8 +265,10 @@ def forwarded_addopts(config: pytest.Config) -> str:
     return Forwarder(config).forwarded_addopts()
 
 
-def forwarded_options(config: pytest.Config) -> tuple[list[str], list[str]]:
-    """(the options the worker gets, the flags a target cannot honour)."""
+def forwarded_options(config: pytest.Config, *,
+                      with_ini: bool = True) -> tuple[list[str], list[str]]:
+    """(the options forwarded: ``Forwarder.forwarded``, the flags a target cannot
+    honour)."""
     forwarder = Forwarder(config)
-    options = forwarder.forwarded()
+    options = forwarder.forwarded(with_ini=with_ini)
     return options, sorted(set(forwarder.refused))
