@@ -179,6 +179,19 @@ def _env_lines(env: dict[str, str]) -> list[str]:
             for key, value in sorted(env.items())]
 
 
+def _env_names(env: dict[str, str]) -> list[str]:
+    """The comment that names the job's variables: their values are not written to the
+    script (a file: secrets stay in memory); sbatch takes them from its own environment
+    (``SlurmJobs.sbatch(env=...)``) and passes them to the job."""
+    problem = env_problem(env)
+    if problem:
+        raise ValueError(f"job environment: {problem}")
+    if not env:
+        return []
+    return [_comment("pytest-trtllm-slurm environment (values given to sbatch, not written "
+                     "here): " + " ".join(sorted(env)))]
+
+
 def _cwd(spec: JobSpec) -> str:
     return spec.invocation_dir or spec.rootdir
 
@@ -256,7 +269,7 @@ def render_sbatch(
         "#SBATCH --open-mode=append",
         _directive("--chdir=" + shlex.quote(_cwd(spec))),
         _comment(f"pytest-trtllm-slurm batch {spec.name}; spec: {spec.work_dir}/job_spec.json"),
-        *_env_lines(spec.env),
+        *_env_names(spec.env),
         'echo "[trtllm-slurm] job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}"',
         shell_join(srun_in_job(spec, opts)),
         "",
