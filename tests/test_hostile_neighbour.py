@@ -16,6 +16,7 @@ import os
 import secrets
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,3 +356,46 @@ def test_sbatch_runs_the_script_as_rendered(devcluster: dict[str, Any], tmp_path
     job_id = SlurmJobs(LocalShell()).sbatch(str(script), cwd=str(tmp_path), script=rendered)
     wait_for_job(job_id)
     assert (tmp_path / "out.log").read_text().strip() == "rendered"
+
+
+ONE_SHOT_SUITE = '''import os
+import pytest
+
+
+@pytest.mark.trtllm_slurm(devices=1, env={"MARKER_VALUE": "mk-value-4821"})
+def test_sees_the_marker_value():
+    print("printed to the job log")
+    assert os.environ["MARKER_VALUE"] == "mk-value-4821"
+'''
+
+
+def test_a_one_shot_batch_is_private_under_a_group_umask(
+        devcluster: dict[str, Any], neighbour: Neighbour, home: Path) -> None:
+    """A one-shot batch on the local cluster, run under umask 002 (a shared-group setup):
+    the neighbour can list nothing in the work dirs nor read the job's log, and
+    job.sbatch holds no value of the marker's env (the test still sees it)."""
+    suite = home / "suite"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    trtllm_slurm: resources\n")
+    (suite / "test_env.py").write_text(ONE_SHOT_SUITE)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TRTLLM_SLURM_") and k != "PYTEST_ADDOPTS"}
+    proc = subprocess.run(
+        ["sh", "-c", 'umask 002 && exec "$@"', "sh", sys.executable, "-m", "pytest",
+         "-p", "no:cacheprovider", "-rA", "--trtllm-remote", "--trtllm-one-shot",
+         "--slurm-partition=batch"],
+        cwd=suite, capture_output=True, text=True, timeout=600, env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PASSED test_env.py::test_sees_the_marker_value" in out, out
+    scripts = list((suite / "work_dirs").rglob("job.sbatch"))
+    assert scripts, out
+    for script in scripts:
+        work = script.parent
+        assert "mk-value-4821" not in script.read_text()
+        assert "MARKER_VALUE" in script.read_text()  # named, for the reader
+        assert stat.S_IMODE(work.stat().st_mode) == 0o700, work
+        logs = [p for p in work.iterdir() if p.name.endswith(".log")]
+        for path in [script, *logs]:
+            seen = neighbour.run("cat", str(path), check=False)
+            assert seen.returncode != 0 and "printed" not in seen.stdout, path
+        assert neighbour.run("ls", str(work), check=False).returncode != 0
