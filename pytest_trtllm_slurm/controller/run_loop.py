@@ -20,7 +20,10 @@ import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
 from pytest_trtllm_slurm.controller.batch_plan import run_batches
-from pytest_trtllm_slurm.controller.forwarding import forwarded_options
+from pytest_trtllm_slurm.controller.forwarding import (
+    forwarded_addopts,
+    forwarded_options,
+)
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
@@ -138,7 +141,8 @@ class DispatchLoop:
         self._history: History | None = None
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
         self.view = RunView(self.config, settings)  # status line, summary, timeline
-        self.worker_options, refused = forwarded_options(self.config)
+        self.worker_options, refused = forwarded_options(self.config, with_ini=False)
+        self.rerun_options = forwarded_options(self.config)[0]  # the ini's addopts written out
         if refused:
             self._say(f"{', '.join(refused)}: dispatched tests cannot stop in a debugger (a "
                       "target has no terminal); they run without it, tests run here stop")
@@ -408,7 +412,7 @@ class DispatchLoop:
             nodeids_file=str(ids_file),
             command=worker_command(self.config, batch.nodeids, ids_file, reports, work_dir,
                                    options=self.worker_options),
-            rerun_argv=pytest_base_argv(self.config, options=self.worker_options),
+            rerun_argv=pytest_base_argv(self.config, options=self.rerun_options),
             rootdir=str(self.config.rootpath),
             invocation_dir=str(worker_cwd(self.config)),
             node_count=key.node_count,
@@ -565,10 +569,11 @@ def worker_cwd(config: pytest.Config) -> Path:
 
 def worker_env(config: pytest.Config) -> dict[str, str]:
     """The environment every worker gets: unbuffered output (what a test prints reaches
-    the job log at once: hang patterns), no PYTEST_ADDOPTS (the worker's argv has the
-    options already), and, under pytest-xdist, the identity of the xdist worker that
-    dispatches (``worker_id``, ``testrun_uid`` and PYTEST_XDIST_* as there)."""
-    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": ""}
+    the job log at once: hang patterns), PYTEST_ADDOPTS less what the controller owns
+    (an environment variable, as it was: never argv), and, under pytest-xdist, the
+    identity of the xdist worker that dispatches (``worker_id``, ``testrun_uid`` and
+    PYTEST_XDIST_* as there)."""
+    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": forwarded_addopts(config)}
     workerinput = getattr(config, "workerinput", None)
     if workerinput:
         env["PYTEST_XDIST_WORKER"] = str(workerinput.get("workerid", ""))
@@ -602,13 +607,16 @@ def worker_command(
 
 def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
     """``python -m pytest`` with the same rootdir and ini file and the user's invocation
-    less what the controller owns (``forwarding``); the ini's addopts are among those
-    options, so the worker does not read them again. The "re-run:" line is this argv."""
+    less what the controller owns (``forwarding``); the ini's addopts are off here: the
+    worker gets them, with PYTEST_ADDOPTS, in its PYTEST_ADDOPTS (``worker_env``). The
+    "re-run:" line is this argv with the ini's addopts written out."""
     argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         argv += ["-c", str(config.inipath)]
     argv += ["-o", "addopts="]
-    return argv + (options if options is not None else forwarded_options(config)[0])
+    if options is None:
+        options = forwarded_options(config, with_ini=False)[0]
+    return argv + options
 
 
 def _module_path(nodeid: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:

@@ -38,9 +38,11 @@ queue of a streamed stdin here is bounded as well (``STDIN_QUEUE`` pieces).
 """
 
 import base64
+import errno
 import json
 import os
 import queue
+import stat
 import subprocess
 import sys
 import threading
@@ -292,21 +294,64 @@ def _size(request):
         return {"size": 0, "absent": True}
 
 
+def _why_untrusted(st, directory):
+    # type: (os.stat_result, bool) -> Optional[str]
+    """As node/files.why_untrusted (not importable here: this file travels alone)."""
+    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not kind_ok:
+        return "it is not a " + ("folder" if directory else "regular file")
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group or others may write it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _refuse_untrusted_dir(folder):
+    # type: (str) -> None
+    """OSError(EPERM) naming ``folder`` unless it is a real folder of ours that nobody
+    else may write."""
+    why = _why_untrusted(os.lstat(folder), True)
+    if why is not None:
+        raise OSError(errno.EPERM, f"{folder}: {why}; refusing to use it (someone else could put "
+                      "files there or swap ours): remove it and run again")
+
+
+def _refuse_foreign_links(path):
+    # type: (str) -> None
+    """OSError(EPERM) naming the first of ``path`` and its parents that is a symbolic
+    link owned by someone else than this user or root (as node/files.refuse_foreign_links)."""
+    while path:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
+            raise OSError(errno.EPERM, f"{path}: it is a symbolic link owned by uid "
+                          f"{st.st_uid}; refusing to make or use folders through it")
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+
+
 def _write(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
     """Atomic and 0600 from its first byte, as node/files.write_atomic (not importable
-    here: this file travels alone): a temporary name, fsync, then a rename."""
+    here: this file travels alone): an unpredictable temporary name opened O_EXCL and
+    O_NOFOLLOW (a planted link is never followed), fsync, then a rename."""
     path = request["path"]
     folder, base = os.path.split(path)
-    tmp = os.path.join(folder, f".{base}.tmp-{os.urandom(6).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = os.path.join(folder, f".{base}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), int(request["mode"]))
             fh.write(base64.b64decode(request["data"]))
             fh.flush()
             os.fsync(fh.fileno())
-        if int(request["mode"]) != 0o600:
-            os.chmod(tmp, int(request["mode"]))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -319,32 +364,50 @@ def _write(request):
 
 def _mkdir(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """``mkdir -p``; ``private``: the folders it creates are 0700 (whatever the umask)."""
+    """``mkdir -p`` whose new folders are 0700 (whatever the umask). Each folder it makes,
+    or finds made meanwhile, must be a real folder of ours that nobody else may write, and
+    so must ``path`` itself when ``private`` (EPERM naming it otherwise)."""
     path, private = request["path"].rstrip("/") or "/", bool(request.get("private"))
     missing = []
-    while path and not os.path.isdir(path):
+    while path and not os.path.lexists(path):
         missing.append(path)
         parent = os.path.dirname(path)
         if parent == path:
             break
         path = parent
+    _refuse_foreign_links(path)
     for folder in reversed(missing):
         try:
-            os.mkdir(folder, 0o700 if private else 0o777)
+            os.mkdir(folder, 0o700)
         except FileExistsError:
-            if not os.path.isdir(folder):
-                raise
-            continue
-        if private:
-            os.chmod(folder, 0o700)
+            pass
+        _refuse_untrusted_dir(folder)
+    if private and not missing:
+        _refuse_untrusted_dir(path)
     return {}
 
 
 FILE_OPS = {"read": _read, "size": _size, "write": _write, "mkdir": _mkdir}
 
 
+def one_op():
+    # type: () -> None
+    """One file operation (a JSON request on stdin, its answer on stdout): what a shell
+    without a relay (OpenSSH's) runs for each write and mkdir."""
+    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    answer = {}  # type: Dict[str, Any]
+    try:
+        answer.update(FILE_OPS[request["op"]](request))
+    except OSError as exc:
+        answer.update(errno=exc.errno or 0, error=exc.strerror or str(exc))
+    sys.stdout.write(json.dumps(answer) + "\n")
+
+
 def main():
     # type: () -> None
+    if sys.argv[1:2] == ["--one-op"]:
+        one_op()
+        return
     Relay(sys.stdin.buffer, sys.stdout.buffer).serve()
 
 

@@ -97,7 +97,7 @@ class RemoteSlurmExecutor:
 
     def submit(self, spec: JobSpec) -> JobHandle:
         remote = self.paths.spec(spec, self.interpreter)
-        self.shell.mkdir(remote.work_dir)
+        self.shell.mkdir(remote.work_dir, private=True)
         if remote.nodeids_file:
             self.shell.write_file(remote.nodeids_file, json.dumps(spec.nodeids))
         self.shell.write_file(
