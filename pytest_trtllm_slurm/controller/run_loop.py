@@ -84,6 +84,11 @@ class RunningBatch:
     records_seen: int = 0
     refused: BadRecord | None = None  # the first record the controller refused
 
+    @property
+    def target_rootdir(self) -> str:
+        """The rootdir where the batch ran (a remote cluster's checkout)."""
+        return self.spec.rootdir
+
     @cached_property
     def nodeids(self) -> frozenset[str]:
         """Made once: every record of the batch is checked against it."""
