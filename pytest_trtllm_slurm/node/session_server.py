@@ -134,7 +134,8 @@ class SessionServer:
         return 2
 
     def _run_batch(self, request: dict[str, Any], gpu_ids: list[str]) -> int:
-        wanted = assignment.parse(request["tests"])
+        # (node id, key) pairs; a bare list of node ids names tests by their own ids
+        wanted = assignment.parse(request.get("tests", request.get("nodeids", [])))
         if not self.writer.wanted and any(key not in self.items for _, key in wanted):
             # collected from the run's arguments, and they did not give this test here:
             # the controller sends the batch to a session that collects it by key
