@@ -20,6 +20,7 @@ import pytest
 from pytest_trtllm_slurm.node.assignment import Assignment
 
 _KEY = pytest.StashKey[str]()
+_PREFIX = pytest.StashKey["str | None"]()  # a collector's key (None: under no file)
 
 
 def item_key(item: pytest.Item) -> str:
@@ -27,12 +28,26 @@ def item_key(item: pytest.Item) -> str:
     given = item.stash.get(_KEY, None)
     if given is not None:
         return given
-    chain = item.listchain()
-    at = max((i for i, node in enumerate(chain) if isinstance(node, pytest.File)), default=-1)
-    if at < 0:  # an item under no file (a plugin's own): its node id is all there is
+    prefix = _collector_key(item.parent) if item.parent is not None else None
+    if prefix is None:  # an item under no file (a plugin's own): its node id is all there is
         return item.nodeid
-    relative = os.path.relpath(chain[at].path, item.config.rootpath).replace(os.sep, "/")
-    return "::".join([relative, *(node.name for node in chain[at + 1:])])
+    return f"{prefix}::{item.name}"
+
+
+def _collector_key(node: pytest.Collector | pytest.Session) -> str | None:
+    """A collector's key, kept on it: its items share it (100,000 items, a few files)."""
+    known = node.stash.get(_PREFIX, "")
+    if known != "":
+        return known
+    if isinstance(node, pytest.File):
+        key: str | None = os.path.relpath(node.path, node.config.rootpath).replace(os.sep, "/")
+    elif node.parent is None:
+        key = None
+    else:
+        above = _collector_key(node.parent)
+        key = None if above is None else f"{above}::{node.name}"
+    node.stash[_PREFIX] = key
+    return key
 
 
 def set_item_key(item: pytest.Item, key: str) -> None:

@@ -286,11 +286,10 @@ def drop_absent_files(config: pytest.Config) -> None:
     the whole session: "file or directory not found"): their tests are reported missing,
     each failing alone with the reason."""
     here = Path(config.invocation_params.dir)
-    kept = [arg for arg in config.args if (here / key_path(str(arg))).exists()]
-    for arg in config.args:
-        if arg not in kept:
-            print(f"[trtllm-slurm] not on this side, its tests are missing: {arg}", flush=True)
-    config.args[:] = kept
+    absent = {arg for arg in config.args if not (here / key_path(str(arg))).exists()}
+    for arg in sorted(absent):
+        print(f"[trtllm-slurm] not on this side, its tests are missing: {arg}", flush=True)
+    config.args[:] = [arg for arg in config.args if arg not in absent]
 
 
 @pytest.hookimpl(trylast=True)
