@@ -99,6 +99,7 @@ class Replayer:
         self._suite_properties: dict[tuple[str, str], int] = {}  # added to the junit xml
         self._suite_seen: dict[tuple[str, tuple[str, str]], int] = {}  # (job, property) -> n
         self._xml: Any = _UNSET  # the session's junit writer, looked up once
+        self._ihooks: dict[Any, Any] = {}  # folder -> the hook proxy of its items
 
     @property
     def xml(self) -> Any:
@@ -106,6 +107,16 @@ class Replayer:
         if self._xml is _UNSET:
             self._xml = _junit_xml(self.config)
         return self._xml
+
+    def _hooks(self, item: pytest.Item) -> Any:
+        """``item.ihook``, looked up once per folder: pytest finds the conftests that apply
+        to the item's path at each look (the same for every test of a folder), a cost a
+        test pays once when it runs here and three to five times when it is replayed."""
+        folder = item.path.parent
+        hooks = self._ihooks.get(folder)
+        if hooks is None:
+            hooks = self._ihooks[folder] = item.ihook
+        return hooks
 
     # -- state -----------------------------------------------------------
     def track(self, item: pytest.Item) -> None:
@@ -139,7 +150,7 @@ class Replayer:
         prog.started = prog.attempt_open = True
         prog.phases, prog.rerun = [], False
         item = self.items[nodeid]
-        item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=item.location)
+        self._hooks(item).pytest_runtest_logstart(nodeid=nodeid, location=item.location)
 
     def report(self, data: dict[str, Any], ctx: JobContext) -> None:
         if isinstance(data.get("longrepr"), list):
@@ -167,7 +178,7 @@ class Replayer:
             reporter = xml.node_reporter(report)
             for name, value in ctx.junit_properties():
                 reporter.add_property(name, value)
-        item.ihook.pytest_runtest_logreport(report=report)
+        self._hooks(item).pytest_runtest_logreport(report=report)
 
     def finish(self, nodeid: str) -> None:
         prog = self.progress.get(nodeid)
@@ -175,7 +186,7 @@ class Replayer:
             return
         prog.attempt_open = False
         item = self.items[nodeid]
-        item.ihook.pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
+        self._hooks(item).pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
 
     def done(self, nodeid: str) -> None:
         prog = self.progress.get(nodeid)

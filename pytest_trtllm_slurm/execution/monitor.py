@@ -77,6 +77,10 @@ class WatchedJob:
     forced_reason: str | None = None
     state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
     held: list[dict[str, Any]] = field(default_factory=list)  # reports newer than alive_at
+    # the executor's shell when it pushes, found once (a check against a runtime Protocol
+    # costs more than the stat it guards: measured, most of a 32-node run's monitor CPU)
+    pushing: PushingShell | None = None
+    next_log_look: float = 0.0  # monotonic: the job log's next look for hang patterns
 
 
 @dataclass
@@ -120,22 +124,23 @@ class Monitor:
         self.jobs: dict[str, WatchedJob] = {}
 
     def add(self, handle: JobHandle, executor: Executor) -> WatchedJob:
-        job = WatchedJob(handle=handle, executor=executor)
-        self.jobs[handle.job_id] = job
         shell = executor.shell
-        if isinstance(shell, PushingShell):
-            shell.watch(handle.spec.reports_path, 0)
+        pushing = shell if isinstance(shell, PushingShell) else None
+        job = WatchedJob(handle=handle, executor=executor, pushing=pushing)
+        self.jobs[handle.job_id] = job
+        if pushing is not None:
+            pushing.watch(handle.spec.reports_path, 0)
             if self.hang_patterns:  # read for hangs only; its lines wake nobody
-                shell.watch(handle.spec.log_path, 0, wake=False)
+                pushing.watch(handle.spec.log_path, 0, wake=False)
         return job
 
     def wait(self, timeout: float | None = None) -> None:
         """The pause between two polls (``poll_interval``): shorter when the one shell of
         the active jobs pushes a report line meanwhile."""
         timeout = self.poll_interval if timeout is None else timeout
-        shells = {id(j.executor.shell): j.executor.shell for j in self.jobs.values()}
+        shells = {id(j.executor.shell): j.pushing for j in self.jobs.values()}
         only = next(iter(shells.values())) if len(shells) == 1 else None
-        if isinstance(only, PushingShell):
+        if only is not None:
             only.wait_news(timeout)
         else:
             time.sleep(timeout)
@@ -230,19 +235,17 @@ class Monitor:
     def _chunk(job: WatchedJob, path: str, offset: int, *, final: bool = False) -> bytes:
         """Bytes of ``path`` from ``offset``: the pushed ones when the shell has them, else
         (and always for a job's ``final`` read) the file's own."""
-        shell = job.executor.shell
-        if not final and isinstance(shell, PushingShell):
-            data = shell.pushed(path, offset)
+        if not final and job.pushing is not None:
+            data = job.pushing.pushed(path, offset)
             if data is not None:
                 return data
-        return shell.read_from(path, offset)
+        return job.executor.shell.read_from(path, offset)
 
     @staticmethod
     def _unwatch(job: WatchedJob) -> None:
-        shell = job.executor.shell
-        if isinstance(shell, PushingShell):
-            shell.unwatch(job.handle.spec.reports_path)
-            shell.unwatch(job.handle.spec.log_path)
+        if job.pushing is not None:
+            job.pushing.unwatch(job.handle.spec.reports_path)
+            job.pushing.unwatch(job.handle.spec.log_path)
 
     def _read_records(self, job: WatchedJob, *, final: bool = False) -> list[dict[str, Any]]:
         chunk = self._chunk(job, job.handle.spec.reports_path, job.reports_offset, final=final)
@@ -269,8 +272,14 @@ class Monitor:
         return records
 
     def _hang_seen(self, job: WatchedJob) -> bool:
+        """Hang patterns in what the job's log gained, looked at every
+        ``CADENCE.hang_look`` seconds (not at every round: a hang is no hurry)."""
         if not self.hang_patterns:
             return False
+        now = time.monotonic()
+        if now < job.next_log_look:
+            return False
+        job.next_log_look = now + CADENCE.hang_look
         chunk = self._chunk(job, job.handle.spec.log_path, job.log_offset)
         if not chunk:
             return False
