@@ -6,7 +6,9 @@ controller does, so terminal output, junitxml, --lf, -x and --durations behave a
 for a local run. Every report is replayed, in order, including each attempt of a
 test that a plugin runs again (pytest-rerunfailures logs start..finish per attempt);
 a test is finished once the worker says its whole protocol returned (``done``), and
-later records for it are ignored: each test ends with exactly one outcome.
+later records for it are ignored: each test ends with exactly one outcome. A test whose
+attempt ended without its teardown report (a worker that could not write its call report
+on a full disk, yet wrote the short lines after it) gets the missing phases, failed.
 """
 
 from __future__ import annotations
@@ -129,10 +131,11 @@ class Replayer:
 
     def settle(self, nodeids: list[str]) -> None:
         """The job ended: a test whose last attempt ended without asking for another one
-        is finished, even if the worker died before saying ``done``."""
+        is finished, even if the worker died before saying ``done`` (unless that attempt's
+        reports are incomplete: it is where the job died)."""
         for nodeid in nodeids:
             prog = self.progress[nodeid]
-            if prog.started and not prog.attempt_open and not prog.rerun:
+            if prog.started and not prog.attempt_open and not prog.rerun and not _cut_short(prog):
                 _finished(prog)
 
     def running_test(self, nodeids: list[str]) -> str | None:
@@ -188,9 +191,16 @@ class Replayer:
         item = self.items[nodeid]
         self._hooks(item).pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
 
-    def done(self, nodeid: str) -> None:
+    def done(self, nodeid: str, ctx: JobContext | None = None) -> None:
         prog = self.progress.get(nodeid)
         if prog is None or prog.finished or not prog.started:
+            return
+        if _cut_short(prog):
+            self.fail_unreported(
+                nodeid, "ERROR", "the worker ended this test without writing all of its "
+                f"reports (phases reported: {', '.join(w for w, _ in prog.phases) or 'none'}); "
+                "was the file system of its reports file full? See the job log"
+                + (f": {ctx.log_path}" if ctx is not None and ctx.log_path != "-" else ""), ctx)
             return
         self.finish(nodeid)
         _finished(prog)
@@ -252,7 +262,8 @@ class Replayer:
             self._synth(item, "teardown", "passed", None, ctx)
         elif "teardown" not in done:
             self._synth(item, "teardown", "failed", longrepr, ctx)
-        self.done(nodeid)
+        self.finish(nodeid)
+        _finished(prog)
 
     def skip_unsatisfied(self, item: pytest.Item, reason: str, *, fail: bool) -> None:
         """Report a test nothing can serve: skipped (as the suite would) or failed."""
@@ -294,6 +305,12 @@ class Replayer:
             user_properties=list(item.user_properties),
         )
         self._log(item, report, ctx)
+
+
+def _cut_short(prog: TestProgress) -> bool:
+    """The attempt's last report is a setup or call one (or there is none): pytest's
+    protocol always ends with teardown, so the rest was lost on the way."""
+    return not prog.phases or prog.phases[-1][0] in ("setup", "call")
 
 
 def _finished(prog: TestProgress) -> None:
