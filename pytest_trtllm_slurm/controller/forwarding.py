@@ -20,6 +20,10 @@ reach the tests as in a plain run. The controller owns:
 - this plugin's options, the rootdir and ini file (the worker gets the controller's);
 - ``--pdb``/``--trace``: a target has no terminal (the run says so once).
 
+Options that name where the suite writes its own output (``--output-dir``, ``--csv``, ...:
+``output_dirs``) are not forwarded as written: each batch gets a place of its own
+(``worker_tokens``), and what it wrote there comes back to the user's path.
+
 Values that name a path relative to the invocation directory are made absolute (the
 worker runs in the rootdir, perhaps on another machine where paths are mapped). A value a
 plugin resolves once for the run reaches the worker as resolved here, as pytest-xdist
@@ -37,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pytest_trtllm_slurm.controller.output_dirs import OutputOption, output_flags
 
 # dests of pytest's own options (and of the report writers users commonly add) that
 # the controller owns; an option of a plugin not named here is forwarded
@@ -179,6 +185,8 @@ class Forwarder:
         self.groups = _groups_by_flag(parser)
         self.here = Path(config.invocation_params.dir)
         self.refused: list[str] = []  # options the run cannot honour on a target
+        self.output_flags = output_flags(config)
+        self.outputs: list[OutputOption] = []  # each batch writes them a place of its own
 
     def owned(self, occurrence: Occurrence) -> bool:
         action = occurrence.action
@@ -217,10 +225,21 @@ class Forwarder:
             return str(self.here / value)
         return value
 
+    def output(self, occurrence: Occurrence) -> bool:
+        """An option naming where the suite writes (``output_dirs``): kept in ``outputs``."""
+        action = occurrence.action
+        if (action is None or occurrence.value_at is None
+                or not self.output_flags.intersection(action.option_strings)):
+            return False
+        flag = next((s for s in action.option_strings if s.startswith("--")), occurrence.flag)
+        value = occurrence.tokens[-1]
+        self.outputs.append(OutputOption.of(flag, os.path.join(self.here, value)))
+        return True
+
     def forwarded(self) -> list[str]:
         out: list[str] = []
         for occurrence in split_options(invocation_args(self.config), self.actions):
-            if not self.owned(occurrence):
+            if not self.owned(occurrence) and not self.output(occurrence):
                 out += self.render(occurrence)
         return out + self.worker_halves() + self.resolved_here()
 
@@ -240,7 +259,15 @@ class Forwarder:
 
 
 def forwarded_options(config: pytest.Config) -> tuple[list[str], list[str]]:
-    """(the options the worker gets, the flags a target cannot honour)."""
+    """(the options the worker gets, output options with the user's paths among them; the
+    flags a target cannot honour)."""
+    options, refused, outputs = forwarding_plan(config)
+    return options + [t for out in outputs for t in out.user_tokens()], refused
+
+
+def forwarding_plan(config: pytest.Config) -> tuple[list[str], list[str], list[OutputOption]]:
+    """(the options every batch's worker gets, the flags a target cannot honour, the output
+    options, whose values each batch gets of its own)."""
     forwarder = Forwarder(config)
     options = forwarder.forwarded()
-    return options, sorted(set(forwarder.refused))
+    return options, sorted(set(forwarder.refused)), forwarder.outputs
