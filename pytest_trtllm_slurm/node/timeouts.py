@@ -77,6 +77,8 @@ class ThreadTimeouts:
         if frame is not None:
             text += "\n\nThe test's (main) thread was at:\n" + "".join(
                 traceback.format_stack(frame))
+        # last as well: where a report's last line is read as its message (a JUnit writer)
+        text += f"\nE   Failed: Timeout (>{settings.timeout}s) from pytest-timeout."
         done = self.phases.get(item.nodeid, [])
         whens = [when for when, _ in done]
         config = item.config
