@@ -50,9 +50,19 @@ def _pytest(project: Path, *args: str, env: dict[str, str] | None = None,
 
 
 def _tree(folder: Path) -> dict[str, str]:
-    """Every file below ``folder`` (relative path -> text, JUnit timings blanked)."""
-    return {str(p.relative_to(folder)): _TIME.sub(' time="?"', p.read_text())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file below ``folder`` (relative path -> text); a JUnit file's testcases in
+    name order with their timings blanked (batches end in any order)."""
+    tree = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            if path.suffix == ".xml":
+                lines = text.splitlines()
+                cases = sorted(_TIME.sub(' time="?"', line) for line in lines
+                               if "<testcase" in line)
+                text = "\n".join([*[line for line in lines if "<testcase" not in line], *cases])
+            tree[str(path.relative_to(folder))] = text
+    return tree
 
 
 @pytest.fixture(scope="module")

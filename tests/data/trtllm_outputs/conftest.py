@@ -44,34 +44,40 @@ class Results:
 
 
 class PeriodicJunit(Results):
-    """The stand-in of TensorRT-LLM's periodic JUnit: rewrites the whole file every
-    ``batch`` finished tests and at the end."""
+    """The stand-in of TensorRT-LLM's periodic JUnit (utils/periodic_junit.py): the file is
+    opened (truncated) at configure, each finished test is appended as it ends (every
+    ``batch`` tests), and the closing tags are written at the end."""
 
     def __init__(self, path, batch):
         super().__init__()
-        self.path, self.batch, self.pending = path, max(1, batch), 0
+        self.batch, self.pending = max(1, batch), []
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.file = open(path, "w", encoding="utf-8")
+        self.file.write('<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="pytest">\n')
+        self.file.flush()
 
     def pytest_runtest_logreport(self, report):
         self.add(report)
         if report.when == "teardown":
-            self.pending += 1
-            if self.pending >= self.batch:
-                self.pending = 0
-                self.write()
+            self.pending.append(report.nodeid)
+            if len(self.pending) >= self.batch:
+                self.flush()
 
-    def pytest_sessionfinish(self):
-        self.write()
-
-    def write(self):
-        suite = ET.Element("testsuite", name="pytest", tests=str(len(self.cases)))
-        for nodeid in sorted(self.cases):
+    def flush(self):
+        for nodeid in self.pending:
             outcome, message, seconds = self.cases[nodeid]
             module, _, name = nodeid.rpartition("::")
-            case = ET.SubElement(suite, "testcase", classname=module, name=name,
-                                 time=f"{seconds:.3f}")
+            case = ET.Element("testcase", classname=module, name=name, time=f"{seconds:.3f}")
             if outcome in ("failed", "error", "skipped"):
                 ET.SubElement(case, {"failed": "failure"}.get(outcome, outcome), message=message)
-        _atomic(self.path, ET.tostring(suite, encoding="unicode") + "\n")
+            self.file.write("  " + ET.tostring(case, encoding="unicode") + "\n")
+        self.pending = []
+        self.file.flush()
+
+    def pytest_sessionfinish(self):
+        self.flush()
+        self.file.write("</testsuite>\n")
+        self.file.close()
 
 
 class CsvReport(Results):
