@@ -91,6 +91,12 @@ def test_local_slurm_output_dir_reads_as_a_plain_run(plain, devcluster: dict, tm
     assert "conflict" not in out, out
     # each batch wrote a place of its own, under its work dir
     assert len(list(project.glob("work_dirs/*/outputs/**/out/results.xml"))) == batches
+    # again, in the allocation the first run left (its warm workers are alive): sessions
+    # started early with the run's options would write (truncate) the user's files
+    shutil.rmtree(project / "out")
+    again = _pytest(project, "check_outputs.py", *STAGE, *LOCAL_SLURM)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert _tree(project / "out") == plain, again.stdout + again.stderr
 
 
 def test_two_batches_writing_one_file_are_reported_and_both_kept(devcluster: dict,

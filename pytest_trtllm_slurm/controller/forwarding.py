@@ -259,10 +259,10 @@ class Forwarder:
 
 
 def forwarded_options(config: pytest.Config) -> tuple[list[str], list[str]]:
-    """(the options the worker gets, output options with the user's paths among them; the
-    flags a target cannot honour)."""
-    options, refused, outputs = forwarding_plan(config)
-    return options + [t for out in outputs for t in out.user_tokens()], refused
+    """(the options every worker gets, less the output options: a session started with
+    them would write the user's paths; the flags a target cannot honour)."""
+    options, refused, _ = forwarding_plan(config)
+    return options, refused
 
 
 def forwarding_plan(config: pytest.Config) -> tuple[list[str], list[str], list[OutputOption]]:
