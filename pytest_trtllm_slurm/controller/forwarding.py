@@ -8,7 +8,9 @@ list of options: ``--timeout=1``, ``--reruns 2``, ``--forked``, ``--asyncio-mode
 reach the tests as in a plain run. The controller owns:
 
 - test selection: the positional arguments, ``-k``, ``-m``, ``--deselect``, ``--ignore``,
-  ``--lf``/``--ff``/``--nf``/``--sw`` and friends (the worker gets node ids);
+  ``--lf``/``--ff``/``--nf``/``--sw`` and friends, pytest-split's ``--splits``/``--group``
+  (the worker gets the tests the controller's collection selected, and runs exactly those
+  whatever a conftest's own options select there: ``node.worker``);
 - how the run stops: ``-x``/``--maxfail`` (the controller cancels the other jobs);
 - output files and reports written once for the run: ``--junitxml``, ``--html``,
   ``--report-log``, ``--log-file``, coverage reports and thresholds, benchmark files,
@@ -51,6 +53,7 @@ SELECTION = {
     "failedfirst", "newfirst", "last_failed_no_failures", "cacheclear", "cacheshow",
     "stepwise", "stepwise_skip", "stepwise_reset", "keepduplicates", "collectonly",
     "pyargs", "continue_on_collection_errors",
+    "splits", "group",  # pytest-split's shard: a re-run line runs one test, unsharded
 }
 STOPPING = {"maxfail", "exitfirst"}
 OUTPUT_FILES = {
@@ -171,8 +174,13 @@ def _short_cluster(token: str, actions: dict[str, argparse.Action]) -> list[Occu
 
 def invocation_args(config: pytest.Config) -> list[str]:
     """What pytest parsed: ini addopts, PYTEST_ADDOPTS, then the command line."""
+    return [*addopts_args(config), *map(str, config.invocation_params.args)]
+
+
+def addopts_args(config: pytest.Config) -> list[str]:
+    """What pytest put before the command line: the ini's addopts, then PYTEST_ADDOPTS."""
     env = os.environ.get("PYTEST_ADDOPTS", "")
-    return [*config.getini("addopts"), *shlex.split(env), *map(str, config.invocation_params.args)]
+    return [*config.getini("addopts"), *shlex.split(env)]
 
 
 class Forwarder:
@@ -236,12 +244,28 @@ class Forwarder:
         self.outputs.append(OutputOption.of(flag, os.path.join(self.here, value)))
         return True
 
-    def forwarded(self) -> list[str]:
+    def forwarded(self, *, with_ini: bool = True) -> list[str]:
+        """The options of the ini's addopts (unless not ``with_ini``) and of the command
+        line. PYTEST_ADDOPTS is not among them: the worker gets it, after the ini's addopts,
+        in its own PYTEST_ADDOPTS (``forwarded_addopts``), so its argv is the command
+        line's options (``with_ini=False``); a re-run line writes the ini's out."""
+        ini = list(self.config.getini("addopts")) if with_ini else []
+        out = self._kept([*ini, *map(str, self.config.invocation_params.args)])
+        return out + self.worker_halves() + self.resolved_here()
+
+    def forwarded_addopts(self) -> str:
+        """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's PYTEST_ADDOPTS, less
+        what the controller owns, in pytest's order (the worker reads it before its argv,
+        with its own ini addopts off). An environment variable, not argv: what it holds
+        (``--api-token=...``) is not in ``ps``, job_spec.json or the re-run lines."""
+        return shlex.join(self._kept(addopts_args(self.config)))
+
+    def _kept(self, args: list[str]) -> list[str]:
         out: list[str] = []
-        for occurrence in split_options(invocation_args(self.config), self.actions):
+        for occurrence in split_options(args, self.actions):
             if not self.owned(occurrence) and not self.output(occurrence):
                 out += self.render(occurrence)
-        return out + self.worker_halves() + self.resolved_here()
+        return out
 
     def worker_halves(self) -> list[str]:
         """What a report writer's worker half needs besides its switch (``WORKER_HALF``)."""
@@ -258,16 +282,23 @@ class Forwarder:
         return out
 
 
-def forwarded_options(config: pytest.Config) -> tuple[list[str], list[str]]:
-    """(the options every worker gets, less the output options: a session started with
-    them would write the user's paths; the flags a target cannot honour)."""
-    options, refused, _ = forwarding_plan(config)
+def forwarded_addopts(config: pytest.Config) -> str:
+    """The worker's PYTEST_ADDOPTS (``Forwarder.forwarded_addopts``)."""
+    return Forwarder(config).forwarded_addopts()
+
+
+def forwarded_options(config: pytest.Config, *,
+                      with_ini: bool = True) -> tuple[list[str], list[str]]:
+    """(the options forwarded: ``Forwarder.forwarded``, less the output options: a session
+    started with them would write the user's paths; the flags a target cannot honour)."""
+    options, refused, _ = forwarding_plan(config, with_ini=with_ini)
     return options, refused
 
 
-def forwarding_plan(config: pytest.Config) -> tuple[list[str], list[str], list[OutputOption]]:
+def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
+                    ) -> tuple[list[str], list[str], list[OutputOption]]:
     """(the options every batch's worker gets, the flags a target cannot honour, the output
     options, whose values each batch gets of its own)."""
     forwarder = Forwarder(config)
-    options = forwarder.forwarded()
+    options = forwarder.forwarded(with_ini=with_ini)
     return options, sorted(set(forwarder.refused)), forwarder.outputs

@@ -20,7 +20,11 @@ import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
 from pytest_trtllm_slurm.controller.batch_plan import run_batches
-from pytest_trtllm_slurm.controller.forwarding import forwarded_options, forwarding_plan
+from pytest_trtllm_slurm.controller.forwarding import (
+    forwarded_addopts,
+    forwarded_options,
+    forwarding_plan,
+)
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
 from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_tokens
@@ -41,16 +45,22 @@ from pytest_trtllm_slurm.execution.disk import is_disk_full, space_problem
 from pytest_trtllm_slurm.execution.monitor import (
     JobEvent,
     Monitor,
-    UnreadableLine,
     WatchedJob,
     log_tail,
-    report_stop,
 )
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_name
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
-from pytest_trtllm_slurm.execution.records import BadRecord, describe_line, parse_record
+from pytest_trtllm_slurm.execution.records import (
+    BadRecord,
+    UnreadableLine,
+    describe_line,
+    parse_record,
+)
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.node import assignment
+from pytest_trtllm_slurm.node.assignment import key_path
 from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.item_key import item_key
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_duration
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
@@ -84,6 +94,11 @@ class RunningBatch:
     session_finished: bool = False
     records_seen: int = 0
     refused: BadRecord | None = None  # the first record the controller refused
+
+    @property
+    def target_rootdir(self) -> str:
+        """The rootdir where the batch ran (a remote cluster's checkout)."""
+        return self.spec.rootdir
 
     @cached_property
     def nodeids(self) -> frozenset[str]:
@@ -129,6 +144,8 @@ class DispatchLoop:
         self.builds = builds or {}  # targets whose cluster wants a build before the tests
         self.stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
         self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
+        # node id -> what the worker finds the test by, whatever hooks did to the node id
+        self.keys = {p.item.nodeid: item_key(p.item) for p in plans if p.key}
         self.handlers = RecordHandlers(self.replayer, after_test=self._check_stop)
         hints = [h for h in (getattr(e, "poll_hint", None) for e in executors.values()) if h]
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
@@ -139,8 +156,11 @@ class DispatchLoop:
         self._history: History | None = None
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
         self.view = RunView(self.config, settings)  # status line, summary, timeline
-        self.worker_options, refused, outputs = forwarding_plan(self.config)
+        self.worker_options, refused, outputs = forwarding_plan(self.config, with_ini=False)
         self.outputs = OutputCollector(outputs, self._say)  # the suite's own output files
+        # the ini's addopts written out, and the user's output paths
+        self.rerun_options = forwarded_options(self.config)[0] + [
+            t for out in outputs for t in out.user_tokens()]
         # pytest-timeout's limit of each dispatched test: they add up to a batch's walltime
         self.timeouts = {p.item.nodeid: item_timeout(p.item) for p in plans if p.key}
         self._capped: set[str] = set()  # partitions whose limit was said once
@@ -198,13 +218,13 @@ class DispatchLoop:
 
     def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
         """Tell each executor that wants it (warm workers) all node ids it will get."""
-        by_target: dict[Target, set[str]] = {}
+        by_target: dict[Target, dict[str, str]] = {}
         for nodeid, key in dispatched:
-            by_target.setdefault(target_of(key), set()).add(nodeid)
-        for target, nodeids in by_target.items():
+            by_target.setdefault(target_of(key), {})[nodeid] = self.keys[nodeid]
+        for target, tests in by_target.items():
             expect = getattr(self.executors.get(target), "expect", None)
             if expect is not None:
-                expect(nodeids)
+                expect(tests)
 
     def _prepare(self, targets: set[Target]) -> None:
         """Several Slurm targets (clusters): each gets its allocation now, in a thread of
@@ -403,7 +423,8 @@ class DispatchLoop:
         ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
         ids_file = work_dir / "nodeids.json"
-        write_atomic(ids_file, json.dumps(batch.nodeids))
+        tests = assignment.pairs(batch.nodeids, self.keys)
+        write_atomic(ids_file, assignment.dumps(tests))
         reports = work_dir / "reports.jsonl"
         wall = self._walltime(batch)
         spec = JobSpec(
@@ -411,13 +432,13 @@ class DispatchLoop:
             name=name,
             job_name=f"{key.account or 'trtllm'}.{name}",
             nodeids=batch.nodeids,
+            item_keys=dict(tests),
             nodeids_file=str(ids_file),
             command=worker_command(
-                self.config, batch.nodeids, ids_file, reports, work_dir,
+                self.config, [k for _, k in tests], ids_file, reports, work_dir,
                 options=self.worker_options + worker_tokens(self.outputs.outputs,
                                                             str(work_dir))),
-            rerun_argv=pytest_base_argv(self.config, options=self.worker_options + [
-                t for out in self.outputs.outputs for t in out.user_tokens()]),
+            rerun_argv=pytest_base_argv(self.config, options=self.rerun_options),
             rootdir=str(self.config.rootpath),
             invocation_dir=str(worker_cwd(self.config)),
             node_count=key.node_count,
@@ -468,16 +489,13 @@ class DispatchLoop:
     def _on_event(self, event: JobEvent) -> None:
         running = self.running[event.job.handle.job_id]
         ctx = running.context
-        records = event.records
-        if event.final is not None and event.final.ended_at is not None:
-            records = _before(records, event.final.ended_at)
-        for raw in records:
+        for raw in event.records:
             if running.refused is not None:
                 break  # nothing more of this batch is trusted
             running.records_seen += 1
             try:
                 if isinstance(raw, UnreadableLine):
-                    raise describe_line(raw.line)
+                    raise describe_line(raw.line, raw.why)
                 record = parse_record(raw, running.nodeids)
                 self.handlers.dispatch(record, Arrival(running, ctx, raw))
             except BadRecord as exc:
@@ -590,17 +608,6 @@ class DispatchLoop:
         self.replayer.skip_unsatisfied(plan.item, reason, fail=self.settings.unsatisfied == "fail")
 
 
-def _before(records: list[dict], ended_at: float) -> list[dict]:
-    """The records written before the scheduler ended the job (a node set DOWN may keep
-    its processes running, and they keep writing): from the first test report that
-    stopped after ``ended_at``, nothing counts (a test that ended in the very second of
-    the failure runs again rather than count on a doubt)."""
-    for index, record in enumerate(records):
-        if report_stop(record) > ended_at:
-            return records[:index]
-    return records
-
-
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
 
@@ -614,10 +621,11 @@ def worker_cwd(config: pytest.Config) -> Path:
 
 def worker_env(config: pytest.Config) -> dict[str, str]:
     """The environment every worker gets: unbuffered output (what a test prints reaches
-    the job log at once: hang patterns), no PYTEST_ADDOPTS (the worker's argv has the
-    options already), and, under pytest-xdist, the identity of the xdist worker that
-    dispatches (``worker_id``, ``testrun_uid`` and PYTEST_XDIST_* as there)."""
-    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": ""}
+    the job log at once: hang patterns), PYTEST_ADDOPTS less what the controller owns
+    (an environment variable, as it was: never argv), and, under pytest-xdist, the
+    identity of the xdist worker that dispatches (``worker_id``, ``testrun_uid`` and
+    PYTEST_XDIST_* as there)."""
+    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": forwarded_addopts(config)}
     workerinput = getattr(config, "workerinput", None)
     if workerinput:
         env["PYTEST_XDIST_WORKER"] = str(workerinput.get("workerid", ""))
@@ -627,11 +635,12 @@ def worker_env(config: pytest.Config) -> dict[str, str]:
 
 
 def worker_command(
-    config: pytest.Config, nodeids: list[str], ids_file: Path, reports: Path, work_dir: Path,
+    config: pytest.Config, keys: list[str], ids_file: Path, reports: Path, work_dir: Path,
     options: list[str] | None = None,
 ) -> list[str]:
     """argv of the worker pytest: the user's invocation (``forwarding``), the worker
-    plugin, node ids in a file, the batch's module paths. Never a shell string."""
+    plugin, the tests (node ids and keys: ``node.assignment``) in a file, the files of the
+    batch's keys. Never a shell string."""
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker"]
     argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
@@ -645,23 +654,26 @@ def worker_command(
     opt = config.option
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
     cwd = worker_cwd(config)
-    argv += sorted({_module_path(n, config.rootpath, cwd) for n in nodeids})
+    argv += sorted({_module_path(k, config.rootpath, cwd) for k in keys})
     return argv
 
 
 def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
     """``python -m pytest`` with the same rootdir and ini file and the user's invocation
-    less what the controller owns (``forwarding``); the ini's addopts are among those
-    options, so the worker does not read them again. The "re-run:" line is this argv."""
+    less what the controller owns (``forwarding``); the ini's addopts are off here: the
+    worker gets them, with PYTEST_ADDOPTS, in its PYTEST_ADDOPTS (``worker_env``). The
+    "re-run:" line is this argv with the ini's addopts written out."""
     argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         argv += ["-c", str(config.inipath)]
     argv += ["-o", "addopts="]
-    return argv + (options if options is not None else forwarded_options(config)[0])
+    if options is None:
+        options = forwarded_options(config, with_ini=False)[0]
+    return argv + options
 
 
-def _module_path(nodeid: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
-    """The file part of a node id, which is relative to the rootdir: as it is when the
-    worker runs there, else absolute."""
-    module = nodeid.split("::", 1)[0]
+def _module_path(key: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
+    """The file of a test's key (``node.item_key``), which is relative to the rootdir: as
+    it is when the worker runs there, else absolute."""
+    module = key_path(key)
     return module if rootdir is None or cwd == rootdir else str(rootdir / module)

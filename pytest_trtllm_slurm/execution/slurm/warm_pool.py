@@ -26,7 +26,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -41,6 +41,7 @@ from pytest_trtllm_slurm.execution.outcome import (
     signal_name,
     signal_of_exit_code,
 )
+from pytest_trtllm_slurm.execution.records import BadRecord, Heartbeat, validated
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.jobs import StepRow
@@ -58,6 +59,8 @@ from pytest_trtllm_slurm.execution.slurm.placement import (
 # a served batch sent to a session that collected the run's arguments (not its node ids)
 # and lacks one of its node ids exits with EARLY_MISS before running anything: sent again
 # to a session that collects exactly the run's node ids
+from pytest_trtllm_slurm.node import assignment
+from pytest_trtllm_slurm.node.assignment import key_path, pairs
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, WORKER_OUTPUTS_FLAG
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import is_secret, only_secrets, without_secrets
@@ -137,6 +140,8 @@ class WarmJob(FollowsState):
         self.ready = False  # every rank of the gated step has collected
         self.ranks = 0  # how many (rank 0 writes it in ``ready``)
         self.done = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+        self.folder_stamp: int | None = None  # its work dir's mtime at the last read
+        self.next_read = 0.0  # monotonic: its pid and exit code are read by then anyway
 
     @property
     def launched_early(self) -> bool:
@@ -170,7 +175,7 @@ class AgentPool:
         self.run_id = f"{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.jobs: dict[str, WarmJob] = {}
         self.order: list[str] = []  # submission order: placement is first come, with backfill
-        self.expected: set[str] = set()
+        self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
         self._next_health = 0.0
         self.warmed = False  # sessions started on every node (SlurmExecutor asks once)
         # session dir -> why it is gone (its agent was lost, or it ended early): every
@@ -178,9 +183,9 @@ class AgentPool:
         self.lost: dict[str, str] = {}
 
     # -- placement ------------------------------------------------------------
-    def expect(self, nodeids: set[str]) -> None:
-        """The run's node ids, so one session per node collects them all at once."""
-        self.expected |= nodeids
+    def expect(self, tests: Mapping[str, str]) -> None:
+        """The run's tests (node id -> key), so one session per node collects them all."""
+        self.expected.update(tests)
 
     def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False,
             life: Lifecycle | None = None) -> WarmJob:
@@ -196,12 +201,14 @@ class AgentPool:
         """Start what fits, in submission order; True when anything started. A gated
         step is launched once nodes can be set aside for it, and let in later."""
         started = False
+        held: list[Node] | None = None  # nodes drained for gated steps, found once per call
         for job_id in list(self.order):
             job = self.jobs[job_id]
             if job.placement is not None or job.cancelled or job.life.ended:
                 self.order.remove(job_id)
                 continue
             if job.gated:
+                held = None  # a gated step's turn may reserve nodes or let its ranks in
                 if not job.reserved:
                     if self._reserve(job):
                         launch_step(job_id, job)
@@ -211,7 +218,9 @@ class AgentPool:
                 self.order.remove(job_id)
                 started = True
                 continue
-            placement = self._fit(job)
+            if held is None:
+                held = self._held()
+            placement = self._fit(job, held)
             if placement is None:
                 continue
             job.placement = placement
@@ -225,11 +234,14 @@ class AgentPool:
                 launch_step(job_id, job)
         return started
 
-    def _fit(self, job: WarmJob) -> Placement[Node] | None:
+    def _held(self) -> list[Node]:
+        """Nodes drained for a gated step whose ranks are ready."""
+        return [n for j in self.jobs.values() if j.launched_early and j.ready
+                for n in j.reserved]
+
+    def _fit(self, job: WarmJob, held: list[Node]) -> Placement[Node] | None:
         whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
         need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
-        held = [n for j in self.jobs.values() if j.launched_early and j.ready
-                for n in j.reserved]  # drained for a gated step whose ranks are ready
         return self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
                                  held=held)
 
@@ -360,17 +372,18 @@ class AgentPool:
                 return early
         if node.session:  # a batch this session did not collect (e.g. run without expect)
             self.shell.write_file(f"{node.session}/inbox/stop", "")
-        ids = sorted(self.expected | wanted)
+        tests = {**self.expected, **dict(spec.assignment())}
+        ids = sorted(tests)
         name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
         sdir = f"{node.agent_dir}/sessions/{name}"
         base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
-        argv = session_argv(spec.command[0], base, sdir,
-                            sorted({_module(n, spec.rootdir, spec.invocation_dir) for n in ids}),
+        files = {_module(key_path(k), spec.rootdir, spec.invocation_dir) for k in tests.values()}
+        argv = session_argv(spec.command[0], base, sdir, sorted(files),
                             capture_no="--capture=no" in spec.command, nodeids_file=True)
         send_session(self.shell, node.agent_dir, name, argv,
                      cwd=spec.invocation_dir or spec.rootdir,
                      env=env_for_session(spec.env, local=isinstance(self.shell, LocalShell)),
-                     files={"nodeids.json": json.dumps(ids)})
+                     files={"nodeids.json": assignment.dumps(pairs(ids, tests))})
         node.session, node.session_ids = sdir, frozenset(ids)
         return sdir
 
@@ -391,7 +404,7 @@ class AgentPool:
         self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
         request = {
             "name": sent.request_name,
-            "nodeids": list(spec.nodeids),
+            "tests": spec.assignment(),  # (node id, key): ``node.assignment``
             "gpus": spec.devices_per_node,
             "gpus_total": self.alloc.gpus_per_node,
             "reports_path": spec.reports_path,
@@ -420,17 +433,18 @@ class AgentPool:
         if not job.warm or placement is None or sent is None or job.state.status.finished:
             return
         node = placement.nodes[0]
-        code = self._read(sent.exit_path).strip()
-        if code == str(EARLY_MISS) and not job.cancelled:
-            self._resend(job, node)
-            return
-        if code.lstrip("-").isdigit():
-            job.state = self._end_state(job, int(code), node)
-            self.release(job)
-            return
-        if job.state.status is not JobStatus.RUNNING and (
-                self._read(sent.pid_path).strip().isdigit()):
-            job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
+        if self._folder_changed(job, sent.exit_path):
+            code = self._read(sent.exit_path).strip()
+            if code == str(EARLY_MISS) and not job.cancelled:
+                self._resend(job, node)
+                return
+            if code.lstrip("-").isdigit():
+                job.state = self._end_state(job, int(code), node)
+                self.release(job)
+                return
+            if job.state.status is not JobStatus.RUNNING and (
+                    self._read(sent.pid_path).strip().isdigit()):
+                job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
         dead = self._dead(node)
         if sent.session in self.lost:
             job.state = JobState(status=JobStatus.CRASHED, nodelist=node.name,
@@ -439,6 +453,25 @@ class AgentPool:
         elif dead:
             job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
             self.release(job)
+
+    def _folder_changed(self, job: WarmJob, exit_path: str) -> bool:
+        """Read the batch's pid and exit code now? Its fork writes both by rename into
+        the batch's work dir, which moves the folder's mtime: on this machine's files one
+        stat of the folder says whether there is news (two failed opens per batch per
+        round otherwise). Every ``CADENCE.warm_read`` s they are read anyway (two writes
+        within the mtime's granularity); a remote shell's look costs a round trip either
+        way, so it reads them."""
+        if not isinstance(self.shell, LocalShell):
+            return True
+        now = time.monotonic()
+        try:
+            stamp = os.stat(os.path.dirname(exit_path)).st_mtime_ns
+        except OSError:
+            return True
+        if stamp == job.folder_stamp and now < job.next_read:
+            return False
+        job.folder_stamp, job.next_read = stamp, now + CADENCE.warm_read
+        return True
 
     def _resend(self, job: WarmJob, node: Node) -> None:
         """The early session lacked one of the batch's node ids (it ran nothing): end it,
@@ -665,10 +698,12 @@ def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
 
 
 def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
+    """The agent's last heartbeat; None when there is none or it is not one (a heartbeat
+    that does not read as ``records.Heartbeat`` is as good as a stale one)."""
     raw = shell.read_from(f"{agent_dir}/heartbeat.json", 0, 4096)
     try:
-        return json.loads(raw) if raw else None
-    except ValueError:
+        return validated(Heartbeat, raw, "heartbeat.json").model_dump() if raw else None
+    except BadRecord:
         return None
 
 
