@@ -23,9 +23,11 @@ from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     from pytest_trtllm_slurm.cases.items import add_options as add_case_options
+    from pytest_trtllm_slurm.controller.output_dirs import add_ini as add_output_ini
 
     options.register(parser)
     add_case_options(parser)
+    add_output_ini(parser)
 
 
 _FROZEN = pytest.StashKey[bool]()

@@ -22,6 +22,10 @@ reach the tests as in a plain run. The controller owns:
 - this plugin's options, the rootdir and ini file (the worker gets the controller's);
 - ``--pdb``/``--trace``: a target has no terminal (the run says so once).
 
+Options that name where the suite writes its own output (``--output-dir``, ``--csv``, ...:
+``output_dirs``) are not forwarded as written: each batch gets a place of its own
+(``worker_tokens``), and what it wrote there comes back to the user's path.
+
 Values that name a path relative to the invocation directory are made absolute (the
 worker runs in the rootdir, perhaps on another machine where paths are mapped). A value a
 plugin resolves once for the run reaches the worker as resolved here, as pytest-xdist
@@ -39,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pytest_trtllm_slurm.controller.output_dirs import OutputOption, output_flags
 
 # dests of pytest's own options (and of the report writers users commonly add) that
 # the controller owns; an option of a plugin not named here is forwarded
@@ -187,6 +193,8 @@ class Forwarder:
         self.groups = _groups_by_flag(parser)
         self.here = Path(config.invocation_params.dir)
         self.refused: list[str] = []  # options the run cannot honour on a target
+        self.output_flags = output_flags(config)
+        self.outputs: list[OutputOption] = []  # each batch writes them a place of its own
 
     def owned(self, occurrence: Occurrence) -> bool:
         action = occurrence.action
@@ -225,6 +233,17 @@ class Forwarder:
             return str(self.here / value)
         return value
 
+    def output(self, occurrence: Occurrence) -> bool:
+        """An option naming where the suite writes (``output_dirs``): kept in ``outputs``."""
+        action = occurrence.action
+        if (action is None or occurrence.value_at is None
+                or not self.output_flags.intersection(action.option_strings)):
+            return False
+        flag = next((s for s in action.option_strings if s.startswith("--")), occurrence.flag)
+        value = occurrence.tokens[-1]
+        self.outputs.append(OutputOption.of(flag, os.path.join(self.here, value)))
+        return True
+
     def forwarded(self, *, with_ini: bool = True) -> list[str]:
         """The options of the ini's addopts (unless not ``with_ini``) and of the command
         line. PYTEST_ADDOPTS is not among them: the worker gets it, after the ini's addopts,
@@ -244,7 +263,7 @@ class Forwarder:
     def _kept(self, args: list[str]) -> list[str]:
         out: list[str] = []
         for occurrence in split_options(args, self.actions):
-            if not self.owned(occurrence):
+            if not self.owned(occurrence) and not self.output(occurrence):
                 out += self.render(occurrence)
         return out
 
@@ -270,8 +289,16 @@ def forwarded_addopts(config: pytest.Config) -> str:
 
 def forwarded_options(config: pytest.Config, *,
                       with_ini: bool = True) -> tuple[list[str], list[str]]:
-    """(the options forwarded: ``Forwarder.forwarded``, the flags a target cannot
-    honour)."""
+    """(the options forwarded: ``Forwarder.forwarded``, less the output options: a session
+    started with them would write the user's paths; the flags a target cannot honour)."""
+    options, refused, _ = forwarding_plan(config, with_ini=with_ini)
+    return options, refused
+
+
+def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
+                    ) -> tuple[list[str], list[str], list[OutputOption]]:
+    """(the options every batch's worker gets, the flags a target cannot honour, the output
+    options, whose values each batch gets of its own)."""
     forwarder = Forwarder(config)
     options = forwarder.forwarded(with_ini=with_ini)
-    return options, sorted(set(forwarder.refused))
+    return options, sorted(set(forwarder.refused)), forwarder.outputs

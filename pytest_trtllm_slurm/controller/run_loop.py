@@ -23,12 +23,15 @@ from pytest_trtllm_slurm.controller.batch_plan import run_batches
 from pytest_trtllm_slurm.controller.forwarding import (
     forwarded_addopts,
     forwarded_options,
+    forwarding_plan,
 )
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
+from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_tokens
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
 from pytest_trtllm_slurm.controller.run_view import RunView
+from pytest_trtllm_slurm.controller.suite_timeouts import item_timeout
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
     BUILD_LOG_LINES,
@@ -59,11 +62,13 @@ from pytest_trtllm_slurm.node.assignment import key_path
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.item_key import item_key
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
+from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_duration
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Target, target_name, target_of
 from pytest_trtllm_slurm.planning.packing import pools_from_executors
 from pytest_trtllm_slurm.planning.resolve import build_arch
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
+from pytest_trtllm_slurm.planning.walltime import Walltime, batch_walltime
 
 # statuses after which the tests that had not started yet run again in a new job
 # (the test that was running when it happened takes the status; the others did nothing wrong)
@@ -151,8 +156,14 @@ class DispatchLoop:
         self._history: History | None = None
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
         self.view = RunView(self.config, settings)  # status line, summary, timeline
-        self.worker_options, refused = forwarded_options(self.config, with_ini=False)
-        self.rerun_options = forwarded_options(self.config)[0]  # the ini's addopts written out
+        self.worker_options, refused, outputs = forwarding_plan(self.config, with_ini=False)
+        self.outputs = OutputCollector(outputs, self._say)  # the suite's own output files
+        # the ini's addopts written out, and the user's output paths
+        self.rerun_options = forwarded_options(self.config)[0] + [
+            t for out in outputs for t in out.user_tokens()]
+        # pytest-timeout's limit of each dispatched test: they add up to a batch's walltime
+        self.timeouts = {p.item.nodeid: item_timeout(p.item) for p in plans if p.key}
+        self._capped: set[str] = set()  # partitions whose limit was said once
         if refused:
             self._say(f"{', '.join(refused)}: dispatched tests cannot stop in a debugger (a "
                       "target has no terminal); they run without it, tests run here stop")
@@ -415,6 +426,7 @@ class DispatchLoop:
         tests = assignment.pairs(batch.nodeids, self.keys)
         write_atomic(ids_file, assignment.dumps(tests))
         reports = work_dir / "reports.jsonl"
+        wall = self._walltime(batch)
         spec = JobSpec(
             scenario=key.scenario,
             name=name,
@@ -422,8 +434,10 @@ class DispatchLoop:
             nodeids=batch.nodeids,
             item_keys=dict(tests),
             nodeids_file=str(ids_file),
-            command=worker_command(self.config, [k for _, k in tests], ids_file, reports,
-                                   work_dir, options=self.worker_options),
+            command=worker_command(
+                self.config, [k for _, k in tests], ids_file, reports, work_dir,
+                options=self.worker_options + worker_tokens(self.outputs.outputs,
+                                                            str(work_dir))),
             rerun_argv=pytest_base_argv(self.config, options=self.rerun_options),
             rootdir=str(self.config.rootpath),
             invocation_dir=str(worker_cwd(self.config)),
@@ -436,7 +450,8 @@ class DispatchLoop:
             cluster=key.cluster,
             account=key.account,
             partition=key.partition,
-            time_limit=key.time_limit or self.settings.time_limit,
+            time_limit=(format_slurm_time(wall.time_limit) if wall.time_limit
+                        else key.time_limit or self.settings.time_limit),
             mem_mb=key.mem_mb,
             container_image=key.container_image,
             mounts=list(key.mounts),
@@ -445,13 +460,32 @@ class DispatchLoop:
             work_dir=str(work_dir),
             log_path=str(work_dir / "job.log"),
             reports_path=str(reports),
-            monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
+            monitor_timeout_seconds=wall.monitor_seconds,
             hang_patterns=self.settings.hang_patterns,
             build_arch=build_arch(key.device_type) if key.total_devices else None,
             slurm_env=getattr(self.executors[target_of(key)], "slurm_env", None),
         )
         spec.write()
         return spec
+
+    def _walltime(self, batch: Batch) -> Walltime:
+        """The batch's walltime and monitor timeout with its tests' own time limits."""
+        key = batch.key
+        asked = key.time_limit or self.settings.time_limit
+        env = getattr(self.executors[target_of(key)], "slurm_env", None)
+        name = key.partition or (env.default_partition if env else None)
+        part = env.partition(name) if env and name else None
+        limit = parse_duration(part.time_limit) if part else None
+        wall = batch_walltime([self.timeouts.get(n) for n in batch.nodeids],
+                              time_limit=parse_duration(asked) if asked else None,
+                              monitor_seconds=self.settings.monitor_timeout_seconds,
+                              partition_limit=limit)
+        if wall.capped_at is not None and name not in self._capped:
+            self._capped.add(name or "")
+            self._say(f"batch {batch.label}: its tests' timeouts add up to "
+                      f"{format_slurm_time(wall.needed or 0)}, above partition {name}'s limit "
+                      f"{format_slurm_time(wall.capped_at)}; it gets that limit")
+        return wall
 
     # -- events ------------------------------------------------------------
     def _on_event(self, event: JobEvent) -> None:
@@ -493,6 +527,7 @@ class DispatchLoop:
         ctx = running.context
         self.artefacts.collect(running.executor.shell, running.spec.work_dir,
                                prefix_mapper(running.spec.rootdir, str(self.config.rootpath)))
+        self.outputs.collect(running.executor.shell, running.spec.work_dir, running.spec.name)
         for nodeid, worker_root in running.missing.items():
             self.replayer.fail_unreported(
                 nodeid,
@@ -516,7 +551,12 @@ class DispatchLoop:
         rest = [n for n in unfinished if n != crashed_in]
         if not rest:
             return
-        if status in RETRYABLE and running.attempt < self.settings.max_retries:
+        # a worker that ended between two tests after finishing some (pytest-timeout's
+        # thread method reports the test, then ends the process): the rest run again,
+        # without using up a retry (each such job finished a test, so this ends)
+        between = (status is JobStatus.CRASHED and crashed_in is None
+                   and len(rest) < len(running.batch.nodeids))
+        if status in RETRYABLE and (running.attempt < self.settings.max_retries or between):
             retry = Batch(key=running.batch.key, index=running.batch.index, nodeids=rest)
             self._submit(retry, running.attempt + 1)
             return

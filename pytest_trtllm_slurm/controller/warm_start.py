@@ -88,6 +88,10 @@ def start_early_sessions(config: pytest.Config) -> int:
     settings = options.resolve_settings(early)  # type: ignore[arg-type]
     if not (settings.remote and settings.persistent and settings.warm_workers):
         return 0
+    from pytest_trtllm_slurm.controller.forwarding import forwarding_plan
+
+    if forwarding_plan(early)[2]:  # type: ignore[arg-type]
+        return 0  # batches with output paths of their own run in processes of their own
     try:
         state = json.loads((config.rootpath / "work_dirs" / STATE_NAME).read_text("utf-8"))
         job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")

@@ -22,7 +22,10 @@ import pytest
 from pytest_trtllm_slurm.node import item_key, records
 from pytest_trtllm_slurm.node.assignment import Assignment, key_path, loads
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
-from pytest_trtllm_slurm.node.protocol import RECORD_VERSION  # noqa: F401
+from pytest_trtllm_slurm.node.protocol import (  # noqa: F401
+    RECORD_VERSION,
+    WORKER_OUTPUTS_FLAG,
+)
 from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
 
 WORKER_ENV = "TRTLLM_SLURM_WORKER"
@@ -36,6 +39,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--trtllm-worker-nodeids", default=None, help="(internal) node ids file")
     group.addoption("--trtllm-worker-serve", default=None,
                     help="(internal) serve batch requests from this directory")
+    group.addoption(WORKER_OUTPUTS_FLAG, action="append", default=[],
+                    dest="trtllm_worker_outputs",
+                    help="(internal) a folder of the batch's own output paths, made first")
 
 
 class ReportWriter:
@@ -153,6 +159,8 @@ class ReportWriter:
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
     """Before pytest-cov starts measuring: its data files go into the work dir."""
+    for folder in getattr(early_config.known_args_namespace, "trtllm_worker_outputs", None) or []:
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # before the suite's conftests run
     reports = getattr(early_config.known_args_namespace, "trtllm_worker_reports", None)
     if reports:
         from pytest_trtllm_slurm.node.artefacts import point_coverage_at
@@ -288,6 +296,12 @@ def pytest_configure(config: pytest.Config) -> None:
         writer.wanted = loads(Path(ids_file).read_text("utf-8"))
         drop_absent_files(config)
     config.pluginmanager.register(writer, "trtllm-slurm-report-writer")
+    timeout_plugin = config.pluginmanager.get_plugin("timeout")
+    if timeout_plugin is not None and hasattr(timeout_plugin, "timeout_timer"):
+        from pytest_trtllm_slurm.node.timeouts import ThreadTimeouts
+
+        config.pluginmanager.register(ThreadTimeouts(writer, timeout_plugin),
+                                      "trtllm-slurm-thread-timeouts")
     from pytest_trtllm_slurm.node.artefacts import (
         BatchArtefacts,  # coverage and benchmark data come back
     )

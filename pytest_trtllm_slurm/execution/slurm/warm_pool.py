@@ -61,7 +61,7 @@ from pytest_trtllm_slurm.execution.slurm.placement import (
 # to a session that collects exactly the run's node ids
 from pytest_trtllm_slurm.node import assignment
 from pytest_trtllm_slurm.node.assignment import key_path, pairs
-from pytest_trtllm_slurm.node.protocol import EARLY_MISS
+from pytest_trtllm_slurm.node.protocol import EARLY_MISS, WORKER_OUTPUTS_FLAG
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import is_secret, only_secrets, without_secrets
 from pytest_trtllm_slurm.planning.models import Launch
@@ -77,10 +77,13 @@ HEARTBEAT_LATE = 5.0
 
 def serves_warm(spec: JobSpec) -> bool:
     """Batches a forked worker can run: pytest node ids (not a case's own command), one
-    process (not an srun-launched MPI job), no container (pyxis starts those)."""
+    process (not an srun-launched MPI job), no container (pyxis starts those), no output
+    paths of its own (a session's options are fixed when it starts)."""
     if spec.workflow != "pytest" or not spec.nodeids or not spec.rerun_argv:
         return False
     if spec.launcher_prefix:  # the launcher runs pytest (on rank 0), not a forked worker
+        return False
+    if any(token.startswith(WORKER_OUTPUTS_FLAG) for token in spec.command):
         return False
     return not spec.container_image and (spec.launch is not Launch.MPI or
                                          (spec.total_devices or 0) <= 1)

@@ -1,0 +1,207 @@
+"""A suite's own output paths: one place per batch on the target, brought back after it.
+
+TensorRT-LLM's suite writes under ``--output-dir``, into ``--periodic-junit-xmlpath`` and
+``--csv``. Dispatched as they are, every batch's worker would write the user's path (on a
+shared file system the last writer wins; on a remote cluster nothing comes back). So the
+worker gets, for each such option, a path of its own under the batch's work dir (the
+user's absolute path mirrored under ``<work dir>/outputs``, so an xmlpath inside the
+output dir stays inside it), and when the batch ends what the tests wrote there is copied
+through the executor's Shell (local, container or SSH alike) to the path the user gave.
+
+- An option naming one file (``--periodic-junit-xmlpath``, ``--csv``) is the controller's:
+  the suite's writer runs here too, sees every replayed report and writes the whole file.
+  A worker's copy of that path is kept aside in its work dir, never copied over it.
+- Two batches (or a batch and a test run here) writing the same file is a conflict: the
+  first copy stays, the later one is written beside it (``NAME.<batch>``) and the run says
+  so. Nothing is silently lost.
+- What comes back is bounded (``MAX_FILES`` files, ``MAX_BYTES`` bytes a batch), read in
+  chunks through the Shell, only regular files (``find -type f``: no link is followed),
+  only below the paths the user named, and written here atomically, 0600.
+
+More options: the ini list ``trtllm_output_options`` (one flag per line).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.node.files import PRIVATE, publish, temp_name
+from pytest_trtllm_slurm.node.protocol import OUTPUTS_DIR, WORKER_OUTPUTS_FLAG
+from pytest_trtllm_slurm.transport.shell import Shell
+
+DEFAULT_OUTPUT_OPTIONS = ("--output-dir", "--periodic-junit-xmlpath", "--csv")
+INI = "trtllm_output_options"
+MAX_FILES = 10_000
+MAX_BYTES = 4 << 30
+READ_CHUNK = 1 << 20
+_SAFE_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def add_ini(parser: Any) -> None:
+    parser.addini(INI, "more options that name where the suite writes its own output (one "
+                  f"flag per line, beside {', '.join(DEFAULT_OUTPUT_OPTIONS)}): each batch "
+                  "writes a place of its own, brought back here after it",
+                  type="linelist", default=[])
+
+
+def output_flags(config: Any) -> set[str]:
+    """The flags whose value is where the suite writes (defaults and the ini list)."""
+    try:
+        extra = config.getini(INI) or []
+    except (ValueError, AttributeError):
+        extra = []
+    return set(DEFAULT_OUTPUT_OPTIONS) | {flag.strip() for flag in extra if flag.strip()}
+
+
+@dataclass(frozen=True)
+class OutputOption:
+    """One output option as the user gave it: ``flag`` and the absolute path ``local``."""
+
+    flag: str
+    local: str
+    directory: bool  # a folder of files (else one file, written by the controller's hooks)
+
+    @staticmethod
+    def of(flag: str, local: str) -> OutputOption:
+        directory = "dir" in flag.lower() or os.path.isdir(local)
+        return OutputOption(flag, os.path.normpath(local), directory)
+
+    def user_tokens(self) -> list[str]:
+        return [f"{self.flag}={self.local}"]
+
+
+def mirror(work_dir: str, local: str) -> str:
+    """Where the batch in ``work_dir`` writes what the user named ``local``."""
+    return f"{work_dir.rstrip('/')}/{OUTPUTS_DIR}{local}"
+
+
+def worker_tokens(outputs: Iterable[OutputOption], work_dir: str) -> list[str]:
+    """The batch's own values of the output options, and the folders the worker makes
+    before the suite starts (the output folder, a file's folder: as they exist here)."""
+    tokens: list[str] = []
+    folders: set[str] = set()
+    for out in outputs:
+        path = mirror(work_dir, out.local)
+        tokens.append(f"{out.flag}={path}")
+        folders.add(path if out.directory else os.path.dirname(path))
+    return tokens + [f"{WORKER_OUTPUTS_FLAG}={folder}" for folder in sorted(folders)]
+
+
+@dataclass
+class OutputCollector:
+    """Brings each ended batch's output files to the paths the user gave."""
+
+    outputs: list[OutputOption]
+    say: Callable[[str], None]
+    started: float = field(default_factory=time.time)
+    written: dict[str, str] = field(default_factory=dict)  # local path -> batch label
+    conflicts: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.outputs)
+
+    def owned_here(self, local: str) -> bool:
+        """A file one of the controller's own writers produces (a file-valued option)."""
+        return any(not o.directory and o.local == local for o in self.outputs)
+
+    def wanted(self, local: str) -> bool:
+        """Only what lies below an output folder the user named comes back."""
+        return any(o.directory and (local == o.local or local.startswith(o.local.rstrip("/")
+                                                                          + "/"))
+                   for o in self.outputs)
+
+    def collect(self, shell: Shell, work_dir: str, label: str) -> None:
+        """Copy what the batch in ``work_dir`` (the target's path) wrote. A listing or a
+        file that cannot be read is said, and the run goes on."""
+        if not self.outputs:
+            return
+        root = f"{work_dir.rstrip('/')}/{OUTPUTS_DIR}"
+        try:
+            files = self._list(shell, root)
+            total = 0
+            for size, rel in files:
+                local = os.path.normpath("/" + rel)
+                if local != "/" + rel or not self.wanted(local) or self.owned_here(local):
+                    continue  # not below a folder the user named, or the controller's file
+                total += size
+                if total > MAX_BYTES:
+                    self.say(f"the output files of batch {label} exceed {MAX_BYTES >> 30} GiB;"
+                             f" the rest stay in {root}")
+                    return
+                self._bring(shell, f"{root}/{rel}", size, local, label)
+        except (OSError, ExecutionError) as exc:
+            self.say(f"the output files of batch {label} in {root} could not be brought "
+                     f"back: {exc}")
+
+    def _list(self, shell: Shell, root: str) -> list[tuple[int, str]]:
+        """(size, path relative to ``root``) of every regular file below it."""
+        if not shell.exists(root):
+            return []
+        res = shell.run(["find", root, "-type", "f", "-printf", "%s %P\\0"], timeout=300)
+        if not res.ok:
+            raise ExecutionError(res.describe())
+        entries = []
+        for entry in res.stdout.split("\0"):
+            size, _, rel = entry.partition(" ")
+            if rel and size.isdigit():
+                entries.append((int(size), rel))
+        if len(entries) > MAX_FILES:
+            self.say(f"{root} holds {len(entries)} files; the first {MAX_FILES} come back")
+        return sorted(entries, key=lambda e: e[1])[:MAX_FILES]
+
+    def _bring(self, shell: Shell, source: str, size: int, local: str, label: str) -> None:
+        dest = local
+        earlier = self.written.get(local)
+        if earlier is None and _written_since(local, self.started):
+            earlier = "a test run here"
+        if earlier is not None:
+            dest = f"{local}.{_SAFE_LABEL.sub('_', label)}"
+            note = (f"output file conflict: {local} was written by {earlier} and by batch "
+                    f"{label}; the first is kept, batch {label}'s copy is {dest}")
+            self.conflicts.append(note)
+            self.say(note)
+        _copy_in(shell, source, size, Path(dest))
+        self.written.setdefault(local, f"batch {label}")
+
+
+def _written_since(path: str, since: float) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return st.st_mtime >= since
+
+
+def _copy_in(shell: Shell, source: str, size: int, dest: Path) -> None:
+    """``size`` bytes of the target's ``source`` into ``dest`` here, in chunks, published
+    atomically (a link planted at ``dest`` is replaced, never followed)."""
+    folder = dest.parent
+    if not folder.is_dir():
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    tmp = temp_name(dest)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 PRIVATE)
+    try:
+        offset = 0
+        while offset < size:
+            chunk = shell.read_from(source, offset, min(READ_CHUNK, size - offset))
+            if not chunk:
+                break
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+            offset += len(chunk)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    publish(tmp, dest)
