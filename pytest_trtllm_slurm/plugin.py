@@ -12,13 +12,16 @@ import os
 import sys
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import pytest_trtllm_slurm.controller.options as options
 import pytest_trtllm_slurm.transport.ssh.otp_env as otp_env
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+
+if TYPE_CHECKING:
+    from pytest_trtllm_slurm.execution.protocol import Executor
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -224,7 +227,7 @@ def _unfreeze_gc(config: pytest.Config) -> None:
 
 
 def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-def]
-                       executors: dict | None = None) -> None:
+                       executors: dict[Any, Executor] | None = None) -> None:
     """--trtllm-release-allocation: free the persistent allocations once the run is over:
     that of each Slurm target the run used (a remote cluster's over its connection), else
     the local one."""
@@ -232,8 +235,7 @@ def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-de
     from pytest_trtllm_slurm.execution.factory import allocation_manager
 
     warn = terminal_warning(config)
-    managers = [m for m in (getattr(getattr(e, "inner", e), "allocations", None)
-                            for e in (executors or {}).values()) if m is not None]
+    managers = [e.allocations for e in (executors or {}).values() if e.allocations is not None]
     if not managers and ctx.slurm_env is None:
         warn("no local Slurm: there is no allocation to release")
         return

@@ -8,17 +8,16 @@ which then say where a job ran); the wrapped executor still sees its own ids.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pytest_trtllm_slurm.execution.outcome import JobState
-from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
-from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle, PersistentAllocation
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
+from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import Shell
 
 
-class ClusterJobIds:
+class ClusterJobIds(Executor):
     """An Executor whose handles are ``cluster:ID``; everything else is the wrapped one's
-    (attributes the controller reads, such as ``slurm_env`` or ``allocations``, too)."""
+    (what the controller and the packer read of it, too)."""
 
     def __init__(self, wrapped: Executor, cluster: str) -> None:
         self.wrapped = wrapped
@@ -26,8 +25,30 @@ class ClusterJobIds:
         self.shell: Shell = wrapped.shell
         self._own: dict[str, JobHandle] = {}  # qualified id -> the wrapped executor's handle
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.wrapped, name)
+    @property  # type: ignore[override]
+    def poll_hint(self) -> float | None:
+        return self.wrapped.poll_hint
+
+    @property  # type: ignore[override]
+    def slurm_env(self) -> SlurmEnv | None:
+        return self.wrapped.slurm_env
+
+    @property  # type: ignore[override]
+    def allocations(self) -> PersistentAllocation | None:
+        return self.wrapped.allocations
+
+    @property  # type: ignore[override]
+    def prepares(self) -> bool:
+        return self.wrapped.prepares
+
+    def expect(self, nodeids: set[str]) -> None:
+        self.wrapped.expect(nodeids)
+
+    def prepare(self) -> None:
+        self.wrapped.prepare()
+
+    def capacity(self) -> Capacity:
+        return self.wrapped.capacity()
 
     def _qualified(self, job_id: str) -> str:
         return f"{self.cluster}:{job_id}"

@@ -171,7 +171,6 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         AllocationManager,
         AllocationRequest,
     )
-    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
     from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
     from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
@@ -226,8 +225,12 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
             warn=warn,
             agents_dir=f"{paths.remote_work_root}/.agents",
         )
-    inner = SlurmExecutor(
+    kept = early
+    return RemoteSlurmExecutor(
         shell,
+        paths=path_map,
+        interpreter=sys.executable,
+        before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept),
         slurm_env=slurm_env,
         persistent=settings.persistent,
         allocation_manager=manager,
@@ -237,10 +240,6 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
     )
-    kept = early
-    return RemoteSlurmExecutor(
-        inner, path_map, interpreter=sys.executable,
-        before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept))
 
 
 def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,

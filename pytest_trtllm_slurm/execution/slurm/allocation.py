@@ -52,6 +52,7 @@ from pytest_trtllm_slurm.execution.slurm.state_store import LocalStateStore, Sta
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
+from pytest_trtllm_slurm.planning.packing import AllocationShape
 from pytest_trtllm_slurm.transport.shell import Shell
 
 STATE_NAME = ".slurm_alloc.json"
@@ -192,6 +193,11 @@ class AllocationRequest:
                    time_limit=time_limit or DEFAULT_TIME_LIMIT,
                    docker_image=mine[0].container_image, gres_style=gres_style,
                    gres_type=info.gpu_type if info else None, container_images=images)
+
+    def shape(self) -> AllocationShape:
+        """What the packer reads of it (``Capacity.allocation``)."""
+        return AllocationShape(nodes=self.nodes, gpus_per_node=self.gpus_per_node,
+                               partition=self.partition, image=self.docker_image)
 
     @property
     def images(self) -> list[str]:

@@ -36,7 +36,7 @@ from pathlib import PurePosixPath
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
-from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.execution.render.containers import CENV_PREFIX
 from pytest_trtllm_slurm.execution.render.scripts import (
     ContainerOptions,
@@ -59,13 +59,16 @@ from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, WalltimePol
 from pytest_trtllm_slurm.execution.slurm.warm_batches import WarmBatches
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_secret
+from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 __all__ = ["SlurmExecutor", "WalltimePolicy"]
 
 
-class SlurmExecutor:
+class SlurmExecutor(Executor):
     """Runs JobSpecs on Slurm through ``shell`` (LocalShell here, SSHShell for remote)."""
+
+    prepares = True
 
     def __init__(
         self,
@@ -155,9 +158,15 @@ class SlurmExecutor:
     def container_run_flags(self) -> list[str]:
         return self.launch.container_run_flags
 
-    def expect(self, specs_nodeids: set[str]) -> None:
+    def expect(self, nodeids: set[str]) -> None:
         """The run's node ids (before the first submit): one worker session collects all."""
-        self.warm.expect(specs_nodeids)
+        self.warm.expect(nodeids)
+
+    def capacity(self) -> Capacity:
+        """The persistent allocation as requested, else the partitions discovery saw."""
+        manager = self.allocations if self.persistent else None
+        return Capacity(allocation=manager.request.shape() if manager else None,
+                        warm=self.warm_workers, slurm_env=self.slurm_env)
 
     # -- submit -------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> JobHandle:
