@@ -32,7 +32,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 _FROZEN = pytest.StashKey[bool]()
-_EXIT_FREEZE: list[bool] = []  # gc.freeze registered with atexit (once per process)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,9 +74,6 @@ def dispatch_enabled(config: pytest.Config) -> bool:
     return options.remote_requested(config) and options.resolve_settings(config).remote
 
 
-_EARLY_SESSIONS_STARTED: list[int] = []
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """Before the suite's conftests are imported: take TRTLLM_SLURM_OTP out of the
@@ -89,26 +85,16 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
             or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
             or any(getattr(ns, options.BY_NAME[n].dest, None) for n in ("plan", "plan_json"))):
         return
-    from pytest_trtllm_slurm.controller.warm_start import connect_early, start_early_sessions
+    from pytest_trtllm_slurm.controller.warm_start import begin
 
-    try:
-        connect_early(early_config)  # a remote cluster's connection, while the suite imports
-        started = start_early_sessions(early_config)
-    except (ConfigError, ExecutionError, OSError):
-        return  # an optimization: the run itself reports a bad setting, once configured
-    if started:
-        _EARLY_SESSIONS_STARTED.append(started)
+    begin(early_config)  # this run's EarlyStart, in its stash until pytest_unconfigure
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    early_connect = sys.modules.get("pytest_trtllm_slurm.execution.remote.early_connect")
-    if early_connect is not None:  # loaded only by a run that connected early
-        early_connect.close_unused()
-    if _EARLY_SESSIONS_STARTED:
-        from pytest_trtllm_slurm.controller.warm_start import stop_unused_sessions
-
-        stop_unused_sessions()
-        _EARLY_SESSIONS_STARTED.clear()
+    warm_start = sys.modules.get("pytest_trtllm_slurm.controller.warm_start")
+    early = warm_start.early_start(config) if warm_start is not None else None
+    if early is not None:  # (loaded only by a run that may have started early)
+        early.close()
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
@@ -211,13 +197,12 @@ def _freeze_gc(config: pytest.Config) -> None:
     gc.collect()
     gc.freeze()
     config.stash[_FROZEN] = True
-    if not _EXIT_FREEZE:
-        # and freeze again when the interpreter exits: its final collections would scan
-        # the same objects again (~70-90 ms), and Python does not promise to collect what
-        # is left at exit. atexit runs only then: an in-process pytest.main() (pytester)
-        # is thawed by the cleanup above and collected as usual.
-        atexit.register(gc.freeze)
-        _EXIT_FREEZE.append(True)
+    # and freeze again when the interpreter exits: its final collections would scan the
+    # same objects again (~70-90 ms), and Python does not promise to collect what is left
+    # at exit. atexit runs only then: an in-process pytest.main() (pytester) is thawed by
+    # the cleanup above and collected as usual. Once per process: unregister, register.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 def _unfreeze_gc(config: pytest.Config) -> None:

@@ -131,3 +131,58 @@ def test_every_executor_is_the_contract_and_forwards_nothing_by_name() -> None:
                                                                  "rerun_command"))
               and not issubclass(obj, Executor)]
     assert not strays, f"executors outside the contract: {strays}"
+
+
+# -- no process-wide state ----------------------------------------------------------------
+MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem",
+            "remove", "discard", "clear"}
+# module-level containers a module writes, each with why it may: only tables filled once
+# while the module is imported, and the one-time code (it stands in for os.environ)
+ALLOWED_STATE = {
+    "execution/records.py:MODELS": "record type -> model, filled by @_shape at import",
+    "transport/ssh/otp_env.py:_held": "TRTLLM_SLURM_OTP moved out of os.environ",
+}
+
+
+def _module_state(path: Path) -> list[str]:
+    """``global`` statements, and module-level lists/dicts/sets (literals or ``list()``,
+    ``dict()``, ``set()``) that code in the module writes: a mutating method call, an item
+    or slice assignment, or a ``del`` of an item."""
+    tree = ast.parse(path.read_text(), str(path))
+    where = path.relative_to(PACKAGE).as_posix()
+    found = [f"{where}:{n.lineno}: global {', '.join(n.names)}"
+             for n in ast.walk(tree) if isinstance(n, ast.Global)]
+    containers = set()
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        mutable = isinstance(value, (ast.List, ast.Dict, ast.Set)) or (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id in ("list", "dict", "set"))
+        if mutable:
+            containers |= {t.id for t in targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+        name = None
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in MUTATORS and isinstance(node.func.value, ast.Name)):
+            name = node.func.value.id
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for target in getattr(node, "targets", None) or [node.target]:  # type: ignore[attr-defined]
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                    name = target.value.id
+        if name in containers and f"{where}:{name}" not in ALLOWED_STATE:
+            found.append(f"{where}:{node.lineno}: writes module-level {name}")
+    return found
+
+
+def test_no_process_wide_state() -> None:
+    """No module-level ``global`` and no module-level container written at run time: what
+    a run shares (the early start's sessions and connections) lives in an object the
+    plugin owns (``config.stash``), so two runs in one process (pytester, an API user)
+    never see each other's state."""
+    found = [f for path in sorted(PACKAGE.rglob("*.py")) for f in _module_state(path)]
+    assert not found, "\n".join(found)
+    for allowed in ALLOWED_STATE:  # each exception still exists, or it goes from the list
+        where, name = allowed.split(":")
+        assert name in (PACKAGE / where).read_text(), allowed

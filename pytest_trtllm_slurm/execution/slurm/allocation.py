@@ -28,7 +28,6 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.render.scripts import GresStyle, gpu_flag
 from pytest_trtllm_slurm.execution.slurm.alloc_containers import (
@@ -37,6 +36,7 @@ from pytest_trtllm_slurm.execution.slurm.alloc_containers import (
     set_up_container,
     setup_name,
 )
+from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import (
     JobIdentity,
     SchedulerError,
@@ -268,8 +268,11 @@ class AllocationManager:
         agents_dir: str | None = None,
         runs: RunRegistry | None = None,
         store: StateStore | None = None,
+        early: EarlySessions | None = None,
     ) -> None:
         self.shell = shell
+        # this run's sessions started before it collected (on this allocation's agents)
+        self.early = early or EarlySessions()
         # where warm workers keep their agents (``<dir>/<job id>/<node>-<tag>/``)
         self.agents_dir = agents_dir or str(Path(rootdir) / "work_dirs" / ".agents")
         self.request = replace(request, container_runtime="pyxis") if pyxis else request
@@ -471,7 +474,7 @@ class AllocationManager:
                 serving = int(beat.get("running", 0)) + int(beat.get("pending", 0))
             except (ValueError, TypeError, AttributeError):
                 return False
-            if serving - (1 if early_sessions.has(agent) else 0) > 0:
+            if serving - (1 if self.early.has(agent) else 0) > 0:
                 return False
         return True
 
@@ -686,7 +689,7 @@ class AllocationManager:
         Skipped while steps run in the allocation: their processes are not leftovers
         (known without squeue when this run's early sessions went to its live agents).
         """
-        if state.gpus_per_node <= 0 or early_sessions.on_allocation(state.job_id) or (
+        if state.gpus_per_node <= 0 or self.early.on_allocation(state.job_id) or (
                 self.jobs.squeue_steps(state.job_id)):
             return []
         argv = ["srun", f"--jobid={state.job_id}", "-N", str(state.nodes),

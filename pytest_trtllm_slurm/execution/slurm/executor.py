@@ -130,7 +130,8 @@ class SlurmExecutor(Executor):
                                    walltime=walltime, final_wait=final_wait)
         self.steps = AllocationSteps(self._shared, watch=self.watch, final_wait=final_wait,
                                      cancel=self._cancel, wraps=self.launch.wraps)
-        self.warm = WarmBatches(self._shared, steps=self.steps)
+        self.warm = WarmBatches(self._shared, steps=self.steps,
+                                early=allocation_manager.early if allocation_manager else None)
         # the scheduler's adaptive interval and its outages
         self._interval = min_interval
         self._next_at = 0.0
