@@ -168,7 +168,7 @@ def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
     return started
 
 
-def connect_early(config: pytest.Config, early: EarlyStart) -> bool:
+def connect_early(config: pytest.Config, start: EarlyStart) -> bool:
     """Open the SSH connection of the remote cluster ``--slurm-cluster`` names, in a thread,
     while pytest imports the suite (``execution.remote.early_connect``), then sync the code
     and, in a warm allocation, start the sessions there as ``start_early_sessions`` does
@@ -209,9 +209,9 @@ def connect_early(config: pytest.Config, early: EarlyStart) -> bool:
 
     def sync_and_start(shell: Any) -> remote_early.EarlyRemote:
         # sync first: a session never imports code older than the run's sync
-        return remote_early.sync_and_start(shell, cluster, rootdir, ask, early.sessions)
+        return remote_early.sync_and_start(shell, cluster, rootdir, ask, start.sessions)
 
-    return early.connections.start(cluster, then=sync_and_start)
+    return start.connections.start(cluster, then=sync_and_start)
 
 
 def stop_unused_sessions(sessions: EarlySessions) -> None:

@@ -25,20 +25,20 @@ class ClusterJobIds(Executor):
         self.shell: Shell = wrapped.shell
         self._own: dict[str, JobHandle] = {}  # qualified id -> the wrapped executor's handle
 
-    @property  # type: ignore[override]
-    def poll_hint(self) -> float | None:
+    @property
+    def poll_hint(self) -> float | None:  # type: ignore[override]
         return self.wrapped.poll_hint
 
-    @property  # type: ignore[override]
-    def slurm_env(self) -> SlurmEnv | None:
+    @property
+    def slurm_env(self) -> SlurmEnv | None:  # type: ignore[override]
         return self.wrapped.slurm_env
 
-    @property  # type: ignore[override]
-    def allocations(self) -> PersistentAllocation | None:
+    @property
+    def allocations(self) -> PersistentAllocation | None:  # type: ignore[override]
         return self.wrapped.allocations
 
-    @property  # type: ignore[override]
-    def prepares(self) -> bool:
+    @property
+    def prepares(self) -> bool:  # type: ignore[override]
         return self.wrapped.prepares
 
     def expect(self, nodeids: set[str]) -> None:

@@ -69,6 +69,7 @@ class SlurmExecutor(Executor):
     """Runs JobSpecs on Slurm through ``shell`` (LocalShell here, SSHShell for remote)."""
 
     prepares = True
+    allocations: AllocationManager | None
 
     def __init__(
         self,
