@@ -72,6 +72,74 @@ def _timed(name: str, func: Any) -> Any:
     return wrapper
 
 
+def _profiled(path: str, func: Any) -> Any:
+    """``func`` under cProfile, its stats dumped to ``path`` (``BENCH_PROFILE``): where the
+    dispatch loop's CPU goes (cProfile slows what it watches: read the shares, not the
+    seconds)."""
+    import cProfile
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            profile.disable()
+            profile.dump_stats(path)
+    return wrapper
+
+
+def _sampled(path: str, func: Any, every: float = 0.002) -> Any:
+    """``func`` under a CPU-time sampler (SIGPROF every ``every`` CPU seconds of this
+    process: where the CPU goes, with no cost per call, unlike cProfile, which inflates
+    code made of many small calls). Writes the functions by samples, inclusive (anywhere
+    on the stack) and exclusive (the innermost Python frame), to ``path``."""
+    import collections
+    import signal
+
+    inclusive: collections.Counter[str] = collections.Counter()
+    exclusive: collections.Counter[str] = collections.Counter()
+    total = [0]
+
+    def name(frame: Any) -> str:
+        code = frame.f_code
+        where = code.co_filename.rsplit("/site-packages/", 1)[-1].rsplit("/wt-", 1)[-1]
+        return f"{where}:{code.co_firstlineno}({code.co_name})"
+
+    def sample(_signum: int, frame: Any) -> None:
+        total[0] += 1
+        if frame is None:
+            return
+        exclusive[name(frame)] += 1
+        seen = set()
+        while frame is not None:
+            key = name(frame)
+            if key not in seen:
+                seen.add(key)
+                inclusive[key] += 1
+            frame = frame.f_back
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        before = signal.signal(signal.SIGPROF, sample)
+        signal.setitimer(signal.ITIMER_PROF, every, every)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0, 0)
+            signal.signal(signal.SIGPROF, before)
+            lines = [f"{total[0]} samples, one per {every * 1000:.0f} ms of the process's CPU",
+                     "", "inclusive (on the stack):"]
+            lines += [f"{n:7d} {100 * n / max(1, total[0]):5.1f}%  {k}"
+                      for k, n in inclusive.most_common(45)]
+            lines += ["", "exclusive (innermost Python frame):"]
+            lines += [f"{n:7d} {100 * n / max(1, total[0]):5.1f}%  {k}"
+                      for k, n in exclusive.most_common(30)]
+            Path(path).write_text("\n".join(lines) + "\n")
+    return wrapper
+
+
 class _Clock:
     """Hook wrappers that add the time spent inside a hook to ``STATE["timings"]``."""
 
@@ -150,7 +218,12 @@ def pytest_configure(config: pytest.Config) -> None:
         return batches
 
     batch_plan.make_batches = recording_make_batches  # type: ignore[assignment]
-    dispatch.DispatchLoop.run = _timed("dispatch_loop", dispatch.DispatchLoop.run)  # type: ignore[method-assign]
+    run = _timed("dispatch_loop", dispatch.DispatchLoop.run)
+    if os.environ.get("BENCH_PROFILE"):
+        run = _profiled(os.environ["BENCH_PROFILE"], run)
+    if os.environ.get("BENCH_SAMPLE"):
+        run = _sampled(os.environ["BENCH_SAMPLE"], run)
+    dispatch.DispatchLoop.run = run  # type: ignore[method-assign]
     dispatch.DispatchLoop._submit = _timed("submit", dispatch.DispatchLoop._submit)  # type: ignore[method-assign]
     dispatch.DispatchLoop._pump = _timed("pump", dispatch.DispatchLoop._pump)  # type: ignore[method-assign]
     if os.environ.get("BENCH_FAKE_EXECUTOR") == "1":

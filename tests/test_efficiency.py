@@ -82,7 +82,8 @@ def test_one_shot_jobs_hold_their_own_gpus_while_they_run() -> None:
         "2 batch(es), 3 dispatched test(s)",
         "GPU-seconds allocated 83, busy in tests 69 (83% used)",
         "in queue 7.0 s (longest 5.0 s), in start-up 3.0 s (longest 2.0 s)",
-        "makespan 21.0 s (packer expected 30.0 s, lower bound 25.0 s, 0.84x the lower bound)",
+        "makespan 21.0 s (packer expected 30.0 s, lower bound 25.0 s, 0.84x the lower bound; "
+        "this run's test times alone need 10.0 s, 2.10x that)",
     ]
 
 
@@ -181,3 +182,75 @@ def test_a_node_has_as_many_gpu_tracks_as_gpus() -> None:
     assert slots == {"n1": 4}
     assert sorted(t for x in laid for t in x.tracks if x.span.job_id != "1~w1") == [
         ("n1", 0), ("n1", 1)]
+
+
+def guessed_run(clock: Clock) -> RunRecord:
+    """Three 1-GPU tests in two batches, planned on no earlier durations: the packer's
+    30 s default per test, its "bound" 165 s (the examples' figure)."""
+    record = RunRecord(clock=clock)
+    pool = Pool("local_slurm/batch/one-shot", nodes=1, gpus_per_node=4)
+    first = Batch(key=key(1), nodeids=["t.py::a", "t.py::b"], expected_seconds=75.0,
+                  expected_start=0.0)
+    second = Batch(key=key(1), index=1, nodeids=["t.py::c"], expected_seconds=45.0,
+                   expected_start=120.0)
+    record.plan([first, second], lambda k: pool, lower_bound=165.0,
+                guessed="no earlier duration for 3 of 3 test(s)")
+    record.submitted("21", first, 0)
+    record.submitted("22", second, 0)
+    record.changed("21", JobState(status=JobStatus.RUNNING, nodelist="n1"))
+    record.changed("22", JobState(status=JobStatus.RUNNING, nodelist="n1"))
+    return record
+
+
+def test_a_guessed_plan_gives_no_eta_until_tests_finish_then_their_pace() -> None:
+    """The status line never shows the packer's default guess as an ETA (a 95 s run
+    once showed "ETA ~15m01s"): none before a test finished, then the run's own pace."""
+    clock = Clock()
+    record = guessed_run(clock)
+    clock.now = 1001.0
+    record.pytest_runtest_logreport(report("t.py::a", "setup", "passed", 1000.5, 1001.0))
+    assert status_text(record, clock.now).endswith("| ETA ? (no durations yet)")
+    run_test(record, "t.py::a", 1000.5, 1002.5)  # one test in 2 s, two left: ~4 s
+    clock.now = 1002.5
+    assert status_text(record, clock.now).endswith("| ETA ~4s (from 1 finished test)")
+    run_test(record, "t.py::c", 1001.0, 1003.5)
+    clock.now = 1003.5
+    assert status_text(record, clock.now).endswith("| ETA ~2s (from 2 finished tests)")
+
+
+def test_a_guessed_plan_is_no_lower_bound() -> None:
+    """The examples printed "makespan 1.4 s, lower bound 165.0 s, 0.01x": a bound made of
+    default durations. It is named a guess, and the bound shown is the measured one."""
+    clock = Clock()
+    record = guessed_run(clock)
+    run_test(record, "t.py::a", 1000.5, 1001.5)
+    run_test(record, "t.py::b", 1000.5, 1001.0)
+    run_test(record, "t.py::c", 1000.5, 1001.3)
+    clock.now = 1001.6
+    record.ended("21", JobState(status=JobStatus.COMPLETED))
+    record.ended("22", JobState(status=JobStatus.COMPLETED))
+    record.finish()
+    eff = efficiency(record)
+    assert eff.lower_bound_seconds is None
+    assert eff.estimates_guessed == "no earlier duration for 3 of 3 test(s)"
+    assert eff.measured_bound_seconds == 1.0  # the longest test (area 2.3 / 4 GPUs is less)
+    line = summary_lines(eff)[-1]
+    assert line == ("makespan 1.6 s (the packer's guess 165.0 s (no earlier duration for 3 "
+                    "of 3 test(s)); this run's test times alone need 1.0 s, 1.60x that)")
+    assert "lower bound" not in line
+
+
+def test_estimates_say_what_they_guessed() -> None:
+    from pytest_trtllm_slurm.planning.packing import Estimates
+
+    pools = {"warm": Pool("a/allocation/warm", nodes=1, gpus_per_node=4, fixed_startup=0.2),
+             "cold": Pool("a/batch/one-shot", nodes=1, gpus_per_node=4)}
+    planned = [("t.py::a", "warm"), ("t.py::b", "warm")]
+    known = Estimates(durations={"t.py::a": 1.0, "t.py::b": 2.0})
+    assert known.guessed(planned, pools.__getitem__) is None
+    assert Estimates(durations={"t.py::a": 1.0}).guessed(planned, pools.__getitem__) == (
+        "no earlier duration for 1 of 2 test(s)")
+    assert known.guessed([("t.py::a", "cold")], pools.__getitem__) == (
+        "no earlier start-up time of a/batch/one-shot")
+    assert Estimates(durations={"t.py::a": 1.0}, startup={"a/batch/one-shot": 3.0}).guessed(
+        [("t.py::a", "cold")], pools.__getitem__) is None

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_trtllm_slurm.controller.run_loop import _before
-from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob
+from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob, records_before
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_of_exit_code
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions
@@ -48,7 +47,7 @@ def test_reports_after_the_end_do_not_count_and_wait_for_the_schedulers_word(
         tmp_path: Path) -> None:
     records = [{"type": "start", "nodeid": "a"}, _report("a", 10.0), {"type": "finish"},
                {"type": "start", "nodeid": "b"}, _report("b", 12.0), {"type": "finish"}]
-    assert _before(records, 11.0) == records[:4]  # b's start counts: b was running
+    assert records_before(records, 11.0) == records[:4]  # b's start counts: b was running
     job = WatchedJob(handle=JobHandle(job_id="5~1", spec=_job(tmp_path).handle.spec,
                                       submitted_at=0.0), executor=None)  # type: ignore[arg-type]
     job.state = JobState(status=JobStatus.RUNNING, alive_at=11.0)

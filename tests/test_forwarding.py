@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _pytest.config import _prepareconfig
 
-from pytest_trtllm_slurm.controller.forwarding import forwarded_options
+from pytest_trtllm_slurm.controller.forwarding import forwarded_addopts, forwarded_options
 from pytest_trtllm_slurm.execution.monitor import OwnOutput
 from pytest_trtllm_slurm.execution.records import BadRecord, parse_record, warning_category
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
@@ -45,8 +45,11 @@ def test_everything_but_what_the_controller_owns_is_forwarded(configured, tmp_pa
         "--confcutdir=conf", "-W", "error::UserWarning", "-o", "console_output_style=classic",
         "--import-mode=importlib", "-s", env_addopts="--showlocals --durations 2")
     options, refused = forwarded_options(config)
+    # PYTEST_ADDOPTS reaches the worker as the variable it was, after the ini's addopts
+    assert forwarded_addopts(config) == "--tb=short --showlocals --durations=2"
+    assert forwarded_options(config, with_ini=False)[0][0] == "-v"
     assert options == [
-        "--tb=short", "--showlocals", "--durations=2", "-v", "-v", "-r", "A",
+        "--tb=short", "-v", "-v", "-r", "A",
         "-p", "no:doctest", f"--confcutdir={tmp_path / 'sub' / 'conf'}",
         "-W", "error::UserWarning", "-o", "console_output_style=classic",
         "--import-mode=importlib", "-s"]

@@ -108,9 +108,10 @@ class Sandbox:
         self.env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "REC_DIR": str(self.rec),
                     "HOME": str(self.dir), "LC_ALL": "C.UTF-8"}
 
-    def run(self, argv: list[str]) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(argv, cwd=self.dir, env=self.env, capture_output=True,
-                              timeout=30, check=False)
+    def run(self, argv: list[str],
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(argv, cwd=self.dir, env={**self.env, **(env or {})},
+                              capture_output=True, timeout=30, check=False)
 
     def calls(self, program: str) -> list[int]:
         return sorted(int(p.name.split(".")[1]) for p in self.rec.glob(f"{program}.*.argv"))
@@ -229,7 +230,7 @@ def test_sbatch_script_runs_only_srun_with_the_intended_argv(
                     "--open-mode=append", f"--chdir={work}"]
     path = box.dir / "job.sbatch"
     path.write_text(script, encoding="utf-8")
-    res = box.run(["bash", str(path)])
+    res = box.run(["bash", str(path)], env=spec.env)  # sbatch's environment: the job's
     assert res.returncode == 0, res.stderr
     box.assert_nothing_injected()
     assert box.argv("srun") == srun_in_job(spec, opts)
@@ -507,7 +508,7 @@ def test_real_sbatch_reads_hostile_values_as_intended(devcluster, tmp_path) -> N
     script = work / "job.sbatch"
     script.write_text(render_sbatch(spec), encoding="utf-8")
     jobs = SlurmJobs(LocalShell())
-    job_id = jobs.sbatch(str(script), cwd=str(work))
+    job_id = jobs.sbatch(str(script), cwd=str(work), script=script.read_text(), env=spec.env)
     try:
         state, _ = wait_for_job(job_id, timeout=240)  # long only when the cluster is busy
     finally:

@@ -130,7 +130,7 @@ class ScriptedShell:
     def write_file(self, path: str, data: str, mode: int = 0o600) -> None:
         pass
 
-    def mkdir(self, path: str) -> None:
+    def mkdir(self, path: str, *, private: bool = False) -> None:
         pass
 
     def exists(self, path: str) -> bool:

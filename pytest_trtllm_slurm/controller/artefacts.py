@@ -18,7 +18,6 @@ invocation (``forwarding``); reports, thresholds and output files stay with the 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.records import MAX_ARTEFACT, BadRecord, parse_benchmarks
 from pytest_trtllm_slurm.node.protocol import BENCHMARKS_FILE, COVERAGE_FILE
 from pytest_trtllm_slurm.transport.shell import Shell
 
@@ -98,7 +98,8 @@ class ArtefactCollector:
 
     def collect(self, shell: Shell, work_dir: str, map_path: Callable[[str], str]) -> None:
         """Read the batch's artefacts from ``work_dir`` (the target's path). A file that
-        cannot be read (a dropped connection) is said, and the run goes on."""
+        cannot be read (a dropped connection) or is not what a worker writes (too big,
+        malformed, foreign) is said, and the run goes on without it."""
         try:
             if self.cov_plugin is not None:
                 data = read_whole(shell, f"{work_dir}/{COVERAGE_FILE}")
@@ -110,13 +111,12 @@ class ArtefactCollector:
                 raw = read_whole(shell, f"{work_dir}/{BENCHMARKS_FILE}")
                 if raw:
                     self._merge_benchmarks(raw)
-        except (OSError, ExecutionError) as exc:
+        except (OSError, ExecutionError, BadRecord) as exc:
             self._warn(f"the coverage or benchmark results in {work_dir} could not be read: "
                        f"{exc}")
 
     def _merge_coverage(self, data: bytes, map_path: Callable[[str], str]) -> None:
         from coverage import CoverageData
-        from coverage.exceptions import CoverageException
 
         controller = self.cov_plugin.cov_controller
         data_file = os.path.join(controller.topdir, controller.cov.config.data_file)
@@ -130,8 +130,9 @@ class ArtefactCollector:
                 batch.read()
                 merged.update(batch, map_path=map_path)
                 merged.write()
-            except CoverageException as exc:
-                self._warn(f"coverage data of a dispatched batch could not be combined: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a target's file: never an INTERNALERROR
+                self._warn(f"coverage data of a dispatched batch could not be combined: "
+                           f"{type(exc).__name__}: {str(exc)[:500]}")
             finally:
                 for db in (batch, merged):
                     with contextlib.suppress(Exception):
@@ -140,9 +141,9 @@ class ArtefactCollector:
     def _merge_benchmarks(self, raw: bytes) -> None:
         assert self.bench is not None
         try:
-            records = json.loads(raw)
-        except ValueError as exc:
-            self._warn(f"benchmark results of a dispatched batch are unreadable: {exc}")
+            records = parse_benchmarks(raw)
+        except BadRecord as exc:
+            self._warn(f"benchmark results of a dispatched batch are refused: {exc}")
             return
         self.bench.benchmarks.extend(ReturnedBenchmark(r) for r in records)
 
@@ -168,9 +169,12 @@ class ArtefactCollector:
             reporter.write_line(f"trtllm-slurm: {message}", yellow=True)
 
 
-def read_whole(shell: Shell, path: str) -> bytes:
-    """A small artefact file, in chunks (b"" when absent)."""
+def read_whole(shell: Shell, path: str, limit: int = MAX_ARTEFACT) -> bytes:
+    """A small artefact file, in chunks (b"" when absent); BadRecord past ``limit``."""
     size = shell.size(path)
+    if size > limit:
+        raise BadRecord(f"{path} has {size} bytes, more than the {limit} an artefact may",
+                        "")
     chunks: list[bytes] = []
     offset = 0
     while offset < size:

@@ -42,7 +42,12 @@ class Efficiency(BaseModel):
     startup_seconds_max: float
     makespan_seconds: float | None
     expected_makespan_seconds: float | None
+    # the packer's bound; None when its durations were guesses (``estimates_guessed``)
     lower_bound_seconds: float | None
+    # why the packer's figures are guesses (no earlier durations); None: from earlier runs
+    estimates_guessed: str | None = None
+    # no packing ends sooner at the test times measured in this run (start-up left out)
+    measured_bound_seconds: float | None = None
 
 
 def efficiency(record: RunRecord) -> Efficiency:
@@ -84,7 +89,9 @@ def efficiency(record: RunRecord) -> Efficiency:
         makespan_seconds=round(last - first, 1) if first is not None and last is not None
         else None,
         expected_makespan_seconds=_round(record.expected_makespan),
-        lower_bound_seconds=_round(record.lower_bound),
+        lower_bound_seconds=None if record.guessed else _round(record.lower_bound),
+        estimates_guessed=record.guessed,
+        measured_bound_seconds=_round(record.measured_bound()),
     )
 
 
@@ -108,14 +115,30 @@ def summary_lines(eff: Efficiency) -> list[str]:
         f"in start-up {eff.startup_seconds_total:.1f} s (longest {eff.startup_seconds_max:.1f} s)",
     ]
     if eff.makespan_seconds is not None:
-        against = [f"{name} {value:.1f} s" for name, value in
+        lines.append(_makespan_line(eff, eff.makespan_seconds))
+    return lines
+
+
+def _makespan_line(eff: Efficiency, makespan: float) -> str:
+    """The makespan against the packer's figures, a guess named as one, and against the
+    bound on this run's measured test times."""
+    against = []
+    if eff.estimates_guessed:
+        if eff.expected_makespan_seconds is not None:
+            against.append(f"the packer's guess {eff.expected_makespan_seconds:.1f} s "
+                           f"({eff.estimates_guessed})")
+    else:
+        planned = [f"{name} {value:.1f} s" for name, value in
                    (("packer expected", eff.expected_makespan_seconds),
                     ("lower bound", eff.lower_bound_seconds)) if value is not None]
-        ratio_lb = (f", {eff.makespan_seconds / eff.lower_bound_seconds:.2f}x the lower bound"
-                    if eff.lower_bound_seconds else "")
-        lines.append(f"makespan {eff.makespan_seconds:.1f} s"
-                     + (f" ({', '.join(against)}{ratio_lb})" if against else ""))
-    return lines
+        if eff.lower_bound_seconds:
+            planned.append(f"{makespan / eff.lower_bound_seconds:.2f}x the lower bound")
+        if planned:
+            against.append(", ".join(planned))
+    if eff.measured_bound_seconds:
+        against.append(f"this run's test times alone need {eff.measured_bound_seconds:.1f} s, "
+                       f"{makespan / eff.measured_bound_seconds:.2f}x that")
+    return f"makespan {makespan:.1f} s" + (f" ({'; '.join(against)})" if against else "")
 
 
 def cluster_lines(record: RunRecord) -> list[str]:

@@ -165,8 +165,13 @@ def _short_cluster(token: str, actions: dict[str, argparse.Action]) -> list[Occu
 
 def invocation_args(config: pytest.Config) -> list[str]:
     """What pytest parsed: ini addopts, PYTEST_ADDOPTS, then the command line."""
+    return [*addopts_args(config), *map(str, config.invocation_params.args)]
+
+
+def addopts_args(config: pytest.Config) -> list[str]:
+    """What pytest put before the command line: the ini's addopts, then PYTEST_ADDOPTS."""
     env = os.environ.get("PYTEST_ADDOPTS", "")
-    return [*config.getini("addopts"), *shlex.split(env), *map(str, config.invocation_params.args)]
+    return [*config.getini("addopts"), *shlex.split(env)]
 
 
 class Forwarder:
@@ -217,12 +222,28 @@ class Forwarder:
             return str(self.here / value)
         return value
 
-    def forwarded(self) -> list[str]:
+    def forwarded(self, *, with_ini: bool = True) -> list[str]:
+        """The options of the ini's addopts (unless not ``with_ini``) and of the command
+        line. PYTEST_ADDOPTS is not among them: the worker gets it, after the ini's addopts,
+        in its own PYTEST_ADDOPTS (``forwarded_addopts``), so its argv is the command
+        line's options (``with_ini=False``); a re-run line writes the ini's out."""
+        ini = list(self.config.getini("addopts")) if with_ini else []
+        out = self._kept([*ini, *map(str, self.config.invocation_params.args)])
+        return out + self.worker_halves() + self.resolved_here()
+
+    def forwarded_addopts(self) -> str:
+        """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's PYTEST_ADDOPTS, less
+        what the controller owns, in pytest's order (the worker reads it before its argv,
+        with its own ini addopts off). An environment variable, not argv: what it holds
+        (``--api-token=...``) is not in ``ps``, job_spec.json or the re-run lines."""
+        return shlex.join(self._kept(addopts_args(self.config)))
+
+    def _kept(self, args: list[str]) -> list[str]:
         out: list[str] = []
-        for occurrence in split_options(invocation_args(self.config), self.actions):
+        for occurrence in split_options(args, self.actions):
             if not self.owned(occurrence):
                 out += self.render(occurrence)
-        return out + self.worker_halves() + self.resolved_here()
+        return out
 
     def worker_halves(self) -> list[str]:
         """What a report writer's worker half needs besides its switch (``WORKER_HALF``)."""
@@ -239,8 +260,15 @@ class Forwarder:
         return out
 
 
-def forwarded_options(config: pytest.Config) -> tuple[list[str], list[str]]:
-    """(the options the worker gets, the flags a target cannot honour)."""
+def forwarded_addopts(config: pytest.Config) -> str:
+    """The worker's PYTEST_ADDOPTS (``Forwarder.forwarded_addopts``)."""
+    return Forwarder(config).forwarded_addopts()
+
+
+def forwarded_options(config: pytest.Config, *,
+                      with_ini: bool = True) -> tuple[list[str], list[str]]:
+    """(the options forwarded: ``Forwarder.forwarded``, the flags a target cannot
+    honour)."""
     forwarder = Forwarder(config)
-    options = forwarder.forwarded()
+    options = forwarder.forwarded(with_ini=with_ini)
     return options, sorted(set(forwarder.refused))

@@ -70,7 +70,7 @@ class RecordHandlers:
         self.after_test()
 
     def on_done(self, record: DoneRecord, came: Arrival) -> None:
-        self.replayer.done(record.nodeid)
+        self.replayer.done(record.nodeid, came.ctx)
 
     def on_warning(self, record: WarningRecord, came: Arrival) -> None:
         if record.when == "runtest":  # config/collect warnings were seen by the local collection

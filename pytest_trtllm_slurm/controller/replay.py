@@ -6,7 +6,9 @@ controller does, so terminal output, junitxml, --lf, -x and --durations behave a
 for a local run. Every report is replayed, in order, including each attempt of a
 test that a plugin runs again (pytest-rerunfailures logs start..finish per attempt);
 a test is finished once the worker says its whole protocol returned (``done``), and
-later records for it are ignored: each test ends with exactly one outcome.
+later records for it are ignored: each test ends with exactly one outcome. A test whose
+attempt ended without its teardown report (a worker that could not write its call report
+on a full disk, yet wrote the short lines after it) gets the missing phases, failed.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class Replayer:
         self._suite_properties: dict[tuple[str, str], int] = {}  # added to the junit xml
         self._suite_seen: dict[tuple[str, tuple[str, str]], int] = {}  # (job, property) -> n
         self._xml: Any = _UNSET  # the session's junit writer, looked up once
+        self._ihooks: dict[Any, Any] = {}  # folder -> the hook proxy of its items
 
     @property
     def xml(self) -> Any:
@@ -106,6 +109,16 @@ class Replayer:
         if self._xml is _UNSET:
             self._xml = _junit_xml(self.config)
         return self._xml
+
+    def _hooks(self, item: pytest.Item) -> Any:
+        """``item.ihook``, looked up once per folder: pytest finds the conftests that apply
+        to the item's path at each look (the same for every test of a folder), a cost a
+        test pays once when it runs here and three to five times when it is replayed."""
+        folder = item.path.parent
+        hooks = self._ihooks.get(folder)
+        if hooks is None:
+            hooks = self._ihooks[folder] = item.ihook
+        return hooks
 
     # -- state -----------------------------------------------------------
     def track(self, item: pytest.Item) -> None:
@@ -118,10 +131,11 @@ class Replayer:
 
     def settle(self, nodeids: list[str]) -> None:
         """The job ended: a test whose last attempt ended without asking for another one
-        is finished, even if the worker died before saying ``done``."""
+        is finished, even if the worker died before saying ``done`` (unless that attempt's
+        reports are incomplete: it is where the job died)."""
         for nodeid in nodeids:
             prog = self.progress[nodeid]
-            if prog.started and not prog.attempt_open and not prog.rerun:
+            if prog.started and not prog.attempt_open and not prog.rerun and not _cut_short(prog):
                 _finished(prog)
 
     def running_test(self, nodeids: list[str]) -> str | None:
@@ -139,7 +153,7 @@ class Replayer:
         prog.started = prog.attempt_open = True
         prog.phases, prog.rerun = [], False
         item = self.items[nodeid]
-        item.ihook.pytest_runtest_logstart(nodeid=nodeid, location=item.location)
+        self._hooks(item).pytest_runtest_logstart(nodeid=nodeid, location=item.location)
 
     def report(self, data: dict[str, Any], ctx: JobContext) -> None:
         if isinstance(data.get("longrepr"), list):
@@ -167,7 +181,7 @@ class Replayer:
             reporter = xml.node_reporter(report)
             for name, value in ctx.junit_properties():
                 reporter.add_property(name, value)
-        item.ihook.pytest_runtest_logreport(report=report)
+        self._hooks(item).pytest_runtest_logreport(report=report)
 
     def finish(self, nodeid: str) -> None:
         prog = self.progress.get(nodeid)
@@ -175,11 +189,18 @@ class Replayer:
             return
         prog.attempt_open = False
         item = self.items[nodeid]
-        item.ihook.pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
+        self._hooks(item).pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
 
-    def done(self, nodeid: str) -> None:
+    def done(self, nodeid: str, ctx: JobContext | None = None) -> None:
         prog = self.progress.get(nodeid)
         if prog is None or prog.finished or not prog.started:
+            return
+        if _cut_short(prog):
+            self.fail_unreported(
+                nodeid, "ERROR", "the worker ended this test without writing all of its "
+                f"reports (phases reported: {', '.join(w for w, _ in prog.phases) or 'none'}); "
+                "was the file system of its reports file full? See the job log"
+                + (f": {ctx.log_path}" if ctx is not None and ctx.log_path != "-" else ""), ctx)
             return
         self.finish(nodeid)
         _finished(prog)
@@ -241,7 +262,8 @@ class Replayer:
             self._synth(item, "teardown", "passed", None, ctx)
         elif "teardown" not in done:
             self._synth(item, "teardown", "failed", longrepr, ctx)
-        self.done(nodeid)
+        self.finish(nodeid)
+        _finished(prog)
 
     def skip_unsatisfied(self, item: pytest.Item, reason: str, *, fail: bool) -> None:
         """Report a test nothing can serve: skipped (as the suite would) or failed."""
@@ -283,6 +305,12 @@ class Replayer:
             user_properties=list(item.user_properties),
         )
         self._log(item, report, ctx)
+
+
+def _cut_short(prog: TestProgress) -> bool:
+    """The attempt's last report is a setup or call one (or there is none): pytest's
+    protocol always ends with teardown, so the rest was lost on the way."""
+    return not prog.phases or prog.phases[-1][0] in ("setup", "call")
 
 
 def _finished(prog: TestProgress) -> None:

@@ -20,7 +20,10 @@ import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
 from pytest_trtllm_slurm.controller.batch_plan import run_batches
-from pytest_trtllm_slurm.controller.forwarding import forwarded_options
+from pytest_trtllm_slurm.controller.forwarding import (
+    forwarded_addopts,
+    forwarded_options,
+)
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_plans import ItemPlan
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
@@ -39,14 +42,17 @@ from pytest_trtllm_slurm.execution.disk import is_disk_full, space_problem
 from pytest_trtllm_slurm.execution.monitor import (
     JobEvent,
     Monitor,
-    UnreadableLine,
     WatchedJob,
     log_tail,
-    report_stop,
 )
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_name
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
-from pytest_trtllm_slurm.execution.records import BadRecord, describe_line, parse_record
+from pytest_trtllm_slurm.execution.records import (
+    BadRecord,
+    UnreadableLine,
+    describe_line,
+    parse_record,
+)
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
@@ -135,7 +141,8 @@ class DispatchLoop:
         self._history: History | None = None
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
         self.view = RunView(self.config, settings)  # status line, summary, timeline
-        self.worker_options, refused = forwarded_options(self.config)
+        self.worker_options, refused = forwarded_options(self.config, with_ini=False)
+        self.rerun_options = forwarded_options(self.config)[0]  # the ini's addopts written out
         if refused:
             self._say(f"{', '.join(refused)}: dispatched tests cannot stop in a debugger (a "
                       "target has no terminal); they run without it, tests run here stop")
@@ -406,7 +413,7 @@ class DispatchLoop:
             nodeids_file=str(ids_file),
             command=worker_command(self.config, batch.nodeids, ids_file, reports, work_dir,
                                    options=self.worker_options),
-            rerun_argv=pytest_base_argv(self.config, options=self.worker_options),
+            rerun_argv=pytest_base_argv(self.config, options=self.rerun_options),
             rootdir=str(self.config.rootpath),
             invocation_dir=str(worker_cwd(self.config)),
             node_count=key.node_count,
@@ -437,16 +444,13 @@ class DispatchLoop:
     def _on_event(self, event: JobEvent) -> None:
         running = self.running[event.job.handle.job_id]
         ctx = running.context
-        records = event.records
-        if event.final is not None and event.final.ended_at is not None:
-            records = _before(records, event.final.ended_at)
-        for raw in records:
+        for raw in event.records:
             if running.refused is not None:
                 break  # nothing more of this batch is trusted
             running.records_seen += 1
             try:
                 if isinstance(raw, UnreadableLine):
-                    raise describe_line(raw.line)
+                    raise describe_line(raw.line, raw.why)
                 record = parse_record(raw, running.nodeids)
                 self.handlers.dispatch(record, Arrival(running, ctx, raw))
             except BadRecord as exc:
@@ -553,17 +557,6 @@ class DispatchLoop:
         self.replayer.skip_unsatisfied(plan.item, reason, fail=self.settings.unsatisfied == "fail")
 
 
-def _before(records: list[dict], ended_at: float) -> list[dict]:
-    """The records written before the scheduler ended the job (a node set DOWN may keep
-    its processes running, and they keep writing): from the first test report that
-    stopped after ``ended_at``, nothing counts (a test that ended in the very second of
-    the failure runs again rather than count on a doubt)."""
-    for index, record in enumerate(records):
-        if report_stop(record) > ended_at:
-            return records[:index]
-    return records
-
-
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
 
@@ -577,10 +570,11 @@ def worker_cwd(config: pytest.Config) -> Path:
 
 def worker_env(config: pytest.Config) -> dict[str, str]:
     """The environment every worker gets: unbuffered output (what a test prints reaches
-    the job log at once: hang patterns), no PYTEST_ADDOPTS (the worker's argv has the
-    options already), and, under pytest-xdist, the identity of the xdist worker that
-    dispatches (``worker_id``, ``testrun_uid`` and PYTEST_XDIST_* as there)."""
-    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": ""}
+    the job log at once: hang patterns), PYTEST_ADDOPTS less what the controller owns
+    (an environment variable, as it was: never argv), and, under pytest-xdist, the
+    identity of the xdist worker that dispatches (``worker_id``, ``testrun_uid`` and
+    PYTEST_XDIST_* as there)."""
+    env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": forwarded_addopts(config)}
     workerinput = getattr(config, "workerinput", None)
     if workerinput:
         env["PYTEST_XDIST_WORKER"] = str(workerinput.get("workerid", ""))
@@ -614,13 +608,16 @@ def worker_command(
 
 def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
     """``python -m pytest`` with the same rootdir and ini file and the user's invocation
-    less what the controller owns (``forwarding``); the ini's addopts are among those
-    options, so the worker does not read them again. The "re-run:" line is this argv."""
+    less what the controller owns (``forwarding``); the ini's addopts are off here: the
+    worker gets them, with PYTEST_ADDOPTS, in its PYTEST_ADDOPTS (``worker_env``). The
+    "re-run:" line is this argv with the ini's addopts written out."""
     argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         argv += ["-c", str(config.inipath)]
     argv += ["-o", "addopts="]
-    return argv + (options if options is not None else forwarded_options(config)[0])
+    if options is None:
+        options = forwarded_options(config, with_ini=False)[0]
+    return argv + options
 
 
 def _module_path(nodeid: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:

@@ -86,19 +86,23 @@ class RunRecord:
         self.pools: Callable[[BatchKey], Pool] | None = None
         self.expected_makespan: float | None = None
         self.lower_bound: float | None = None
+        self.guessed: str | None = None  # why the plan's figures are guesses
         self.events: list[tuple[float, str]] = []  # state changes that matter (CI lines)
         self.finished_at: float | None = None
         self.failed_submissions = 0
 
     # -- what the run loop tells it ------------------------------------------------
     def plan(self, batches: Sequence[Batch], pools: Callable[[BatchKey], Pool],
-             lower_bound: float | None) -> None:
+             lower_bound: float | None, guessed: str | None = None) -> None:
+        """The packer's plan; ``guessed``: why its figures are guesses (defaults stood in
+        for durations or start-ups never measured), None when they come from earlier runs."""
         self.planned = list(batches)
         self.pools = pools
         ends = [(b.expected_start or 0.0) + b.expected_seconds for b in batches
                 if b.expected_seconds is not None]
         self.expected_makespan = max(ends) if ends else None
         self.lower_bound = lower_bound
+        self.guessed = guessed
 
     def submitted(self, job_id: str, batch: Batch, attempt: int) -> None:
         pool = self.pools(batch.key) if self.pools else Pool(batch.key.scenario.value)
@@ -185,6 +189,36 @@ class RunRecord:
     def clusters(self) -> list[str]:
         """The clusters the run's batches went to, in submission order."""
         return list(dict.fromkeys(span.cluster for span in self.batches.values()))
+
+    def measured_bound(self) -> float | None:
+        """No packing of this run's tests, at the durations they took here, ends sooner:
+        per pool, the longest test and the tests' GPU-seconds over the pool's GPUs
+        (start-up left out). A bound from measurements, never from a guess."""
+        longest = 0.0
+        area: dict[str, float] = {}
+        seen = False
+        for span in self.batches.values():
+            for test in self._tests_of(span):
+                if test.start is None or test.stop is None:
+                    continue
+                seen = True
+                took = max(0.0, test.stop - test.start)
+                longest = max(longest, took)
+                if span.width and span.pool.gpus:
+                    area[span.pool.name] = (area.get(span.pool.name, 0.0)
+                                            + span.width * took / span.pool.gpus)
+        return max([longest, *area.values()]) if seen else None
+
+    def learnt_eta(self, now: float) -> tuple[float, int] | None:
+        """Seconds left at the pace this run's tests have kept (finished tests per second
+        since the first began), and how many finished: the estimate of a run whose plan
+        was a guess. None before any test finished."""
+        finished = [t for t in self.tests.values() if t.finished and t.start is not None]
+        if not finished:
+            return None
+        since = min(t.start for t in self.tests.values() if t.start is not None)
+        left = self.counts()["left"]
+        return left * max(0.0, now - since) / len(finished), len(finished)
 
     @property
     def total_tests(self) -> int:

@@ -50,7 +50,7 @@ class RunView:
         if not self.enabled:
             return
         bound = lower_bound(dispatched, pools, estimates) if dispatched else None
-        self.record.plan(batches, pools, bound)
+        self.record.plan(batches, pools, bound, guessed=estimates.guessed(dispatched, pools))
         manager = self.config.pluginmanager
         if not manager.has_plugin(PLUGIN_NAME):
             manager.register(self.record, PLUGIN_NAME)

@@ -45,15 +45,32 @@ def status_text(record: RunRecord, now: float) -> str:
                if any(t.start is not None and not t.finished for t in record.tests_of(s)))
     parts = [f"batches {len(pending)} pending{why}, {len(running)} running, {len(done)} done",
              tests, f"GPUs {held} held, {busy} busy"]
-    eta = eta_seconds(record, now)
-    if eta is not None:
-        parts.append(f"ETA ~{_duration(eta)}")
+    eta = eta_text(record, now)
+    if eta:
+        parts.append(eta)
     return "trtllm-slurm: " + " | ".join(parts)
+
+
+def eta_text(record: RunRecord, now: float) -> str:
+    """``ETA ~2m10s`` from the plan when it rests on earlier runs; when the plan was a
+    guess (no earlier durations), from the pace of this run's finished tests, said so,
+    and no figure at all before the first one finished."""
+    if record.guessed is None:
+        eta = eta_seconds(record, now)
+        return f"ETA ~{_duration(eta)}" if eta is not None else ""
+    if not record.batches:
+        return ""
+    learnt = record.learnt_eta(now)
+    if learnt is None:
+        return "ETA ? (no durations yet)"
+    seconds, tests = learnt
+    return f"ETA ~{_duration(seconds)} (from {tests} finished test{'s' if tests > 1 else ''})"
 
 
 def eta_seconds(record: RunRecord, now: float) -> float | None:
     """When the packer's plan says the run ends, from now: its expected makespan less the
-    time gone, and never less than what a running batch still expects to need."""
+    time gone, and never less than what a running batch still expects to need. Only
+    meaningful when the plan rests on earlier durations (``record.guessed`` is None)."""
     if record.expected_makespan is None or not record.batches:
         return None
     first = min(s.submitted for s in record.batches.values())

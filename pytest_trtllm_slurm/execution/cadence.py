@@ -45,6 +45,12 @@ class Cadence:
     alloc_watch_gap: float = 0.5
     # AgentPool: heartbeats of the agents (their sessions' exit codes: a quarter of it)
     agent_health: float = 2.0
+    # Monitor: a running job's log is searched for hang patterns at most this often (a
+    # stat per job per round otherwise: measured, a tenth of a 32-node run's monitor CPU)
+    hang_look: float = 1.0
+    # AgentPool: a served batch's pid and exit code are read when its work dir changed,
+    # and at least this often (a change within the folder mtime's granularity)
+    warm_read: float = 0.5
     # run_build: a build job's wait
     build: float = 0.5
 

@@ -4,12 +4,13 @@ Per poll: one state query per executor for all its jobs, then an incremental
 read (by offset) of each job's reports.jsonl and log. Nothing is read whole.
 Over a shell that pushes (SSH with its relay), those reads take the pushed bytes
 instead of a round trip each, and the wait between polls ends when a report line
-lands; a job's last read, once it has ended, always reads the file itself.
+lands; a job's last read, once it has ended, always reads the file itself, one
+``READ_CHUNK`` per poll (an event each), so a big rest of a file is never one event.
+Every byte of a reports file becomes records through ``records.LineReader``.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,10 +19,12 @@ from typing import Any
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
+from pytest_trtllm_slurm.execution.records import LineReader, UnreadableLine
 from pytest_trtllm_slurm.node.protocol import LOG_MARK
 from pytest_trtllm_slurm.transport.shell import PushingShell
 
 LOG_OVERLAP = 256  # bytes kept from the previous log chunk so a pattern split across reads is seen
+READ_CHUNK = 1 << 20  # bytes of a reports file read at once, pushed or from the file
 _MARK = LOG_MARK.encode()
 
 
@@ -69,7 +72,7 @@ class WatchedJob:
     handle: JobHandle
     executor: Executor
     reports_offset: int = 0
-    partial: bytes = b""
+    lines: LineReader = field(default_factory=lambda: LineReader())
     log_offset: int = 0
     own_output: OwnOutput = field(default_factory=lambda: OwnOutput())
     started: float | None = None
@@ -77,6 +80,11 @@ class WatchedJob:
     forced_reason: str | None = None
     state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
     held: list[dict[str, Any]] = field(default_factory=list)  # reports newer than alive_at
+    ended: JobState | None = None  # its final state, while the rest of its file is read
+    # the executor's shell when it pushes, found once (a check against a runtime Protocol
+    # costs more than the stat it guards: measured, most of a 32-node run's monitor CPU)
+    pushing: PushingShell | None = None
+    next_log_look: float = 0.0  # monotonic: the job log's next look for hang patterns
 
 
 @dataclass
@@ -86,13 +94,8 @@ class JobEvent:
     final: JobState | None = None  # set once, when the job has ended
 
 
-class UnreadableLine(dict):  # type: ignore[type-arg]
-    """A line of reports.jsonl that is no JSON object, kept in its place among the
-    records (empty as a dict: a reader that does not look for it skips it)."""
-
-    def __init__(self, line: str) -> None:
-        super().__init__()
-        self.line = line
+__all__ = ["JobEvent", "Monitor", "UnreadableLine", "WatchedJob", "log_tail", "records_before",
+           "report_stop"]
 
 
 def report_stop(record: dict[str, Any]) -> float:
@@ -103,6 +106,15 @@ def report_stop(record: dict[str, Any]) -> float:
         return float(data.get("stop") or 0) if isinstance(data, dict) else 0.0
     except (TypeError, ValueError):
         return 0.0
+
+
+def records_before(records: list[dict[str, Any]], ended_at: float) -> list[dict[str, Any]]:
+    """The records written before the scheduler ended the job: from the first test report
+    that stopped after ``ended_at``, nothing counts."""
+    for index, record in enumerate(records):
+        if report_stop(record) > ended_at:
+            return records[:index]
+    return records
 
 
 class Monitor:
@@ -120,22 +132,23 @@ class Monitor:
         self.jobs: dict[str, WatchedJob] = {}
 
     def add(self, handle: JobHandle, executor: Executor) -> WatchedJob:
-        job = WatchedJob(handle=handle, executor=executor)
-        self.jobs[handle.job_id] = job
         shell = executor.shell
-        if isinstance(shell, PushingShell):
-            shell.watch(handle.spec.reports_path, 0)
+        pushing = shell if isinstance(shell, PushingShell) else None
+        job = WatchedJob(handle=handle, executor=executor, pushing=pushing)
+        self.jobs[handle.job_id] = job
+        if pushing is not None:
+            pushing.watch(handle.spec.reports_path, 0)
             if self.hang_patterns:  # read for hangs only; its lines wake nobody
-                shell.watch(handle.spec.log_path, 0, wake=False)
+                pushing.watch(handle.spec.log_path, 0, wake=False)
         return job
 
     def wait(self, timeout: float | None = None) -> None:
         """The pause between two polls (``poll_interval``): shorter when the one shell of
         the active jobs pushes a report line meanwhile."""
         timeout = self.poll_interval if timeout is None else timeout
-        shells = {id(j.executor.shell): j.executor.shell for j in self.jobs.values()}
+        shells = {id(j.executor.shell): j.pushing for j in self.jobs.values()}
         only = next(iter(shells.values())) if len(shells) == 1 else None
-        if isinstance(only, PushingShell):
+        if only is not None:
             only.wait_news(timeout)
         else:
             time.sleep(timeout)
@@ -147,7 +160,10 @@ class Monitor:
     def poll(self) -> Iterator[JobEvent]:
         """One round over all active jobs."""
         by_executor: dict[int, list[WatchedJob]] = {}
-        for job in self.jobs.values():
+        for job in list(self.jobs.values()):
+            if job.ended is not None:  # ended: the rest of its file, a chunk a round
+                yield self._drain(job, [])
+                continue
             by_executor.setdefault(id(job.executor), []).append(job)
         for jobs in by_executor.values():
             states = jobs[0].executor.poll([j.handle for j in jobs])
@@ -177,27 +193,39 @@ class Monitor:
                     job, JobStatus.TIMEOUT, f"ran longer than the monitor timeout ({limit} s)"
                 )
         if job.state.status.finished:
-            # the reports held back for the scheduler's word, then the rest of the file
-            # (the run loop drops those stamped after an end the scheduler saw)
-            records += job.held
-            job.held = []
-            while True:  # everything that landed, to the end of the file (itself)
-                offset = job.reports_offset
-                records += self._read_records(job, final=True)
-                if job.reports_offset == offset:
-                    break
-            del self.jobs[job.handle.job_id]
-            self._unwatch(job)
-            final = job.state
+            job.ended = job.state
             if job.forced_status is not None:
-                final = JobState(  # it ended because we stopped it: its code says nothing
+                job.ended = JobState(  # it ended because we stopped it: its code says nothing
                     status=job.forced_status,
                     nodelist=job.state.nodelist,
                     reason=job.forced_reason,
                 )
-            yield JobEvent(job, records, final)
+            # the reports held back for the scheduler's word, then the rest of the file
+            records += job.held
+            job.held = []
+            yield self._drain(job, records)
         elif records:
             yield JobEvent(job, records)
+
+    def _drain(self, job: WatchedJob, records: list[dict[str, Any]]) -> JobEvent:
+        """The next chunk of an ended job's file (read itself, not pushed); the event is
+        the job's final one once the file's end is reached. Records stamped after the end
+        the scheduler saw are dropped, with all after them (a node set DOWN may keep its
+        processes running, and they keep writing): a test that ended in the very second
+        of the failure runs again rather than count on a doubt (``records_before``)."""
+        assert job.ended is not None
+        offset = job.reports_offset
+        if not records:  # else these are this round's: the file's rest from the next
+            records = self._read_records(job, final=True)
+        done = job.reports_offset == offset and not records
+        if job.ended.ended_at is not None:
+            kept = records_before(records, job.ended.ended_at)
+            records, done = kept, done or len(kept) < len(records)
+        if not done:
+            return JobEvent(job, records)
+        self.jobs.pop(job.handle.job_id, None)
+        self._unwatch(job)
+        return JobEvent(job, records, job.ended)
 
     def stop(self, job_id: str, status: JobStatus, reason: str) -> None:
         """Cancel a job the caller gave up on; its final state will say ``status``."""
@@ -230,47 +258,37 @@ class Monitor:
     def _chunk(job: WatchedJob, path: str, offset: int, *, final: bool = False) -> bytes:
         """Bytes of ``path`` from ``offset``: the pushed ones when the shell has them, else
         (and always for a job's ``final`` read) the file's own."""
-        shell = job.executor.shell
-        if not final and isinstance(shell, PushingShell):
-            data = shell.pushed(path, offset)
+        if not final and job.pushing is not None:
+            data = job.pushing.pushed(path, offset)
             if data is not None:
-                return data
-        return shell.read_from(path, offset)
+                return data[:READ_CHUNK]
+        return job.executor.shell.read_from(path, offset, READ_CHUNK)
 
     @staticmethod
     def _unwatch(job: WatchedJob) -> None:
-        shell = job.executor.shell
-        if isinstance(shell, PushingShell):
-            shell.unwatch(job.handle.spec.reports_path)
-            shell.unwatch(job.handle.spec.log_path)
+        if job.pushing is not None:
+            job.pushing.unwatch(job.handle.spec.reports_path)
+            job.pushing.unwatch(job.handle.spec.log_path)
 
     def _read_records(self, job: WatchedJob, *, final: bool = False) -> list[dict[str, Any]]:
+        """The records whose lines ended since the last read (an unterminated last line
+        waits for the next); a line that is no record is an ``UnreadableLine`` in its
+        place: the reader decides what it means."""
         chunk = self._chunk(job, job.handle.spec.reports_path, job.reports_offset, final=final)
         if not chunk:
             return []
         job.reports_offset += len(chunk)
-        complete, _, job.partial = (job.partial + chunk).rpartition(b"\n")
-        # an unterminated last line waits for the next read
-        try:  # the lines as one text: one decode, not one per line
-            lines: list[str] | list[bytes] = complete.decode("utf-8").split("\n")
-        except UnicodeDecodeError:
-            lines = complete.split(b"\n")  # a line that is no UTF-8 is no record
-        records = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
-            # the reader decides what a line that is no record means
-            records.append(record if isinstance(record, dict) else UnreadableLine(
-                line if isinstance(line, str) else line.decode("utf-8", "replace")))
-        return records
+        return job.lines.feed(chunk)
 
     def _hang_seen(self, job: WatchedJob) -> bool:
+        """Hang patterns in what the job's log gained, looked at every
+        ``CADENCE.hang_look`` seconds (not at every round: a hang is no hurry)."""
         if not self.hang_patterns:
             return False
+        now = time.monotonic()
+        if now < job.next_log_look:
+            return False
+        job.next_log_look = now + CADENCE.hang_look
         chunk = self._chunk(job, job.handle.spec.log_path, job.log_offset)
         if not chunk:
             return False

@@ -17,12 +17,34 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    RootModel,
+    Strict,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
 
 from pytest_trtllm_slurm.node import records as node_records
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
 
 RAW_SHOWN = 500  # characters of a refused line kept in the message
+# the longest line of reports.jsonl the controller reads: a report carries the test's
+# captured output whole, as pytest's own does; a longer line refuses the batch
+MAX_LINE = 64 << 20
+# an XML name (the part junit writers do not escape): a letter or "_", then letters,
+# digits and ".-_" (no ":": namespaces are not ours to add)
+XML_NAME = r"^[A-Za-z_][A-Za-z0-9._-]{0,199}$"
+
+# what a pytest report carries is handed to pytest as the target wrote it, so a field is
+# checked for the type pytest uses, not coerced ("123" is no line number, 123 no message)
+Str = Annotated[str, Strict()]
+Int = Annotated[int, Strict()]
+Num = Annotated[float, Strict()]
 
 
 class _Record(BaseModel):
@@ -86,22 +108,101 @@ class DoneRecord(_Record):
         return [self.nodeid]
 
 
+class _Kwargs(BaseModel):
+    """A dataclass of ``_pytest._code.code`` as pytest serializes it: pytest rebuilds it
+    with ``Class(**fields)``, so no other key passes either."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReprFileLocation(_Kwargs):
+    path: Str
+    lineno: Int
+    message: Str
+
+
+class ReprFuncArgs(_Kwargs):
+    args: list[tuple[Str, Any]]
+
+
+class ReprLocals(_Kwargs):
+    lines: list[Str]
+
+
+class ReprEntryData(_Kwargs):
+    lines: list[Str]
+    reprfuncargs: ReprFuncArgs | None = None
+    reprlocals: ReprLocals | None = None
+    reprfileloc: ReprFileLocation | None = None
+    style: Str = "long"
+
+
+class ReprEntryNativeData(_Kwargs):
+    lines: list[Str]
+    style: Str = "native"
+
+
+class ReprEntry(_Kwargs):
+    type: Literal["ReprEntry"]
+    data: ReprEntryData
+
+
+class ReprEntryNative(_Kwargs):
+    type: Literal["ReprEntryNative"]
+    data: ReprEntryNativeData
+
+
+class ReprTraceback(_Kwargs):
+    reprentries: list[Annotated[ReprEntry | ReprEntryNative, Field(discriminator="type")]]
+    extraline: Str | None = None
+    style: Str = "long"
+
+
+class ExceptionRepr(_Kwargs):
+    """A failure's traceback (``longrepr`` of an exception), every field pytest renders."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    reprcrash: ReprFileLocation | None
+    reprtraceback: ReprTraceback
+    sections: list[tuple[Str, Str, Str]] = Field(default_factory=list)
+    chain: list[tuple[ReprTraceback, ReprFileLocation | None, Str | None]] | None = None
+
+
+def _longrepr_kind(value: Any) -> str:
+    return {type(None): "none", str: "text", list: "skip", tuple: "skip",
+            dict: "exception"}.get(type(value), "other")
+
+
+# None (passed), a text, a skip's (path, lineno, reason), or an exception's repr; told
+# apart by their JSON type, so a refusal names the field that is wrong
+Longrepr = Annotated[
+    Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
+    | Annotated[tuple[Str, Int | None, Str], Tag("skip")]
+    | Annotated[ExceptionRepr, Tag("exception")],
+    Discriminator(_longrepr_kind),
+]
+
+
 class ReportData(BaseModel):
-    """The part of pytest's serialized TestReport the controller relies on."""
+    """The part of pytest's serialized TestReport the controller relies on, every field
+    the terminal summary and junit read typed as pytest types it."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     # absent for report classes pytest does not serialize itself (pytest 9's subtests)
-    report_type: str | None = Field(default=None, alias="$report_type")
-    nodeid: str
+    report_type: Str | None = Field(default=None, alias="$report_type")
+    nodeid: Str
     # pytest types it str: plugins report other phases (pytest-forked: "???" for a crash)
-    when: str = Field(min_length=1)
-    outcome: str = Field(min_length=1)
-    location: tuple[str, int | None, str]
+    when: Str = Field(min_length=1)
+    outcome: Str = Field(min_length=1)
+    location: tuple[Str, Int | None, Str]
     keywords: dict[str, Any]
-    sections: list[tuple[str, str]] = Field(default_factory=list)
-    user_properties: list[tuple[str, Any]] = Field(default_factory=list)
-    duration: float = 0.0
+    longrepr: Longrepr = None
+    sections: list[tuple[Str, Str]] = Field(default_factory=list)
+    user_properties: list[tuple[Str, Any]] = Field(default_factory=list)
+    duration: Num = 0.0
+    wasxfail: Str | None = None
 
 
 @_shape(node_records.ReportRecord)
@@ -116,8 +217,8 @@ class ReportRecord(_Record):
 class CollectErrorData(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    nodeid: str = "?"
-    longrepr: Any = None
+    nodeid: Str = "?"
+    longrepr: Longrepr = None
 
 
 @_shape(node_records.CollectErrorRecord)
@@ -154,7 +255,7 @@ class WarningRecord(_Record):
 class XmlAttributeRecord(_Record):
     type: Literal["xml_attribute"]
     nodeid: str
-    name: str
+    name: str = Field(pattern=XML_NAME)  # pytest's junit writer puts it in unescaped
     value: str
 
     def named_tests(self) -> list[str]:
@@ -225,15 +326,103 @@ def parse_record(data: dict[str, Any], batch_nodeids: frozenset[str] | set[str])
         where = ".".join(str(p) for p in first.get("loc", ())) or "the record"
         raise BadRecord(f"malformed {data.get('type')!r} record ({where}: {first['msg']})",
                         raw) from None
+    except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
+        raise BadRecord(f"unreadable {kind!r} record ({type(exc).__name__})", raw) from None
     foreign = [n for n in record.named_tests() if n not in batch_nodeids]
     if foreign:
         raise BadRecord(f"a record for {foreign[0]!r}, which is not a test of this batch", raw)
     return record
 
 
-def describe_line(line: str) -> BadRecord:
-    """A line that is not a JSON object at all."""
-    return BadRecord("not a JSON object", line)
+def describe_line(line: str, why: str = "not a JSON object") -> BadRecord:
+    """A line that is not a JSON object at all (``why``: what is wrong with it)."""
+    return BadRecord(why, line)
+
+
+class UnreadableLine(dict):  # type: ignore[type-arg]
+    """A line of reports.jsonl that is no JSON object, kept in its place among the
+    records (empty as a dict: a reader that does not look for it skips it); ``line`` is
+    its start, ``why`` what is wrong with it."""
+
+    def __init__(self, line: str, why: str = "not a JSON object") -> None:
+        super().__init__()
+        self.line = line[:RAW_SHOWN * 2]
+        self.why = why
+
+
+class LineReader:
+    """The bytes of reports.jsonl, in the pieces they are read, as JSON objects: the one
+    way anything read from a target's reports becomes records (the monitor's reads, pushed
+    or direct, the final reads of an ended job).
+
+    Linear in what it is fed: an unfinished line is kept as its pieces, joined once its
+    end comes. A line is at most ``max_line`` bytes: a longer one is reported once as an
+    ``UnreadableLine`` (its start) and the rest of it is skipped unkept. A line that is
+    no JSON object, however it fails (bad UTF-8, nesting deep enough to raise
+    RecursionError, anything), becomes an ``UnreadableLine`` in its place: what a target
+    wrote never raises out of here."""
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
+        self._pieces: list[bytes] = []  # the start of the line that has no end yet
+        self._kept = 0  # bytes in _pieces
+        self._skipping = False  # inside a line that was too long: dropped to its end
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished line held (for tests and figures)."""
+        return self._kept
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        """The records whose lines end in ``chunk``."""
+        records: list[dict[str, Any]] = []
+        pos = 0
+        while pos < len(chunk):
+            end = chunk.find(b"\n", pos)
+            stop = len(chunk) if end < 0 else end
+            if self._skipping:
+                if end >= 0:
+                    self._skipping = False
+            elif self._kept + stop - pos > self.max_line:
+                start = (self._pieces[0] if self._pieces else chunk[pos:])[:RAW_SHOWN]
+                records.append(UnreadableLine(
+                    start[:RAW_SHOWN].decode("utf-8", "replace"),
+                    f"a line longer than {self.max_line} bytes (the longest the controller "
+                    "reads)"))
+                self._pieces, self._kept, self._skipping = [], 0, end < 0
+            elif end < 0:
+                self._pieces.append(chunk[pos:])
+                self._kept += len(chunk) - pos
+            else:
+                line = chunk[pos:end]
+                if self._pieces:
+                    line = b"".join([*self._pieces, line])
+                    self._pieces, self._kept = [], 0
+                if line.strip():
+                    records.append(decode_line(line))
+            if end < 0:
+                break
+            pos = end + 1
+        return records
+
+
+def decode_line(line: bytes) -> dict[str, Any]:
+    """One line as a JSON object, or an ``UnreadableLine`` saying why it is none."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return UnreadableLine(line[:RAW_SHOWN].decode("utf-8", "replace"), "not UTF-8")
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return UnreadableLine(text, "not a JSON object")
+    except RecursionError:
+        return UnreadableLine(text, "JSON nested too deep")
+    except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
+        return UnreadableLine(text, f"unreadable JSON ({type(exc).__name__})")
+    if not isinstance(record, dict):
+        return UnreadableLine(text, "not a JSON object")
+    return record
 
 
 def warning_category(qualified: str) -> type[Warning]:
@@ -250,3 +439,101 @@ def warning_category(qualified: str) -> type[Warning]:
             return cls
         todo.extend(cls.__subclasses__())
     return UserWarning
+
+
+# -- the other files a target writes: each read through one model here --------------------
+
+MAX_ARTEFACT = 256 << 20  # bytes of an artefact (coverage data, benchmarks.json) read
+
+
+def load_json(raw: bytes | str, what: str) -> Any:
+    """``raw`` (the bytes of a file a target wrote) as JSON; ``BadRecord`` (a ValueError)
+    naming ``what`` whatever is wrong, nesting deep enough to raise RecursionError too."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        why = "JSON nested too deep"
+    except ValueError as exc:
+        why = f"not JSON ({exc})"
+    except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
+        why = f"unreadable ({type(exc).__name__})"
+    text = raw if isinstance(raw, str) else raw[:RAW_SHOWN].decode("utf-8", "replace")
+    raise BadRecord(f"{what}: {why}", text)
+
+
+_B = TypeVar("_B", bound=BaseModel)
+
+
+def validated(model: type[_B], raw: bytes | str, what: str) -> _B:
+    """``raw`` as ``model``; ``BadRecord`` (a ValueError) with the first problem and the
+    start of the text, never another exception."""
+    data = load_json(raw, what)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "the top level"
+        why = f"{what}: {where}: {first['msg']}"
+    except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
+        why = f"{what}: unreadable ({type(exc).__name__})"
+    text = raw if isinstance(raw, str) else raw[:RAW_SHOWN].decode("utf-8", "replace")
+    raise BadRecord(why, text)
+
+
+class Heartbeat(BaseModel):
+    """``heartbeat.json`` of a warm worker's agent (``node.forkloop``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    time: Annotated[float, Field(allow_inf_nan=False)]
+    running: Int = 0
+    pending: Int = 0
+
+
+class BenchmarkStats(BaseModel):
+    """What pytest-benchmark's table, JSON and comparisons compute with."""
+
+    model_config = ConfigDict(extra="allow")
+
+    min: Num
+    max: Num
+    mean: Num
+    stddev: Num
+    rounds: Int
+    median: Num
+    iqr: Num
+    q1: Num
+    q3: Num
+    iqr_outliers: Int
+    stddev_outliers: Int
+    outliers: Str
+    ld15iqr: Num
+    hd15iqr: Num
+    ops: Num
+    total: Num
+    iterations: Int = 1
+    data: list[Num] = Field(default_factory=list)
+
+
+class Benchmark(BaseModel):
+    """One result of ``benchmarks.json`` (pytest-benchmark's ``as_dict``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Str
+    fullname: Str
+    group: Str | None = None
+    param: Str | None = None
+    params: dict[str, Any] | None = None
+    extra_info: dict[str, Any] = Field(default_factory=dict)
+    stats: BenchmarkStats
+
+
+class Benchmarks(RootModel[list[Benchmark]]):
+    """``benchmarks.json``: the results a batch's worker measured."""
+
+
+def parse_benchmarks(raw: bytes) -> list[dict[str, Any]]:
+    """The results of ``benchmarks.json`` as JSON objects, each checked; ``BadRecord``
+    otherwise."""
+    return [b.model_dump() for b in validated(Benchmarks, raw, "benchmarks.json").root]

@@ -3,14 +3,15 @@
 Why: a run writes logs, job specs and state there, inside the user's repository. Like
 pytest's ``.pytest_cache``, the folder ignores itself when the plugin creates it, so
 ``git status`` stays clean and a code sync's list of untracked files never picks up old logs.
-A folder that already exists is left as the user has it.
+A folder that already exists is left as the user has it (unless it is reached through a
+link someone else owns); one the plugin creates is private (0700, ``make_dirs``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_trtllm_slurm.node.files import SHARED, write_atomic
+from pytest_trtllm_slurm.node.files import SHARED, make_dirs, write_atomic
 
 GITIGNORE_TEXT = "# Created by pytest-trtllm-slurm automatically.\n*\n"
 
@@ -19,11 +20,9 @@ def ensure_work_root(path: Path) -> Path:
     """Create ``path`` (and parents) if missing; a folder this call creates gets a
     ``.gitignore`` of ``*``. Returns ``path``."""
     path = Path(path)
-    if path.is_dir():
-        return path
-    try:
-        path.mkdir(parents=True)
-    except FileExistsError:  # another run created it first: it writes the .gitignore
+    existed = path.is_dir()
+    make_dirs(path)  # (UntrustedPath names a folder someone else made or a foreign link)
+    if existed or (path / ".gitignore").exists():  # (another run created it first)
         return path
     write_atomic(path / ".gitignore", GITIGNORE_TEXT, mode=SHARED)  # git's to read, as always
     return path

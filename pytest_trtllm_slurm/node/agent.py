@@ -30,7 +30,7 @@ from pytest_trtllm_slurm.node.files import (
     LOCK_ROOT,
     UntrustedPath,
     close_own_dirs,
-    make_private_dirs,
+    make_dirs,
     private_lock_dir,
     tree_up_to,
     write_atomic,
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     try:  # a lock folder or mailbox someone else made: serve nothing, and say why
         locks = private_lock_dir(os.environ.get("SLURM_JOB_ID", "nojob"), args.node,
                                  os.environ.get(LOCK_ROOT_ENV) or LOCK_ROOT)
-        make_private_dirs(root / "inbox")
+        make_dirs(root / "inbox")
         close_own_dirs([root / "inbox", *tree_up_to(root, AGENTS_TREE)])
     except (UntrustedPath, OSError) as exc:
         print(f"[trtllm-slurm] agent on {args.node} refuses to start: {exc}", flush=True)

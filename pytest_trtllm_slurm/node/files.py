@@ -27,7 +27,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 LOCK_ROOT = "/tmp"  # node-local; the folder inside it is per user and verified
@@ -54,21 +54,54 @@ def why_untrusted(st: os.stat_result, *, directory: bool) -> str | None:
     return None
 
 
-def make_private_dirs(path: str | Path) -> Path:
-    """``mkdir -p`` whose new folders are 0700 (whatever the umask)."""
+def refuse_untrusted_dir(folder: str | Path) -> None:
+    """UntrustedPath naming ``folder`` unless it is a real folder (not a link) of ours
+    that neither group nor others may write."""
+    why = why_untrusted(os.lstat(folder), directory=True)
+    if why is not None:
+        raise UntrustedPath(f"{folder}: {why}; refusing to use it (someone else could put "
+                            "files there or swap ours): remove it and run again")
+
+
+def refuse_foreign_links(folders: Iterable[Path]) -> None:
+    """UntrustedPath naming the first of ``folders`` that is a symbolic link owned by
+    someone else than this user or root (a link planted on the way to our folders)."""
+    for folder in folders:
+        try:
+            st = os.lstat(folder)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
+            raise UntrustedPath(f"{folder}: it is a symbolic link owned by uid {st.st_uid}; "
+                                "refusing to make or use folders through it")
+
+
+def make_dirs(path: str | Path, *, private: bool = False) -> Path:
+    """``mkdir -p`` whose new folders are 0700 (whatever the umask). Each folder it makes,
+    or finds made meanwhile by someone else, is verified (``refuse_untrusted_dir``);
+    ``private``: so is ``path`` when it already existed. Folders above the first existing
+    one are taken as they are (a home, a project's scratch folder)."""
     target = Path(path)
     missing = []
     for folder in (target, *target.parents):
-        if folder.exists() or folder.is_symlink():
+        if os.path.lexists(folder):
             break
         missing.append(folder)
+    refuse_foreign_links(target.parents if missing else (target, *target.parents))
     for folder in reversed(missing):
         try:
             folder.mkdir(mode=0o700)
         except FileExistsError:
-            continue  # another process made it meanwhile; checked by whoever trusts it
-        os.chmod(folder, 0o700)
+            pass  # made meanwhile: verified as ours below, like the ones made here
+        refuse_untrusted_dir(folder)
+    if private and not missing:
+        refuse_untrusted_dir(target)
     return target
+
+
+def make_private_dirs(path: str | Path) -> Path:
+    """``make_dirs(path, private=True)``: a folder only this user can have written to."""
+    return make_dirs(path, private=True)
 
 
 def close_own_dirs(folders: list[Path]) -> None:
@@ -118,7 +151,7 @@ def open_trusted(path: Path) -> bytes:
 def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
     """``<root>/trtllm-slurm-<uid>/<job>-<node>``: made and verified ours, 0700, not a
     link (UntrustedPath, naming the folder and its owner, when someone else made it)."""
-    base = make_private_dirs(root) / f"trtllm-slurm-{os.geteuid()}"  # root: usually /tmp
+    base = make_dirs(root) / f"trtllm-slurm-{os.geteuid()}"  # root: usually /tmp
     try:
         base.mkdir(mode=0o700)
     except FileExistsError:
@@ -188,7 +221,7 @@ def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIV
     umask, as ``open()`` makes it). ``parents``: create missing folders first."""
     target = Path(path)
     if parents:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(target.parent)
     blob = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     while True:
         tmp = temp_name(target)

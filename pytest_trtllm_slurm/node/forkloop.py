@@ -32,7 +32,7 @@ from typing import Any
 from pytest_trtllm_slurm.node.files import (
     UntrustedPath,
     close_own_dirs,
-    make_private_dirs,
+    make_dirs,
     open_trusted,
     tree_up_to,
     write_atomic,
@@ -127,7 +127,7 @@ class ForkLoop:
 
     def __post_init__(self) -> None:
         self.inbox = self.root / "inbox"
-        make_private_dirs(self.inbox)
+        make_dirs(self.inbox)
         # UntrustedPath when a folder of the tree is someone else's (or a link): never served
         close_own_dirs([self.inbox, *tree_up_to(self.root, AGENTS_TREE)])
         self._parent = os.getppid()

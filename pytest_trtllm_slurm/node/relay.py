@@ -23,17 +23,26 @@ Lines in (one JSON object each):
      base64, mode: atomic) / "mkdir" (path, private): one round trip each; the answer
      has "data" / "size" (and "absent") / nothing, or "errno" and "error"
     {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
+    {"op": "ack", "path": str, "offset": int}        the controller has read to ``offset``
     {"op": "unwatch", "path": str}
 Lines out:
     {"ready": VERSION}                                once, first
     {"id": N, "rc": int, "out": str, "err": str, "timed_out": bool}
     {"push": path, "offset": int, "data": base64}    bytes of path from offset
+    {"took": N, "bytes": int}                         a streamed stdin's piece was written
+
+Flow control, both ways: a watched file is pushed at most ``PUSH_WINDOW`` bytes ahead of
+what the controller acknowledged reading, and the controller sends a streamed stdin at
+most ``STDIN_WINDOW`` bytes ahead of what was written to the command (``took``); the
+queue of a streamed stdin here is bounded as well (``STDIN_QUEUE`` pieces).
 """
 
 import base64
+import errno
 import json
 import os
 import queue
+import stat
 import subprocess
 import sys
 import threading
@@ -46,6 +55,9 @@ VERSION = 1
 # by a run that waits for slow tests
 WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.2, 1.5
 PUSH_LIMIT = 1 << 20  # bytes per push line
+PUSH_WINDOW = 8 << 20  # bytes of a watched file pushed ahead of the controller's last ack
+STDIN_WINDOW = 4 << 20  # bytes of a streamed stdin the controller sends ahead of "took"
+STDIN_QUEUE = 32  # pieces (at most 256 KiB each) of a streamed stdin queued here
 # seconds between two looks at a streamed command waiting for input: one that ended (a
 # lock wait that timed out) is answered then, not when the controller ends the input
 STREAM_LOOK = 0.5
@@ -60,6 +72,7 @@ class Relay:
         self._out = stdout
         self._out_lock = threading.Lock()
         self._watched = {}  # type: dict[str, int]
+        self._acked = {}  # type: dict[str, int]  # what the controller has read, by path
         self._watch_lock = threading.Lock()
         self._stop = threading.Event()
         self._new_watch = threading.Event()
@@ -90,25 +103,44 @@ class Relay:
             op = request.get("op")
             if op == "run":
                 if request.get("stream"):  # before any of its stdin lines is read
-                    self._streams[request["id"]] = queue.Queue()
+                    self._streams[request["id"]] = queue.Queue(STDIN_QUEUE)
                 threading.Thread(target=self._run, args=(request,), daemon=True).start()
             elif op == "stdin":
-                pieces = self._streams.get(int(request.get("id") or 0))
-                if pieces is not None:
-                    pieces.put(None if request.get("eof") else
-                               base64.b64decode(request.get("data") or ""))
+                self._queue(int(request.get("id") or 0), None if request.get("eof") else
+                            base64.b64decode(request.get("data") or ""))
             elif op in FILE_OPS:
                 threading.Thread(target=self._file_op, args=(request,), daemon=True).start()
             elif op == "watch":
                 with self._watch_lock:
                     self._watched[str(request["path"])] = int(request.get("offset") or 0)
+                    self._acked[str(request["path"])] = int(request.get("offset") or 0)
                 self._new_watch.set()  # a new batch: look often again
+            elif op == "ack":
+                with self._watch_lock:
+                    path = str(request["path"])
+                    if path in self._acked:
+                        self._acked[path] = max(self._acked[path],
+                                                int(request.get("offset") or 0))
+                self._new_watch.set()  # room again: push at once
             elif op == "unwatch":
                 with self._watch_lock:
                     self._watched.pop(str(request["path"]), None)
+                    self._acked.pop(str(request["path"]), None)
         self._stop.set()
-        for pieces in list(self._streams.values()):
-            pieces.put(None)
+        for ident in list(self._streams):
+            self._queue(ident, None)
+
+    def _queue(self, ident, piece):
+        # type: (int, Optional[bytes]) -> None
+        """``piece`` of a streamed stdin (None: its end) to its command: waits while the
+        queue is full, as long as the command still reads."""
+        pieces = self._streams.get(ident)
+        while pieces is not None:
+            try:
+                pieces.put(piece, timeout=STREAM_LOOK)
+                return
+            except queue.Full:
+                pieces = self._streams.get(ident)
 
     def _file_op(self, request):
         # type: (Dict[str, Any]) -> None
@@ -149,7 +181,7 @@ class Relay:
             return
         try:
             if pieces is not None:
-                out, err = self._streamed(proc, pieces, request.get("timeout"))
+                out, err = self._streamed(proc, pieces, request.get("timeout"), request["id"])
                 self._streams.pop(request["id"], None)
             else:
                 out, err = proc.communicate(data.encode() if data is not None else None,
@@ -164,10 +196,10 @@ class Relay:
         answer["err"] = err.decode("utf-8", "replace")
         self.send(answer)
 
-    @staticmethod
-    def _streamed(proc, pieces, timeout):
-        # type: (subprocess.Popen[bytes], queue.Queue[Optional[bytes]], Optional[float]) -> Any
-        """Feed ``pieces`` to the process's stdin as they come while its output is read."""
+    def _streamed(self, proc, pieces, timeout, ident):
+        # type: (subprocess.Popen[bytes], queue.Queue[Optional[bytes]], Optional[float], int) -> Any
+        """Feed ``pieces`` to the process's stdin as they come while its output is read;
+        each piece written (or dropped) is told to the controller (``took``): its window."""
         outputs = {}  # type: Dict[str, bytes]
 
         def drain(name, stream):
@@ -192,8 +224,11 @@ class Relay:
             if piece and not broken:
                 try:
                     stdin.write(piece)
+                    stdin.flush()
                 except OSError:  # it stopped reading: the rest is dropped, its exit code says
                     broken = True
+            if piece:
+                self.send({"took": ident, "bytes": len(piece)})
         try:
             stdin.close()
         except OSError:
@@ -211,19 +246,22 @@ class Relay:
                 self._new_watch.clear()
                 interval = WATCH_MIN
             with self._watch_lock:
-                watched = list(self._watched.items())
+                watched = [(path, offset, self._acked.get(path, offset) + PUSH_WINDOW - offset)
+                           for path, offset in self._watched.items()]
             grew = False
-            for path, offset in watched:
-                grew = self._push(path, offset) or grew
+            for path, offset, room in watched:
+                if room > 0:  # else the controller has not read what it was sent: wait
+                    grew = self._push(path, offset, min(room, PUSH_LIMIT)) or grew
             interval = WATCH_MIN if grew else min(interval * WATCH_GROWTH, WATCH_MAX)
 
-    def _push(self, path, offset):
-        # type: (str, int) -> bool
-        """Send what ``path`` has past ``offset``; whether there was anything."""
+    def _push(self, path, offset, limit):
+        # type: (str, int, int) -> bool
+        """Send what ``path`` has past ``offset`` (at most ``limit`` bytes); whether there
+        was anything."""
         try:  # open first: on NFS an open revalidates the size, a bare stat may be stale
             with open(path, "rb") as fh:
                 fh.seek(offset)
-                data = fh.read(PUSH_LIMIT)
+                data = fh.read(limit)
         except OSError:
             return False  # not there yet
         if not data:
@@ -256,21 +294,64 @@ def _size(request):
         return {"size": 0, "absent": True}
 
 
+def _why_untrusted(st, directory):
+    # type: (os.stat_result, bool) -> Optional[str]
+    """As node/files.why_untrusted (not importable here: this file travels alone)."""
+    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not kind_ok:
+        return "it is not a " + ("folder" if directory else "regular file")
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group or others may write it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _refuse_untrusted_dir(folder):
+    # type: (str) -> None
+    """OSError(EPERM) naming ``folder`` unless it is a real folder of ours that nobody
+    else may write."""
+    why = _why_untrusted(os.lstat(folder), True)
+    if why is not None:
+        raise OSError(errno.EPERM, f"{folder}: {why}; refusing to use it (someone else could put "
+                      "files there or swap ours): remove it and run again")
+
+
+def _refuse_foreign_links(path):
+    # type: (str) -> None
+    """OSError(EPERM) naming the first of ``path`` and its parents that is a symbolic
+    link owned by someone else than this user or root (as node/files.refuse_foreign_links)."""
+    while path:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
+            raise OSError(errno.EPERM, f"{path}: it is a symbolic link owned by uid "
+                          f"{st.st_uid}; refusing to make or use folders through it")
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+
+
 def _write(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
     """Atomic and 0600 from its first byte, as node/files.write_atomic (not importable
-    here: this file travels alone): a temporary name, fsync, then a rename."""
+    here: this file travels alone): an unpredictable temporary name opened O_EXCL and
+    O_NOFOLLOW (a planted link is never followed), fsync, then a rename."""
     path = request["path"]
     folder, base = os.path.split(path)
-    tmp = os.path.join(folder, f".{base}.tmp-{os.urandom(6).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = os.path.join(folder, f".{base}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), int(request["mode"]))
             fh.write(base64.b64decode(request["data"]))
             fh.flush()
             os.fsync(fh.fileno())
-        if int(request["mode"]) != 0o600:
-            os.chmod(tmp, int(request["mode"]))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -283,32 +364,50 @@ def _write(request):
 
 def _mkdir(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """``mkdir -p``; ``private``: the folders it creates are 0700 (whatever the umask)."""
+    """``mkdir -p`` whose new folders are 0700 (whatever the umask). Each folder it makes,
+    or finds made meanwhile, must be a real folder of ours that nobody else may write, and
+    so must ``path`` itself when ``private`` (EPERM naming it otherwise)."""
     path, private = request["path"].rstrip("/") or "/", bool(request.get("private"))
     missing = []
-    while path and not os.path.isdir(path):
+    while path and not os.path.lexists(path):
         missing.append(path)
         parent = os.path.dirname(path)
         if parent == path:
             break
         path = parent
+    _refuse_foreign_links(path)
     for folder in reversed(missing):
         try:
-            os.mkdir(folder, 0o700 if private else 0o777)
+            os.mkdir(folder, 0o700)
         except FileExistsError:
-            if not os.path.isdir(folder):
-                raise
-            continue
-        if private:
-            os.chmod(folder, 0o700)
+            pass
+        _refuse_untrusted_dir(folder)
+    if private and not missing:
+        _refuse_untrusted_dir(path)
     return {}
 
 
 FILE_OPS = {"read": _read, "size": _size, "write": _write, "mkdir": _mkdir}
 
 
+def one_op():
+    # type: () -> None
+    """One file operation (a JSON request on stdin, its answer on stdout): what a shell
+    without a relay (OpenSSH's) runs for each write and mkdir."""
+    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    answer = {}  # type: Dict[str, Any]
+    try:
+        answer.update(FILE_OPS[request["op"]](request))
+    except OSError as exc:
+        answer.update(errno=exc.errno or 0, error=exc.strerror or str(exc))
+    sys.stdout.write(json.dumps(answer) + "\n")
+
+
 def main():
     # type: () -> None
+    if sys.argv[1:2] == ["--one-op"]:
+        one_op()
+        return
     Relay(sys.stdin.buffer, sys.stdout.buffer).serve()
 
 

@@ -21,9 +21,12 @@ controller then treats those tests as never reported, as for any job that died.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
+
+from pytest_trtllm_slurm.node.files import UntrustedPath, make_dirs, why_untrusted
 
 SYNC_EVERY = 0.5  # seconds: at most two fsyncs a second while lines keep coming
 
@@ -38,8 +41,22 @@ class ReportFile:
 
     @staticmethod
     def _open(path: Path) -> int:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        """Appends to ``path`` only when it is a regular file of ours that nobody else may
+        write (a link or a file someone planted is refused: UntrustedPath naming it)."""
+        make_dirs(path.parent)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                         | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UntrustedPath(f"{path}: it is a symbolic link; refusing to write "
+                                    "reports through it") from None
+            raise
+        why = why_untrusted(os.fstat(fd), directory=False)
+        if why is not None:
+            os.close(fd)
+            raise UntrustedPath(f"{path}: {why}; refusing to write reports to it")
+        return fd
 
     @property
     def closed(self) -> bool:

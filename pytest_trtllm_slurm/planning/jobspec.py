@@ -21,7 +21,7 @@ from pytest_trtllm_slurm.planning.fields import (
     OneLine,
     SlurmName,
 )
-from pytest_trtllm_slurm.planning.masking import mask_env
+from pytest_trtllm_slurm.planning.masking import mask_argv, mask_env
 from pytest_trtllm_slurm.planning.models import Launch, Scenario
 
 
@@ -106,8 +106,11 @@ class JobSpec(BaseModel):
     slurm_env: SlurmEnv | None = None
 
     def masked(self) -> JobSpec:
-        """A copy safe to write: secret env values masked (``masking.mask_env``)."""
-        return self.model_copy(update={"env": mask_env(self.env)})
+        """A copy safe to write: env values not on the allow-list and the values of
+        secret-named options masked (``masking.mask_env``, ``masking.mask_argv``)."""
+        return self.model_copy(update={"env": mask_env(self.env),
+                                       "command": mask_argv(self.command),
+                                       "rerun_argv": mask_argv(self.rerun_argv)})
 
     def write(self, path: Path | None = None) -> Path:
         """Write job_spec.json atomically, mode 0600, secrets masked."""

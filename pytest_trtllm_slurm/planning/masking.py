@@ -1,7 +1,12 @@
 """What counts as a secret, and how it is hidden (standard library only: the node side uses it).
 
-One rule, used wherever an environment or a value could be written or shown (job_spec.json,
-the warm workers' mailboxes, re-run lines, logs):
+What may be SHOWN (logs, job_spec.json, re-run lines) is an allow-list: a value is shown only
+when its name is one of ``SHOWN_NAMES`` or starts with one of ``SHOWN_PREFIXES`` (names that
+hold paths, device lists and tuning knobs) and is not a secret by the rules below; every other
+value is shown as ``***``. An option of a command line whose name is secret by the same rule
+(``--password hunter2``, ``--api-token=...``) has its value hidden.
+
+What is a secret (which values never go into a file: the warm workers' mailboxes, scripts):
 
 - by name: a variable whose name has a secret word as one of its parts (``HF_TOKEN``,
   ``GITHUB_PAT``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``, ``githubToken``), or a part
@@ -16,7 +21,7 @@ the warm workers' mailboxes, re-run lines, logs):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 MASK = "***"
 
@@ -24,11 +29,12 @@ MASK = "***"
 SECRET_PARTS = frozenset({
     "TOKEN", "TOKENS", "PAT", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
     "PASSPHRASE", "KEY", "KEYS", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "COOKIE",
-    "COOKIES", "SESSION", "OTP", "APIKEY", "PRIVATE",
+    "COOKIES", "SESSION", "OTP", "APIKEY", "PRIVATE", "PWD", "JWT", "DSN", "WEBHOOK",
+    "WEBHOOKS", "BEARER", "PASSCODE",
 })
 #: a name part ending in one of these is secret too (``APIKEY``, ``HFTOKEN``, ``OAUTH``)
 SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIALS",
-                   "CREDENTIAL", "COOKIE", "AUTH")
+                   "CREDENTIAL", "COOKIE", "AUTH", "PASS", "PWD", "JWT", "DSN", "WEBHOOK")
 
 #: a name ending in one of these parts names where a secret is, not the secret itself
 #: (``SSH_AUTH_SOCK``, ``SSL_KEY_FILE``, ``XDG_SESSION_TYPE``): such values change with each
@@ -36,8 +42,24 @@ SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIALS"
 LOCATOR_PARTS = frozenset({"SOCK", "SOCKET", "PID", "FILE", "PATH", "DIR", "TYPE", "CLASS",
                            "HOST", "PORT", "ADDRESS", "MANAGER", "DESKTOP"})
 #: well-known names of the login session that only look secret
-NOT_SECRET = frozenset({"XDG_SESSION_ID", "DESKTOP_SESSION"})
+NOT_SECRET = frozenset({"XDG_SESSION_ID", "DESKTOP_SESSION", "PWD", "OLDPWD"})
 
+#: names whose values may be shown (unless a secret by name or value)
+SHOWN_NAMES = frozenset({
+    "PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "USER", "LOGNAME", "SHELL",
+    "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "PWD", "HOSTNAME", "PYTHONUNBUFFERED",
+    "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "PYTHONFAULTHANDLER",
+    "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "TOKENIZERS_PARALLELISM",
+    "LLM_MODELS_ROOT", "LLM_ROOT", "LLM_BACKEND_ROOT", "MODEL_CACHE_DIR", "HF_HOME",
+    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "NO_PROXY", "no_proxy",
+    "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "CI",
+})
+#: name prefixes whose values may be shown (unless a secret by name or value)
+SHOWN_PREFIXES = ("CUDA_", "NCCL_", "SLURM_", "OMP_", "MKL_", "LC_", "UCX_", "PMIX_",
+                  "TORCH_", "TRTLLM_SLURM_", "TLLM_", "XDG_", "PYTHON", "MPI_", "OMPI_MCA_")
+
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.DOTALL)
 # camelCase and digit boundaries as well as separators: githubToken -> GITHUB, TOKEN
 _NAME_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 # scheme://user:password@host -> the password part (group 2)
@@ -69,7 +91,11 @@ def has_secret_value(value: str) -> bool:
 
 
 def is_secret(name: str, value: str) -> bool:
-    """The variable must not be written anywhere as it is."""
+    """The variable must not be written anywhere as it is (PYTEST_ADDOPTS: when an
+    option in it is named like a secret)."""
+    if name == "PYTEST_ADDOPTS" and any(is_secret_option(word) for word in value.split()
+                                         if word.startswith("-")):
+        return True
     return is_secret_name(name) or has_secret_value(value)
 
 
@@ -78,10 +104,56 @@ def mask_text(text: str) -> str:
     return _TOKEN_VALUES.sub(MASK, _URL_CREDENTIALS.sub(rf"\g<1>{MASK}\g<3>", text))
 
 
+def may_show(name: str) -> bool:
+    """True when the value of variable ``name`` may be shown (the allow-list)."""
+    return ((name in SHOWN_NAMES or name.startswith(SHOWN_PREFIXES))
+            and not is_secret_name(name))
+
+
 def mask_value(name: str, value: str) -> str:
-    """What may be shown of ``name=value``: ``***`` for a secret name, else the value
-    with its embedded credentials hidden."""
-    return MASK if is_secret_name(name) else mask_text(value)
+    """What may be shown of ``name=value``: the value (its embedded credentials hidden)
+    when ``may_show(name)``, else ``***``."""
+    return mask_text(value) if may_show(name) else MASK
+
+
+def is_secret_option(option: str) -> bool:
+    """``--api-token``, ``--password``, ``--hf_token=...``: an option whose value is a
+    secret by its name (the name rule of variables)."""
+    name = option.lstrip("-").partition("=")[0]
+    return bool(name) and is_secret_name(name.replace("-", "_"))
+
+
+def _masked_word(word: str) -> str:
+    """A ``NAME=value`` word of a command line (``env K=V``, ``-o cache_dir=...``): its
+    value hidden when the name is a secret; any word: URL passwords and tokens hidden."""
+    match = _ASSIGNMENT.match(word)
+    if match and is_secret_name(match.group(1)):
+        return f"{match.group(1)}={MASK}"
+    return mask_text(word)
+
+
+def mask_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` safe to show: the value of an option named like a secret hidden (the next
+    word, or what follows ``=``), ``NAME=value`` words whose name is a secret, and URL
+    passwords and known tokens anywhere."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+            continue
+        if arg.startswith("-") and len(arg) > 1 and is_secret_option(arg):
+            flag, eq, _ = arg.partition("=")
+            out.append(f"{flag}={MASK}" if eq else arg)
+            hide_next = not eq
+            continue
+        if arg.startswith("--") and "=" in arg:  # --export=HF_TOKEN=..., --env=K=V
+            flag, _, value = arg.partition("=")
+            out.append(f"{flag}={_masked_word(value)}")
+            continue
+        out.append(_masked_word(arg))
+    return out
 
 
 def is_masked(value: str) -> bool:
@@ -90,7 +162,8 @@ def is_masked(value: str) -> bool:
 
 
 def mask_env(env: Mapping[str, str]) -> dict[str, str]:
-    """An environment safe to write or log (same names, secret values hidden)."""
+    """An environment safe to write or log (same names, values not on the allow-list
+    hidden)."""
     return {name: mask_value(name, value) for name, value in env.items()}
 
 

@@ -107,6 +107,22 @@ class Estimates:
             return pool.fixed_startup
         return max(0.0, float(self.startup.get(pool.name, self.default_startup)))
 
+    def guessed(self, planned: Sequence[tuple[str, Any]],
+                pool_of: Callable[[Any], Pool]) -> str | None:
+        """Why the figures made from these estimates are guesses (None: every test's
+        duration and every pool's start-up comes from an earlier run or is known by
+        construction): a plan on defaults is no bound on anything."""
+        tests = sum(1 for nodeid, _ in planned if nodeid not in self.durations)
+        pools = sorted({pool.name for _, key in planned
+                        if (pool := pool_of(key)).fixed_startup is None
+                        and pool.name not in self.startup})
+        why = []
+        if tests:
+            why.append(f"no earlier duration for {tests} of {len(planned)} test(s)")
+        if pools:
+            why.append(f"no earlier start-up time of {', '.join(pools)}")
+        return "; ".join(why) or None
+
 
 @dataclass
 class Chunk:

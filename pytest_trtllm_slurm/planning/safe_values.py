@@ -34,6 +34,8 @@ def control_chars(value: str) -> list[str]:
     Covers C0/C1 controls (newline, carriage return, NUL, tab, ESC), DEL, and the Unicode
     line and paragraph separators and bidi overrides, which can end a line or hide text.
     """
+    if value.isascii() and value.isprintable():  # the common case, without a look per char
+        return []
     found = []
     for ch in value:
         if unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ch in _BIDI:

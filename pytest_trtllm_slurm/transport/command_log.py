@@ -10,34 +10,22 @@ with the one rule of ``planning.masking``; a command's input is never logged.
 from __future__ import annotations
 
 import logging
-import re
 import shlex
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from pytest_trtllm_slurm.planning.masking import mask_text, mask_value
+from pytest_trtllm_slurm.planning.masking import mask_argv, mask_text
 
 log = logging.getLogger("pytest_trtllm_slurm.commands")
 
-_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.DOTALL)
 _TAIL = 200  # characters of stderr shown for a failed command
 
 
 def masked_argv(argv: Sequence[str]) -> str:
-    """``argv`` as one shell-quoted string, secrets hidden (``NAME=value`` pieces by the
-    name rule, every piece by the value rule: URL passwords, known tokens)."""
-    return shlex.join(_masked(arg) for arg in argv)
-
-
-def _masked(arg: str) -> str:
-    match = _ASSIGNMENT.match(arg)
-    if match:
-        return f"{match.group(1)}={mask_value(match.group(1), match.group(2))}"
-    if arg.startswith("--") and "=" in arg:  # --export=HF_TOKEN=..., --env=K=V
-        option, _, value = arg.partition("=")
-        return f"{option}={_masked(value)}"
-    return mask_text(arg)
+    """``argv`` as one shell-quoted string, secrets hidden (``masking.mask_argv``: option
+    values by the option's name, ``NAME=value`` by the allow-list, tokens by value)."""
+    return shlex.join(mask_argv(argv))
 
 
 def log_command(host: str, argv: Sequence[str], seconds: float, returncode: int | None,

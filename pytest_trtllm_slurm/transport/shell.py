@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.node.files import UntrustedPath, make_dirs, write_atomic
 from pytest_trtllm_slurm.transport.command_log import timed_command
 
 
@@ -71,7 +72,9 @@ class Shell(Protocol):
         ...
 
     def mkdir(self, path: str, *, private: bool = False) -> None:
-        """``mkdir -p``; ``private``: the folders it creates are 0700 (mailboxes)."""
+        """``mkdir -p`` whose new folders are 0700. A folder it makes or finds made
+        meanwhile, and with ``private`` ``path`` itself when it existed, must be a real
+        folder of ours nobody else may write: ExecutionError naming it otherwise."""
         ...
 
     def exists(self, path: str) -> bool: ...
@@ -156,12 +159,10 @@ class LocalShell:
         write_atomic(path, data, mode=mode, parents=True)
 
     def mkdir(self, path: str, *, private: bool = False) -> None:
-        if private:
-            from pytest_trtllm_slurm.node.files import make_private_dirs
-
-            make_private_dirs(path)
-        else:
-            Path(path).mkdir(parents=True, exist_ok=True)
+        try:
+            make_dirs(path, private=private)
+        except UntrustedPath as exc:
+            raise ExecutionError(f"cannot use the folder {exc}") from None
 
     def exists(self, path: str) -> bool:
         return Path(path).exists()

@@ -13,7 +13,6 @@ older code) and it syncs again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.records import load_json
 from pytest_trtllm_slurm.execution.remote.executor import PathMap
 from pytest_trtllm_slurm.execution.remote.sync import prepare_sync
 from pytest_trtllm_slurm.execution.remote.workspace import (
@@ -114,7 +114,7 @@ def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, st
 
     raw = ShellStateStore(shell, state_dir, STATE_NAME).read()
     try:
-        state = json.loads(raw or "null")
+        state = load_json(raw or "null", "the state file")
         job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")
     except (ValueError, KeyError, TypeError, AttributeError):
         return []  # no allocation yet (or a state file the allocation manager will judge)

@@ -78,7 +78,7 @@ class RemoteSlurmExecutor(SlurmExecutor):
 
     def submit(self, spec: JobSpec) -> JobHandle:
         remote = self.paths.spec(spec, self.interpreter)
-        self.shell.mkdir(remote.work_dir)
+        self.shell.mkdir(remote.work_dir, private=True)
         if remote.nodeids_file:
             self.shell.write_file(remote.nodeids_file, json.dumps(spec.nodeids))
         self.shell.write_file(

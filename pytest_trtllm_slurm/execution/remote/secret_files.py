@@ -24,9 +24,17 @@ SECRET_NAME_PATTERNS = (
     ".secrets", "*.secret", "*.secrets",
     "service-account*.json", "service_account*.json",
     "token", ".token", "*.token", "*_token", ".vault-token",
+    # cloud credentials under their usual names
+    "gha-creds-*.json", "application_default_credentials.json", "client_secret*.json",
+    "key.json", "*-key.json", "*_key.json", "keyfile.json", "*.keyfile", "sa.json",
+    "adc.json", "access_tokens.db", "credentials.db", "legacy_credentials", "*.tfvars",
+    "terraform.tfstate*", "*.kubeconfig", "kubeconfig", ".boto", "boto.cfg", ".s3cfg",
+    "rclone.conf", ".databrickscfg", ".wandb", ".huggingface-token", "*.ovpn",
+    "*.jwt", "*.sops.*", ".git-credentials*", "aws-exports.js", "*.asc", "*.gpg",
 )
 # folders whose files are credentials whatever their names
-SECRET_DIRS = (".ssh", ".aws", ".gnupg", ".docker", ".kube", ".azure", ".gcloud")
+SECRET_DIRS = (".ssh", ".aws", ".gnupg", ".docker", ".kube", ".azure", ".gcloud",
+               "gcloud", ".oci", ".terraform.d", ".password-store")
 
 
 def looks_secret(path: str) -> bool:

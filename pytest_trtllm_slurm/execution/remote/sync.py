@@ -225,6 +225,7 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     remote = probed if probed is not None else probe(shell, remote_repo)
     if not remote.present:
         _first_checkout(git, shell, remote_repo, prepared.fetch_url, result)
+    verify_checkout(shell, remote_repo)
     shipped = remote.record.untracked if remote.present and remote.record else {}
     if remote.present and remote.head == result.commit and (shared or not remote.leftovers()):
         result.unchanged = True
@@ -272,9 +273,45 @@ def _first_checkout(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
     elif fetch_url and _try_clone(shell, remote_repo, fetch_url, result):
         result.cloned = True
     else:
-        _remote(shell, ["git", "init", "--quiet", "--", remote_repo],
+        _remote(shell, [*PRIVATE_UMASK, "git", "init", "--quiet", "--", remote_repo],
                 f"creating an empty repository at {remote_repo}")
         result.cloned = True
+
+
+#: a prefix that runs a command under umask 077 (what it creates: 0700 / 0600)
+PRIVATE_UMASK = ("sh", "-c", 'umask 077 && exec "$@"', "sh")
+
+# the checkout and everything in its .git (hooks, config: they run code at each checkout)
+# must be ours, not links, and writable by nobody else; prints the first that is not
+_VERIFY_CHECKOUT = r"""
+repo=$1; uid=$(id -u)
+for p in "$repo" "$repo/.git"; do
+  if [ -L "$p" ]; then printf '%s\n' "$p"; exit 13; fi
+done
+bad=$(find "$repo" -maxdepth 0 \( ! -user "$uid" -o -perm -020 -o -perm -002 \) -print)
+[ -z "$bad" ] && bad=$(find "$repo/.git" \( -type l -o ! -user "$uid" -o -perm -020 \
+  -o -perm -002 \) -print | head -n 1)
+if [ -n "$bad" ]; then printf '%s\n' "$bad"; exit 13; fi
+exit 0
+"""
+
+
+def verify_checkout(shell: Shell, remote_repo: str) -> None:
+    """ExecutionError naming the first path of the remote checkout (itself, its ``.git``
+    and all in it) that is a link, not ours, or writable by group or others: git runs
+    hooks and reads config from there, so whoever can write it runs code as the user."""
+    res = shell.run(["sh", "-c", _VERIFY_CHECKOUT, "sh", remote_repo], timeout=300)
+    if res.ok:
+        return
+    bad = res.stdout.strip().splitlines()
+    if res.returncode == 13 and bad:
+        raise ExecutionError(
+            f"code sync: the remote checkout's {bad[0]} on {shell.name} is a link, is not "
+            "yours, or group or others may write it: whoever can write there runs code as "
+            "you at the next checkout (git hooks and config). Check it, then fix it (e.g. "
+            f"`chmod -R go-w {remote_repo}`) or remove the checkout, and run again")
+    raise ExecutionError(f"code sync: checking the remote checkout {remote_repo} on "
+                         f"{shell.name} failed: {res.describe()}")
 
 
 def _stash_leftovers(shell: Shell, repo: str, result: SyncResult) -> None:
@@ -363,8 +400,8 @@ def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> 
     """Clone origin (read only) for the history; False, with a warning, when it cannot."""
     parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
     shell.mkdir(parent)
-    res = shell.run(["git", "clone", "--quiet", "--", url, remote_repo], timeout=3600,
-                    retry_on_drop=False)
+    res = shell.run([*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
+                    timeout=3600, retry_on_drop=False)
     if res.ok:
         return True
     msg = (f"origin ({url}) could not be cloned on {shell.name} ({res.describe()}); the whole "
@@ -499,7 +536,7 @@ def _ensure_clone(shell: Shell, remote_repo: str, url: str) -> bool:
         return False
     parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
     shell.mkdir(parent)
-    _remote(shell, ["git", "clone", "--quiet", "--", url, remote_repo],
+    _remote(shell, [*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
             f"cloning {url} into {remote_repo} (is origin reachable from there?)",
             timeout=3600, retry=False)
     return True

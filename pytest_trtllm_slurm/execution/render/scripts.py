@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.masking import mask_argv
 from pytest_trtllm_slurm.planning.models import Launch
 from pytest_trtllm_slurm.planning.safe_values import control_chars, env_problem, line_problem
 
@@ -178,6 +179,19 @@ def _env_lines(env: dict[str, str]) -> list[str]:
             for key, value in sorted(env.items())]
 
 
+def _env_names(env: dict[str, str]) -> list[str]:
+    """The comment that names the job's variables: their values are not written to the
+    script (a file: secrets stay in memory); sbatch takes them from its own environment
+    (``SlurmJobs.sbatch(env=...)``) and passes them to the job."""
+    problem = env_problem(env)
+    if problem:
+        raise ValueError(f"job environment: {problem}")
+    if not env:
+        return []
+    return [_comment("pytest-trtllm-slurm environment (values given to sbatch, not written "
+                     "here): " + " ".join(sorted(env)))]
+
+
 def _cwd(spec: JobSpec) -> str:
     return spec.invocation_dir or spec.rootdir
 
@@ -255,7 +269,7 @@ def render_sbatch(
         "#SBATCH --open-mode=append",
         _directive("--chdir=" + shlex.quote(_cwd(spec))),
         _comment(f"pytest-trtllm-slurm batch {spec.name}; spec: {spec.work_dir}/job_spec.json"),
-        *_env_lines(spec.env),
+        *_env_names(spec.env),
         'echo "[trtllm-slurm] job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}"',
         shell_join(srun_in_job(spec, opts)),
         "",
@@ -363,10 +377,10 @@ def rerun_argv(spec: JobSpec, nodeid: str) -> list[str]:
     """A plain pytest run of ``nodeid`` with the batch's options (no worker plugin, no
     node-id file); a job that is not a pytest batch re-runs its own command."""
     if not spec.rerun_argv:
-        return list(spec.command)
+        return mask_argv(spec.command)
     if spec.invocation_dir and spec.invocation_dir != spec.rootdir:
         nodeid = f"{spec.rootdir.rstrip('/')}/{nodeid}"  # node ids are relative to the rootdir
-    return [*spec.rerun_argv, nodeid]
+    return [*mask_argv(spec.rerun_argv), nodeid]
 
 
 def render_rerun_sbatch(spec: JobSpec, nodeid: str, opts: SlurmOptions) -> str:

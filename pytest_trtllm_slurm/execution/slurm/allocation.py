@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import re
 import time
 from collections import Counter
@@ -29,6 +28,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.records import BadRecord, Heartbeat, load_json, validated
 from pytest_trtllm_slurm.execution.render.scripts import GresStyle, gpu_flag
 from pytest_trtllm_slurm.execution.slurm.alloc_containers import (
     SETUP_TIMEOUT,
@@ -303,7 +303,8 @@ class AllocationManager:
         garbage, truncated, wrong types, a folder) is moved aside and reported."""
         try:
             text = self.store.read()
-            return None if text is None else AllocationState.model_validate(json.loads(text))
+            return None if text is None else AllocationState.model_validate(
+                load_json(text, "the state file"))
         except (OSError, ValueError, ValidationError) as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             aside = self._move_aside()
@@ -322,7 +323,8 @@ class AllocationManager:
         (it is replaced atomically, so a read sees a whole file, old or new)."""
         try:
             text = self.store.read()
-            return None if text is None else AllocationState.model_validate(json.loads(text))
+            return None if text is None else AllocationState.model_validate(
+                load_json(text, "the state file"))
         except (OSError, ValueError, ValidationError):
             return None
 
@@ -470,10 +472,10 @@ class AllocationManager:
         for line in res.stdout.splitlines():
             agent, _, text = line.partition("\t")
             try:
-                beat = json.loads(text)
-                serving = int(beat.get("running", 0)) + int(beat.get("pending", 0))
-            except (ValueError, TypeError, AttributeError):
+                beat = validated(Heartbeat, text, "heartbeat.json")
+            except BadRecord:
                 return False
+            serving = beat.running + beat.pending
             if serving - (1 if self.early.has(agent) else 0) > 0:
                 return False
         return True

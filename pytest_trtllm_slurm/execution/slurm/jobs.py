@@ -252,10 +252,25 @@ class SlurmJobs:
                               env=env, cwd=cwd,
                               retry_on_drop=argv[0] not in _SUBMISSIONS)
 
+    def run_input(self, argv: list[str], text: str, *, cwd: str | None = None,
+                  env: dict[str, str] | None = None) -> CommandResult:
+        """``run`` with ``text`` on the command's stdin."""
+        self.counts[argv[0]] += 1
+        return self.shell.run(argv, timeout=self.timeout, input=text, cwd=cwd, env=env or None,
+                              retry_on_drop=argv[0] not in _SUBMISSIONS)
+
     # -- submit ---------------------------------------------------------------
-    def sbatch(self, script_path: str, *, cwd: str | None = None) -> str:
-        """Submit a script; returns the job id. SchedulerError names sbatch's complaint."""
-        res = self.run(["sbatch", "--parsable", script_path], cwd=cwd)
+    def sbatch(self, script_path: str, *, cwd: str | None = None,
+               script: str | None = None, env: dict[str, str] | None = None) -> str:
+        """Submit a script; returns the job id. SchedulerError names sbatch's complaint.
+        ``script``: its text, given to sbatch on stdin (what runs is what was rendered, even
+        if someone swapped the file at ``script_path``, which is then kept for reading).
+        ``env``: the job's variables, in sbatch's environment (it exports them to the job):
+        their values are in no file."""
+        if script is not None:
+            res = self.run_input(["sbatch", "--parsable"], script, cwd=cwd, env=env)
+        else:
+            res = self.run(["sbatch", "--parsable", script_path], cwd=cwd, env=env)
         if not res.ok:
             raise SchedulerError(res)
         try:

@@ -72,7 +72,7 @@ class LaunchOptions:
         if self.container_runtime == "pyxis" and spec.container_image:
             spec = spec.model_copy(update={"env": container_env(spec),
                                            "command": in_container_argv(spec.command)})
-        shell.mkdir(spec.work_dir)
+        shell.mkdir(spec.work_dir, private=True)
         if self.wraps(spec):
             self.unwrapped[spec.work_dir] = spec
             script = str(PurePosixPath(spec.work_dir) / CONTAINER_SCRIPT)

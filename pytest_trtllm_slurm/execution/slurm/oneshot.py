@@ -41,7 +41,8 @@ class OneShotJobs:
                                container=opts.container)
         path = str(PurePosixPath(spec.work_dir) / "job.sbatch")
         self.shared.shell.write_file(path, script)
-        job_id = self.shared.jobs.sbatch(path, cwd=spec.work_dir)
+        job_id = self.shared.jobs.sbatch(path, cwd=spec.work_dir, script=script,
+                                         env=spec.env)
         if self.shared.runs is not None:
             self.shared.runs.add_job(job_id, spec.job_name)
         return TrackedJob(JobHandle(job_id=job_id, spec=spec, submitted_at=time.time()), opts)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.records import load_json
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class ShellLock:
         """The current holder's record (None when none is recorded)."""
         raw = self.shell.read_from(f"{self.path}.holder", 0, 1 << 14)
         try:
-            found = json.loads(raw.decode("utf-8", "replace") or "null")
+            found = load_json(raw.decode("utf-8", "replace") or "null", "the lock's holder")
         except ValueError:
             return None
         return found if isinstance(found, dict) else None

@@ -40,6 +40,7 @@ from pytest_trtllm_slurm.execution.outcome import (
     signal_name,
     signal_of_exit_code,
 )
+from pytest_trtllm_slurm.execution.records import BadRecord, Heartbeat, validated
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
@@ -134,6 +135,8 @@ class WarmJob(FollowsState):
         self.ready = False  # every rank of the gated step has collected
         self.ranks = 0  # how many (rank 0 writes it in ``ready``)
         self.done = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+        self.folder_stamp: int | None = None  # its work dir's mtime at the last read
+        self.next_read = 0.0  # monotonic: its pid and exit code are read by then anyway
 
     @property
     def launched_early(self) -> bool:
@@ -195,12 +198,14 @@ class AgentPool:
         """Start what fits, in submission order; True when anything started. A gated
         step is launched once nodes can be set aside for it, and let in later."""
         started = False
+        held: list[Node] | None = None  # nodes drained for gated steps, found once per call
         for job_id in list(self.order):
             job = self.jobs[job_id]
             if job.placement is not None or job.cancelled or job.life.ended:
                 self.order.remove(job_id)
                 continue
             if job.gated:
+                held = None  # a gated step's turn may reserve nodes or let its ranks in
                 if not job.reserved:
                     if self._reserve(job):
                         launch_step(job_id, job)
@@ -210,7 +215,9 @@ class AgentPool:
                 self.order.remove(job_id)
                 started = True
                 continue
-            placement = self._fit(job)
+            if held is None:
+                held = self._held()
+            placement = self._fit(job, held)
             if placement is None:
                 continue
             job.placement = placement
@@ -224,11 +231,14 @@ class AgentPool:
                 launch_step(job_id, job)
         return started
 
-    def _fit(self, job: WarmJob) -> Placement[Node] | None:
+    def _held(self) -> list[Node]:
+        """Nodes drained for a gated step whose ranks are ready."""
+        return [n for j in self.jobs.values() if j.launched_early and j.ready
+                for n in j.reserved]
+
+    def _fit(self, job: WarmJob, held: list[Node]) -> Placement[Node] | None:
         whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
         need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
-        held = [n for j in self.jobs.values() if j.launched_early and j.ready
-                for n in j.reserved]  # drained for a gated step whose ranks are ready
         return self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
                                  held=held)
 
@@ -419,17 +429,18 @@ class AgentPool:
         if not job.warm or placement is None or sent is None or job.state.status.finished:
             return
         node = placement.nodes[0]
-        code = self._read(sent.exit_path).strip()
-        if code == str(EARLY_MISS) and not job.cancelled:
-            self._resend(job, node)
-            return
-        if code.lstrip("-").isdigit():
-            job.state = self._end_state(job, int(code), node)
-            self.release(job)
-            return
-        if job.state.status is not JobStatus.RUNNING and (
-                self._read(sent.pid_path).strip().isdigit()):
-            job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
+        if self._folder_changed(job, sent.exit_path):
+            code = self._read(sent.exit_path).strip()
+            if code == str(EARLY_MISS) and not job.cancelled:
+                self._resend(job, node)
+                return
+            if code.lstrip("-").isdigit():
+                job.state = self._end_state(job, int(code), node)
+                self.release(job)
+                return
+            if job.state.status is not JobStatus.RUNNING and (
+                    self._read(sent.pid_path).strip().isdigit()):
+                job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
         dead = self._dead(node)
         if sent.session in self.lost:
             job.state = JobState(status=JobStatus.CRASHED, nodelist=node.name,
@@ -438,6 +449,25 @@ class AgentPool:
         elif dead:
             job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
             self.release(job)
+
+    def _folder_changed(self, job: WarmJob, exit_path: str) -> bool:
+        """Read the batch's pid and exit code now? Its fork writes both by rename into
+        the batch's work dir, which moves the folder's mtime: on this machine's files one
+        stat of the folder says whether there is news (two failed opens per batch per
+        round otherwise). Every ``CADENCE.warm_read`` s they are read anyway (two writes
+        within the mtime's granularity); a remote shell's look costs a round trip either
+        way, so it reads them."""
+        if not isinstance(self.shell, LocalShell):
+            return True
+        now = time.monotonic()
+        try:
+            stamp = os.stat(os.path.dirname(exit_path)).st_mtime_ns
+        except OSError:
+            return True
+        if stamp == job.folder_stamp and now < job.next_read:
+            return False
+        job.folder_stamp, job.next_read = stamp, now + CADENCE.warm_read
+        return True
 
     def _resend(self, job: WarmJob, node: Node) -> None:
         """The early session lacked one of the batch's node ids (it ran nothing): end it,
@@ -664,10 +694,12 @@ def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
 
 
 def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
+    """The agent's last heartbeat; None when there is none or it is not one (a heartbeat
+    that does not read as ``records.Heartbeat`` is as good as a stale one)."""
     raw = shell.read_from(f"{agent_dir}/heartbeat.json", 0, 4096)
     try:
-        return json.loads(raw) if raw else None
-    except ValueError:
+        return validated(Heartbeat, raw, "heartbeat.json").model_dump() if raw else None
+    except BadRecord:
         return None
 
 

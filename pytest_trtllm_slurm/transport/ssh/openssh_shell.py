@@ -7,28 +7,36 @@ This shell never starts a master and never answers a prompt (BatchMode=yes).
 
 from __future__ import annotations
 
+import base64
+import functools
+import json
 import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.node import relay as relay_module
 from pytest_trtllm_slurm.planning.safe_values import control_chars
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
 from pytest_trtllm_slurm.transport.ssh.commands import remote_command
 from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
+from pytest_trtllm_slurm.transport.ssh.control_path import (
+    LEGACY_CONTROL_PATH,
+    default_control_path,
+    why_untrusted_socket,
+)
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
-#: The ControlPath the seed procedure tells users to start their master with.
-TRTLLM_CONTROL_PATH = "/tmp/ssh-trtllm-%r@%h:%p"
+#: The ControlPath an older procedure told users to start their master with: a socket
+#: there is used only when ``why_untrusted_socket`` finds it ours (control_path.py).
+TRTLLM_CONTROL_PATH = LEGACY_CONTROL_PATH
 
 _READ = 'if [ -f "$1" ]; then tail -c +"$2" "$1" | head -c "$3"; fi'
 _SIZE = 'if [ -f "$1" ]; then wc -c < "$1"; else echo 0; fi'
-_WRITE = ('umask 077; t="$(dirname "$1")/.$(basename "$1").tmp.$$"; '
-          'if cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$1"; then exit 0; fi; '
-          'rm -f "$t"; exit 1')
 _SSH_FAILURE = ("Connection closed", "Connection reset", "Broken pipe", "mux_client",
                 "Control socket", "ssh: ", "Connection timed out", "kex_exchange")
 
@@ -73,28 +81,62 @@ class OpenSSHShell:
         return argv
 
     def check_master(self) -> None:
-        """Find a running master (ssh config's ControlPath, then the trtllm one) or explain."""
-        candidates = [self._control_path] if self._control_path else [None, TRTLLM_CONTROL_PATH]
+        """Find a running master (the ControlPath given, else ssh config's, the private
+        default, the legacy one in /tmp) whose socket is ours in folders nobody else can
+        write (control_path.py), or explain. A socket that fails that check is never
+        connected to: whoever planted it would see every command and forge every answer."""
+        if self._control_path:
+            candidates: list[str | None] = [self._control_path]
+        else:
+            candidates = [None, default_control_path(), TRTLLM_CONTROL_PATH]
+        refused: list[str] = []
+        checked: list[str] = []
         for path in candidates:
-            argv = [*self._base(path), "-O", "check", "--", self.target.alias]
+            concrete = self._expanded(path)
+            if not concrete:
+                continue
+            checked.append(concrete)
+            why = why_untrusted_socket(concrete)
+            if why is not None:
+                if why != "there is no socket":
+                    refused.append(f"{concrete}: {why}")
+                continue
+            argv = [*self._base(concrete), "-O", "check", "--", self.target.alias]
             with timed_command("localhost", argv) as outcome:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=30,
                                       stdin=subprocess.DEVNULL, check=False)
                 outcome.append(proc)
             if proc.returncode == 0:
-                self._control_path = path
+                self._control_path = concrete
                 return
-        checked = ", ".join(f"ControlPath={p}" if p else "your ssh config" for p in candidates)
-        cp = self._control_path or TRTLLM_CONTROL_PATH
+        cp = self._control_path or default_control_path()
         port = f"-p {self.target.port} " if self.target.port != 22 else ""
+        folder = shlex.quote(str(PurePosixPath(cp).parent))
+        not_used = ("".join(f"\n    not used: {r}" for r in refused)
+                    + ("\n(a socket is used only when it is yours, in folders nobody else "
+                       "can write)" if refused else ""))
         raise ConfigError(
             f"transport = \"openssh\" in {self.target.where} needs a running OpenSSH "
             f"ControlMaster to {self.target.alias}, and `ssh -O check` finds none (checked: "
-            f"{checked}). Start one in a terminal (it asks for your login/MFA once):\n"
-            f"    ssh -fNM -o ControlMaster=auto -o ControlPath={shlex.quote(cp)} "
-            f"-o ControlPersist=24h {port}{self.target.user}@{self.target.alias}\n"
+            f"{', '.join(checked) or 'your ssh config'}).{not_used}\n"
+            "Start one in a terminal (it asks for your login/MFA once):\n"
+            f"    mkdir -p -m 700 {folder} && ssh -fNM -o ControlMaster=auto "
+            f"-o ControlPath={shlex.quote(cp)} -o ControlPersist=24h "
+            f"{port}{self.target.user}@{self.target.alias}\n"
             "then run again. Or use transport = \"paramiko\" (keys, mfa, otp_command)."
         )
+
+    def _expanded(self, control_path: str | None) -> str | None:
+        """The socket path ssh would use (``%`` tokens and ``~`` expanded, as ``ssh -G``
+        prints it): ``control_path``, or ssh config's when None. None: no ControlPath."""
+        argv = [*self._base(control_path), "-G", "--", self.target.alias]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL, check=False)
+        for line in proc.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key.lower() == "controlpath":
+                return None if value.strip().lower() in ("", "none") else value.strip()
+        return None
 
     def _ssh(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 60,
              producer: Callable[[IO[bytes]], Any] | None = None,
@@ -192,19 +234,37 @@ class OpenSSHShell:
     def exists(self, path: str) -> bool:
         return self._sh('test -e "$1"', [path])[0] == 0
 
+    def _file_op(self, op: str, path: str, **fields: Any) -> None:
+        """One of the relay's file operations (node/relay.py, sent as ``python3 -c``): the
+        same verified mkdir and O_EXCL|O_NOFOLLOW write as over the relay, one ssh each."""
+        request = json.dumps({"op": op, "path": path, **fields}).encode()
+        argv = ["python3", "-c", _relay_source(), "--one-op"]
+        rc, out, err, timed_out = self._ssh(remote_command(argv), stdin=request, timeout=120,
+                                            shown=["python3", "-c", "<relay>", op, path])
+        if timed_out or rc == 255:
+            raise SSHConnectionLost(f"ssh to {self.target.alias} failed: "
+                                    f"{err.decode(errors='replace').strip() or 'timed out'}")
+        what = "creating the folder" if op == "mkdir" else "writing"
+        try:
+            answer = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise ExecutionError(f"{what} {path} on {self.target.alias} failed (exit code "
+                                 f"{rc}): {err.decode(errors='replace').strip()}") from None
+        if rc != 0 or "errno" in answer:
+            raise ExecutionError(f"{what} {path} on {self.target.alias} failed: "
+                                 f"{answer.get('error') or err.decode(errors='replace')}")
+
     def mkdir(self, path: str, *, private: bool = False) -> None:
-        script = '(umask 077 && mkdir -p "$1")' if private else 'mkdir -p "$1"'
-        rc, _, err = self._sh(script, [path])
-        if rc != 0:
-            raise ExecutionError(f"mkdir -p {path} on {self.target.alias} failed: "
-                          f"{err.decode(errors='replace').strip()}")
+        self._file_op("mkdir", path, private=private)
 
     def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
         blob = data.encode() if isinstance(data, str) else data
-        rc, _, err = self._sh(_WRITE, [path, f"{mode:o}"], stdin=blob)
-        if rc != 0:
-            raise ExecutionError(f"writing {path} on {self.target.alias} failed: "
-                          f"{err.decode(errors='replace').strip()}")
+        self._file_op("write", path, mode=mode, data=base64.b64encode(blob).decode("ascii"))
+
+
+@functools.cache
+def _relay_source() -> str:
+    return Path(relay_module.__file__).read_text()  # type: ignore[arg-type]
 
 
 def _streamed(proc: subprocess.Popen[bytes], feeder: threading.Thread,

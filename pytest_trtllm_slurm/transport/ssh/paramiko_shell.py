@@ -12,12 +12,14 @@ it may be (``retry_on_drop``; sbatch must not be).
 from __future__ import annotations
 
 import base64
+import errno
 import logging
 import posixpath
+import secrets
 import shlex
+import stat
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import IO, Any, TypeVar
 
@@ -64,6 +66,7 @@ class SSHShell:
         self._backoff = tuple(backoff)
         self._lock = threading.RLock()  # guards the connection
         self._sftp_lock = threading.Lock()  # one SFTP request at a time
+        self._uid: int | None = None
         self._conn: Connection | None = None
         self._ever_connected = False
         # the relay: commands and pushed file growth on one channel (see relay_client)
@@ -489,22 +492,50 @@ class SSHShell:
             raise ExecutionError(f"cannot create directory {path} on {self.target.display}: "
                                  f"{exc.strerror or exc}") from None
 
-        def make(sftp: paramiko.SFTPClient, p: str) -> None:
+        uid = self._remote_uid()
+
+        def verify(sftp: paramiko.SFTPClient, p: str) -> None:
+            why = _why_untrusted_dir(sftp.lstat(p), uid)
+            if why is not None:
+                raise OSError(errno.EPERM, f"{p}: {why}; refusing to use it (someone else "
+                              "could put files there or swap ours): remove it and run again")
+
+        def refuse_foreign_links(sftp: paramiko.SFTPClient, p: str) -> None:
+            while p:  # (as node/files.refuse_foreign_links)
+                attrs = sftp.lstat(p)
+                if stat.S_ISLNK(attrs.st_mode or 0) and attrs.st_uid not in (uid, 0):
+                    raise OSError(errno.EPERM, f"{p}: it is a symbolic link owned by uid "
+                                  f"{attrs.st_uid}; refusing to make or use folders through it")
+                parent = posixpath.dirname(p.rstrip("/"))
+                if parent == p or not parent:
+                    break
+                p = parent
+
+        def exists(sftp: paramiko.SFTPClient, p: str) -> bool:
             try:
-                sftp.stat(p)
-                return
+                sftp.lstat(p)
+                return True
             except FileNotFoundError:
-                pass
-            parent = posixpath.dirname(p.rstrip("/"))
-            if parent and parent != p:
-                make(sftp, parent)
-            try:
-                sftp.mkdir(p, 0o700 if private else 0o777)
-            except OSError:
-                sftp.stat(p)  # created meanwhile by someone else: fine; else the error
-                return
-            if private:
-                sftp.chmod(p, 0o700)  # whatever the server's umask left
+                return False
+
+        def make(sftp: paramiko.SFTPClient, p: str) -> None:
+            missing = []
+            while p and not exists(sftp, p):
+                missing.append(p)
+                parent = posixpath.dirname(p.rstrip("/"))
+                if parent == p:
+                    break
+                p = parent
+            refuse_foreign_links(sftp, p)
+            for folder in reversed(missing):
+                try:
+                    sftp.mkdir(folder, 0o700)
+                except OSError:
+                    pass  # made meanwhile (verified below) or the error verify names
+                verify(sftp, folder)
+                sftp.chmod(folder, 0o700)  # whatever the server's umask left
+            if private and not missing:
+                verify(sftp, p)
 
         try:
             self._sftp(lambda sftp: make(sftp, path))
@@ -512,8 +543,18 @@ class SSHShell:
             raise ExecutionError(f"cannot create directory {path} on {self.target.display}: "
                                  f"{exc.strerror or exc}") from None
 
+    def _remote_uid(self) -> int:
+        """This user's uid on the login node (what a folder of ours is owned by)."""
+        if self._uid is None:
+            res = self.run(["id", "-u"])
+            if not res.ok or not res.stdout.strip().isdigit():
+                raise ExecutionError(f"`id -u` on {self.target.display}: {res.describe()}")
+            self._uid = int(res.stdout.strip())
+        return self._uid
+
     def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
-        """Atomic: a 0600 temp file next to ``path``, then posix-rename over it."""
+        """Atomic: a 0600 temp file of an unpredictable name next to ``path``, created
+        exclusively (a planted name or link is refused), then posix-rename over it."""
         blob = data.encode() if isinstance(data, str) else data
         try:
             if self._relayed_file_op("write", path=path, mode=mode,
@@ -524,11 +565,11 @@ class SSHShell:
                 f"cannot write {path} on {self.target.display}: {exc.strerror or exc}"
             ) from None
         directory, base = posixpath.split(path)
-        tmp = posixpath.join(directory, f".{base}.tmp-{uuid.uuid4().hex[:12]}")
+        tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
 
         def op(sftp: paramiko.SFTPClient) -> None:
             try:
-                with sftp.open(tmp, "wb") as fh:
+                with sftp.open(tmp, "wxb") as fh:  # O_EXCL: a planted name is refused
                     fh.chmod(0o600)  # before any byte is written
                     fh.set_pipelined(True)
                     fh.write(blob)
@@ -603,3 +644,17 @@ def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> bool:
         err += chan.recv_stderr(1 << 16)
         busy = True
     return busy
+
+
+def _why_untrusted_dir(attrs: paramiko.SFTPAttributes, uid: int) -> str | None:
+    """As node/files.why_untrusted for a folder, from SFTP's lstat."""
+    mode = attrs.st_mode or 0
+    if stat.S_ISLNK(mode):
+        return "it is a symbolic link"
+    if not stat.S_ISDIR(mode):
+        return "it is not a folder"
+    if attrs.st_uid != uid:
+        return f"it is owned by uid {attrs.st_uid}, not by this user (uid {uid})"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group or others may write it (mode {stat.S_IMODE(mode):04o})"
+    return None

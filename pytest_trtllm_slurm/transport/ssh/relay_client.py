@@ -10,6 +10,13 @@ reader that asks for an offset the pushes do not cover (the relay died, the read
 ahead through SFTP) is told ``None`` and reads the file itself: nothing is lost or read
 twice, whatever the channel does. Commands' input, output and environment never touch
 the disk (they ride the channel only).
+
+Bounded: the relay pushes a file at most ``relay.PUSH_WINDOW`` bytes ahead of what the
+reader took (acknowledged as it reads); pushed bytes held past twice that (a relay that
+does not keep the window) are dropped and the file is read itself. A streamed stdin is
+sent at most ``relay.STDIN_WINDOW`` bytes ahead of what the command was given. A line
+from the relay longer than ``MAX_MESSAGE`` ends the channel (commands fall back to SFTP
+and their own channels), and the lines are split in time linear in the bytes received.
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any
 
 import paramiko
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from pytest_trtllm_slurm.node import relay as relay_source
 from pytest_trtllm_slurm.planning.masking import mask_text
@@ -39,10 +47,34 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT = 20.0  # seconds for the relay to say it is up (a cold python3 on a busy login node)
 ANSWER_GRACE = 30.0  # seconds past a command's own timeout before the controller gives up on it
 FILE_OP_WAIT = 60.0  # seconds for one file operation's answer
+# the longest line the relay may send: a read answer of 64 MiB (a lock's output) in base64
+MAX_MESSAGE = 160 << 20
 
 
 class RelayLost(Exception):
     """The relay's channel ended under a command: it may or may not have run."""
+
+
+_Int = Annotated[int, Strict()]
+_Str = Annotated[str, Strict()]
+
+
+class RelayAnswer(BaseModel):
+    """An answer line of the relay, every field typed as the client uses it: an answer
+    that is not one ends the channel (commands fall back to channels of their own)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: _Int
+    rc: _Int = 0
+    out: _Str = ""
+    err: _Str = ""
+    timed_out: Annotated[bool, Strict()] = False
+    data: _Str = Field(default="", pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+    size: _Int = Field(default=0, ge=0)
+    absent: Annotated[bool, Strict()] = False
+    errno: _Int | None = None
+    error: _Str = ""
 
 
 # the cluster's own interpreter when the login node has it (often an absolute path: no
@@ -69,6 +101,7 @@ class _Feed:
     data: bytearray = field(default_factory=bytearray)
     broken: bool = False  # a push skipped bytes: the file is read directly from now on
     wake: bool = True  # a push wakes whoever waits in wait_news (reports: yes; logs: no)
+    acked: int = 0  # the offset last acknowledged to the relay (its window starts there)
 
     @property
     def end(self) -> int:
@@ -79,6 +112,7 @@ class _Feed:
 class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     answer: dict[str, Any] | None = None
+    taken: int = 0  # bytes of a streamed stdin the relay wrote to the command ("took")
 
 
 class RelayChannel:
@@ -226,7 +260,7 @@ class RelayChannel:
         """Push what ``path`` gets from ``offset`` on (again, if it was watched); ``wake``:
         its pushes end a wait_news early."""
         with self._lock:
-            self._feeds[path] = _Feed(start=offset, wake=wake)
+            self._feeds[path] = _Feed(start=offset, wake=wake, acked=offset)
         self._send({"op": "watch", "path": path, "offset": offset})
 
     def unwatch(self, path: str) -> None:
@@ -244,7 +278,8 @@ class RelayChannel:
     def pushed(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
         """Bytes of ``path`` from ``offset`` that were pushed (b"": none since); None when
         the pushes do not cover ``offset`` and the caller must read the file itself.
-        What lies before ``offset`` is dropped: the reader has it."""
+        What lies before ``offset`` is dropped: the reader has it, and the relay is told
+        (its window moves on)."""
         with self._lock:
             feed = self._feeds.get(path)
             if not self.alive or feed is None or feed.broken:
@@ -253,7 +288,16 @@ class RelayChannel:
                 return None
             del feed.data[:offset - feed.start]
             feed.start = offset
-            return bytes(feed.data[:limit])
+            ack = offset - feed.acked >= relay_source.PUSH_WINDOW // 4
+            if ack:
+                feed.acked = offset
+            data = bytes(feed.data[:limit])
+        if ack:
+            try:
+                self._send({"op": "ack", "path": path, "offset": offset})
+            except RelayLost:
+                return None
+        return data
 
     def wait_news(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, less when a push (or the channel's end) comes."""
@@ -271,16 +315,23 @@ class RelayChannel:
             raise RelayLost() from None
 
     def _read(self) -> None:
-        buffer = b""
+        buffer = bytearray()
         try:
             while True:
                 chunk = self._chan.recv(1 << 16)
                 if not chunk:
                     break
+                scan = len(buffer)  # what came before has no newline: look at the new bytes
                 buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    self._handle(line)
+                start = 0
+                while (end := buffer.find(b"\n", scan)) >= 0:
+                    self._handle(bytes(buffer[start:end]))
+                    start = scan = end + 1
+                del buffer[:start]
+                if len(buffer) > MAX_MESSAGE:
+                    log.debug("ssh relay: a line longer than %d bytes: channel ended",
+                              MAX_MESSAGE)
+                    break
         except (EOFError, OSError, paramiko.SSHException) as exc:
             log.debug("ssh relay: channel ended: %s", exc)
         finally:
@@ -291,7 +342,7 @@ class RelayChannel:
     def _handle(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-        except ValueError:
+        except Exception:  # noqa: BLE001 - not JSON, nested too deep, ...: never the reader's end
             # a login shell that prints (a banner in .bashrc): skipped, shown masked
             log.debug("ssh relay: not a message: %s",
                       mask_text(line[:200].decode("utf-8", "replace")))
@@ -300,7 +351,16 @@ class RelayChannel:
             return
         if "push" in message:
             self._take_push(message)
+        elif "took" in message:
+            self._took(message)
         elif "id" in message:
+            try:
+                RelayAnswer.model_validate(message)
+            except ValidationError as exc:
+                log.debug("ssh relay: not an answer (%s): channel ended",
+                          exc.errors()[0]["msg"])
+                self.close()
+                return
             with self._lock:
                 pending = self._pending.get(message["id"])
             if pending is not None:
@@ -319,8 +379,11 @@ class RelayChannel:
             feed = self._feeds.get(str(message["push"]))
             if feed is None or feed.broken:
                 return
-            if offset > feed.end:
-                feed.broken = True  # a gap: never guess what it held
+            if offset > feed.end or offset + len(data) - feed.start > 2 * relay_source.PUSH_WINDOW:
+                # a gap (never guess what it held), or more than the window unread: the
+                # file is read itself from here on
+                feed.broken = True
+                feed.data = bytearray()
             elif offset + len(data) > feed.end:
                 feed.data += data[feed.end - offset:]  # only what is new (no doubles)
             self.pushed_bytes += len(data)
@@ -329,6 +392,27 @@ class RelayChannel:
                 return
         with self._news:
             self._news.notify_all()
+
+    def _took(self, message: dict[str, Any]) -> None:
+        """The relay wrote a piece of a streamed stdin: that much more may be sent."""
+        try:
+            ident, taken = int(message["took"]), int(message["bytes"])
+        except (KeyError, TypeError, ValueError):
+            return
+        with self._lock:
+            pending = self._pending.get(ident)
+            if pending is not None:
+                pending.taken += taken
+        with self._news:
+            self._news.notify_all()
+
+    def _stdin_room(self, pending: _Pending, sent: int) -> None:
+        """Wait until less than ``STDIN_WINDOW`` of ``sent`` is unwritten by the relay (or
+        the command was answered, or the channel ended)."""
+        while (sent - pending.taken >= relay_source.STDIN_WINDOW and self.alive
+               and not pending.done.is_set()):
+            with self._news:
+                self._news.wait(0.5)
 
     def _fail_pending(self) -> None:
         with self._lock:
@@ -352,16 +436,26 @@ class _StdinWriter:
 
     def __init__(self, relay: RelayChannel, ident: int, pending: _Pending) -> None:
         self._relay, self._id, self._pending = relay, ident, pending
+        self._sent = 0
 
-    def write(self, data: bytes) -> int:
+    def _check(self) -> None:
         if self._pending.done.is_set():
             if self._pending.answer is None:
                 raise RelayLost()
             raise CommandEnded(f"the command ended (exit code {self._pending.answer.get('rc')})")
+        if not self._relay.alive:
+            raise RelayLost()
+
+    def write(self, data: bytes) -> int:
+        self._check()
         view = memoryview(data)
         for start in range(0, len(view), self.PIECE):
-            piece = base64.b64encode(view[start:start + self.PIECE]).decode("ascii")
-            self._relay._send({"op": "stdin", "id": self._id, "data": piece})
+            self._relay._stdin_room(self._pending, self._sent)  # the window
+            self._check()
+            piece = view[start:start + self.PIECE]
+            self._relay._send({"op": "stdin", "id": self._id,
+                               "data": base64.b64encode(piece).decode("ascii")})
+            self._sent += len(piece)
         return len(data)
 
     def flush(self) -> None:
