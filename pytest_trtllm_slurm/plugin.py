@@ -44,6 +44,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_trtllm_slurm.controller.plan_report import PlanPlugin
 
         config.pluginmanager.register(PlanPlugin(settings), "trtllm-slurm-plan")
+    if settings is not None and settings.test_db:
+        from pytest_trtllm_slurm.controller.test_db import register_if_wanted
+
+        register_if_wanted(config, settings)
     otp_env.take_from_environ()
     otp_env.hold(getattr(config, "workerinput", {}).get(otp_env.WORKERINPUT_KEY))
     from pytest_trtllm_slurm.cases.items import (

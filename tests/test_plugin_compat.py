@@ -22,6 +22,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -239,6 +241,11 @@ def _group(row: Row) -> tuple:
     return (row.args, bool(row.xfail))
 
 
+def _deprecations(run: SuiteRun) -> list[str]:
+    """pytest's own deprecation warnings (those a later pytest turns into errors)."""
+    return _lines(run.stdout, r"PytestRemovedIn\d+Warning")
+
+
 def _summary(run: SuiteRun) -> str:
     """pytest's closing line without its time."""
     lines = [line for line in run.stdout.splitlines() if line.startswith("=") and " in " in line]
@@ -307,6 +314,8 @@ def test_plugin_reads_the_same_dispatched(compat: CompatRuns, row: Row, mode: st
     assert plain.reports, plain.stdout  # the plain run itself worked
     assert _outcomes(dispatched, row.files) == _outcomes(plain, row.files), dispatched.stdout
     assert dispatched.returncode == plain.returncode, dispatched.stdout
+    # the plugin's own fixtures must not add pytest's deprecations (pytest 10 refuses them)
+    assert _deprecations(dispatched) == _deprecations(plain), dispatched.stdout
     assert _summary(dispatched) == _summary(plain), dispatched.stdout
     if row.artefact is not None:
         expected = row.artefact(plain, plain_state)
@@ -379,3 +388,24 @@ def test_the_table_covers_the_plugins_users_expect() -> None:
     for plugin in wanted - {"pytest-xdist"}:  # xdist is a runtime dependency
         assert f'"{plugin}==' in pyproject, f"{plugin} is not pinned in the test extra"
     assert os.path.isdir(DATA)
+
+
+XDIST_FIXTURES = "def test_uses_them(worker_id, testrun_uid):\n    assert worker_id == 'gw1'\n"
+
+
+def test_the_worker_fixtures_are_what_pytest_10_accepts(tmp_path: Path) -> None:
+    """The worker's own ``worker_id`` / ``testrun_uid`` (a test dispatched from an xdist
+    worker) are module-level fixtures: pytest 9 warns about session-scoped fixtures defined
+    as instance methods (PytestRemovedIn10Warning) and pytest 10 refuses them; here such a
+    warning is an error, so the test fails if one comes back."""
+    (tmp_path / "test_ids.py").write_text(XDIST_FIXTURES)
+    env = {**os.environ, "PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_TESTRUNUID": "uid1"}
+    env.pop("PYTEST_ADDOPTS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pytest_trtllm_slurm.node.worker",
+         f"--trtllm-worker-reports={tmp_path / 'reports.jsonl'}", "-p", "no:cacheprovider",
+         "-W", "error::pytest.PytestRemovedIn10Warning", "test_ids.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PytestRemovedIn10Warning" not in proc.stdout, proc.stdout
+    assert re.search(r"\b1 passed in\b", proc.stdout), proc.stdout

@@ -213,13 +213,16 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         pinned_local=bool(test_cfg.local),
         partition=test_cfg.partition,
         remote_env=ctx.remote_env,
+        cluster=test_cfg.cluster,
     )
     if decision.scenario is None:
         return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=decision.reason))
     if not decision.dispatched:
         return PlannedItem(item, req, decision, ItemPlan(item, None))
     per_node = req.resolve_per_node(decision.target_gpus_per_node)
+    nodes = req.nodes(decision.target_gpus_per_node)
     table = ctx.clusters.table_of(decision.scenario, decision.cluster, ctx.local.cluster_name)
+    launcher = requirements.launcher_for(test_cfg, table.launcher if table else (), nodes)
     image = batch_image(test_cfg.container_image or settings.container_image, decision, req,
                         ctx, table)
     own_mounts = tuple(test_cfg.mounts or ())
@@ -230,7 +233,7 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         account=test_cfg.account or decision.account,
         total_devices=req.total,
         devices_per_node=per_node,
-        node_count=req.nodes(decision.target_gpus_per_node),
+        node_count=nodes,
         device_type=req.device_type or target_device_type(decision, ctx) if req.total else None,
         container_image=image,
         # the clusters file's mounts, models root, env and time_limit are the cluster's
@@ -239,9 +242,12 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         mounts=with_mounts(own_mounts, table.container_mounts) if table and image
         else own_mounts,
         env=tuple(sorted({**(table.job_env if table else {}), **(test_cfg.env or {})}.items())),
-        launch=Launch(test_cfg.launch or "single"),
+        # a launcher runs on every rank: one task per GPU (launch=mpi), pytest on rank 0
+        launch=Launch.MPI if launcher else Launch(test_cfg.launch or "single"),
+        launcher=launcher,
         time_limit=test_cfg.time_limit or (
             table.time_limit if table and not settings.time_limit else None),
+        mem_mb=req.host_memory_mib or None,
     )
     return PlannedItem(item, req, decision, ItemPlan(item, key))
 

@@ -34,7 +34,7 @@ from pytest_trtllm_slurm.planning.durations import (
 if TYPE_CHECKING:  # config/requirements import pydantic: loaded only when settings are needed
     from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
 
-Kind = Literal["bool", "str", "path", "choice", "int", "time", "seconds", "list"]
+Kind = Literal["bool", "str", "path", "choice", "int", "time", "seconds", "list", "counts"]
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,17 @@ OPTIONS: tuple[Opt, ...] = (
         "what happens to a test nothing can serve", choices=("skip", "fail")),
     Opt("hang_pattern", "hang_patterns", "--trtllm-hang-pattern", "list", ("hang detected",),
         "log text that means a hang (repeatable; replaces the default; env: one per line)"),
+    Opt("test_db", "test_db", "--trtllm-test-db", "path", None,
+        "TensorRT-LLM test-db folder (YAML): run the blocks of --trtllm-test-db-context whose "
+        "terms agree, each on a configured cluster that meets its condition (docs/test-db.md)"),
+    Opt("test_db_context", "test_db_contexts", "--trtllm-test-db-context", "list", None,
+        "test-db context(s) to run, e.g. l0_dgx_h200 (repeatable, or comma-separated)"),
+    Opt("test_db_terms", "test_db_terms", "--trtllm-test-db-terms", "list", None,
+        "KEY=VALUE terms a test-db block must have, e.g. 'stage=pre_merge backend=pytorch' "
+        "(repeatable)"),
+    Opt("marker_devices", "marker_devices", None, "counts", ("gpu2:2", "gpu4:4"),
+        "named markers that size a test: NAME:COUNT words (a test marked NAME needs COUNT "
+        "GPUs of one node), replacing TensorRT-LLM's table; ini/env only"),
 )
 BY_NAME: dict[str, Opt] = {opt.name: opt for opt in OPTIONS}
 
@@ -150,8 +161,10 @@ MARKERS: tuple[str, ...] = (
     "skip_less_mpi_world_size(n): needs n MPI ranks, possibly across nodes",
     "skip_device_not_contain(keywords): needs a device whose name contains one of keywords",
     "trtllm_slurm(devices=None, devices_per_node=None, nodes=None, device_type=None, "
-    "partition=None, account=None, time_limit=None, container_image=None, mounts=(), env={}, "
-    "launch=None, local=False): per-test resources and job settings for trtllm-slurm",
+    "cluster=None, partition=None, account=None, time_limit=None, container_image=None, "
+    "mounts=(), env={}, "
+    "launch=None, launcher=None, local=False): per-test resources and job settings for "
+    "trtllm-slurm",
 )
 
 _SETTINGS_KEY = pytest.StashKey["Settings"]()
@@ -186,7 +199,8 @@ def register(parser: pytest.Parser) -> None:
             if opt.false_flag:
                 group.addoption(opt.false_flag, dest=opt.dest, action="store_const", const=False,
                                 default=None, help=f"opposite of {opt.flag} ({opt.ini}=false)")
-        ini_type = {"bool": "bool", "int": "int", "list": "linelist"}.get(opt.kind, "string")
+        ini_type = {"bool": "bool", "int": "int", "list": "linelist",
+                    "counts": "linelist"}.get(opt.kind, "string")
         parser.addini(opt.ini, f"{opt.help} (env {opt.env})", type=ini_type,  # type: ignore[arg-type]
                       default=None)
 
@@ -242,13 +256,13 @@ def remote_requested(config: pytest.Config, environ: Mapping[str, str] | None = 
     """Is dispatch on? Cheap (no pydantic, no file): gate ``resolve_settings`` with it.
 
     An explicit remote value from any source wins; otherwise --slurm-cluster or
-    --device-type on the command line turns it on.
+    --device-type or --trtllm-test-db on the command line turns it on.
     """
     env = os.environ if environ is None else environ
     value, source = _first(config, BY_NAME["remote"], env)
     if value is not None:
         return bool(coerce(BY_NAME["remote"], value, source or "cli"))
-    return any(_raw_cli(config, BY_NAME[n]) for n in ("slurm_cluster", "device_type"))
+    return any(_raw_cli(config, BY_NAME[n]) for n in ("slurm_cluster", "device_type", "test_db"))
 
 
 def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
@@ -276,6 +290,7 @@ def _expected(opt: Opt) -> str:
         "time": f"a duration such as {TIME_FORMATS}",
         "seconds": f"a positive duration such as {TIME_FORMATS}",
         "list": "one text per line",
+        "counts": "NAME:COUNT words, e.g. 'gpu2:2 gpu4:4'",
     }.get(opt.kind, "a non-empty text")
 
 
@@ -301,6 +316,11 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
         if text in _TRUE or text in _FALSE:
             return text in _TRUE
         raise bad()
+    if opt.kind == "counts":
+        from pytest_trtllm_slurm.planning.requirements import parse_marker_devices
+
+        items = value.splitlines() if isinstance(value, str) else list(value)
+        return parse_marker_devices(items, f"{_source_name(opt, source)} ({opt.where()})")
     if opt.kind == "list":
         items = value.splitlines() if isinstance(value, str) else list(value)
         items = [str(i).strip() for i in items if str(i).strip()]
@@ -388,7 +408,8 @@ def build_settings(
         if opt.field not in values and opt.default is not None:
             values[opt.field] = coerce(opt, opt.default, "default")
     if sources["remote"] is None:
-        values["remote"] = any(sources[n] == "cli" for n in ("slurm_cluster", "device_type"))
+        values["remote"] = any(sources[n] == "cli"
+                               for n in ("slurm_cluster", "device_type", "test_db"))
     return config_module.Settings(**values), clusters
 
 

@@ -8,6 +8,8 @@ which then say where a job ran); the wrapped executor still sees its own ids.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle, PersistentAllocation
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
@@ -41,8 +43,8 @@ class ClusterJobIds(Executor):
     def prepares(self) -> bool:  # type: ignore[override]
         return self.wrapped.prepares
 
-    def expect(self, nodeids: set[str]) -> None:
-        self.wrapped.expect(nodeids)
+    def expect(self, tests: Mapping[str, str]) -> None:
+        self.wrapped.expect(tests)
 
     def prepare(self) -> None:
         self.wrapped.prepare()

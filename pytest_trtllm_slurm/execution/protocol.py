@@ -9,6 +9,7 @@ target that has nothing to say (no probing for optional attributes).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -70,9 +71,9 @@ class Executor(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def expect(self, nodeids: set[str]) -> None:
-        """All node ids the run will send here, before the first submit (warm workers
-        collect them at once)."""
+    def expect(self, tests: Mapping[str, str]) -> None:
+        """All tests the run will send here, node id -> key, before the first submit (warm
+        workers collect them at once)."""
         return None
 
     def prepare(self) -> None:

@@ -13,14 +13,14 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.node import records
+from pytest_trtllm_slurm.node import item_key, records
+from pytest_trtllm_slurm.node.assignment import Assignment, key_path, loads
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION  # noqa: F401
 from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
@@ -49,7 +49,8 @@ class ReportWriter:
 
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
         self.enabled = rank_and_size()[0] == 0
-        self.wanted: list[str] = []
+        self.wanted: Assignment = []  # (controller's node id, key) of the tests to run
+        self.collected: list[pytest.Item] = []
         self.collect_errors: list[records.CollectErrorRecord] = []
         self.marked: MarkedLines | None = None  # pytest's terminal output, marked
 
@@ -68,22 +69,28 @@ class ReportWriter:
         self._file.append((_encode(record) + "\n").encode(), sync=sync)
 
     # -- selection -------------------------------------------------------
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(
-        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """Every item collected, before any plugin selected or reordered: the worker runs
+        what the controller's collection selected, never a selection of its own."""
+        self.collected.append(item)
+
+    def candidates(self, session: pytest.Session) -> dict[str, list[pytest.Item]]:
+        """key -> items: all collected, and any a hook made at collection (perf tests)."""
+        seen = {id(item) for item in self.collected}
+        extra = [item for item in session.items if id(item) not in seen]
+        return item_key.index([*self.collected, *extra])
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """After every plugin's ``pytest_collection_modifyitems`` (their markers, waives'
+        skips included, stay on the items): exactly the assigned tests, in the assigned
+        order, under the controller's node ids; a test not found fails alone."""
         if not self.wanted:
             return
-        by_id = {item.nodeid: item for item in items}
-        selected = [by_id[n] for n in self.wanted if n in by_id]
-        missing = [n for n in self.wanted if n not in by_id]
+        items, missing = item_key.pick(self.wanted, self.candidates(session))
+        session.items[:] = items
         if missing:
-            self.emit(records.missing(missing, str(config.rootpath)))
-        wanted = set(self.wanted)  # once: a batch may hold tens of thousands of tests
-        deselected = [item for item in items if item.nodeid not in wanted]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-        items[:] = selected
+            self.emit(records.missing(missing, str(self.config.rootpath)))
 
     # -- events ----------------------------------------------------------
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -226,21 +233,6 @@ class JunitRecorders:
         return record
 
 
-class XdistIdentity:
-    """Under ``pytest -n N`` the dispatching process is an xdist worker: a test it sends
-    to a target sees that worker's ``worker_id`` and ``testrun_uid`` (the controller puts
-    them in ``PYTEST_XDIST_*``, read when the fixture runs: a served session's batches
-    may come from different xdist workers). Without them, xdist's own answers."""
-
-    @pytest.fixture(scope="session")
-    def worker_id(self) -> str:
-        return os.environ.get("PYTEST_XDIST_WORKER") or "master"
-
-    @pytest.fixture(scope="session")
-    def testrun_uid(self) -> str:
-        return os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
-
-
 class MarkedLines:
     """pytest's own terminal output in the job log, each line starting with ``LOG_MARK``:
     the hang scan reads only the test's own output, never a node id pytest printed."""
@@ -273,6 +265,17 @@ class MarkedLines:
         return getattr(self._file, name)
 
 
+def drop_absent_files(config: pytest.Config) -> None:
+    """The files to collect that this side lacks leave the command line (pytest would end
+    the whole session: "file or directory not found"): their tests are reported missing,
+    each failing alone with the reason."""
+    here = Path(config.invocation_params.dir)
+    absent = {arg for arg in config.args if not (here / key_path(str(arg))).exists()}
+    for arg in sorted(absent):
+        print(f"[trtllm-slurm] not on this side, its tests are missing: {arg}", flush=True)
+    config.args[:] = [arg for arg in config.args if arg not in absent]
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     reports = config.getoption("trtllm_worker_reports")
@@ -282,7 +285,8 @@ def pytest_configure(config: pytest.Config) -> None:
     writer = ReportWriter(config, Path(reports))
     ids_file = config.getoption("trtllm_worker_nodeids")
     if ids_file:
-        writer.wanted = list(json.loads(Path(ids_file).read_text("utf-8")))
+        writer.wanted = loads(Path(ids_file).read_text("utf-8"))
+        drop_absent_files(config)
     config.pluginmanager.register(writer, "trtllm-slurm-report-writer")
     from pytest_trtllm_slurm.node.artefacts import (
         BatchArtefacts,  # coverage and benchmark data come back
@@ -295,7 +299,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(JunitRecorders(writer), "trtllm-slurm-junit-recorders")
     forward_suite_properties(config, writer)
     if config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
-        config.pluginmanager.register(XdistIdentity(), "trtllm-slurm-xdist-identity")
+        from pytest_trtllm_slurm.node import xdist_identity
+
+        config.pluginmanager.register(xdist_identity, "trtllm-slurm-xdist-identity")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     terminal = getattr(reporter, "_tw", None)
     if terminal is not None and hasattr(terminal, "_file"):

@@ -33,7 +33,9 @@ class BatchKey(BaseModel):
     mounts: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     launch: Launch = Launch.SINGLE
+    launcher: tuple[str, ...] = ()  # the prefix each rank runs (launch=mpi)
     time_limit: str | None = None
+    mem_mb: int | None = None  # memory per node (skip_less_host_memory)
 
 
 class Batch(BaseModel):

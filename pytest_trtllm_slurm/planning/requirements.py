@@ -2,9 +2,12 @@
 
 Pure functions (no subprocess, no pytest import): the planning layer derives a
 DeviceRequirement per test from, in order, the ``trtllm_slurm(...)`` marker,
-``skip_less_mpi_world_size`` / ``skip_less_device``, a perf-sanity YAML, else 0
-(a CPU test). Bad input raises ConfigError naming the test, what was found and
-what is expected -- never a silent default.
+``skip_less_mpi_world_size`` / ``skip_less_device``, a named marker of the
+``trtllm_marker_devices`` table (TensorRT-LLM's unit tests: ``gpu2``, ``gpu4``), a
+perf-sanity YAML, else 0 (a CPU test). ``skip_less_host_memory(MiB)`` is the job's
+memory request; ``launcher_for`` says which launcher prefix a test runs under. Bad input raises
+ConfigError naming the test, what was found and what is expected -- never a silent
+default.
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
 from pytest_trtllm_slurm.planning.durations import (  # noqa: F401  (re-exported: the time-limit names live there)
@@ -31,6 +43,7 @@ from pytest_trtllm_slurm.planning.fields import (
     OneLine,
     OneOrMany,
     SlurmName,
+    checked,
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
 from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
@@ -49,7 +62,11 @@ from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-export
     perf_requirement,
     server_gpus,
 )
-from pytest_trtllm_slurm.planning.settings import Settings
+from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem
+from pytest_trtllm_slurm.planning.settings import (  # noqa: F401  (re-exported)
+    DEFAULT_MARKER_DEVICES,
+    Settings,
+)
 
 # --------------------------------------------------------------------------- commands
 
@@ -128,6 +145,29 @@ class MarkLike(Protocol):
 MarkerLookup = Callable[[str], "MarkLike | None"]
 
 
+def _launcher_words(value: object) -> object:
+    """A launcher given as one text is split as shell words (``"mpirun -n 1"``)."""
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:
+            raise ValueError(f"cannot be split as shell words ({exc})") from None
+    return value
+
+
+def _launcher_problem(words: tuple[str, ...]) -> str | None:
+    """The launcher runs first on the srun line: its program is a positional argument
+    (not an option srun would read), and no word may break a line."""
+    if not words:
+        return None
+    return argument_problem(words[0]) or next(
+        (f"word {w!r} {p}" for w in words[1:] for p in [line_problem(w)] if p), None)
+
+
+Launcher = Annotated[tuple[str, ...], BeforeValidator(_launcher_words),
+                     AfterValidator(lambda v: checked(v, _launcher_problem))]
+
+
 class TestConfig(BaseModel):
     """Fields of the per-test ``trtllm_slurm(...)`` marker; unknown keys are errors."""
 
@@ -140,6 +180,7 @@ class TestConfig(BaseModel):
     # Checked here, at planning time, like the clusters file's (by their types): these
     # values reach #SBATCH lines, srun/docker argv and the job's environment.
     device_type: OneLine | None = None
+    cluster: SlurmName | None = None  # run on this cluster (as --slurm-cluster, for this test)
     partition: SlurmName | None = None
     account: SlurmName | None = None
     time_limit: str | None = None  # normalized to Slurm's D-HH:MM:SS / HH:MM:SS
@@ -147,6 +188,8 @@ class TestConfig(BaseModel):
     mounts: Annotated[MountTuple, OneOrMany] = ()
     env: Env = Field(default_factory=dict)
     launch: Launch | None = None
+    # the prefix every rank runs (``trtllm-llmapi-launch``): pytest then runs on rank 0 only
+    launcher: Launcher | None = None
     local: bool = False  # run in this pytest process, never dispatch
 
     @field_validator("time_limit", mode="before")
@@ -298,6 +341,9 @@ def requirement_from_marks(
         source = "skip_less_device"
         total = _count_arg(nodeid, device, source, "devices")
         per_node = total or None
+    elif (named := _named_marker(get_marker, settings.marker_devices)) is not None:
+        source, total = named
+        per_node = total or None
     elif perf_case is not None:
         sources = (perf() if callable(perf) else perf) or PerfSources()
         sources.check_option(nodeid)
@@ -320,12 +366,53 @@ MARKER_NAMES = frozenset({"trtllm_slurm", "skip_less_device", "skip_less_mpi_wor
                           "skip_less_device_memory", "skip_less_host_memory",
                           "skip_device_not_contain"})
 
+MARKER_DEVICES_FORMAT = "NAME:COUNT words, e.g. 'gpu2:2 gpu4:4 gpu8:8'"
 
-def closest_markers(item: Any) -> MarkerLookup:
-    """``get_closest_marker`` for our marker names in one walk (method > class > module)."""
+
+def parse_marker_devices(items: Sequence[str], where: str) -> dict[str, int]:
+    """``["gpu2:2 gpu4:4", "gpu8:8"]`` (ini lines, each with any number of words) -> table."""
+    table: dict[str, int] = {}
+    for word in (w for item in items for w in str(item).split()):
+        name, sep, count = word.partition(":")
+        if not sep or not name.isidentifier() or not count.isdigit():
+            raise ConfigError(f"{where}: found {word!r}; expected {MARKER_DEVICES_FORMAT} "
+                              "(a marker name, a colon, a non-negative integer)")
+        if name in MARKER_NAMES:
+            raise ConfigError(f"{where}: {name!r} is one of the plugin's own markers; "
+                              f"expected other marker names ({MARKER_DEVICES_FORMAT})")
+        table[name] = int(count)
+    if not table:
+        raise ConfigError(f"{where}: empty; expected {MARKER_DEVICES_FORMAT}")
+    return table
+
+
+def _named_marker(get_marker: MarkerLookup,
+                  table: Mapping[str, int]) -> tuple[str, int] | None:
+    """(marker name, devices) of the table's markers the test has; the largest when it has
+    several (a class marked ``gpu2`` holding a method marked ``gpu4`` needs 4)."""
+    found = [(count, name) for name, count in table.items() if get_marker(name) is not None]
+    if not found:
+        return None
+    count, name = max(found)
+    return name, count
+
+
+def launcher_for(cfg: TestConfig, cluster_launcher: Sequence[str], nodes: int) -> tuple[str, ...]:
+    """The launcher prefix a test's ranks run: its marker's (``trtllm_slurm(launcher=...)``,
+    ``launcher=[]`` for none), else the cluster's for a test that spans nodes (TensorRT-LLM
+    runs its multi-node tests under ``trtllm-llmapi-launch``), else none."""
+    if cfg.launcher is not None:
+        return tuple(cfg.launcher)
+    return tuple(cluster_launcher) if nodes > 1 else ()
+
+
+def closest_markers(item: Any, names: frozenset[str] | None = None) -> MarkerLookup:
+    """``get_closest_marker`` for our marker names (and ``names``) in one walk (method >
+    class > module)."""
+    wanted = MARKER_NAMES | names if names else MARKER_NAMES
     found: dict[str, MarkLike] = {}
     for mark in item.iter_markers():
-        if mark.name in MARKER_NAMES and mark.name not in found:
+        if mark.name in wanted and mark.name not in found:
             found[mark.name] = mark
     return found.get
 
@@ -339,7 +426,8 @@ def requirement_for_item(
         return perf or PerfSources.from_settings(settings, Path(item.config.rootpath))
 
     return requirement_from_marks(
-        name_as_written(item), closest_markers(item), settings, perf_case=perf_label(item),
+        name_as_written(item), closest_markers(item, frozenset(settings.marker_devices)),
+        settings, perf_case=perf_label(item),
         perf=sources,
     )
 

@@ -11,8 +11,9 @@ Rules, first match wins (each is a row of tests/test_routing.py):
    configured cluster that fits.
 3. A CPU-only test (0 GPUs) with ``--trtllm-dispatch=needed`` runs here: any
    machine serves it (even with --slurm-cluster / --device-type).
-4. ``--slurm-cluster NAME``: the local cluster (ClusterName, case-insensitive) ->
-   local_slurm; otherwise remote_slurm to that clusters-file entry.
+4. ``--slurm-cluster NAME`` (or, for its test, a marker's ``cluster=NAME``): the local
+   cluster (ClusterName, case-insensitive) -> local_slurm; otherwise remote_slurm to that
+   clusters-file entry.
 5. Satisfied here (enough GPUs, right type and memory, one node) -> local_docker
    when an image is set (--trtllm-container-image / cluster file) and an engine
    answers, else local_direct (dispatched only with --trtllm-dispatch=all).
@@ -76,8 +77,10 @@ def route(
     pinned_local: bool = False,
     partition: str | None = None,
     remote_env: RemoteEnv | None = None,
+    cluster: str | None = None,
 ) -> RouteDecision:
-    """Where ``req``'s test runs (see the module docstring for the rules, in order)."""
+    """Where ``req``'s test runs (see the module docstring for the rules, in order);
+    ``cluster`` (a marker's) stands for --slurm-cluster for this test."""
     ctx = _Ctx(req, settings, local, clusters, slurm_env, partition or settings.partition,
                remote_env)
     if pinned_local:
@@ -86,8 +89,8 @@ def route(
         return ctx.forced(Scenario(settings.scenario))
     if req.total == 0 and settings.dispatch == "needed":
         return ctx.here()
-    if settings.slurm_cluster:
-        return ctx.named_cluster(settings.slurm_cluster)
+    if cluster or settings.slurm_cluster:
+        return ctx.named_cluster(cluster or settings.slurm_cluster)  # type: ignore[arg-type]
     if ctx.satisfied_here():
         return ctx.here()
     local_miss: RouteDecision | None = None

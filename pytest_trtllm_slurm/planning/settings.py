@@ -18,6 +18,7 @@ import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.fields import (  # noqa: F401  (checked: re-exported)
     Argument,
+    Argv,
     Env,
     Host,
     MountPath,
@@ -31,6 +32,10 @@ from pytest_trtllm_slurm.planning.models import Scenario
 
 #: TensorRT-LLM's tests find their models through this variable (``llm_models_root()``)
 MODELS_ROOT_ENV = "LLM_MODELS_ROOT"
+
+#: TensorRT-LLM's unit tests (``tests/unittest/pytest.ini``): ``gpu2`` / ``gpu4`` say how
+#: many GPUs of one node a test uses; ini ``trtllm_marker_devices`` replaces the table
+DEFAULT_MARKER_DEVICES: dict[str, int] = {"gpu2": 2, "gpu4": 4}
 
 
 class ClusterConfig(BaseModel):
@@ -72,6 +77,9 @@ class ClusterConfig(BaseModel):
     time_limit: OneLine | None = None
     build_project: bool = False
     build_cmd: str | None = None
+    # the prefix each rank of a multi-node test runs (``["trtllm-llmapi-launch"]``): the
+    # batch gets one task per GPU, and the launcher runs pytest on rank 0 only
+    launcher: Argv = Field(default_factory=list)
 
     @field_validator("time_limit", mode="before")
     @classmethod
@@ -258,3 +266,9 @@ class Settings(BaseModel):
     max_retries: int = 1
     unsatisfied: Literal["skip", "fail"] = "skip"
     hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])
+    # TensorRT-LLM's test-db: folder, contexts, terms (planning/testdb.py)
+    test_db: str | None = None
+    test_db_contexts: list[str] = Field(default_factory=list)
+    test_db_terms: list[str] = Field(default_factory=list)
+    # named markers -> devices on one node (ini trtllm_marker_devices)
+    marker_devices: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_MARKER_DEVICES))

@@ -9,7 +9,6 @@ mapped spec. The monitor then reads reports and logs through the SSH shell by of
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
 from pathlib import PurePosixPath
@@ -17,6 +16,7 @@ from typing import Any
 
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.node import assignment
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.transport.shell import Shell
 
@@ -80,7 +80,7 @@ class RemoteSlurmExecutor(SlurmExecutor):
         remote = self.paths.spec(spec, self.interpreter)
         self.shell.mkdir(remote.work_dir, private=True)
         if remote.nodeids_file:
-            self.shell.write_file(remote.nodeids_file, json.dumps(spec.nodeids))
+            self.shell.write_file(remote.nodeids_file, assignment.dumps(spec.assignment()))
         self.shell.write_file(
             str(PurePosixPath(remote.work_dir) / "job_spec.json"),
             remote.masked().model_dump_json(indent=2) + "\n",

@@ -200,8 +200,16 @@ def _mpi_flags(spec: JobSpec, opts: SlurmOptions) -> list[str]:
     return [f"--mpi={opts.mpi}"] if spec.launch is Launch.MPI and opts.mpi else []
 
 
+def launcher_of(spec: JobSpec, opts: SlurmOptions) -> list[str]:
+    """What each rank runs before the command: the batch's launcher (a marker's or its
+    cluster's), else the executor's; only a launch=mpi batch (one task per GPU) has one."""
+    if spec.launch is not Launch.MPI:
+        return []
+    return list(spec.launcher_prefix or opts.launcher_prefix)
+
+
 def _payload(spec: JobSpec, opts: SlurmOptions) -> list[str]:
-    prefix = list(opts.launcher_prefix) if spec.launch is Launch.MPI else []
+    prefix = launcher_of(spec, opts)
     if not spec.command:
         raise ValueError(f"job spec {spec.name!r} has no command")
     return prefix + list(spec.command)
@@ -378,6 +386,7 @@ def rerun_argv(spec: JobSpec, nodeid: str) -> list[str]:
     node-id file); a job that is not a pytest batch re-runs its own command."""
     if not spec.rerun_argv:
         return mask_argv(spec.command)
+    nodeid = spec.item_keys.get(nodeid, nodeid)  # what pytest finds, whatever hooks showed
     if spec.invocation_dir and spec.invocation_dir != spec.rootdir:
         nodeid = f"{spec.rootdir.rstrip('/')}/{nodeid}"  # node ids are relative to the rootdir
     return [*mask_argv(spec.rerun_argv), nodeid]

@@ -26,6 +26,7 @@ from pytest_trtllm_slurm.execution.render.containers import (
 from pytest_trtllm_slurm.execution.render.scripts import (
     ContainerOptions,
     SlurmOptions,
+    launcher_of,
     options_for,
 )
 from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
@@ -107,7 +108,7 @@ class LaunchOptions:
         flags = list(self.container_run_flags)
         passed = {k: v for k, v in env.items() if k not in in_file}  # -e NAME
         exported = {**passed, **{CENV_PREFIX + k: v for k, v in in_file.items()}}
-        prefix = list(self.launcher_prefix) if spec.launch is Launch.MPI else []
+        prefix = launcher_of(spec, SlurmOptions(launcher_prefix=self.launcher_prefix))
         runtime: Engine = "podman" if self.container_runtime == "podman" else "docker"
         argv = wrap_in_container(
             [*prefix, *in_container_argv(command)], runtime, spec.container_image,
