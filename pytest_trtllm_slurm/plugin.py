@@ -12,13 +12,16 @@ import os
 import sys
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import pytest_trtllm_slurm.controller.options as options
 import pytest_trtllm_slurm.transport.ssh.otp_env as otp_env
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+
+if TYPE_CHECKING:
+    from pytest_trtllm_slurm.execution.protocol import Executor
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,7 +34,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 _FROZEN = pytest.StashKey[bool]()
-_EXIT_FREEZE: list[bool] = []  # gc.freeze registered with atexit (once per process)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,9 +80,6 @@ def dispatch_enabled(config: pytest.Config) -> bool:
     return options.remote_requested(config) and options.resolve_settings(config).remote
 
 
-_EARLY_SESSIONS_STARTED: list[int] = []
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """Before the suite's conftests are imported: take TRTLLM_SLURM_OTP out of the
@@ -92,26 +91,16 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
             or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
             or any(getattr(ns, options.BY_NAME[n].dest, None) for n in ("plan", "plan_json"))):
         return
-    from pytest_trtllm_slurm.controller.warm_start import connect_early, start_early_sessions
+    from pytest_trtllm_slurm.controller.warm_start import begin
 
-    try:
-        connect_early(early_config)  # a remote cluster's connection, while the suite imports
-        started = start_early_sessions(early_config)
-    except (ConfigError, ExecutionError, OSError):
-        return  # an optimization: the run itself reports a bad setting, once configured
-    if started:
-        _EARLY_SESSIONS_STARTED.append(started)
+    begin(early_config)  # this run's EarlyStart, in its stash until pytest_unconfigure
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    early_connect = sys.modules.get("pytest_trtllm_slurm.execution.remote.early_connect")
-    if early_connect is not None:  # loaded only by a run that connected early
-        early_connect.close_unused()
-    if _EARLY_SESSIONS_STARTED:
-        from pytest_trtllm_slurm.controller.warm_start import stop_unused_sessions
-
-        stop_unused_sessions()
-        _EARLY_SESSIONS_STARTED.clear()
+    warm_start = sys.modules.get("pytest_trtllm_slurm.controller.warm_start")
+    early = warm_start.early_start(config) if warm_start is not None else None
+    if early is not None:  # (loaded only by a run that may have started early)
+        early.close()
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
@@ -214,13 +203,12 @@ def _freeze_gc(config: pytest.Config) -> None:
     gc.collect()
     gc.freeze()
     config.stash[_FROZEN] = True
-    if not _EXIT_FREEZE:
-        # and freeze again when the interpreter exits: its final collections would scan
-        # the same objects again (~70-90 ms), and Python does not promise to collect what
-        # is left at exit. atexit runs only then: an in-process pytest.main() (pytester)
-        # is thawed by the cleanup above and collected as usual.
-        atexit.register(gc.freeze)
-        _EXIT_FREEZE.append(True)
+    # and freeze again when the interpreter exits: its final collections would scan the
+    # same objects again (~70-90 ms), and Python does not promise to collect what is left
+    # at exit. atexit runs only then: an in-process pytest.main() (pytester) is thawed by
+    # the cleanup above and collected as usual. Once per process: unregister, register.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 def _unfreeze_gc(config: pytest.Config) -> None:
@@ -230,7 +218,7 @@ def _unfreeze_gc(config: pytest.Config) -> None:
 
 
 def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-def]
-                       executors: dict | None = None) -> None:
+                       executors: dict[Any, Executor] | None = None) -> None:
     """--trtllm-release-allocation: free the persistent allocations once the run is over:
     that of each Slurm target the run used (a remote cluster's over its connection), else
     the local one."""
@@ -238,8 +226,7 @@ def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-de
     from pytest_trtllm_slurm.execution.factory import allocation_manager
 
     warn = terminal_warning(config)
-    managers = [m for m in (getattr(getattr(e, "inner", e), "allocations", None)
-                            for e in (executors or {}).values()) if m is not None]
+    managers = [e.allocations for e in (executors or {}).values() if e.allocations is not None]
     if not managers and ctx.slurm_env is None:
         warn("no local Slurm: there is no allocation to release")
         return

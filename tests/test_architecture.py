@@ -3,6 +3,7 @@ kept, the execution layer imports without pytest, and the folder tree README sho
 package's."""
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,135 @@ def test_readme_names_every_layer_folder() -> None:
     assert not missing, f"README's package layout lacks {missing}"
     flat = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert flat == ["__init__.py", "__main__.py", "errors.py", "plugin.py"], flat
+
+
+# -- the executor contract is the only way to read an executor ----------------------------
+# Where the controller and the planner live: what they read of an executor must be declared
+# on execution.protocol.Executor, not probed for.
+READERS = ["controller", "planning", "cases", "cli", "plugin.py"]
+
+
+def _executor_probes(path: Path) -> list[str]:
+    """``getattr(X, ...)`` / ``hasattr(X, ...)`` calls in ``path`` whose X is an executor:
+    its source names an executor (``executor``, ``self.executors[t]``, ``executors.get(t)``),
+    or it is a name bound by a loop or comprehension over executors (``for e in
+    executors.values()``), or a ``getattr`` of those (``getattr(getattr(e, "inner", e), ...)``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    bound = {name.id for node in ast.walk(tree) if isinstance(node, (ast.For, ast.comprehension))
+             and "executor" in ast.unparse(node.iter).lower()
+             for name in ast.walk(node.target) if isinstance(name, ast.Name)}
+
+    def is_executor(expr: ast.expr) -> bool:
+        if isinstance(expr, ast.Name) and expr.id in bound:
+            return True
+        if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name)
+                and expr.func.id == "getattr" and expr.args):
+            return is_executor(expr.args[0])
+        return "executor" in ast.unparse(expr).lower()
+
+    return [f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr") and node.args
+            and is_executor(node.args[0])]
+
+
+def test_nothing_probes_an_executor_for_attributes() -> None:
+    """Everything the controller and the planner read of an executor is on its typed
+    contract (execution.protocol.Executor): no ``getattr``/``hasattr`` on one, so a new
+    executor cannot silently lack what the run loop or the packer needs."""
+    files = [f for r in READERS for f in ((PACKAGE / r).rglob("*.py") if (PACKAGE / r).is_dir()
+                                          else [PACKAGE / r])]
+    assert len(files) > 20
+    probes = [p for f in sorted(files) for p in _executor_probes(f)]
+    assert not probes, "read these through the Executor contract:\n" + "\n".join(probes)
+
+
+def test_every_executor_is_the_contract_and_forwards_nothing_by_name() -> None:
+    """Every executor class subclasses Executor (so it has the whole contract, defaults
+    included) and none answers unknown attributes by forwarding them (``__getattr__``):
+    a wrapper states what it forwards, typed."""
+    import importlib
+    import pkgutil
+
+    import pytest_trtllm_slurm
+    from pytest_trtllm_slurm.execution.protocol import Executor
+
+    for info in pkgutil.walk_packages(pytest_trtllm_slurm.__path__, "pytest_trtllm_slurm."):
+        if ".node." not in info.name and not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    classes: list[type] = []
+    todo: list[type] = [Executor]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo += cls.__subclasses__()
+    names = {c.__name__ for c in classes if c.__module__.startswith("pytest_trtllm_slurm.")}
+    assert {"SlurmExecutor", "RemoteSlurmExecutor", "DirectExecutor", "ContainerExecutor",
+            "ClusterJobIds", "UnreachableCluster"} <= names, names
+    forwarding = [c.__name__ for c in classes if "__getattr__" in vars(c)]
+    assert not forwarding, f"executors that forward attributes by name: {forwarding}"
+    # a class outside the hierarchy with an executor's methods would dodge the contract
+    strays = [f"{m.__name__}.{name}" for m in list(sys.modules.values())
+              if (m.__name__ or "").startswith("pytest_trtllm_slurm.")
+              for name, obj in vars(m).items()
+              if isinstance(obj, type) and obj.__module__ == m.__name__
+              and all(callable(getattr(obj, a, None)) for a in ("submit", "poll", "cancel",
+                                                                 "rerun_command"))
+              and not issubclass(obj, Executor)]
+    assert not strays, f"executors outside the contract: {strays}"
+
+
+# -- no process-wide state ----------------------------------------------------------------
+MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem",
+            "remove", "discard", "clear"}
+# module-level containers a module writes, each with why it may: only tables filled once
+# while the module is imported, and the one-time code (it stands in for os.environ)
+ALLOWED_STATE = {
+    "execution/records.py:MODELS": "record type -> model, filled by @_shape at import",
+    "transport/ssh/otp_env.py:_held": "TRTLLM_SLURM_OTP moved out of os.environ",
+}
+
+
+def _module_state(path: Path) -> list[str]:
+    """``global`` statements, and module-level lists/dicts/sets (literals or ``list()``,
+    ``dict()``, ``set()``) that code in the module writes: a mutating method call, an item
+    or slice assignment, or a ``del`` of an item."""
+    tree = ast.parse(path.read_text(), str(path))
+    where = path.relative_to(PACKAGE).as_posix()
+    found = [f"{where}:{n.lineno}: global {', '.join(n.names)}"
+             for n in ast.walk(tree) if isinstance(n, ast.Global)]
+    containers = set()
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        mutable = isinstance(value, (ast.List, ast.Dict, ast.Set)) or (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id in ("list", "dict", "set"))
+        if mutable:
+            containers |= {t.id for t in targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+        name = None
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in MUTATORS and isinstance(node.func.value, ast.Name)):
+            name = node.func.value.id
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for target in getattr(node, "targets", None) or [node.target]:  # type: ignore[attr-defined]
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                    name = target.value.id
+        if name in containers and f"{where}:{name}" not in ALLOWED_STATE:
+            found.append(f"{where}:{node.lineno}: writes module-level {name}")
+    return found
+
+
+def test_no_process_wide_state() -> None:
+    """No module-level ``global`` and no module-level container written at run time: what
+    a run shares (the early start's sessions and connections) lives in an object the
+    plugin owns (``config.stash``), so two runs in one process (pytester, an API user)
+    never see each other's state."""
+    found = [f for path in sorted(PACKAGE.rglob("*.py")) for f in _module_state(path)]
+    assert not found, "\n".join(found)
+    for allowed in ALLOWED_STATE:  # each exception still exists, or it goes from the list
+        where, name = allowed.split(":")
+        assert name in (PACKAGE / where).read_text(), allowed

@@ -22,13 +22,15 @@ from pytest_trtllm_slurm.planning.batching import BatchKey, make_batches
 from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 from pytest_trtllm_slurm.planning.models import Scenario
 from pytest_trtllm_slurm.planning.packing import (
+    AllocationShape,
+    Capacity,
     Chunk,
     Estimates,
     Pool,
     lower_bound,
     lpt,
     pack,
-    pools_from_executors,
+    pools_from_capacities,
     simulate,
 )
 
@@ -155,10 +157,9 @@ def test_a_warm_pool_splits_by_its_fork_cost_whatever_history_measured() -> None
     """Warm workers: a chunk costs a fork. History's measured start-up of the pool (the
     first batch waited for the suite's imports) must not merge the short tests into one
     long chunk: sixteen 1 s tests spread over the eight GPUs."""
-    request = SimpleNamespace(partition="batch", nodes=2, gpus_per_node=4, docker_image=None)
-    warm = SimpleNamespace(persistent=True, warm_workers=True, slurm_env=_slurm_env(),
-                           allocations=SimpleNamespace(request=request))
-    pool = pools_from_executors({Scenario.LOCAL_SLURM: warm})(_bkey(1))
+    warm = Capacity(allocation=AllocationShape(nodes=2, gpus_per_node=4, partition="batch"),
+                    warm=True, slurm_env=_slurm_env())
+    pool = pools_from_capacities({Scenario.LOCAL_SLURM: warm})(_bkey(1))
     assert pool.name == "local_slurm/batch/allocation/warm" and pool.fixed_startup is not None
     planned = [(f"t{i}", SHAPES[1]) for i in range(16)]
     est = Estimates({n: 1.0 for n, _ in planned}, {pool.name: 10.0})
@@ -234,13 +235,24 @@ def _slurm_env() -> SlurmEnv:
         PartitionInfo(name="gb200", nodes=["g1", "g2", "g3"], gpus_per_node=4)])
 
 
-def test_pools_from_executors() -> None:
-    request = SimpleNamespace(partition="batch", nodes=1, gpus_per_node=4, docker_image=None)
-    persistent = SimpleNamespace(persistent=True, allocations=SimpleNamespace(request=request),
-                                 slurm_env=_slurm_env())
-    direct = SimpleNamespace(_all_gpus=[0, 1], _free_gpus=[1])
-    pool_of = pools_from_executors({Scenario.LOCAL_SLURM: persistent,
-                                    Scenario.LOCAL_DIRECT: direct})
+def test_pools_from_executors(tmp_path: Path) -> None:
+    """The pools come from what the run's real executors offer (``Executor.capacity``):
+    the persistent allocation as requested, the partitions discovery saw, this machine's
+    GPUs. Building them starts nothing (no job, no connection)."""
+    from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
+    from pytest_trtllm_slurm.execution.slurm.allocation import (
+        AllocationManager,
+        AllocationRequest,
+    )
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+    from pytest_trtllm_slurm.transport.shell import LocalShell
+
+    request = AllocationRequest(partition="batch", nodes=1, gpus_per_node=4)
+    persistent = SlurmExecutor(LocalShell(), slurm_env=_slurm_env(), allocation_manager=(
+        AllocationManager(LocalShell(), rootdir=tmp_path, request=request)))
+    direct = DirectExecutor(gpu_ids=[0, 1])
+    pool_of = pools_from_capacities({Scenario.LOCAL_SLURM: persistent.capacity(),
+                                     Scenario.LOCAL_DIRECT: direct.capacity()})
     alloc = pool_of(_bkey(2))
     assert (alloc.name, alloc.nodes, alloc.gpus_per_node) == (
         "local_slurm/batch/allocation", 1, 4)
@@ -249,8 +261,8 @@ def test_pools_from_executors() -> None:
     assert pool_of(_bkey(1, "gb200")).nodes == 3
     local = pool_of(BatchKey(scenario=Scenario.LOCAL_DIRECT, total_devices=1, devices_per_node=1))
     assert (local.gpus, local.ways(Key(1)), local.ways(Key(0))) == (2, 2, 1)
-    one_shot = pools_from_executors({Scenario.LOCAL_SLURM: SimpleNamespace(
-        persistent=False, slurm_env=_slurm_env())})
+    one_shot = pools_from_capacities({Scenario.LOCAL_SLURM: SlurmExecutor(
+        LocalShell(), slurm_env=_slurm_env(), persistent=False).capacity()})
     assert one_shot(_bkey(1, partition=None)).name == "local_slurm/batch/one-shot"  # type: ignore[arg-type]
 
 

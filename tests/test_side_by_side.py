@@ -17,7 +17,7 @@ from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario, target_name, target_of
-from pytest_trtllm_slurm.planning.packing import pools_from_executors
+from pytest_trtllm_slurm.planning.packing import pools_from_capacities
 
 
 def test_steps_run_at_the_same_time() -> None:
@@ -62,7 +62,7 @@ def _spec(tmp_path: Path, name: str, code: str) -> JobSpec:
 def test_job_ids_name_their_cluster_and_reach_the_real_jobs(tmp_path: Path) -> None:
     """Two executors that number their jobs alike: wrapped, their ids differ, and poll
     and cancel still reach each one's own job."""
-    a = ClusterJobIds(DirectExecutor(gpu_ids=[]), "east")
+    a = ClusterJobIds(DirectExecutor(gpu_ids=[0, 1]), "east")
     b = ClusterJobIds(DirectExecutor(gpu_ids=[]), "west")
     quick = a.submit(_spec(tmp_path, "quick", "pass"))
     slow = b.submit(_spec(tmp_path, "slow", "import time; time.sleep(60)"))
@@ -83,7 +83,7 @@ def test_job_ids_name_their_cluster_and_reach_the_real_jobs(tmp_path: Path) -> N
             time.sleep(0.05)
         assert state.status.value == "CANCELLED"
         # what the controller reads of an executor is the wrapped one's
-        assert a._all_gpus == []  # packing reads a local executor's GPUs so
+        assert a.capacity().local_gpus == 2  # what the packer reads of it
         assert a.shell is a.wrapped.shell
     finally:
         a.close()
@@ -99,7 +99,7 @@ def test_each_remote_cluster_is_a_target_and_a_pool_of_its_own() -> None:
     assert target_of(local) is Scenario.LOCAL_SLURM  # the local Slurm: one executor, as before
     assert target_name(target_of(far)) == "remote_slurm:far"
     assert target_name(Scenario.LOCAL_SLURM) == "local_slurm"
-    pools = pools_from_executors({})
+    pools = pools_from_capacities({})
     assert pools(far).name == "remote_slurm/far/batch/one-shot"
     assert pools(near).name == "remote_slurm/near/batch/one-shot"
 

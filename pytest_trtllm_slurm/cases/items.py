@@ -306,6 +306,7 @@ def case_context(config: pytest.Config) -> CaseContext:
 
     ctx = CaseContext(settings=plan.settings, clusters=plan.clusters, local=plan.local,
                       slurm_env=plan.slurm_env, rootdir=Path(config.rootpath),
-                      warn=terminal_warning(config), say=say)
+                      warn=terminal_warning(config), say=say,
+                      early_sessions=plan.early_sessions)
     config.stash[_CTX_KEY] = ctx
     return ctx

@@ -49,6 +49,7 @@ from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.execution.records import BadRecord, SessionFinishRecord, parse_record
+from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.records import SESSION_FINISH
@@ -79,6 +80,8 @@ class CaseContext:
     executors: dict[str, Executor] = field(default_factory=dict)
     # remote clusters: one SSH connection each and their discovery (execution.remote_clusters)
     remote_env: routing.RemoteEnv | None = None
+    # sessions the pytest run started before it collected (its early start); None: none
+    early_sessions: EarlySessions | None = None
 
     @property
     def work_root(self) -> Path:

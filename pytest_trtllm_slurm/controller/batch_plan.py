@@ -1,17 +1,14 @@
 """The batches of a run, found one way for the run and for ``--trtllm-plan``.
 
 Why one module: the plan must be what runs. Both call ``run_batches`` with the same
-packer, the same pools (``pools_from_executors``) and the same duration estimates
+packer, the same pools (``pools_from_capacities``) and the same duration estimates
 (``History``: pytest's cache). A plan builds no executor (no allocation, no SSH sync):
-``planned_pools`` gives ``pools_from_executors`` stand-ins that carry exactly the
-attributes it reads from the executors the run would build.
+``planned_pools`` says what each target's executor would offer (``Executor.capacity``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
@@ -20,8 +17,9 @@ from pytest_trtllm_slurm.controller.item_plans import PlanningContext
 from pytest_trtllm_slurm.controller.ordering import kept_together
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
-from pytest_trtllm_slurm.planning.packing import Estimates, Pool, pools_from_executors
+from pytest_trtllm_slurm.planning.packing import Capacity, Estimates, Pool, pools_from_capacities
 from pytest_trtllm_slurm.planning.plan import BatchRow
 
 
@@ -36,31 +34,13 @@ def run_batches(
     return make_batches(dispatched, one_per_shape, pools=pools, estimates=estimates), notes
 
 
-@dataclass
-class _Target:
-    """What ``pools_from_executors`` reads of an executor, without building it."""
-
-    persistent: bool = False
-    allocations: Any = None  # has ``request`` (an AllocationRequest)
-    warm_workers: bool = False
-    slurm_env: Any = None
-    gpu_count: int | None = None
-
-
-@dataclass
-class _Allocations:
-    request: Any
-
-
 def planned_pools(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Callable[[BatchKey], Pool]:
     """The pools the run would pack into, as ``session.make_executors`` would set them up."""
-    targets: dict[Target, Any] = {
-        Scenario.LOCAL_DIRECT: _Target(gpu_count=ctx.local.gpu_count),
-        Scenario.LOCAL_DOCKER: _Target(gpu_count=ctx.local.gpu_count),
-    }
+    local = Capacity(local_gpus=ctx.local.gpu_count)
+    targets: dict[Target, Capacity] = {Scenario.LOCAL_DIRECT: local, Scenario.LOCAL_DOCKER: local}
     slurm_keys = [k for k in keys if k.scenario is Scenario.LOCAL_SLURM]
     if slurm_keys:
-        targets[Scenario.LOCAL_SLURM] = _slurm_target(slurm_keys, ctx.slurm_env, ctx)
+        targets[Scenario.LOCAL_SLURM] = _slurm_capacity(slurm_keys, ctx.slurm_env, ctx)
     remote: dict[Target, list[BatchKey]] = {}
     for key in keys:
         if key.scenario is Scenario.REMOTE_SLURM:
@@ -68,25 +48,25 @@ def planned_pools(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Callable[[B
     for target, mine in remote.items():
         # as a local cluster: its persistent allocation (sized for its own keys, against
         # its discovery), else its partition
-        targets[target] = _slurm_target(mine, _remote_env(ctx, mine[0].cluster), ctx)
-    return pools_from_executors(targets)
+        targets[target] = _slurm_capacity(mine, _remote_env(ctx, mine[0].cluster), ctx)
+    return pools_from_capacities(targets)
 
 
-def _slurm_target(keys: Sequence[BatchKey], slurm_env: Any, ctx: PlanningContext) -> _Target:
+def _slurm_capacity(keys: Sequence[BatchKey], slurm_env: SlurmEnv | None,
+                    ctx: PlanningContext) -> Capacity:
+    """What ``SlurmExecutor.capacity`` will say once built."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
 
     settings = ctx.settings
-    allocations = None
-    if settings.persistent:
-        allocations = _Allocations(AllocationRequest.covering(
-            list(keys), slurm_env, time_limit=settings.alloc_time_limit,
-            nodes=settings.alloc_nodes))
-    return _Target(persistent=settings.persistent, allocations=allocations,
-                   warm_workers=settings.warm_workers and settings.persistent,
-                   slurm_env=slurm_env)
+    if not settings.persistent:
+        return Capacity(slurm_env=slurm_env)
+    request = AllocationRequest.covering(list(keys), slurm_env,
+                                         time_limit=settings.alloc_time_limit,
+                                         nodes=settings.alloc_nodes)
+    return Capacity(allocation=request.shape(), warm=settings.warm_workers, slurm_env=slurm_env)
 
 
-def _remote_env(ctx: PlanningContext, cluster: str | None) -> Any:
+def _remote_env(ctx: PlanningContext, cluster: str | None) -> SlurmEnv | None:
     """The remote cluster's discovery (cached on disk; what routing used), or None when
     it cannot be had: the plan then packs against the keys' own shapes."""
     from pytest_trtllm_slurm.execution.factory import remotes_of

@@ -13,6 +13,7 @@ import pytest
 import pytest_trtllm_slurm.planning.requirements as requirements
 import pytest_trtllm_slurm.planning.routing as routing
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
+from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.models import (
@@ -53,6 +54,8 @@ class PlanningContext:
     rootdir: Path = Path(".")
     # what discovery over SSH finds on a remote cluster (None: the clusters file alone)
     remote_env: routing.RemoteEnv | None = None
+    # sessions the run started before it collected (the plugin's early start)
+    early_sessions: EarlySessions | None = None
 
     def slurm_env_of(self, decision: RouteDecision) -> SlurmEnv | None:
         """The discovery of the Slurm cluster a test was routed to (local or remote)."""

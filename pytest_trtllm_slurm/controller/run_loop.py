@@ -65,7 +65,7 @@ from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_duration
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Target, target_name, target_of
-from pytest_trtllm_slurm.planning.packing import pools_from_executors
+from pytest_trtllm_slurm.planning.packing import pools_from_capacities
 from pytest_trtllm_slurm.planning.resolve import build_arch
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
 from pytest_trtllm_slurm.planning.walltime import Walltime, batch_walltime
@@ -147,7 +147,7 @@ class DispatchLoop:
         # node id -> what the worker finds the test by, whatever hooks did to the node id
         self.keys = {p.item.nodeid: item_key(p.item) for p in plans if p.key}
         self.handlers = RecordHandlers(self.replayer, after_test=self._check_stop)
-        hints = [h for h in (getattr(e, "poll_hint", None) for e in executors.values()) if h]
+        hints = [e.poll_hint for e in executors.values() if e.poll_hint]
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
                                poll_interval=min([CADENCE.monitor, *hints]))
         self.running: dict[str, RunningBatch] = {}
@@ -171,7 +171,8 @@ class DispatchLoop:
     # -- the loop ----------------------------------------------------------
     def run(self) -> None:
         dispatched = [(p.item.nodeid, p.key) for p in self.plans if p.key is not None]
-        history = History.start(self.config, dispatched, pools_from_executors(self.executors))
+        history = History.start(self.config, dispatched, pools_from_capacities(
+            {target: e.capacity() for target, e in self.executors.items()}))
         try:
             broken = self._run_builds(dispatched)
             self._announce(dispatched)
@@ -222,17 +223,17 @@ class DispatchLoop:
         for nodeid, key in dispatched:
             by_target.setdefault(target_of(key), {})[nodeid] = self.keys[nodeid]
         for target, tests in by_target.items():
-            expect = getattr(self.executors.get(target), "expect", None)
-            if expect is not None:
-                expect(tests)
+            executor = self.executors.get(target)
+            if executor is not None:
+                executor.expect(tests)
 
     def _prepare(self, targets: set[Target]) -> None:
         """Several Slurm targets (clusters): each gets its allocation now, in a thread of
         its own, all at the same time; a target's batches are submitted once it is ready
         (``_submit_ready``), so no cluster waits for another's queue. A failure here is
         said and left to the submission, which reports it per batch."""
-        steps = {t: prepare for t in targets
-                 if (prepare := getattr(self.executors.get(t), "prepare", None)) is not None}
+        steps = {t: executor.prepare for t in targets
+                 if (executor := self.executors.get(t)) is not None and executor.prepares}
         if len(steps) < 2:
             return  # one target: its first submission prepares it, as always
 
@@ -335,7 +336,7 @@ class DispatchLoop:
     def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
         ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"build_{self.stamp}_", dir=self.work_root))
-        env = getattr(self.executors[target_of(key)], "slurm_env", None)
+        env = self.executors[target_of(key)].slurm_env
         part = env.partition(key.partition) if env and key.partition else None
         arch = build_arch(key.device_type or (part.gpu_type if part else None))
         spec = JobSpec(
@@ -463,7 +464,7 @@ class DispatchLoop:
             monitor_timeout_seconds=wall.monitor_seconds,
             hang_patterns=self.settings.hang_patterns,
             build_arch=build_arch(key.device_type) if key.total_devices else None,
-            slurm_env=getattr(self.executors[target_of(key)], "slurm_env", None),
+            slurm_env=self.executors[target_of(key)].slurm_env,
         )
         spec.write()
         return spec

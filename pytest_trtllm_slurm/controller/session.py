@@ -16,6 +16,7 @@ import pytest
 
 import pytest_trtllm_slurm.controller.options as options
 from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+from pytest_trtllm_slurm.controller.warm_start import early_start
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.planning.batching import BatchKey
@@ -78,6 +79,7 @@ def planning_context(config: pytest.Config) -> PlanningContext:
         perf=PerfSources.from_settings(settings, Path(config.rootpath)),
         rootdir=Path(config.rootpath),
         remote_env=remote_clusters(config) if clusters.clusters else None,
+        early_sessions=early.sessions if (early := early_start(config)) else None,
     )
     config.stash[_CONTEXT_KEY] = ctx
     return ctx
@@ -100,7 +102,9 @@ def remote_clusters(config: pytest.Config) -> RemoteClusters:
     under work_dirs/.cache, like the local one); closed when the run ends."""
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
-    remotes = RemoteClusters(Path(config.rootpath) / "work_dirs" / ".cache")
+    early = early_start(config)  # the connections it opened before collection
+    remotes = RemoteClusters(Path(config.rootpath) / "work_dirs" / ".cache",
+                             early=early.connections if early else None)
     config.add_cleanup(remotes.close)
     return remotes
 

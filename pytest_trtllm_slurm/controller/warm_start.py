@@ -21,12 +21,64 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import pytest_trtllm_slurm.controller.options as options
+from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+
+if TYPE_CHECKING:
+    from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
+    from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
+
+
+@dataclass
+class EarlyStart:
+    """What the early start shares with the rest of the run: the sessions it started on
+    live agents (local and remote) and the SSH connections it opened. One per pytest run,
+    in ``config.stash`` (``EARLY``): the plugin makes it before the conftests are imported
+    (``begin``) and closes it at unconfigure; planning and the executors read it there."""
+
+    sessions: EarlySessions
+    connections: EarlyConnections
+    started: int = 0  # local sessions started
+
+    def close(self) -> None:
+        """End what no one took: connections (and their clusters' sessions), then the
+        local sessions no pool took."""
+        self.connections.close_unused()
+        if self.started:
+            stop_unused_sessions(self.sessions)
+            self.started = 0
+
+
+EARLY = pytest.StashKey[EarlyStart]()
+
+
+def early_start(config: pytest.Config) -> EarlyStart | None:
+    """The run's early start (None: it did not start one)."""
+    return config.stash.get(EARLY, None)
+
+
+def begin(config: pytest.Config) -> EarlyStart | None:
+    """Open the remote cluster's connection and start the local sessions while pytest
+    imports the suite; the EarlyStart that holds them (None for a plain run: nothing
+    imported, no file read)."""
+    if not options.remote_requested(EarlyConfig(config)):  # type: ignore[arg-type]
+        return None
+    from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
+    from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
+
+    early = config.stash[EARLY] = EarlyStart(EarlySessions(), EarlyConnections())
+    try:
+        connect_early(config, early)  # a remote cluster's connection, while the suite imports
+        early.started = start_early_sessions(config, early.sessions)
+    except (ConfigError, ExecutionError, OSError):
+        pass  # an optimization: the run itself reports a bad setting, once configured
+    return early
 
 
 class EarlyConfig:
@@ -66,13 +118,12 @@ def run_targets(config: pytest.Config) -> list[str]:
     return targets
 
 
-def start_early_sessions(config: pytest.Config) -> int:
+def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
     """One session per live agent of the local persistent allocation; how many. A plain
     run (no dispatch asked for) returns at once: nothing imported, no file read."""
     early = EarlyConfig(config)
     if not options.remote_requested(early):  # type: ignore[arg-type]
         return 0
-    import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
     from pytest_trtllm_slurm.execution.slurm.allocation import STATE_NAME
     from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
     from pytest_trtllm_slurm.execution.slurm.warm_pool import (
@@ -110,19 +161,18 @@ def start_early_sessions(config: pytest.Config) -> int:
     started = 0
     for node in expand_hostlist(nodelist):
         adir = agent_dir(str(work_root / ".agents" / job_id), node, base[0], secrets)
-        if early_sessions.has(adir) or not agent_alive(shell, adir):
+        if sessions.has(adir) or not agent_alive(shell, adir):
             continue
         name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         sdir = f"{adir}/sessions/{name}"
         argv = session_argv(base[0], base, sdir, targets, capture_no=capture_no,
                             nodeids_file=False)
-        early_sessions.remember(adir, send_session(shell, adir, name, argv, cwd=str(cwd),
-                                                   env=env))
+        sessions.remember(adir, send_session(shell, adir, name, argv, cwd=str(cwd), env=env))
         started += 1
     return started
 
 
-def connect_early(config: pytest.Config) -> bool:
+def connect_early(config: pytest.Config, start: EarlyStart) -> bool:
     """Open the SSH connection of the remote cluster ``--slurm-cluster`` names, in a thread,
     while pytest imports the suite (``execution.remote.early_connect``), then sync the code
     and, in a warm allocation, start the sessions there as ``start_early_sessions`` does
@@ -141,7 +191,7 @@ def connect_early(config: pytest.Config) -> bool:
     cluster = clusters.find(settings.slurm_cluster)
     if cluster is None:
         return False
-    from pytest_trtllm_slurm.execution.remote import early_connect, early_start
+    from pytest_trtllm_slurm.execution.remote import early_start as remote_early
 
     ask = None
     if settings.persistent and settings.warm_workers:
@@ -151,7 +201,7 @@ def connect_early(config: pytest.Config) -> bool:
             worker_env,
         )
 
-        ask = early_start.SessionAsk(
+        ask = remote_early.SessionAsk(
             base=pytest_base_argv(early),  # type: ignore[arg-type]
             cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
             targets=run_targets(config),
@@ -161,21 +211,20 @@ def connect_early(config: pytest.Config) -> bool:
             local_work_root=settings.work_dir or str(config.rootpath / "work_dirs"))
     rootdir = config.rootpath
 
-    def sync_and_start(shell: Any) -> early_start.EarlyRemote:
+    def sync_and_start(shell: Any) -> remote_early.EarlyRemote:
         # sync first: a session never imports code older than the run's sync
-        return early_start.sync_and_start(shell, cluster, rootdir, ask)
+        return remote_early.sync_and_start(shell, cluster, rootdir, ask, start.sessions)
 
-    return early_connect.start(cluster, then=sync_and_start)
+    return start.connections.start(cluster, then=sync_and_start)
 
 
-def stop_unused_sessions() -> None:
+def stop_unused_sessions(sessions: EarlySessions) -> None:
     """Sessions no pool took (nothing ran on their node): end them now, not at their
     idle timeout."""
-    import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
     from pytest_trtllm_slurm.transport.shell import LocalShell
 
     shell = LocalShell()
-    for sdir in early_sessions.drain():
+    for sdir in sessions.drain():
         try:
             shell.write_file(f"{sdir}/inbox/stop", "")
         except OSError:

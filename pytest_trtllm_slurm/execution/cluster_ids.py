@@ -8,17 +8,18 @@ which then say where a job ran); the wrapped executor still sees its own ids.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from pytest_trtllm_slurm.execution.outcome import JobState
-from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
-from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle, PersistentAllocation
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
+from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import Shell
 
 
-class ClusterJobIds:
+class ClusterJobIds(Executor):
     """An Executor whose handles are ``cluster:ID``; everything else is the wrapped one's
-    (attributes the controller reads, such as ``slurm_env`` or ``allocations``, too)."""
+    (what the controller and the packer read of it, too)."""
 
     def __init__(self, wrapped: Executor, cluster: str) -> None:
         self.wrapped = wrapped
@@ -26,8 +27,30 @@ class ClusterJobIds:
         self.shell: Shell = wrapped.shell
         self._own: dict[str, JobHandle] = {}  # qualified id -> the wrapped executor's handle
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.wrapped, name)
+    @property
+    def poll_hint(self) -> float | None:  # type: ignore[override]
+        return self.wrapped.poll_hint
+
+    @property
+    def slurm_env(self) -> SlurmEnv | None:  # type: ignore[override]
+        return self.wrapped.slurm_env
+
+    @property
+    def allocations(self) -> PersistentAllocation | None:  # type: ignore[override]
+        return self.wrapped.allocations
+
+    @property
+    def prepares(self) -> bool:  # type: ignore[override]
+        return self.wrapped.prepares
+
+    def expect(self, tests: Mapping[str, str]) -> None:
+        self.wrapped.expect(tests)
+
+    def prepare(self) -> None:
+        self.wrapped.prepare()
+
+    def capacity(self) -> Capacity:
+        return self.wrapped.capacity()
 
     def _qualified(self, job_id: str) -> str:
         return f"{self.cluster}:{job_id}"

@@ -33,6 +33,7 @@ from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, S
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
+    from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
     from pytest_trtllm_slurm.execution.slurm.tracking import WalltimePolicy
 
 # what the builders read of a batch: a BatchKey (plugin) or a JobSpec (trtllm-slurm run)
@@ -60,6 +61,11 @@ class ExecutorContext(Protocol):
 
     @property
     def remote_env(self) -> RemoteEnv | None: ...
+
+    @property
+    def early_sessions(self) -> EarlySessions | None:
+        """Sessions the run started before it collected (the plugin's early start)."""
+        ...
 
 
 def build_executors(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
@@ -163,7 +169,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
                           warn: Warn) -> Executor:
     """Connect, check, sync the code, discover the cluster's Slurm, then the same
     SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
-    from pytest_trtllm_slurm.execution.remote import early_connect, early_start
+    from pytest_trtllm_slurm.execution.remote import early_start
     from pytest_trtllm_slurm.execution.remote.executor import RemoteSlurmExecutor
     from pytest_trtllm_slurm.execution.remote.workspace import preflight, sync_cluster
     from pytest_trtllm_slurm.execution.slurm.allocation import (
@@ -171,7 +177,6 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         AllocationManager,
         AllocationRequest,
     )
-    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
     from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
     from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
@@ -186,7 +191,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     if hasattr(shell, "notify"):
         shell.notify = warn  # a reconnect after a drop is said, not silent
     # what the early connection's thread did already: preflight, sync, early sessions
-    early = early_connect.done(cluster)
+    early = remotes.early.done(cluster)
     if not isinstance(early, early_start.EarlyRemote) or early.runs.shell is not shell:
         early = None
     if early is None or not early.checked:
@@ -225,9 +230,14 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
             user=slurm_env.user,
             warn=warn,
             agents_dir=f"{paths.remote_work_root}/.agents",
+            early=ctx.early_sessions,
         )
-    inner = SlurmExecutor(
+    kept = early
+    return RemoteSlurmExecutor(
         shell,
+        paths=path_map,
+        interpreter=sys.executable,
+        before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept),
         slurm_env=slurm_env,
         persistent=settings.persistent,
         allocation_manager=manager,
@@ -237,10 +247,6 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
     )
-    kept = early
-    return RemoteSlurmExecutor(
-        inner, path_map, interpreter=sys.executable,
-        before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept))
 
 
 def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
@@ -313,6 +319,7 @@ def allocation_manager(ctx: ExecutorContext, request: AllocationRequest | None =
         user=ctx.slurm_env.user if ctx.slurm_env else None,
         warn=warn,
         agents_dir=str(Path(ctx.settings.work_dir or ctx.rootdir / "work_dirs") / ".agents"),
+        early=ctx.early_sessions,
     )
 
 

@@ -1,17 +1,22 @@
-"""The executor protocol every scenario implements.
+"""The executor contract every scenario implements.
 
 Executors read only the JobSpec; they submit without waiting, report state for
-all their jobs in one call, and can cancel a job (never an allocation).
+all their jobs in one call, and can cancel a job (never an allocation). Everything the
+controller and the planner read of an executor is here, typed, with the default of a
+target that has nothing to say (no probing for optional attributes).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from pytest_trtllm_slurm.execution.outcome import JobState
-from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
+from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import Shell
 
 
@@ -27,19 +32,54 @@ class JobHandle(BaseModel):
     nodelist: str | None = None
 
 
-class Executor(Protocol):
-    shell: Shell
+class PersistentAllocation(Protocol):
+    """A target's persistent allocation, as the end of a run reads it (AllocationManager)."""
 
+    def release(self) -> str:
+        """Free it; what was done, in words."""
+        ...
+
+
+class Executor(ABC):
+    """One target of a run (a scenario, or a remote cluster)."""
+
+    shell: Shell
+    # seconds between monitor rounds this target wants (warm batches are files); None:
+    # the monitor's own pace
+    poll_hint: float | None = None
+    # the target's Slurm discovery (written into job_spec.json); None: not Slurm
+    slurm_env: SlurmEnv | None = None
+    # the persistent allocation (--trtllm-release-allocation frees it); None: none
+    allocations: PersistentAllocation | None = None
+    # whether ``prepare`` does anything: a run prepares several such targets side by side
+    prepares: bool = False
+
+    @abstractmethod
     def submit(self, spec: JobSpec) -> JobHandle: ...
 
+    @abstractmethod
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         """States of all ``handles`` in one round (one scheduler query where there is one)."""
-        ...
 
+    @abstractmethod
     def cancel(self, handle: JobHandle) -> None: ...
 
+    @abstractmethod
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
         """A copy-pasteable command that re-runs just ``nodeid`` on the same target."""
-        ...
 
+    @abstractmethod
     def close(self) -> None: ...
+
+    def expect(self, tests: Mapping[str, str]) -> None:
+        """All tests the run will send here, node id -> key, before the first submit (warm
+        workers collect them at once)."""
+        return None
+
+    def prepare(self) -> None:
+        """What the first submit would do first (``prepares`` says whether there is any)."""
+        return None
+
+    def capacity(self) -> Capacity:
+        """What the packer may pack this target's batches into."""
+        return Capacity()

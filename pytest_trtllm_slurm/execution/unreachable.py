@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.outcome import JobState
-from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 
-class UnreachableCluster:
+class UnreachableCluster(Executor):
     """Refuses every submission with the set-up error (the run loop fails the batch's
     tests with it); nothing is ever running, so there is nothing to poll or cancel."""
 

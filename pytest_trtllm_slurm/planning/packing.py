@@ -33,6 +33,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.models import target_of
 
 DEFAULT_DURATION = 30.0  # seconds, a test without history
@@ -403,9 +404,31 @@ def _shape(key: Any) -> GpuShape:
     return key  # type: ignore[no-any-return]
 
 
-# -- where a run's batches go: read from its executors (attributes only, no I/O) -----------
+# -- where a run's batches go: what each target's executor says it offers ------------------
+@dataclass(frozen=True)
+class AllocationShape:
+    """A persistent allocation as requested: ``nodes`` x ``gpus_per_node``, whole nodes."""
+
+    nodes: int
+    gpus_per_node: int
+    partition: str | None = None
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a target offers the packer (``Executor.capacity``): this machine's GPUs, a
+    persistent allocation (warm: its batches are forks of a session that imported the
+    suite), or the partitions its Slurm discovery saw."""
+
+    local_gpus: int = 0
+    allocation: AllocationShape | None = None
+    warm: bool = False
+    slurm_env: SlurmEnv | None = None
+
+
 class KeyLike(GpuShape, Protocol):
-    """What ``pools_from_executors`` reads from a batch key (BatchKey has it)."""
+    """What ``pools_from_capacities`` reads from a batch key (BatchKey has it)."""
 
     @property
     def scenario(self) -> Any: ...
@@ -415,40 +438,38 @@ class KeyLike(GpuShape, Protocol):
     def container_image(self) -> str | None: ...
 
 
-def pools_from_executors(executors: Mapping[Any, Any]) -> Callable[[KeyLike], Pool]:
-    """``key -> Pool`` for the executors of a run (context.make_executors):
+def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[KeyLike], Pool]:
+    """``key -> Pool`` for the targets of a run, from what each offers:
 
     - Slurm, persistent, the key fits the allocation: the allocation as requested
-      (``AllocationRequest``: nodes x GPUs per node; whole nodes).
+      (nodes x GPUs per node; whole nodes).
     - Slurm otherwise (one-shot, or a key the allocation cannot serve): its partition
       as discovery saw it (nodes x GPUs per node), shared with everyone else's jobs.
     - local_direct / local_docker: this machine's GPUs; a CPU-only batch one at a time.
 
-    ``executors`` is keyed by ``models.target_of`` (a remote cluster has its own executor,
+    ``capacities`` is keyed by ``models.target_of`` (a remote cluster is its own target,
     and its pools are named after it: two clusters never share a pool).
     """
 
     def pool_of(key: KeyLike) -> Pool:
         scenario = str(getattr(key.scenario, "value", key.scenario))
         target = target_of(key)
-        executor = executors.get(target)
+        offer = capacities.get(target) or Capacity()
         if isinstance(target, tuple):  # a remote cluster's pools are its own
             scenario = f"{scenario}/{target[1]}"
         if scenario in ("local_direct", "local_docker"):
-            return Pool(scenario, nodes=1, gpus_per_node=_local_gpus(executor), cpu_slots=1)
-        manager = getattr(executor, "allocations", None)
-        request = getattr(manager, "request", None)
-        if getattr(executor, "persistent", False) and request is not None and _served(key, request):
-            gpus = int(request.gpus_per_node or 0)
-            warm = bool(getattr(executor, "warm_workers", False))
+            return Pool(scenario, nodes=1, gpus_per_node=offer.local_gpus, cpu_slots=1)
+        shape = offer.allocation
+        if shape is not None and _served(key, shape):
+            gpus = int(shape.gpus_per_node or 0)
             # warm workers: a chunk costs a fork (its node's session imported the suite)
-            return Pool(f"{scenario}/{request.partition or '-'}/allocation"
-                        + ("/warm" if warm else ""),
-                        nodes=max(1, int(request.nodes)), gpus_per_node=gpus,
-                        cpu_slots=max(1, int(request.nodes)) * max(1, gpus),
-                        fixed_startup=WARM_STARTUP if warm else None)
-        env = getattr(executor, "slurm_env", None)
-        partition = key.partition or getattr(env, "default_partition", None)
+            return Pool(f"{scenario}/{shape.partition or '-'}/allocation"
+                        + ("/warm" if offer.warm else ""),
+                        nodes=max(1, int(shape.nodes)), gpus_per_node=gpus,
+                        cpu_slots=max(1, int(shape.nodes)) * max(1, gpus),
+                        fixed_startup=WARM_STARTUP if offer.warm else None)
+        env = offer.slurm_env
+        partition = key.partition or (env.default_partition if env is not None else None)
         info = env.partition(partition) if env is not None and partition else None
         nodes = len(info.nodes) if info is not None and info.nodes else key.node_count
         gpus = (info.gpus_per_node if info is not None and info.gpus_per_node
@@ -459,23 +480,11 @@ def pools_from_executors(executors: Mapping[Any, Any]) -> Callable[[KeyLike], Po
     return pool_of
 
 
-def _local_gpus(executor: Any) -> int:
-    """GPUs of a local executor (LocalProcessExecutor keeps them in ``_all_gpus``)."""
-    count = getattr(executor, "gpu_count", None)
-    if isinstance(count, int):
-        return count
-    for name in ("_all_gpus", "_free_gpus"):
-        gpus = getattr(executor, name, None)
-        if gpus is not None:
-            return len(gpus)
-    return 0
-
-
-def _served(key: KeyLike, request: Any) -> bool:
-    """Whether the persistent allocation requested as ``request`` runs ``key`` (as
+def _served(key: KeyLike, shape: AllocationShape) -> bool:
+    """Whether the persistent allocation requested as ``shape`` runs ``key`` (as
     ``AllocationState.serves`` will decide once it exists)."""
-    if key.partition and request.partition and key.partition != request.partition:
+    if key.partition and shape.partition and key.partition != shape.partition:
         return False
-    if key.node_count > request.nodes or key.devices_per_node > request.gpus_per_node:
+    if key.node_count > shape.nodes or key.devices_per_node > shape.gpus_per_node:
         return False
-    return (key.container_image or None) == (request.docker_image or None)
+    return (key.container_image or None) == (shape.image or None)

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from typing import IO
 
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
-from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 KILL_GRACE_SECONDS = 3.0
@@ -36,7 +37,7 @@ class LocalJob:
         self.removed = False
 
 
-class LocalProcessExecutor:
+class LocalProcessExecutor(Executor):
     """Job bookkeeping for executors whose jobs are local process groups."""
 
     def __init__(self, gpu_ids: Sequence[int] | None = None) -> None:
@@ -45,6 +46,10 @@ class LocalProcessExecutor:
         self._free_gpus = list(self._all_gpus)
         self._jobs: dict[str, LocalJob] = {}
         self._ids = itertools.count(1)
+
+    def capacity(self) -> Capacity:
+        """This machine's GPUs (a CPU-only batch runs one at a time)."""
+        return Capacity(local_gpus=len(self._all_gpus))
 
     # -- hooks ----------------------------------------------------------------
     def _launch(self, job: LocalJob) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
 from pytest_trtllm_slurm.execution.slurm.discovery_cache import DEFAULT_TTL, cached_discovery
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
@@ -37,8 +38,10 @@ class RemoteClusters:
     """Connections and discoveries of the remote clusters a run touches, made on first use."""
 
     def __init__(self, cache_dir: Path | None, *, ttl: float = DEFAULT_TTL,
-                 shell_factory: Any = None) -> None:
+                 shell_factory: Any = None, early: EarlyConnections | None = None) -> None:
         self.cache_dir = cache_dir
+        # connections opened before collection (taken on first use) and what was done there
+        self.early = early or EarlyConnections()
         self.ttl = ttl if cache_dir is not None else 0.0
         self._shell_factory = shell_factory
         self._shells: dict[str, Any] = {}
@@ -52,10 +55,9 @@ class RemoteClusters:
             if self._shell_factory is not None:
                 shell = self._shell_factory(cluster)
             else:
-                from pytest_trtllm_slurm.execution.remote import early_connect
                 from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
-                shell = early_connect.take(cluster) or shell_for_cluster(cluster)
+                shell = self.early.take(cluster) or shell_for_cluster(cluster)
             shell.connect()
             self._shells[name] = shell
         return self._shells[name]

@@ -33,25 +33,73 @@ class _Early:
     connected: threading.Event = field(default_factory=threading.Event)  # or failed to
 
 
-_EARLY: dict[str, _Early] = {}
-_TAKEN: dict[str, _Early] = {}  # connections handed out, their ``then`` maybe still running
-
-
 def suitable(cluster: ClusterConfig) -> bool:
     """A login that needs nothing typed: safe to open from a thread."""
     return cluster.is_remote and cluster.transport == "paramiko" and cluster.mfa is False
 
 
-def start(cluster: ClusterConfig, then: Callable[[Any], Any] | None = None) -> bool:
-    """Connect to ``cluster`` in a thread now (once), then run ``then(shell)`` there (the
-    sync and the early sessions: ``early_start``); whether it was started."""
-    if not suitable(cluster) or cluster.name in _EARLY:
-        return False
-    early = _Early(cluster, threading.Thread(name=f"ssh-early-{cluster.name}", daemon=True,
-                                             target=lambda: _connect(early)), then)
-    _EARLY[cluster.name] = early
-    early.thread.start()
-    return True
+class EarlyConnections:
+    """The early connections of one run (one object, owned by the plugin's ``EarlyStart``):
+    opened before collection, taken once by ``RemoteClusters``, the rest closed at the end."""
+
+    def __init__(self) -> None:
+        self._early: dict[str, _Early] = {}
+        # connections handed out, their ``then`` maybe still running
+        self._taken: dict[str, _Early] = {}
+
+    def start(self, cluster: ClusterConfig, then: Callable[[Any], Any] | None = None) -> bool:
+        """Connect to ``cluster`` in a thread now (once), then run ``then(shell)`` there
+        (the sync and the early sessions: ``early_start``); whether it was started."""
+        if not suitable(cluster) or cluster.name in self._early:
+            return False
+        early = _Early(cluster, threading.Thread(name=f"ssh-early-{cluster.name}", daemon=True,
+                                                 target=lambda: _connect(early)), then)
+        self._early[cluster.name] = early
+        early.thread.start()
+        return True
+
+    def take(self, cluster: ClusterConfig) -> Any | None:
+        """The early connection to ``cluster`` (waited for, not the work on it: the shell
+        takes commands from several threads), handed out once; None when there is none, it
+        failed, or the cluster's settings are not the ones it was opened with."""
+        early = self._early.pop(cluster.name, None)
+        if early is None:
+            return None
+        early.connected.wait()
+        shell = early.shell[0] if early.shell else None
+        if shell is not None and early.cluster != cluster:
+            early.thread.join()
+            _undo(early, shell)
+            shell.close()
+            return None
+        if shell is not None:
+            self._taken[cluster.name] = early
+        return shell
+
+    def done(self, cluster: ClusterConfig) -> Any | None:
+        """What the early work (``then``) did on ``cluster``'s taken connection (waited
+        for), handed out once; None when there was none."""
+        early = self._taken.pop(cluster.name, None)
+        if early is None:
+            return None
+        early.thread.join()
+        return early.done[0] if early.done else None
+
+    def close_unused(self) -> None:
+        """End the connections no one took, and stop the early sessions (and end the run's
+        record) of every cluster the run dispatched nothing to: left alone, those sessions
+        would hold their node's memory until their idle exit."""
+        while self._early:
+            _, early = self._early.popitem()
+            early.thread.join()
+            for shell in early.shell:
+                _undo(early, shell)
+                shell.close()
+        while self._taken:  # taken by planning (discovery), but nothing was dispatched there
+            _, early = self._taken.popitem()
+            early.thread.join()
+            for shell in early.shell:  # still open: the run's RemoteClusters closes it later
+                _undo(early, shell)
 
 
 def _connect(early: _Early) -> None:
@@ -79,35 +127,6 @@ def _connect(early: _Early) -> None:
             log.debug("ssh: early work on %s failed: %s", early.cluster.name, exc)
 
 
-def take(cluster: ClusterConfig) -> Any | None:
-    """The early connection to ``cluster`` (waited for, not the work on it: the shell
-    takes commands from several threads), handed out once; None when there is none, it
-    failed, or the cluster's settings are not the ones it was opened with."""
-    early = _EARLY.pop(cluster.name, None)
-    if early is None:
-        return None
-    early.connected.wait()
-    shell = early.shell[0] if early.shell else None
-    if shell is not None and early.cluster != cluster:
-        early.thread.join()
-        _undo(early, shell)
-        shell.close()
-        return None
-    if shell is not None:
-        _TAKEN[cluster.name] = early
-    return shell
-
-
-def done(cluster: ClusterConfig) -> Any | None:
-    """What the early work (``then``) did on ``cluster``'s taken connection (waited for),
-    handed out once; None when there was none."""
-    early = _TAKEN.pop(cluster.name, None)
-    if early is None:
-        return None
-    early.thread.join()
-    return early.done[0] if early.done else None
-
-
 def _undo(early: _Early, shell: Any) -> None:
     """Stop the early sessions and end the run's record on the cluster (no one will)."""
     from pytest_trtllm_slurm.execution.remote import early_start
@@ -119,20 +138,3 @@ def _undo(early: _Early, shell: Any) -> None:
                 work.runs.finish()
             except Exception as exc:  # noqa: BLE001 - best effort at the end of a run
                 log.debug("ssh: ending the early run record failed: %s", exc)
-
-
-def close_unused() -> None:
-    """End the connections no one took, and stop the early sessions (and end the run's
-    record) of every cluster the run dispatched nothing to: left alone, those sessions
-    would hold their node's memory until their idle exit."""
-    while _EARLY:
-        _, early = _EARLY.popitem()
-        early.thread.join()
-        for shell in early.shell:
-            _undo(early, shell)
-            shell.close()
-    while _TAKEN:  # taken by planning (discovery), but nothing was dispatched there
-        _, early = _TAKEN.popitem()
-        early.thread.join()
-        for shell in early.shell:  # still open: the run's RemoteClusters closes it later
-            _undo(early, shell)

@@ -20,7 +20,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.records import load_json
 from pytest_trtllm_slurm.execution.remote.executor import PathMap
@@ -33,6 +32,7 @@ from pytest_trtllm_slurm.execution.remote.workspace import (
     sync_cluster,
     toplevel,
 )
+from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
 from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
@@ -71,6 +71,7 @@ class EarlyRemote:
     code: str | None = None  # the synced code's key (``PreparedSync.key``)
     notes: list[str] = field(default_factory=list)  # what the sync said to the user
     sessions: list[str] = field(default_factory=list)  # session dirs started
+    registry: EarlySessions = field(default_factory=EarlySessions)  # the run's, they are in
 
 
 def layout(cluster: ClusterConfig, rootdir: Path, local_work_root: Path
@@ -85,13 +86,13 @@ def layout(cluster: ClusterConfig, rootdir: Path, local_work_root: Path
 
 
 def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
-                   ask: SessionAsk | None) -> EarlyRemote:
+                   ask: SessionAsk | None, registry: EarlySessions) -> EarlyRemote:
     """Preflight, sync, then (``ask``) a session on each live agent of the cluster's
     allocation. Stops at the first failure quietly: the executor does that step again
     and reports it."""
     paths, state_dir, path_map = layout(cluster, rootdir, Path(ask.local_work_root) if ask
                                         else rootdir / "work_dirs")
-    done = EarlyRemote(ShellRunRegistry(shell, f"{state_dir}/runs"))
+    done = EarlyRemote(ShellRunRegistry(shell, f"{state_dir}/runs"), registry=registry)
     try:
         preflight(shell, cluster)
         done.checked = True
@@ -100,14 +101,15 @@ def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
         done.code = done.runs.me.code if cluster.sync != "none" else None
         done.synced = True
         if ask is not None:
-            done.sessions = _start_sessions(shell, cluster, paths, state_dir, path_map, ask)
+            done.sessions = _start_sessions(shell, cluster, paths, state_dir, path_map, ask,
+                                            registry)
     except (ConfigError, ExecutionError, OSError, ValueError) as exc:
         log.debug("ssh: early sync/sessions on %s stopped: %s", cluster.name, exc)
     return done
 
 
 def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, state_dir: str,
-                    path_map: PathMap, ask: SessionAsk) -> list[str]:
+                    path_map: PathMap, ask: SessionAsk, registry: EarlySessions) -> list[str]:
     from pytest_trtllm_slurm.execution.slurm.allocation import STATE_NAME
 
     raw = ShellStateStore(shell, state_dir, STATE_NAME).read()
@@ -123,13 +125,13 @@ def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, st
     for node in expand_hostlist(nodelist):
         # as the warm pool names it: the remote interpreter, no secrets key (remote)
         adir = agent_dir(f"{paths.remote_work_root}/.agents/{job_id}", node, cluster.python)
-        if early_sessions.has(adir) or not agent_alive(shell, adir):
+        if registry.has(adir) or not agent_alive(shell, adir):
             continue
         name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         argv = session_argv(cluster.python, base, f"{adir}/sessions/{name}", targets,
                             capture_no=ask.capture_no, nodeids_file=False)
         sdir = send_session(shell, adir, name, argv, cwd=path_map.text(ask.cwd), env=env)
-        early_sessions.remember(adir, sdir)
+        registry.remember(adir, sdir)
         started.append(sdir)
     return started
 
@@ -150,7 +152,7 @@ def stop_sessions(shell: Shell, early: EarlyRemote) -> None:
     has, or the run has no use for them)."""
     for sdir in early.sessions:
         adir = sdir.rsplit("/sessions/", 1)[0]
-        if early_sessions.take(adir) != sdir:
+        if early.registry.take(adir) != sdir:
             continue  # a batch took it, or it was never recorded
         try:
             shell.write_file(f"{sdir}/inbox/stop", "")

@@ -27,7 +27,6 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.records import BadRecord, Heartbeat, load_json, validated
 from pytest_trtllm_slurm.execution.render.scripts import GresStyle, gpu_flag
@@ -37,6 +36,7 @@ from pytest_trtllm_slurm.execution.slurm.alloc_containers import (
     set_up_container,
     setup_name,
 )
+from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import (
     JobIdentity,
     SchedulerError,
@@ -52,6 +52,7 @@ from pytest_trtllm_slurm.execution.slurm.state_store import LocalStateStore, Sta
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
+from pytest_trtllm_slurm.planning.packing import AllocationShape
 from pytest_trtllm_slurm.transport.shell import Shell
 
 STATE_NAME = ".slurm_alloc.json"
@@ -193,6 +194,11 @@ class AllocationRequest:
                    docker_image=mine[0].container_image, gres_style=gres_style,
                    gres_type=info.gpu_type if info else None, container_images=images)
 
+    def shape(self) -> AllocationShape:
+        """What the packer reads of it (``Capacity.allocation``)."""
+        return AllocationShape(nodes=self.nodes, gpus_per_node=self.gpus_per_node,
+                               partition=self.partition, image=self.docker_image)
+
     @property
     def images(self) -> list[str]:
         """The images to set up (pyxis), the first one first."""
@@ -262,8 +268,11 @@ class AllocationManager:
         agents_dir: str | None = None,
         runs: RunRegistry | None = None,
         store: StateStore | None = None,
+        early: EarlySessions | None = None,
     ) -> None:
         self.shell = shell
+        # this run's sessions started before it collected (on this allocation's agents)
+        self.early = early or EarlySessions()
         # where warm workers keep their agents (``<dir>/<job id>/<node>-<tag>/``)
         self.agents_dir = agents_dir or str(Path(rootdir) / "work_dirs" / ".agents")
         self.request = replace(request, container_runtime="pyxis") if pyxis else request
@@ -467,7 +476,7 @@ class AllocationManager:
             except BadRecord:
                 return False
             serving = beat.running + beat.pending
-            if serving - (1 if early_sessions.has(agent) else 0) > 0:
+            if serving - (1 if self.early.has(agent) else 0) > 0:
                 return False
         return True
 
@@ -682,7 +691,7 @@ class AllocationManager:
         Skipped while steps run in the allocation: their processes are not leftovers
         (known without squeue when this run's early sessions went to its live agents).
         """
-        if state.gpus_per_node <= 0 or early_sessions.on_allocation(state.job_id) or (
+        if state.gpus_per_node <= 0 or self.early.on_allocation(state.job_id) or (
                 self.jobs.squeue_steps(state.job_id)):
             return []
         argv = ["srun", f"--jobid={state.job_id}", "-N", str(state.nodes),

@@ -1,37 +1,38 @@
-"""Sessions this process started on live agents before it collected (see ``warm_start``).
+"""Sessions this run started on live agents before it collected (see ``warm_start``).
 
-One owner for that state: the warm start records each session here, the warm pool takes it
-for the first batch that needs that node, the allocation asks whether any are open (so it
-neither releases nor cleans up under them), and the end of the run stops the ones no batch
-took. Keyed by agent folder; the value is the session folder.
+One owner for that state, one object per run (the plugin's ``EarlyStart``): the warm start
+records each session here, the warm pool takes it for the first batch that needs that
+node, the allocation asks whether any are open (so it neither releases nor cleans up under
+them), and the end of the run stops the ones no batch took. Keyed by agent folder; the
+value is the session folder.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-_OPEN: dict[str, str] = {}
 
+class EarlySessions:
+    """The open early sessions of one run, by agent folder."""
 
-def remember(agent_dir: str, session_dir: str) -> None:
-    _OPEN[agent_dir] = session_dir
+    def __init__(self) -> None:
+        self._open: dict[str, str] = {}
 
+    def remember(self, agent_dir: str, session_dir: str) -> None:
+        self._open[agent_dir] = session_dir
 
-def has(agent_dir: str) -> bool:
-    return agent_dir in _OPEN
+    def has(self, agent_dir: str) -> bool:
+        return agent_dir in self._open
 
+    def take(self, agent_dir: str | None) -> str | None:
+        """The session started early on this agent, handed out once."""
+        return self._open.pop(agent_dir, None) if agent_dir else None
 
-def take(agent_dir: str | None) -> str | None:
-    """The session started early on this agent, handed out once."""
-    return _OPEN.pop(agent_dir, None) if agent_dir else None
+    def on_allocation(self, alloc_job_id: str) -> bool:
+        """Any open on an agent of that allocation (alive when started)."""
+        return any(f"/.agents/{alloc_job_id}/" in adir for adir in self._open)
 
-
-def on_allocation(alloc_job_id: str) -> bool:
-    """Any open on an agent of that allocation (alive when started)."""
-    return any(f"/.agents/{alloc_job_id}/" in adir for adir in _OPEN)
-
-
-def drain() -> Iterator[str]:
-    """Every session still open, forgotten as it is handed out (to be stopped)."""
-    while _OPEN:
-        _, session_dir = _OPEN.popitem()
-        yield session_dir
+    def drain(self) -> Iterator[str]:
+        """Every session still open, forgotten as it is handed out (to be stopped)."""
+        while self._open:
+            _, session_dir = self._open.popitem()
+            yield session_dir

@@ -36,7 +36,7 @@ from pathlib import PurePosixPath
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
-from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.execution.render.containers import CENV_PREFIX
 from pytest_trtllm_slurm.execution.render.scripts import (
     ContainerOptions,
@@ -59,13 +59,17 @@ from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, WalltimePol
 from pytest_trtllm_slurm.execution.slurm.warm_batches import WarmBatches
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_secret
+from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 __all__ = ["SlurmExecutor", "WalltimePolicy"]
 
 
-class SlurmExecutor:
+class SlurmExecutor(Executor):
     """Runs JobSpecs on Slurm through ``shell`` (LocalShell here, SSHShell for remote)."""
+
+    prepares = True
+    allocations: AllocationManager | None
 
     def __init__(
         self,
@@ -127,7 +131,8 @@ class SlurmExecutor:
                                    walltime=walltime, final_wait=final_wait)
         self.steps = AllocationSteps(self._shared, watch=self.watch, final_wait=final_wait,
                                      cancel=self._cancel, wraps=self.launch.wraps)
-        self.warm = WarmBatches(self._shared, steps=self.steps)
+        self.warm = WarmBatches(self._shared, steps=self.steps,
+                                early=allocation_manager.early if allocation_manager else None)
         # the scheduler's adaptive interval and its outages
         self._interval = min_interval
         self._next_at = 0.0
@@ -159,6 +164,12 @@ class SlurmExecutor:
         """The run's tests, node id -> key (before the first submit): one worker session
         collects all."""
         self.warm.expect(tests)
+
+    def capacity(self) -> Capacity:
+        """The persistent allocation as requested, else the partitions discovery saw."""
+        manager = self.allocations if self.persistent else None
+        return Capacity(allocation=manager.request.shape() if manager else None,
+                        warm=self.warm_workers, slurm_env=self.slurm_env)
 
     # -- submit -------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> JobHandle:

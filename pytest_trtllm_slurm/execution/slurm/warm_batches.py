@@ -14,6 +14,7 @@ from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.backend import Backends
+from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError
 from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
@@ -26,8 +27,10 @@ from pytest_trtllm_slurm.planning.jobspec import JobSpec
 class WarmBatches:
     """This run's pools (one per allocation) and the batches they place."""
 
-    def __init__(self, shared: Backends, *, steps: AllocationSteps) -> None:
+    def __init__(self, shared: Backends, *, steps: AllocationSteps,
+                 early: EarlySessions | None = None) -> None:
         self.shared = shared
+        self.early = early  # the run's sessions started before it collected
         self.steps = steps  # a step the pool gave nodes to is launched there
         self.pools: dict[str, AgentPool] = {}
         self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
@@ -47,7 +50,7 @@ class WarmBatches:
         if pool is None:
             pool = AgentPool(self.shared.shell, alloc, gres_style=opts.gres_style,
                              gres_type=opts.gres_type, warn=self.shared.warn,
-                             list_steps=self.shared.jobs.squeue_steps)
+                             list_steps=self.shared.jobs.squeue_steps, early=self.early)
             pool.expect(self.expected)
             self.pools[alloc.job_id] = pool
         handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self.shared.seq)}", spec=spec,

@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-import pytest_trtllm_slurm.execution.slurm.early_sessions as early_sessions
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.disk import space_problem
@@ -44,6 +43,7 @@ from pytest_trtllm_slurm.execution.outcome import (
 from pytest_trtllm_slurm.execution.records import BadRecord, Heartbeat, validated
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import StepRow
 from pytest_trtllm_slurm.execution.slurm.lifecycle import FollowsState, Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
@@ -164,8 +164,10 @@ class AgentPool:
         warn: Callable[[str], None] | None = None,
         placer: Placer | None = None,
         list_steps: Callable[[str], dict[str, StepRow] | None] | None = None,
+        early: EarlySessions | None = None,
     ) -> None:
         self.shell = shell
+        self.early = early or EarlySessions()  # sessions the run started before it collected
         self.list_steps = list_steps  # the scheduler's running steps of an allocation
         self.placer: Placer = placer or BestFit()
         self.alloc = alloc
@@ -368,7 +370,7 @@ class AgentPool:
         if not node.agent_dir:
             self._ensure_agent(node, spec)
         if node.session is None:
-            early = early_sessions.take(node.agent_dir)
+            early = self.early.take(node.agent_dir)
             if early:  # started before the controller collected: it collects everything
                 node.session, node.session_ids = early, None
                 return early
