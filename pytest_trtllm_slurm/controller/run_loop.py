@@ -473,7 +473,7 @@ class DispatchLoop:
         """The batch's walltime and monitor timeout with its tests' own time limits."""
         key = batch.key
         asked = key.time_limit or self.settings.time_limit
-        env = getattr(self.executors[target_of(key)], "slurm_env", None)
+        env = self.executors[target_of(key)].slurm_env
         name = key.partition or (env.default_partition if env else None)
         part = env.partition(name) if env and name else None
         limit = parse_duration(part.time_limit) if part else None
