@@ -36,6 +36,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--trtllm-worker-nodeids", default=None, help="(internal) node ids file")
     group.addoption("--trtllm-worker-serve", default=None,
                     help="(internal) serve batch requests from this directory")
+    group.addoption("--trtllm-worker-collect", default=None,
+                    help="(internal) write what was collected to this file (collection.json)")
 
 
 class ReportWriter:
@@ -275,6 +277,13 @@ class MarkedLines:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    collect = config.getoption("trtllm_worker_collect")
+    if collect:  # a collect-only run for a controller that cannot import the suite
+        from pytest_trtllm_slurm.node.collection import CollectionWriter
+
+        os.environ[WORKER_ENV] = "1"
+        config.pluginmanager.register(CollectionWriter(config, Path(collect)),
+                                      "trtllm-slurm-collection-writer")
     reports = config.getoption("trtllm_worker_reports")
     if not reports:
         return

@@ -257,4 +257,5 @@ class Settings(BaseModel):
     keep_order: bool = False
     max_retries: int = 1
     unsatisfied: Literal["skip", "fail"] = "skip"
+    collect: Literal["here", "target"] = "here"
     hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])
