@@ -5,8 +5,9 @@ pytest's own collection still runs (arguments, ``path::name`` selection, ``--des
 module becomes a ``PlaceholderModule`` whose children are built from ``collection.json``:
 classes as plain collectors, tests as ``PlaceholderItem`` with the target's names,
 markers (with their arguments: sizing reads ``skip_less_device(N)``, ``trtllm_slurm(...)``,
-``timeout``), keywords and location, and the target's key. A module the target could not
-collect fails here with the target's error text, as a plain run would show it.
+``timeout``), keywords and location, and the target's key. A collector that failed or
+skipped on the target (an import error, a module skipping itself on this GPU) reports
+here the target's own CollectReport, as a plain run on the target shows it.
 
 Order and selection are the target's: what the suite selected and ordered at collection
 (test lists, waives, ``--regexp``) is applied before the other plugins' selection, as the
@@ -30,14 +31,6 @@ from pytest_trtllm_slurm.controller.target_collection import (
 from pytest_trtllm_slurm.node.collection import rel_path
 
 KEY_ATTR = "trtllm_key"  # the key the target computed for a placeholder (see node.collection)
-
-
-class TargetCollectError(Exception):
-    """The target could not collect this file; ``text`` is what pytest showed there."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
 
 
 class PlaceholderItem(pytest.Item):
@@ -77,20 +70,12 @@ class PlaceholderModule(pytest.Module):
     """A test file as the target collected it: nothing is imported here."""
 
     entries: list[tuple[list[str], CollectedItem]]
-    errors: list[str]
 
     def _getobj(self) -> Any:
         raise RuntimeError("a placeholder module is never imported")
 
     def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
-        if self.errors:
-            raise TargetCollectError("\n".join(self.errors))
         return _build(self, self.entries)
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:
-        if isinstance(excinfo.value, TargetCollectError):
-            return excinfo.value.text
-        return super().repr_failure(excinfo)
 
     # a placeholder module has no fixtures, setup or teardown of its own
     def _register_setup_module_fixture(self) -> None: ...
@@ -147,8 +132,16 @@ class PlaceholderPlugin:
         rel, entries = self._entries(module_path, parent.config.rootpath)
         module = PlaceholderModule.from_parent(parent, path=module_path)
         module.entries = entries
-        module.errors = [e.text for e in self.collected.errors_by_file.get(rel, [])]
         return module
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        """The target's report for a collector that failed or skipped there."""
+        data = self.collected.reports.get(collector.nodeid)
+        if data is None:
+            return None
+        config = collector.config
+        return config.hook.pytest_report_from_serializable(config=config, data=data)
 
     def pytest_collect_file(self, file_path: Path,
                             parent: pytest.Collector) -> pytest.Collector | None:
@@ -175,8 +168,16 @@ class PlaceholderPlugin:
         result = yield
         for item in items:
             if isinstance(item, PlaceholderItem) and item.entry.nodeid != item.nodeid:
-                item._nodeid = item.entry.nodeid
+                set_nodeid(item, item.entry.nodeid)
         return result
 
-    def pytest_report_collectionfinish(self, config: pytest.Config) -> str:
-        return f"trtllm-slurm: collected on {self.collected.where}"
+
+def set_nodeid(item: pytest.Item, nodeid: str) -> None:
+    """Show ``item`` under ``nodeid`` (pytest 8 keeps it in ``_nodeid``, pytest 9 in ``_id``)."""
+    if "_nodeid" in vars(item):
+        item._nodeid = nodeid  # type: ignore[attr-defined]
+        return
+    from _pytest.nodeid import NodeId  # type: ignore[import-not-found]  # pytest >= 9
+
+    item._id = NodeId.parse(nodeid)  # type: ignore[attr-defined]
+

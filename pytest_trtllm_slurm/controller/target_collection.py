@@ -63,11 +63,12 @@ class CollectedItem(BaseModel):
         return self.key.split("::")[1:]
 
 
-class CollectedError(BaseModel):
+class CollectedReport(BaseModel):
+    """A collector that failed or skipped on the target: its serialized CollectReport."""
+
     model_config = ConfigDict(extra="forbid")
     nodeid: str
-    path: str
-    text: str
+    data: dict[str, Any]
 
 
 class Collection(BaseModel):
@@ -78,7 +79,7 @@ class Collection(BaseModel):
     rootdir: str
     items: list[CollectedItem]
     deselected: list[CollectedItem] = Field(default_factory=list)
-    errors: list[CollectedError] = Field(default_factory=list)
+    reports: list[CollectedReport] = Field(default_factory=list)
     host: dict[str, str] = Field(default_factory=dict)
 
 
@@ -92,9 +93,7 @@ class TargetCollection:
         self.order = {item.key: index for index, item in enumerate(collection.items)}
         # the suite's own deselection comes first, then this run's (-k, -m, ...)
         self.all_items = [*collection.deselected, *collection.items]
-        self.errors_by_file: dict[str, list[CollectedError]] = {}
-        for error in collection.errors:
-            self.errors_by_file.setdefault(error.path, []).append(error)
+        self.reports = {report.nodeid: report.data for report in collection.reports}
 
 
 def collect_key(ctx: PlanningContext) -> BatchKey:
@@ -207,7 +206,7 @@ def collect_on_target(config: pytest.Config, ctx: PlanningContext,
     try:
         say(f"collecting the tests on the target ({target_name(target_of(key))}"
             + (f", partition {key.partition}" if key.partition else "") + "): the suite is not "
-            f"imported here ({_WHERE}=target)")
+            "imported here (--trtllm-collect=target)")
         spec = collect_spec(config, key, work_root, executor, settings.time_limit,
                             settings.monitor_timeout_seconds)
         spec.write()

@@ -6,9 +6,9 @@ options (test lists, waives, prefixes select and reorder there, as in a plain ru
 plugin writes ``collection.json`` once collection is over: per selected item, in the final
 order, its key (path relative to the rootdir + the chain of names below the file), the node
 id pytest shows, its location, its markers with their arguments (sizing reads them) and the
-keywords ``-k`` matches; the keys the conftest deselected; the collection errors as pytest
-would print them; and where it ran (node, GPU), so the controller can say which target
-collected.
+keywords ``-k`` matches; the items the conftest deselected; the collectors that failed or
+skipped (their serialized reports); and where it ran (node, GPU), so the controller can
+say which target collected.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ class ItemEntry(TypedDict):
     keywords: list[str]  # extra names ``-k`` matches beyond the chain of names and markers
 
 
-class ErrorEntry(TypedDict):
+class ReportEntry(TypedDict):
+    """A collector that failed or skipped (a module skipping itself at import)."""
+
     nodeid: str
-    path: str  # the collector's file, relative to the rootdir ("" when none)
-    text: str  # pytest's longrepr, as the terminal shows it
+    data: dict[str, Any]  # the CollectReport, as ``pytest_report_to_serializable`` made it
 
 
 class CollectionRecord(TypedDict):
@@ -54,7 +55,7 @@ class CollectionRecord(TypedDict):
     rootdir: str
     items: list[ItemEntry]
     deselected: list[ItemEntry]  # what the suite deselected at collection (test lists)
-    errors: list[ErrorEntry]
+    reports: list[ReportEntry]
     host: dict[str, str]
 
 
@@ -134,24 +135,23 @@ class CollectionWriter:
         self.config = config
         self.path = path
         self.deselected: list[ItemEntry] = []
-        self.errors: list[ErrorEntry] = []
+        self.reports: list[ReportEntry] = []
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         rootpath = self.config.rootpath
         self.deselected += [item_entry(i, rootpath) for i in items]
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if not report.failed:
+        if report.passed:
             return
-        path = report.nodeid.split("::", 1)[0]
-        self.errors.append(ErrorEntry(nodeid=report.nodeid, path=path,
-                                      text=str(report.longreprtext)))
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.reports.append(ReportEntry(nodeid=report.nodeid, data=data))
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         rootpath = self.config.rootpath
         items = [item_entry(item, rootpath) for item in session.items]
         record = CollectionRecord(v=COLLECTION_VERSION, rootdir=str(rootpath), items=items,
-                                  deselected=self.deselected, errors=self.errors,
+                                  deselected=self.deselected, reports=self.reports,
                                   host=_host())
         write_atomic(self.path, json.dumps(record, default=repr) + "\n")
