@@ -140,6 +140,9 @@ class PlaceholderPlugin:
         data = self.collected.reports.get(collector.nodeid)
         if data is None:
             return None
+        if isinstance(data.get("longrepr"), list):
+            # a skip's (path, lineno, reason) tuple came back from JSON as a list
+            data = {**data, "longrepr": tuple(data["longrepr"])}
         config = collector.config
         return config.hook.pytest_report_from_serializable(config=config, data=data)
 
