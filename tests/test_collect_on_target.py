@@ -89,16 +89,23 @@ def closing(run: SuiteRun) -> str:
     return re.sub(r" in [\d.]+s.*", "", lines[-1]).strip("= ") if lines else run.stdout
 
 
-def reports(run: SuiteRun) -> list[tuple]:
-    return sorted((r["nodeid"], r["when"], r["outcome"], without_addresses(r["longrepr"]),
+def reports(run: SuiteRun, paths: tuple[str, str] = ("", "")) -> list[tuple]:
+    """What each report says; ``paths``: a remote checkout's folder, read as the local one
+    (a skip's location names the file where the test ran)."""
+    return sorted((r["nodeid"], r["when"], r["outcome"],
+                   without_addresses(r["longrepr"]).replace(*paths) if paths[0]
+                   else without_addresses(r["longrepr"]),
                    tuple(r["location"])) for r in run.reports)
 
 
-def assert_same(plain: SuiteRun, dispatched: SuiteRun) -> None:
+def assert_same(plain: SuiteRun, dispatched: SuiteRun, paths: tuple[str, str] = ("", "")) -> None:
     assert dispatched.returncode == plain.returncode, dispatched.stdout
     assert closing(dispatched) == closing(plain), (plain.stdout, dispatched.stdout)
-    assert reports(dispatched) == reports(plain), dispatched.stdout
-    assert junit_cases(dispatched.junit) == junit_cases(plain.junit)
+    assert reports(dispatched, paths) == reports(plain), dispatched.stdout
+    cases = junit_cases(dispatched.junit)
+    if paths[0]:
+        cases = json.loads(json.dumps(cases).replace(*paths))
+    assert cases == json.loads(json.dumps(junit_cases(plain.junit)))
 
 
 def test_without_the_mode_the_run_says_how_to_collect_on_the_target(suite: Path) -> None:
@@ -186,6 +193,8 @@ def remote_suite(devcluster: dict, tmp_path_factory: pytest.TempPathFactory):
     (base / "models" / "llama-3.1-8b").mkdir(parents=True)
     (suite / "test_list.txt").write_text(TEST_LIST)
     (suite / "waives.txt").write_text(WAIVES)
+    # the report recorder (-p report_recorder) reaches the remote worker with the code
+    shutil.copy(Path(__file__).parent / "data" / "report_recorder.py", suite)
     (suite / ".gitignore").write_text("__pycache__/\n.pytest_cache/\nwork_dirs/\n*.xml\n"
                                       "*.jsonl\n")
     ssh = devcluster["ssh"]
@@ -214,13 +223,14 @@ def test_over_ssh_the_stage_equals_the_plain_run_on_a_node(remote_suite: Path) -
     args = ci_args(remote_suite)
     plain = plain_on_node(remote_suite, *args, tag="plain")
     dispatched = run_suite(remote_suite, *args, *COLLECT, "--slurm-cluster=devssh",
-                           "--trtllm-one-shot", tag="ssh", timeout=600)
-    assert_same(plain, dispatched)
+                           "--trtllm-one-shot", tag="ssh", timeout=900)
+    checkout = remote_suite.parent / "cluster_home" / remote_suite.name
+    assert_same(plain, dispatched, (str(checkout), str(remote_suite)))
     assert re.search(r"tests collected on remote_slurm:devssh, partition batch, node n[12], "
                      r"NVIDIA H200 \(job \d+\)", dispatched.stdout), dispatched.stdout
     selected = run_suite(remote_suite, *args, *COLLECT, "--slurm-cluster=devssh",
                          "--trtllm-one-shot", "-k", "tp or class", "--deselect",
-                         "check_arch.py", tag="ssh-k", timeout=600)
+                         "check_arch.py", tag="ssh-k", timeout=900)
     assert {r["nodeid"] for r in selected.reports} == {
         "accuracy/check_accuracy.py::test_llama_tp[tp2]",
         "accuracy/check_accuracy.py::TestLlama::test_in_class"}, selected.stdout
