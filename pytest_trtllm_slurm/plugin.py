@@ -301,7 +301,7 @@ def _freeze_gc(config: pytest.Config) -> None:
         # and freeze again when the interpreter exits: its final collections would scan
         # the same objects again (~70-90 ms), and Python does not promise to collect what
         # is left at exit. atexit runs only then: an in-process pytest.main() (pytester)
-        # is thawed by the cleanup above and collected as before.
+        # is thawed by the cleanup above and collected as usual.
         atexit.register(gc.freeze)
         _EXIT_FREEZE.append(True)
 

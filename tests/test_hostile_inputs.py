@@ -197,7 +197,7 @@ def _paths_in(box: Sandbox, name: str) -> tuple[str, str]:
     (safe_values.job_name_problem, ["acct.$(x) `y`;z 'q'", "a/b"], ["", "-x", "a\rb", "a\x00"]),
 ])
 def test_safe_value_rules(check, good, bad) -> None:
-    """The rules in words (README): each good value passes, each bad one gets a reason."""
+    """The rules in words (docs/security-model.md): each good value passes, each bad one gets a reason."""
     assert [v for v in good if check(v)] == []
     assert [v for v in bad if not check(v)] == []
 

@@ -1,7 +1,7 @@
 """Bring the plugin artefacts of dispatched batches into this run (the pytest face).
 
 A batch's worker writes what pytest-cov and pytest-benchmark measured into its work dir
-(``worker_artefacts``). When the batch ends, the controller reads those files through the
+(``node.artefacts``). When the batch ends, the controller reads those files through the
 executor's Shell (local, container or SSH alike) and hands them to its own plugins, as
 pytest-xdist's controller does with what its workers send:
 

@@ -11,7 +11,7 @@ Locally only where that is known without asking anyone: a local allocation state
 agents whose heartbeat is fresh. A remote cluster named by ``--slurm-cluster`` does the same
 from its early connection's thread, after syncing the code (``connect_early``). Anything
 else (no allocation yet, settings that turn warm workers off) does nothing here; the pool
-starts sessions as before. A
+starts sessions itself. A
 session whose collection turns out to lack a batch's node id says so before running it,
 and the pool collects again by node id (``agents.EARLY_MISS``).
 """

@@ -27,14 +27,14 @@ class Cadence:
     warm_remote: float = 0.2
     # the run loop's wait after a round that found nothing: the monitor's interval,
     # ``idle_growth`` times longer per quiet round up to ``idle_max`` (never below the
-    # interval); back to the interval after a round that found something. Measured on
-    # 32 nodes: quiet 20 ms rounds were most of the controller's CPU time
+    # interval); back to the interval after a round that found something: on a big
+    # cluster, quiet rounds at the shortest interval are most of the controller's CPU time
     idle_growth: float = 1.5
     idle_max: float = 0.2
     # a round reads every active batch's files: beyond this many batches the least wait
     # between rounds grows with them (up to idle_max), so the controller's CPU per second
-    # stays bounded (measured: 85 warm batches on 32 nodes, rounds back to back after
-    # every report, were most of its CPU time)
+    # stays bounded (with many warm batches, rounds back to back after every report are
+    # most of its CPU time)
     batches_per_round: int = 8
     # one look at a persistent allocation whose warm workers serve this run's batches
     # (nothing else asks the scheduler then): a failed node ends it. Ended batches'

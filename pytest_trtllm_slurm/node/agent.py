@@ -6,7 +6,7 @@ the allocation. It imports pytest and every pytest plugin once; each run of the
 controller then asks it (``D/inbox/<run>.json``) for a *session*: a forked
 ``pytest.main`` that collects the run's tests once (paying the suite's import
 cost once per node, not once per batch) and serves the run's batches itself
-(see ``worker_serve``). A later run starts in milliseconds, not seconds.
+(see ``node.session_server``). A later run starts in milliseconds, not seconds.
 
 It never serves stale code: before each session it re-stats the plugin's own
 files and, when one changed, re-executes itself (same step, same mailbox).

@@ -11,7 +11,7 @@ cluster gives both sides.
 
 Only this user may write a mailbox: its folders are made 0700, and a file that is not
 a regular file of ours or that group or others may write is refused (logged, removed,
-never run): see ``private_files``.
+never run): see ``files.why_untrusted`` and ``files.make_private_dirs``.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class ReportWriter:
         if report.failed:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
             record = records.collect_error(data)
-            self.collect_errors.append(record)  # a served batch repeats them (worker_serve)
+            self.collect_errors.append(record)  # a served batch repeats them (session_server)
             self.emit(record)
 
     @pytest.hookimpl(trylast=True)

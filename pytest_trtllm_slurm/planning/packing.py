@@ -20,7 +20,7 @@ inside a chunk they keep collection order so module/class fixtures are shared.
 Chunks are returned in the order the simulation submitted them: wide and long
 first, so a chunk needing the whole pool starts while it is empty.
 
-Expected durations come from earlier runs (``durations.py`` keeps them in
+Expected durations come from earlier runs (``controller.history`` keeps them in
 pytest's cache); a test never seen gets the median of the known ones of the
 run, else ``DEFAULT_DURATION``.
 """

@@ -1,7 +1,7 @@
 """The plan: one row per test saying what it needs and where it would run.
 
-``build_plan`` takes the routing function as an argument so the planning rules
-stay testable without probes; the renderers are pure.
+The controller routes and packs; this module only turns its decisions into rows (for
+``controller.plan_report``) and renders them, pure, so the plan is testable without probes.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ clusters-file keys (partition, gpus_per_node, device_type, account) overriding i
 partition is then chosen by resolve.select_partition as for the local Slurm. It is asked
 only when the clusters file cannot tell alone (no partition, or a GPU test and no
 gpus_per_node, or a wanted type and no device_type); otherwise, and without discovery,
-the clusters-file keys decide, as before.
+the clusters-file keys alone decide.
 """
 
 from __future__ import annotations

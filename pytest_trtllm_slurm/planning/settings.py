@@ -1,7 +1,7 @@
 """Validated configuration: the clusters file and the run's resolved settings.
 
 Precedence for every setting: CLI > env (TRTLLM_SLURM_<NAME>) > ini (trtllm_<name>)
-> cluster file > default. ``options.py`` registers the options and builds
+> cluster file > default. ``controller.options`` registers the options and builds
 ``Settings``; this module only holds the models and the clusters file loader.
 """
 

@@ -23,10 +23,11 @@ tracked ones, unless ``ship_secrets`` (``sync_secrets = true``).
 Only what changed since the last sync is sent: the snapshot commit is deterministic (HEAD's
 date, so the same tree on the same HEAD is the same commit), the remote checkout keeps a
 record of what was synced (``.git/trtllm-sync.json``: the commit and each untracked file's
-blob id), and one round trip (``_probe``) tells what is there. When the remote is at the
-snapshot and holds nothing else, no commit is sent, nothing is checked out and only the
-untracked files whose content changed are shipped (removed ones are removed there).
-Leftovers on the remote (edits, files a session left) are stashed as before, and then
+blob id), and one round trip (``checkout_probe.probe``) tells what is there. When the
+remote is at the snapshot and holds nothing else, no commit is sent, nothing is checked
+out and only the untracked files whose content changed are shipped (removed ones are
+removed there).
+Leftovers on the remote (edits, files a session left) are stashed, and then
 every untracked file is shipped again.
 """
 

@@ -2,7 +2,7 @@
 
 Preflight (seed Step 3) runs before anything is submitted so a missing directory or
 missing Slurm tools are reported once, naming the host and the fix, instead of as
-failed jobs. Code sync (seed Step 4) lives in ``remote_sync``; the build (Step 5) is
+failed jobs. Code sync (seed Step 4) lives in ``remote.sync``; the build (Step 5) is
 not done here.
 """
 

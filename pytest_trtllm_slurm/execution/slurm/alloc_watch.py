@@ -44,7 +44,7 @@ class AllocationWatch:
         (``CADENCE.alloc_watch_gap``) when batches that ended wait for this look to show
         their end and none of the run's batches there still runs (the run's last results
         wait for nothing else); while others run, their ends share the regular look
-        (measured on 8 nodes, 200 tests: one look per ended batch was most of the RPCs)."""
+        (one look per ended batch would be most of a run's RPCs)."""
         watched = {j.alloc.job_id for j in jobs if j.alloc is not None
                    and not j.state.status.finished}
         ending = {j.alloc.job_id for j in jobs if j.alloc is not None

@@ -2,8 +2,8 @@
 
 Local Slurm is ``SlurmClient(LocalShell())``; a remote cluster is
 ``SlurmClient(SSHShell(...))``: the recipes are written once. Discovery lives in
-slurm_discovery.py; job commands (sbatch, salloc, srun, squeue, sacct, scancel)
-are added here as methods that build argv lists and parse with slurm_parse.py.
+``discovery``; job commands (sbatch, salloc, srun, squeue, sacct, scancel)
+are added here as methods that build argv lists and parse with ``parse``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Commands are argv lists run through the Shell, so the same code serves a local
 Slurm and a remote one over SSH. Anything that fails is recorded in
 ``SlurmEnv.errors`` (a partial result), never raised: the caller decides
-whether partial is enough. Parsing lives in slurm_parse.py.
+whether partial is enough. Parsing lives in ``parse``.
 """
 
 from __future__ import annotations

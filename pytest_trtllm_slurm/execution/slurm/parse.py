@@ -1,7 +1,7 @@
 """Pure parsers for Slurm command output (scontrol, sacctmgr, srun --mpi=list, sinfo).
 
 They take captured strings, never run anything, so they are tested on samples
-and on the real cluster's output alike; slurm_discovery.py runs the commands.
+and on the real cluster's output alike; ``discovery`` runs the commands.
 """
 
 from __future__ import annotations

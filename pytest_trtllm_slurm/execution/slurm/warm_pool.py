@@ -3,7 +3,7 @@
 One agent per node (``pytest_trtllm_slurm.node.agent``, a Slurm step holding the
 node's GPUs with ``--overlap``) outlives the run; per run and node it forks one
 session that collects the run's tests once and forks one child per batch (see
-``worker_serve``). The controller talks to them through files only (the
+``node.session_server``). The controller talks to them through files only (the
 mailboxes under ``work_dirs/.agents/<allocation>/``), so nothing here asks
 slurmctld anything once the agents run: no step per batch, no step polling.
 
@@ -686,7 +686,7 @@ def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
     agent never started goes stale after AGENT_START_GRACE seconds.)"""
     res = shell.run(["sh", "-c", _CLAIM, "sh", agent_dir, str(int(AGENT_START_GRACE))],
                     timeout=60)
-    if not res.ok:  # no flock on the target: launch, as before
+    if not res.ok:  # no flock on the target: launch without a claim
         return True
     return res.stdout.strip() != "taken"
 

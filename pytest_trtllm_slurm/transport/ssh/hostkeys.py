@@ -4,7 +4,7 @@ An unknown key is refused unless the user opted in (``accept_new_host_key = true
 OpenSSH's ``accept-new``); a changed or revoked key is always refused. paramiko's
 auto-add policy is never used: it would silently trust whoever answers. A host
 certificate is accepted when an ``@cert-authority`` line for the host names its CA (see
-``ssh_hostcerts``); with no such line its key is checked as a plain key, as OpenSSH does.
+``hostcerts``); with no such line its key is checked as a plain key, as OpenSSH does.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One Transport per run and on it one relay channel (``node/relay.py``, started once per
 connection): commands and file operations ride it, one round trip each, and it pushes
 the growth of watched files. Without python3 on the login node (or while the relay is
-being replaced), a channel per command and SFTP for files, as before. A dropped
+being replaced), a channel per command and SFTP for files. A dropped
 connection is re-established with backoff on the next call (an MFA login asks the
 code provider again); a command cut by the drop is re-run only when the caller says
 it may be (``retry_on_drop``; sbatch must not be).

@@ -104,7 +104,8 @@ class RelayChannel:
     def start(cls, transport: paramiko.Transport, python: str = "python3",
               ready_timeout: float = READY_TIMEOUT) -> RelayChannel | None:
         """A relay on a new channel of ``transport``; None when it does not come up (no
-        python3 on the login node, a restricted shell): the caller runs commands as before."""
+        python3 on the login node, a restricted shell): the caller runs each command on its
+        own channel."""
         try:
             chan = transport.open_session(timeout=30)
             chan.exec_command(remote_command(relay_argv(python)))
