@@ -117,6 +117,25 @@ def test_without_the_mode_the_run_says_how_to_collect_on_the_target(suite: Path)
            "trtllm_collect = target, env TRTLLM_SLURM_COLLECT=target)" in run.stdout
 
 
+def test_test_files_that_cannot_be_imported_name_the_setting_too(tmp_path: Path) -> None:
+    """A conftest that imports here, a test module that reads its model path at import."""
+    suite = copy_suite(SUITE, tmp_path)
+    (suite / "conftest.py").write_text("import os\nfrom pathlib import Path\n\n\n"
+                                       "def llm_models_root():\n"
+                                       "    root = Path(os.environ.get('LLM_MODELS_ROOT', '/no'))\n"
+                                       "    assert root.exists(), 'set LLM_MODELS_ROOT'\n"
+                                       "    return root\n\n\n"
+                                       "def get_sm_version():\n    return 90\n\n\n"
+                                       "skip_pre_hopper = skip_post_blackwell = "
+                                       "__import__('pytest').mark.skip_less_device(1)\n")
+    run = run_suite(suite, "--trtllm-remote", tag="files")
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, run.stdout
+    assert "AssertionError: set LLM_MODELS_ROOT" in run.stdout
+    assert "trtllm-slurm: 1 test file cannot be imported here (a GPU, torch or model paths " \
+           "needed at import?); collect the tests on the target instead: " \
+           "--trtllm-collect=target" in run.stdout, run.stdout
+
+
 @pytest.mark.parametrize("partition,gpu,collected", [
     ("batch", "h200", "node n[12], NVIDIA H200"),
     ("gb200", "gb200", "node g[12], NVIDIA GB200"),  # check_arch.py skips itself there
