@@ -8,7 +8,9 @@ list of options: ``--timeout=1``, ``--reruns 2``, ``--forked``, ``--asyncio-mode
 reach the tests as in a plain run. The controller owns:
 
 - test selection: the positional arguments, ``-k``, ``-m``, ``--deselect``, ``--ignore``,
-  ``--lf``/``--ff``/``--nf``/``--sw`` and friends (the worker gets node ids);
+  ``--lf``/``--ff``/``--nf``/``--sw`` and friends, pytest-split's ``--splits``/``--group``
+  (the worker gets the tests the controller's collection selected, and runs exactly those
+  whatever a conftest's own options select there: ``node.worker``);
 - how the run stops: ``-x``/``--maxfail`` (the controller cancels the other jobs);
 - output files and reports written once for the run: ``--junitxml``, ``--html``,
   ``--report-log``, ``--log-file``, coverage reports and thresholds, benchmark files,
@@ -45,6 +47,7 @@ SELECTION = {
     "failedfirst", "newfirst", "last_failed_no_failures", "cacheclear", "cacheshow",
     "stepwise", "stepwise_skip", "stepwise_reset", "keepduplicates", "collectonly",
     "pyargs", "continue_on_collection_errors",
+    "splits", "group",  # pytest-split's shard: a re-run line runs one test, unsharded
 }
 STOPPING = {"maxfail", "exitfirst"}
 OUTPUT_FILES = {

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pytest_trtllm_slurm.controller.artefacts import prefix_mapper
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
 from pytest_trtllm_slurm.execution.records import (
     CollectErrorRecord,
@@ -36,6 +37,9 @@ class BatchState(Protocol):
     collect_errors: list[str]
     missing: dict[str, str]  # nodeid -> the target's rootdir
     session_finished: bool
+
+    @property
+    def target_rootdir(self) -> str: ...
 
 
 @dataclass(slots=True)
@@ -63,7 +67,15 @@ class RecordHandlers:
         self.replayer.start(record.nodeid, came.ctx)
 
     def on_report(self, record: ReportRecord, came: Arrival) -> None:
-        self.replayer.report(came.raw["data"], came.ctx)
+        data = came.raw["data"]
+        longrepr = data.get("longrepr")
+        if isinstance(longrepr, list) and longrepr and isinstance(longrepr[0], str):
+            # a skip's (path, lineno, reason): the path where the user's rootdir is, as in
+            # a plain run (the terminal's "SKIPPED [1] file:line" and junit show it)
+            local = prefix_mapper(came.batch.target_rootdir,
+                                  str(self.replayer.config.rootpath))(longrepr[0])
+            data = {**data, "longrepr": [local, *longrepr[1:]]}
+        self.replayer.report(data, came.ctx)
 
     def on_finish(self, record: FinishRecord, came: Arrival) -> None:
         self.replayer.finish(record.nodeid)

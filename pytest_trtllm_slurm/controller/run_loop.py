@@ -48,7 +48,10 @@ from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_na
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.execution.records import BadRecord, describe_line, parse_record
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.node import assignment
+from pytest_trtllm_slurm.node.assignment import key_path
 from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.item_key import item_key
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Target, target_name, target_of
@@ -80,6 +83,11 @@ class RunningBatch:
     session_finished: bool = False
     records_seen: int = 0
     refused: BadRecord | None = None  # the first record the controller refused
+
+    @property
+    def target_rootdir(self) -> str:
+        """The rootdir where the batch ran (a remote cluster's checkout)."""
+        return self.spec.rootdir
 
     @cached_property
     def nodeids(self) -> frozenset[str]:
@@ -125,6 +133,8 @@ class DispatchLoop:
         self.builds = builds or {}  # targets whose cluster wants a build before the tests
         self.stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
         self.replayer = Replayer(self.config, {p.item.nodeid: p.item for p in plans if p.key})
+        # node id -> what the worker finds the test by, whatever hooks did to the node id
+        self.keys = {p.item.nodeid: item_key(p.item) for p in plans if p.key}
         self.handlers = RecordHandlers(self.replayer, after_test=self._check_stop)
         hints = [h for h in (getattr(e, "poll_hint", None) for e in executors.values()) if h]
         self.monitor = Monitor(settings.hang_patterns, on_change=self._show_state,
@@ -190,13 +200,13 @@ class DispatchLoop:
 
     def _announce(self, dispatched: list[tuple[str, BatchKey]]) -> None:
         """Tell each executor that wants it (warm workers) all node ids it will get."""
-        by_target: dict[Target, set[str]] = {}
+        by_target: dict[Target, dict[str, str]] = {}
         for nodeid, key in dispatched:
-            by_target.setdefault(target_of(key), set()).add(nodeid)
-        for target, nodeids in by_target.items():
+            by_target.setdefault(target_of(key), {})[nodeid] = self.keys[nodeid]
+        for target, tests in by_target.items():
             expect = getattr(self.executors.get(target), "expect", None)
             if expect is not None:
-                expect(nodeids)
+                expect(tests)
 
     def _prepare(self, targets: set[Target]) -> None:
         """Several Slurm targets (clusters): each gets its allocation now, in a thread of
@@ -395,16 +405,18 @@ class DispatchLoop:
         ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
         ids_file = work_dir / "nodeids.json"
-        write_atomic(ids_file, json.dumps(batch.nodeids))
+        tests = assignment.pairs(batch.nodeids, self.keys)
+        write_atomic(ids_file, assignment.dumps(tests))
         reports = work_dir / "reports.jsonl"
         spec = JobSpec(
             scenario=key.scenario,
             name=name,
             job_name=f"{key.account or 'trtllm'}.{name}",
             nodeids=batch.nodeids,
+            item_keys=dict(tests),
             nodeids_file=str(ids_file),
-            command=worker_command(self.config, batch.nodeids, ids_file, reports, work_dir,
-                                   options=self.worker_options),
+            command=worker_command(self.config, [k for _, k in tests], ids_file, reports,
+                                   work_dir, options=self.worker_options),
             rerun_argv=pytest_base_argv(self.config, options=self.worker_options),
             rootdir=str(self.config.rootpath),
             invocation_dir=str(worker_cwd(self.config)),
@@ -589,11 +601,12 @@ def worker_env(config: pytest.Config) -> dict[str, str]:
 
 
 def worker_command(
-    config: pytest.Config, nodeids: list[str], ids_file: Path, reports: Path, work_dir: Path,
+    config: pytest.Config, keys: list[str], ids_file: Path, reports: Path, work_dir: Path,
     options: list[str] | None = None,
 ) -> list[str]:
     """argv of the worker pytest: the user's invocation (``forwarding``), the worker
-    plugin, node ids in a file, the batch's module paths. Never a shell string."""
+    plugin, the tests (node ids and keys: ``node.assignment``) in a file, the files of the
+    batch's keys. Never a shell string."""
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker"]
     argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
@@ -607,7 +620,7 @@ def worker_command(
     opt = config.option
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
     cwd = worker_cwd(config)
-    argv += sorted({_module_path(n, config.rootpath, cwd) for n in nodeids})
+    argv += sorted({_module_path(k, config.rootpath, cwd) for k in keys})
     return argv
 
 
@@ -622,8 +635,8 @@ def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) ->
     return argv + (options if options is not None else forwarded_options(config)[0])
 
 
-def _module_path(nodeid: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
-    """The file part of a node id, which is relative to the rootdir: as it is when the
-    worker runs there, else absolute."""
-    module = nodeid.split("::", 1)[0]
+def _module_path(key: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
+    """The file of a test's key (``node.item_key``), which is relative to the rootdir: as
+    it is when the worker runs there, else absolute."""
+    module = key_path(key)
     return module if rootdir is None or cwd == rootdir else str(rootdir / module)

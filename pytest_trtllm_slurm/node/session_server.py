@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.node import records
+from pytest_trtllm_slurm.node import assignment, item_key, records
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.forkloop import ForkLoop, redirect_output, spawn
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, GPU_LOCKS_ENV  # noqa: F401
@@ -95,12 +95,14 @@ class SessionServer:
         self.config = config
         self.serve_dir = serve_dir
         self.writer = writer
-        self.items: dict[str, pytest.Item] = {}
+        self.items: dict[str, list[pytest.Item]] = {}  # key -> items (``item_key``)
         self.leases: GpuLeases | None = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        self.items = {item.nodeid: item for item in session.items}
+        # every item collected, whatever the suite's own selection kept on this side: a
+        # batch runs what the controller's collection selected
+        self.items = self.writer.candidates(session)
         lock_dir = os.environ.get(GPU_LOCKS_ENV)
         self.session = session
         self._lock_dir = Path(lock_dir) if lock_dir else None
@@ -132,9 +134,10 @@ class SessionServer:
         return 2
 
     def _run_batch(self, request: dict[str, Any], gpu_ids: list[str]) -> int:
-        if not self.writer.wanted and any(n not in self.items for n in request["nodeids"]):
-            # collected from the run's arguments, and they did not give this node id here:
-            # the controller sends the batch to a session that collects it by node id
+        wanted = assignment.parse(request["tests"])
+        if not self.writer.wanted and any(key not in self.items for _, key in wanted):
+            # collected from the run's arguments, and they did not give this test here:
+            # the controller sends the batch to a session that collects it by key
             return EARLY_MISS
         for key, value in (request.get("env") or {}).items():
             os.environ[key] = value
@@ -142,13 +145,11 @@ class SessionServer:
         self._own_basetemp(str(request.get("name", os.getpid())))
         redirect_output(request["log_path"])
         self.writer.reopen(Path(request["reports_path"]))
-        wanted = list(request["nodeids"])
-        missing = [n for n in wanted if n not in self.items]
+        items, missing = item_key.pick(wanted, self.items)  # under the controller's ids
         if missing:
             for record in self.writer.collect_errors:
                 self.writer.emit(record)
             self.writer.emit(records.missing(missing, str(self.config.rootpath)))
-        items = [self.items[n] for n in wanted if n in self.items]
         session = self.session
         failed_before = session.testsfailed
         for index, item in enumerate(items):

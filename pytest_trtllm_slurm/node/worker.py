@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.node import records
+from pytest_trtllm_slurm.node import item_key, records
+from pytest_trtllm_slurm.node.assignment import Assignment, key_path, loads
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION  # noqa: F401
 from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
@@ -51,7 +52,8 @@ class ReportWriter:
 
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
         self.enabled = rank_and_size()[0] == 0
-        self.wanted: list[str] = []
+        self.wanted: Assignment = []  # (controller's node id, key) of the tests to run
+        self.collected: list[pytest.Item] = []
         self.collect_errors: list[records.CollectErrorRecord] = []
         self.marked: MarkedLines | None = None  # pytest's terminal output, marked
 
@@ -70,22 +72,28 @@ class ReportWriter:
         self._file.append((_encode(record) + "\n").encode(), sync=sync)
 
     # -- selection -------------------------------------------------------
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(
-        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """Every item collected, before any plugin selected or reordered: the worker runs
+        what the controller's collection selected, never a selection of its own."""
+        self.collected.append(item)
+
+    def candidates(self, session: pytest.Session) -> dict[str, list[pytest.Item]]:
+        """key -> items: all collected, and any a hook made at collection (perf tests)."""
+        seen = {id(item) for item in self.collected}
+        extra = [item for item in session.items if id(item) not in seen]
+        return item_key.index([*self.collected, *extra])
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """After every plugin's ``pytest_collection_modifyitems`` (their markers, waives'
+        skips included, stay on the items): exactly the assigned tests, in the assigned
+        order, under the controller's node ids; a test not found fails alone."""
         if not self.wanted:
             return
-        by_id = {item.nodeid: item for item in items}
-        selected = [by_id[n] for n in self.wanted if n in by_id]
-        missing = [n for n in self.wanted if n not in by_id]
+        items, missing = item_key.pick(self.wanted, self.candidates(session))
+        session.items[:] = items
         if missing:
-            self.emit(records.missing(missing, str(config.rootpath)))
-        wanted = set(self.wanted)  # once: a batch may hold tens of thousands of tests
-        deselected = [item for item in items if item.nodeid not in wanted]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-        items[:] = selected
+            self.emit(records.missing(missing, str(self.config.rootpath)))
 
     # -- events ----------------------------------------------------------
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -275,6 +283,18 @@ class MarkedLines:
         return getattr(self._file, name)
 
 
+def drop_absent_files(config: pytest.Config) -> None:
+    """The files to collect that this side lacks leave the command line (pytest would end
+    the whole session: "file or directory not found"): their tests are reported missing,
+    each failing alone with the reason."""
+    here = Path(config.invocation_params.dir)
+    kept = [arg for arg in config.args if (here / key_path(str(arg))).exists()]
+    for arg in config.args:
+        if arg not in kept:
+            print(f"[trtllm-slurm] not on this side, its tests are missing: {arg}", flush=True)
+    config.args[:] = kept
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     collect = config.getoption("trtllm_worker_collect")
@@ -291,7 +311,8 @@ def pytest_configure(config: pytest.Config) -> None:
     writer = ReportWriter(config, Path(reports))
     ids_file = config.getoption("trtllm_worker_nodeids")
     if ids_file:
-        writer.wanted = list(json.loads(Path(ids_file).read_text("utf-8")))
+        writer.wanted = loads(Path(ids_file).read_text("utf-8"))
+        drop_absent_files(config)
     config.pluginmanager.register(writer, "trtllm-slurm-report-writer")
     from pytest_trtllm_slurm.node.artefacts import (
         BatchArtefacts,  # coverage and benchmark data come back

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pytest_trtllm_slurm.node.assignment import Assignment, pairs
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
@@ -76,6 +77,8 @@ class JobSpec(BaseModel):
     name: str
     job_name: JobName
     nodeids: list[str] = Field(default_factory=list)
+    # node id -> what identifies the test on the worker (``node.item_key``); none: the node id
+    item_keys: dict[str, str] = Field(default_factory=dict)
     nodeids_file: OneLine | None = None
     command: Argv = Field(default_factory=list)
     rerun_argv: Argv = Field(default_factory=list)  # pytest argv to re-run one node id
@@ -104,6 +107,10 @@ class JobSpec(BaseModel):
     hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])
     build_arch: str | None = None
     slurm_env: SlurmEnv | None = None
+
+    def assignment(self) -> Assignment:
+        """The batch's tests as the worker gets them: (node id, key), in order."""
+        return pairs(self.nodeids, self.item_keys)
 
     def masked(self) -> JobSpec:
         """A copy safe to write: secret env values masked (``masking.mask_env``)."""

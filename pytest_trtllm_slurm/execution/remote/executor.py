@@ -9,14 +9,14 @@ mapped spec. The monitor then reads reports and logs through the SSH shell by of
 
 from __future__ import annotations
 
-import json
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
+from pytest_trtllm_slurm.node import assignment
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.transport.shell import Shell
 
@@ -99,7 +99,7 @@ class RemoteSlurmExecutor:
         remote = self.paths.spec(spec, self.interpreter)
         self.shell.mkdir(remote.work_dir)
         if remote.nodeids_file:
-            self.shell.write_file(remote.nodeids_file, json.dumps(spec.nodeids))
+            self.shell.write_file(remote.nodeids_file, assignment.dumps(spec.assignment()))
         self.shell.write_file(
             str(PurePosixPath(remote.work_dir) / "job_spec.json"),
             remote.masked().model_dump_json(indent=2) + "\n",
@@ -109,10 +109,10 @@ class RemoteSlurmExecutor:
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         return self.inner.poll(handles)
 
-    def expect(self, nodeids: set[str]) -> None:
+    def expect(self, tests: Mapping[str, str]) -> None:
         expect = getattr(self.inner, "expect", None)
         if expect is not None:
-            expect(nodeids)
+            expect(tests)
 
     def prepare(self) -> None:
         prepare = getattr(self.inner, "prepare", None)

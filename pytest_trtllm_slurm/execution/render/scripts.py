@@ -364,6 +364,7 @@ def rerun_argv(spec: JobSpec, nodeid: str) -> list[str]:
     node-id file); a job that is not a pytest batch re-runs its own command."""
     if not spec.rerun_argv:
         return list(spec.command)
+    nodeid = spec.item_keys.get(nodeid, nodeid)  # what pytest finds, whatever hooks showed
     if spec.invocation_dir and spec.invocation_dir != spec.rootdir:
         nodeid = f"{spec.rootdir.rstrip('/')}/{nodeid}"  # node ids are relative to the rootdir
     return [*spec.rerun_argv, nodeid]

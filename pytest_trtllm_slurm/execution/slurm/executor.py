@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.errors import ExecutionError
@@ -155,9 +155,10 @@ class SlurmExecutor:
     def container_run_flags(self) -> list[str]:
         return self.launch.container_run_flags
 
-    def expect(self, specs_nodeids: set[str]) -> None:
-        """The run's node ids (before the first submit): one worker session collects all."""
-        self.warm.expect(specs_nodeids)
+    def expect(self, tests: Mapping[str, str]) -> None:
+        """The run's tests, node id -> key (before the first submit): one worker session
+        collects all."""
+        self.warm.expect(tests)
 
     # -- submit -------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> JobHandle:

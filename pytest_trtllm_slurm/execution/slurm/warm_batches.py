@@ -6,6 +6,7 @@ on whole nodes (launched gated, before its nodes are free, when it can be)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
@@ -29,13 +30,13 @@ class WarmBatches:
         self.shared = shared
         self.steps = steps  # a step the pool gave nodes to is launched there
         self.pools: dict[str, AgentPool] = {}
-        self.expected: set[str] = set()
+        self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
         self._recorded: set[str] = set()  # batches noted in this run's record
 
-    def expect(self, nodeids: set[str]) -> None:
-        self.expected |= nodeids
+    def expect(self, tests: Mapping[str, str]) -> None:
+        self.expected.update(tests)
         for pool in self.pools.values():
-            pool.expect(nodeids)
+            pool.expect(tests)
 
     def enqueue(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState, *,
                 gated: bool) -> TrackedJob:

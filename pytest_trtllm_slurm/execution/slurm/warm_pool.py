@@ -26,7 +26,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -58,6 +58,8 @@ from pytest_trtllm_slurm.execution.slurm.placement import (
 # a served batch sent to a session that collected the run's arguments (not its node ids)
 # and lacks one of its node ids exits with EARLY_MISS before running anything: sent again
 # to a session that collects exactly the run's node ids
+from pytest_trtllm_slurm.node import assignment
+from pytest_trtllm_slurm.node.assignment import key_path, pairs
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import is_secret, only_secrets, without_secrets
@@ -167,7 +169,7 @@ class AgentPool:
         self.run_id = f"{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.jobs: dict[str, WarmJob] = {}
         self.order: list[str] = []  # submission order: placement is first come, with backfill
-        self.expected: set[str] = set()
+        self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
         self._next_health = 0.0
         self.warmed = False  # sessions started on every node (SlurmExecutor asks once)
         # session dir -> why it is gone (its agent was lost, or it ended early): every
@@ -175,9 +177,9 @@ class AgentPool:
         self.lost: dict[str, str] = {}
 
     # -- placement ------------------------------------------------------------
-    def expect(self, nodeids: set[str]) -> None:
-        """The run's node ids, so one session per node collects them all at once."""
-        self.expected |= nodeids
+    def expect(self, tests: Mapping[str, str]) -> None:
+        """The run's tests (node id -> key), so one session per node collects them all."""
+        self.expected.update(tests)
 
     def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False,
             life: Lifecycle | None = None) -> WarmJob:
@@ -357,17 +359,18 @@ class AgentPool:
                 return early
         if node.session:  # a batch this session did not collect (e.g. run without expect)
             self.shell.write_file(f"{node.session}/inbox/stop", "")
-        ids = sorted(self.expected | wanted)
+        tests = {**self.expected, **dict(spec.assignment())}
+        ids = sorted(tests)
         name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
         sdir = f"{node.agent_dir}/sessions/{name}"
         base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
-        argv = session_argv(spec.command[0], base, sdir,
-                            sorted({_module(n, spec.rootdir, spec.invocation_dir) for n in ids}),
+        files = {_module(key_path(k), spec.rootdir, spec.invocation_dir) for k in tests.values()}
+        argv = session_argv(spec.command[0], base, sdir, sorted(files),
                             capture_no="--capture=no" in spec.command, nodeids_file=True)
         send_session(self.shell, node.agent_dir, name, argv,
                      cwd=spec.invocation_dir or spec.rootdir,
                      env=env_for_session(spec.env, local=isinstance(self.shell, LocalShell)),
-                     files={"nodeids.json": json.dumps(ids)})
+                     files={"nodeids.json": assignment.dumps(pairs(ids, tests))})
         node.session, node.session_ids = sdir, frozenset(ids)
         return sdir
 
@@ -388,7 +391,7 @@ class AgentPool:
         self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
         request = {
             "name": sent.request_name,
-            "nodeids": list(spec.nodeids),
+            "tests": spec.assignment(),  # (node id, key): ``node.assignment``
             "gpus": spec.devices_per_node,
             "gpus_total": self.alloc.gpus_per_node,
             "reports_path": spec.reports_path,

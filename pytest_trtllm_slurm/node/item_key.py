@@ -1,0 +1,79 @@
+"""What identifies a test on any side, whatever a hook did to its node id (one place).
+
+A key is the item's file relative to the rootdir plus the names of the collectors and the
+item below that file (``accuracy/test_a.py::TestX::test_y[fp8]``). It is what pytest
+computes a node id from before any plugin rewrote it: a conftest that prefixes every
+``_nodeid`` with the stage name (TensorRT-LLM's ``--test-prefix``) changes the node id,
+not the names. Names still come from the suite's own code on both sides (a patched
+``CallSpec2.id`` drops empty parameter ids from names on the worker as on the controller).
+An item collected elsewhere (a placeholder for a test collected on the target) carries its
+key precomputed (``set_item_key``); the controller reads every key through ``item_key``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import pytest
+
+from pytest_trtllm_slurm.node.assignment import Assignment
+
+_KEY = pytest.StashKey[str]()
+
+
+def item_key(item: pytest.Item) -> str:
+    """The item's key: precomputed, else its file (rootdir-relative) and names below it."""
+    given = item.stash.get(_KEY, None)
+    if given is not None:
+        return given
+    chain = item.listchain()
+    at = max((i for i, node in enumerate(chain) if isinstance(node, pytest.File)), default=-1)
+    if at < 0:  # an item under no file (a plugin's own): its node id is all there is
+        return item.nodeid
+    relative = os.path.relpath(chain[at].path, item.config.rootpath).replace(os.sep, "/")
+    return "::".join([relative, *(node.name for node in chain[at + 1:])])
+
+
+def set_item_key(item: pytest.Item, key: str) -> None:
+    """Give ``item`` its key (an item that stands for a test collected elsewhere)."""
+    item.stash[_KEY] = key
+
+
+def set_nodeid(item: pytest.Item, nodeid: str) -> None:
+    """Show ``item`` under ``nodeid`` (pytest 8 keeps it in ``_nodeid``, pytest 9 in ``_id``)."""
+    if "_nodeid" in vars(item):
+        item._nodeid = nodeid  # type: ignore[attr-defined]
+        return
+    from _pytest.nodeid import NodeId  # type: ignore[import-not-found]  # pytest >= 9
+
+    item._id = NodeId.parse(nodeid)  # type: ignore[attr-defined]
+
+
+def index(items: Iterable[pytest.Item]) -> dict[str, list[pytest.Item]]:
+    """key -> the items with that key, in collection order."""
+    found: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        found.setdefault(item_key(item), []).append(item)
+    return found
+
+
+def pick(assignment: Assignment, by_key: dict[str, list[pytest.Item]]
+         ) -> tuple[list[pytest.Item], list[str]]:
+    """The assigned items in the assigned order, each shown under the controller's node id,
+    and the node ids of those not found. Two items with one key are taken in order."""
+    taken: dict[str, int] = {}
+    items: list[pytest.Item] = []
+    missing: list[str] = []
+    for nodeid, key in assignment:
+        candidates = by_key.get(key, [])
+        n = taken.get(key, 0)
+        if n >= len(candidates):
+            missing.append(nodeid)
+            continue
+        taken[key] = n + 1
+        item = candidates[n]
+        if item.nodeid != nodeid:
+            set_nodeid(item, nodeid)
+        items.append(item)
+    return items, missing
