@@ -102,10 +102,9 @@ def assert_same(plain: SuiteRun, dispatched: SuiteRun, paths: tuple[str, str] = 
     assert dispatched.returncode == plain.returncode, dispatched.stdout
     assert closing(dispatched) == closing(plain), (plain.stdout, dispatched.stdout)
     assert reports(dispatched, paths) == reports(plain), dispatched.stdout
-    cases = junit_cases(dispatched.junit)
-    if paths[0]:
-        cases = json.loads(json.dumps(cases).replace(*paths))
-    assert cases == json.loads(json.dumps(junit_cases(plain.junit)))
+    cases = json.dumps(junit_cases(dispatched.junit))  # as text: paths read as local ones
+    assert json.loads(cases.replace(*paths) if paths[0] else cases) == json.loads(
+        json.dumps(junit_cases(plain.junit)))
 
 
 def test_without_the_mode_the_run_says_how_to_collect_on_the_target(suite: Path) -> None:
@@ -154,6 +153,16 @@ def test_a_stage_typed_here_equals_the_plain_run_on_a_node(
     if gpu == "gb200":
         assert "check_arch.py" not in closing(dispatched) and not any(
             r["nodeid"].startswith("check_arch.py") for r in dispatched.reports)
+
+
+def test_a_stage_prefix_reads_as_in_the_plain_run(suite: Path) -> None:
+    """--test-prefix rewrites every node id on the target (after the suite's own selection):
+    the run shows, records in junit and dispatches under the prefixed ids."""
+    args = [*ci_args(suite), "--test-prefix=H200-PyTorch-1"]
+    plain = plain_on_node(suite, *args, tag="plain-prefix")
+    assert any(r["nodeid"].startswith("H200-PyTorch-1/") for r in plain.reports), plain.stdout
+    dispatched = run_suite(suite, *args, *COLLECT, tag="collect-prefix", timeout=900)
+    assert_same(plain, dispatched)
 
 
 def test_selection_is_the_controllers_on_the_targets_collection(suite: Path) -> None:

@@ -29,8 +29,7 @@ from pytest_trtllm_slurm.controller.target_collection import (
     TargetCollection,
 )
 from pytest_trtllm_slurm.node.collection import rel_path
-
-KEY_ATTR = "trtllm_key"  # the key the target computed for a placeholder (see node.collection)
+from pytest_trtllm_slurm.node.item_key import item_key, set_item_key, set_nodeid
 
 
 class PlaceholderItem(pytest.Item):
@@ -40,7 +39,7 @@ class PlaceholderItem(pytest.Item):
 
     def setup_placeholder(self, entry: CollectedItem) -> None:
         self.entry = entry
-        setattr(self, KEY_ATTR, entry.key)
+        set_item_key(self, entry.key)  # what the worker finds it by (node.item_key)
         self.own_markers.extend(Mark(m.name, tuple(m.args), dict(m.kwargs), _ispytest=True)
                                 for m in entry.markers)
         for marker in entry.markers:
@@ -162,9 +161,8 @@ class PlaceholderPlugin:
                                       items: list[pytest.Item]) -> Generator[None]:
         """The target's selection and order first; its display ids once every plugin ran."""
         order = self.collected.order
-        dropped = [i for i in items if getattr(i, KEY_ATTR, None) not in order]
-        kept = sorted((i for i in items if getattr(i, KEY_ATTR, None) in order),
-                      key=lambda i: order[getattr(i, KEY_ATTR)])
+        dropped = [i for i in items if item_key(i) not in order]
+        kept = sorted((i for i in items if item_key(i) in order), key=lambda i: order[item_key(i)])
         items[:] = kept
         if dropped:
             config.hook.pytest_deselected(items=dropped)
@@ -173,14 +171,4 @@ class PlaceholderPlugin:
             if isinstance(item, PlaceholderItem) and item.entry.nodeid != item.nodeid:
                 set_nodeid(item, item.entry.nodeid)
         return result
-
-
-def set_nodeid(item: pytest.Item, nodeid: str) -> None:
-    """Show ``item`` under ``nodeid`` (pytest 8 keeps it in ``_nodeid``, pytest 9 in ``_id``)."""
-    if "_nodeid" in vars(item):
-        item._nodeid = nodeid  # type: ignore[attr-defined]
-        return
-    from _pytest.nodeid import NodeId  # type: ignore[import-not-found]  # pytest >= 9
-
-    item._id = NodeId.parse(nodeid)  # type: ignore[attr-defined]
 

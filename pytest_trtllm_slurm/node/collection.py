@@ -24,6 +24,7 @@ from typing import Any, TypedDict
 import pytest
 
 from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.item_key import item_key
 
 COLLECTION_FILE = "collection.json"
 COLLECTION_VERSION = 1
@@ -57,15 +58,6 @@ class CollectionRecord(TypedDict):
     deselected: list[ItemEntry]  # what the suite deselected at collection (test lists)
     reports: list[ReportEntry]
     host: dict[str, str]
-
-
-def item_key(item: pytest.Item, rootpath: Path) -> str:
-    """What identifies an item on any side whatever its display id: its file relative to
-    the rootdir and the names from the file down (a conftest may rewrite ``_nodeid``)."""
-    chain = item.listchain()
-    files = [i for i, node in enumerate(chain) if isinstance(node, pytest.File)]
-    below = chain[files[-1] + 1:] if files else chain[-1:]
-    return rel_path(Path(item.path), rootpath) + "::" + "::".join(n.name for n in below)
 
 
 def rel_path(path: Path, rootpath: Path) -> str:
@@ -115,10 +107,10 @@ def _host() -> dict[str, str]:
     return host
 
 
-def item_entry(item: pytest.Item, rootpath: Path) -> ItemEntry:
+def item_entry(item: pytest.Item) -> ItemEntry:
     path, line, domain = item.location
     return ItemEntry(
-        key=item_key(item, rootpath),
+        key=item_key(item),
         nodeid=item.nodeid,
         location=[path, line, domain],
         markers=[MarkerEntry(name=m.name, args=_json_safe(list(m.args)),
@@ -138,8 +130,7 @@ class CollectionWriter:
         self.reports: list[ReportEntry] = []
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        rootpath = self.config.rootpath
-        self.deselected += [item_entry(i, rootpath) for i in items]
+        self.deselected += [item_entry(i) for i in items]
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.passed:
@@ -149,9 +140,9 @@ class CollectionWriter:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        rootpath = self.config.rootpath
-        items = [item_entry(item, rootpath) for item in session.items]
-        record = CollectionRecord(v=COLLECTION_VERSION, rootdir=str(rootpath), items=items,
+        items = [item_entry(item) for item in session.items]
+        record = CollectionRecord(v=COLLECTION_VERSION, rootdir=str(self.config.rootpath),
+                                  items=items,
                                   deselected=self.deselected, reports=self.reports,
                                   host=_host())
         write_atomic(self.path, json.dumps(record, default=repr) + "\n")

@@ -2,7 +2,8 @@
 not its code): importing it needs a GPU, because module-level ``skipif`` markers ask
 ``nvidia-smi`` for the GPU's architecture through a shell (``check_output``); without one the
 import raises ``CalledProcessError`` (exit status 127). Its own options (``--test-list``,
-``--waives-file``, ``--output-dir``, ...) select, reorder and waive tests at collection.
+``--waives-file``, ``--output-dir``, ``--test-prefix``, ...) select, reorder and waive tests
+at collection, and put the stage name before every node id.
 
 On the dev cluster the only ``nvidia-smi`` is a FAKE one (it lists the GPUs Slurm gave the job),
 put on the PATH of jobs by the cluster's TaskProlog; the machine that runs the test suite has
@@ -47,6 +48,8 @@ def pytest_addoption(parser):
                      help="file of waived tests: <id> SKIP (reason)")
     parser.addoption("--output-dir", "-O", action="store", default=None,
                      help="where tests write their output")
+    parser.addoption("--test-prefix", "-P", action="store", default=None,
+                     help="the stage name, put before every node id (junit buckets by it)")
     parser.addoption("--perf", action="store_true", help="run perf tests")
     parser.addoption("--perf-log-formats", action="append", default=[],
                      help="yaml or csv (repeatable)")
@@ -76,6 +79,20 @@ def pytest_collection_modifyitems(session, config, items):
                 if item.nodeid == nodeid:
                     item.add_marker(pytest.mark.skip(reason=reason.strip("() ") or "waived"))
     yield
+    prefix = config.getoption("--test-prefix")
+    for item in items if prefix else ():
+        _set_nodeid(item, f"{prefix}/{item.nodeid}")
+
+
+def _set_nodeid(item, nodeid):
+    """``item._nodeid = nodeid`` as TensorRT-LLM writes it (pytest 8); pytest 9 keeps the
+    id in ``item._id``."""
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid
 
 
 @pytest.fixture
