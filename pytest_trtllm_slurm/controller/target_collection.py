@@ -180,7 +180,8 @@ def _read(executor: Executor, path: str) -> str | None:
     shell = executor.shell
     if not shell.exists(path):
         return None
-    chunks, offset = [], 0
+    chunks: list[bytes] = []
+    offset = 0
     while True:
         data = shell.read_from(path, offset)
         if not data:
