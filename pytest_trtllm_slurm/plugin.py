@@ -57,6 +57,28 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
     register_if_wanted(config)
+    if settings is not None and settings.collect == "target" and dispatch_enabled(config):
+        config.pluginmanager.register(TargetCollect(), "trtllm-slurm-target-collect")
+
+
+class TargetCollect:
+    """--trtllm-collect=target: before pytest collects, the target collects (one job);
+    pytest then builds placeholder items from that collection (``placeholders``)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> None:
+        from pytest_trtllm_slurm.controller.placeholders import PlaceholderPlugin
+        from pytest_trtllm_slurm.controller.session import planning_context, terminal_warning
+        from pytest_trtllm_slurm.controller.target_collection import collect_on_target
+
+        config = session.config
+        try:
+            collected = collect_on_target(config, planning_context(config),
+                                          terminal_warning(config))
+        except (ConfigError, ExecutionError) as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.pluginmanager.register(PlaceholderPlugin(collected),
+                                      "trtllm-slurm-placeholders")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -70,7 +92,8 @@ def pytest_configure_node(node: object) -> None:
 
 def _is_worker(config: pytest.Config) -> bool:
     """True inside a dispatched batch: a worker never dispatches again."""
-    return bool(config.getoption("trtllm_worker_reports", default=None))
+    return bool(config.getoption("trtllm_worker_reports", default=None)
+                or config.getoption("trtllm_worker_collect", default=None))
 
 
 def dispatch_enabled(config: pytest.Config) -> bool:
@@ -80,12 +103,76 @@ def dispatch_enabled(config: pytest.Config) -> bool:
     return options.remote_requested(config) and options.resolve_settings(config).remote
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+_WORKER_FLAGS = ("trtllm_worker_reports", "trtllm_worker_collect", "trtllm_worker_serve")
+
+
+def _early_worker(early_config: pytest.Config) -> bool:
+    ns = early_config.known_args_namespace
+    return any(getattr(ns, flag, None) for flag in _WORKER_FLAGS) or bool(
+        os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def _skip_conftests(early_config: pytest.Config) -> bool:
+    """--trtllm-collect=target: the suite's conftests are not imported here (the target
+    collects); their options are read from their source (``static_options``). True when so."""
+    if _early_worker(early_config):
+        return False
+    from pytest_trtllm_slurm.controller.warm_start import EarlyConfig, run_targets
+
+    try:
+        if not options.collect_on_target(EarlyConfig(early_config)):  # type: ignore[arg-type]
+            return False
+    except ConfigError:
+        return False  # the run says so once configured
+    from pytest_trtllm_slurm.controller.static_options import static_plugin
+
+    early_config.known_args_namespace.noconftest = True
+    early_config.pluginmanager.register(
+        static_plugin(early_config.rootpath, run_targets(early_config),
+                      Path(early_config.invocation_params.dir)),
+        "trtllm-slurm-static-options")
+    return True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None]:
+    """A conftest that cannot be imported here on a dispatching run: say how to collect
+    on the target instead (pytest prints the import error itself)."""
+    try:
+        return (yield)
+    except Exception as exc:
+        if type(exc).__name__ == "ConftestImportFailure" and not _early_worker(early_config):
+            from pytest_trtllm_slurm.controller.warm_start import EarlyConfig
+
+            _hint_collect_on_target(EarlyConfig(early_config),  # type: ignore[arg-type]
+                                    "the suite's conftest")
+        raise
+
+
+def _hint_collect_on_target(config: pytest.Config, what: str, write: Any = None) -> None:
+    try:
+        if not options.remote_requested(config):
+            return
+    except ConfigError:
+        return
+    text = (f"trtllm-slurm: {what} cannot be imported here (a GPU, torch or model paths "
+            "needed at import?); collect the tests on the target instead: "
+            "--trtllm-collect=target (ini trtllm_collect = target, env "
+            "TRTLLM_SLURM_COLLECT=target); see docs/collect-on-target.md")
+    if write is not None:
+        write(text)
+    else:
+        print(text, file=sys.stderr)
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_load_initial_conftests")
+def pytest_load_initial_conftests_first(early_config: pytest.Config) -> None:
     """Before the suite's conftests are imported: take TRTLLM_SLURM_OTP out of the
-    environment (nothing this run starts inherits it), then start this run's warm-worker
-    sessions (a warm allocation only), so their imports overlap the controller's (warm_start)."""
+    environment (nothing this run starts inherits it), skip the conftests when the target
+    collects, then start this run's warm-worker sessions (a warm allocation only), so their
+    imports overlap the controller's (warm_start)."""
     otp_env.take_from_environ()
+    _skip_conftests(early_config)
     ns = early_config.known_args_namespace
     if (getattr(ns, "trtllm_worker_reports", None) or getattr(ns, "collectonly", False)
             or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
@@ -122,6 +209,10 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return None  # xdist workers dispatch item by item in pytest_runtest_protocol
     if session.testsfailed and not config.option.continue_on_collection_errors:
         plural = "s" if session.testsfailed != 1 else ""
+        if options.resolve_settings(config).collect == "here":
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            _hint_collect_on_target(config, f"{session.testsfailed} test file{plural}",
+                                    getattr(reporter, "write_line", None))
         raise session.Interrupted(f"{session.testsfailed} error{plural} during collection")
     if config.option.collectonly:
         return True

@@ -42,15 +42,18 @@ class SuiteRun:
 
 
 def run_suite(suite: Path, *args: str, env: dict[str, str] | None = None, tag: str = "run",
-              timeout: float = 300, cwd: Path | None = None) -> SuiteRun:
-    """pytest in ``cwd`` (default: the suite) with the report recorder and a junit file."""
+              timeout: float = 300, cwd: Path | None = None,
+              launcher: tuple[str, ...] = ()) -> SuiteRun:
+    """pytest in ``cwd`` (default: the suite) with the report recorder and a junit file;
+    ``launcher``: a command that starts it (``srun ...``: plain on a cluster node)."""
     dump = suite / f"{tag}.reports.jsonl"
     junit = suite / f"{tag}.junit.xml"
     pythonpath = os.pathsep.join(filter(None, [str(DATA), os.environ.get("PYTHONPATH")]))
     outer = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     full_env = {**outer, "REPORT_DUMP": str(dump), "PYTHONPATH": pythonpath, **(env or {})}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "report_recorder", "-rA", f"--junitxml={junit}",
+        [*launcher, sys.executable, "-m", "pytest", "-p", "report_recorder", "-rA",
+         f"--junitxml={junit}",
          *args],
         cwd=cwd or suite,
         env=full_env,

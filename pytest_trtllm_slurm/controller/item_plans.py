@@ -202,6 +202,19 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         decision = RouteDecision(scenario=None, reason=typed)
         return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=typed))
     req = typed
+    decision, key = route_and_key(req, test_cfg, ctx)
+    if key is None:
+        skip = decision.reason if decision.scenario is None else None
+        return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=skip))
+    return PlannedItem(item, req, decision, ItemPlan(item, key))
+
+
+def route_and_key(
+    req: DeviceRequirement, test_cfg: requirements.TestConfig, ctx: PlanningContext
+) -> tuple[RouteDecision, BatchKey | None]:
+    """Where a requirement goes and, when dispatched, the key of the batch it joins (None:
+    it runs here, or nothing serves it: ``decision.reason``)."""
+    settings = ctx.settings
     if test_cfg.container_image:
         settings = settings.model_copy(update={"container_image": test_cfg.container_image})
     decision = routing.route(
@@ -215,10 +228,8 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
         remote_env=ctx.remote_env,
         cluster=test_cfg.cluster,
     )
-    if decision.scenario is None:
-        return PlannedItem(item, req, decision, ItemPlan(item, None, skip_reason=decision.reason))
-    if not decision.dispatched:
-        return PlannedItem(item, req, decision, ItemPlan(item, None))
+    if decision.scenario is None or not decision.dispatched:
+        return decision, None
     per_node = req.resolve_per_node(decision.target_gpus_per_node)
     nodes = req.nodes(decision.target_gpus_per_node)
     table = ctx.clusters.table_of(decision.scenario, decision.cluster, ctx.local.cluster_name)
@@ -249,7 +260,7 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
             table.time_limit if table and not settings.time_limit else None),
         mem_mb=req.host_memory_mib or None,
     )
-    return PlannedItem(item, req, decision, ItemPlan(item, key))
+    return decision, key
 
 
 def plan_items(items: list[pytest.Item], ctx: PlanningContext) -> list[PlannedItem]:

@@ -138,6 +138,11 @@ OPTIONS: tuple[Opt, ...] = (
         "resubmissions of a batch lost to infrastructure (node failure, preemption)"),
     Opt("unsatisfied", "unsatisfied", "--trtllm-unsatisfied", "choice", "skip",
         "what happens to a test nothing can serve", choices=("skip", "fail")),
+    Opt("collect", "collect", "--trtllm-collect", "choice", "here",
+        "where the tests are collected: here, or on the target (a node of the device type "
+        "the run targets) when the suite cannot be imported here (a conftest that needs a GPU, "
+        "torch or model paths at import); see docs/collect-on-target.md",
+        choices=("here", "target")),
     Opt("hang_pattern", "hang_patterns", "--trtllm-hang-pattern", "list", ("hang detected",),
         "log text that means a hang (repeatable; replaces the default; env: one per line)"),
     Opt("test_db", "test_db", "--trtllm-test-db", "path", None,
@@ -263,6 +268,16 @@ def remote_requested(config: pytest.Config, environ: Mapping[str, str] | None = 
     if value is not None:
         return bool(coerce(BY_NAME["remote"], value, source or "cli"))
     return any(_raw_cli(config, BY_NAME[n]) for n in ("slurm_cluster", "device_type", "test_db"))
+
+
+def collect_on_target(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
+    """--trtllm-collect=target on a dispatching run (a plain run collects here whatever the
+    setting says: an ini shared with plain runs on GPU nodes changes nothing there)."""
+    env = os.environ if environ is None else environ
+    value, source = _first(config, BY_NAME["collect"], env)
+    if value is None or coerce(BY_NAME["collect"], value, source or "cli") != "target":
+        return False
+    return remote_requested(config, env)
 
 
 def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:

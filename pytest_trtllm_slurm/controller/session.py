@@ -50,6 +50,8 @@ def planning_context(config: pytest.Config) -> PlanningContext:
 
     try:
         settings = options.resolve_settings(config)
+        if settings.collect == "target":  # placeholders cannot run here: all are dispatched
+            settings = settings.model_copy(update={"dispatch": "all"})
         check_rootdir(Path(config.rootpath))
         clusters = options.clusters_file(config)
         if not clusters.clusters and not settings.config_path:

@@ -42,6 +42,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(WORKER_OUTPUTS_FLAG, action="append", default=[],
                     dest="trtllm_worker_outputs",
                     help="(internal) a folder of the batch's own output paths, made first")
+    group.addoption("--trtllm-worker-collect", default=None,
+                    help="(internal) write what was collected to this file (collection.json)")
 
 
 class ReportWriter:
@@ -286,6 +288,13 @@ def drop_absent_files(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    collect = config.getoption("trtllm_worker_collect")
+    if collect:  # a collect-only run for a controller that cannot import the suite
+        from pytest_trtllm_slurm.node.collection import CollectionWriter
+
+        os.environ[WORKER_ENV] = "1"
+        config.pluginmanager.register(CollectionWriter(config, Path(collect)),
+                                      "trtllm-slurm-collection-writer")
     reports = config.getoption("trtllm_worker_reports")
     if not reports:
         return

@@ -265,6 +265,7 @@ class Settings(BaseModel):
     keep_order: bool = False
     max_retries: int = 1
     unsatisfied: Literal["skip", "fail"] = "skip"
+    collect: Literal["here", "target"] = "here"
     hang_patterns: list[str] = Field(default_factory=lambda: ["hang detected"])
     # TensorRT-LLM's test-db: folder, contexts, terms (planning/testdb.py)
     test_db: str | None = None

@@ -1,0 +1,174 @@
+"""Placeholder items: the target's collection as local pytest items, never imported here.
+
+pytest's own collection still runs (arguments, ``path::name`` selection, ``--deselect``,
+``-k``, ``-m``, ``--lf``, ``pytest_collection_modifyitems`` of every plugin), but a test
+module becomes a ``PlaceholderModule`` whose children are built from ``collection.json``:
+classes as plain collectors, tests as ``PlaceholderItem`` with the target's names,
+markers (with their arguments: sizing reads ``skip_less_device(N)``, ``trtllm_slurm(...)``,
+``timeout``), keywords and location, and the target's key. A collector that failed or
+skipped on the target (an import error, a module skipping itself on this GPU) reports
+here the target's own CollectReport, as a plain run on the target shows it.
+
+Order and selection are the target's: what the suite selected and ordered at collection
+(test lists, waives, ``--regexp``) is applied before the other plugins' selection, as the
+suite's tryfirst hookwrapper does in a plain run, and the display node ids the suite's
+hooks made (``--test-prefix``) are set after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pytest.mark.structures import Mark
+
+from pytest_trtllm_slurm.controller.target_collection import (
+    CollectedItem,
+    TargetCollection,
+)
+from pytest_trtllm_slurm.node.collection import rel_path
+from pytest_trtllm_slurm.node.item_key import item_key, set_item_key, set_nodeid
+
+
+class PlaceholderItem(pytest.Item):
+    """A test collected on the target: it is dispatched, never run here."""
+
+    entry: CollectedItem
+
+    def setup_placeholder(self, entry: CollectedItem) -> None:
+        self.entry = entry
+        set_item_key(self, entry.key)  # what the worker finds it by (node.item_key)
+        self.own_markers.extend(Mark(m.name, tuple(m.args), dict(m.kwargs), _ispytest=True)
+                                for m in entry.markers)
+        for marker in entry.markers:
+            self.keywords[marker.name] = marker
+        self.extra_keyword_matches.update(entry.keywords)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        path, line, domain = self.entry.location
+        return self.config.rootpath / path, line, domain
+
+    def runtest(self) -> None:
+        raise RuntimeError(
+            f"{self.nodeid} was collected on the target (--trtllm-collect=target) and cannot "
+            "run here: it is dispatched (check --trtllm-scenario / trtllm_slurm(local=True))")
+
+
+class PlaceholderCollector(pytest.Collector):
+    """A class (or any collector between the file and its tests) of the target."""
+
+    children: list[tuple[list[str], CollectedItem]]
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        return _build(self, self.children)
+
+
+class PlaceholderModule(pytest.Module):
+    """A test file as the target collected it: nothing is imported here."""
+
+    entries: list[tuple[list[str], CollectedItem]]
+
+    def _getobj(self) -> Any:
+        raise RuntimeError("a placeholder module is never imported")
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        return _build(self, self.entries)
+
+    # a placeholder module has no fixtures, setup or teardown of its own
+    def _register_setup_module_fixture(self) -> None: ...
+
+    def _register_setup_function_fixture(self) -> None: ...
+
+
+class PlaceholderFile(pytest.File):
+    """A non-Python file the target's conftest collected (YAML cases and the like)."""
+
+    entries: list[tuple[list[str], CollectedItem]]
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        return _build(self, self.entries)
+
+
+def _build(parent: pytest.Collector,
+           entries: list[tuple[list[str], CollectedItem]]) -> list[pytest.Item | pytest.Collector]:
+    """Children of ``parent`` in the target's order: a test where one name is left, else a
+    collector holding the entries below that name."""
+    out: list[pytest.Item | pytest.Collector] = []
+    groups: dict[str, PlaceholderCollector] = {}
+    for names, entry in entries:
+        if len(names) == 1:
+            item = PlaceholderItem.from_parent(parent, name=names[0])
+            item.setup_placeholder(entry)
+            out.append(item)
+            continue
+        group = groups.get(names[0])
+        if group is None:
+            group = PlaceholderCollector.from_parent(parent, name=names[0])
+            group.children = []
+            groups[names[0]] = group
+            out.append(group)
+        group.children.append((names[1:], entry))
+    return out
+
+
+class PlaceholderPlugin:
+    """Registered when the run collects on the target; holds the target's collection."""
+
+    def __init__(self, collected: TargetCollection) -> None:
+        self.collected = collected
+
+    def _entries(self, path: Path, rootpath: Path) -> tuple[str, list[tuple[list[str],
+                                                                             CollectedItem]]]:
+        rel = rel_path(path, rootpath)
+        entries = [(e.names, e) for e in self.collected.all_items if e.file == rel]
+        return rel, entries
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pycollect_makemodule(self, module_path: Path,
+                                    parent: pytest.Collector) -> pytest.Module:
+        rel, entries = self._entries(module_path, parent.config.rootpath)
+        module = PlaceholderModule.from_parent(parent, path=module_path)
+        module.entries = entries
+        return module
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        """The target's report for a collector that failed or skipped there."""
+        data = self.collected.reports.get(collector.nodeid)
+        if data is None:
+            return None
+        if isinstance(data.get("longrepr"), list):
+            # a skip's (path, lineno, reason) tuple came back from JSON as a list
+            data = {**data, "longrepr": tuple(data["longrepr"])}
+        config = collector.config
+        return config.hook.pytest_report_from_serializable(config=config, data=data)
+
+    def pytest_collect_file(self, file_path: Path,
+                            parent: pytest.Collector) -> pytest.Collector | None:
+        if file_path.suffix == ".py":
+            return None  # pytest_pycollect_makemodule
+        rel, entries = self._entries(file_path, parent.config.rootpath)
+        if not entries:
+            return None
+        placeholder = PlaceholderFile.from_parent(parent, path=file_path)
+        placeholder.entries = entries
+        return placeholder
+
+    @pytest.hookimpl(tryfirst=True, wrapper=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> Generator[None]:
+        """The target's selection and order first; its display ids once every plugin ran."""
+        order = self.collected.order
+        dropped = [i for i in items if item_key(i) not in order]
+        kept = sorted((i for i in items if item_key(i) in order), key=lambda i: order[item_key(i)])
+        items[:] = kept
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        result = yield
+        for item in items:
+            if isinstance(item, PlaceholderItem) and item.entry.nodeid != item.nodeid:
+                set_nodeid(item, item.entry.nodeid)
+        return result
+
