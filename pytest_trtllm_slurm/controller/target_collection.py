@@ -161,7 +161,7 @@ def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
         log_path=str(work_dir / "job.log"),
         reports_path=str(work_dir / "reports.jsonl"),
         monitor_timeout_seconds=monitor_timeout,
-        slurm_env=getattr(executor, "slurm_env", None),
+        slurm_env=executor.slurm_env,
     )
 
 
