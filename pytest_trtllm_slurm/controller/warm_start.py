@@ -67,8 +67,11 @@ def begin(config: pytest.Config) -> EarlyStart | None:
     """Open the remote cluster's connection and start the local sessions while pytest
     imports the suite; the EarlyStart that holds them (None for a plain run: nothing
     imported, no file read)."""
-    if not options.remote_requested(EarlyConfig(config)):  # type: ignore[arg-type]
-        return None
+    try:
+        if not options.remote_requested(EarlyConfig(config)):  # type: ignore[arg-type]
+            return None
+    except ConfigError:
+        return None  # the run itself reports the bad setting, once configured
     from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
     from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 
