@@ -7,6 +7,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tests/ helpe
 from containers_fixture import docker_engine, podman_engine, trtllm_image  # noqa: E402,F401  (local docker/podman + test image; see tests/containers_fixture.py)
 from devcluster import _cancel_jobs_left_in_tmp_path, devcluster, wait_for_job  # noqa: E402,F401  (the REAL dev Slurm cluster; see tests/devcluster.py)
 
+# suites the tests run in pytest subprocesses (some have test_*.py files and conftests with
+# options of their own): never part of this session's collection
+collect_ignore = ["data"]
+
 
 def pytest_collection_modifyitems(items: list) -> None:
     """Tests marked ``last`` run after every other test of the session (in their collected
