@@ -57,7 +57,8 @@ SHOWN_NAMES = frozenset({
 })
 #: name prefixes whose values may be shown (unless a secret by name or value)
 SHOWN_PREFIXES = ("CUDA_", "NCCL_", "SLURM_", "OMP_", "MKL_", "LC_", "UCX_", "PMIX_",
-                  "TORCH_", "TRTLLM_SLURM_", "TLLM_", "XDG_", "PYTHON", "MPI_", "OMPI_MCA_")
+                  "TORCH_", "TRTLLM_SLURM_", "TRTLLM_CASE_", "TLLM_", "XDG_", "PYTHON", "MPI_",
+                  "OMPI_MCA_")
 
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.DOTALL)
 # camelCase and digit boundaries as well as separators: githubToken -> GITHUB, TOKEN
