@@ -150,7 +150,11 @@ def test_batches_run_wrapped_in_containers(request, devcluster, trtllm_image, en
         rerun = next(line.split("re-run:", 1)[1].strip() for line in out.splitlines()
                      if "re-run:" in line and "test_fails_in_image" in line)
         assert f" {engine_name} run " not in rerun  # the CLI and run args are argv elements
-        assert "container_run.sh" in rerun and "RERUN_ME=yes" in rerun, rerun
+        # a marker's env value is never printed: the line names it (-e RERUN_ME) and
+        # takes it from the shell that runs the line, as a user sets it
+        assert "container_run.sh" in rerun and "-e RERUN_ME" in rerun, rerun
+        assert "RERUN_ME=" not in rerun and "***" not in rerun, rerun
+        env = {**env, "RERUN_ME": "yes"}
         if mode == "--trtllm-one-shot":  # sbatch --wrap: wait for it, its log in the suite
             assert " sbatch " in rerun, rerun
             job = subprocess.run(["bash", "-c", rerun.replace(" sbatch ", " sbatch --wait "
@@ -179,8 +183,8 @@ def test_wrapped_batch_and_its_rerun_line_render(tmp_path: Path) -> None:
     """podman runtime, an MPI batch: the launcher prefix runs inside the container with the
     image's python; env names go as -e NAME (exported by the launcher), those the engine
     CLI reads itself are exported as TRTLLM_SLURM_CENV_<NAME> for the wrapper's --env-file
-    (no value on any command line); the re-run line sets the exported values, not secret
-    ones (by name or by value)."""
+    (no value on any command line); the re-run line sets the exported values that may be
+    shown (the allow-list of ``masking``), never secret ones (by name or by value)."""
     spec = JobSpec(
         scenario=Scenario.LOCAL_SLURM, name="b", job_name="acct.b", rootdir="/repo",
         invocation_dir="/repo", work_dir=str(tmp_path / "w"), log_path=str(tmp_path / "l"),
@@ -207,8 +211,8 @@ def test_wrapped_batch_and_its_rerun_line_render(tmp_path: Path) -> None:
     assert ex._options(spec).launcher_prefix == ()  # not again outside the container
 
     line = ex.rerun_command(spec, "t.py::x")
-    assert line.startswith("A='x y' PYTHONPATH=/opt/trtllm-slurm TRTLLM_SLURM_CENV_HOME=/h "
-                           "sbatch ")
+    # A is not on the allow-list of shown values: left to the shell, as HF_TOKEN (-e A)
+    assert line.startswith("PYTHONPATH=/opt/trtllm-slurm TRTLLM_SLURM_CENV_HOME=/h sbatch ")
     assert "s3cret" not in line and "HF_TOKEN" in line and "pr0xy-pw" not in line
     wrapped = shlex.split(shlex.split(line)[-1])  # the --wrap text
     assert wrapped[0] == "srun" and wrapped[wrapped.index("bash") + 1] == "-c"

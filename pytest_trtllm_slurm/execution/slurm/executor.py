@@ -58,7 +58,7 @@ from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
 from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, WalltimePolicy, visible_state
 from pytest_trtllm_slurm.execution.slurm.warm_batches import WarmBatches
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
-from pytest_trtllm_slurm.planning.masking import is_secret
+from pytest_trtllm_slurm.planning.masking import is_masked, is_secret
 from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
@@ -371,14 +371,16 @@ class SlurmExecutor(Executor):
         assign = ""
         if self.launch.wraps(spec):
             # the same container run around a plain pytest of ``nodeid``; the env the
-            # launcher exported is set on the line (secret-looking values are left to
-            # your shell: srun passes its environment on, -e NAME takes it from there)
+            # launcher exported is set on the line where it may be shown (masked and
+            # secret values are left to your shell: srun passes its environment on,
+            # -e NAME takes it from there)
             base = self.launch.unwrapped.get(spec.work_dir, spec)
             script = str(PurePosixPath(base.work_dir) / CONTAINER_SCRIPT)
             env, argv = self._wrapped(base.masked(), rerun_argv(base, nodeid),
                                       script if job is not None else None)
             assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
-                              if not is_secret(k, base.env.get(k.removeprefix(CENV_PREFIX), v)))
+                              if not is_masked(v) and not is_secret(
+                                  k, base.env.get(k.removeprefix(CENV_PREFIX), v)))
             spec = base.model_copy(update={"command": argv, "rerun_argv": []})
         if job is not None and job.alloc is not None:
             text = render_rerun_step(spec, nodeid, job.alloc.job_id, opts, job.share)
