@@ -75,7 +75,7 @@ def _candidates(nodeid: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-@dataclass
+@dataclass(eq=False)  # a registered plugin: pytest keeps it in sets
 class TestDbStage:
     """The session's test-db selection (registered when --trtllm-test-db is given)."""
 
