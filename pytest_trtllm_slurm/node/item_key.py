@@ -57,7 +57,7 @@ def set_item_key(item: pytest.Item, key: str) -> None:
 
 def set_nodeid(item: pytest.Item, nodeid: str) -> None:
     """Show ``item`` under ``nodeid`` (pytest 8 keeps it in ``_nodeid``, pytest 9 in ``_id``)."""
-    if "_nodeid" in vars(item):
+    if hasattr(item, "_nodeid"):  # a slot of Node before pytest 9.2
         item._nodeid = nodeid  # type: ignore[attr-defined]
         return
     from _pytest.nodeid import NodeId  # type: ignore[import-not-found]  # pytest >= 9

@@ -85,14 +85,14 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def _set_nodeid(item, nodeid):
-    """``item._nodeid = nodeid`` as TensorRT-LLM writes it (pytest 8); pytest 9 keeps the
-    id in ``item._id``."""
-    if hasattr(item, "_id"):
+    """``item._nodeid = nodeid`` as TensorRT-LLM writes it (pytest 8, 9.0, 9.1); pytest keeps the
+    id in ``item._id`` from 9.2."""
+    if hasattr(item, "_nodeid"):  # a slot of Node before pytest 9.2
+        item._nodeid = nodeid
+    else:
         from _pytest.nodeid import NodeId
 
         item._id = NodeId.parse(nodeid)
-    else:
-        item._nodeid = nodeid
 
 
 @pytest.fixture
