@@ -93,8 +93,8 @@ def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
     """A manager over SSH for a remote cluster's allocation, whose state is on the
     cluster (the folder every machine of the user shares)."""
     from pytest_trtllm_slurm.execution.remote.workspace import remote_paths, shared_state_dir
-    from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
-    from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+    from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+    from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
     from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
@@ -103,8 +103,8 @@ def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
     shell.connect()
     state_dir = shared_state_dir(cluster, remote_paths(cluster, rootdir))
     manager = AllocationManager(shell, rootdir=folder, request=AllocationRequest(account=account),
-                                store=ShellStateStore(shell, state_dir, STATE_NAME),
-                                runs=ShellRunRegistry(shell, f"{state_dir}/runs"))
+                                store=StateStore(shell, state_dir, STATE_NAME),
+                                runs=RunRegistry(shell, f"{state_dir}/runs"))
     if account is None:
         state = manager.peek_state()
         if state is not None and state.account:

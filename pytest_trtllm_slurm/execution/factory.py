@@ -177,8 +177,8 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         AllocationManager,
         AllocationRequest,
     )
-    from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
-    from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+    from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+    from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 
     names = sorted({k.cluster or "" for k in keys})
@@ -201,7 +201,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     paths, state_dir, path_map = early_start.layout(cluster, rootdir, local_work_root)
     # the allocation's state and the run registry live on the cluster: every machine and
     # CI runner of the user shares them (state_store, shared_runs)
-    runs = early.runs if early is not None else ShellRunRegistry(shell, f"{state_dir}/runs")
+    runs = early.runs if early is not None else RunRegistry(shell, f"{state_dir}/runs")
     ensure_work_root(rootdir / "work_dirs")  # this checkout ran there (`alloc status` looks)
     remote_state_root(rootdir, cluster.name).mkdir(exist_ok=True)
     if early is not None and early.synced and early_start.still_current(early, cluster,
@@ -224,7 +224,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         manager = AllocationManager(
             shell,
             rootdir=remote_state_root(rootdir, cluster.name),  # (here: the salloc log only)
-            store=ShellStateStore(shell, state_dir, STATE_NAME),
+            store=StateStore(shell, state_dir, STATE_NAME),
             runs=runs,
             request=with_containers(request, cluster, remote_root),
             user=slurm_env.user,
@@ -256,7 +256,7 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
     from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
     from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
-    from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+    from pytest_trtllm_slurm.execution.slurm.runs import local_registry
     from pytest_trtllm_slurm.transport.shell import LocalShell
 
     shell = LocalShell()
@@ -282,7 +282,7 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         slurm_env=ctx.slurm_env,
         persistent=settings.persistent,
         allocation_manager=manager,
-        runs=manager.runs if manager else RunRegistry(ctx.rootdir / "work_dirs" / ".runs"),
+        runs=manager.runs if manager else local_registry(shell, ctx.rootdir / "work_dirs"),
         jobs=jobs,
         warn=warn,
         container_runtime=runtime,

@@ -30,8 +30,7 @@ from pytest_trtllm_slurm.execution.remote.checkout_probe import (
     probe_argv,
 )
 from pytest_trtllm_slurm.execution.remote.sync import PreparedSync
-from pytest_trtllm_slurm.execution.slurm.runs import RunRecord
-from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
 
 SYNC_LOCK_WAIT = 1800.0  # a first sync clones the repository: it may take a while
@@ -42,7 +41,7 @@ _BOTH = 'sh -c "$1" sh "$2"; printf "\\036\\n"; shift 2; exec "$@"'
 
 
 @contextlib.contextmanager
-def checkout_claimed(runs: ShellRunRegistry, checkout: str,
+def checkout_claimed(runs: RunRegistry, checkout: str,
                      prepare: Callable[[], PreparedSync]
                      ) -> Iterator[tuple[PreparedSync, list[RunRecord], RemoteCheckout]]:
     """Hold the checkout's lock while the caller syncs into ``checkout``; yields what
@@ -50,9 +49,9 @@ def checkout_claimed(runs: ShellRunRegistry, checkout: str,
     live runs that test the same code there (the sync must not disturb them) and what the
     checkout holds now. ExecutionError when a live run tests other code there; once the
     sync is done this run's record names the checkout and its code."""
-    runs.shell.mkdir(runs.remote, private=True)
+    runs.make_folder()
     runs.start_lease()
-    lock = ShellLock(runs.shell, f"{runs.remote}/.checkout.lock", max_hold=SYNC_LOCK_WAIT + 60)
+    lock = ShellLock(runs.shell, f"{runs.folder}/.checkout.lock", max_hold=SYNC_LOCK_WAIT + 60)
     me = runs.me
     info = {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": me.began}
     # once the lock is held, the registry and the checkout are read in the same round trip
