@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest_trtllm_slurm.planning.routing as routing
 from pytest_trtllm_slurm.cases.model import (
@@ -58,6 +59,9 @@ from pytest_trtllm_slurm.planning.masking import is_masked
 from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, target_name, target_of
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings, with_mounts
 
+if TYPE_CHECKING:
+    from pytest_trtllm_slurm.transport.ssh.otp_env import HeldCode
+
 Say = Callable[[str], None]
 TAIL_ON_FAILURE = 100
 
@@ -90,7 +94,8 @@ class CaseContext:
 
 
 def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, *,
-                     warn: Say = _stderr, say: Say = _stderr) -> CaseContext:
+                     warn: Say = _stderr, say: Say = _stderr,
+                     held: HeldCode | None = None) -> CaseContext:
     """Probe this machine and discover the local Slurm (as the plugin's planning_context)."""
     from pytest_trtllm_slurm.execution.probe import probe_local_env
 
@@ -105,7 +110,7 @@ def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, 
     if clusters.clusters:
         from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
-        remote_env = RemoteClusters(rootdir / "work_dirs" / ".cache")
+        remote_env = RemoteClusters(rootdir / "work_dirs" / ".cache", held=held)
     return CaseContext(settings=settings, clusters=clusters, local=local, slurm_env=slurm_env,
                        rootdir=rootdir, warn=warn, say=say, remote_env=remote_env)
 
