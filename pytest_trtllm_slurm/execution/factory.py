@@ -177,6 +177,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         AllocationManager,
         AllocationRequest,
     )
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmSettings
     from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
     from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
@@ -235,17 +236,15 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     kept = early
     return RemoteSlurmExecutor(
         shell,
+        SlurmSettings(slurm_env=slurm_env, persistent=settings.persistent,
+                      container_runtime=cluster.container_runtime,
+                      walltime=walltime_policy(settings), warm_workers=settings.warm_workers),
         paths=path_map,
         interpreter=sys.executable,
         before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept),
-        slurm_env=slurm_env,
-        persistent=settings.persistent,
         allocation_manager=manager,
         warn=warn,
         runs=runs,
-        container_runtime=cluster.container_runtime,
-        walltime=walltime_policy(settings),
-        warm_workers=settings.warm_workers,
     )
 
 
@@ -254,7 +253,7 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     """SlurmExecutor over the local shell; persistent (an allocation sized for ``keys``)
     unless --trtllm-one-shot."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
-    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
     from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
     from pytest_trtllm_slurm.execution.slurm.runs import local_registry
     from pytest_trtllm_slurm.transport.shell import LocalShell
@@ -271,24 +270,21 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         manager = allocation_manager(ctx, request, warn=warn)
     local_cfg = local_cluster_config(ctx)
     runtime = local_cfg.container_runtime if local_cfg else "none"
-    run_flags = None
+    run_flags: tuple[str, ...] | None = None
     if runtime in ("docker", "podman"):
         from pytest_trtllm_slurm.execution.local.docker import default_run_flags
 
         # the nodes are this machine's kind: the resource flags it can grant
-        run_flags = default_run_flags("podman" if runtime == "podman" else "docker")
+        run_flags = tuple(default_run_flags("podman" if runtime == "podman" else "docker"))
     return SlurmExecutor(
         shell,
-        slurm_env=ctx.slurm_env,
-        persistent=settings.persistent,
+        SlurmSettings(slurm_env=ctx.slurm_env, persistent=settings.persistent,
+                      container_runtime=runtime, container_run_flags=run_flags,
+                      walltime=walltime_policy(settings), warm_workers=settings.warm_workers),
         allocation_manager=manager,
         runs=manager.runs if manager else local_registry(shell, ctx.rootdir / "work_dirs"),
         jobs=jobs,
         warn=warn,
-        container_runtime=runtime,
-        container_run_flags=run_flags,
-        walltime=walltime_policy(settings),
-        warm_workers=settings.warm_workers,
     )
 
 
