@@ -80,6 +80,14 @@ class OpenSSHShell:
             argv += ["-o", f"ControlPath={ssh_option_path(control_path, tokens=True)}"]
         return argv
 
+    def connect(self) -> None:
+        """As the paramiko shell's: a problem (no master, an untrusted socket) surfaces
+        before any work. The master is the user's: there is nothing to open."""
+        self.check_master()
+
+    def close(self) -> None:
+        """The master is the user's and stays (nothing of this shell's to close)."""
+
     def check_master(self) -> None:
         """Find a running master (the ControlPath given, else ssh config's, the private
         default, the legacy one in /tmp) whose socket is ours in folders nobody else can
