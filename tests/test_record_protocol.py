@@ -33,6 +33,10 @@ def test_plain():
     pass
 
 
+def test_prints():
+    print("what a hang after this phase must not lose")
+
+
 def test_warns(record_xml_attribute, record_testsuite_property):
     record_xml_attribute("owner", "me")
     record_testsuite_property("build", "42")
@@ -52,7 +56,8 @@ def test_hangs():
     time.sleep(60)
 """,
 }
-WANTED = ["test_all.py::test_plain", "test_all.py::test_warns", "test_all.py::test_gone"]
+WANTED = ["test_all.py::test_plain", "test_all.py::test_prints", "test_all.py::test_warns",
+          "test_all.py::test_gone"]
 HANGS = "test_hangs.py::test_hangs"
 
 
@@ -195,6 +200,16 @@ def test_a_test_is_its_start_line_and_one_line_with_its_reports_and_end(written)
     assert item["finish"] is True and item["done"] is True
     record = parse_record(item, frozenset(WANTED))
     assert [r.when for r in record.reports] == ["setup", "call", "teardown"]
+
+
+def test_a_phase_whose_loss_would_hide_something_is_written_at_once(written) -> None:
+    """A call that printed (or failed, or took long) is on disk before the teardown runs:
+    a teardown that hangs or crashes the worker does not take the test's output along."""
+    lines = [r for r in written if r.get("nodeid") == "test_all.py::test_prints"]
+    assert [(r["type"], [p["when"] for p in r.get("reports", [])], r.get("finish"))
+            for r in lines] == [("start", [], None), ("item", ["setup", "call"], False),
+                                ("item", ["teardown"], True)]
+    assert "must not lose" in str(lines[1]["reports"][1]["sections"])
 
 
 def test_every_report_of_an_item_line_is_checked_as_a_report_line_is(written) -> None:

@@ -155,6 +155,12 @@ class ReportWriter:
             self.flush()
             bundle = self._bundle(report.nodeid)
         bundle["reports"].append(data)
+        if report.when != "teardown" and (report.failed or report.sections
+                                          or report.duration >= SYNC_EVERY):
+            # what would be lost if the rest of the test hung or crashed the worker (the
+            # failure, the captured output, a slow setup's) goes out now; a quick quiet
+            # phase waits for the test's one line
+            self.flush()
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         bundle = self._bundle(nodeid)
