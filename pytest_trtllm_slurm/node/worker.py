@@ -64,7 +64,7 @@ class ReportWriter:
         self._test: records.ItemRecord | None = None  # the running test's line, unwritten
 
     def _bundle(self, nodeid: str) -> records.ItemRecord:
-        """The running test's line (``records.test``), begun for ``nodeid`` if need be."""
+        """The running test's line (``records.item``), begun for ``nodeid`` if need be."""
         bundle = self._test
         if bundle is None or bundle["nodeid"] != nodeid or bundle["done"]:
             self.flush()
