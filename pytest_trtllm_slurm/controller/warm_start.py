@@ -159,8 +159,9 @@ def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
     shell = LocalShell()
     targets = run_targets(config)
     capture_no = getattr(early.option, "capture", "fd") == "no"
-    env = env_for_session(worker_env(early), local=True)  # type: ignore[arg-type]  # no secrets
-    secrets = secrets_key(local=True)
+    job_env = worker_env(early)  # type: ignore[arg-type]
+    env = env_for_session(job_env, local=True)  # no secrets, no value off the allow-list
+    secrets = secrets_key(job_env, local=True)
     started = 0
     for node in expand_hostlist(nodelist):
         adir = agent_dir(str(work_root / ".agents" / job_id), node, base[0], secrets)

@@ -201,7 +201,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     local_work_root = Path(settings.work_dir) if settings.work_dir else rootdir / "work_dirs"
     paths, state_dir, path_map = early_start.layout(cluster, rootdir, local_work_root)
     # the allocation's state and the run registry live on the cluster: every machine and
-    # CI runner of the user shares them (state_store, shared_runs)
+    # CI runner of the user shares them (state_store, runs)
     runs = early.runs if early is not None else RunRegistry(shell, f"{state_dir}/runs")
     ensure_work_root(rootdir / "work_dirs")  # this checkout ran there (`alloc status` looks)
     remote_state_root(rootdir, cluster.name).mkdir(exist_ok=True)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +92,20 @@ class BatchArtefacts:
             cov.stop()
         data = cov.get_data()
         target = work_dir / COVERAGE_FILE
-        tmp = work_dir / f".{COVERAGE_FILE}.tmp{os.getpid()}"
-        out = CoverageData(basename=str(tmp))
-        out.update(data)
-        out.write()
-        with contextlib.suppress(Exception):
-            out.close()
-        publish(tmp, target)  # complete or absent: the controller reads it once
+        # coverage creates its file (and sqlite's journal) by name: in a folder of an
+        # unpredictable name that only this process made (mkdtemp: O_EXCL, 0700), so no
+        # planted name or link is written through
+        folder = Path(tempfile.mkdtemp(prefix=f".{COVERAGE_FILE}.", dir=work_dir))
+        try:
+            tmp = folder / COVERAGE_FILE
+            out = CoverageData(basename=str(tmp))
+            out.update(data)
+            out.write()
+            with contextlib.suppress(Exception):
+                out.close()
+            publish(tmp, target)  # complete or absent: the controller reads it once
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         if running:  # the forked child's own data file (in the session's dir) is copied
             with contextlib.suppress(Exception):
                 data.erase()

@@ -10,7 +10,7 @@ that names the checkout, the run using it and how to proceed. A per-run copy of 
 checkout was not chosen: a TensorRT-LLM checkout is gigabytes and its build
 (``build_project``) lives in it, so a silent copy would cost a clone and a rebuild per run.
 
-Each run's record in the cluster's run registry (``shared_runs``) names the checkout and
+Each run's record in the cluster's run registry (``runs``) names the checkout and
 a key of the code it synced there (the snapshot's tree and the untracked files' content);
 a run is live while it holds its lock there, so a crashed run never blocks the checkout.
 The check and the sync happen under one lock on the cluster, so two runs starting at the

@@ -40,6 +40,7 @@ from pytest_trtllm_slurm.execution.slurm.warm_pool import (
     agent_alive,
     agent_dir,
     env_for_session,
+    secrets_key,
     send_session,
     session_argv,
 )
@@ -123,8 +124,10 @@ def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, st
     env = env_for_session(ask.env, local=False)
     started = []
     for node in expand_hostlist(nodelist):
-        # as the warm pool names it: the remote interpreter, no secrets key (remote)
-        adir = agent_dir(f"{paths.remote_work_root}/.agents/{job_id}", node, cluster.python)
+        # as the warm pool names it: the remote interpreter, the key of the values the
+        # agent must hold (remote: only the batch's hidden ones)
+        adir = agent_dir(f"{paths.remote_work_root}/.agents/{job_id}", node, cluster.python,
+                         secrets_key(ask.env, local=False))
         if registry.has(adir) or not agent_alive(shell, adir):
             continue
         name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -563,7 +563,8 @@ class AllocationManager:
         out, rc = f"{base}.out", f"{base}.rc"
         # (the detached shell lets go of this command's pipes at once)
         script = ('exec </dev/null >/dev/null 2>&1; out=$1; rc=$2; shift 2; '
-                  '"$@" >"$out" 2>&1; echo $? >"$rc.tmp"; mv "$rc.tmp" "$rc"')
+                  '"$@" >"$out" 2>&1; s=$?; '
+                  't=$(mktemp "$rc.XXXXXXXX") && echo "$s" >"$t" && mv -f "$t" "$rc"')
         self.shell.mkdir(str(PurePosixPath(base).parent))
         self.shell.run(["rm", "-f", out, rc], timeout=30)
         self.jobs.counts["salloc"] += 1

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 # $1 lock file, $2 seconds to wait for it, $3 seconds to hold it at most, $4 holder record,
 # then a command to run once it is held (its output and status in <lock>.out, written
-# before the holder record that tells the waiting side it holds the lock)
+# before the holder record that tells the waiting side it holds the lock); both through
+# temporary files mktemp makes (unpredictable names, O_EXCL), renamed over their names
 _HOLD = r"""
 lock=$1 wait=$2 hold=$3 info=$4; shift 4
 command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
@@ -45,11 +46,11 @@ exec 9>>"$lock" || exit 71
 flock -x -w "$wait" 9 || exit 75
 umask 077
 if [ $# -gt 0 ]; then
-  out=$(mktemp "$lock.out.XXXXXX") || exit 71
-  { "$@" </dev/null 2>/dev/null; printf '\036%s\n' "$?"; } >"$out"
-  mv -f "$out" "$lock.out"
+  t=$(mktemp "$lock.out.XXXXXXXX") || exit 73
+  { "$@" </dev/null 2>/dev/null; printf '\036%s\n' "$?"; } >"$t"
+  mv -f "$t" "$lock.out"
 fi
-tmp=$(mktemp "$lock.holder.XXXXXX") && printf '%s\n' "$info" >"$tmp" && mv -f "$tmp" "$lock.holder"
+t=$(mktemp "$lock.holder.XXXXXXXX") && printf '%s\n' "$info" >"$t" && mv -f "$t" "$lock.holder"
 timeout "$hold" cat >/dev/null
 rm -f "$lock.holder"
 """

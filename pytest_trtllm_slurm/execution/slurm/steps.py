@@ -30,6 +30,7 @@ from pytest_trtllm_slurm.execution.slurm.tracking import (
     step_share,
 )
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.masking import hidden_env
 
 CONTAINER_STOP_WAIT = 15.0  # seconds a cancelled wrapped step has to remove its container
 LAUNCHER_START = 30.0  # seconds a launcher may take to start srun (its srun.pid)
@@ -71,17 +72,19 @@ class AllocationSteps:
             launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=job.share,
             stepid_path=job.path("stepid"), container=opts.container,
         )
+        env = {**spec.env, **job.extra_env}
         launcher = render_step_launcher(
             argv, log_path=spec.log_path, pid_path=job.path("srun.pid"),
-            exit_path=job.path("exit_code"), cwd=spec.invocation_dir or spec.rootdir,
-            env={**spec.env, **job.extra_env},
+            exit_path=job.path("exit_code"), cwd=spec.invocation_dir or spec.rootdir, env=env,
         )
         step_sh = job.path("step.sh")
         shell.write_file(step_sh, launcher)
         if self.shared.runs is not None:
             self.shared.runs.add_step(alloc.job_id, spec.work_dir)
-        # a launch cut by a dropped connection may have started: never launch it twice
-        res = shell.run(["setsid", "-f", "bash", step_sh], timeout=30, retry_on_drop=False)
+        # a launch cut by a dropped connection may have started: never launch it twice.
+        # The values step.sh does not hold reach it (and srun, the step) as its environment
+        res = shell.run(["setsid", "-f", "bash", step_sh], timeout=30, retry_on_drop=False,
+                        env=hidden_env(env) or None)
         if not res.ok:
             raise SchedulerError(res)
         job.launched_at = time.monotonic()

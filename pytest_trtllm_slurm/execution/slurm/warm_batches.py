@@ -57,7 +57,7 @@ class WarmBatches:
                            submitted_at=time.time(), nodelist=alloc.nodelist)
         job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc),
                          life=Lifecycle(Phase.WAITING))
-        warm = serves_warm(spec)
+        warm = serves_warm(spec) and pool.carries(spec)
         job.warm = pool.add(handle.job_id, spec, warm=warm, gated=not warm and gated,
                             life=job.life)
         if not pool.warmed and job.warm.warm:

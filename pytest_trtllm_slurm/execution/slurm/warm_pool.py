@@ -63,7 +63,13 @@ from pytest_trtllm_slurm.node import assignment
 from pytest_trtllm_slurm.node.assignment import key_path, pairs
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, WORKER_OUTPUTS_FLAG
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
-from pytest_trtllm_slurm.planning.masking import is_secret, only_secrets, without_secrets
+from pytest_trtllm_slurm.planning.masking import (
+    hidden_env,
+    is_secret,
+    only_secrets,
+    shown_env,
+    without_secrets,
+)
 from pytest_trtllm_slurm.planning.models import Launch
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
@@ -185,11 +191,24 @@ class AgentPool:
         # session dir -> why it is gone (its agent was lost, or it ended early): every
         # batch sent there ends CRASHED, and the node's next batch gets a new agent
         self.lost: dict[str, str] = {}
+        # the variables whose values the run's agents hold in their environment (the
+        # first served batch's ``hidden_env``): None until a batch asks
+        self.carried: dict[str, str] | None = None
 
     # -- placement ------------------------------------------------------------
     def expect(self, tests: Mapping[str, str]) -> None:
         """The run's tests (node id -> key), so one session per node collects them all."""
         self.expected.update(tests)
+
+    def carries(self, spec: JobSpec) -> bool:
+        """Whether the run's agents can serve ``spec``: a value that may not be written to
+        a file reaches a served batch only from its agent's environment, so the run's
+        agents are started with those of its first served batch, and a batch whose own
+        differ (a marker's ``env``) runs as a step instead (its launcher gets them)."""
+        hidden = hidden_env(spec.env)
+        if self.carried is None:
+            self.carried = hidden
+        return hidden == self.carried
 
     def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False,
             life: Lifecycle | None = None) -> WarmJob:
@@ -318,7 +337,8 @@ class AgentPool:
 
     def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
         node.agent_dir = agent_dir(self._base(spec), node.name, spec.command[0],
-                                   secrets_key(local=isinstance(self.shell, LocalShell)))
+                                   secrets_key(spec.env,
+                                               local=isinstance(self.shell, LocalShell)))
         if agent_alive(self.shell, node.agent_dir):
             node.healthy_at = time.monotonic()
             return
@@ -345,14 +365,14 @@ class AgentPool:
         argv += [spec.command[0], "-m", "pytest_trtllm_slurm.node.agent", "--dir", d,
                  "--node", node.name]
         self._remove(f"{d}/exit_code", f"{d}/heartbeat.json")
+        env = not_inherited(spec.env, local=isinstance(self.shell, LocalShell))
         launcher = render_step_launcher(argv, log_path=f"{d}/agent.log", pid_path=f"{d}/srun.pid",
                                         exit_path=f"{d}/exit_code",
-                                        cwd=spec.invocation_dir or spec.rootdir,
-                                        env=not_inherited(spec.env, local=isinstance(
-                                            self.shell, LocalShell)))
+                                        cwd=spec.invocation_dir or spec.rootdir, env=env)
         self.shell.write_file(f"{d}/agent.sh", launcher)
+        # the values agent.sh does not hold reach the agent as its launcher's environment
         res = self.shell.run(["setsid", "-f", "bash", f"{d}/agent.sh"], timeout=30,
-                             retry_on_drop=False)
+                             retry_on_drop=False, env=hidden_env(env) or None)
         if not res.ok:
             raise ExecutionError(f"could not start the warm worker on {node.name}: "
                                f"{res.describe()}")
@@ -415,7 +435,10 @@ class AgentPool:
             "log_path": spec.log_path,
             "exit_path": sent.exit_path,
             "pid_path": sent.pid_path,
-            "env": not_inherited(spec.env, local=isinstance(self.shell, LocalShell)),
+            # values only where they may be written; the others are the session's own
+            # (its agent was started with them: ``carries``), named here
+            "env": shown_env(spec.env),
+            "env_names": sorted(spec.env),
         }
         self.shell.write_file(f"{sdir}/inbox/{sent.request_name}.json",
                               json.dumps(request))
@@ -650,11 +673,13 @@ def controller_env() -> dict[str, str]:
 
 def env_for_session(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
     """The environment a session request carries: locally, the controller's (what srun
-    would have passed) without its secrets, then the batch's own. The request is a file,
-    and a secret is never written to one: the session inherits the secrets from its agent,
-    which srun started with them (``secrets_key`` picks the agent that has this run's)."""
-    env: dict[str, str] = without_secrets(controller_env()) if local else {}
-    env.update(not_inherited(batch_env, local=local))
+    would have passed) without its secrets, then the values of the batch's own that may be
+    written (``shown_env``). The request is a file, and neither a secret nor a batch value
+    off the allow-list is written to one: the session inherits those from its agent, which
+    was started with them (``secrets_key`` picks the agent that has this run's)."""
+    env: dict[str, str] = {k: v for k, v in without_secrets(controller_env()).items()
+                           if k not in batch_env} if local else {}
+    env.update(shown_env(batch_env))
     return env
 
 
@@ -668,15 +693,18 @@ def not_inherited(env: dict[str, str], *, local: bool) -> dict[str, str]:
     return {k: v for k, v in env.items() if not (is_secret(k, v) and os.environ.get(k) == v)}
 
 
-def secrets_key(*, local: bool) -> str:
-    """Which secrets a local agent must have inherited to serve this run: '' for none (and
-    for a remote cluster, whose agents get the login's environment, not ours), else a
-    digest of the controller's secret variables. Part of the agent's folder name, so a run
-    whose secrets differ from the agent's gets an agent started with its own."""
-    secrets = sorted(only_secrets(controller_env()).items()) if local else []
-    if not secrets:
+def secrets_key(batch_env: Mapping[str, str], *, local: bool) -> str:
+    """Which values an agent must have been started with to serve this run: '' for none,
+    else a digest of the batch's variables that are never written to a file
+    (``hidden_env``) and, for a local agent, of the controller's secret variables (a
+    remote agent gets the login's environment, not ours). Part of the agent's folder
+    name, so a run whose values differ from the agent's gets an agent started with its
+    own."""
+    held = dict(only_secrets(controller_env())) if local else {}
+    held.update(hidden_env(batch_env))
+    if not held:
         return ""
-    return hashlib.sha256(json.dumps(secrets).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(sorted(held.items())).encode()).hexdigest()[:16]
 
 
 def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cwd: str,
