@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.node.files import publish, write_atomic
-from pytest_trtllm_slurm.node.protocol import BENCHMARKS_FILE, COVERAGE_FILE  # noqa: F401
+from pytest_trtllm_slurm.node.paths import COVERAGE_FILE, Batch
 
 
 def point_coverage_at(work_dir: Path, rank: int) -> None:
@@ -89,7 +89,7 @@ class BatchArtefacts:
         if running:
             cov.stop()
         data = cov.get_data()
-        target = work_dir / COVERAGE_FILE
+        target = Batch(work_dir).coverage
         tmp = work_dir / f".{COVERAGE_FILE}.tmp{os.getpid()}"
         out = CoverageData(basename=str(tmp))
         out.update(data)
@@ -109,4 +109,4 @@ class BatchArtefacts:
                    if b and not getattr(b, "has_error", False)]
         if not records:
             return
-        write_atomic(work_dir / BENCHMARKS_FILE, json.dumps(records, default=repr))
+        write_atomic(Batch(work_dir).benchmarks, json.dumps(records, default=repr))
