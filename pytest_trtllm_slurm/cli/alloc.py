@@ -20,11 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
-from pytest_trtllm_slurm.execution.slurm.allocation import (
-    STATE_NAME,
-    AllocationManager,
-    AllocationRequest,
-)
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
+from pytest_trtllm_slurm.node.paths import STATE_NAME, StateDir
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 
@@ -104,7 +101,7 @@ def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
     state_dir = shared_state_dir(cluster, remote_paths(cluster, rootdir))
     manager = AllocationManager(shell, rootdir=folder, request=AllocationRequest(account=account),
                                 store=ShellStateStore(shell, state_dir, STATE_NAME),
-                                runs=ShellRunRegistry(shell, f"{state_dir}/runs"))
+                                runs=ShellRunRegistry(shell, StateDir(state_dir).runs.dir))
     if account is None:
         state = manager.peek_state()
         if state is not None and state.account:

@@ -22,6 +22,7 @@ COLLECTION_FILE = "collection.json"  # what a collection on the target found
 COVERAGE_FILE = "coverage.db"  # artefacts a batch leaves for the controller (node/artefacts)
 BENCHMARKS_FILE = "benchmarks.json"
 OUTPUTS_DIR = "outputs"  # a batch's own copies of the suite's output paths
+HEARTBEAT = "heartbeat.json"  # an agent's last word on what it serves
 SYNC_RECORD = ".git/trtllm-sync.json"  # in the remote checkout: what the last sync left
 
 
@@ -135,12 +136,17 @@ class Session(Mailbox[P]):
     log = _file("session.log")
     ready = _file("ready")
 
+    @property
+    def agent(self) -> P:
+        """The folder of the agent this session is of."""
+        return root_of(root_of(self.dir))
+
 
 @dataclass(frozen=True)
 class Agent(Mailbox[P]):
     """The warm worker of one node (node/agent.py): ``work_dirs/.agents/<job>/<node>-<key>``."""
 
-    heartbeat = _file("heartbeat.json")
+    heartbeat = _file(HEARTBEAT)
     log = _file("agent.log")
     launcher = _file("agent.sh")
 
@@ -207,7 +213,7 @@ class WorkRoot(StateDir[P]):
     def salloc_dir(self, run_id: str) -> P:
         return self.at(f".salloc-{run_id}")
 
-    def remote_cache(self, cluster: str) -> P:
+    def remote_dir(self, cluster: str) -> P:
         return self.at(f".remote-{cluster}")
 
     @property
