@@ -149,6 +149,8 @@ class Agent(Mailbox[P]):
     heartbeat = _file(HEARTBEAT)
     log = _file("agent.log")
     launcher = _file("agent.sh")
+    start_lock = _file("agent.lock")  # two runs that find no agent: one launches it
+    starting = _file("agent.starting")
 
     def session(self, name: str) -> Session[P]:
         return Session(self.at("sessions", name))
