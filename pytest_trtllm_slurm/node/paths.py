@@ -38,6 +38,11 @@ def lock_of(path: P) -> P:
     return join(root_of(path), f"{name_of(path)}.lock")
 
 
+def holder_of(lock: P) -> P:
+    """Who holds ``lock`` (``<lock>.holder``, written by its holder)."""
+    return join(root_of(lock), f"{name_of(lock)}.holder")
+
+
 def root_of(path: P) -> P:
     return str(PurePosixPath(path).parent) if isinstance(path, str) else path.parent
 
@@ -169,6 +174,11 @@ class Runs(Folder[P]):
 
     def lease(self, run_id: str) -> P:
         return self.at(f"{run_id}.lock")
+
+    @staticmethod
+    def lease_of(record: P) -> P:
+        """The lease beside a run's record."""
+        return join(root_of(record), name_of(record).removesuffix(".json") + ".lock")
 
 
 @dataclass(frozen=True)
