@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 P = TypeVar("P", str, Path)
 
 WORK_DIRS = "work_dirs"  # the default work root below the pytest rootdir
+SHARED_STATE = ".trtllm-state"  # a remote cluster's state folder, beside the checkouts
 AGENTS = ".agents"  # the top of the warm workers' mailboxes (``work_dirs/.agents``)
 STATE_NAME = ".slurm_alloc.json"  # the persistent allocation's state
 COLLECTION_FILE = "collection.json"  # what a collection on the target found
@@ -192,6 +193,17 @@ class Cache(Folder[P]):
 
 
 @dataclass(frozen=True)
+class Checkout(Folder[P]):
+    """The remote checkout a sync keeps (execution/remote/sync.py)."""
+
+    git = _file(".git")
+    record = _file(SYNC_RECORD)
+
+    def bundle(self, branch: str) -> P:
+        return self.at(".git", f"trtllm-sync-{branch}.bundle")
+
+
+@dataclass(frozen=True)
 class StateDir(Folder[P]):
     """Where the persistent allocation's state lives: ``work_dirs`` locally, the shared
     ``.trtllm-state/<repo>`` on a remote cluster."""
@@ -210,7 +222,7 @@ class WorkRoot(StateDir[P]):
     salloc_log = _file(".salloc.log")
     agents = _file(AGENTS)
     gitignore = _file(".gitignore")
-    shared_state = _file(".trtllm-state")
+    shared_state = _file(SHARED_STATE)
 
     @property
     def runs(self) -> Runs[P]:
