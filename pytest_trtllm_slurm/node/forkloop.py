@@ -37,7 +37,7 @@ from pytest_trtllm_slurm.node.files import (
     tree_up_to,
     write_atomic,
 )
-from pytest_trtllm_slurm.node.paths import AGENTS, Mailbox
+from pytest_trtllm_slurm.node.paths import AGENTS, STOP, Mailbox
 from pytest_trtllm_slurm.node.protocol import LOG_MARK  # noqa: F401
 
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
@@ -170,7 +170,7 @@ class ForkLoop:
             return False
         for name in names:
             path = self.inbox / name
-            if not (name == "stop" or name.endswith((".cancel", ".json"))):
+            if not (name == STOP or name.endswith((".cancel", ".json"))):
                 continue  # a writer's temporary name
             try:
                 text = open_trusted(path).decode("utf-8")
@@ -183,7 +183,7 @@ class ForkLoop:
                 continue  # gone, or not complete yet: next round
             except UnicodeDecodeError:
                 continue  # gone, or not complete yet: next round
-            if name == "stop":
+            if name == STOP:
                 self._stopping = found = True
                 continue
             if name.endswith(".cancel"):

@@ -23,6 +23,7 @@ COLLECTION_FILE = "collection.json"  # what a collection on the target found
 COVERAGE_FILE = "coverage.db"  # artefacts a batch leaves for the controller (node/artefacts)
 BENCHMARKS_FILE = "benchmarks.json"
 OUTPUTS_DIR = "outputs"  # a batch's own copies of the suite's output paths
+STOP = "stop"  # in a mailbox's inbox: leave once nothing runs
 HEARTBEAT = "heartbeat.json"  # an agent's last word on what it serves
 SYNC_RECORD = ".git/trtllm-sync.json"  # in the remote checkout: what the last sync left
 
@@ -122,7 +123,7 @@ class Mailbox(Folder[P]):
     """A warm worker's or a session's folder: requests arrive in ``inbox``."""
 
     inbox = _file("inbox")
-    stop = _file("inbox", "stop")
+    stop = _file("inbox", STOP)
     exit_code = _file("exit_code")
     srun_pid = _file("srun.pid")
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field, ValidationError
 
 from pytest_trtllm_slurm.errors import ExecutionError
-from pytest_trtllm_slurm.node.paths import SYNC_RECORD
+from pytest_trtllm_slurm.node.paths import SYNC_RECORD, WORK_DIRS
 from pytest_trtllm_slurm.transport.shell import Shell
 
-STASH_EXCLUDE = ":(exclude,glob)**/work_dirs/**"  # the plugin's job folders: never code
+STASH_EXCLUDE = f":(exclude,glob)**/{WORK_DIRS}/**"  # the plugin's job folders: never code
 
 # one round trip: is there a checkout, its HEAD and branch, its refs, the sync record and
 # what differs from HEAD (tracked edits and untracked files, work_dirs left out)

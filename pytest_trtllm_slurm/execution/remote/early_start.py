@@ -43,7 +43,15 @@ from pytest_trtllm_slurm.execution.slurm.warm_pool import (
     send_session,
     session_argv,
 )
-from pytest_trtllm_slurm.node.paths import STATE_NAME, Agent, Session, StateDir, WorkRoot, work_root
+from pytest_trtllm_slurm.node.paths import (
+    STATE_NAME,
+    Agent,
+    Session,
+    StateDir,
+    WorkRoot,
+    root_of,
+    work_root,
+)
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.shell import Shell
 
@@ -80,7 +88,7 @@ def layout(cluster: ClusterConfig, rootdir: Path, local_work_root: Path
     """Where the checkout and work dirs are on the cluster, where the shared state is, and
     the local->remote path map (the same for the early thread and the executor)."""
     paths = remote_paths(cluster, rootdir)
-    remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
+    remote_root = root_of(paths.remote_work_root)
     path_map = PathMap({str(rootdir): remote_root, str(local_work_root): paths.remote_work_root},
                        python=cluster.python)
     return paths, shared_state_dir(cluster, paths), path_map

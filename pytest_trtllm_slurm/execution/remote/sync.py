@@ -59,7 +59,7 @@ from pytest_trtllm_slurm.execution.remote.checkout_probe import (
     probe,
 )
 from pytest_trtllm_slurm.execution.remote.secret_files import looks_secret
-from pytest_trtllm_slurm.node.paths import Checkout
+from pytest_trtllm_slurm.node.paths import WORK_DIRS, Checkout
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 from pytest_trtllm_slurm.transport.ssh.auth import can_prompt
 
@@ -332,7 +332,7 @@ def _untracked(git: _Git, ship_secrets: bool, result: SyncResult) -> dict[str, s
     listing = git("ls-files", "-z", "--others", "--exclude-standard",
                   check="listing untracked files").stdout
     # the plugin's own job folders are results, not code: never shipped back and forth
-    names = [n for n in listing.split("\0") if n and "work_dirs" not in n.split("/")[:-1]]
+    names = [n for n in listing.split("\0") if n and WORK_DIRS not in n.split("/")[:-1]]
     if not ship_secrets:
         result.withheld.extend(n for n in names if looks_secret(n))
         names = [n for n in names if not looks_secret(n)]
