@@ -30,7 +30,7 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from pytest_trtllm_slurm.node.paths import lock_base
+from pytest_trtllm_slurm.node.paths import gpu_lock_dir, lock_base
 
 LOCK_ROOT = "/tmp"  # node-local; the folder inside it is per user and verified
 PRIVATE = 0o600
@@ -165,7 +165,7 @@ def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
         raise UntrustedPath(
             f"the GPU lock folder {exc}. Someone may have created it to take this user's "
             "GPU locks: remove it (or have an administrator remove it) and run again") from None
-    locks = base / f"{job}-{node}".replace("/", "_")
+    locks = gpu_lock_dir(base, job, node)
     try:
         locks.mkdir(mode=0o700)
     except FileExistsError:

@@ -259,3 +259,8 @@ def gpu_lock(lock_dir: P, gpu: int | str) -> P:
 def lock_base(root: str) -> Path:
     """``<root>/trtllm-slurm-<uid>``: this user's node-local folder of GPU lock folders."""
     return Path(root) / f"trtllm-slurm-{os.geteuid()}"
+
+
+def gpu_lock_dir(base: Path, job: str, node: str) -> Path:
+    """One allocation's GPU lock folder on one node, in ``lock_base``."""
+    return base / f"{job}-{node}".replace("/", "_")
