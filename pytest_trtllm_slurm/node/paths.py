@@ -36,12 +36,12 @@ def join(root: P, *parts: str) -> P:
 
 
 def lock_of(path: P) -> P:
-    """The lock file that guards ``path`` (``<path>.lock``)."""
+    """The lock file that guards ``path``."""
     return join(root_of(path), f"{name_of(path)}.lock")
 
 
 def holder_of(lock: P) -> P:
-    """Who holds ``lock`` (``<lock>.holder``, written by its holder)."""
+    """Who holds ``lock`` (written by its holder)."""
     return join(root_of(lock), f"{name_of(lock)}.holder")
 
 
@@ -72,13 +72,8 @@ class Gate(Folder[P]):
     ``ready.<rank>``, rank 0 ``ready`` once all are, the controller ``open``; each rank
     leaves ``done.<rank>``."""
 
-    @property
-    def ready(self) -> P:
-        return self.at("ready")
-
-    @property
-    def open(self) -> P:
-        return self.at("open")
+    ready = _file("ready")
+    open = _file("open")
 
     def ready_of(self, rank: int) -> P:
         return self.at(f"ready.{rank}")
