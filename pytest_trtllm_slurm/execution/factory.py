@@ -201,7 +201,8 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     runs = (early.runs if early is not None
             else ShellRunRegistry(shell, paths.StateDir(state_dir).runs.dir))
     ensure_work_root(paths.work_root(None, rootdir).dir)  # this checkout ran (`alloc status`)
-    remote_state_root(rootdir, cluster.name).mkdir(exist_ok=True)
+    local_state = paths.work_root(None, rootdir).remote_dir(cluster.name)  # the salloc log
+    local_state.mkdir(exist_ok=True)
     if early is not None and early.synced and early_start.still_current(early, cluster,
                                                                         rootdir):
         for note in early.notes:  # what that sync had to say
@@ -221,7 +222,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         )
         manager = AllocationManager(
             shell,
-            rootdir=remote_state_root(rootdir, cluster.name),  # (here: the salloc log only)
+            rootdir=local_state,
             store=ShellStateStore(shell, state_dir, paths.STATE_NAME),
             runs=runs,
             request=with_containers(request, cluster, remote_root),
@@ -288,12 +289,6 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
     )
-
-
-def remote_state_root(rootdir: Path, cluster: str) -> Path:
-    """This machine's folder for a remote cluster (its ``work_dirs/.salloc.log``); the
-    allocation's state itself is on the cluster (``workspace.shared_state_dir``)."""
-    return paths.work_root(None, rootdir).remote_dir(cluster)
 
 
 def local_cluster_config(ctx: ExecutorContext) -> ClusterConfig | None:

@@ -234,6 +234,8 @@ class WorkRoot(StateDir[P]):
         return self.at(f".salloc-{run_id}")
 
     def remote_dir(self, cluster: str) -> P:
+        """This machine's folder for a remote cluster (its salloc log); the allocation's
+        state itself is on the cluster (``workspace.shared_state_dir``)."""
         return self.at(f".remote-{cluster}")
 
     @property

@@ -322,11 +322,9 @@ class AgentPool:
                 self.warn(str(exc))
 
     # -- agents and sessions --------------------------------------------------------
-    def _base(self, spec: JobSpec) -> str:
-        return WorkRoot(root_of(spec.work_dir)).agents_of(self.alloc.job_id)
-
     def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
-        node.agent_dir = agent_dir(self._base(spec), node.name, spec.command[0],
+        base = WorkRoot(root_of(spec.work_dir)).agents_of(self.alloc.job_id)
+        node.agent_dir = agent_dir(base, node.name, spec.command[0],
                                    secrets_key(local=isinstance(self.shell, LocalShell)))
         if agent_alive(self.shell, node.agent_dir):
             node.healthy_at = time.monotonic()
