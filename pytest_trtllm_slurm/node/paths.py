@@ -224,9 +224,6 @@ class WorkRoot(StateDir[P]):
     def runs(self) -> Runs[P]:
         return Runs(self.at(".runs"))
 
-    def batch(self, name: str) -> Batch[P]:
-        return Batch(self.at(name))
-
     def agents_of(self, job_id: str) -> P:
         return self.at(AGENTS, job_id)
 
