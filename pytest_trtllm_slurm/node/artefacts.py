@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.node.files import publish, write_atomic
-from pytest_trtllm_slurm.node.protocol import BENCHMARKS_FILE, COVERAGE_FILE  # noqa: F401
+from pytest_trtllm_slurm.node.paths import COVERAGE_FILE, Batch
 
 
 def point_coverage_at(work_dir: Path, rank: int) -> None:
@@ -91,7 +91,7 @@ class BatchArtefacts:
         if running:
             cov.stop()
         data = cov.get_data()
-        target = work_dir / COVERAGE_FILE
+        target = Batch(work_dir).coverage
         # coverage creates its file (and sqlite's journal) by name: in a folder of an
         # unpredictable name that only this process made (mkdtemp: O_EXCL, 0700), so no
         # planted name or link is written through
@@ -118,4 +118,4 @@ class BatchArtefacts:
                    if b and not getattr(b, "has_error", False)]
         if not records:
             return
-        write_atomic(work_dir / BENCHMARKS_FILE, json.dumps(records, default=repr))
+        write_atomic(Batch(work_dir).benchmarks, json.dumps(records, default=repr))

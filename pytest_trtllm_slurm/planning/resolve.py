@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.node.paths import work_root
 from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 from pytest_trtllm_slurm.planning.models import DeviceRequirement
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
@@ -328,5 +329,5 @@ def work_dir(
     """``<rootdir>/work_dirs/<name>_<YYYYmmdd_HHMMSS>``; ``root`` (settings.work_dir) replaces
     ``<rootdir>/work_dirs`` (the plugin's work root)."""
     stamp = (now or datetime.now()).strftime("%Y%m%d_%H%M%S")
-    base = Path(root).expanduser() if root else rootdir / "work_dirs"
+    base = Path(root).expanduser() if root else work_root(None, rootdir).dir
     return base / f"{_safe_name(name)}_{stamp}"

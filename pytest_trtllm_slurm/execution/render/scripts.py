@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import hidden_env, mask_argv, shown_env
 from pytest_trtllm_slurm.planning.models import Launch
@@ -288,7 +289,7 @@ def render_sbatch(
         _directive("-e", log),
         "#SBATCH --open-mode=append",
         _directive("--chdir=" + shlex.quote(_cwd(spec))),
-        _comment(f"pytest-trtllm-slurm batch {spec.name}; spec: {spec.work_dir}/job_spec.json"),
+        _comment(f"pytest-trtllm-slurm batch {spec.name}; spec: {Batch(spec.work_dir).job_spec}"),
         *_env_names(spec.env),
         'echo "[trtllm-slurm] job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}"',
         shell_join(srun_in_job(spec, opts)),

@@ -41,6 +41,7 @@ from pydantic import BaseModel, Field, ValidationError
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, shell_where
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.node.paths import Runs, WorkRoot, name_of
 from pytest_trtllm_slurm.transport.shell import Shell
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class RunRegistry:
 
     @property
     def path(self) -> str:
-        return f"{self.folder}/{self.me.run_id}.json"
+        return Runs(self.folder).record(self.me.run_id)
 
     def make_folder(self) -> None:
         """The registry's folder: ours, 0700, nobody else may write it."""
@@ -155,7 +156,7 @@ class RunRegistry:
         """The registry's short lock: held while a run registers as an allocation's user,
         and while a run checks for users before it cancels an allocation."""
         self.make_folder()
-        lock = ShellLock(self.shell, f"{self.folder}/.lock", max_hold=SHORT_LOCK_WAIT + 60)
+        lock = ShellLock(self.shell, Runs(self.folder).lock, max_hold=SHORT_LOCK_WAIT + 60)
         if not lock.acquire(SHORT_LOCK_WAIT, self._holder()):
             raise ExecutionError(f"another run held {lock.where} for more than "
                                  f"{SHORT_LOCK_WAIT:.0f} s ({lock.describe()})")
@@ -170,7 +171,7 @@ class RunRegistry:
         if self._lease is not None and self._lease.held:
             return
         self.make_folder()
-        lease = self._lease or ShellLock(self.shell, f"{self.folder}/{self.me.run_id}.lock",
+        lease = self._lease or ShellLock(self.shell, Runs(self.folder).lease(self.me.run_id),
                                          keep=True)
         if not lease.acquire(60, self._holder()):
             raise ExecutionError(f"could not take this run's own lock {lease.where}")
@@ -233,7 +234,7 @@ class RunRegistry:
             self._saved = False
         if self._lease is not None:
             self._lease.release()
-            self.shell.run(["rm", "-f", "--", f"{self.folder}/{self.me.run_id}.lock"],
+            self.shell.run(["rm", "-f", "--", Runs(self.folder).lease(self.me.run_id)],
                            timeout=60)
             self._lease = None
 
@@ -256,7 +257,7 @@ class RunRegistry:
         for line in stdout.splitlines():
             name, _, rest = line.partition("\t")
             state, _, text = rest.partition("\t")
-            if name == f"{self.me.run_id}.json":
+            if name == name_of(self.path):
                 continue
             try:
                 record = RunRecord.model_validate(json.loads(text))
@@ -264,13 +265,12 @@ class RunRegistry:
                 continue
             alive = state == "live" or (record.host == self.me.host
                                         and pid_alive(record.pid, record.started))
-            found.append((record, alive, f"{self.folder}/{name}"))
+            found.append((record, alive, Runs(self.folder).at(name)))
         return found
 
     def drop(self, path: str) -> None:
         """Forget a dead run's file and its lock (the reaper cancelled what it left)."""
-        base = str(path).removesuffix(".json")
-        self.shell.run(["rm", "-f", "--", f"{base}.json", f"{base}.lock"], timeout=60)
+        self.shell.run(["rm", "-f", "--", str(path), Runs.lease_of(str(path))], timeout=60)
 
     def users_of(self, allocation: str) -> list[RunRecord]:
         """Live runs other than this one that use ``allocation``."""
@@ -282,4 +282,4 @@ class RunRegistry:
 
 def local_registry(shell: Shell, work_dirs: Path) -> RunRegistry:
     """The run registry of a checkout's local cluster: ``work_dirs/.runs``."""
-    return RunRegistry(shell, work_dirs / ".runs", work_root=work_dirs)
+    return RunRegistry(shell, WorkRoot(work_dirs).runs.dir, work_root=work_dirs)

@@ -30,6 +30,7 @@ from typing import IO
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.records import load_json
+from pytest_trtllm_slurm.node.paths import holder_of
 from pytest_trtllm_slurm.transport.shell import CommandResult, LocalShell, Shell
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class ShellLock:
 
     def holder(self) -> dict[str, object] | None:
         """The current holder's record (None when none is recorded)."""
-        raw = self.shell.read_from(f"{self.path}.holder", 0, 1 << 14)
+        raw = self.shell.read_from(holder_of(self.path), 0, 1 << 14)
         try:
             found = load_json(raw.decode("utf-8", "replace") or "null", "the lock's holder")
         except ValueError:

@@ -18,6 +18,7 @@ from uuid import uuid4
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, shell_where
+from pytest_trtllm_slurm.node.paths import join, lock_of, name_of
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 SAY_EVERY = 30.0  # seconds between repeated "still waiting for the lock" lines
@@ -38,7 +39,7 @@ class StateStore:
                  private: bool = True) -> None:
         self.shell = shell
         self.folder = str(folder).rstrip("/")
-        self.path = f"{self.folder}/{name}"
+        self.path = join(self.folder, name)
         self.private = private
         self._made = False
 
@@ -82,14 +83,14 @@ class StateStore:
     def move_aside(self, why: str) -> str | None:
         """Keep a bad file for a look (``<name>.<why>-<time>``); where it went, or None
         (then it is deleted)."""
-        aside = f"{self.folder}/{_aside_name(self.path.rsplit('/', 1)[-1], why)}"
+        aside = join(self.folder, _aside_name(name_of(self.path), why))
         if self.shell.run(["mv", "-f", "--", self.path, aside], timeout=60).ok:
             return shell_where(self.shell, aside)
         self.delete()
         return None
 
     def lock_file(self) -> ShellLock:
-        return ShellLock(self.shell, self.path + ".lock")
+        return ShellLock(self.shell, lock_of(self.path))
 
     @contextlib.contextmanager
     def locked(self, timeout: float, holder: dict[str, object], warn: Warn) -> Iterator[None]:
