@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
-from pytest_trtllm_slurm.controller.batch_plan import run_batches
+from pytest_trtllm_slurm.controller.batches import run_batches
 from pytest_trtllm_slurm.controller.forwarding import (
     forwarded_addopts,
     forwarded_options,
     forwarding_plan,
 )
 from pytest_trtllm_slurm.controller.history import History
-from pytest_trtllm_slurm.controller.item_plans import ItemPlan
 from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_tokens
+from pytest_trtllm_slurm.controller.placement import ItemPlan
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
 from pytest_trtllm_slurm.controller.run_view import RunView

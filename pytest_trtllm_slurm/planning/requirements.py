@@ -1,7 +1,7 @@
 """What each test needs: markers, perf-sanity YAML, bench/eval commands, time limits.
 
-Pure functions (no subprocess, no pytest import): the planning layer derives a
-DeviceRequirement per test from, in order, the ``trtllm_slurm(...)`` marker,
+Pure functions (no subprocess, no pytest import). One call sizes a test: ``size_item``
+derives its DeviceRequirement from, in order, the ``trtllm_slurm(...)`` marker,
 ``skip_less_mpi_world_size`` / ``skip_less_device``, a named marker of the
 ``trtllm_marker_devices`` table (TensorRT-LLM's unit tests: ``gpu2``, ``gpu4``), a
 perf-sanity YAML, else 0 (a CPU test). ``skip_less_host_memory(MiB)`` is the job's
@@ -16,6 +16,7 @@ import math
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -31,11 +32,7 @@ from pydantic import (
 )
 
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
-from pytest_trtllm_slurm.planning.durations import (  # noqa: F401  (re-exported: the time-limit names live there)
-    TIME_FORMATS,
-    format_slurm_time,
-    parse_time_limit,
-)
+from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
     Env,
@@ -46,27 +43,9 @@ from pytest_trtllm_slurm.planning.fields import (
     checked,
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
-from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
-    DEFAULT_AGG_FOLDER,
-    DEFAULT_DISAGG_FOLDER,
-    GRAMMAR,
-    GRAMMAR_VERSION,
-    PERF_PARAM,
-    PERF_PREFIXES,
-    PerfCase,
-    PerfSources,
-    load_perf_yaml,
-    name_as_written,
-    parse_perf_case,
-    perf_label,
-    perf_requirement,
-    server_gpus,
-)
+from pytest_trtllm_slurm.planning.perf_sanity import PerfSources, perf_id, perf_size
 from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem
-from pytest_trtllm_slurm.planning.settings import (  # noqa: F401  (re-exported)
-    DEFAULT_MARKER_DEVICES,
-    Settings,
-)
+from pytest_trtllm_slurm.planning.settings import Settings
 
 # --------------------------------------------------------------------------- commands
 
@@ -271,12 +250,6 @@ def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
     return list(value)
 
 
-def _device_type(cfg: TestConfig, settings: Settings) -> str | None:
-    """Marker device_type > option. skip_device_not_contain keywords are kept apart
-    (``device_keywords``): planning picks a concrete type among those available."""
-    return cfg.device_type or settings.device_type
-
-
 def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
     """(total, per_node) from trtllm_slurm(devices=, devices_per_node=, nodes=).
 
@@ -316,8 +289,15 @@ def requirement_from_marks(
     perf: PerfSources | Callable[[], PerfSources] | None = None,
 ) -> DeviceRequirement:
     """DeviceRequirement from the closest markers (``get_marker`` = item.get_closest_marker)."""
+    return _size(nodeid, get_marker, settings, perf_case, perf)[1]
+
+
+def _size(
+    nodeid: str, get_marker: MarkerLookup, settings: Settings, perf_case: str | None,
+    perf: PerfSources | Callable[[], PerfSources] | None,
+) -> tuple[TestConfig, DeviceRequirement]:
     cfg = marker_config(nodeid, get_marker("trtllm_slurm"))
-    device_type = _device_type(cfg, settings)
+    device_type = cfg.device_type or settings.device_type  # keywords: picked by routing
     contain = get_marker("skip_device_not_contain")
     keywords = tuple(_keywords(nodeid, contain)) if contain is not None else ()
     memory = {
@@ -346,15 +326,11 @@ def requirement_from_marks(
         per_node = total or None
     elif perf_case is not None:
         sources = (perf() if callable(perf) else perf) or PerfSources()
-        sources.check_option(nodeid)
-        case = parse_perf_case(perf_case, nodeid)
-        path = sources.yaml_for(case, nodeid)
-        total, per_node = perf_requirement(case, load_perf_yaml(path), path, nodeid)
-        source = f"perf_yaml:{path}"
+        total, per_node, source = perf_size(perf_case, nodeid, sources)
     else:
         total, per_node, source = 0, None, "default"
     try:
-        return DeviceRequirement(
+        return cfg, DeviceRequirement(
             total=total, per_node=per_node if total else None, device_type=device_type,
             device_keywords=keywords, source=source, **memory,
         )
@@ -417,28 +393,24 @@ def closest_markers(item: Any, names: frozenset[str] | None = None) -> MarkerLoo
     return found.get
 
 
-def requirement_for_item(
-    item: Any, settings: Settings, perf: PerfSources | None = None
-) -> DeviceRequirement:
-    """DeviceRequirement of a pytest item (closest marker wins: method > class > module).
-    Messages name the test as the user wrote it (name_as_written), not a renamed id."""
+@dataclass(frozen=True)
+class Sized:
+    """What one test needs: its requirement, its ``trtllm_slurm`` marker's fields, and its
+    id as the user wrote it (messages and the plan show that one)."""
+
+    requirement: DeviceRequirement
+    config: TestConfig
+    name: str
+
+
+def size_item(item: Any, settings: Settings, perf: PerfSources | None = None) -> Sized:
+    """A pytest item's needs, from its closest markers (method > class > module) or its
+    perf-sanity YAML: TestSpecError when they cannot be read."""
+    label, name = perf_id(item)
+
     def sources() -> PerfSources:
         return perf or PerfSources.from_settings(settings, Path(item.config.rootpath))
 
-    return requirement_from_marks(
-        name_as_written(item), closest_markers(item, frozenset(settings.marker_devices)),
-        settings, perf_case=perf_label(item),
-        perf=sources,
-    )
-
-
-perf_case_of = perf_label  # the older name
-
-
-def test_config_for_item(item: Any) -> TestConfig:
-    """TestConfig of the item's closest ``trtllm_slurm`` marker (defaults when none)."""
-    return marker_config(name_as_written(item), item.get_closest_marker("trtllm_slurm"))
-
-
-test_config_for_item.__test__ = False  # type: ignore[attr-defined]  # not a test when imported
-
+    cfg, req = _size(name, closest_markers(item, frozenset(settings.marker_devices)),
+                     settings, label, sources)
+    return Sized(req, cfg, name)

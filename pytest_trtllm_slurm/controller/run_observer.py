@@ -73,7 +73,7 @@ class BatchSpan:
         return "/allocation" in self.pool.name
 
 
-class RunRecord:
+class RunObserver:
     """Observations of one dispatched run. Registered as a plugin while the run lasts."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
