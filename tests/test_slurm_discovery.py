@@ -172,7 +172,7 @@ def test_discover_dev_cluster(devcluster: dict) -> None:
     names = [p.name for p in env.partitions]
     assert {"batch", "gb200"} <= set(names)
     for want in devcluster["partitions"]:
-        part = env.partition(want["name"])
+        part = env.partition_named(want["name"])
         assert part is not None, names
         assert part.nodes == want["nodes"]
         assert part.arch == want["arch"]

@@ -110,7 +110,7 @@ def route_item(req: DeviceRequirement, cfg: TestConfig, targets: Targets) -> Rou
     wants_type = not typed.device_type and bool(typed.total or containerized)
     env = (_discovery_of(decision, targets)
            if containerized or (wants_type and not configured) else None)
-    part = env.partition(decision.partition) if env and decision.partition else None
+    part = env.partition_named(decision.partition) if env else None
     device_type = typed.device_type
     if wants_type:
         if configured:  # the clusters file overrides discovery
@@ -351,7 +351,7 @@ class _Router:
         name = select_partition(
             self.req, self.slurm_env, explicit=self.partition, cluster=cfg, device_type=self.wanted
         )
-        part = self.slurm_env.partition(name) if (self.slurm_env and name) else None
+        part = self.slurm_env.partition_named(name) if self.slurm_env else None
         if self.slurm_env and self.slurm_env.partitions:
             if name is None:
                 return self.unsatisfied("no partition of the local Slurm can")
@@ -415,7 +415,7 @@ class _Router:
                                     device_type=self.wanted)
         except ConfigError:
             return None
-        part = env.partition(name) if name else None
+        part = env.partition_named(name)
         if part is None or not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
             return None
         return name
@@ -444,7 +444,7 @@ class _Router:
         """A remote cluster routed like the local Slurm, on what discovery found there."""
         name = select_partition(self.req, env, explicit=self.partition, cluster=cfg,
                                 device_type=self.wanted)
-        part = env.partition(name) if name else None
+        part = env.partition_named(name)
         if part is None:
             return self.unsatisfied(f"no partition of cluster {key!r} "
                                     f"({_describe_partitions(env)}) can")
@@ -597,7 +597,7 @@ def device_type_matches(part: PartitionInfo, device_type: str | None) -> bool:
 
 def check_partition_name(name: str, slurm_env: SlurmEnv | None, where: str) -> None:
     """ConfigError when discovery found partitions and ``name`` is not one of them."""
-    if slurm_env and slurm_env.partitions and slurm_env.partition(name) is None:
+    if slurm_env and slurm_env.partitions and slurm_env.partition_named(name) is None:
         valid = ", ".join(p.name for p in slurm_env.partitions)
         raise ConfigError(
             f"Slurm partition {name!r} (from {where}) does not exist on this cluster; "
@@ -628,7 +628,7 @@ def select_partition(
         return cluster.partition
     if slurm_env is None or not slurm_env.partitions:
         return None
-    default = slurm_env.partition(slurm_env.default_partition or "")
+    default = slurm_env.partition_named(slurm_env.default_partition)
     if req.total == 0:  # CPU-only: any partition; the site's default first
         return (default or slurm_env.partitions[0]).name
     if not any(p.gpus_per_node for p in slurm_env.partitions) and slurm_env.errors:
