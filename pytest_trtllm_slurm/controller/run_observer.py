@@ -89,7 +89,6 @@ class RunObserver:
         self.guessed: str | None = None  # why the plan's figures are guesses
         self.events: list[tuple[float, str]] = []  # state changes that matter (CI lines)
         self.finished_at: float | None = None
-        self.failed_submissions = 0
 
     # -- what the run loop tells it ------------------------------------------------
     def plan(self, batches: Sequence[Batch], pools: Callable[[BatchKey], Pool],

@@ -12,6 +12,7 @@ default.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shlex
@@ -49,32 +50,35 @@ from pytest_trtllm_slurm.planning.settings import Settings
 
 # --------------------------------------------------------------------------- commands
 
-_SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
+SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
+
+
+def shell_tokens(cmd: str) -> list[str]:
+    """``cmd`` as shell words, each operator (``&&``, ``;``, ``|``...) a token of its own;
+    ValueError on unbalanced quotes."""
+    lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    return list(lexer)
+
+
+def words_until_operator(tokens: Sequence[str]) -> list[str]:
+    """The leading words of ``tokens``, up to the first shell operator."""
+    return list(itertools.takewhile(lambda t: t not in SHELL_OPERATORS, tokens))
 
 
 def _last_invocation(cmd: str, program: str) -> list[str]:
     """Arguments of the last ``program`` call in a shell chain (``a && b; c``)."""
     try:
-        lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        tokens = list(lexer)
+        tokens = shell_tokens(cmd)
     except ValueError as exc:
         raise ConfigError(f"command {cmd!r}: cannot be split as shell words ({exc}); "
                           "expected balanced quotes") from None
-    start = None
-    for index, token in enumerate(tokens):
-        if os.path.basename(token) == program:
-            start = index
-    if start is None:
+    starts = [i for i, token in enumerate(tokens) if os.path.basename(token) == program]
+    if not starts:
         raise ConfigError(
             f"command {cmd!r}: found no {program} invocation; expected '{program} ...'"
         )
-    args: list[str] = []
-    for token in tokens[start + 1 :]:
-        if token in _SHELL_OPERATORS:
-            break
-        args.append(token)
-    return args
+    return words_until_operator(tokens[starts[-1] + 1:])
 
 
 def _int_flag(args: Sequence[str], names: Sequence[str], cmd: str) -> int:

@@ -348,14 +348,12 @@ class _Router:
 
     def local_slurm(self) -> RouteDecision:
         cfg = self._local_cfg()
-        name = select_partition(
-            self.req, self.slurm_env, explicit=self.partition, cluster=cfg, device_type=self.wanted
-        )
+        name = self._choose(self.slurm_env, cfg)
         part = self.slurm_env.partition_named(name) if self.slurm_env else None
         if self.slurm_env and self.slurm_env.partitions:
             if name is None:
                 return self.unsatisfied("no partition of the local Slurm can")
-            if part and not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
+            if part and not self._serves(part):
                 return self.unsatisfied(f"partition {name!r} cannot")
         return RouteDecision(
             scenario=Scenario.LOCAL_SLURM,
@@ -369,6 +367,13 @@ class _Router:
 
     def _type_ok(self, gpu_type: str | None) -> bool:
         return not (self.wanted and gpu_type) or _same_type(gpu_type, self.wanted)
+
+    def _serves(self, part: PartitionInfo) -> bool:
+        return partition_fits(part, self.req) and self._type_ok(part.gpu_type)
+
+    def _choose(self, env: SlurmEnv | None, cfg: ClusterConfig | None) -> str | None:
+        return select_partition(self.req, env, explicit=self.partition, cluster=cfg,
+                                device_type=self.wanted)
 
     # ------------------------------------------------------------------ remote
 
@@ -411,14 +416,11 @@ class _Router:
     def _remote_partition(self, cfg: ClusterConfig, env: SlurmEnv) -> str | None:
         """The discovered partition that serves the test (None: none can)."""
         try:
-            name = select_partition(self.req, env, explicit=self.partition, cluster=cfg,
-                                    device_type=self.wanted)
+            name = self._choose(env, cfg)
         except ConfigError:
             return None
         part = env.partition_named(name)
-        if part is None or not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
-            return None
-        return name
+        return name if part is not None and self._serves(part) else None
 
     def remote(self, name: str) -> RouteDecision:
         cfg = self.clusters.get(name)  # ConfigError listing the known names
@@ -442,13 +444,12 @@ class _Router:
 
     def _remote_sized(self, key: str, cfg: ClusterConfig, env: SlurmEnv) -> RouteDecision:
         """A remote cluster routed like the local Slurm, on what discovery found there."""
-        name = select_partition(self.req, env, explicit=self.partition, cluster=cfg,
-                                device_type=self.wanted)
+        name = self._choose(env, cfg)
         part = env.partition_named(name)
         if part is None:
             return self.unsatisfied(f"no partition of cluster {key!r} "
                                     f"({_describe_partitions(env)}) can")
-        if not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
+        if not self._serves(part):
             return self.unsatisfied(f"partition {name!r} of cluster {key!r} "
                                     f"({_describe_partitions(env, name)}) cannot")
         return RouteDecision(
