@@ -46,6 +46,7 @@ from pytest_trtllm_slurm.planning.fields import (
     OneLine,
     OneOrMany,
     SlurmName,
+    validation_message,
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement
 
@@ -158,12 +159,7 @@ class CaseInput(BaseModel):
         try:
             return cls(**fields)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'value'}: "
-                f"{err['msg'].removeprefix('Value error, ')}"
-                + (f" (found {err['input']!r})" if err["type"] != "extra_forbidden" else "")
-                for err in exc.errors()
-            )
+            problems = validation_message(exc, found_unknown=False)
             raise ConfigError(f"{where}: {problems}") from None
 
 

@@ -42,6 +42,7 @@ from pytest_trtllm_slurm.planning.fields import (
     OneOrMany,
     SlurmName,
     checked,
+    validation_message,
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
 from pytest_trtllm_slurm.planning.perf_sanity import PerfSources, perf_id, perf_size
@@ -190,14 +191,6 @@ class TestConfig(BaseModel):
 _NO_CONFIG = TestConfig()  # shared by every test without a trtllm_slurm marker (frozen)
 
 
-def _validation_message(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: "
-        f"{err['msg'].removeprefix('Value error, ')} (found {err['input']!r})"
-        for err in exc.errors()
-    )
-
-
 def marker_config(nodeid: str, mark: MarkLike | None) -> TestConfig:
     """TestConfig of a ``trtllm_slurm`` mark; one optional positional argument means devices."""
     if mark is None:
@@ -219,9 +212,8 @@ def marker_config(nodeid: str, mark: MarkLike | None) -> TestConfig:
         unknown = any(err["type"] == "extra_forbidden" for err in exc.errors())
         expected = f"; expected keywords {', '.join(TestConfig.model_fields)}" if unknown else ""
         raise ConfigError(
-            f"{nodeid}: trtllm_slurm marker: {_validation_message(exc)}{expected}"
+            f"{nodeid}: trtllm_slurm marker: {validation_message(exc)}{expected}"
         ) from None
-
 
 
 def _count_arg(nodeid: str, mark: MarkLike, name: str, unit: str) -> int:
@@ -339,7 +331,7 @@ def _size(
             device_keywords=keywords, source=source, **memory,
         )
     except ValidationError as exc:
-        raise TestSpecError(f"{nodeid}: {_validation_message(exc)}") from None
+        raise TestSpecError(f"{nodeid}: {validation_message(exc)}") from None
 
 
 MARKER_NAMES = frozenset({"trtllm_slurm", "skip_less_device", "skip_less_mpi_world_size",
