@@ -195,7 +195,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # only the controller of a benchmark run
     config.pluginmanager.register(_Clock(), "bench_probe_clock")
     import pytest_trtllm_slurm.controller.batches as batch_plan
-    import pytest_trtllm_slurm.controller.placement as planning
+    import pytest_trtllm_slurm.controller.item_routes as planning
     import pytest_trtllm_slurm.controller.run_loop as dispatch
     import pytest_trtllm_slurm.execution.slurm.jobs as slurm_jobs
 

@@ -1,4 +1,4 @@
-"""placement.py and routing.route_item: the per-batch choices made from a route (image,
+"""item_routes.py and routing.route_item: the per-batch choices made from a route (image,
 device type)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.controller.placement import PlanningContext, batch_image
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext, batch_image
 from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, Scenario
 from pytest_trtllm_slurm.planning.requirements import TestConfig

@@ -132,7 +132,7 @@ def test_device_keywords_resolve_against_the_named_remote_cluster() -> None:
     names no device_type: the type comes from far's discovery, then far serves it."""
     from pathlib import Path
 
-    from pytest_trtllm_slurm.controller.placement import PlanningContext
+    from pytest_trtllm_slurm.controller.item_routes import PlanningContext
     from pytest_trtllm_slurm.planning.requirements import TestConfig
     from pytest_trtllm_slurm.planning.routing import route_item
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from pytest_trtllm_slurm.controller.history import History
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.ordering import kept_together
-from pytest_trtllm_slurm.controller.placement import PlanningContext
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv

@@ -38,7 +38,7 @@ class PlanPlugin:
             planned_pools,
             run_batches,
         )
-        from pytest_trtllm_slurm.controller.placement import plan_items
+        from pytest_trtllm_slurm.controller.item_routes import plan_items
         from pytest_trtllm_slurm.controller.session import planning_context
         from pytest_trtllm_slurm.planning.perf_sanity import name_as_written
 

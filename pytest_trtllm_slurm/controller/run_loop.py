@@ -26,8 +26,8 @@ from pytest_trtllm_slurm.controller.forwarding import (
     forwarding_plan,
 )
 from pytest_trtllm_slurm.controller.history import History
+from pytest_trtllm_slurm.controller.item_routes import ItemPlan
 from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_tokens
-from pytest_trtllm_slurm.controller.placement import ItemPlan
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
 from pytest_trtllm_slurm.controller.run_view import RunView

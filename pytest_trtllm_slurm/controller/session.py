@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import pytest_trtllm_slurm.controller.options as options
-from pytest_trtllm_slurm.controller.placement import PlanningContext
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.warm_start import early_start
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.protocol import Executor

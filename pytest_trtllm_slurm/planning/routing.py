@@ -63,7 +63,7 @@ RemoteEnv = Callable[[ClusterConfig], "SlurmEnv | None"]
 
 
 class Targets(Protocol):
-    """What routing reads of a run (controller.placement.PlanningContext has it): the
+    """What routing reads of a run (controller.item_routes.PlanningContext has it): the
     options, this machine, the clusters file, the local Slurm's discovery and, for a remote
     cluster, what discovery over SSH finds there (None: the clusters file alone)."""
 
