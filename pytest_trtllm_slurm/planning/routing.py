@@ -1,5 +1,10 @@
 """Pure routing: one test's requirement + what the probes found -> where it runs.
 
+``route_item`` is the one call a test's routing takes: it resolves a
+``skip_device_not_contain`` keyword to a type the targets offer, applies the rules below
+(``route``), and returns the decision with its partition and account (chosen here:
+select_partition, resolve_account) and the target's GPU type and CPU arch.
+
 Rules, first match wins (each is a row of tests/test_routing.py):
 
 1. ``pinned_local`` (marker ``local=True``): here, in this pytest process.
