@@ -224,27 +224,28 @@ def route(
 ) -> RouteDecision:
     """Where ``req``'s test runs (see the module docstring for the rules, in order);
     ``cluster`` (a marker's) stands for --slurm-cluster for this test."""
-    ctx = _Router(req, settings, local, clusters, slurm_env, partition or settings.partition,
-               remote_env)
+    router = _Router(req, settings, local, clusters, slurm_env,
+                     partition or settings.partition, remote_env)
     if pinned_local:
         return RouteDecision(scenario=Scenario.LOCAL_DIRECT, dispatched=False)
     if settings.scenario != "auto":
-        return ctx.forced(Scenario(settings.scenario))
+        return router.forced(Scenario(settings.scenario))
     if req.total == 0 and settings.dispatch == "needed":
-        return ctx.here()
+        return router.here()
     if cluster or settings.slurm_cluster:
-        return ctx.named_cluster(cluster or settings.slurm_cluster)  # type: ignore[arg-type]
-    if ctx.satisfied_here():
-        return ctx.here()
+        return router.named_cluster(cluster or settings.slurm_cluster)  # type: ignore[arg-type]
+    if router.satisfied_here():
+        return router.here()
     local_miss: RouteDecision | None = None
     if local.slurm_available:
-        decision = ctx.local_slurm()
-        if decision.scenario is not None or ctx.partition:
+        decision = router.local_slurm()
+        if decision.scenario is not None or router.explicit_partition:
             return decision  # an explicit partition means this cluster, served or not
         local_miss = decision
-    if ctx.wanted and not _same_type(local.device_type, ctx.wanted) and not ctx.local_offers_type():
-        return ctx.remote_by_type()
-    remote = ctx.remote_auto()
+    wanted = router.wanted
+    if wanted and not _same_type(local.device_type, wanted) and not router.local_offers_type():
+        return router.remote_by_type()
+    remote = router.remote_auto()
     return local_miss if remote.scenario is None and local_miss else remote
 
 
@@ -271,7 +272,7 @@ class _Router:
         self.local = local
         self.clusters = clusters
         self.slurm_env = slurm_env
-        self.partition = partition
+        self.explicit_partition = partition
         self.wanted = req.device_type or settings.device_type
 
     # ------------------------------------------------------------------ here
@@ -377,7 +378,7 @@ class _Router:
         return partition_fits(part, self.req) and self._type_ok(part.gpu_type)
 
     def _choose(self, env: SlurmEnv | None, cfg: ClusterConfig | None) -> str | None:
-        return select_partition(self.req, env, explicit=self.partition, cluster=cfg,
+        return select_partition(self.req, env, explicit=self.explicit_partition, cluster=cfg,
                                 device_type=self.wanted)
 
     # ------------------------------------------------------------------ remote
@@ -402,7 +403,7 @@ class _Router:
     def _needs_discovery(self, cfg: ClusterConfig, *, partition: bool = False) -> bool:
         """Only when the clusters file cannot tell alone: GPUs per node (or the type, when
         one is wanted) for a GPU test, and with ``partition`` the partition to use."""
-        if partition and not (self.partition or cfg.partition):
+        if partition and not (self.explicit_partition or cfg.partition):
             return True
         return self.req.total > 0 and (
             cfg.gpus_per_node is None or bool(self.wanted and not cfg.device_type))
@@ -442,7 +443,7 @@ class _Router:
         return RouteDecision(
             scenario=Scenario.REMOTE_SLURM,
             cluster=key,
-            partition=self.partition or cfg.partition,
+            partition=self.explicit_partition or cfg.partition,
             account=self.settings.account or cfg.account,
             target_gpus_per_node=cfg.gpus_per_node,
         )
