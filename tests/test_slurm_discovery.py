@@ -182,7 +182,7 @@ def test_discover_dev_cluster(devcluster: dict) -> None:
         assert part.requires_gres is True
         assert part.state == "up"
         assert part.default is want["default"]
-    assert (env.partition("batch").arch, env.partition("gb200").arch) == ("x86_64", "aarch64")
+    assert (env.partition_named("batch").arch, env.partition_named("gb200").arch) == ("x86_64", "aarch64")
     assert "pmi2" in env.pmix.available
     assert env.pmix.preferred is not None
     assert env.pmix.preferred.startswith("pmix") or env.pmix.preferred == "pmi2"
