@@ -269,10 +269,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     }, indent=2))
 
 
-class InstantExecutor:
+def _executor_base() -> type:
+    from pytest_trtllm_slurm.execution.protocol import Executor
+
+    return Executor
+
+
+class InstantExecutor(_executor_base()):  # type: ignore[misc]
     """local_direct stand-in: a batch "ran" the moment it is submitted; its reports.jsonl
     holds a passed setup/call/teardown per test, serialized like the worker does (the
-    item's location and keywords, as the worker's item has them)."""
+    item's location and keywords, as the worker's item has them), in the records the
+    installed worker writes (``node.records``: one line per test, or a line per event)."""
+
+    poll_hint: float | None = None  # the loop's default cadence (``Executor.poll_hint``)
 
     def __init__(self, config: pytest.Config) -> None:
         from pytest_trtllm_slurm.transport.shell import LocalShell
@@ -283,7 +292,9 @@ class InstantExecutor:
 
     def submit(self, spec: Any) -> Any:
         from pytest_trtllm_slurm.execution.protocol import JobHandle
+        from pytest_trtllm_slurm.node import records as node_records
 
+        _encode = json.JSONEncoder(default=repr).encode
         start, cpu = time.perf_counter(), time.process_time()
         template: dict[str, dict[str, Any]] = {}
         lines = 0
@@ -296,8 +307,8 @@ class InstantExecutor:
                 location = list(item.location) if item else [nodeid.split("::", 1)[0], 1,
                                                               nodeid.split("::")[-1]]
                 keywords = {k: 1 for k in item.keywords} if item else {}
-                out.write(json.dumps({"type": "start", "nodeid": nodeid,
-                                      "location": location}) + "\n")
+                out.write(_encode(node_records.start(nodeid, tuple(location))) + "\n")
+                reports = []
                 for when in ("setup", "call", "teardown"):
                     if when not in template:
                         report = pytest.TestReport(nodeid=nodeid, location=tuple(location),  # type: ignore[arg-type]
@@ -305,12 +316,20 @@ class InstantExecutor:
                                                    when=when, duration=0.001)  # type: ignore[arg-type]
                         template[when] = self.config.hook.pytest_report_to_serializable(
                             config=self.config, report=report)
-                    data = {**template[when], "nodeid": nodeid, "location": location,
-                            "keywords": keywords}
-                    out.write(json.dumps({"type": "report", "data": data}) + "\n")
-                out.write(json.dumps({"type": "finish", "nodeid": nodeid}) + "\n")
-                lines += 5
-            out.write(json.dumps({"type": "session_finish", "exitstatus": 0}) + "\n")
+                    reports.append({**template[when], "nodeid": nodeid, "location": location,
+                                    "keywords": keywords})
+                # what the installed worker writes: one line per test where it has one
+                if hasattr(node_records, "item"):
+                    out.write(_encode(node_records.item(nodeid, reports, finish=True,
+                                                        done=True)) + "\n")
+                    lines += 2
+                else:
+                    for data in reports:
+                        out.write(_encode(node_records.report(data)) + "\n")
+                    out.write(_encode(node_records.finish(nodeid)) + "\n")
+                    out.write(_encode(node_records.done(nodeid)) + "\n")
+                    lines += 6
+            out.write(_encode(node_records.session_finish(0)) + "\n")
             lines += 1
         Path(spec.log_path).write_text("")
         STATE["submit_seconds"] += time.perf_counter() - start

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from report_lines import reports_in
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor, default_run_flags
@@ -107,10 +108,8 @@ def run_all(executor, specs, timeout=120.0):
         for event in monitor.poll():
             name = handles[event.job.handle.job_id]
             final, outcomes = results[name]
-            for rec in event.records:
-                data = rec.get("data", {})
-                if rec.get("type") == "report" and (
-                        data.get("when") == "call" or data.get("outcome") != "passed"):
+            for data in (d for rec in event.records for d in reports_in(rec)):
+                if data.get("when") == "call" or data.get("outcome") != "passed":
                     outcomes[data["nodeid"]] = data["outcome"]
             results[name] = (event.final or final, outcomes)
         time.sleep(0.1)

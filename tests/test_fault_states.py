@@ -54,3 +54,24 @@ def test_reports_after_the_end_do_not_count_and_wait_for_the_schedulers_word(
     assert Monitor._hold(job, records) == records[:4] and job.held == records[4:]
     job.state = JobState(status=JobStatus.RUNNING, alive_at=13.0)
     assert Monitor._hold(job, []) == records[4:] and job.held == []
+
+
+def test_a_test_line_whose_last_report_stopped_after_the_end_does_not_count(
+        tmp_path: Path) -> None:
+    """A test's reports in one ``item`` line count by the last of them: a line whose
+    teardown stopped after the scheduler's end (or after its last word that the allocation
+    runs) is dropped, or held, whole, with everything after it."""
+    def item(nodeid: str, *stops: float) -> dict:
+        return {"type": "item", "nodeid": nodeid, "finish": True, "done": True,
+                "reports": [{"nodeid": nodeid, "stop": stop} for stop in stops]}
+
+    records = [{"type": "start", "nodeid": "a"}, item("a", 9.0, 9.5, 10.0),
+               {"type": "start", "nodeid": "b"}, item("b", 10.5, 11.5, 12.0),
+               {"type": "start", "nodeid": "c"}]
+    assert records_before(records, 11.0) == records[:3]
+    job = WatchedJob(handle=JobHandle(job_id="5~2", spec=_job(tmp_path).handle.spec,
+                                      submitted_at=0.0), executor=None)  # type: ignore[arg-type]
+    job.state = JobState(status=JobStatus.RUNNING, alive_at=11.0)
+    assert Monitor._hold(job, records) == records[:3] and job.held == records[3:]
+    assert records_before([item("x", "late", None), {"type": "item", "reports": "no"}],
+                          1.0) == [item("x", "late", None), {"type": "item", "reports": "no"}]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from devcluster import run
+from report_lines import reports_in
 
 from pytest_trtllm_slurm.execution.render.containers import (
     PLUGIN_ROOT,
@@ -145,11 +146,9 @@ def worker_spec(tmp_path: Path, image: str) -> JobSpec:
 def outcomes(spec: JobSpec) -> dict[str, str]:
     out = {}
     for line in Path(spec.reports_path).read_text().splitlines():
-        rec = json.loads(line)
-        data = rec.get("data", {})
-        if rec.get("type") == "report" and (data.get("when") == "call"
-                                            or data.get("outcome") != "passed"):
-            out[data["nodeid"]] = data["outcome"]
+        for data in reports_in(json.loads(line)):
+            if data.get("when") == "call" or data.get("outcome") != "passed":
+                out[data["nodeid"]] = data["outcome"]
     return out
 
 

@@ -33,14 +33,32 @@ def test_plain():
     pass
 
 
+def test_prints():
+    print("what a hang after this phase must not lose")
+
+
 def test_warns(record_xml_attribute, record_testsuite_property):
     record_xml_attribute("owner", "me")
     record_testsuite_property("build", "42")
     warnings.warn(UserWarning("careful"))
 """,
     "test_broken.py": "def test_never(:\n",  # a collection error
+    # pytest-timeout's thread method ends the process: the worker writes the test's
+    # reports, finish and done on their own lines first (node/timeouts.py)
+    "test_hangs.py": """
+import time
+
+import pytest
+
+
+@pytest.mark.timeout(1, method="thread")
+def test_hangs():
+    time.sleep(60)
+""",
 }
-WANTED = ["test_all.py::test_plain", "test_all.py::test_warns", "test_all.py::test_gone"]
+WANTED = ["test_all.py::test_plain", "test_all.py::test_prints", "test_all.py::test_warns",
+          "test_all.py::test_gone"]
+HANGS = "test_hangs.py::test_hangs"
 
 
 def run_worker(root: Path, reports: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -66,7 +84,12 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     proc = run_worker(root, reports, "--trtllm-worker-nodeids", str(root / "nodeids.json"),
                       "--continue-on-collection-errors", "test_all.py", "test_broken.py")
     assert reports.exists(), proc.stdout + proc.stderr
-    return [json.loads(line) for line in reports.read_text().splitlines()]
+    (root / "hangs.json").write_text(json.dumps([HANGS]))
+    hangs = root / "hangs.jsonl"
+    proc = run_worker(root, hangs, "--trtllm-worker-nodeids", str(root / "hangs.json"),
+                      "test_hangs.py")
+    assert hangs.exists(), proc.stdout + proc.stderr
+    return [json.loads(line) for path in (reports, hangs) for line in path.read_text().splitlines()]
 
 
 def test_a_worker_session_writes_every_declared_type_and_only_those(written) -> None:
@@ -77,7 +100,7 @@ def test_a_worker_session_writes_every_declared_type_and_only_those(written) -> 
 
 
 def test_every_record_a_worker_writes_is_accepted_and_has_a_handler(written) -> None:
-    batch = frozenset(WANTED)
+    batch = frozenset([*WANTED, HANGS])
     for raw in written:
         record = parse_record(raw, batch)
         assert record.type == raw["type"]
@@ -163,3 +186,46 @@ def test_a_worker_without_a_junit_file_ends_cleanly_and_sends_suite_properties(
     written = [json.loads(line) for line in reports.read_text().splitlines()]
     assert [(r["name"], r["value"]) for r in written if r["type"] == "suite_property"] == [
         ("b", "7")], written
+
+
+def test_a_test_is_its_start_line_and_one_line_with_its_reports_and_end(written) -> None:
+    """One JSON object per test carries its three reports, its attempt's end and its
+    protocol's end (decoded and checked once on the controller); the start stays a line of
+    its own, written as the test starts: it says where a worker died."""
+    lines = [r for r in written if r.get("nodeid") == "test_all.py::test_plain"]
+    assert [r["type"] for r in lines] == ["start", "item"]
+    item = lines[1]
+    assert [(r["when"], r["outcome"]) for r in item["reports"]] == [
+        ("setup", "passed"), ("call", "passed"), ("teardown", "passed")]
+    assert item["finish"] is True and item["done"] is True
+    record = parse_record(item, frozenset(WANTED))
+    assert [r.when for r in record.reports] == ["setup", "call", "teardown"]
+
+
+def test_a_phase_whose_loss_would_hide_something_is_written_at_once(written) -> None:
+    """A call that printed (or failed, or took long) is on disk before the teardown runs:
+    a teardown that hangs or crashes the worker does not take the test's output along."""
+    lines = [r for r in written if r.get("nodeid") == "test_all.py::test_prints"]
+    assert [(r["type"], [p["when"] for p in r.get("reports", [])], r.get("finish"))
+            for r in lines] == [("start", [], None), ("item", ["setup", "call"], False),
+                                ("item", ["teardown"], True)]
+    assert "must not lose" in str(lines[1]["reports"][1]["sections"])
+
+
+def test_every_report_of_an_item_line_is_checked_as_a_report_line_is(written) -> None:
+    """The trust boundary stays whole: a malformed report inside an item line (a longrepr
+    whose traceback is not pytest's shape, a report of another batch's test) refuses it."""
+    item = next(r for r in written if r["type"] == "item"
+                and r["nodeid"] == "test_all.py::test_plain")
+    bad_longrepr = json.loads(json.dumps(item))
+    bad_longrepr["reports"][1]["longrepr"] = {"reprcrash": None, "reprtraceback": {
+        "reprentries": [{"type": "ReprEntry", "data": {"lines": [7]}}]}}
+    with pytest.raises(BadRecord, match=r"reports\.1\.longrepr"):
+        parse_record(bad_longrepr, frozenset(WANTED))
+    foreign = json.loads(json.dumps(item))
+    foreign["reports"][2]["nodeid"] = "test_other.py::test_x"
+    with pytest.raises(BadRecord, match="not a test of this batch"):
+        parse_record(foreign, frozenset(WANTED))
+    not_a_flag = {**item, "done": "yes"}
+    with pytest.raises(BadRecord, match="done"):
+        parse_record(not_a_flag, frozenset(WANTED))

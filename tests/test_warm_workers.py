@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from devcluster import run as sh
+from report_lines import reports_in
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,9 +135,9 @@ def agent(tmp_path: Path):
 def outcomes(work: Path) -> list[tuple[str, str]]:
     out = []
     for line in (work / "reports.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec["type"] == "report" and rec["data"]["when"] == "call":
-            out.append((rec["data"]["nodeid"], rec["data"]["outcome"]))
+        for data in reports_in(json.loads(line)):
+            if data["when"] == "call":
+                out.append((data["nodeid"], data["outcome"]))
     return out
 
 

@@ -20,6 +20,7 @@ from pytest_trtllm_slurm.execution.records import (
     CollectErrorRecord,
     DoneRecord,
     FinishRecord,
+    ItemRecord,
     MissingRecord,
     Record,
     ReportRecord,
@@ -67,7 +68,19 @@ class RecordHandlers:
         self.replayer.start(record.nodeid, came.ctx)
 
     def on_report(self, record: ReportRecord, came: Arrival) -> None:
-        data = came.raw["data"]
+        self._report(came.raw["data"], came)
+
+    def on_item(self, record: ItemRecord, came: Arrival) -> None:
+        """A test's reports and its end in one line: replayed as the ``report`` lines,
+        then the ``finish`` and ``done`` lines, it stands for."""
+        for data in came.raw["reports"]:
+            self._report(data, came)
+        if record.finish:
+            self.on_finish(record, came)
+        if record.done:
+            self.replayer.done(record.nodeid, came.ctx)
+
+    def _report(self, data: dict[str, Any], came: Arrival) -> None:
         longrepr = data.get("longrepr")
         if isinstance(longrepr, list) and longrepr and isinstance(longrepr[0], str):
             # a skip's (path, lineno, reason): the path where the user's rootdir is, as in
@@ -77,7 +90,7 @@ class RecordHandlers:
             data = {**data, "longrepr": [local, *longrepr[1:]]}
         self.replayer.report(data, came.ctx)
 
-    def on_finish(self, record: FinishRecord, came: Arrival) -> None:
+    def on_finish(self, record: FinishRecord | ItemRecord, came: Arrival) -> None:
         self.replayer.finish(record.nodeid)
         self.after_test()
 

@@ -89,6 +89,8 @@ class TestProgress:
     phases: list[tuple[str, str]] = field(default_factory=list)  # this attempt's (when, outcome)
     rerun: bool = False  # this attempt reported an outcome "rerun": another one follows
     finished: bool = False
+    hooks: Any = None  # the item's hook proxy (``Replayer._hooks``), once looked up
+    keywords: dict[str, Any] | None = None  # the last report's keywords, interned
 
 
 class Replayer:
@@ -102,6 +104,7 @@ class Replayer:
         self._suite_seen: dict[tuple[str, tuple[str, str]], int] = {}  # (job, property) -> n
         self._xml: Any = _UNSET  # the session's junit writer, looked up once
         self._ihooks: dict[Any, Any] = {}  # folder -> the hook proxy of its items
+        self._rebuild: Callable[[dict[str, Any]], Any] | None = _UNSET  # type: ignore[assignment]
 
     @property
     def xml(self) -> Any:
@@ -111,14 +114,36 @@ class Replayer:
         return self._xml
 
     def _hooks(self, item: pytest.Item) -> Any:
-        """``item.ihook``, looked up once per folder: pytest finds the conftests that apply
-        to the item's path at each look (the same for every test of a folder), a cost a
-        test pays once when it runs here and three to five times when it is replayed."""
-        folder = item.path.parent
+        """``item.ihook``, looked up once per folder and kept with the test's progress:
+        pytest finds the conftests that apply to the item's path at each look (the same
+        for every test of a folder), a cost a test pays once when it runs here and three
+        to five times when it is replayed."""
+        prog = self.progress.get(item.nodeid)
+        if prog is not None and prog.hooks is not None:
+            return prog.hooks
+        # the item's collector (its module), where the item has the collector's path: one
+        # hash of a node id instead of a Path's parent per test
+        parent = item.parent
+        folder = parent if parent is not None and item.path is parent.path else item.path.parent
         hooks = self._ihooks.get(folder)
         if hooks is None:
             hooks = self._ihooks[folder] = item.ihook
+        if prog is not None:
+            prog.hooks = hooks
         return hooks
+
+    def _from_serializable(self, data: dict[str, Any]) -> Any:
+        """``pytest_report_from_serializable``, as pytest-xdist's controller calls it;
+        where only pytest's own implementations answer it (the reports and subtests
+        plugins) and the data names a ``TestReport`` (not a subtest's), their answer
+        without the hook call: the same ``TestReport._from_json``, a hook call less per
+        replayed report."""
+        if self._rebuild is _UNSET:
+            self._rebuild = _direct_rebuild(self.config)
+        if (self._rebuild is not None and data.get("$report_type") == "TestReport"
+                and "_report_type" not in data):  # subtests' reports say "_report_type"
+            return self._rebuild(data)
+        return self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
 
     # -- state -----------------------------------------------------------
     def track(self, item: pytest.Item) -> None:
@@ -159,7 +184,7 @@ class Replayer:
         if isinstance(data.get("longrepr"), list):
             # a skip's (path, lineno, reason) tuple came back from JSON as a list
             data = {**data, "longrepr": tuple(data["longrepr"])}
-        report = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
+        report = self._from_serializable(data)
         if report is None or not isinstance(report, pytest.TestReport):
             return
         _keep_subtest_kwargs(report, data)
@@ -167,7 +192,7 @@ class Replayer:
         if prog is None or prog.finished or not prog.attempt_open:
             return
         item = self.items[report.nodeid]
-        _share_strings(report, item)
+        _share_strings(report, item, prog)
         if report.when == "call" or report.failed:
             report.sections.append((SECTION, ctx.section_text(report.nodeid)))
         self._log(item, report, ctx)
@@ -318,9 +343,10 @@ def _finished(prog: TestProgress) -> None:
     """The test has its one outcome: what its attempt reported is no longer needed."""
     prog.finished = True
     prog.phases.clear()
+    prog.keywords = None
 
 
-def _share_strings(report: pytest.TestReport, item: pytest.Item) -> None:
+def _share_strings(report: pytest.TestReport, item: pytest.Item, prog: TestProgress) -> None:
     """A replayed report holds the same string objects a report made here would: the
     item's node id and location, and one copy of each keyword, phase and outcome name
     (JSON decoding makes new strings for every line, ~1 KB an item, which the terminal's
@@ -331,12 +357,30 @@ def _share_strings(report: pytest.TestReport, item: pytest.Item) -> None:
         report.location = item.location
     report.when = sys.intern(report.when)  # type: ignore[assignment]
     report.outcome = sys.intern(report.outcome)  # type: ignore[assignment]
-    if isinstance(report.keywords, dict):
-        report.keywords = {sys.intern(k) if type(k) is str else k: v
-                           for k, v in report.keywords.items()}
+    keywords = report.keywords
+    if isinstance(keywords, dict):
+        shared = prog.keywords
+        if shared is not None and keywords == shared:
+            # the test's earlier report had the same keywords: a copy of its interned ones
+            # (a report keeps its own dict, as pytest's do)
+            report.keywords = dict(shared)
+        else:
+            report.keywords = prog.keywords = {sys.intern(k) if type(k) is str else k: v
+                                               for k, v in keywords.items()}
 
 
-_UNSET = object()
+_UNSET: Any = object()
+# the modules of pytest's own ``pytest_report_from_serializable`` implementations: of a
+# "TestReport" they return ``TestReport._from_json(data)`` (reports) and nothing (subtests)
+_OWN_REBUILDERS = frozenset({"_pytest.reports", "_pytest.subtests", "pytest_subtests.plugin"})
+
+
+def _direct_rebuild(config: pytest.Config) -> Callable[[dict[str, Any]], Any] | None:
+    """``TestReport._from_json`` when no other plugin implements the hook, else None."""
+    impls = config.pluginmanager.hook.pytest_report_from_serializable.get_hookimpls()
+    own = all(getattr(impl.plugin, "__name__", None) in _OWN_REBUILDERS for impl in impls)
+    from_json = getattr(pytest.TestReport, "_from_json", None)
+    return from_json if own and impls and from_json is not None else None
 
 
 def _junit_xml(config: pytest.Config) -> Any:

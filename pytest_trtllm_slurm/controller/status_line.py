@@ -183,9 +183,7 @@ class StatusLine:
 
     # -- after pytest's own writes -------------------------------------------------------
     @pytest.hookimpl(trylast=True)
-    def pytest_runtest_logreport(self) -> None:
-        self.tick(force=True)
-
-    @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self) -> None:
+        """Once per test, after its reports' output (a replayed test's reports and its
+        finish come together): not once per report, a hook call less per report."""
         self.tick(force=True)

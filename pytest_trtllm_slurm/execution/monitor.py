@@ -99,12 +99,22 @@ __all__ = ["JobEvent", "Monitor", "UnreadableLine", "WatchedJob", "log_tail", "r
 
 
 def report_stop(record: dict[str, Any]) -> float:
-    """When a test report's phase stopped (0 for other records and for a ``stop`` that is
-    no number: what a target wrote is checked later, it must not break the read)."""
-    data = record.get("data") if record.get("type") == "report" else None
+    """When a test report's phase stopped; of an ``item`` line (a test's reports in one
+    line), its last report's (0 for other records and for a ``stop`` that is no number:
+    what a target wrote is checked later, it must not break the read)."""
+    kind = record.get("type")
+    if kind == "report":
+        return _stop_of(record.get("data"))
+    reports = record.get("reports") if kind == "item" else None
+    if not isinstance(reports, list):
+        return 0.0
+    return max((_stop_of(data) for data in reports), default=0.0)
+
+
+def _stop_of(data: Any) -> float:
     try:
         return float(data.get("stop") or 0) if isinstance(data, dict) else 0.0
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0.0
 
 

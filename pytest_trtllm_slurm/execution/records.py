@@ -169,9 +169,13 @@ class ExceptionRepr(_Kwargs):
     chain: list[tuple[ReprTraceback, ReprFileLocation | None, Str | None]] | None = None
 
 
+_LONGREPR_KINDS: dict[type, str] = {type(None): "none", str: "text", list: "skip",
+                                     tuple: "skip", dict: "exception"}
+
+
 def _longrepr_kind(value: Any) -> str:
-    return {type(None): "none", str: "text", list: "skip", tuple: "skip",
-            dict: "exception"}.get(type(value), "other")
+    """Which of ``Longrepr``'s shapes ``value`` claims (called for every report checked)."""
+    return _LONGREPR_KINDS.get(type(value), "other")
 
 
 # None (passed), a text, a skip's (path, lineno, reason), or an exception's repr; told
@@ -212,6 +216,21 @@ class ReportRecord(_Record):
 
     def named_tests(self) -> list[str]:
         return [self.data.nodeid]
+
+
+@_shape(node_records.ItemRecord)
+class ItemRecord(_Record):
+    """A test's reports, then its attempt's end and its protocol's end (``node.records``):
+    every report checked as a ``report`` line's is, in the one validation of the line."""
+
+    type: Literal["item"]
+    nodeid: str
+    reports: list[ReportData] = Field(default_factory=list)
+    finish: Annotated[bool, Strict()] = False
+    done: Annotated[bool, Strict()] = False
+
+    def named_tests(self) -> list[str]:
+        return [self.nodeid, *(report.nodeid for report in self.reports)]
 
 
 class CollectErrorData(BaseModel):
@@ -276,7 +295,7 @@ class SessionFinishRecord(_Record):
 
 
 Record = Annotated[
-    StartRecord | FinishRecord | DoneRecord | ReportRecord | CollectErrorRecord
+    StartRecord | FinishRecord | DoneRecord | ReportRecord | ItemRecord | CollectErrorRecord
     | MissingRecord | WarningRecord | XmlAttributeRecord | SuitePropertyRecord
     | SessionFinishRecord,
     Field(discriminator="type"),

@@ -43,6 +43,22 @@ class FinishRecord(TypedDict):
     nodeid: str
 
 
+class ItemRecord(TypedDict):
+    """A test's reports and its end in one line (``start`` is its own line, written when
+    the test starts: it says where a worker died): the reports pytest logged since the
+    start, then ``finish`` (the attempt ended: ``pytest_runtest_logfinish``) and ``done``
+    (the item's whole protocol returned). The same events as ``report`` lines, then a
+    ``finish`` and a ``done`` line, in that order: one JSON object to decode and check
+    per test instead of five."""
+
+    v: int
+    type: Literal["item"]
+    nodeid: str
+    reports: list[dict[str, Any]]
+    finish: bool
+    done: bool
+
+
 class DoneRecord(TypedDict):
     """The item's whole protocol returned: no further attempt of it follows."""
 
@@ -114,6 +130,7 @@ RECORD_TYPES: dict[str, type] = {
     "report": ReportRecord,
     "finish": FinishRecord,
     "done": DoneRecord,
+    "item": ItemRecord,
     "collect_error": CollectErrorRecord,
     "missing": MissingRecord,
     "warning": WarningRecord,
@@ -138,6 +155,12 @@ def finish(nodeid: str) -> FinishRecord:
 
 def done(nodeid: str) -> DoneRecord:
     return {"v": RECORD_VERSION, "type": "done", "nodeid": nodeid}
+
+
+def item(nodeid: str, reports: list[dict[str, Any]], *, finish: bool,
+         done: bool) -> ItemRecord:
+    return {"v": RECORD_VERSION, "type": "item", "nodeid": nodeid, "reports": reports,
+            "finish": finish, "done": done}
 
 
 def collect_error(data: dict[str, Any]) -> CollectErrorRecord:

@@ -61,17 +61,39 @@ class ReportWriter:
         self.collected: list[pytest.Item] = []
         self.collect_errors: list[records.CollectErrorRecord] = []
         self.marked: MarkedLines | None = None  # pytest's terminal output, marked
+        self._test: records.ItemRecord | None = None  # the running test's line, unwritten
+
+    def _bundle(self, nodeid: str) -> records.ItemRecord:
+        """The running test's line (``records.item``), begun for ``nodeid`` if need be."""
+        bundle = self._test
+        if bundle is None or bundle["nodeid"] != nodeid or bundle["done"]:
+            self.flush()
+            bundle = self._test = records.item(nodeid, [], finish=False, done=False)
+        return bundle
+
+    def flush(self, *, sync: bool = False) -> None:
+        """Write the running test's line, if it has anything: before any other record, so
+        that lines keep the order of the events (an xml attribute before the teardown
+        report that closes its junit testcase, a warning where it came)."""
+        bundle, self._test = self._test, None
+        if bundle is not None and (bundle["reports"] or bundle["finish"] or bundle["done"]):
+            self._write(bundle, sync)
 
     def reopen(self, path: Path) -> None:
         """Write to another file from now on (a served batch's own reports.jsonl)."""
         self._file.reopen(path)
 
     def close(self) -> None:
+        self.flush()
         self._file.close()
 
     def emit(self, record: Mapping[str, Any], *, sync: bool = False) -> None:
-        """One record (built by ``node.records``) as one line; ``sync``: on disk now (see
-        ``report_file``)."""
+        """One record (built by ``node.records``) as one line, after the running test's
+        line; ``sync``: on disk now (see ``report_file``)."""
+        self.flush()
+        self._write(record, sync)
+
+    def _write(self, record: Mapping[str, Any], sync: bool) -> None:
         if not self.enabled or self._file.closed:
             return
         self._file.append((_encode(record) + "\n").encode(), sync=sync)
@@ -128,10 +150,24 @@ class ReportWriter:
         the terminal reporter asks its status, with a count kept in this process only; the
         controller replays that verdict as it stands."""
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        self.emit(records.report(data))
+        bundle = self._bundle(report.nodeid)
+        if bundle["finish"]:  # a report after the attempt's end: its own line, in order
+            self.flush()
+            bundle = self._bundle(report.nodeid)
+        bundle["reports"].append(data)
+        if report.when != "teardown" and (report.failed or report.sections
+                                          or report.duration >= SYNC_EVERY):
+            # what would be lost if the rest of the test hung or crashed the worker (the
+            # failure, the captured output, a slow setup's) goes out now; a quick quiet
+            # phase waits for the test's one line
+            self.flush()
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.emit(records.finish(nodeid))
+        bundle = self._bundle(nodeid)
+        if bundle["finish"]:
+            self.flush()
+            bundle = self._bundle(nodeid)
+        bundle["finish"] = True
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -141,7 +177,8 @@ class ReportWriter:
         try:
             return (yield)
         finally:
-            self.emit(records.done(item.nodeid))
+            self._bundle(item.nodeid)["done"] = True
+            self.flush()
 
     def pytest_warning_recorded(
         self, warning_message: Any, when: str, nodeid: str, location: Any
