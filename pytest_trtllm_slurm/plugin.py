@@ -19,6 +19,7 @@ import pytest
 import pytest_trtllm_slurm.controller.options as options
 import pytest_trtllm_slurm.transport.ssh.otp_env as otp_env
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.node import paths
 
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.protocol import Executor
@@ -266,7 +267,7 @@ def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list |
     except (ConfigError, ExecutionError) as exc:
         # nothing was dispatched yet: a bad setting, or a target that cannot be reached
         raise pytest.UsageError(str(exc)) from None
-    work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
+    work_root = paths.work_root(settings.work_dir, config.rootpath).dir
     loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root,
                         builds=build_targets(ctx, keys))
     # the loop needs the plans only: each item's requirement and route decision (two

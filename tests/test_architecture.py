@@ -186,3 +186,49 @@ def test_no_process_wide_state() -> None:
     for allowed in ALLOWED_STATE:  # each exception still exists, or it goes from the list
         where, name = allowed.split(":")
         assert name in (PACKAGE / where).read_text(), allowed
+
+
+# what node/paths.py names: the files and folders of a work root, batch, agent, session, gate,
+# run registry, state folder and remote checkout (a name alone is enough for these) ...
+FILE_NAMES = {
+    "job_spec.json", "nodeids.json", "reports.jsonl", "result.json", "stepid", "srun.pid",
+    "batch.pid", "step.sh", "job.sbatch", "job.log", "build.log", "junit.xml", "collection.json",
+    "coverage.db", "benchmarks.json", "heartbeat.json", "agent.log", "agent.sh", "agent.lock",
+    "agent.starting", "session.log", ".slurm_alloc.json", ".salloc.log", ".runs", ".agents",
+    ".cache", ".checkout.lock", ".trtllm-state", "work_dirs", "slurm_env.json", ".gitignore",
+    "trtllm-sync.json", ".lock", ".holder", ".pytest_cache",
+}
+# ... and these only in a path (``f"{d}/inbox"``): alone they are also record fields
+PATH_PARTS = {"exit_code", "inbox", "sessions", "gate", "stop", "ready", "open", "runs",
+              "outputs"}
+
+
+def _file_name_literals(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)
+                  and isinstance(n.value, ast.Constant)}
+    where = path.relative_to(ROOT)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        if id(node) in docstrings or any(c.isspace() for c in node.value):
+            continue  # prose (a message may name a file)
+        parts = {p.strip("()[],:;'\"`").rstrip(".") for p in node.value.split("/")}
+        named = parts & FILE_NAMES | (parts & PATH_PARTS if "/" in node.value else set())
+        if named:
+            found.append(f"{where}:{node.lineno}: {sorted(named)} in {node.value!r}")
+    return found
+
+
+def test_one_object_names_every_file() -> None:
+    """Every file and folder of a batch, an agent, an allocation and a run, local and
+    remote, is named by ``node/paths.py`` alone: a module that spells one of those names
+    (``work_dir / "reports.jsonl"``, ``f"{agent}/inbox/{name}.json"``) would drift from what
+    the other side (the node, the other machine, another run) reads."""
+    names = PACKAGE / "node" / "paths.py"
+    text = names.read_text()
+    assert all(n.strip(".") in text for n in FILE_NAMES | PATH_PARTS), "name not in paths.py"
+    found = [f for path in sorted(PACKAGE.rglob("*.py")) if path != names
+             for f in _file_name_literals(path)]
+    assert not found, "name these through pytest_trtllm_slurm.node.paths:\n" + "\n".join(found)

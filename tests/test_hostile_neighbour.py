@@ -399,3 +399,26 @@ def test_a_one_shot_batch_is_private_under_a_group_umask(
             seen = neighbour.run("cat", str(path), check=False)
             assert seen.returncode != 0 and "printed" not in seen.stdout, path
         assert neighbour.run("ls", str(work), check=False).returncode != 0
+
+
+def test_the_launchers_exit_code_goes_through_no_predictable_temp_name(tmp_path: Path) -> None:
+    """A link planted at the temporary name a step's (or warm worker's) launcher used
+    for its exit code (``exit_code.tmp``) is never written through: the temporary file
+    is mktemp's, of an unpredictable name."""
+    from pytest_trtllm_slurm.execution.render.scripts import render_step_launcher
+
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("the neighbour's file\n")
+    (work / "exit_code.tmp").symlink_to(victim)
+    script = render_step_launcher(["sh", "-c", "exit 3"], log_path=str(work / "log"),
+                                  pid_path=str(work / "pid"), exit_path=str(work / "exit_code"),
+                                  cwd=str(tmp_path))
+    (work / "step.sh").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    subprocess.run(["bash", str(work / "step.sh")], check=True, timeout=60, env=env)
+    assert (work / "exit_code").read_text() == "3\n"
+    assert victim.read_text() == "the neighbour's file\n"
+    assert sorted(p.name for p in work.iterdir()) == ["exit_code", "exit_code.tmp", "log",
+                                                      "pid", "step.sh"]

@@ -359,6 +359,27 @@ def test_a_relay_line_nested_too_deep_is_skipped(ssh_transport: Any) -> None:
         relay.close()
 
 
+def test_a_long_relay_line_is_read_in_linear_time(ssh_transport: Any) -> None:
+    """64 MiB of one line, in 64 KiB pieces: each piece is searched for its newline once
+    (re-splitting the whole buffer per piece took 30 s); the line is skipped and the next
+    one read."""
+    relay = hostile_relay(ssh_transport, (
+        "import sys, time\n"
+        "piece = 'x' * (1 << 16)\n"
+        "for i in range(1024):\n"
+        "    sys.stdout.write(piece)\n"
+        "sys.stdout.write('\\n{\"ready\": 1}\\n'); sys.stdout.flush(); time.sleep(60)\n"))
+    try:
+        start = time.monotonic()
+        assert relay._ready.wait(60)
+        took = time.monotonic() - start
+        assert relay.alive
+        assert took < 15, took
+        print(f"\n[hostile] 64 MiB relay line: {took:.1f} s")
+    finally:
+        relay.close()
+
+
 def test_a_malformed_relay_answer_ends_the_channel_not_the_caller(ssh_transport: Any) -> None:
     relay = hostile_relay(ssh_transport, (
         "import sys, json\n"

@@ -105,7 +105,7 @@ def test_mailbox_folders_and_requests_are_private_whatever_the_umask(tmp_path: P
     old = os.umask(0o002)  # a shared-group setup: folders would be 0775
     try:
         sdir = send_session(LocalShell(), str(agent), "s1", ["python", "-m", "pytest"],
-                            cwd=str(tmp_path), env={"A": "1"}, files={"nodeids.json": "[]"})
+                            cwd=str(tmp_path), env={"A": "1"}, nodeids="[]")
     finally:
         os.umask(old)
     tree = modes(tmp_path / "work_dirs")

@@ -75,21 +75,29 @@ def test_a_session_request_holds_no_secret_even_when_no_agent_reads_it(
     monkeypatch.setenv("HF_TOKEN", "hf_secretvalue0123456789abcdef")
     monkeypatch.setenv("HTTPS_PROXY", "http://alice:pr0xypass@proxy:3128")
     monkeypatch.setenv("PLAIN_SETTING", "visible")
-    # a marker that copies the controller's token: the agent has it already, not written
-    env = env_for_session({"PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_secretvalue0123456789abcdef",
-                       "MARKER_ONLY_TOKEN": "given-in-a-marker"}, local=True)
-    assert env["MARKER_ONLY_TOKEN"] == "given-in-a-marker"  # already in a file of the user's
+    # a marker that copies the controller's token, and values of a marker's own: the
+    # agent is started with them (its folder name depends on them), none is written
+    batch = {"PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_secretvalue0123456789abcdef",
+             "MARKER_ONLY_TOKEN": "given-in-a-marker", "MARKER_SETTING": "plain-marker"}
+    env = env_for_session(batch, local=True)
+    assert "MARKER_ONLY_TOKEN" not in env and "MARKER_SETTING" not in env
+    assert env["PYTHONUNBUFFERED"] == "1"  # on the allow-list
     sdir = send_session(LocalShell(), str(tmp_path / "agent"), "s1", ["python"],
                         cwd=str(tmp_path), env=env)
     request = tmp_path / "agent" / "inbox" / "s1.json"
     text = request.read_text()
-    assert "hf_secretvalue" not in text and "given-in-a-marker" in text and "pr0xypass" not in text
+    assert "hf_secretvalue" not in text and "given-in-a-marker" not in text
+    assert "plain-marker" not in text and "pr0xypass" not in text
     assert json.loads(text)["env"]["PLAIN_SETTING"] == "visible"
     assert oct(request.stat().st_mode & 0o777) == "0o600"
     assert Path(sdir).is_dir()
     from pytest_trtllm_slurm.execution.slurm.warm_pool import secrets_key
 
-    key = secrets_key(local=True)
+    key = secrets_key({}, local=True)
     monkeypatch.setenv("HF_TOKEN", "hf_anothervalue0123456789abcdef")
-    assert key and secrets_key(local=True) != key  # another token: another agent
-    assert secrets_key(local=False) == ""  # remote agents get the login's environment
+    assert key and secrets_key({}, local=True) != key  # another token: another agent
+    assert secrets_key({}, local=False) == ""  # remote agents get the login's environment
+    # the batch's values that are not written are held by the agent: they pick it too
+    remote = secrets_key(batch, local=False)
+    assert remote and remote != secrets_key({**batch, "MARKER_SETTING": "other"}, local=False)
+    assert remote == secrets_key({**batch, "PYTHONUNBUFFERED": "0"}, local=False)

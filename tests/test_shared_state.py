@@ -31,14 +31,11 @@ from pytest_trtllm_slurm.execution.remote.workspace import (
     shared_state_dir,
     sync_cluster,
 )
-from pytest_trtllm_slurm.execution.slurm.allocation import (
-    STATE_NAME,
-    AllocationManager,
-    AllocationRequest,
-)
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
 from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
 from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+from pytest_trtllm_slurm.node.paths import STATE_NAME
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, load_clusters_file
 from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 

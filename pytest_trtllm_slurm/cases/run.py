@@ -51,6 +51,7 @@ from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.execution.records import BadRecord, SessionFinishRecord, parse_record
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
@@ -86,8 +87,7 @@ class CaseContext:
 
     @property
     def work_root(self) -> Path:
-        return Path(self.settings.work_dir) if self.settings.work_dir else (
-            self.rootdir / "work_dirs")
+        return paths.work_root(self.settings.work_dir, self.rootdir).dir
 
 
 def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, *,
@@ -106,7 +106,7 @@ def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, 
     if clusters.clusters:
         from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
-        remote_env = RemoteClusters(rootdir / "work_dirs" / ".cache")
+        remote_env = RemoteClusters(paths.work_root(None, rootdir).cache.dir)
     return CaseContext(settings=settings, clusters=clusters, local=local, slurm_env=slurm_env,
                        rootdir=rootdir, warn=warn, say=say, remote_env=remote_env)
 
@@ -260,14 +260,14 @@ def prepare_case(
             model_name=model, devices=case_devices, work_dir=str(work_dir),
             errors=[f"ERROR: nothing can run this case: {decision.reason}"],
             reason=decision.reason, notes=notes,
-            log_paths={"result": str(work_dir / "result.json")},
+            log_paths={"result": str(paths.Batch(work_dir).result)},
         )
         write_result(result, work_dir)
         prepared.refused = result
         return prepared
     on_slurm = decision.scenario in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM)
     account = decision.account if on_slurm else None
-    reports = work_dir / "reports.jsonl"
+    reports = paths.Batch(work_dir).reports
     # the clusters file's env, models root, mounts and time_limit are the cluster's
     # defaults (the case's win)
     table = ctx.clusters.table_of(decision.scenario, decision.cluster, ctx.local.cluster_name)
@@ -300,7 +300,7 @@ def prepare_case(
         mounts=mounts,
         env=env,
         work_dir=str(work_dir),
-        log_path=str(work_dir / f"{model}_{workflow.value}.log"),
+        log_path=str(paths.Batch(work_dir).case_log(model, workflow.value)),
         reports_path=str(reports),
         monitor_timeout_seconds=timeout_seconds(inp.monitor_timeout,
                                                 settings.monitor_timeout_seconds),
@@ -443,8 +443,8 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
         elapsed_seconds=round(ended - (run_started or started), 3),
         wall_seconds=round(ended - started, 3),
         work_dir=spec.work_dir,
-        log_paths={"log": spec.log_path, "job_spec": str(Path(spec.work_dir) / "job_spec.json"),
-                   "result": str(Path(spec.work_dir) / "result.json")},
+        log_paths={"log": spec.log_path, "job_spec": paths.Batch(spec.work_dir).job_spec,
+                   "result": paths.Batch(spec.work_dir).result},
         summary=scan.summary(),
         metrics=metrics,
         patterns={
@@ -464,14 +464,14 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
         if scan.lines == 0:
             result.errors.append(f"the log {spec.log_path} is empty (the job never started, "
                                  "or its container failed to start)")
-    script = Path(spec.work_dir) / "job.sbatch"
-    if shell.exists(str(script)):
+    script = paths.Batch(spec.work_dir).sbatch
+    if shell.exists(script):
         result.log_paths["script"] = str(script)
     return result
 
 
 def write_result(result: CaseResult, work_dir: Path) -> Path:
-    path = work_dir / "result.json"
+    path = paths.Batch(work_dir).result
     write_atomic(path, result.model_dump_json(indent=2) + "\n", parents=True)
     return path
 

@@ -20,11 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
-from pytest_trtllm_slurm.execution.slurm.allocation import (
-    STATE_NAME,
-    AllocationManager,
-    AllocationRequest,
-)
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
+from pytest_trtllm_slurm.node.paths import STATE_NAME, StateDir, work_root
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 
@@ -74,11 +71,11 @@ def targets(rootdir: Path, wanted: list[str] | None, config: str | None) -> dict
     """target name -> this checkout's folder for it (local: the rootdir; a remote cluster:
     ``work_dirs/.remote-<name>``, there once a run used it). ConfigError for a name that
     is neither ``local`` nor in the clusters file."""
-    from pytest_trtllm_slurm.execution.factory import remote_state_root
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
 
     clusters = load_clusters_file(Path(config) if config else None, rootdir).clusters
-    found = {LOCAL: rootdir, **{name: remote_state_root(rootdir, name) for name in clusters}}
+    root = work_root(None, rootdir)
+    found = {LOCAL: rootdir, **{name: root.remote_dir(name) for name in clusters}}
     if not wanted:
         return found
     unknown = [w for w in wanted if w not in found]
@@ -104,7 +101,7 @@ def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
     state_dir = shared_state_dir(cluster, remote_paths(cluster, rootdir))
     manager = AllocationManager(shell, rootdir=folder, request=AllocationRequest(account=account),
                                 store=ShellStateStore(shell, state_dir, STATE_NAME),
-                                runs=ShellRunRegistry(shell, f"{state_dir}/runs"))
+                                runs=ShellRunRegistry(shell, StateDir(state_dir).runs.dir))
     if account is None:
         state = manager.peek_state()
         if state is not None and state.account:

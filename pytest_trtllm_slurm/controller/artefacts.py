@@ -27,7 +27,7 @@ import pytest
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.records import MAX_ARTEFACT, BadRecord, parse_benchmarks
-from pytest_trtllm_slurm.node.protocol import BENCHMARKS_FILE, COVERAGE_FILE
+from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.transport.shell import Shell
 
 READ_CHUNK = 1 << 20
@@ -102,13 +102,13 @@ class ArtefactCollector:
         malformed, foreign) is said, and the run goes on without it."""
         try:
             if self.cov_plugin is not None:
-                data = read_whole(shell, f"{work_dir}/{COVERAGE_FILE}")
+                data = read_whole(shell, Batch(work_dir).coverage)
                 if data:
                     self._merge_coverage(data, map_path)
                 else:
                     self.no_coverage.append(work_dir)
             if self.bench is not None:
-                raw = read_whole(shell, f"{work_dir}/{BENCHMARKS_FILE}")
+                raw = read_whole(shell, Batch(work_dir).benchmarks)
                 if raw:
                     self._merge_benchmarks(raw)
         except (OSError, ExecutionError, BadRecord) as exc:

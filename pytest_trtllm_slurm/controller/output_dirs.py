@@ -33,7 +33,8 @@ from typing import Any
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.node.files import PRIVATE, publish, temp_name
-from pytest_trtllm_slurm.node.protocol import OUTPUTS_DIR, WORKER_OUTPUTS_FLAG
+from pytest_trtllm_slurm.node.paths import Batch
+from pytest_trtllm_slurm.node.protocol import WORKER_OUTPUTS_FLAG
 from pytest_trtllm_slurm.transport.shell import Shell
 
 DEFAULT_OUTPUT_OPTIONS = ("--output-dir", "--periodic-junit-xmlpath", "--csv")
@@ -79,7 +80,7 @@ class OutputOption:
 
 def mirror(work_dir: str, local: str) -> str:
     """Where the batch in ``work_dir`` writes what the user named ``local``."""
-    return f"{work_dir.rstrip('/')}/{OUTPUTS_DIR}{local}"
+    return Batch(work_dir).outputs + local
 
 
 def worker_tokens(outputs: Iterable[OutputOption], work_dir: str) -> list[str]:
@@ -123,7 +124,7 @@ class OutputCollector:
         file that cannot be read is said, and the run goes on."""
         if not self.outputs:
             return
-        root = f"{work_dir.rstrip('/')}/{OUTPUTS_DIR}"
+        root = Batch(work_dir).outputs
         try:
             files = self._list(shell, root)
             total = 0

@@ -57,7 +57,7 @@ from pytest_trtllm_slurm.execution.records import (
     parse_record,
 )
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.node import assignment
+from pytest_trtllm_slurm.node import assignment, paths
 from pytest_trtllm_slurm.node.assignment import key_path
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.item_key import item_key
@@ -353,8 +353,8 @@ class DispatchLoop:
             time_limit=self.settings.time_limit,
             container_image=key.container_image,
             work_dir=str(work_dir),
-            log_path=str(work_dir / "build.log"),
-            reports_path=str(work_dir / "reports.jsonl"),
+            log_path=str(paths.Batch(work_dir).build_log),
+            reports_path=str(paths.Batch(work_dir).reports),
             monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
             build_arch=arch,
         )
@@ -423,10 +423,11 @@ class DispatchLoop:
         # unique even across xdist workers and concurrent runs started in the same second
         ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
-        ids_file = work_dir / "nodeids.json"
+        files = paths.Batch(work_dir)
+        ids_file = files.nodeids
         tests = assignment.pairs(batch.nodeids, self.keys)
         write_atomic(ids_file, assignment.dumps(tests))
-        reports = work_dir / "reports.jsonl"
+        reports = files.reports
         wall = self._walltime(batch)
         spec = JobSpec(
             scenario=key.scenario,
@@ -459,7 +460,7 @@ class DispatchLoop:
             # unbuffered: what a test prints reaches the job log at once (hang patterns)
             env={**worker_env(self.config), **dict(key.env)},
             work_dir=str(work_dir),
-            log_path=str(work_dir / "job.log"),
+            log_path=str(files.log),
             reports_path=str(reports),
             monitor_timeout_seconds=wall.monitor_seconds,
             hang_patterns=self.settings.hang_patterns,
@@ -649,11 +650,11 @@ def worker_command(
     argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
     if config.pluginmanager.has_plugin("cacheprovider"):
         # the worker must not write the controller's cache (--lf is the controller's)
-        argv += ["-o", f"cache_dir={work_dir / '.pytest_cache'}"]
+        argv += ["-o", f"cache_dir={paths.Batch(work_dir).pytest_cache}"]
     basetemp = getattr(config.option, "basetemp", None)
     if basetemp:  # pytest empties a --basetemp: each batch gets its own below the user's
         argv.append(f"--basetemp={Path(config.invocation_params.dir, basetemp) / work_dir.name}")
-    argv += ["--junitxml", str(work_dir / "junit.xml"), "--continue-on-collection-errors"]
+    argv += ["--junitxml", str(paths.Batch(work_dir).junit), "--continue-on-collection-errors"]
     opt = config.option
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
     cwd = worker_cwd(config)

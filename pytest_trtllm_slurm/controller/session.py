@@ -19,6 +19,7 @@ from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.warm_start import early_start
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.protocol import Executor
+from pytest_trtllm_slurm.node.paths import work_root
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.models import Scenario, Target
 from pytest_trtllm_slurm.planning.perf_sanity import PerfSources
@@ -68,7 +69,7 @@ def planning_context(config: pytest.Config) -> PlanningContext:
             from pytest_trtllm_slurm.transport.shell import LocalShell
 
             slurm_env = cached_discovery(
-                Path(config.rootpath) / "work_dirs" / ".cache" / "slurm_env.json",
+                work_root(None, config.rootpath).cache.slurm_env,
                 cache_key(local.cluster_name), SlurmClient(LocalShell()).discover)
         _check_named_cluster(settings.slurm_cluster, clusters, local.cluster_name)
     except ConfigError as exc:
@@ -105,7 +106,7 @@ def remote_clusters(config: pytest.Config) -> RemoteClusters:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
     early = early_start(config)  # the connections it opened before collection
-    remotes = RemoteClusters(Path(config.rootpath) / "work_dirs" / ".cache",
+    remotes = RemoteClusters(work_root(None, config.rootpath).cache.dir,
                              early=early.connections if early else None)
     config.add_cleanup(remotes.close)
     return remotes

@@ -15,7 +15,7 @@ import json
 import tempfile
 import time
 from datetime import datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +29,9 @@ from pytest_trtllm_slurm.execution.monitor import Monitor, log_tail
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.node.collection import COLLECTION_FILE, COLLECTION_VERSION
+from pytest_trtllm_slurm.node.collection import COLLECTION_VERSION
+from pytest_trtllm_slurm.node.paths import COLLECTION_FILE, Batch
+from pytest_trtllm_slurm.node.paths import work_root as work_root_of
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, target_name, target_of
@@ -135,8 +137,8 @@ def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
     options = forwarded_options(config)[0]
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker",
-             "--trtllm-worker-collect", str(work_dir / COLLECTION_FILE),
-             "--collect-only", "-o", f"cache_dir={work_dir / '.pytest_cache'}"]
+             "--trtllm-worker-collect", str(Batch(work_dir).collection),
+             "--collect-only", "-o", f"cache_dir={Batch(work_dir).pytest_cache}"]
     here = Path(config.invocation_params.dir)
     argv += [str(here / arg) for arg in config.args]
     return JobSpec(
@@ -158,8 +160,8 @@ def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
         mounts=list(key.mounts),
         env={**worker_env(config), **dict(key.env)},
         work_dir=str(work_dir),
-        log_path=str(work_dir / "job.log"),
-        reports_path=str(work_dir / "reports.jsonl"),
+        log_path=str(Batch(work_dir).log),
+        reports_path=str(Batch(work_dir).reports),
         monitor_timeout_seconds=monitor_timeout,
         slurm_env=executor.slurm_env,
     )
@@ -198,7 +200,7 @@ def collect_on_target(config: pytest.Config, ctx: PlanningContext,
 
     settings = ctx.settings
     key = collect_key(ctx)
-    work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
+    work_root = work_root_of(settings.work_dir, config.rootpath).dir
     try:
         executors = make_executors(ctx, config, [key])
     except (ConfigError, ExecutionError) as exc:
@@ -215,7 +217,7 @@ def collect_on_target(config: pytest.Config, ctx: PlanningContext,
             ran, job_id, state = _wait(executor, spec)
         except (ExecutionError, OSError) as exc:
             raise pytest.UsageError(f"the collect job could not run: {exc}") from None
-        path = str(PurePosixPath(ran.work_dir) / COLLECTION_FILE)
+        path = Batch(ran.work_dir).collection
         text = _read(executor, path)
         if text is None:
             tail = log_tail(executor, ran.log_path, LOG_LINES)

@@ -29,6 +29,7 @@ import pytest
 
 import pytest_trtllm_slurm.controller.options as options
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.node import paths
 
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
@@ -127,7 +128,6 @@ def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
     early = EarlyConfig(config)
     if not options.remote_requested(early):  # type: ignore[arg-type]
         return 0
-    from pytest_trtllm_slurm.execution.slurm.allocation import STATE_NAME
     from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
     from pytest_trtllm_slurm.execution.slurm.warm_pool import (
         agent_alive,
@@ -147,7 +147,7 @@ def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
     if forwarding_plan(early)[2]:  # type: ignore[arg-type]
         return 0  # batches with output paths of their own run in processes of their own
     try:
-        state = json.loads((config.rootpath / "work_dirs" / STATE_NAME).read_text("utf-8"))
+        state = json.loads(paths.work_root(None, config.rootpath).state.read_text("utf-8"))
         job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")
     except (OSError, ValueError, KeyError, TypeError):
         return 0
@@ -155,19 +155,20 @@ def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
 
     base = pytest_base_argv(early)  # type: ignore[arg-type]
     cwd = worker_cwd(early)  # type: ignore[arg-type]
-    work_root = Path(settings.work_dir) if settings.work_dir else config.rootpath / "work_dirs"
+    work_root = paths.work_root(settings.work_dir, config.rootpath)
     shell = LocalShell()
     targets = run_targets(config)
     capture_no = getattr(early.option, "capture", "fd") == "no"
-    env = env_for_session(worker_env(early), local=True)  # type: ignore[arg-type]  # no secrets
-    secrets = secrets_key(local=True)
+    job_env = worker_env(early)  # type: ignore[arg-type]
+    env = env_for_session(job_env, local=True)  # no secrets, no value off the allow-list
+    secrets = secrets_key(job_env, local=True)
     started = 0
     for node in expand_hostlist(nodelist):
-        adir = agent_dir(str(work_root / ".agents" / job_id), node, base[0], secrets)
+        adir = agent_dir(str(work_root.agents_of(job_id)), node, base[0], secrets)
         if sessions.has(adir) or not agent_alive(shell, adir):
             continue
         name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        sdir = f"{adir}/sessions/{name}"
+        sdir = paths.Agent(adir).session(name).dir
         argv = session_argv(base[0], base, sdir, targets, capture_no=capture_no,
                             nodeids_file=False)
         sessions.remember(adir, send_session(shell, adir, name, argv, cwd=str(cwd), env=env))
@@ -211,7 +212,7 @@ def connect_early(config: pytest.Config, start: EarlyStart) -> bool:
             # as a batch's: the worker's, then the clusters file's env (and models root)
             env={**worker_env(early), **cluster.job_env},  # type: ignore[arg-type]
             capture_no=getattr(early.option, "capture", "fd") == "no",
-            local_work_root=settings.work_dir or str(config.rootpath / "work_dirs"))
+            local_work_root=str(paths.work_root(settings.work_dir, config.rootpath).dir))
     rootdir = config.rootpath
 
     def sync_and_start(shell: Any) -> remote_early.EarlyRemote:
@@ -229,6 +230,6 @@ def stop_unused_sessions(sessions: EarlySessions) -> None:
     shell = LocalShell()
     for sdir in sessions.drain():
         try:
-            shell.write_file(f"{sdir}/inbox/stop", "")
+            shell.write_file(paths.Session(sdir).stop, "")
         except OSError:
             pass

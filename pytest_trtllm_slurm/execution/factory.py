@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.protocol import Executor
+from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, Target, target_of
@@ -172,11 +173,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     from pytest_trtllm_slurm.execution.remote import early_start
     from pytest_trtllm_slurm.execution.remote.executor import RemoteSlurmExecutor
     from pytest_trtllm_slurm.execution.remote.workspace import preflight, sync_cluster
-    from pytest_trtllm_slurm.execution.slurm.allocation import (
-        STATE_NAME,
-        AllocationManager,
-        AllocationRequest,
-    )
+    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
     from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
     from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
@@ -197,13 +194,15 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     if early is None or not early.checked:
         preflight(shell, cluster)
     rootdir = ctx.rootdir
-    local_work_root = Path(settings.work_dir) if settings.work_dir else rootdir / "work_dirs"
-    paths, state_dir, path_map = early_start.layout(cluster, rootdir, local_work_root)
+    local_work_root = paths.work_root(settings.work_dir, rootdir).dir
+    remote, state_dir, path_map = early_start.layout(cluster, rootdir, local_work_root)
     # the allocation's state and the run registry live on the cluster: every machine and
     # CI runner of the user shares them (state_store, shared_runs)
-    runs = early.runs if early is not None else ShellRunRegistry(shell, f"{state_dir}/runs")
-    ensure_work_root(rootdir / "work_dirs")  # this checkout ran there (`alloc status` looks)
-    remote_state_root(rootdir, cluster.name).mkdir(exist_ok=True)
+    runs = (early.runs if early is not None
+            else ShellRunRegistry(shell, paths.StateDir(state_dir).runs.dir))
+    ensure_work_root(paths.work_root(None, rootdir).dir)  # this checkout ran (`alloc status`)
+    local_state = paths.work_root(None, rootdir).remote_dir(cluster.name)  # the salloc log
+    local_state.mkdir(exist_ok=True)
     if early is not None and early.synced and early_start.still_current(early, cluster,
                                                                         rootdir):
         for note in early.notes:  # what that sync had to say
@@ -214,7 +213,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}", say=warn,
                      runs=runs)
     slurm_env = remotes.env(cluster)
-    remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
+    remote_root = paths.root_of(remote.remote_work_root)
     manager = None
     if settings.persistent:
         request = AllocationRequest.covering(
@@ -223,13 +222,13 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         )
         manager = AllocationManager(
             shell,
-            rootdir=remote_state_root(rootdir, cluster.name),  # (here: the salloc log only)
-            store=ShellStateStore(shell, state_dir, STATE_NAME),
+            rootdir=local_state,
+            store=ShellStateStore(shell, state_dir, paths.STATE_NAME),
             runs=runs,
             request=with_containers(request, cluster, remote_root),
             user=slurm_env.user,
             warn=warn,
-            agents_dir=f"{paths.remote_work_root}/.agents",
+            agents_dir=paths.WorkRoot(remote.remote_work_root).agents,
             early=ctx.early_sessions,
         )
     kept = early
@@ -282,7 +281,7 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         slurm_env=ctx.slurm_env,
         persistent=settings.persistent,
         allocation_manager=manager,
-        runs=manager.runs if manager else RunRegistry(ctx.rootdir / "work_dirs" / ".runs"),
+        runs=manager.runs if manager else RunRegistry(paths.work_root(None, ctx.rootdir).runs.dir),
         jobs=jobs,
         warn=warn,
         container_runtime=runtime,
@@ -290,12 +289,6 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         walltime=walltime_policy(settings),
         warm_workers=settings.warm_workers,
     )
-
-
-def remote_state_root(rootdir: Path, cluster: str) -> Path:
-    """This machine's folder for a remote cluster (its ``work_dirs/.salloc.log``); the
-    allocation's state itself is on the cluster (``workspace.shared_state_dir``)."""
-    return rootdir / "work_dirs" / f".remote-{cluster}"
 
 
 def local_cluster_config(ctx: ExecutorContext) -> ClusterConfig | None:
@@ -318,7 +311,7 @@ def allocation_manager(ctx: ExecutorContext, request: AllocationRequest | None =
         request=with_containers(request, cluster, str(ctx.rootdir)) if cluster else request,
         user=ctx.slurm_env.user if ctx.slurm_env else None,
         warn=warn,
-        agents_dir=str(Path(ctx.settings.work_dir or ctx.rootdir / "work_dirs") / ".agents"),
+        agents_dir=str(paths.work_root(ctx.settings.work_dir, ctx.rootdir).agents),
         early=ctx.early_sessions,
     )
 

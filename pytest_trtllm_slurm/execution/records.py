@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from pytest_trtllm_slurm.node import records as node_records
+from pytest_trtllm_slurm.node.paths import BENCHMARKS_FILE
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
 
 RAW_SHOWN = 500  # characters of a refused line kept in the message
@@ -555,4 +556,4 @@ class Benchmarks(RootModel[list[Benchmark]]):
 def parse_benchmarks(raw: bytes) -> list[dict[str, Any]]:
     """The results of ``benchmarks.json`` as JSON objects, each checked; ``BadRecord``
     otherwise."""
-    return [b.model_dump() for b in validated(Benchmarks, raw, "benchmarks.json").root]
+    return [b.model_dump() for b in validated(Benchmarks, raw, BENCHMARKS_FILE).root]

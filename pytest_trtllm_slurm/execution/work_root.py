@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_trtllm_slurm.node.files import SHARED, make_dirs, write_atomic
+from pytest_trtllm_slurm.node.paths import WorkRoot
 
 GITIGNORE_TEXT = "# Created by pytest-trtllm-slurm automatically.\n*\n"
 
@@ -22,7 +23,8 @@ def ensure_work_root(path: Path) -> Path:
     path = Path(path)
     existed = path.is_dir()
     make_dirs(path)  # (UntrustedPath names a folder someone else made or a foreign link)
-    if existed or (path / ".gitignore").exists():  # (another run created it first)
+    ignore = WorkRoot(path).gitignore
+    if existed or ignore.exists():  # (another run created it first)
         return path
-    write_atomic(path / ".gitignore", GITIGNORE_TEXT, mode=SHARED)  # git's to read, as always
+    write_atomic(ignore, GITIGNORE_TEXT, mode=SHARED)  # git's to read, as always
     return path

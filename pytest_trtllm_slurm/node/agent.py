@@ -35,12 +35,8 @@ from pytest_trtllm_slurm.node.files import (
     tree_up_to,
     write_atomic,
 )
-from pytest_trtllm_slurm.node.forkloop import (
-    AGENTS_TREE,
-    ForkLoop,
-    redirect_output,
-    spawn,
-)
+from pytest_trtllm_slurm.node.forkloop import ForkLoop, redirect_output, spawn
+from pytest_trtllm_slurm.node.paths import AGENTS, Agent
 from pytest_trtllm_slurm.node.protocol import AGENT_ENV, GPU_LOCKS_ENV, LOCK_ROOT_ENV  # noqa: F401
 
 IDLE_EXIT = 6 * 3600.0
@@ -120,11 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT)
     args = parser.parse_args(argv)
     root = Path(args.dir)
+    box = Agent(root)
     try:  # a lock folder or mailbox someone else made: serve nothing, and say why
         locks = private_lock_dir(os.environ.get("SLURM_JOB_ID", "nojob"), args.node,
                                  os.environ.get(LOCK_ROOT_ENV) or LOCK_ROOT)
-        make_dirs(root / "inbox")
-        close_own_dirs([root / "inbox", *tree_up_to(root, AGENTS_TREE)])
+        make_dirs(box.inbox)
+        close_own_dirs([box.inbox, *tree_up_to(root, AGENTS)])
     except (UntrustedPath, OSError) as exc:
         print(f"[trtllm-slurm] agent on {args.node} refuses to start: {exc}", flush=True)
         sys.exit(2)
@@ -137,13 +134,13 @@ def main(argv: list[str] | None = None) -> None:
         # the plugin changed under us: start afresh (keeping the mail) once no session
         # runs; a session forked before exec would lose the one who records its exit
         if not loop.running and code_stamp() != stamp:
-            write_atomic(root / "inbox" / f"{request['name']}.json", json.dumps(request))
+            write_atomic(box.request(request['name']), json.dumps(request))
             sys.stdout.flush()
             os.execv(sys.executable, [sys.executable, "-m", "pytest_trtllm_slurm.node.agent",
                                       *(argv if argv is not None else sys.argv[1:])])
 
     print(f"[trtllm-slurm] agent on {args.node} pid {os.getpid()} stamp {stamp}", flush=True)
-    loop = ForkLoop(root, start_session, heartbeat=root / "heartbeat.json",
+    loop = ForkLoop(root, start_session, heartbeat=box.heartbeat,
                     info={"node": args.node, "stamp": stamp, "python": sys.executable},
                     idle_exit=args.idle_exit, before_request=before_request)
     # the allocation's end (or scancel of the step) sends SIGTERM: end the sessions too

@@ -19,13 +19,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_trtllm_slurm.node.files import publish, write_atomic
-from pytest_trtllm_slurm.node.protocol import BENCHMARKS_FILE, COVERAGE_FILE  # noqa: F401
+from pytest_trtllm_slurm.node.paths import COVERAGE_FILE, Batch
 
 
 def point_coverage_at(work_dir: Path, rank: int) -> None:
@@ -89,14 +91,21 @@ class BatchArtefacts:
         if running:
             cov.stop()
         data = cov.get_data()
-        target = work_dir / COVERAGE_FILE
-        tmp = work_dir / f".{COVERAGE_FILE}.tmp{os.getpid()}"
-        out = CoverageData(basename=str(tmp))
-        out.update(data)
-        out.write()
-        with contextlib.suppress(Exception):
-            out.close()
-        publish(tmp, target)  # complete or absent: the controller reads it once
+        target = Batch(work_dir).coverage
+        # coverage creates its file (and sqlite's journal) by name: in a folder of an
+        # unpredictable name that only this process made (mkdtemp: O_EXCL, 0700), so no
+        # planted name or link is written through
+        folder = Path(tempfile.mkdtemp(prefix=f".{COVERAGE_FILE}.", dir=work_dir))
+        try:
+            tmp = folder / COVERAGE_FILE
+            out = CoverageData(basename=str(tmp))
+            out.update(data)
+            out.write()
+            with contextlib.suppress(Exception):
+                out.close()
+            publish(tmp, target)  # complete or absent: the controller reads it once
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         if running:  # the forked child's own data file (in the session's dir) is copied
             with contextlib.suppress(Exception):
                 data.erase()
@@ -109,4 +118,4 @@ class BatchArtefacts:
                    if b and not getattr(b, "has_error", False)]
         if not records:
             return
-        write_atomic(work_dir / BENCHMARKS_FILE, json.dumps(records, default=repr))
+        write_atomic(Batch(work_dir).benchmarks, json.dumps(records, default=repr))

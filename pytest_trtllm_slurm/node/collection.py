@@ -26,7 +26,6 @@ import pytest
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.item_key import item_key
 
-COLLECTION_FILE = "collection.json"
 COLLECTION_VERSION = 1
 
 

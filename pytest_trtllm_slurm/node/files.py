@@ -30,6 +30,8 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from pytest_trtllm_slurm.node.paths import gpu_lock_dir, lock_base
+
 LOCK_ROOT = "/tmp"  # node-local; the folder inside it is per user and verified
 PRIVATE = 0o600
 SHARED = None  # ``write_atomic(mode=SHARED)``: what ``open()`` would make under the umask
@@ -151,7 +153,8 @@ def open_trusted(path: Path) -> bytes:
 def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
     """``<root>/trtllm-slurm-<uid>/<job>-<node>``: made and verified ours, 0700, not a
     link (UntrustedPath, naming the folder and its owner, when someone else made it)."""
-    base = make_dirs(root) / f"trtllm-slurm-{os.geteuid()}"  # root: usually /tmp
+    make_dirs(root)  # usually /tmp
+    base = lock_base(root)
     try:
         base.mkdir(mode=0o700)
     except FileExistsError:
@@ -162,7 +165,7 @@ def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
         raise UntrustedPath(
             f"the GPU lock folder {exc}. Someone may have created it to take this user's "
             "GPU locks: remove it (or have an administrator remove it) and run again") from None
-    locks = base / f"{job}-{node}".replace("/", "_")
+    locks = gpu_lock_dir(base, job, node)
     try:
         locks.mkdir(mode=0o700)
     except FileExistsError:

@@ -37,12 +37,12 @@ from pytest_trtllm_slurm.node.files import (
     tree_up_to,
     write_atomic,
 )
+from pytest_trtllm_slurm.node.paths import AGENTS, STOP, Mailbox
 from pytest_trtllm_slurm.node.protocol import LOG_MARK  # noqa: F401
 
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
 HEARTBEAT_EVERY = 1.0
 FAST, SLOW = 0.005, 0.05  # poll interval while busy / when idle for a while
-AGENTS_TREE = ".agents"  # the top of the warm workers' mailboxes (``work_dirs/.agents``)
 
 
 def _refuse(path: Path, why: str) -> None:
@@ -126,10 +126,10 @@ class ForkLoop:
     running: dict[int, Running] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.inbox = self.root / "inbox"
+        self.inbox = Mailbox(self.root).inbox
         make_dirs(self.inbox)
         # UntrustedPath when a folder of the tree is someone else's (or a link): never served
-        close_own_dirs([self.inbox, *tree_up_to(self.root, AGENTS_TREE)])
+        close_own_dirs([self.inbox, *tree_up_to(self.root, AGENTS)])
         self._parent = os.getppid()
         self._stopping = False
         self._inbox_refused = False
@@ -170,7 +170,7 @@ class ForkLoop:
             return False
         for name in names:
             path = self.inbox / name
-            if not (name == "stop" or name.endswith((".cancel", ".json"))):
+            if not (name == STOP or name.endswith((".cancel", ".json"))):
                 continue  # a writer's temporary name
             try:
                 text = open_trusted(path).decode("utf-8")
@@ -183,7 +183,7 @@ class ForkLoop:
                 continue  # gone, or not complete yet: next round
             except UnicodeDecodeError:
                 continue  # gone, or not complete yet: next round
-            if name == "stop":
+            if name == STOP:
                 self._stopping = found = True
                 continue
             if name.endswith(".cancel"):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV  # noqa: F401
 
@@ -47,8 +48,9 @@ def wait_at_gate(gate: Path, *, rank: int, size: int, max_wait: float,
                  poll: float = POLL) -> bool:
     """Say this rank is ready, then wait for ``open``; False when ``max_wait`` passed."""
     gate.mkdir(parents=True, exist_ok=True)
-    _touch(gate / f"ready.{rank}")
-    opened, all_ready = gate / "open", gate / "ready"
+    names = paths.Gate(gate)
+    _touch(names.ready_of(rank))
+    opened, all_ready = names.open, names.ready
     deadline = time.monotonic() + max_wait
     while not opened.exists():
         if rank == 0 and not all_ready.exists() and (
@@ -69,7 +71,7 @@ class Gate:
         # registered before the suite is imported: runs after the exit handlers of what
         # the tests loaded (torch, mpi4py), so the GPUs are as good as free then
         rank, _ = rank_and_size()
-        atexit.register(_touch_quietly, gate / f"done.{rank}")
+        atexit.register(_touch_quietly, paths.Gate(gate).done_of(rank))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:

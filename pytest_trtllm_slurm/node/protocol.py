@@ -16,11 +16,6 @@ GPU_LOCKS_ENV = "TRTLLM_SLURM_GPU_LOCKS"  # node-local directory of the GPUs' fl
 LOCK_ROOT_ENV = "TRTLLM_SLURM_LOCK_ROOT"  # node-local folder to put it in (default /tmp)
 AGENT_ENV = "TRTLLM_SLURM_AGENT"
 EARLY_MISS = 75  # a batch this session did not collect: the controller re-sends it
-# artefacts a batch leaves in its work dir for the controller (node/artefacts.py)
-COVERAGE_FILE = "coverage.db"
-BENCHMARKS_FILE = "benchmarks.json"
-# a batch's own copies of the suite's output paths (the user's absolute path below it)
-OUTPUTS_DIR = "outputs"
 # a folder the worker makes before the suite starts; a batch with it runs in a process of
 # its own (a warm session's options are fixed when it starts)
 WORKER_OUTPUTS_FLAG = "--trtllm-worker-outputs"

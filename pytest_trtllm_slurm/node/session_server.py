@@ -22,6 +22,7 @@ import pytest
 from pytest_trtllm_slurm.node import assignment, item_key, records
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.forkloop import ForkLoop, redirect_output, spawn
+from pytest_trtllm_slurm.node.paths import Session, gpu_lock
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, GPU_LOCKS_ENV  # noqa: F401
 
 SESSION_IDLE_EXIT = 300.0  # a session whose controller vanished leaves after this
@@ -45,7 +46,7 @@ class GpuLeases:
         ids: list[str] = []
         fds: list[int] = []
         for gpu in self.visible:
-            fd = os.open(self.lock_dir / f"gpu{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(gpu_lock(self.lock_dir, gpu), os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -106,7 +107,7 @@ class SessionServer:
         lock_dir = os.environ.get(GPU_LOCKS_ENV)
         self.session = session
         self._lock_dir = Path(lock_dir) if lock_dir else None
-        write_atomic(self.serve_dir / "ready", f"{os.getpid()}\n")
+        write_atomic(Session(self.serve_dir).ready, f"{os.getpid()}\n")
         ForkLoop(self.serve_dir, self._start, idle_exit=SESSION_IDLE_EXIT,
                  watch_parent=True).run()
         return True

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_trtllm_slurm.node.assignment import Assignment, pairs
 from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
     Argv,
@@ -125,9 +126,13 @@ class JobSpec(BaseModel):
 
     def write(self, path: Path | None = None) -> Path:
         """Write job_spec.json atomically, mode 0600, secrets masked."""
-        target = path or Path(self.work_dir) / "job_spec.json"
-        write_atomic(target, self.masked().model_dump_json(indent=2) + "\n", parents=True)
+        target = path or Batch(Path(self.work_dir)).job_spec
+        write_atomic(target, self.text(), parents=True)
         return target
+
+    def text(self) -> str:
+        """job_spec.json's text: secrets masked."""
+        return self.masked().model_dump_json(indent=2) + "\n"
 
     @classmethod
     def read(cls, path: Path) -> JobSpec:

@@ -176,3 +176,17 @@ def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
 def only_secrets(env: Mapping[str, str]) -> dict[str, str]:
     """The variables ``without_secrets`` leaves out."""
     return {name: value for name, value in env.items() if is_secret(name, value)}
+
+
+def shown_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables whose values may be written to a file (a launcher script, a mailbox
+    request): allow-listed names (``may_show``) whose values carry no credential."""
+    return {name: value for name, value in env.items()
+            if may_show(name) and not has_secret_value(value)}
+
+
+def hidden_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables ``shown_env`` leaves out: their values travel only through a process's
+    environment (or a pipe), never through a file; their names may be written."""
+    shown = shown_env(env)
+    return {name: value for name, value in env.items() if name not in shown}

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.node.paths import work_root
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
 IMAGE_TAGS_FILE = Path("jenkins") / "current_image_tags.properties"
@@ -167,5 +168,5 @@ def work_dir(
     """``<rootdir>/work_dirs/<name>_<YYYYmmdd_HHMMSS>``; ``root`` (settings.work_dir) replaces
     ``<rootdir>/work_dirs`` (the plugin's work root)."""
     stamp = (now or datetime.now()).strftime("%Y%m%d_%H%M%S")
-    base = Path(root).expanduser() if root else rootdir / "work_dirs"
+    base = Path(root).expanduser() if root else work_root(None, rootdir).dir
     return base / f"{_safe_name(name)}_{stamp}"

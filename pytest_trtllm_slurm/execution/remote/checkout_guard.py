@@ -33,6 +33,7 @@ from pytest_trtllm_slurm.execution.remote.sync import PreparedSync
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord
 from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
+from pytest_trtllm_slurm.node.paths import Runs
 
 SYNC_LOCK_WAIT = 1800.0  # a first sync clones the repository: it may take a while
 
@@ -52,7 +53,7 @@ def checkout_claimed(runs: ShellRunRegistry, checkout: str,
     sync is done this run's record names the checkout and its code."""
     runs.shell.mkdir(runs.remote, private=True)
     runs.start_lease()
-    lock = ShellLock(runs.shell, f"{runs.remote}/.checkout.lock", max_hold=SYNC_LOCK_WAIT + 60)
+    lock = ShellLock(runs.shell, Runs(runs.remote).checkout_lock, max_hold=SYNC_LOCK_WAIT + 60)
     me = runs.me
     info = {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": me.began}
     # once the lock is held, the registry and the checkout are read in the same round trip

@@ -3,7 +3,7 @@
 Why: every SSH command costs a round trip (about half a second on the dev cluster's sshd),
 so the sync asks once for all it needs to decide what to send: whether the checkout exists,
 its HEAD and branch, its refs (what a bundle may leave out), the record the last sync left
-there (``RECORD``: the commit and each shipped untracked file's blob id) and ``git status``
+there (``SYNC_RECORD``: the commit and each shipped untracked file's blob id) and ``git status``
 (tracked edits and files no sync put there, ``work_dirs`` left out). With the record, a sync
 with no change sends nothing.
 """
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field, ValidationError
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.node.paths import SYNC_RECORD, WORK_DIRS
 from pytest_trtllm_slurm.transport.shell import Shell
 
-STASH_EXCLUDE = ":(exclude,glob)**/work_dirs/**"  # the plugin's job folders: never code
-RECORD = ".git/trtllm-sync.json"  # in the remote checkout: what the last sync left there
+STASH_EXCLUDE = f":(exclude,glob)**/{WORK_DIRS}/**"  # the plugin's job folders: never code
 
 # one round trip: is there a checkout, its HEAD and branch, its refs, the sync record and
 # what differs from HEAD (tracked edits and untracked files, work_dirs left out)
@@ -37,7 +37,7 @@ GIT_OPTIONAL_LOCKS=0 git status --porcelain -z --untracked-files=all -- . "$2"
 
 
 class SyncRecord(BaseModel):
-    """What the last sync left in the remote checkout (``RECORD``)."""
+    """What the last sync left in the remote checkout (``SYNC_RECORD``)."""
 
     commit: str
     branch: str
@@ -74,7 +74,7 @@ def probe(shell: Shell, repo: str) -> RemoteCheckout:
 
 def probe_argv(repo: str) -> list[str]:
     """The probe's command (to run alone, or with another look in the same round trip)."""
-    return ["sh", "-c", _PROBE, "sh", repo, STASH_EXCLUDE, RECORD]
+    return ["sh", "-c", _PROBE, "sh", repo, STASH_EXCLUDE, SYNC_RECORD]
 
 
 def parse_probe(stdout: str) -> RemoteCheckout:

@@ -17,6 +17,7 @@ from typing import Any
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
 from pytest_trtllm_slurm.execution.slurm.discovery_cache import DEFAULT_TTL, cached_discovery
+from pytest_trtllm_slurm.node.paths import Cache
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
@@ -31,7 +32,7 @@ def remote_cache_key(cluster: ClusterConfig) -> str:
 
 def remote_cache_path(cache_dir: Path, name: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "x"
-    return cache_dir / f"slurm_env-remote-{safe}.json"
+    return Cache(cache_dir).remote_env(safe)
 
 
 class RemoteClusters:

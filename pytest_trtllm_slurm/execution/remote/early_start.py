@@ -40,8 +40,18 @@ from pytest_trtllm_slurm.execution.slurm.warm_pool import (
     agent_alive,
     agent_dir,
     env_for_session,
+    secrets_key,
     send_session,
     session_argv,
+)
+from pytest_trtllm_slurm.node.paths import (
+    STATE_NAME,
+    Agent,
+    Session,
+    StateDir,
+    WorkRoot,
+    root_of,
+    work_root,
 )
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.shell import Shell
@@ -79,7 +89,7 @@ def layout(cluster: ClusterConfig, rootdir: Path, local_work_root: Path
     """Where the checkout and work dirs are on the cluster, where the shared state is, and
     the local->remote path map (the same for the early thread and the executor)."""
     paths = remote_paths(cluster, rootdir)
-    remote_root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
+    remote_root = root_of(paths.remote_work_root)
     path_map = PathMap({str(rootdir): remote_root, str(local_work_root): paths.remote_work_root},
                        python=cluster.python)
     return paths, shared_state_dir(cluster, paths), path_map
@@ -90,9 +100,9 @@ def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
     """Preflight, sync, then (``ask``) a session on each live agent of the cluster's
     allocation. Stops at the first failure quietly: the executor does that step again
     and reports it."""
-    paths, state_dir, path_map = layout(cluster, rootdir, Path(ask.local_work_root) if ask
-                                        else rootdir / "work_dirs")
-    done = EarlyRemote(ShellRunRegistry(shell, f"{state_dir}/runs"), registry=registry)
+    local = Path(ask.local_work_root) if ask else work_root(None, rootdir).dir
+    paths, state_dir, path_map = layout(cluster, rootdir, local)
+    done = EarlyRemote(ShellRunRegistry(shell, StateDir(state_dir).runs.dir), registry=registry)
     try:
         preflight(shell, cluster)
         done.checked = True
@@ -110,8 +120,6 @@ def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
 
 def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, state_dir: str,
                     path_map: PathMap, ask: SessionAsk, registry: EarlySessions) -> list[str]:
-    from pytest_trtllm_slurm.execution.slurm.allocation import STATE_NAME
-
     raw = ShellStateStore(shell, state_dir, STATE_NAME).read()
     try:
         state = load_json(raw or "null", "the state file")
@@ -123,12 +131,14 @@ def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, st
     env = env_for_session(ask.env, local=False)
     started = []
     for node in expand_hostlist(nodelist):
-        # as the warm pool names it: the remote interpreter, no secrets key (remote)
-        adir = agent_dir(f"{paths.remote_work_root}/.agents/{job_id}", node, cluster.python)
+        # as the warm pool names it: the remote interpreter, the key of the values the
+        # agent must hold (remote: only the batch's hidden ones)
+        adir = agent_dir(WorkRoot(paths.remote_work_root).agents_of(job_id), node,
+                         cluster.python, secrets_key(ask.env, local=False))
         if registry.has(adir) or not agent_alive(shell, adir):
             continue
         name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        argv = session_argv(cluster.python, base, f"{adir}/sessions/{name}", targets,
+        argv = session_argv(cluster.python, base, Agent(adir).session(name).dir, targets,
                             capture_no=ask.capture_no, nodeids_file=False)
         sdir = send_session(shell, adir, name, argv, cwd=path_map.text(ask.cwd), env=env)
         registry.remember(adir, sdir)
@@ -151,11 +161,11 @@ def stop_sessions(shell: Shell, early: EarlyRemote) -> None:
     """End the early sessions no batch has taken (they imported code the run no longer
     has, or the run has no use for them)."""
     for sdir in early.sessions:
-        adir = sdir.rsplit("/sessions/", 1)[0]
+        adir = Session(sdir).agent
         if early.registry.take(adir) != sdir:
             continue  # a batch took it, or it was never recorded
         try:
-            shell.write_file(f"{sdir}/inbox/stop", "")
+            shell.write_file(Session(sdir).stop, "")
         except (ExecutionError, OSError) as exc:
             log.debug("ssh: could not stop the early session %s: %s", sdir, exc)
     early.sessions = []

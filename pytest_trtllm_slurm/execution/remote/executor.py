@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from pathlib import PurePosixPath
 from typing import Any
 
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
 from pytest_trtllm_slurm.node import assignment
+from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.transport.shell import Shell
 
@@ -81,10 +81,7 @@ class RemoteSlurmExecutor(SlurmExecutor):
         self.shell.mkdir(remote.work_dir, private=True)
         if remote.nodeids_file:
             self.shell.write_file(remote.nodeids_file, assignment.dumps(spec.assignment()))
-        self.shell.write_file(
-            str(PurePosixPath(remote.work_dir) / "job_spec.json"),
-            remote.masked().model_dump_json(indent=2) + "\n",
-        )
+        self.shell.write_file(Batch(remote.work_dir).job_spec, remote.text())
         return super().submit(remote)
 
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:

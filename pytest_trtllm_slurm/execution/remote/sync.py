@@ -53,13 +53,13 @@ from pydantic import BaseModel, Field
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.remote.checkout_probe import (
-    RECORD,
     STASH_EXCLUDE,
     RemoteCheckout,
     SyncRecord,
     probe,
 )
 from pytest_trtllm_slurm.execution.remote.secret_files import looks_secret
+from pytest_trtllm_slurm.node.paths import WORK_DIRS, Checkout
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 from pytest_trtllm_slurm.transport.ssh.auth import can_prompt
 
@@ -251,7 +251,7 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     record = SyncRecord(commit=result.commit, branch=result.branch,
                         untracked=prepared.untracked)
     if remote.record != record:
-        shell.write_file(f"{remote_repo}/{RECORD}", record.model_dump_json())
+        shell.write_file(Checkout(remote_repo).record, record.model_dump_json())
     if result.withheld and say is not None:
         shown = ", ".join(result.withheld[:LISTED_NAMES])
         more = len(result.withheld) - LISTED_NAMES
@@ -332,7 +332,7 @@ def _untracked(git: _Git, ship_secrets: bool, result: SyncResult) -> dict[str, s
     listing = git("ls-files", "-z", "--others", "--exclude-standard",
                   check="listing untracked files").stdout
     # the plugin's own job folders are results, not code: never shipped back and forth
-    names = [n for n in listing.split("\0") if n and "work_dirs" not in n.split("/")[:-1]]
+    names = [n for n in listing.split("\0") if n and WORK_DIRS not in n.split("/")[:-1]]
     if not ship_secrets:
         result.withheld.extend(n for n in names if looks_secret(n))
         names = [n for n in names if not looks_secret(n)]
@@ -381,7 +381,7 @@ def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
     if result.commit in haves:  # nothing to send: the remote already has the snapshot
         _remote_checkout(shell, remote_repo, result, [result.commit], "checking the snapshot")
         return
-    bundle_path = f"{remote_repo}/.git/trtllm-sync-{result.branch}.bundle"
+    bundle_path = Checkout(remote_repo).bundle(result.branch)
     with tempfile.TemporaryDirectory(prefix="trtllm-bundle-") as tmp:
         bundle = _make_bundle(git, Path(tmp), result, haves)
         result.bundle_bytes = bundle.stat().st_size
@@ -532,7 +532,7 @@ def _remote(shell: Shell, argv: list[str], what: str, *, timeout: float = 300,
 
 
 def _ensure_clone(shell: Shell, remote_repo: str, url: str) -> bool:
-    if shell.exists(f"{remote_repo}/.git"):
+    if shell.exists(Checkout(remote_repo).git):
         return False
     parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
     shell.mkdir(parent)

@@ -27,6 +27,7 @@ from pytest_trtllm_slurm.execution.remote.sync import (
     sync_workspace,
 )
 from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+from pytest_trtllm_slurm.node.paths import SHARED_STATE, WORK_DIRS, WorkRoot, join, root_of
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.shell import Shell
 
@@ -139,7 +140,7 @@ def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
             )
         repo = f"{base.rstrip('/')}/{top.name}"
     root = repo if rel in ("", ".") else f"{repo}/{rel}"
-    return RemotePaths(repo, f"{root}/work_dirs")
+    return RemotePaths(repo, join(root, WORK_DIRS))
 
 
 def shared_state_dir(cluster: ClusterConfig, paths: RemotePaths) -> str:
@@ -149,15 +150,15 @@ def shared_state_dir(cluster: ClusterConfig, paths: RemotePaths) -> str:
     clone, a stash or a cleaned work_dirs never touch it); with ``sync = "none"`` the
     repository's own ``work_dirs/.trtllm-state``."""
     base = (cluster.user_root_dir or cluster.remote_cwd or "").rstrip("/")
-    root = paths.remote_work_root.rsplit("/work_dirs", 1)[0]
+    root = root_of(paths.remote_work_root)
     if cluster.sync != "none" and base and root.startswith(base + "/"):
-        return f"{base}/.trtllm-state/{root[len(base) + 1:]}"
-    return f"{paths.remote_work_root}/.trtllm-state"
+        return join(base, SHARED_STATE, root[len(base) + 1:])
+    return WorkRoot(paths.remote_work_root).shared_state
 
 
 def remote_work_dir(paths: RemotePaths, local_work_dir: Path) -> str:
     """The remote twin of a local ``work_dirs/<name>_<ts>``."""
-    return f"{paths.remote_work_root}/{Path(local_work_dir).name}"
+    return join(paths.remote_work_root, Path(local_work_dir).name)
 
 
 def _toplevel(path: Path) -> Path:

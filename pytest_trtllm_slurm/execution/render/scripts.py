@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
-from pytest_trtllm_slurm.planning.masking import mask_argv
+from pytest_trtllm_slurm.planning.masking import hidden_env, mask_argv, shown_env
 from pytest_trtllm_slurm.planning.models import Launch
 from pytest_trtllm_slurm.planning.safe_values import control_chars, env_problem, line_problem
 
@@ -192,6 +193,18 @@ def _env_names(env: dict[str, str]) -> list[str]:
                      "here): " + " ".join(sorted(env)))]
 
 
+def _inherited_names(env: dict[str, str]) -> list[str]:
+    """The comment naming the variables a launcher inherits from its starter (their
+    values are in no file)."""
+    problem = env_problem(env)
+    if problem:
+        raise ValueError(f"job environment: {problem}")
+    if not env:
+        return []
+    return [_comment("pytest-trtllm-slurm environment (values inherited from the command "
+                     "that started this launcher, not written here): " + " ".join(sorted(env)))]
+
+
 def _cwd(spec: JobSpec) -> str:
     return spec.invocation_dir or spec.rootdir
 
@@ -276,7 +289,7 @@ def render_sbatch(
         _directive("-e", log),
         "#SBATCH --open-mode=append",
         _directive("--chdir=" + shlex.quote(_cwd(spec))),
-        _comment(f"pytest-trtllm-slurm batch {spec.name}; spec: {spec.work_dir}/job_spec.json"),
+        _comment(f"pytest-trtllm-slurm batch {spec.name}; spec: {Batch(spec.work_dir).job_spec}"),
         *_env_names(spec.env),
         'echo "[trtllm-slurm] job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}"',
         shell_join(srun_in_job(spec, opts)),
@@ -360,22 +373,30 @@ def render_step_launcher(
     pid (to cancel a step that is still waiting for resources), waits, and writes the
     exit code atomically. SLURM_* inherited from the caller's shell are dropped so
     they cannot change the step's shape (SLURM_CONF stays).
+
+    Of ``env`` only the values ``shown_env`` allows are written here; the others are
+    named in a comment and must be in the environment the launcher is started with
+    (``hidden_env``: the caller passes them to the command that starts it), from where
+    srun exports them to the step.
     """
-    exit_tmp = exit_path + ".tmp"
+    # the exit code through a temporary file of an unpredictable name that mktemp creates
+    # (O_EXCL, 0600), renamed over the name the controller reads
+    exit_tmp = _q(exit_path + ".XXXXXXXX")
     lines = [
         "#!/bin/bash",
         "# pytest-trtllm-slurm step launcher (started detached with setsid)",
         f"exec >>{_q(log_path)} 2>&1 </dev/null",
         'for v in $(compgen -e); do case "$v" in SLURM_CONF) ;; SLURM_*) unset "$v" ;; esac; done',
-        f"cd -- {_q(cwd)} || {{ echo 127 > {_q(exit_tmp)}; mv -f {_q(exit_tmp)} {_q(exit_path)}; "
-        "exit 127; }",
-        *_env_lines(env or {}),
+        f'finish() {{ t=$(mktemp {exit_tmp}) && echo "$1" >"$t" && mv -f "$t" {_q(exit_path)}; }}',
+        f"cd -- {_q(cwd)} || {{ finish 127; exit 127; }}",
+        *_env_lines(shown_env(env or {})),
+        *_inherited_names(hidden_env(env or {})),
         f"{shell_join(step_argv)} &",
         "pid=$!",
         f'echo "$pid" > {_q(pid_path)}',
         'wait "$pid"',
         "rc=$?",
-        f'echo "$rc" > {_q(exit_tmp)} && mv -f {_q(exit_tmp)} {_q(exit_path)}',
+        'finish "$rc"',
         "",
     ]
     return "\n".join(lines)

@@ -49,12 +49,12 @@ from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.execution.slurm.state_store import LocalStateStore, StateStore
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.packing import AllocationShape, BatchShape
 from pytest_trtllm_slurm.transport.shell import Shell
 
-STATE_NAME = ".slurm_alloc.json"
 MIN_LEFT_SECONDS = 300  # an allocation with less left is not reused
 DEFAULT_TIME_LIMIT = "04:00:00"
 SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
@@ -258,14 +258,14 @@ class AllocationManager:
         # this run's sessions started before it collected (on this allocation's agents)
         self.early = early or EarlySessions()
         # where warm workers keep their agents (``<dir>/<job id>/<node>-<tag>/``)
-        self.agents_dir = agents_dir or str(Path(rootdir) / "work_dirs" / ".agents")
+        root = paths.work_root(None, Path(rootdir))
+        self.agents_dir = agents_dir or str(root.agents)
         self.request = replace(request, container_runtime="pyxis") if pyxis else request
         self.jobs = jobs or SlurmJobs(shell)
-        self.work_dirs = Path(rootdir) / "work_dirs"
-        self.state_path = self.work_dirs / STATE_NAME
+        self.state_path = root.state
         # where the state lives: here, or on the cluster for a remote one (state_store)
         self.store: StateStore = store or LocalStateStore(self.state_path)
-        self.salloc_log = self.work_dirs / ".salloc.log"
+        self.salloc_log = root.salloc_log
         # another run may hold the lock while it allocates, and with pyxis while it imports
         # and installs an image (minutes for a TensorRT-LLM image)
         setup_wait = SETUP_TIMEOUT if self.request.container_runtime == "pyxis" else 0
@@ -278,7 +278,7 @@ class AllocationManager:
         self.wait_seconds = wait_seconds
         self.messages: list[str] = []  # what ensure() did, for the run's summary
         # this run's lease on the allocation (and its record for the next run, see runs)
-        self.runs = runs or RunRegistry(self.work_dirs / ".runs")
+        self.runs = runs or RunRegistry(root.runs.dir)
         self._state_note = "state file was missing"  # why there is no state (orphan message)
 
     # -- state file -------------------------------------------------------------
@@ -447,16 +447,16 @@ class AllocationManager:
         no session but this process's own: nothing of another run would be lost."""
         if any(not row.name.endswith(".agent") for row in steps.values()):
             return False
-        base = f"{self.agents_dir}/{state.job_id}"
-        script = ('for f in "$1"/*/heartbeat.json; do [ -f "$f" ] && '
-                  'printf "%s\\t%s\\n" "${f%/heartbeat.json}" "$(cat "$f")"; done; true')
-        res = self.shell.run(["sh", "-c", script, "sh", base], timeout=30)
+        base = paths.join(self.agents_dir, state.job_id)
+        script = ('for f in "$1"/*/"$2"; do [ -f "$f" ] && '
+                  'printf "%s\\t%s\\n" "${f%/"$2"}" "$(cat "$f")"; done; true')
+        res = self.shell.run(["sh", "-c", script, "sh", base, paths.HEARTBEAT], timeout=30)
         if not res.ok:
             return False
         for line in res.stdout.splitlines():
             agent, _, text = line.partition("\t")
             try:
-                beat = validated(Heartbeat, text, "heartbeat.json")
+                beat = validated(Heartbeat, text, paths.HEARTBEAT)
             except BadRecord:
                 return False
             serving = beat.running + beat.pending
@@ -544,11 +544,12 @@ class AllocationManager:
         user's own allocation when that is what holds the nodes); an interrupt (Ctrl-C,
         SIGTERM, SIGHUP) or a wait past the limit cancels the request that was never
         granted. (salloc --no-shell exits once granted.)"""
-        base = f"{PurePosixPath(self.agents_dir).parent}/.salloc-{self.runs.me.run_id}"
+        base = paths.WorkRoot(paths.root_of(self.agents_dir)).salloc_dir(self.runs.me.run_id)
         out, rc = f"{base}.out", f"{base}.rc"
         # (the detached shell lets go of this command's pipes at once)
         script = ('exec </dev/null >/dev/null 2>&1; out=$1; rc=$2; shift 2; '
-                  '"$@" >"$out" 2>&1; echo $? >"$rc.tmp"; mv "$rc.tmp" "$rc"')
+                  '"$@" >"$out" 2>&1; s=$?; '
+                  't=$(mktemp "$rc.XXXXXXXX") && echo "$s" >"$t" && mv -f "$t" "$rc"')
         self.shell.mkdir(str(PurePosixPath(base).parent))
         self.shell.run(["rm", "-f", out, rc], timeout=30)
         self.jobs.counts["salloc"] += 1

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pytest_trtllm_slurm.node.paths import AGENTS
+
 
 class EarlySessions:
     """The open early sessions of one run, by agent folder."""
@@ -29,7 +31,7 @@ class EarlySessions:
 
     def on_allocation(self, alloc_job_id: str) -> bool:
         """Any open on an agent of that allocation (alive when started)."""
-        return any(f"/.agents/{alloc_job_id}/" in adir for adir in self._open)
+        return any(f"/{AGENTS}/{alloc_job_id}/" in adir for adir in self._open)
 
     def drain(self) -> Iterator[str]:
         """Every session still open, forgotten as it is handed out (to be stopped)."""

@@ -4,7 +4,6 @@ round and, once they left the queue, sacct (or scontrol without accounting)."""
 from __future__ import annotations
 
 import time
-from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, map_slurm_state
 from pytest_trtllm_slurm.execution.protocol import JobHandle
@@ -18,6 +17,7 @@ from pytest_trtllm_slurm.execution.slurm.tracking import (
     final_state,
     seconds_until,
 )
+from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 
 BLOCKER_AFTER = 5.0  # seconds a job waits before we look for the user's own allocation
@@ -39,7 +39,7 @@ class OneShotJobs:
         script = render_sbatch(spec, gres_style=opts.gres_style, mpi=opts.mpi,
                                launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type,
                                container=opts.container)
-        path = str(PurePosixPath(spec.work_dir) / "job.sbatch")
+        path = Batch(spec.work_dir).sbatch
         self.shared.shell.write_file(path, script)
         job_id = self.shared.jobs.sbatch(path, cwd=spec.work_dir, script=script,
                                          env=spec.env)

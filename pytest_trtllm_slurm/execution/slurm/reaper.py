@@ -11,11 +11,11 @@ session's inbox, then ``stop``), says so, and removes the file.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError, SlurmJobs, chunks
 from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry
+from pytest_trtllm_slurm.node.paths import Batch, Session
 from pytest_trtllm_slurm.transport.shell import Shell
 
 
@@ -70,17 +70,17 @@ def _cancel_warm(shell: Shell, record: RunRecord) -> list[str]:
     a session that already ended ignores them)."""
     done = []
     for item in record.warm:
-        if not shell.exists(f"{item.session}/inbox"):
+        if not shell.exists(Session(item.session).inbox):
             continue
         try:
-            shell.write_file(f"{item.session}/inbox/{item.request}.cancel", "")
+            shell.write_file(Session(item.session).cancel(item.request), "")
             done.append(item.request)
         except OSError:
             continue
     for session in dict.fromkeys(item.session for item in record.warm):
-        if shell.exists(f"{session}/inbox"):
+        if shell.exists(Session(session).inbox):
             try:
-                shell.write_file(f"{session}/inbox/stop", "")
+                shell.write_file(Session(session).stop, "")
             except OSError:
                 continue
     return done
@@ -91,7 +91,7 @@ def _running_steps(jobs: SlurmJobs, shell: Shell, record: RunRecord) -> list[str
     found = []
     by_alloc: dict[str, list[str]] = {}
     for step in record.steps:
-        text = shell.read_from(str(PurePosixPath(step.work_dir) / "stepid"), 0, 64)
+        text = shell.read_from(Batch(step.work_dir).stepid, 0, 64)
         number = text.decode("utf-8", "replace").strip()
         if number.isdigit():
             by_alloc.setdefault(step.allocation, []).append(f"{step.allocation}.{number}")

@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.paths import Runs
 
 FOREIGN_HOST_TTL = 24 * 3600.0  # a run on another host (shared file system) counts as
 # alive this long after its file last changed: its pids cannot be checked from here
@@ -104,14 +105,14 @@ class RunRegistry:
 
     @property
     def path(self) -> Path:
-        return self.folder / f"{self.me.run_id}.json"
+        return Runs(self.folder).record(self.me.run_id)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """The registry's short lock: held while a run registers as an allocation's user,
         and while a run checks for users before it cancels an allocation."""
         self._make_folder()
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(Runs(self.folder).lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
+from pytest_trtllm_slurm.node.paths import Runs, name_of
 from pytest_trtllm_slurm.transport.shell import Shell
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,12 @@ class ShellRunRegistry(RunRegistry):
             self._made = True
 
     def _remote_path(self, run_id: str) -> str:
-        return f"{self.remote}/{run_id}.json"
+        return Runs(self.remote).record(run_id)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         self._make_folder()
-        lock = ShellLock(self.shell, f"{self.remote}/.lock", max_hold=SHORT_LOCK_WAIT + 60)
+        lock = ShellLock(self.shell, Runs(self.remote).lock, max_hold=SHORT_LOCK_WAIT + 60)
         me = self.me
         if not lock.acquire(SHORT_LOCK_WAIT, {"pid": me.pid, "host": me.host,
                                               "run_id": me.run_id, "since": me.began}):
@@ -85,7 +86,7 @@ class ShellRunRegistry(RunRegistry):
         if self._lease is not None and self._lease.held:
             return
         self._make_folder()
-        lease = self._lease or ShellLock(self.shell, f"{self.remote}/{self.me.run_id}.lock",
+        lease = self._lease or ShellLock(self.shell, Runs(self.remote).lease(self.me.run_id),
                                          keep=True)
         if not lease.acquire(60, {"pid": self.me.pid, "host": self.me.host,
                                   "run_id": self.me.run_id, "since": self.me.began}):
@@ -119,12 +120,11 @@ class ShellRunRegistry(RunRegistry):
 
     def finish(self) -> None:
         if self._saved:
-            base = f"{self.remote}/{self.me.run_id}"
-            self.shell.run(["rm", "-f", "--", f"{base}.json"], timeout=60)
+            self.shell.run(["rm", "-f", "--", self._remote_path(self.me.run_id)], timeout=60)
             self._saved = False
         if self._lease is not None:
             self._lease.release()
-            self.shell.run(["rm", "-f", "--", f"{self.remote}/{self.me.run_id}.lock"],
+            self.shell.run(["rm", "-f", "--", Runs(self.remote).lease(self.me.run_id)],
                            timeout=60)
             self._lease = None
 
@@ -147,15 +147,14 @@ class ShellRunRegistry(RunRegistry):
         for line in stdout.splitlines():
             name, _, rest = line.partition("\t")
             state, _, text = rest.partition("\t")
-            if name == f"{self.me.run_id}.json":
+            if name == name_of(self._remote_path(self.me.run_id)):
                 continue
             try:
                 record = RunRecord.model_validate(json.loads(text))
             except (ValueError, ValidationError):
                 continue
-            found.append((record, state == "live", f"{self.remote}/{name}"))
+            found.append((record, state == "live", Runs(self.remote).at(name)))
         return found
 
     def drop(self, path: Path | str) -> None:
-        base = str(path).removesuffix(".json")
-        self.shell.run(["rm", "-f", "--", f"{base}.json", f"{base}.lock"], timeout=60)
+        self.shell.run(["rm", "-f", "--", str(path), Runs.lease_of(str(path))], timeout=60)

@@ -26,13 +26,15 @@ from typing import IO
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.records import load_json
+from pytest_trtllm_slurm.node.paths import holder_of
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 
 log = logging.getLogger(__name__)
 
 # $1 lock file, $2 seconds to wait for it, $3 seconds to hold it at most, $4 holder record,
 # then a command to run once it is held (its output and status in <lock>.out, written
-# before the holder record that tells the waiting side it holds the lock)
+# before the holder record that tells the waiting side it holds the lock); both through
+# temporary files mktemp makes (unpredictable names, O_EXCL), renamed over their names
 _HOLD = r"""
 lock=$1 wait=$2 hold=$3 info=$4; shift 4
 command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
@@ -40,10 +42,11 @@ exec 9>>"$lock" || exit 71
 flock -x -w "$wait" 9 || exit 75
 umask 077
 if [ $# -gt 0 ]; then
-  { "$@" </dev/null 2>/dev/null; printf '\036%s\n' "$?"; } >"$lock.out.$$"
-  mv -f "$lock.out.$$" "$lock.out"
+  t=$(mktemp "$lock.out.XXXXXXXX") || exit 73
+  { "$@" </dev/null 2>/dev/null; printf '\036%s\n' "$?"; } >"$t"
+  mv -f "$t" "$lock.out"
 fi
-printf '%s\n' "$info" >"$lock.holder.$$" && mv -f "$lock.holder.$$" "$lock.holder"
+t=$(mktemp "$lock.holder.XXXXXXXX") && printf '%s\n' "$info" >"$t" && mv -f "$t" "$lock.holder"
 timeout "$hold" cat >/dev/null
 rm -f "$lock.holder"
 """
@@ -144,7 +147,7 @@ class ShellLock:
 
     def holder(self) -> dict[str, object] | None:
         """The current holder's record (None when none is recorded)."""
-        raw = self.shell.read_from(f"{self.path}.holder", 0, 1 << 14)
+        raw = self.shell.read_from(holder_of(self.path), 0, 1 << 14)
         try:
             found = load_json(raw.decode("utf-8", "replace") or "null", "the lock's holder")
         except ValueError:

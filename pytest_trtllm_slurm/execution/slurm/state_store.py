@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, describe_holder
 from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.paths import holder_of, join, lock_of, name_of
 from pytest_trtllm_slurm.transport.shell import Shell
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class LocalStateStore:
         if self._lock is None or self._lock_timeout != timeout:
             from filelock import FileLock
 
-            self._lock = FileLock(str(self.path) + ".lock", timeout=timeout)
+            self._lock = FileLock(str(lock_of(self.path)), timeout=timeout)
             self._lock_timeout = timeout
         return self._lock
 
@@ -144,7 +145,7 @@ class LocalStateStore:
                 if now >= say_at:
                     say_at = now + SAY_EVERY
                     warn(f"Waiting since {since} for {lock.lock_file} ({self.holder()}).")
-        record = Path(str(lock.lock_file) + ".holder")
+        record = holder_of(Path(lock.lock_file))
         try:
             write_atomic(record, json.dumps(holder), parents=True)
             yield
@@ -154,7 +155,7 @@ class LocalStateStore:
 
     def holder(self) -> str:
         try:
-            info = json.loads(Path(str(self.path) + ".lock.holder").read_text("utf-8"))
+            info = json.loads(holder_of(lock_of(self.path)).read_text("utf-8"))
         except (OSError, ValueError):
             return "its holder is not recorded"
         return describe_holder(info if isinstance(info, dict) else None)
@@ -167,7 +168,7 @@ class ShellStateStore:
     def __init__(self, shell: Shell, folder: str, name: str) -> None:
         self.shell = shell
         self.folder = folder.rstrip("/")
-        self.path = f"{self.folder}/{name}"
+        self.path = join(self.folder, name)
         self._made = False
 
     @property
@@ -203,14 +204,14 @@ class ShellStateStore:
         return self.shell.exists(self.path)
 
     def move_aside(self, why: str) -> str | None:
-        aside = f"{self.folder}/{_aside_name(self.path.rsplit('/', 1)[-1], why)}"
+        aside = join(self.folder, _aside_name(name_of(self.path), why))
         if self.shell.run(["mv", "-f", "--", self.path, aside], timeout=60).ok:
             return f"{self.shell.name}:{aside}"
         self.delete()
         return None
 
     def lock_file(self) -> ShellLock:
-        return ShellLock(self.shell, self.path + ".lock")
+        return ShellLock(self.shell, lock_of(self.path))
 
     @contextlib.contextmanager
     def locked(self, timeout: float, holder: dict[str, object], warn: Warn) -> Iterator[None]:

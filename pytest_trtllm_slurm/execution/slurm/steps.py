@@ -30,6 +30,7 @@ from pytest_trtllm_slurm.execution.slurm.tracking import (
     step_share,
 )
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.masking import hidden_env
 
 CONTAINER_STOP_WAIT = 15.0  # seconds a cancelled wrapped step has to remove its container
 LAUNCHER_START = 30.0  # seconds a launcher may take to start srun (its srun.pid)
@@ -64,24 +65,26 @@ class AllocationSteps:
         assert alloc is not None
         shell = self.shared.shell
         # a re-used work dir must not show the previous launch's step id or exit code
-        shell.run(["rm", "-f", job.path("stepid"), job.path("srun.pid"),
-                   job.path("exit_code")], timeout=30)
+        shell.run(["rm", "-f", job.files.stepid, job.files.srun_pid,
+                   job.files.exit_code], timeout=30)
         argv = render_step_command(
             spec, alloc.job_id, gres_style=opts.gres_style, mpi=opts.mpi,
             launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=job.share,
-            stepid_path=job.path("stepid"), container=opts.container,
+            stepid_path=job.files.stepid, container=opts.container,
         )
+        env = {**spec.env, **job.extra_env}
         launcher = render_step_launcher(
-            argv, log_path=spec.log_path, pid_path=job.path("srun.pid"),
-            exit_path=job.path("exit_code"), cwd=spec.invocation_dir or spec.rootdir,
-            env={**spec.env, **job.extra_env},
+            argv, log_path=spec.log_path, pid_path=job.files.srun_pid,
+            exit_path=job.files.exit_code, cwd=spec.invocation_dir or spec.rootdir, env=env,
         )
-        step_sh = job.path("step.sh")
+        step_sh = job.files.step_sh
         shell.write_file(step_sh, launcher)
         if self.shared.runs is not None:
             self.shared.runs.add_step(alloc.job_id, spec.work_dir)
-        # a launch cut by a dropped connection may have started: never launch it twice
-        res = shell.run(["setsid", "-f", "bash", step_sh], timeout=30, retry_on_drop=False)
+        # a launch cut by a dropped connection may have started: never launch it twice.
+        # The values step.sh does not hold reach it (and srun, the step) as its environment
+        res = shell.run(["setsid", "-f", "bash", step_sh], timeout=30, retry_on_drop=False,
+                        env=hidden_env(env) or None)
         if not res.ok:
             raise SchedulerError(res)
         job.launched_at = time.monotonic()
@@ -89,7 +92,7 @@ class AllocationSteps:
     def _step_id(self, job: TrackedJob, alloc_id: str) -> None:
         """``<alloc>.<step>`` once the task wrote its step id."""
         if job.step_id is None:
-            text = self.shared.read(job.path("stepid")).strip()
+            text = self.shared.read(job.files.stepid).strip()
             if text.isdigit():
                 job.step_id = f"{alloc_id}.{text}"
 
@@ -106,7 +109,7 @@ class AllocationSteps:
         now = time.monotonic()
         for job in jobs:
             self._step_id(job, alloc_id)
-            code_text = read(job.path("exit_code")).strip()
+            code_text = read(job.files.exit_code).strip()
             if code_text.lstrip("-").isdigit():
                 ended.append((job, int(code_text)))
             elif job.warm is not None and job.warm.launched_early:
@@ -117,9 +120,9 @@ class AllocationSteps:
                 if job.handle.started_at is None:
                     job.handle.started_at = time.time()
             elif job.step_id is None:
-                if not read(job.path("srun.pid")) and now - job.launched_at > LAUNCHER_START:
+                if not read(job.files.srun_pid) and now - job.launched_at > LAUNCHER_START:
                     job.state = JobState(status=JobStatus.ERROR, reason=(
-                        f"the step launcher {job.path('step.sh')} did not start"))
+                        f"the step launcher {job.files.step_sh} did not start"))
                 elif steps is None:
                     job.state = JobState(status=JobStatus.PENDING,
                                          reason=f"allocation {alloc_id} is gone")
@@ -184,7 +187,7 @@ class AllocationSteps:
         """The step for scancel; its srun (also one still waiting for its step) gets SIGTERM."""
         assert job.alloc is not None
         self._step_id(job, job.alloc.job_id)
-        pid = self.shared.read(job.path("srun.pid")).strip()
+        pid = self.shared.read(job.files.srun_pid).strip()
         if pid.isdigit():
             self.shared.shell.run(["kill", "-TERM", pid], timeout=30)
         return [job.step_id] if job.step_id else []
@@ -207,5 +210,5 @@ class AllocationSteps:
         self.shared.jobs.run(["scancel", "--signal=TERM", *(j.step_id or "" for j in steps)])
         end = time.monotonic() + CONTAINER_STOP_WAIT
         while time.monotonic() < end and any(
-                not self.shared.read(j.path("exit_code")).strip() for j in steps):
+                not self.shared.read(j.files.exit_code).strip() for j in steps):
             time.sleep(0.2)

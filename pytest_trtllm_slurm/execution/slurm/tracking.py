@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.execution.outcome import (
     CRASH_SIGNALS,
@@ -24,6 +23,7 @@ from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow
 from pytest_trtllm_slurm.execution.slurm.lifecycle import FollowsState, Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.warm_pool import WarmJob
+from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Launch
 
@@ -87,8 +87,10 @@ class TrackedJob(FollowsState):
     def is_step(self) -> bool:
         return self.alloc is not None
 
-    def path(self, name: str) -> str:
-        return str(PurePosixPath(self.handle.spec.work_dir) / name)
+    @property
+    def files(self) -> Batch[str]:
+        """The names of its work dir's files."""
+        return Batch(self.handle.spec.work_dir)
 
 
 def visible_state(job: TrackedJob) -> JobState:

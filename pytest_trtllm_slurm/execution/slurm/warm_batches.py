@@ -57,7 +57,7 @@ class WarmBatches:
                            submitted_at=time.time(), nodelist=alloc.nodelist)
         job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc),
                          life=Lifecycle(Phase.WAITING))
-        warm = serves_warm(spec)
+        warm = serves_warm(spec) and pool.carries(spec)
         job.warm = pool.add(handle.job_id, spec, warm=warm, gated=not warm and gated,
                             life=job.life)
         if not pool.warmed and job.warm.warm:
@@ -128,7 +128,7 @@ class WarmBatches:
                 pool = self.pools[job.alloc.job_id]
                 if pool.ranks_exited(warm):  # its state still comes from srun and sacct
                     pool.release(warm)
-                elif self.shared.read(job.path("exit_code")).strip() == "0":
+                elif self.shared.read(job.files.exit_code).strip() == "0":
                     # a step of the pool that srun says succeeded: its nodes are needed
                     # now, not after the next squeue and sacct (a failure still goes that way)
                     job.state = JobState(status=JobStatus.COMPLETED, exit_code=0,

@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
@@ -61,9 +60,24 @@ from pytest_trtllm_slurm.execution.slurm.placement import (
 # to a session that collects exactly the run's node ids
 from pytest_trtllm_slurm.node import assignment
 from pytest_trtllm_slurm.node.assignment import key_path, pairs
+from pytest_trtllm_slurm.node.paths import (
+    HEARTBEAT,
+    Agent,
+    Batch,
+    Gate,
+    Session,
+    WorkRoot,
+    root_of,
+)
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, WORKER_OUTPUTS_FLAG
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
-from pytest_trtllm_slurm.planning.masking import is_secret, only_secrets, without_secrets
+from pytest_trtllm_slurm.planning.masking import (
+    hidden_env,
+    is_secret,
+    only_secrets,
+    shown_env,
+    without_secrets,
+)
 from pytest_trtllm_slurm.planning.models import Launch
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
@@ -185,18 +199,31 @@ class AgentPool:
         # session dir -> why it is gone (its agent was lost, or it ended early): every
         # batch sent there ends CRASHED, and the node's next batch gets a new agent
         self.lost: dict[str, str] = {}
+        # the variables whose values the run's agents hold in their environment (the
+        # first served batch's ``hidden_env``): None until a batch asks
+        self.carried: dict[str, str] | None = None
 
     # -- placement ------------------------------------------------------------
     def expect(self, tests: Mapping[str, str]) -> None:
         """The run's tests (node id -> key), so one session per node collects them all."""
         self.expected.update(tests)
 
+    def carries(self, spec: JobSpec) -> bool:
+        """Whether the run's agents can serve ``spec``: a value that may not be written to
+        a file reaches a served batch only from its agent's environment, so the run's
+        agents are started with those of its first served batch, and a batch whose own
+        differ (a marker's ``env``) runs as a step instead (its launcher gets them)."""
+        hidden = hidden_env(spec.env)
+        if self.carried is None:
+            self.carried = hidden
+        return hidden == self.carried
+
     def add(self, job_id: str, spec: JobSpec, *, warm: bool, gated: bool = False,
             life: Lifecycle | None = None) -> WarmJob:
         """A batch to place (``life``: the executor's, in WAITING)."""
         job = WarmJob(spec, warm, job_id=job_id, gated=gated and not warm, life=life)
         if job.gated:
-            job.gate_dir = str(PurePosixPath(spec.work_dir) / "gate")
+            job.gate_dir = str(Batch(spec.work_dir).gate.dir)
         self.jobs[job_id] = job
         self.order.append(job_id)
         return job
@@ -266,7 +293,7 @@ class AgentPool:
     def _let_in(self, job: WarmJob) -> bool:
         """Open a gated step's gate once its ranks are ready and its nodes are free."""
         if not job.ready:
-            text = self._read(f"{job.gate_dir}/ready").strip()
+            text = self._read(Gate(job.gate_dir).ready).strip()
             if not text:
                 return False
             job.ready, job.ranks = True, int(text) if text.isdigit() else 0
@@ -278,7 +305,7 @@ class AgentPool:
         job.placement = Placement(nodes=list(job.reserved), gpus=self.alloc.gpus_per_node)
         take(job.placement)
         job.life.to(Phase.SUBMITTED)
-        self.shell.write_file(f"{job.gate_dir}/open", "")
+        self.shell.write_file(Gate(job.gate_dir).open, "")
         return True
 
     def ranks_exited(self, job: WarmJob) -> bool:
@@ -286,7 +313,8 @@ class AgentPool:
         nodes can take the next batches while srun and the accounting finish."""
         if not (job.gated and job.ranks and job.placement and job.placement.gpus):
             return False
-        while job.done < job.ranks and self.shell.exists(f"{job.gate_dir}/done.{job.done}"):
+        while job.done < job.ranks and self.shell.exists(
+                Gate(job.gate_dir).done_of(job.done)):
             job.done += 1
         return job.done >= job.ranks
 
@@ -313,12 +341,11 @@ class AgentPool:
                 self.warn(str(exc))
 
     # -- agents and sessions --------------------------------------------------------
-    def _base(self, spec: JobSpec) -> str:
-        return str(PurePosixPath(spec.work_dir).parent / ".agents" / self.alloc.job_id)
-
     def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
-        node.agent_dir = agent_dir(self._base(spec), node.name, spec.command[0],
-                                   secrets_key(local=isinstance(self.shell, LocalShell)))
+        base = WorkRoot(root_of(spec.work_dir)).agents_of(self.alloc.job_id)
+        node.agent_dir = agent_dir(base, node.name, spec.command[0],
+                                   secrets_key(spec.env,
+                                               local=isinstance(self.shell, LocalShell)))
         if agent_alive(self.shell, node.agent_dir):
             node.healthy_at = time.monotonic()
             return
@@ -331,8 +358,8 @@ class AgentPool:
         self._launch_agent(node, spec)
 
     def _launch_agent(self, node: Node, spec: JobSpec) -> None:
-        d = node.agent_dir
-        self.shell.mkdir(f"{d}/inbox", private=True)
+        d, box = node.agent_dir, Agent(node.agent_dir)
+        self.shell.mkdir(box.inbox, private=True)
         argv = ["srun", f"--jobid={self.alloc.job_id}", "--overlap", "-N", "1", "-n", "1",
                 f"--nodelist={node.name}", f"--job-name={self.alloc.job_name or 'trtllm'}.agent"]
         flag = gpu_flag(self.alloc.gpus_per_node, self.gres_style,  # type: ignore[arg-type]
@@ -344,21 +371,21 @@ class AgentPool:
             argv.append(f"--mem={self.alloc.mem_per_node_mb}M")
         argv += [spec.command[0], "-m", "pytest_trtllm_slurm.node.agent", "--dir", d,
                  "--node", node.name]
-        self._remove(f"{d}/exit_code", f"{d}/heartbeat.json")
-        launcher = render_step_launcher(argv, log_path=f"{d}/agent.log", pid_path=f"{d}/srun.pid",
-                                        exit_path=f"{d}/exit_code",
-                                        cwd=spec.invocation_dir or spec.rootdir,
-                                        env=not_inherited(spec.env, local=isinstance(
-                                            self.shell, LocalShell)))
-        self.shell.write_file(f"{d}/agent.sh", launcher)
-        res = self.shell.run(["setsid", "-f", "bash", f"{d}/agent.sh"], timeout=30,
-                             retry_on_drop=False)
+        self._remove(box.exit_code, box.heartbeat)
+        env = not_inherited(spec.env, local=isinstance(self.shell, LocalShell))
+        launcher = render_step_launcher(argv, log_path=box.log, pid_path=box.srun_pid,
+                                        exit_path=box.exit_code,
+                                        cwd=spec.invocation_dir or spec.rootdir, env=env)
+        self.shell.write_file(box.launcher, launcher)
+        # the values agent.sh does not hold reach the agent as its launcher's environment
+        res = self.shell.run(["setsid", "-f", "bash", box.launcher], timeout=30,
+                             retry_on_drop=False, env=hidden_env(env) or None)
         if not res.ok:
             raise ExecutionError(f"could not start the warm worker on {node.name}: "
                                f"{res.describe()}")
         node.agent_started = time.monotonic()
         self.warn(f"Starting a warm worker on {node.name} in allocation {self.alloc.job_id} "
-                  f"(log: {d}/agent.log).")
+                  f"(log: {box.log}).")
 
     def _heartbeat(self, node: Node) -> dict | None:
         return read_heartbeat(self.shell, node.agent_dir)
@@ -375,11 +402,11 @@ class AgentPool:
                 node.session, node.session_ids = early, None
                 return early
         if node.session:  # a batch this session did not collect (e.g. run without expect)
-            self.shell.write_file(f"{node.session}/inbox/stop", "")
+            self.shell.write_file(Session(node.session).stop, "")
         tests = {**self.expected, **dict(spec.assignment())}
         ids = sorted(tests)
         name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
-        sdir = f"{node.agent_dir}/sessions/{name}"
+        sdir = Agent(node.agent_dir).session(name).dir
         base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
         files = {_module(key_path(k), spec.rootdir, spec.invocation_dir) for k in tests.values()}
         argv = session_argv(spec.command[0], base, sdir, sorted(files),
@@ -387,7 +414,7 @@ class AgentPool:
         send_session(self.shell, node.agent_dir, name, argv,
                      cwd=spec.invocation_dir or spec.rootdir,
                      env=env_for_session(spec.env, local=isinstance(self.shell, LocalShell)),
-                     files={"nodeids.json": assignment.dumps(pairs(ids, tests))})
+                     nodeids=assignment.dumps(pairs(ids, tests)))
         node.session, node.session_ids = sdir, frozenset(ids)
         return sdir
 
@@ -401,9 +428,9 @@ class AgentPool:
             job.state = JobState(status=JobStatus.ERROR, reason=str(exc))
             self.release(job)
             return
-        work = PurePosixPath(spec.work_dir)
+        work = Batch(spec.work_dir)
         sent = Delivery(node=node, session=sdir, request_name=job_id.replace("~", "_"),
-                        pid_path=str(work / "batch.pid"), exit_path=str(work / "exit_code"))
+                        pid_path=work.batch_pid, exit_path=work.exit_code)
         job.sent = sent
         self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
         request = {
@@ -415,9 +442,12 @@ class AgentPool:
             "log_path": spec.log_path,
             "exit_path": sent.exit_path,
             "pid_path": sent.pid_path,
-            "env": not_inherited(spec.env, local=isinstance(self.shell, LocalShell)),
+            # values only where they may be written; the others are the session's own
+            # (its agent was started with them: ``carries``), named here
+            "env": shown_env(spec.env),
+            "env_names": sorted(spec.env),
         }
-        self.shell.write_file(f"{sdir}/inbox/{sent.request_name}.json",
+        self.shell.write_file(Session(sdir).request(sent.request_name),
                               json.dumps(request))
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
@@ -482,7 +512,7 @@ class AgentPool:
         and send the batch to a session that collects the run's node ids."""
         assert job.sent is not None
         if node.session == job.sent.session and node.session_ids is None:
-            self.shell.write_file(f"{node.session}/inbox/stop", "")
+            self.shell.write_file(Session(node.session).stop, "")
             node.session = None
         self.warn(f"the warm worker on {node.name} collected other tests than this run "
                   "(e.g. collection depends on the environment); collecting again by node id")
@@ -529,9 +559,9 @@ class AgentPool:
         """What the dead launcher did not write: the exit code (-1: none came; this run's
         next batch, and every other run, then starts a new agent instead of trusting the
         last heartbeat). On a full disk only the heartbeat's removal may succeed."""
-        self._remove(f"{d}/heartbeat.json")
+        self._remove(Agent(d).heartbeat)
         with contextlib.suppress(ExecutionError, OSError):
-            self.shell.write_file(f"{d}/exit_code", "-1\n")
+            self.shell.write_file(Agent(d).exit_code, "-1\n")
 
     def _dead(self, node: Node) -> str | None:
         """Why the node's agent cannot serve (None: it can). A lost agent or session
@@ -541,15 +571,15 @@ class AgentPool:
         now = time.monotonic()
         if node.session and now >= node.session_checked:
             node.session_checked = now + CADENCE.agent_health / 4
-            code = self._read(f"{node.agent_dir}/exit_code").strip()
+            code = self._read(Agent(node.agent_dir).exit_code).strip()
             if code:
                 self._lose(node, f"the warm worker on {node.name} was lost (its srun step "
                            f"ended with exit code {code}){self._agent_errors(node)}")
                 return None
             if node.session_ended != node.session and self._read(
-                    f"{node.session}/exit_code").strip():
+                    Session(node.session).exit_code).strip():
                 node.session_ended = node.session
-                log = f"{node.session}/session.log"
+                log = Session(node.session).log
                 self._lose(node, f"the worker session on {node.name} ended early; see {log}"
                            + error_lines(self.shell, log))
                 return None
@@ -574,7 +604,7 @@ class AgentPool:
 
     def _agent_errors(self, node: Node) -> str:
         """``; see <agent.log>``, with the srun and Python error lines found in it."""
-        log = f"{node.agent_dir}/agent.log"
+        log = Agent(node.agent_dir).log
         full = space_problem(node.agent_dir) if isinstance(self.shell, LocalShell) else None
         return (f"; {full}" if full else "") + f"; see {log}" + error_lines(self.shell, log)
 
@@ -610,14 +640,14 @@ class AgentPool:
             return
         sent = job.sent
         if job.warm and sent is not None and sent.node.session:  # the node's session now
-            self.shell.write_file(f"{sent.node.session}/inbox/{sent.request_name}.cancel", "")
+            self.shell.write_file(Session(sent.node.session).cancel(sent.request_name), "")
 
     def close(self) -> None:
         """End this run's sessions (the agents stay for the next run)."""
         for node in self.nodes:
             if node.session:
                 try:
-                    self.shell.write_file(f"{node.session}/inbox/stop", "")
+                    self.shell.write_file(Session(node.session).stop, "")
                 except (ExecutionError, OSError):
                     pass
                 node.session = None
@@ -634,10 +664,11 @@ def session_argv(python: str, base: list[str], sdir: str, targets: list[str], *,
     """The served session's pytest: the run's options (``base``: ``rerun_argv``), the
     worker plugin in serve mode, what to collect (the modules of the run's node ids,
     narrowed to them by ``sdir/nodeids.json``; or the run's own arguments)."""
-    ids = ["--trtllm-worker-nodeids", f"{sdir}/nodeids.json"] if nodeids_file else []
+    box = Session(sdir)
+    ids = ["--trtllm-worker-nodeids", box.nodeids] if nodeids_file else []
     return [python, *base[1:], "-p", "pytest_trtllm_slurm.node.worker",
             "-p", "no:cacheprovider",
-            "--trtllm-worker-reports", f"{sdir}/reports.jsonl", *ids,
+            "--trtllm-worker-reports", box.reports, *ids,
             "--trtllm-worker-serve", sdir, "--continue-on-collection-errors",
             "--capture=no" if capture_no else "--capture=tee-sys",
             "-W", "ignore::pytest.PytestAssertRewriteWarning", *targets]
@@ -650,11 +681,13 @@ def controller_env() -> dict[str, str]:
 
 def env_for_session(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
     """The environment a session request carries: locally, the controller's (what srun
-    would have passed) without its secrets, then the batch's own. The request is a file,
-    and a secret is never written to one: the session inherits the secrets from its agent,
-    which srun started with them (``secrets_key`` picks the agent that has this run's)."""
-    env: dict[str, str] = without_secrets(controller_env()) if local else {}
-    env.update(not_inherited(batch_env, local=local))
+    would have passed) without its secrets, then the values of the batch's own that may be
+    written (``shown_env``). The request is a file, and neither a secret nor a batch value
+    off the allow-list is written to one: the session inherits those from its agent, which
+    was started with them (``secrets_key`` picks the agent that has this run's)."""
+    env: dict[str, str] = {k: v for k, v in without_secrets(controller_env()).items()
+                           if k not in batch_env} if local else {}
+    env.update(shown_env(batch_env))
     return env
 
 
@@ -668,45 +701,49 @@ def not_inherited(env: dict[str, str], *, local: bool) -> dict[str, str]:
     return {k: v for k, v in env.items() if not (is_secret(k, v) and os.environ.get(k) == v)}
 
 
-def secrets_key(*, local: bool) -> str:
-    """Which secrets a local agent must have inherited to serve this run: '' for none (and
-    for a remote cluster, whose agents get the login's environment, not ours), else a
-    digest of the controller's secret variables. Part of the agent's folder name, so a run
-    whose secrets differ from the agent's gets an agent started with its own."""
-    secrets = sorted(only_secrets(controller_env()).items()) if local else []
-    if not secrets:
+def secrets_key(batch_env: Mapping[str, str], *, local: bool) -> str:
+    """Which values an agent must have been started with to serve this run: '' for none,
+    else a digest of the batch's variables that are never written to a file
+    (``hidden_env``) and, for a local agent, of the controller's secret variables (a
+    remote agent gets the login's environment, not ours). Part of the agent's folder
+    name, so a run whose values differ from the agent's gets an agent started with its
+    own."""
+    held = dict(only_secrets(controller_env())) if local else {}
+    held.update(hidden_env(batch_env))
+    if not held:
         return ""
-    return hashlib.sha256(json.dumps(secrets).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(sorted(held.items())).encode()).hexdigest()[:16]
 
 
 def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cwd: str,
-                 env: dict[str, str], files: dict[str, str] | None = None) -> str:
-    """Ask the agent in ``agent_dir`` for a session (``files`` are written to its
-    directory first); the session's directory."""
-    sdir = f"{agent_dir}/sessions/{name}"
-    shell.mkdir(f"{sdir}/inbox", private=True)
-    shell.mkdir(f"{agent_dir}/inbox", private=True)
-    for file_name, text in (files or {}).items():
-        shell.write_file(f"{sdir}/{file_name}", text)
+                 env: dict[str, str], nodeids: str | None = None) -> str:
+    """Ask the agent in ``agent_dir`` for a session (``nodeids``: the text of the node ids
+    it collects, written to its directory first); the session's directory."""
+    agent = Agent(agent_dir)
+    box = agent.session(name)
+    shell.mkdir(box.inbox, private=True)
+    shell.mkdir(agent.inbox, private=True)
+    if nodeids is not None:
+        shell.write_file(box.nodeids, nodeids)
     request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
-               "log_path": f"{sdir}/session.log", "exit_path": f"{sdir}/exit_code"}
-    shell.write_file(f"{agent_dir}/inbox/{name}.json", json.dumps(request))
-    return sdir
+               "log_path": box.log, "exit_path": box.exit_code}
+    shell.write_file(agent.request(name), json.dumps(request))
+    return box.dir
 
 
 def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
     """One agent per node, interpreter and set of secrets (``secrets_key``): a run with
     another python, or other secrets in its environment, gets its own."""
     key = python if not secrets else f"{python}\0{secrets}"
-    return f"{base}/{node}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+    return Agent(base).at(f"{node}-{hashlib.sha1(key.encode()).hexdigest()[:8]}")
 
 
 def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
     """The agent's last heartbeat; None when there is none or it is not one (a heartbeat
     that does not read as ``records.Heartbeat`` is as good as a stale one)."""
-    raw = shell.read_from(f"{agent_dir}/heartbeat.json", 0, 4096)
+    raw = shell.read_from(Agent(agent_dir).heartbeat, 0, 4096)
     try:
-        return validated(Heartbeat, raw, "heartbeat.json").model_dump() if raw else None
+        return validated(Heartbeat, raw, HEARTBEAT).model_dump() if raw else None
     except BadRecord:
         return None
 
@@ -714,20 +751,21 @@ def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
 # under the agent folder's lock (flock(1), on the target): a start claimed less than
 # AGENT_START_GRACE seconds ago stands while that agent is starting (no heartbeat and no
 # exit code yet: the winner removes both before it lets go of the lock)
-_CLAIM = ('d=$1; mkdir -p "$d" && exec 9>>"$d/agent.lock" && flock -w 30 9 || exit 3; '
-          'now=$(date +%s); then=$(cat "$d/agent.starting" 2>/dev/null); '
-          'if [ -n "$then" ] && [ "$((now - then))" -lt "$2" ] && [ ! -e "$d/exit_code" ] '
-          '&& [ ! -e "$d/heartbeat.json" ]; then echo taken; exit 0; fi; '
-          'rm -f "$d/exit_code" "$d/heartbeat.json"; echo "$now" >"$d/agent.starting" '
-          '&& echo mine')
+# (arguments: the folder, the grace, then the files: lock, claim, exit code, heartbeat)
+_CLAIM = ('mkdir -p "$1" && exec 9>>"$3" && flock -w 30 9 || exit 3; '
+          'now=$(date +%s); then=$(cat "$4" 2>/dev/null); '
+          'if [ -n "$then" ] && [ "$((now - then))" -lt "$2" ] && [ ! -e "$5" ] '
+          '&& [ ! -e "$6" ]; then echo taken; exit 0; fi; '
+          'rm -f "$5" "$6"; echo "$now" >"$4" && echo mine')
 
 
 def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
     """True when this run is to launch the agent of ``agent_dir``: one agent per node and
     mailbox, even when two cold runs find it missing at the same moment. (A claim whose
     agent never started goes stale after AGENT_START_GRACE seconds.)"""
-    res = shell.run(["sh", "-c", _CLAIM, "sh", agent_dir, str(int(AGENT_START_GRACE))],
-                    timeout=60)
+    box = Agent(agent_dir)
+    res = shell.run(["sh", "-c", _CLAIM, "sh", agent_dir, str(int(AGENT_START_GRACE)),
+                     box.start_lock, box.starting, box.exit_code, box.heartbeat], timeout=60)
     if not res.ok:  # no flock on the target: launch without a claim
         return True
     return res.stdout.strip() != "taken"
@@ -739,7 +777,7 @@ def agent_alive(shell: Shell, agent_dir: str) -> bool:
     beat = read_heartbeat(shell, agent_dir)
     if beat is None or time.time() - beat.get("time", 0) >= HEARTBEAT_STALE:
         return False
-    return not shell.read_from(f"{agent_dir}/exit_code", 0, 64).strip()
+    return not shell.read_from(Agent(agent_dir).exit_code, 0, 64).strip()
 
 
 ERROR_MARKS = ("error", "Error", "Traceback", "Killed", "killed", "CANCELLED")

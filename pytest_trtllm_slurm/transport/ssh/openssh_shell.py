@@ -22,7 +22,7 @@ from pytest_trtllm_slurm.node import relay as relay_module
 from pytest_trtllm_slurm.planning.safe_values import control_chars
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
-from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+from pytest_trtllm_slurm.transport.ssh.commands import piped_env_command, remote_command
 from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
 from pytest_trtllm_slurm.transport.ssh.control_path import (
     LEGACY_CONTROL_PATH,
@@ -79,6 +79,14 @@ class OpenSSHShell:
         if control_path:
             argv += ["-o", f"ControlPath={ssh_option_path(control_path, tokens=True)}"]
         return argv
+
+    def connect(self) -> None:
+        """As the paramiko shell's: a problem (no master, an untrusted socket) surfaces
+        before any work. The master is the user's: there is nothing to open."""
+        self.check_master()
+
+    def close(self) -> None:
+        """The master is the user's and stays (nothing of this shell's to close)."""
 
     def check_master(self) -> None:
         """Find a running master (the ControlPath given, else ssh config's, the private
@@ -187,8 +195,12 @@ class OpenSSHShell:
             retry_on_drop: bool = True) -> CommandResult:
         """Run argv remotely; an ssh failure (255 + ssh's own message) is retried once
         when ``retry_on_drop``, else raises SSHConnectionLost (the command may have run)."""
-        command = remote_command(argv, env=env, cwd=cwd)
         data = input.encode() if input is not None else b""
+        if env:  # the values through the pipe, not on ssh's command line
+            command, ahead = piped_env_command(argv, env, cwd=cwd)
+            data = ahead + data
+        else:
+            command = remote_command(argv, cwd=cwd)
         for attempt in range(2):
             rc, out, err, timed_out = self._ssh(command, stdin=data, timeout=timeout,
                                                 shown=argv)

@@ -29,7 +29,7 @@ from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
 from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, default_otp_provider
-from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+from pytest_trtllm_slurm.transport.ssh.commands import piped_env_command, remote_command
 from pytest_trtllm_slurm.transport.ssh.connect import (
     Connection,
     SSHConnectError,
@@ -280,6 +280,9 @@ class SSHShell:
             if result is not None:
                 return result
         data = input.encode() if input is not None else None
+        if env:  # without the relay: the values through the channel, not its command
+            command, ahead = piped_env_command(argv, env, cwd=cwd)
+            data = ahead + (data or b"")
         return self._exec(argv, command, timeout, retry_on_drop,
                           (lambda fh: fh.write(data)) if data is not None else None)
 
