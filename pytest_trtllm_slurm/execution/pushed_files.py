@@ -30,7 +30,10 @@ class SmallFiles:
     def watch(self, path: str, *, wake: bool = True) -> None:
         """Have ``path`` pushed from now on (it must not exist yet, or be written once by
         rename). ``wake``: its arrival ends the monitor's wait (an exit code: yes)."""
-        if self.pushing is None or path in self._seen:
+        if self.pushing is None:
+            return
+        if path in self._seen:  # re-used (a retry): its pushes may be the old file's
+            self.forget(path)
             return
         self._seen.add(path)
         self._watched.add(path)
