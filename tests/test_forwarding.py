@@ -149,3 +149,25 @@ def test_a_warning_category_is_looked_up_never_imported() -> None:
     assert warning_category("builtins.ValueError") is UserWarning  # not a Warning
     assert json.dumps(parse_record({"v": 1, "type": "session_finish", "exitstatus": 0},
                                    BATCH).model_dump()) == '{"v": 1, "type": "session_finish", "exitstatus": 0}'
+
+
+def test_output_options_are_found_in_the_ini_addopts_and_pytest_addopts_too(
+        configured, tmp_path) -> None:
+    """An output dir given only in ``addopts`` or PYTEST_ADDOPTS is each batch's own place,
+    like one typed on the command line: never handed to the workers as the user's path
+    (they would race on it), and the last of each flag wins as in pytest's parse."""
+    (tmp_path / "conftest.py").write_text(
+        "def pytest_addoption(parser):\n"
+        "    parser.addoption('--output-dir', default=None)\n"
+        "    parser.addoption('--csv', default=None)\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = --output-dir=ini_out -x\n")
+    from pytest_trtllm_slurm.controller.forwarding import forwarding_plan
+    config = configured("-v", env_addopts="--csv env.csv")
+    options, _, outputs = forwarding_plan(config, with_ini=False)
+    assert {o.flag: o.local for o in outputs} == {
+        "--output-dir": str(tmp_path / "sub" / "ini_out"),
+        "--csv": str(tmp_path / "sub" / "env.csv")}
+    assert "out" not in forwarded_addopts(config) and "csv" not in forwarded_addopts(config)
+    assert not any("out" in token or "csv" in token for token in options)
+    config = configured("--output-dir=cli_out", env_addopts="--output-dir=env_out")
+    assert [o.local for o in forwarding_plan(config)[2]] == [str(tmp_path / "sub" / "cli_out")]

@@ -301,4 +301,13 @@ def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
     options, whose values each batch gets of its own)."""
     forwarder = Forwarder(config)
     options = forwarder.forwarded(with_ini=with_ini)
-    return options, sorted(set(forwarder.refused)), forwarder.outputs
+    return options, sorted(set(forwarder.refused)), output_options(config)
+
+
+def output_options(config: pytest.Config) -> list[OutputOption]:
+    """The output options wherever the user gave them (the ini's addopts, PYTEST_ADDOPTS,
+    the command line), the last of each flag winning as in pytest's own parse: an output
+    dir set once in ``addopts`` is a batch's own place like one typed on the command line."""
+    finder = Forwarder(config)
+    finder._kept([*addopts_args(config), *map(str, config.invocation_params.args)])
+    return list({option.flag: option for option in finder.outputs}.values())

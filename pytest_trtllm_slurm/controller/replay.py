@@ -162,6 +162,7 @@ class Replayer:
         report = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
         if report is None or not isinstance(report, pytest.TestReport):
             return
+        _keep_subtest_kwargs(report, data)
         prog = self.progress.get(report.nodeid)
         if prog is None or prog.finished or not prog.attempt_open:
             return
@@ -344,3 +345,12 @@ def _junit_xml(config: pytest.Config) -> Any:
 
     return config.stash.get(xml_key, None)
 
+
+def _keep_subtest_kwargs(report: pytest.TestReport, data: dict[str, Any]) -> None:
+    """A subtest's kwargs as the worker wrote them. pytest 9.2's ``SubtestContext`` reprs
+    its kwargs when it is made, so one rebuilt from JSON (already repr'd on the worker) is
+    repr'd twice: ``SUBFAILED(i='1')`` where a plain run says ``SUBFAILED(i=1)``."""
+    context, sent = getattr(report, "context", None), data.get("_subtest.context")
+    if (context is not None and hasattr(context, "kwargs") and isinstance(sent, dict)
+            and isinstance(sent.get("kwargs"), dict)):
+        object.__setattr__(context, "kwargs", dict(sent["kwargs"]))
