@@ -194,8 +194,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker_reports or not os.environ.get("BENCH_PROBE_OUT"):
         return  # only the controller of a benchmark run
     config.pluginmanager.register(_Clock(), "bench_probe_clock")
-    import pytest_trtllm_slurm.controller.batch_plan as batch_plan
-    import pytest_trtllm_slurm.controller.item_plans as planning
+    import pytest_trtllm_slurm.controller.batches as batch_plan
+    import pytest_trtllm_slurm.controller.item_routes as planning
     import pytest_trtllm_slurm.controller.run_loop as dispatch
     import pytest_trtllm_slurm.execution.slurm.jobs as slurm_jobs
 

@@ -227,7 +227,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     config = item.config
     if not hasattr(config, "workerinput") or not dispatch_enabled(config):
         return None
-    from pytest_trtllm_slurm.controller.item_plans import errored_item, plan_items
+    from pytest_trtllm_slurm.controller.item_routes import errored_item, plan_items
     from pytest_trtllm_slurm.controller.session import planning_context
 
     try:
@@ -251,7 +251,7 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
 
 
 def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list | None) -> None:
-    from pytest_trtllm_slurm.controller.item_plans import plan_items
+    from pytest_trtllm_slurm.controller.item_routes import plan_items
     from pytest_trtllm_slurm.controller.run_loop import DispatchLoop
     from pytest_trtllm_slurm.controller.session import make_executors, planning_context
     from pytest_trtllm_slurm.execution.factory import build_targets

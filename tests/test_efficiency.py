@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_trtllm_slurm.controller.efficiency import efficiency, summary_lines
-from pytest_trtllm_slurm.controller.run_record import RunRecord
+from pytest_trtllm_slurm.controller.run_observer import RunObserver
 from pytest_trtllm_slurm.controller.status_line import status_text
 from pytest_trtllm_slurm.controller.timeline import lay_out, waits
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
@@ -34,7 +34,7 @@ def report(nodeid: str, when: str, outcome: str, start: float, stop: float) -> p
                              start=start, stop=stop, duration=stop - start)
 
 
-def run_test(record: RunRecord, nodeid: str, start: float, stop: float,
+def run_test(record: RunObserver, nodeid: str, start: float, stop: float,
              outcome: str = "passed") -> None:
     record.pytest_runtest_logreport(report(nodeid, "setup", "passed", start, start + 0.5))
     record.pytest_runtest_logreport(report(nodeid, "call", outcome, start + 0.5, stop - 0.5))
@@ -42,10 +42,10 @@ def run_test(record: RunRecord, nodeid: str, start: float, stop: float,
     record.pytest_runtest_logfinish(nodeid)
 
 
-def two_batches(pool: Pool) -> tuple[RunRecord, Clock]:
+def two_batches(pool: Pool) -> tuple[RunObserver, Clock]:
     """A 4-GPU batch (2 tests) and a 1-GPU batch (1 failing test), both in ``pool``."""
     clock = Clock()
-    record = RunRecord(clock=clock)
+    record = RunObserver(clock=clock)
     wide = Batch(key=key(4), nodeids=["t.py::a", "t.py::b"], expected_seconds=30.0,
                  expected_start=0.0)
     narrow = Batch(key=key(1), nodeids=["t.py::c"], expected_seconds=20.0, expected_start=0.0)
@@ -138,7 +138,7 @@ def test_waits_are_cut_where_the_reason_changes() -> None:
     """Queue, then a gated step collecting early and waiting at its gate (the warm pool's
     reasons), as the timeline shows them."""
     clock = Clock()
-    record = RunRecord(clock=clock)
+    record = RunObserver(clock=clock)
     wide = Batch(key=key(4, 2), nodeids=["t.py::a"], expected_seconds=30.0)
     record.plan([wide], lambda k: Pool("p/allocation/warm", nodes=2, gpus_per_node=4), None)
     record.submitted("7", wide, 0)
@@ -160,7 +160,7 @@ def test_a_node_has_as_many_gpu_tracks_as_gpus() -> None:
     """The next batches' tests start before the controller sees the previous batch end
     (it polls): they still share the node's 4 GPU tracks, not a fifth and sixth."""
     clock = Clock()
-    record = RunRecord(clock=clock)
+    record = RunObserver(clock=clock)
     pool = Pool("local_slurm/batch/allocation/warm", nodes=1, gpus_per_node=4)
     wide = Batch(key=key(4), nodeids=["t.py::a"])
     narrow = [Batch(key=key(1), index=i, nodeids=[f"t.py::n{i}"]) for i in range(2)]
@@ -184,10 +184,10 @@ def test_a_node_has_as_many_gpu_tracks_as_gpus() -> None:
         ("n1", 0), ("n1", 1)]
 
 
-def guessed_run(clock: Clock) -> RunRecord:
+def guessed_run(clock: Clock) -> RunObserver:
     """Three 1-GPU tests in two batches, planned on no earlier durations: the packer's
     30 s default per test, its "bound" 165 s (the examples' figure)."""
-    record = RunRecord(clock=clock)
+    record = RunObserver(clock=clock)
     pool = Pool("local_slurm/batch/one-shot", nodes=1, gpus_per_node=4)
     first = Batch(key=key(1), nodeids=["t.py::a", "t.py::b"], expected_seconds=75.0,
                   expected_start=0.0)

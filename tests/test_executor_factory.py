@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_trtllm_slurm.cases.run import CaseContext, close_executors, executor_for
-from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.execution.factory import (
     build_executor,
     build_executors,

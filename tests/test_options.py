@@ -65,9 +65,9 @@ def test_names_follow_the_documented_rule() -> None:
 
 
 def test_time_formats_documented_once() -> None:
-    import pytest_trtllm_slurm.planning.requirements as requirements
+    import pytest_trtllm_slurm.planning.durations as durations
 
-    assert options.TIME_FORMATS == requirements.TIME_FORMATS
+    assert options.TIME_FORMATS == durations.TIME_FORMATS
 
 
 def test_registering_options_imports_no_pydantic() -> None:
@@ -308,7 +308,7 @@ def test_dispatch_off_costs_nothing(pytester: pytest.Pytester,
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("work done with dispatch off")
 
-    monkeypatch.setattr(requirements, "requirement_for_item", boom)
+    monkeypatch.setattr(requirements, "size_item", boom)
     monkeypatch.setattr(requirements, "requirement_from_marks", boom)
     monkeypatch.setattr(requirements.PerfSources, "from_settings", boom)
     monkeypatch.setattr(config_module, "load_clusters_file", boom)

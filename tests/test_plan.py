@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, RouteDecision, Scenario
-from pytest_trtllm_slurm.planning.plan import (
+from pytest_trtllm_slurm.planning.plan_table import (
     PlanRow,
     format_plan_lines,
     plan_row,

@@ -1,4 +1,5 @@
-"""planning.py: the per-batch choices made from a route (image, device type)."""
+"""item_routes.py and routing.route_item: the per-batch choices made from a route (image,
+device type)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.controller.item_plans import (
-    PlanningContext,
-    batch_image,
-    target_device_type,
-)
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext, batch_image
 from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
-from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, Scenario
+from pytest_trtllm_slurm.planning.requirements import TestConfig
+from pytest_trtllm_slurm.planning.routing import route_item
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
 
 
@@ -28,8 +27,9 @@ def context(tmp_path: Path, runtime: str) -> PlanningContext:
     ])
     clusters = ClustersFile(clusters={"devcluster": ClusterConfig(
         name="devcluster", container_runtime=runtime)})  # type: ignore[arg-type]
-    return PlanningContext(settings=Settings(), local=LocalEnv(cluster_name="devcluster"),
-                           clusters=clusters, slurm_env=env, rootdir=tmp_path)
+    local = LocalEnv(cluster_name="devcluster", slurm_available=True)
+    return PlanningContext(settings=Settings(), local=local, clusters=clusters, slurm_env=env,
+                           rootdir=tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -43,22 +43,23 @@ def context(tmp_path: Path, runtime: str) -> PlanningContext:
 )
 def test_batch_image_by_partition_arch(tmp_path, runtime, partition, explicit, expected) -> None:
     ctx = context(tmp_path, runtime)
-    decision = RouteDecision(scenario=Scenario.LOCAL_SLURM, partition=partition,
-                             cluster="devcluster")
-    table = ctx.clusters.table_of(decision.scenario, decision.cluster, ctx.local.cluster_name)
-    assert batch_image(explicit, decision, DeviceRequirement(total=1, per_node=1), ctx,
-                       table) == expected
+    route = route_item(DeviceRequirement(total=1, per_node=1), TestConfig(partition=partition),
+                       ctx)
+    assert (route.decision.scenario, route.decision.partition) == (Scenario.LOCAL_SLURM,
+                                                                   partition)
+    assert batch_image(route, explicit, ctx.rootdir) == expected
 
 
 def test_local_tests_never_get_an_image_from_the_file(tmp_path) -> None:
     ctx = context(tmp_path, "pyxis")
-    here = RouteDecision(scenario=Scenario.LOCAL_DIRECT, dispatched=False)
-    table = ctx.clusters.table_of(here.scenario, here.cluster, ctx.local.cluster_name)
-    assert table is None  # a test run here has no cluster's defaults
-    assert batch_image(None, here, DeviceRequirement(), ctx, table) is None
+    here = route_item(DeviceRequirement(), TestConfig(local=True), ctx)
+    assert here.decision.scenario is Scenario.LOCAL_DIRECT
+    assert here.table is None  # a test run here has no cluster's defaults
+    assert batch_image(here, None, ctx.rootdir) is None
 
 
 def test_target_device_type_of_a_partition(tmp_path) -> None:
     ctx = context(tmp_path, "none")
-    decision = RouteDecision(scenario=Scenario.LOCAL_SLURM, partition="gb200")
-    assert target_device_type(decision, ctx) == "GB200"
+    route = route_item(DeviceRequirement(total=1, per_node=1), TestConfig(partition="gb200"),
+                       ctx)
+    assert route.device_type == "GB200"

@@ -475,6 +475,32 @@ def test_a_sync_with_no_change_sends_nothing_and_a_change_sends_only_itself(
     assert last.unchanged and last.sent_bytes == 0
 
 
+def test_a_sync_with_no_change_is_one_round_trip(repos: dict[str, Path],
+                                                 ssh_shell: SSHShell) -> None:
+    """Nothing changed: the one look at the checkout (its trust check, HEAD, refs, record
+    and status in one command) proves it, and nothing else goes over the wire. A checkout
+    that became unsafe meanwhile (group-writable hooks) is refused by that same look,
+    before git runs there."""
+    local = repos["local"]
+    remote = repos["remote_root"] / "proj"
+    modify(local)
+    sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert ssh_shell.relay_up()
+    relay = ssh_shell._relay
+    assert relay is not None
+    before = dict(relay.requests)
+    again = sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    asked = {op: n - before.get(op, 0) for op, n in relay.requests.items()
+             if n != before.get(op, 0)}
+    assert again.unchanged and again.sent_bytes == 0
+    assert asked == {"run": 1}, asked
+    (remote / ".git" / "hooks").chmod(0o775)
+    before = dict(relay.requests)
+    with pytest.raises(ExecutionError, match="hooks"):
+        sync_workspace(local, ssh_shell, str(remote), user="u", name="m")
+    assert sum(relay.requests.values()) - sum(before.values()) == 1
+
+
 def test_an_untracked_file_deleted_on_the_cluster_is_shipped_again(
         repos: dict[str, Path], ssh_shell: SSHShell) -> None:
     local = repos["local"]

@@ -14,19 +14,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
+from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
-from pytest_trtllm_slurm.planning.requirements import (
+from pytest_trtllm_slurm.planning.perf_sanity import (
     GRAMMAR_VERSION,
     PerfCase,
     PerfSources,
-    format_slurm_time,
     load_perf_yaml,
+    parse_perf_case,
+    perf_requirement,
+)
+from pytest_trtllm_slurm.planning.requirements import (
     marker_config,
     parse_bench_command,
     parse_eval_command,
-    parse_perf_case,
-    parse_time_limit,
-    perf_requirement,
     requirement_from_marks,
 )
 from pytest_trtllm_slurm.planning.settings import Settings
@@ -617,7 +618,7 @@ LONG = "disagg_upload-e2e-time_breakdown-gb300_deepseek-v4-pro-fp4_8k1k_con4301_
     ],
 )
 def test_perf_label(nodeid: str, params: dict[str, Any] | None, label: str | None) -> None:
-    from pytest_trtllm_slurm.planning.requirements import perf_label
+    from pytest_trtllm_slurm.planning.perf_sanity import perf_label
 
     assert perf_label(perf_item(nodeid, params)) == label
 
@@ -635,7 +636,7 @@ def test_perf_label(nodeid: str, params: dict[str, Any] | None, label: str | Non
     ],
 )
 def test_name_as_written_undoes_pytest_renaming(nodeid: str, written: str) -> None:
-    from pytest_trtllm_slurm.planning.requirements import name_as_written
+    from pytest_trtllm_slurm.planning.perf_sanity import name_as_written
 
     assert name_as_written(perf_item(nodeid, {"perf_sanity_test_case": LONG})) == written
     assert name_as_written(perf_item("t.py::test_x[a]")) == "t.py::test_x[a]"

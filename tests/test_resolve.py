@@ -1,4 +1,4 @@
-"""resolve.py: account, partition, image, enroot URI, build arch, job name, work dir."""
+"""resolve.py (and routing's account and partition choice): image, enroot URI, build arch, job name, work dir."""
 
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ from pytest_trtllm_slurm.planning.resolve import (
     enroot_uri,
     job_name,
     read_image_tags,
-    resolve_account,
     resolve_container_image,
-    resolve_partition,
-    select_partition,
     target_arch,
     work_dir,
 )
+from pytest_trtllm_slurm.planning.routing import resolve_account, select_partition
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
 ENV = SlurmEnv(
@@ -119,20 +117,11 @@ def test_select_partition_partial_discovery_falls_back_to_default() -> None:
     assert select_partition(req(4), complete) is None
 
 
-def test_resolve_partition_errors_list_valid_names() -> None:
+def test_unknown_partition_names_list_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match=r"'nosuch' \(from --slurm-partition\).*batch, gb200"):
-        resolve_partition(req(1), "nosuch", None, ENV)
+        select_partition(req(1), ENV, explicit="nosuch")
     with pytest.raises(ConfigError, match=r"'typo' \(from the clusters file\)"):
-        resolve_partition(req(1), None, CFG.model_copy(update={"partition": "typo"}), ENV)
-    with pytest.raises(ConfigError, match=r"for 16 GPUs \(16 per node.*valid partitions: batch"):
-        resolve_partition(req(16, 16), None, None, ENV)
-    assert resolve_partition(req(1), None, None, ENV) == "batch"
-
-
-def test_resolve_partition_without_discovery_needs_explicit() -> None:
-    assert resolve_partition(req(1), "x", None, None) == "x"
-    with pytest.raises(ConfigError, match="--slurm-partition NAME"):
-        resolve_partition(req(1), None, None, None)
+        select_partition(req(1), ENV, cluster=CFG.model_copy(update={"partition": "typo"}))
 
 
 # --------------------------------------------------------------------------- image

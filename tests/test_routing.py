@@ -340,7 +340,7 @@ def test_local_slurm_decision_always_fits(
         assert d.reason and "--slurm-cluster" in d.reason
         return
     assert d.scenario is S
-    part = env.partition(d.partition or "")
+    part = env.partition_named(d.partition)
     assert part is not None
     if total:
         assert part.gpus_per_node >= req.resolve_per_node(part.gpus_per_node)

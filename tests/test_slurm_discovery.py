@@ -172,7 +172,7 @@ def test_discover_dev_cluster(devcluster: dict) -> None:
     names = [p.name for p in env.partitions]
     assert {"batch", "gb200"} <= set(names)
     for want in devcluster["partitions"]:
-        part = env.partition(want["name"])
+        part = env.partition_named(want["name"])
         assert part is not None, names
         assert part.nodes == want["nodes"]
         assert part.arch == want["arch"]
@@ -182,7 +182,7 @@ def test_discover_dev_cluster(devcluster: dict) -> None:
         assert part.requires_gres is True
         assert part.state == "up"
         assert part.default is want["default"]
-    assert (env.partition("batch").arch, env.partition("gb200").arch) == ("x86_64", "aarch64")
+    assert (env.partition_named("batch").arch, env.partition_named("gb200").arch) == ("x86_64", "aarch64")
     assert "pmi2" in env.pmix.available
     assert env.pmix.preferred is not None
     assert env.pmix.preferred.startswith("pmix") or env.pmix.preferred == "pmi2"

@@ -21,13 +21,18 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.pushed_files import SmallFiles
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
     SSHConnectionLost,
     SSHShell,
     SSHTarget,
 )
-from pytest_trtllm_slurm.transport.ssh.relay_client import relay_tag
+from pytest_trtllm_slurm.transport.ssh.relay_client import (
+    SYSTEM_PYTHONS,
+    quick_candidates,
+    relay_tag,
+)
 
 pytestmark = pytest.mark.devcluster
 
@@ -246,3 +251,63 @@ def test_a_watch_made_before_the_relay_runs(ssh_shell: SSHShell, tmp_path: Path)
         got, offset = got + data, offset + len(data)
         ssh_shell.wait_news(0.1)
     assert got.decode() == lines
+
+
+def test_a_batch_end_is_pushed_and_wakes_the_waiter(ssh_shell: SSHShell, tmp_path: Path) -> None:
+    """A batch's exit-code file (written once, by rename, as the fork and the step
+    launcher write it) is pushed by the relay: the monitor's wait ends when it lands, and
+    reading it costs no round trip. The pid file, watched without waking, is read the same
+    way. Without pushes the end would be seen at the next poll's read, a round trip each."""
+    assert ssh_shell.relay_up()
+    relay = ssh_shell._relay
+    assert relay is not None
+    files = SmallFiles(ssh_shell)
+    exit_path, pid_path = str(tmp_path / "exit_code"), str(tmp_path / "batch.pid")
+    files.watch(exit_path)
+    files.watch(pid_path, wake=False)
+    asked = dict(relay.requests)
+    assert files.read(exit_path) == "" and files.read(pid_path) == ""  # not there yet
+
+    def finish() -> None:
+        time.sleep(0.5)
+        for path, text in ((pid_path, "4242\n"), (exit_path, "0\n")):
+            Path(path + ".tmp").write_text(text)
+            os.replace(path + ".tmp", path)
+
+    writer = threading.Thread(target=finish)
+    start = time.monotonic()
+    writer.start()
+    while files.read(exit_path) == "" and time.monotonic() - start < 30:
+        ssh_shell.wait_news(30)  # a push ends it; no poll
+    waited = time.monotonic() - start
+    writer.join()
+    assert files.read(exit_path) == "0\n" and waited < 5, waited
+    deadline = time.monotonic() + 10
+    while files.read(pid_path) == "" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert files.read(pid_path) == "4242\n"
+    assert files.round_trips == 0 and relay.requests == asked, "read without a round trip"
+    # a path watched again (a retry in the same work dir) is read from the file: the
+    # relay may still hold a push of the old one
+    os.unlink(exit_path)
+    files.watch(exit_path)
+    assert files.read(exit_path) == "" and files.round_trips == 1
+
+
+def test_the_relay_starts_without_a_path_shim(ssh_shell: SSHShell, tmp_path: Path) -> None:
+    """The quick start runs an absolute interpreter isolated (-I -S), not the python3 the
+    login shell's PATH names (a pyenv shim on this machine: a shell script and a second
+    process); a cluster python that does not exist falls back to the PATH start."""
+    assert ssh_shell.relay_up()
+    pids = relay_pids()
+    assert pids
+    argv = (Path("/proc") / str(pids[0]) / "cmdline").read_bytes().split(b"\0")
+    assert argv[0] in {p.encode() for p in SYSTEM_PYTHONS} and b"-I" in argv and b"-S" in argv
+    assert quick_candidates("/no/such/python") == ["/no/such/python"]
+    assert quick_candidates("python3.11") == []  # a bare name that is not python3: PATH
+    other = SSHShell(ssh_shell.target, relay_python="/no/such/python")
+    try:
+        assert other.relay_up(), "the plain start after a failed quick one"
+        assert other.run(["echo", "ok"]).stdout == "ok\n"
+    finally:
+        other.close()

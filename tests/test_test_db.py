@@ -114,7 +114,7 @@ def test_a_pre_merge_stage_runs_on_every_gpu_type_in_one_command(
 def test_targets_are_the_local_partitions_then_the_remote_clusters() -> None:
     from test_routing import DEV_ENV, H200_A, LOGIN, clusters
 
-    from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+    from pytest_trtllm_slurm.controller.item_routes import PlanningContext
     from pytest_trtllm_slurm.controller.test_db import targets_of
     from pytest_trtllm_slurm.planning.settings import Settings
 

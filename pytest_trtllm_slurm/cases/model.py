@@ -11,7 +11,7 @@ subprocess, no pytest). It follows the trtllm-case-executor procedure:
    bench ``--tp * --pp`` of the last ``trtllm-bench``; eval ``--tp_size * --pp_size``;
    a pytest command what collecting it says (``skip_less_device`` etc., found by the
    caller, see ``case_run.collect_test_devices``) or 1; perf-sanity with a YAML
-   from the YAML (``requirements.perf_requirement``); custom 1. One node unless the
+   from the YAML (``perf_sanity.perf_requirement``); custom 1. One node unless the
    rule or the caller says otherwise; ``node_count = ceil(total / per node)``.
 3. The JobSpec: the command runs under ``bash -c`` inside a small wrapper that
    records the command's exit status in ``reports.jsonl`` (``session_finish``, as
@@ -46,6 +46,7 @@ from pytest_trtllm_slurm.planning.fields import (
     OneLine,
     OneOrMany,
     SlurmName,
+    validation_message,
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement
 
@@ -158,12 +159,7 @@ class CaseInput(BaseModel):
         try:
             return cls(**fields)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'value'}: "
-                f"{err['msg'].removeprefix('Value error, ')}"
-                + (f" (found {err['input']!r})" if err["type"] != "extra_forbidden" else "")
-                for err in exc.errors()
-            )
+            problems = validation_message(exc, found_unknown=False)
             raise ConfigError(f"{where}: {problems}") from None
 
 
@@ -288,6 +284,7 @@ def derive_devices(
 ) -> DeviceCounts:
     """Device counts per the seed's table; ``collected`` is what collecting a pytest
     command found (None: not collected, or it failed: 1 device)."""
+    import pytest_trtllm_slurm.planning.perf_sanity as perf
     import pytest_trtllm_slurm.planning.requirements as req
 
     total_x, per_node_x = inp.total_required_devices, inp.required_devices_per_node
@@ -312,9 +309,9 @@ def derive_devices(
                               f"{command!r} names no perf-sanity test; expected "
                               "test_e2e[<prefix>-<config>[-<server>]]")
         path = Path(inp.perf_config_yaml).expanduser()
-        case = req.parse_perf_case(label, f"test_e2e[{label}]")
-        required, yaml_per_node = req.perf_requirement(case, req.load_perf_yaml(path), path,
-                                                       f"test_e2e[{label}]")
+        case = perf.parse_perf_case(label, f"test_e2e[{label}]")
+        required, yaml_per_node = perf.perf_requirement(case, perf.load_perf_yaml(path), path,
+                                                        f"test_e2e[{label}]")
         source, policy = f"perf_yaml:{path}", "yaml"
     elif workflow is Workflow.PYTEST and collected is not None:
         if collected.source == "default":  # no device marker: the seed's default

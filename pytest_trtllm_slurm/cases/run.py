@@ -58,6 +58,7 @@ from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_masked
 from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, target_name, target_of
+from pytest_trtllm_slurm.planning.requirements import shell_tokens, words_until_operator
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings, with_mounts
 
 if TYPE_CHECKING:
@@ -117,31 +118,18 @@ def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, 
 
 # --------------------------------------------------------------------------- collection
 
-_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
-
-
 def pytest_args_of(command: str) -> list[str] | None:
     """Arguments of the first ``pytest`` / ``python -m pytest`` in a shell command line."""
     try:
-        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        tokens = list(lexer)
+        tokens = shell_tokens(command)
     except ValueError:
         return None
     for i, token in enumerate(tokens):
         base = os.path.basename(token)
-        start = None
         if base in ("pytest", "py.test"):
-            start = i + 1
-        elif base.startswith("python") and tokens[i + 1:i + 3] == ["-m", "pytest"]:
-            start = i + 3
-        if start is not None:
-            args = []
-            for arg in tokens[start:]:
-                if arg in _OPERATORS:
-                    break
-                args.append(arg)
-            return args
+            return words_until_operator(tokens[i + 1:])
+        if base.startswith("python") and tokens[i + 1:i + 3] == ["-m", "pytest"]:
+            return words_until_operator(tokens[i + 3:])
     return None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pytest_trtllm_slurm.controller.run_record import RunRecord
+from pytest_trtllm_slurm.controller.run_observer import RunObserver
 from pytest_trtllm_slurm.node.files import write_atomic
 
 
@@ -50,7 +50,7 @@ class Efficiency(BaseModel):
     measured_bound_seconds: float | None = None
 
 
-def efficiency(record: RunRecord) -> Efficiency:
+def efficiency(record: RunObserver) -> Efficiency:
     spans = list(record.batches.values())
     end_of_run = record.finished_at or record.clock()
     first = min((s.submitted for s in spans), default=None)
@@ -141,7 +141,7 @@ def _makespan_line(eff: Efficiency, makespan: float) -> str:
     return f"makespan {makespan:.1f} s" + (f" ({'; '.join(against)})" if against else "")
 
 
-def cluster_lines(record: RunRecord) -> list[str]:
+def cluster_lines(record: RunObserver) -> list[str]:
     """One line per cluster when the run spanned several: where its tests went and how
     they ended (a failure on one cluster is seen beside the other's results)."""
     if len(record.clusters) < 2:
@@ -159,7 +159,7 @@ def cluster_lines(record: RunRecord) -> list[str]:
     return lines
 
 
-def run_json(record: RunRecord, eff: Efficiency) -> dict[str, Any]:
+def run_json(record: RunObserver, eff: Efficiency) -> dict[str, Any]:
     """What --trtllm-summary-json writes: the summary, the clusters the run used, and
     each batch as it ran (with its cluster and partition)."""
     batches = []
@@ -178,7 +178,7 @@ def run_json(record: RunRecord, eff: Efficiency) -> dict[str, Any]:
             "batches": batches}
 
 
-def write_run_json(path: str | Path, record: RunRecord, eff: Efficiency) -> Path:
+def write_run_json(path: str | Path, record: RunObserver, eff: Efficiency) -> Path:
     """Written privately and atomically (a CI step may read it while nothing else does)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -172,11 +172,6 @@ def _short_cluster(token: str, actions: dict[str, argparse.Action]) -> list[Occu
     return parts
 
 
-def invocation_args(config: pytest.Config) -> list[str]:
-    """What pytest parsed: ini addopts, PYTEST_ADDOPTS, then the command line."""
-    return [*addopts_args(config), *map(str, config.invocation_params.args)]
-
-
 def addopts_args(config: pytest.Config) -> list[str]:
     """What pytest put before the command line: the ini's addopts, then PYTEST_ADDOPTS."""
     env = os.environ.get("PYTEST_ADDOPTS", "")

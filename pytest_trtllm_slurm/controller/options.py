@@ -458,8 +458,3 @@ def clusters_file(config: pytest.Config) -> ClustersFile:
     """The clusters file loaded while resolving settings (empty when none was needed)."""
     resolve_settings(config)
     return config.stash[_CLUSTERS_KEY]
-
-
-def usage_error(exc: ConfigError) -> pytest.UsageError:
-    """What the pytest face raises for a ConfigError: exit code 4, the message, no traceback."""
-    return pytest.UsageError(str(exc))

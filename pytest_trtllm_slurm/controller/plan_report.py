@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.planning.plan import (
+from pytest_trtllm_slurm.planning.plan_table import (
     BatchRow,
     PlanRow,
     format_batch_lines,
@@ -32,21 +32,21 @@ class PlanPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        from pytest_trtllm_slurm.controller.batch_plan import (
+        from pytest_trtllm_slurm.controller.batches import (
             batch_rows,
             plan_estimates,
             planned_pools,
             run_batches,
         )
-        from pytest_trtllm_slurm.controller.item_plans import plan_items
+        from pytest_trtllm_slurm.controller.item_routes import plan_items
         from pytest_trtllm_slurm.controller.session import planning_context
-        from pytest_trtllm_slurm.planning.requirements import name_as_written
+        from pytest_trtllm_slurm.planning.perf_sanity import name_as_written
 
         try:
             ctx = planning_context(session.config)
             planned = plan_items(session.items, ctx)
             dispatched = [(p.item.nodeid, p.plan.key) for p in planned if p.plan.key]
-            # the same packer, pools and estimates as the run (batch_plan)
+            # the same packer, pools and estimates as the run (controller.batches)
             pools = planned_pools(ctx, [key for _, key in dispatched])
             batches, _ = run_batches(
                 session.config, [p.item for p in planned if p.plan.key], dispatched, pools,

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
-from pytest_trtllm_slurm.controller.batch_plan import run_batches
+from pytest_trtllm_slurm.controller.batches import run_batches
 from pytest_trtllm_slurm.controller.forwarding import (
     forwarded_addopts,
     forwarded_options,
     forwarding_plan,
 )
 from pytest_trtllm_slurm.controller.history import History
-from pytest_trtllm_slurm.controller.item_plans import ItemPlan
+from pytest_trtllm_slurm.controller.item_routes import ItemPlan
 from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_tokens
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
@@ -337,7 +337,7 @@ class DispatchLoop:
         ensure_work_root(self.work_root)
         work_dir = Path(tempfile.mkdtemp(prefix=f"build_{self.stamp}_", dir=self.work_root))
         env = self.executors[target_of(key)].slurm_env
-        part = env.partition(key.partition) if env and key.partition else None
+        part = env.partition_named(key.partition) if env else None
         arch = build_arch(key.device_type or (part.gpu_type if part else None))
         spec = JobSpec(
             scenario=key.scenario,
@@ -476,7 +476,7 @@ class DispatchLoop:
         asked = key.time_limit or self.settings.time_limit
         env = self.executors[target_of(key)].slurm_env
         name = key.partition or (env.default_partition if env else None)
-        part = env.partition(name) if env and name else None
+        part = env.partition_named(name) if env else None
         limit = parse_duration(part.time_limit) if part else None
         wall = batch_walltime([self.timeouts.get(n) for n in batch.nodeids],
                               time_limit=parse_duration(asked) if asked else None,

@@ -20,7 +20,7 @@ from pytest_trtllm_slurm.controller.efficiency import (
     summary_lines,
     write_run_json,
 )
-from pytest_trtllm_slurm.controller.run_record import PLUGIN_NAME, RunRecord
+from pytest_trtllm_slurm.controller.run_observer import PLUGIN_NAME, RunObserver
 from pytest_trtllm_slurm.controller.status_line import PLUGIN_NAME as STATUS_NAME
 from pytest_trtllm_slurm.controller.status_line import StatusLine
 from pytest_trtllm_slurm.controller.timeline import write_timeline
@@ -40,7 +40,7 @@ class RunView:
         self.config = config
         self.settings = settings
         self.enabled = not hasattr(config, "workerinput")
-        self.record = RunRecord()
+        self.record = RunObserver()
         self.status: StatusLine | None = None
         self.summary: list[str] = []
         self.files: list[str] = []

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 import pytest_trtllm_slurm.controller.options as options
-from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.warm_start import early_start
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.node.paths import work_root
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.models import Scenario, Target
-from pytest_trtllm_slurm.planning.requirements import PerfSources
+from pytest_trtllm_slurm.planning.perf_sanity import PerfSources
 from pytest_trtllm_slurm.planning.safe_values import line_problem
 from pytest_trtllm_slurm.planning.settings import ClustersFile, load_clusters_file
 

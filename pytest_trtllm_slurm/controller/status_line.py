@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from pytest_trtllm_slurm.controller.run_record import RunRecord
+from pytest_trtllm_slurm.controller.run_observer import RunObserver
 
 PLAIN_INTERVAL = 30.0  # seconds between plain progress lines
 TTY_INTERVAL = 0.5  # seconds between redraws of the terminal line
 PLUGIN_NAME = "trtllm-slurm-status-line"
 
 
-def status_text(record: RunRecord, now: float) -> str:
+def status_text(record: RunObserver, now: float) -> str:
     """``trtllm-slurm: batches 1 pending (Resources), 2 running, 3 done | tests 10 passed,
     1 failed, 5 left | GPUs 8 held, 4 busy | ETA ~2m10s``."""
     spans = list(record.batches.values())
@@ -51,7 +51,7 @@ def status_text(record: RunRecord, now: float) -> str:
     return "trtllm-slurm: " + " | ".join(parts)
 
 
-def eta_text(record: RunRecord, now: float) -> str:
+def eta_text(record: RunObserver, now: float) -> str:
     """``ETA ~2m10s`` from the plan when it rests on earlier runs; when the plan was a
     guess (no earlier durations), from the pace of this run's finished tests, said so,
     and no figure at all before the first one finished."""
@@ -67,7 +67,7 @@ def eta_text(record: RunRecord, now: float) -> str:
     return f"ETA ~{_duration(seconds)} (from {tests} finished test{'s' if tests > 1 else ''})"
 
 
-def eta_seconds(record: RunRecord, now: float) -> float | None:
+def eta_seconds(record: RunObserver, now: float) -> float | None:
     """When the packer's plan says the run ends, from now: its expected makespan less the
     time gone, and never less than what a running batch still expects to need. Only
     meaningful when the plan rests on earlier durations (``record.guessed`` is None)."""
@@ -109,7 +109,7 @@ class _Guard:
 class StatusLine:
     """Shows ``status_text`` while the run lasts (a pytest plugin for the run)."""
 
-    def __init__(self, config: pytest.Config, record: RunRecord, *,
+    def __init__(self, config: pytest.Config, record: RunObserver, *,
                  tty: bool | None = None, clock: Callable[[], float] = time.time) -> None:
         self.reporter: Any = config.pluginmanager.get_plugin("terminalreporter")
         self.record = record

@@ -22,7 +22,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_trtllm_slurm.controller.forwarding import forwarded_options
-from pytest_trtllm_slurm.controller.item_plans import PlanningContext, route_and_key
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext, route_and_key
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.monitor import Monitor, log_tail

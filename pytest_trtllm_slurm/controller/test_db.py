@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import pytest_trtllm_slurm.planning.testdb as testdb
-from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.session import planning_context
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from pytest_trtllm_slurm.controller.run_record import BatchSpan, RunRecord, TestSpan
+from pytest_trtllm_slurm.controller.run_observer import BatchSpan, RunObserver, TestSpan
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.node.files import write_atomic
 
@@ -43,7 +43,7 @@ QueueRows = list[list[tuple[float, float, str, str]]]  # rows of (from, to, labe
 GATED = ("launched early", "ranks ready")  # the warm pool's reasons for a gated step
 
 
-def lay_out(record: RunRecord) -> tuple[list[Laid], dict[str, int], QueueRows]:
+def lay_out(record: RunObserver) -> tuple[list[Laid], dict[str, int], QueueRows]:
     """Batches on GPU tracks (lowest free slot of each node), the slot count per node, and
     the queue waits packed into as few rows as do not overlap."""
     end_of_run = record.finished_at or record.clock()
@@ -117,7 +117,7 @@ def waits(span: BatchSpan, until: float) -> list[tuple[float, float, str, str]]:
 
 
 # -- Chrome trace events ------------------------------------------------------------------
-def trace_events(record: RunRecord) -> dict[str, Any]:
+def trace_events(record: RunObserver) -> dict[str, Any]:
     """The trace: complete events ("X": ts and dur in microseconds from the run's start),
     one process per node (its GPUs are threads), one process for the queue."""
     laid, slots, rows = lay_out(record)
@@ -169,7 +169,7 @@ LEFT = 170
 WIDTH = 1200
 
 
-def svg(record: RunRecord, title_lines: list[str]) -> str:
+def svg(record: RunObserver, title_lines: list[str]) -> str:
     """The picture: one ``<g class="batch">`` per batch that ran (its slice on each GPU
     track, its start-up and tests inside), queue rows below the GPU tracks."""
     laid, slots, rows = lay_out(record)
@@ -259,7 +259,7 @@ def _rect(x: float, y: float, w: float, h: float, fill: str, *, stroke: str | No
             f'fill="{fill}"{line}>{body}</rect>')
 
 
-def write_timeline(path: str | Path, record: RunRecord, title_lines: list[str]
+def write_timeline(path: str | Path, record: RunObserver, title_lines: list[str]
                    ) -> tuple[Path, Path]:
     """Both files, each written privately and atomically; returns (trace, svg)."""
     trace = Path(path)

@@ -46,7 +46,7 @@ class Cadence:
     # AgentPool: heartbeats of the agents (their sessions' exit codes: a quarter of it)
     agent_health: float = 2.0
     # Monitor: a running job's log is searched for hang patterns at most this often (a
-    # stat per job per round otherwise: measured, a tenth of a 32-node run's monitor CPU)
+    # stat per job per round otherwise)
     hang_look: float = 1.0
     # AgentPool: a served batch's pid and exit code are read when its work dir changed,
     # and at least this often (a change within the folder mtime's granularity)

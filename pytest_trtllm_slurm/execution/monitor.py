@@ -82,7 +82,7 @@ class WatchedJob:
     held: list[dict[str, Any]] = field(default_factory=list)  # reports newer than alive_at
     ended: JobState | None = None  # its final state, while the rest of its file is read
     # the executor's shell when it pushes, found once (a check against a runtime Protocol
-    # costs more than the stat it guards: measured, most of a 32-node run's monitor CPU)
+    # costs more than the stat it guards)
     pushing: PushingShell | None = None
     next_log_look: float = 0.0  # monotonic: the job log's next look for hang patterns
 

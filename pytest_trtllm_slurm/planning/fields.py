@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, BeforeValidator
+from pydantic import AfterValidator, BeforeValidator, ValidationError
 
 import pytest_trtllm_slurm.planning.safe_values as safe_values
 
@@ -52,3 +52,16 @@ Mounts = Annotated[list[str], _check(safe_values.mounts_problem)]
 MountTuple = Annotated[tuple[str, ...], _check(safe_values.mounts_problem)]  # frozen models
 Argv = Annotated[list[str], _check(safe_values.argv_problem)]
 Env = Annotated[dict[str, str], _check(safe_values.env_problem)]
+
+
+def validation_message(exc: ValidationError, *, prefix: str = "",
+                       found_unknown: bool = True) -> str:
+    """Every problem of ``exc`` as ``<prefix><field>: <why> (found <value>)``; with
+    ``found_unknown`` False an unknown key shows no value (it is the key that is wrong)."""
+    return "; ".join(
+        f"{prefix}{'.'.join(str(p) for p in err['loc']) or 'value'}: "
+        f"{err['msg'].removeprefix('Value error, ')}"
+        + (f" (found {err['input']!r})"
+           if found_unknown or err["type"] != "extra_forbidden" else "")
+        for err in exc.errors()
+    )

@@ -60,8 +60,9 @@ class SlurmEnv(BaseModel):
     slurm_version: str | None = None
     errors: list[str] = Field(default_factory=list)
 
-    def partition(self, name: str) -> PartitionInfo | None:
-        return next((p for p in self.partitions if p.name == name), None)
+    def partition_named(self, name: str | None) -> PartitionInfo | None:
+        """The partition called ``name`` (None: no name, or discovery did not see it)."""
+        return next((p for p in self.partitions if name and p.name == name), None)
 
 
 class JobSpec(BaseModel):

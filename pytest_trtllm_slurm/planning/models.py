@@ -65,10 +65,6 @@ class DeviceRequirement(BaseModel):
     host_memory_mib: int | None = Field(None, ge=0)
     source: str = "default"
 
-    @property
-    def spans_nodes(self) -> bool:
-        return self.per_node is None and self.total > 0
-
     def resolve_per_node(self, target_gpus_per_node: int | None) -> int:
         """Devices per node on a target with ``target_gpus_per_node`` GPUs per node."""
         if self.total == 0:

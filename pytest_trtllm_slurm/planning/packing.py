@@ -427,18 +427,21 @@ class Capacity:
     slurm_env: SlurmEnv | None = None
 
 
-class KeyLike(GpuShape, Protocol):
-    """What ``pools_from_capacities`` reads from a batch key (BatchKey has it)."""
+class BatchShape(GpuShape, Protocol):
+    """What the packer and an allocation's sizing read of a batch (BatchKey and JobSpec
+    have it)."""
 
     @property
     def scenario(self) -> Any: ...
     @property
     def partition(self) -> str | None: ...
     @property
+    def account(self) -> str | None: ...
+    @property
     def container_image(self) -> str | None: ...
 
 
-def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[KeyLike], Pool]:
+def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[BatchShape], Pool]:
     """``key -> Pool`` for the targets of a run, from what each offers:
 
     - Slurm, persistent, the key fits the allocation: the allocation as requested
@@ -451,7 +454,7 @@ def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[KeyLi
     and its pools are named after it: two clusters never share a pool).
     """
 
-    def pool_of(key: KeyLike) -> Pool:
+    def pool_of(key: BatchShape) -> Pool:
         scenario = str(getattr(key.scenario, "value", key.scenario))
         target = target_of(key)
         offer = capacities.get(target) or Capacity()
@@ -470,7 +473,7 @@ def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[KeyLi
                         fixed_startup=WARM_STARTUP if offer.warm else None)
         env = offer.slurm_env
         partition = key.partition or (env.default_partition if env is not None else None)
-        info = env.partition(partition) if env is not None and partition else None
+        info = env.partition_named(partition) if env is not None else None
         nodes = len(info.nodes) if info is not None and info.nodes else key.node_count
         gpus = (info.gpus_per_node if info is not None and info.gpus_per_node
                 else key.devices_per_node)
@@ -480,7 +483,7 @@ def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[KeyLi
     return pool_of
 
 
-def _served(key: KeyLike, shape: AllocationShape) -> bool:
+def _served(key: BatchShape, shape: AllocationShape) -> bool:
     """Whether the persistent allocation requested as ``shape`` runs ``key`` (as
     ``AllocationState.serves`` will decide once it exists)."""
     if key.partition and shape.partition and key.partition != shape.partition:

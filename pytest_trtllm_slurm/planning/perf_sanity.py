@@ -323,16 +323,30 @@ def perf_label(item: Any) -> str | None:
     return label if label.split("-", 1)[0] in PERF_PREFIXES else None
 
 
-def name_as_written(item: Any) -> str:
-    """The node id as a test list spells it. pytest 9's ``parametrize_long_str_id_strategy``
-    (``short`` by default, pytest >= 9.2) renames a parameter over 100 characters to
-    ``perf_sanity_test_case<N>`` (``sha256``: its digest); every perf-sanity id is that long.
-    The user wrote, and messages show, the perf-sanity label itself."""
+def perf_id(item: Any) -> tuple[str | None, str]:
+    """(perf-sanity label or None, node id as a test list spells it). pytest 9's
+    ``parametrize_long_str_id_strategy`` (``short`` by default, pytest >= 9.2) renames a
+    parameter over 100 characters to ``perf_sanity_test_case<N>`` (``sha256``: its digest);
+    every perf-sanity id is that long. The user wrote, and messages show, the label itself."""
     nodeid = str(getattr(item, "nodeid", ""))
     label = perf_label(item)
     if label is None or f"[{label}" in nodeid or "-" + label in nodeid or not nodeid.endswith("]"):
-        return nodeid
+        return label, nodeid
     head, _, ids = nodeid[:-1].rpartition("[")
     digest = hashlib.sha256(label.encode("utf-8")).hexdigest()
     renamed = re.sub(rf"(?<![^-]){PERF_PARAM}\d+(?![^-])|{digest}", lambda _: label, ids, count=1)
-    return f"{head}[{renamed}]"
+    return label, f"{head}[{renamed}]"
+
+
+def name_as_written(item: Any) -> str:
+    """The node id as a test list spells it (see perf_id)."""
+    return perf_id(item)[1]
+
+
+def perf_size(label: str, nodeid: str, sources: PerfSources) -> tuple[int, int, str]:
+    """(total devices, devices per node, source) of a perf-sanity id, from its YAML."""
+    sources.check_option(nodeid)
+    case = parse_perf_case(label, nodeid)
+    path = sources.yaml_for(case, nodeid)
+    total, per_node = perf_requirement(case, load_perf_yaml(path), path, nodeid)
+    return total, per_node, f"perf_yaml:{path}"

@@ -1,7 +1,7 @@
 """What each test needs: markers, perf-sanity YAML, bench/eval commands, time limits.
 
-Pure functions (no subprocess, no pytest import): the planning layer derives a
-DeviceRequirement per test from, in order, the ``trtllm_slurm(...)`` marker,
+Pure functions (no subprocess, no pytest import). One call sizes a test: ``size_item``
+derives its DeviceRequirement from, in order, the ``trtllm_slurm(...)`` marker,
 ``skip_less_mpi_world_size`` / ``skip_less_device``, a named marker of the
 ``trtllm_marker_devices`` table (TensorRT-LLM's unit tests: ``gpu2``, ``gpu4``), a
 perf-sanity YAML, else 0 (a CPU test). ``skip_less_host_memory(MiB)`` is the job's
@@ -12,10 +12,12 @@ default.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -31,11 +33,7 @@ from pydantic import (
 )
 
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
-from pytest_trtllm_slurm.planning.durations import (  # noqa: F401  (re-exported: the time-limit names live there)
-    TIME_FORMATS,
-    format_slurm_time,
-    parse_time_limit,
-)
+from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
     Env,
@@ -44,58 +42,44 @@ from pytest_trtllm_slurm.planning.fields import (
     OneOrMany,
     SlurmName,
     checked,
+    validation_message,
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
-from pytest_trtllm_slurm.planning.perf_sanity import (  # noqa: F401  (re-exported: the perf-sanity names live there)
-    DEFAULT_AGG_FOLDER,
-    DEFAULT_DISAGG_FOLDER,
-    GRAMMAR,
-    GRAMMAR_VERSION,
-    PERF_PARAM,
-    PERF_PREFIXES,
-    PerfCase,
-    PerfSources,
-    load_perf_yaml,
-    name_as_written,
-    parse_perf_case,
-    perf_label,
-    perf_requirement,
-    server_gpus,
-)
+from pytest_trtllm_slurm.planning.perf_sanity import PerfSources, perf_id, perf_size
 from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem
-from pytest_trtllm_slurm.planning.settings import (  # noqa: F401  (re-exported)
-    DEFAULT_MARKER_DEVICES,
-    Settings,
-)
+from pytest_trtllm_slurm.planning.settings import Settings
 
 # --------------------------------------------------------------------------- commands
 
-_SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
+SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
+
+
+def shell_tokens(cmd: str) -> list[str]:
+    """``cmd`` as shell words, each operator (``&&``, ``;``, ``|``...) a token of its own;
+    ValueError on unbalanced quotes."""
+    lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    return list(lexer)
+
+
+def words_until_operator(tokens: Sequence[str]) -> list[str]:
+    """The leading words of ``tokens``, up to the first shell operator."""
+    return list(itertools.takewhile(lambda t: t not in SHELL_OPERATORS, tokens))
 
 
 def _last_invocation(cmd: str, program: str) -> list[str]:
     """Arguments of the last ``program`` call in a shell chain (``a && b; c``)."""
     try:
-        lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        tokens = list(lexer)
+        tokens = shell_tokens(cmd)
     except ValueError as exc:
         raise ConfigError(f"command {cmd!r}: cannot be split as shell words ({exc}); "
                           "expected balanced quotes") from None
-    start = None
-    for index, token in enumerate(tokens):
-        if os.path.basename(token) == program:
-            start = index
-    if start is None:
+    starts = [i for i, token in enumerate(tokens) if os.path.basename(token) == program]
+    if not starts:
         raise ConfigError(
             f"command {cmd!r}: found no {program} invocation; expected '{program} ...'"
         )
-    args: list[str] = []
-    for token in tokens[start + 1 :]:
-        if token in _SHELL_OPERATORS:
-            break
-        args.append(token)
-    return args
+    return words_until_operator(tokens[starts[-1] + 1:])
 
 
 def _int_flag(args: Sequence[str], names: Sequence[str], cmd: str) -> int:
@@ -207,14 +191,6 @@ class TestConfig(BaseModel):
 _NO_CONFIG = TestConfig()  # shared by every test without a trtllm_slurm marker (frozen)
 
 
-def _validation_message(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: "
-        f"{err['msg'].removeprefix('Value error, ')} (found {err['input']!r})"
-        for err in exc.errors()
-    )
-
-
 def marker_config(nodeid: str, mark: MarkLike | None) -> TestConfig:
     """TestConfig of a ``trtllm_slurm`` mark; one optional positional argument means devices."""
     if mark is None:
@@ -236,9 +212,8 @@ def marker_config(nodeid: str, mark: MarkLike | None) -> TestConfig:
         unknown = any(err["type"] == "extra_forbidden" for err in exc.errors())
         expected = f"; expected keywords {', '.join(TestConfig.model_fields)}" if unknown else ""
         raise ConfigError(
-            f"{nodeid}: trtllm_slurm marker: {_validation_message(exc)}{expected}"
+            f"{nodeid}: trtllm_slurm marker: {validation_message(exc)}{expected}"
         ) from None
-
 
 
 def _count_arg(nodeid: str, mark: MarkLike, name: str, unit: str) -> int:
@@ -269,12 +244,6 @@ def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
             "name keywords, e.g. @pytest.mark.skip_device_not_contain(['H100', 'H200'])"
         )
     return list(value)
-
-
-def _device_type(cfg: TestConfig, settings: Settings) -> str | None:
-    """Marker device_type > option. skip_device_not_contain keywords are kept apart
-    (``device_keywords``): planning picks a concrete type among those available."""
-    return cfg.device_type or settings.device_type
 
 
 def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
@@ -316,8 +285,15 @@ def requirement_from_marks(
     perf: PerfSources | Callable[[], PerfSources] | None = None,
 ) -> DeviceRequirement:
     """DeviceRequirement from the closest markers (``get_marker`` = item.get_closest_marker)."""
+    return _size(nodeid, get_marker, settings, perf_case, perf)[1]
+
+
+def _size(
+    nodeid: str, get_marker: MarkerLookup, settings: Settings, perf_case: str | None,
+    perf: PerfSources | Callable[[], PerfSources] | None,
+) -> tuple[TestConfig, DeviceRequirement]:
     cfg = marker_config(nodeid, get_marker("trtllm_slurm"))
-    device_type = _device_type(cfg, settings)
+    device_type = cfg.device_type or settings.device_type  # keywords: picked by routing
     contain = get_marker("skip_device_not_contain")
     keywords = tuple(_keywords(nodeid, contain)) if contain is not None else ()
     memory = {
@@ -346,20 +322,16 @@ def requirement_from_marks(
         per_node = total or None
     elif perf_case is not None:
         sources = (perf() if callable(perf) else perf) or PerfSources()
-        sources.check_option(nodeid)
-        case = parse_perf_case(perf_case, nodeid)
-        path = sources.yaml_for(case, nodeid)
-        total, per_node = perf_requirement(case, load_perf_yaml(path), path, nodeid)
-        source = f"perf_yaml:{path}"
+        total, per_node, source = perf_size(perf_case, nodeid, sources)
     else:
         total, per_node, source = 0, None, "default"
     try:
-        return DeviceRequirement(
+        return cfg, DeviceRequirement(
             total=total, per_node=per_node if total else None, device_type=device_type,
             device_keywords=keywords, source=source, **memory,
         )
     except ValidationError as exc:
-        raise TestSpecError(f"{nodeid}: {_validation_message(exc)}") from None
+        raise TestSpecError(f"{nodeid}: {validation_message(exc)}") from None
 
 
 MARKER_NAMES = frozenset({"trtllm_slurm", "skip_less_device", "skip_less_mpi_world_size",
@@ -417,28 +389,24 @@ def closest_markers(item: Any, names: frozenset[str] | None = None) -> MarkerLoo
     return found.get
 
 
-def requirement_for_item(
-    item: Any, settings: Settings, perf: PerfSources | None = None
-) -> DeviceRequirement:
-    """DeviceRequirement of a pytest item (closest marker wins: method > class > module).
-    Messages name the test as the user wrote it (name_as_written), not a renamed id."""
+@dataclass(frozen=True)
+class Sized:
+    """What one test needs: its requirement, its ``trtllm_slurm`` marker's fields, and its
+    id as the user wrote it (messages and the plan show that one)."""
+
+    requirement: DeviceRequirement
+    config: TestConfig
+    name: str
+
+
+def size_item(item: Any, settings: Settings, perf: PerfSources | None = None) -> Sized:
+    """A pytest item's needs, from its closest markers (method > class > module) or its
+    perf-sanity YAML: TestSpecError when they cannot be read."""
+    label, name = perf_id(item)
+
     def sources() -> PerfSources:
         return perf or PerfSources.from_settings(settings, Path(item.config.rootpath))
 
-    return requirement_from_marks(
-        name_as_written(item), closest_markers(item, frozenset(settings.marker_devices)),
-        settings, perf_case=perf_label(item),
-        perf=sources,
-    )
-
-
-perf_case_of = perf_label  # the older name
-
-
-def test_config_for_item(item: Any) -> TestConfig:
-    """TestConfig of the item's closest ``trtllm_slurm`` marker (defaults when none)."""
-    return marker_config(name_as_written(item), item.get_closest_marker("trtllm_slurm"))
-
-
-test_config_for_item.__test__ = False  # type: ignore[attr-defined]  # not a test when imported
-
+    cfg, req = _size(name, closest_markers(item, frozenset(settings.marker_devices)),
+                     settings, label, sources)
+    return Sized(req, cfg, name)

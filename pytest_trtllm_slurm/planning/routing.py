@@ -1,5 +1,10 @@
 """Pure routing: one test's requirement + what the probes found -> where it runs.
 
+``route_item`` is the one call a test's routing takes: it resolves a
+``skip_device_not_contain`` keyword to a type the targets offer, applies the rules below
+(``route``), and returns the decision with its partition and account (chosen here:
+select_partition, resolve_account) and the target's GPU type and CPU arch.
+
 Rules, first match wins (each is a row of tests/test_routing.py):
 
 1. ``pinned_local`` (marker ``local=True``): here, in this pytest process.
@@ -18,7 +23,7 @@ Rules, first match wins (each is a row of tests/test_routing.py):
    when an image is set (--trtllm-container-image / cluster file) and an engine
    answers, else local_direct (dispatched only with --trtllm-dispatch=all).
 6. Local Slurm present -> local_slurm on the partition chosen by
-   resolve.select_partition (explicit > cluster file > GPU type > enough GPUs >
+   select_partition (explicit > cluster file > GPU type > enough GPUs >
    default), when one can serve the test (always, when a partition is explicit).
 7. A wanted device type (marker or --device-type) that neither this machine nor
    the local Slurm offers -> remote_slurm auto-selected among the configured
@@ -38,7 +43,7 @@ for two parts of one Slurm (the dev cluster's batch and gb200 in tests/test_mult
 A remote cluster is sized like the local one: ``remote_env(cluster)`` (when given) returns
 what discovery over SSH found there (partitions, GPUs per node and type), with the
 clusters-file keys (partition, gpus_per_node, device_type, account) overriding it; the
-partition is then chosen by resolve.select_partition as for the local Slurm. It is asked
+partition is then chosen by select_partition as for the local Slurm. It is asked
 only when the clusters file cannot tell alone (no partition, or a GPU test and no
 gpus_per_node, or a wanted type and no device_type); otherwise, and without discovery,
 the clusters-file keys alone decide.
@@ -47,24 +52,162 @@ the clusters-file keys alone decide.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, RouteDecision, Scenario
-from pytest_trtllm_slurm.planning.resolve import (
-    describe_requirement,
-    device_type_matches,
-    normalize_device_type,
-    partition_fits,
-    resolve_account,
-    select_partition,
-    with_cluster_overrides,
-)
+from pytest_trtllm_slurm.planning.requirements import TestConfig
+from pytest_trtllm_slurm.planning.resolve import normalize_device_type
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
 
 _HOW = "use --slurm-cluster NAME / --slurm-partition NAME to serve it"
 
 RemoteEnv = Callable[[ClusterConfig], "SlurmEnv | None"]
+
+
+class Targets(Protocol):
+    """What routing reads of a run (controller.item_routes.PlanningContext has it): the
+    options, this machine, the clusters file, the local Slurm's discovery and, for a remote
+    cluster, what discovery over SSH finds there (None: the clusters file alone)."""
+
+    settings: Settings
+    local: LocalEnv
+    clusters: ClustersFile
+    slurm_env: SlurmEnv | None
+    remote_env: RemoteEnv | None
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one test goes. ``requirement``: the test's, with a skip_device_not_contain
+    keyword resolved to a type; ``table``: the clusters-file table of where it lands (the
+    batch's defaults); ``device_type`` / ``arch``: that target's GPU type and CPU arch (job
+    names, build arch, image), found only for a GPU test or a containerized batch."""
+
+    requirement: DeviceRequirement
+    decision: RouteDecision
+    table: ClusterConfig | None = None
+    device_type: str | None = None
+    arch: str | None = None
+
+
+def route_item(req: DeviceRequirement, cfg: TestConfig, targets: Targets) -> Route:
+    """The one routing call of a test: its marker's fields (``cfg``) on top of the run's."""
+    typed = _with_keyword_type(req, targets)
+    if isinstance(typed, str):
+        return Route(req, RouteDecision(scenario=None, reason=typed))
+    settings = targets.settings
+    if cfg.container_image:
+        settings = settings.model_copy(update={"container_image": cfg.container_image})
+    decision = route(typed, settings=settings, local=targets.local, clusters=targets.clusters,
+                     slurm_env=targets.slurm_env, pinned_local=cfg.local,
+                     partition=cfg.partition, remote_env=targets.remote_env,
+                     cluster=cfg.cluster)
+    if decision.scenario is None or not decision.dispatched:
+        return Route(typed, decision)
+    table = targets.clusters.table_of(decision.scenario, decision.cluster,
+                                      targets.local.cluster_name)
+    containerized = table is not None and table.container_runtime != "none"
+    configured = (targets.clusters.get(decision.cluster).device_type
+                  if decision.scenario is Scenario.REMOTE_SLURM and decision.cluster else None)
+    wants_type = not typed.device_type and bool(typed.total or containerized)
+    env = (_discovery_of(decision, targets)
+           if containerized or (wants_type and not configured) else None)
+    part = env.partition_named(decision.partition) if env else None
+    device_type = typed.device_type
+    if wants_type:
+        if configured:  # the clusters file overrides discovery
+            device_type = normalize_device_type(configured)
+        elif env and decision.partition:
+            device_type = normalize_device_type(part.gpu_type) if part else None
+        elif decision.scenario is not Scenario.REMOTE_SLURM:
+            device_type = targets.local.device_type
+    return Route(typed, decision, table, device_type, part.arch if part else None)
+
+
+def _discovery_of(decision: RouteDecision, targets: Targets) -> SlurmEnv | None:
+    """The discovery of the Slurm cluster a test was routed to (local or remote)."""
+    if decision.scenario is Scenario.LOCAL_SLURM:
+        return targets.slurm_env
+    if decision.scenario is Scenario.REMOTE_SLURM and decision.cluster and targets.remote_env:
+        cluster = targets.clusters.get(decision.cluster)
+        if cluster.partition and cluster.gpus_per_node:
+            return None  # the clusters file says enough: used as given, no connection
+        return targets.remote_env(cluster)
+    return None
+
+
+def available_device_types(targets: Targets, *, discover: bool = False) -> list[str]:
+    """Device types some target offers: the remote cluster --slurm-cluster names (what
+    discovery found there, unless its table names a device_type), this machine, the local
+    Slurm (its table's partition only, when it names one), configured clusters; with
+    ``discover``, also what discovery finds on every remote cluster whose table names no
+    device_type (a run of several clusters: one of them may be the only one with it)."""
+    found = _named_remote_types(targets)
+    local = targets.local
+    found += [local.device_type] if local.gpu_count and local.device_type else []
+    if targets.slurm_env is not None:
+        table = targets.clusters.find(local.cluster_name) if local.cluster_name else None
+        found += [p.gpu_type for p in _own_partitions(targets.slurm_env, table) if p.gpu_type]
+    found += [c.device_type for c in targets.clusters.clusters.values() if c.device_type]
+    if discover:
+        found += _discovered_remote_types(targets)
+    types = [normalize_device_type(t) for t in found]
+    return list(dict.fromkeys(t for t in types if t))
+
+
+def _discovered_remote_types(targets: Targets) -> list[str]:
+    """GPU types discovery finds on the remote clusters whose table names none (their
+    table's partition only, when it names one); one that cannot be reached offers none."""
+    if targets.remote_env is None or targets.settings.slurm_cluster:
+        return []  # --slurm-cluster: only that one counts (_named_remote_types)
+    here = (targets.local.cluster_name or "").lower()
+    found: list[str] = []
+    for key, cluster in targets.clusters.clusters.items():
+        if key.lower() == here or cluster.device_type or not cluster.is_remote:
+            continue
+        try:
+            env = targets.remote_env(cluster)
+        except ConfigError:
+            continue
+        found += [p.gpu_type for p in _own_partitions(env, cluster) if p.gpu_type]
+    return found
+
+
+def _named_remote_types(targets: Targets) -> list[str]:
+    named, here = targets.settings.slurm_cluster, targets.local.cluster_name
+    if not named or targets.remote_env is None or (here and named.lower() == here.lower()):
+        return []
+    cluster = targets.clusters.find(named)
+    if cluster is None or cluster.device_type or not cluster.is_remote:
+        return []
+    env = targets.remote_env(cluster)
+    return [p.gpu_type for p in env.partitions if p.gpu_type] if env else []
+
+
+def _with_keyword_type(req: DeviceRequirement, targets: Targets) -> DeviceRequirement | str:
+    """skip_device_not_contain([...]) without a device type: the first available type that
+    contains a keyword; a reason string when none does."""
+    if req.device_type or not req.device_keywords:
+        return req
+
+    def matching(types: list[str]) -> str | None:
+        return next((t for t in types for k in req.device_keywords if k.lower() in t.lower()),
+                    None)
+
+    available = available_device_types(targets)
+    if matching(available) is None:
+        available = available_device_types(targets, discover=True)  # connects: only if needed
+    found = matching(available)
+    if found is not None:
+        return req.model_copy(update={"device_type": found})
+    return (
+        f"needs a device whose name contains one of {list(req.device_keywords)}; "
+        f"device types available: {', '.join(available) or 'none'}; "
+        "configure a cluster with such GPUs (--slurm-cluster NAME) or pass --device-type"
+    )
 
 
 def route(
@@ -81,27 +224,28 @@ def route(
 ) -> RouteDecision:
     """Where ``req``'s test runs (see the module docstring for the rules, in order);
     ``cluster`` (a marker's) stands for --slurm-cluster for this test."""
-    ctx = _Ctx(req, settings, local, clusters, slurm_env, partition or settings.partition,
-               remote_env)
+    router = _Router(req, settings, local, clusters, slurm_env,
+                     partition or settings.partition, remote_env)
     if pinned_local:
         return RouteDecision(scenario=Scenario.LOCAL_DIRECT, dispatched=False)
     if settings.scenario != "auto":
-        return ctx.forced(Scenario(settings.scenario))
+        return router.forced(Scenario(settings.scenario))
     if req.total == 0 and settings.dispatch == "needed":
-        return ctx.here()
+        return router.here()
     if cluster or settings.slurm_cluster:
-        return ctx.named_cluster(cluster or settings.slurm_cluster)  # type: ignore[arg-type]
-    if ctx.satisfied_here():
-        return ctx.here()
+        return router.named_cluster(cluster or settings.slurm_cluster)  # type: ignore[arg-type]
+    if router.satisfied_here():
+        return router.here()
     local_miss: RouteDecision | None = None
     if local.slurm_available:
-        decision = ctx.local_slurm()
-        if decision.scenario is not None or ctx.partition:
+        decision = router.local_slurm()
+        if decision.scenario is not None or router.explicit_partition:
             return decision  # an explicit partition means this cluster, served or not
         local_miss = decision
-    if ctx.wanted and not _same_type(local.device_type, ctx.wanted) and not ctx.local_offers_type():
-        return ctx.remote_by_type()
-    remote = ctx.remote_auto()
+    wanted = router.wanted
+    if wanted and not _same_type(local.device_type, wanted) and not router.local_offers_type():
+        return router.remote_by_type()
+    remote = router.remote_auto()
     return local_miss if remote.scenario is None and local_miss else remote
 
 
@@ -109,8 +253,8 @@ def _same_type(a: str | None, b: str | None) -> bool:
     return normalize_device_type(a) == normalize_device_type(b)
 
 
-class _Ctx:
-    """The inputs of one route() call and the rule helpers that read them."""
+class _Router:
+    """The inputs of one route() call and the rules (one method each) that read them."""
 
     def __init__(
         self,
@@ -128,7 +272,7 @@ class _Ctx:
         self.local = local
         self.clusters = clusters
         self.slurm_env = slurm_env
-        self.partition = partition
+        self.explicit_partition = partition
         self.wanted = req.device_type or settings.device_type
 
     # ------------------------------------------------------------------ here
@@ -210,14 +354,12 @@ class _Ctx:
 
     def local_slurm(self) -> RouteDecision:
         cfg = self._local_cfg()
-        name = select_partition(
-            self.req, self.slurm_env, explicit=self.partition, cluster=cfg, device_type=self.wanted
-        )
-        part = self.slurm_env.partition(name) if (self.slurm_env and name) else None
+        name = self._choose(self.slurm_env, cfg)
+        part = self.slurm_env.partition_named(name) if self.slurm_env else None
         if self.slurm_env and self.slurm_env.partitions:
             if name is None:
                 return self.unsatisfied("no partition of the local Slurm can")
-            if part and not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
+            if part and not self._serves(part):
                 return self.unsatisfied(f"partition {name!r} cannot")
         return RouteDecision(
             scenario=Scenario.LOCAL_SLURM,
@@ -231,6 +373,13 @@ class _Ctx:
 
     def _type_ok(self, gpu_type: str | None) -> bool:
         return not (self.wanted and gpu_type) or _same_type(gpu_type, self.wanted)
+
+    def _serves(self, part: PartitionInfo) -> bool:
+        return partition_fits(part, self.req) and self._type_ok(part.gpu_type)
+
+    def _choose(self, env: SlurmEnv | None, cfg: ClusterConfig | None) -> str | None:
+        return select_partition(self.req, env, explicit=self.explicit_partition, cluster=cfg,
+                                device_type=self.wanted)
 
     # ------------------------------------------------------------------ remote
 
@@ -254,7 +403,7 @@ class _Ctx:
     def _needs_discovery(self, cfg: ClusterConfig, *, partition: bool = False) -> bool:
         """Only when the clusters file cannot tell alone: GPUs per node (or the type, when
         one is wanted) for a GPU test, and with ``partition`` the partition to use."""
-        if partition and not (self.partition or cfg.partition):
+        if partition and not (self.explicit_partition or cfg.partition):
             return True
         return self.req.total > 0 and (
             cfg.gpus_per_node is None or bool(self.wanted and not cfg.device_type))
@@ -273,14 +422,11 @@ class _Ctx:
     def _remote_partition(self, cfg: ClusterConfig, env: SlurmEnv) -> str | None:
         """The discovered partition that serves the test (None: none can)."""
         try:
-            name = select_partition(self.req, env, explicit=self.partition, cluster=cfg,
-                                    device_type=self.wanted)
+            name = self._choose(env, cfg)
         except ConfigError:
             return None
-        part = env.partition(name) if name else None
-        if part is None or not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
-            return None
-        return name
+        part = env.partition_named(name)
+        return name if part is not None and self._serves(part) else None
 
     def remote(self, name: str) -> RouteDecision:
         cfg = self.clusters.get(name)  # ConfigError listing the known names
@@ -297,20 +443,19 @@ class _Ctx:
         return RouteDecision(
             scenario=Scenario.REMOTE_SLURM,
             cluster=key,
-            partition=self.partition or cfg.partition,
+            partition=self.explicit_partition or cfg.partition,
             account=self.settings.account or cfg.account,
             target_gpus_per_node=cfg.gpus_per_node,
         )
 
     def _remote_sized(self, key: str, cfg: ClusterConfig, env: SlurmEnv) -> RouteDecision:
         """A remote cluster routed like the local Slurm, on what discovery found there."""
-        name = select_partition(self.req, env, explicit=self.partition, cluster=cfg,
-                                device_type=self.wanted)
-        part = env.partition(name) if name else None
+        name = self._choose(env, cfg)
+        part = env.partition_named(name)
         if part is None:
             return self.unsatisfied(f"no partition of cluster {key!r} "
                                     f"({_describe_partitions(env)}) can")
-        if not (partition_fits(part, self.req) and self._type_ok(part.gpu_type)):
+        if not self._serves(part):
             return self.unsatisfied(f"partition {name!r} of cluster {key!r} "
                                     f"({_describe_partitions(env, name)}) cannot")
         return RouteDecision(
@@ -406,6 +551,138 @@ class _Ctx:
             return table
         own = env.model_copy(update={"partitions": _own_partitions(env, cfg)})
         return _describe_partitions(own)
+
+
+def resolve_account(
+    option: str | None, cluster: ClusterConfig | None, slurm_env: SlurmEnv | None
+) -> str | None:
+    """Account: option > cluster file > discovered default; validated against discovery.
+
+    None when nothing names one and the cluster has no associations (accounting off:
+    sbatch then runs without -A). No default while associations exist is an error.
+    """
+    known = slurm_env.accounts if slurm_env else []
+    chosen = option or (cluster.account if cluster else None)
+    where = "--slurm-account" if option else "the clusters file"
+    if chosen:
+        if known and chosen not in known:
+            raise ConfigError(
+                f"Slurm account {chosen!r} (from {where}) is not one of yours on this cluster; "
+                f"valid accounts: {', '.join(known)}"
+            )
+        return chosen
+    if slurm_env and slurm_env.default_account:
+        return slurm_env.default_account
+    if known:
+        raise ConfigError(
+            f"no default Slurm account found; choose one of {', '.join(known)} with "
+            "--slurm-account NAME (or account = ... in the clusters file)"
+        )
+    return None
+
+
+
+
+def partition_fits(part: PartitionInfo, req: DeviceRequirement) -> bool:
+    """Can one job on ``part`` give ``req`` its GPUs (per node, and enough nodes)?"""
+    if req.total == 0:
+        return True
+    if part.gpus_per_node <= 0:
+        return False
+    per_node = req.resolve_per_node(part.gpus_per_node)
+    if per_node > part.gpus_per_node:
+        return False
+    return not part.nodes or req.nodes(part.gpus_per_node) <= len(part.nodes)
+
+
+def device_type_matches(part: PartitionInfo, device_type: str | None) -> bool:
+    """True when no type is wanted or the partition's GPU type is that type."""
+    if not device_type:
+        return True
+    return normalize_device_type(part.gpu_type) == normalize_device_type(device_type)
+
+
+def check_partition_name(name: str, slurm_env: SlurmEnv | None, where: str) -> None:
+    """ConfigError when discovery found partitions and ``name`` is not one of them."""
+    if slurm_env and slurm_env.partitions and slurm_env.partition_named(name) is None:
+        valid = ", ".join(p.name for p in slurm_env.partitions)
+        raise ConfigError(
+            f"Slurm partition {name!r} (from {where}) does not exist on this cluster; "
+            f"valid partitions: {valid}"
+        )
+
+
+def select_partition(
+    req: DeviceRequirement,
+    slurm_env: SlurmEnv | None,
+    *,
+    explicit: str | None = None,
+    cluster: ClusterConfig | None = None,
+    device_type: str | None = None,
+) -> str | None:
+    """Partition for ``req``: explicit > cluster file > GPU type match > enough GPUs > default.
+
+    An explicit or cluster-file name is validated (ConfigError when unknown) and returned
+    even if it cannot serve ``req`` (the caller reports that). The automatic choices only
+    consider partitions that fit (the default partition first among equals); None when
+    none does. CPU-only requirements get the default partition.
+    """
+    if explicit:
+        check_partition_name(explicit, slurm_env, "--slurm-partition")
+        return explicit
+    if cluster and cluster.partition:
+        check_partition_name(cluster.partition, slurm_env, "the clusters file")
+        return cluster.partition
+    if slurm_env is None or not slurm_env.partitions:
+        return None
+    default = slurm_env.partition_named(slurm_env.default_partition)
+    if req.total == 0:  # CPU-only: any partition; the site's default first
+        return (default or slurm_env.partitions[0]).name
+    if not any(p.gpus_per_node for p in slurm_env.partitions) and slurm_env.errors:
+        # Discovery was partial and saw no GPU gres: GPUs cannot be ruled out anywhere.
+        return default.name if default else None
+    fitting = [p for p in slurm_env.partitions if partition_fits(p, req)]
+    if device_type:
+        typed = [p for p in fitting if p.gpu_type and device_type_matches(p, device_type)]
+        if typed:
+            return _prefer_default(typed, slurm_env).name
+        # A partition whose gres names no GPU type cannot be ruled out.
+        fitting = [p for p in fitting if not p.gpu_type]
+    return _prefer_default(fitting, slurm_env).name if fitting else None
+
+
+def _prefer_default(parts: list[PartitionInfo], slurm_env: SlurmEnv) -> PartitionInfo:
+    return next((p for p in parts if p.name == slurm_env.default_partition), parts[0])
+
+
+def with_cluster_overrides(env: SlurmEnv, cluster: ClusterConfig) -> SlurmEnv:
+    """Discovery with the clusters file's word on top: its ``gpus_per_node`` and
+    ``device_type`` replace what was found for its partition (every partition when it
+    names none), so a site whose gres discovery cannot read is still sized right."""
+    if not (cluster.gpus_per_node or cluster.device_type):
+        return env
+    update: dict[str, object] = {}
+    if cluster.gpus_per_node:
+        update["gpus_per_node"] = cluster.gpus_per_node
+    if cluster.device_type:
+        update["gpu_type"] = cluster.device_type
+    parts = [p.model_copy(update=update) if not cluster.partition or p.name == cluster.partition
+             else p for p in env.partitions]
+    return env.model_copy(update={"partitions": parts})
+
+
+def describe_requirement(req: DeviceRequirement, device_type: str | None = None) -> str:
+    """``8 GPUs (4 per node, H200, from skip_less_device)`` for messages."""
+    if req.total == 0:
+        return "no GPUs"
+    bits = [f"{req.per_node} per node" if req.per_node else "any per node"]
+    dtype = device_type or req.device_type
+    if dtype:
+        bits.append(dtype)
+    if req.device_memory_mib:
+        bits.append(f">= {req.device_memory_mib} MiB each")
+    bits.append(f"from {req.source}")
+    return f"{req.total} GPU{'s' if req.total != 1 else ''} ({', '.join(bits)})"
 
 
 def _own_partitions(env: SlurmEnv | None, cfg: ClusterConfig | None) -> list[PartitionInfo]:

@@ -89,26 +89,14 @@ def argument_problem(value: str) -> str | None:
 
 def host_problem(value: str) -> str | None:
     """Problem with an SSH host (a name, an ssh config alias, an IP, ``[v6]``)."""
-    if not value:
-        return "is empty"
-    problem = _line_problem(value) or _dash_problem(value)
-    if problem:
-        return problem
-    if not _HOST.match(value):
-        return "is not a host name (letters, digits and . - _ : [ ] %)"
-    return None
+    return argument_problem(value) or (
+        None if _HOST.match(value) else "is not a host name (letters, digits and . - _ : [ ] %)")
 
 
 def user_problem(value: str) -> str | None:
     """Problem with a login name."""
-    if not value:
-        return "is empty"
-    problem = _line_problem(value) or _dash_problem(value)
-    if problem:
-        return problem
-    if not _USER.match(value):
-        return "is not a user name (letters, digits and _ . @ $ -)"
-    return None
+    return argument_problem(value) or (
+        None if _USER.match(value) else "is not a user name (letters, digits and _ . @ $ -)")
 
 
 def env_name_problem(name: str) -> str | None:

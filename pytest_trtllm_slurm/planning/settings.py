@@ -27,6 +27,7 @@ from pytest_trtllm_slurm.planning.fields import (  # noqa: F401  (checked: re-ex
     SlurmName,
     User,
     checked,
+    validation_message,
 )
 from pytest_trtllm_slurm.planning.models import Scenario
 
@@ -223,11 +224,7 @@ def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:
         try:
             clusters[name] = ClusterConfig(name=name, **table)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"clusters.{name}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-                + (f" (found {err['input']!r})" if err["type"] != "extra_forbidden" else "")
-                for err in exc.errors()
-            )
+            problems = validation_message(exc, prefix=f"clusters.{name}.", found_unknown=False)
             raise ConfigError(f"clusters file {path}: {problems}") from None
     return ClustersFile(path=str(path), clusters=clusters)
 

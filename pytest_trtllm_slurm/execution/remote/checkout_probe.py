@@ -21,11 +21,28 @@ from pytest_trtllm_slurm.transport.shell import Shell
 
 STASH_EXCLUDE = f":(exclude,glob)**/{WORK_DIRS}/**"  # the plugin's job folders: never code
 
-# one round trip: is there a checkout, its HEAD and branch, its refs, the sync record and
-# what differs from HEAD (tracked edits and untracked files, work_dirs left out)
+# the checkout and everything in its .git (hooks, config: they run code at each git
+# command) must be ours, not links, and writable by nobody else; prints the first that is
+# not and exits 13 (``verify``: alone after a first clone; in the probe before any git runs)
+VERIFY = r"""
+uid=$(id -u)
+for p in "$repo" "$repo/.git"; do
+  if [ -L "$p" ]; then printf '%s\n' "$p"; exit 13; fi
+done
+bad=$(find "$repo" -maxdepth 0 \( ! -user "$uid" -o -perm -020 -o -perm -002 \) -print)
+[ -z "$bad" ] && bad=$(find "$repo/.git" \( -type l -o ! -user "$uid" -o -perm -020 \
+  -o -perm -002 \) -print | head -n 1)
+if [ -n "$bad" ]; then printf '%s\n' "$bad"; exit 13; fi
+"""
+
+# one round trip: is there a checkout, is it safe to run git in (``VERIFY``: an unsafe one
+# says "untrusted" and the first bad path, and no git runs there), its HEAD and branch, its
+# refs, the sync record and what differs from HEAD (tracked edits and untracked files,
+# work_dirs left out). A sync with no change needs nothing more.
 _PROBE = r"""
 repo=$1
 [ -d "$repo/.git" ] || { echo missing; exit 0; }
+checked=$( (""" + VERIFY + r""") ) || { echo untrusted; printf '%s\n' "$checked"; exit 0; }
 cd "$repo" || exit 1
 echo present
 git rev-parse -q --verify HEAD || echo none
@@ -50,6 +67,7 @@ class RemoteCheckout:
     """What ``_PROBE`` found in the remote checkout."""
 
     present: bool
+    untrusted: str = ""  # the first path that makes the checkout unsafe ("" : none)
     head: str = ""
     branch: str = ""
     refs: list[str] = field(default_factory=list)
@@ -80,6 +98,8 @@ def probe_argv(repo: str) -> list[str]:
 def parse_probe(stdout: str) -> RemoteCheckout:
     """The probe's output read."""
     lines = stdout.split("\n", 5)
+    if lines[0] == "untrusted":
+        return RemoteCheckout(present=True, untrusted=(lines[1:2] or ["?"])[0] or "?")
     if not lines or lines[0] != "present" or len(lines) < 6:
         return RemoteCheckout(present=False)
     record = None

@@ -54,6 +54,7 @@ from pydantic import BaseModel, Field
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.remote.checkout_probe import (
     STASH_EXCLUDE,
+    VERIFY,
     RemoteCheckout,
     SyncRecord,
     probe,
@@ -223,9 +224,11 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     git, result = prepared.git, prepared.result
     result.remote_repo = remote_repo
     remote = probed if probed is not None else probe(shell, remote_repo)
+    if remote.untrusted:  # the probe checked it before running git there
+        raise _untrusted(shell, remote_repo, remote.untrusted)
     if not remote.present:
         _first_checkout(git, shell, remote_repo, prepared.fetch_url, result)
-    verify_checkout(shell, remote_repo)
+        verify_checkout(shell, remote_repo)
     shipped = remote.record.untracked if remote.present and remote.record else {}
     if remote.present and remote.head == result.commit and (shared or not remote.leftovers()):
         result.unchanged = True
@@ -281,19 +284,8 @@ def _first_checkout(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
 #: a prefix that runs a command under umask 077 (what it creates: 0700 / 0600)
 PRIVATE_UMASK = ("sh", "-c", 'umask 077 && exec "$@"', "sh")
 
-# the checkout and everything in its .git (hooks, config: they run code at each checkout)
-# must be ours, not links, and writable by nobody else; prints the first that is not
-_VERIFY_CHECKOUT = r"""
-repo=$1; uid=$(id -u)
-for p in "$repo" "$repo/.git"; do
-  if [ -L "$p" ]; then printf '%s\n' "$p"; exit 13; fi
-done
-bad=$(find "$repo" -maxdepth 0 \( ! -user "$uid" -o -perm -020 -o -perm -002 \) -print)
-[ -z "$bad" ] && bad=$(find "$repo/.git" \( -type l -o ! -user "$uid" -o -perm -020 \
-  -o -perm -002 \) -print | head -n 1)
-if [ -n "$bad" ]; then printf '%s\n' "$bad"; exit 13; fi
-exit 0
-"""
+# the checkout's trust check alone (the probe runs it too, before any git command)
+_VERIFY_CHECKOUT = "repo=$1\n" + VERIFY + "exit 0\n"
 
 
 def verify_checkout(shell: Shell, remote_repo: str) -> None:
@@ -305,13 +297,17 @@ def verify_checkout(shell: Shell, remote_repo: str) -> None:
         return
     bad = res.stdout.strip().splitlines()
     if res.returncode == 13 and bad:
-        raise ExecutionError(
-            f"code sync: the remote checkout's {bad[0]} on {shell.name} is a link, is not "
-            "yours, or group or others may write it: whoever can write there runs code as "
-            "you at the next checkout (git hooks and config). Check it, then fix it (e.g. "
-            f"`chmod -R go-w {remote_repo}`) or remove the checkout, and run again")
+        raise _untrusted(shell, remote_repo, bad[0])
     raise ExecutionError(f"code sync: checking the remote checkout {remote_repo} on "
                          f"{shell.name} failed: {res.describe()}")
+
+
+def _untrusted(shell: Shell, remote_repo: str, bad: str) -> ExecutionError:
+    return ExecutionError(
+        f"code sync: the remote checkout's {bad} on {shell.name} is a link, is not "
+        "yours, or group or others may write it: whoever can write there runs code as "
+        "you at the next checkout (git hooks and config). Check it, then fix it (e.g. "
+        f"`chmod -R go-w {remote_repo}`) or remove the checkout, and run again")
 
 
 def _stash_leftovers(shell: Shell, repo: str, result: SyncResult) -> None:

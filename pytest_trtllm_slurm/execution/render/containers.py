@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -448,8 +447,3 @@ def wrap_in_container(
     head = ["bash", script] if script else ["bash", "-c", _WRAPPER, "trtllm-container"]
     return [*head, safe_name(name_prefix, 40), str(len(cli)), runtime,
             "gpus" if gpus else "none", *cli, *run, *argv]
-
-
-def render_shell(argv: Sequence[str]) -> str:
-    """A copy-pasteable shell line of an argv."""
-    return shlex.join(argv)

@@ -85,7 +85,7 @@ def options_for(spec: JobSpec, *, launcher_prefix: Sequence[str] = ()) -> SlurmO
     verbatim, so the scheduler picks the right nodes); otherwise ``--gpus-per-node``.
     """
     env = spec.slurm_env
-    part = env.partition(spec.partition) if env and spec.partition else None
+    part = env.partition_named(spec.partition) if env else None
     if part is None and env is not None:
         part = next((p for p in env.partitions if p.default), None)
     style: GresStyle = "gres" if part is not None and (part.requires_gres or part.gpu_type) else (

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -53,28 +52,13 @@ from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
-from pytest_trtllm_slurm.planning.packing import AllocationShape
+from pytest_trtllm_slurm.planning.packing import AllocationShape, BatchShape
 from pytest_trtllm_slurm.transport.shell import Shell
 
 MIN_LEFT_SECONDS = 300  # an allocation with less left is not reused
 DEFAULT_TIME_LIMIT = "04:00:00"
 SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
 GPU_CHECK = ["nvidia-smi", "--query-compute-apps=pid,name,used_memory", "--format=csv,noheader"]
-
-
-class SizingNeeds(Protocol):
-    """What sizing needs from a batch (JobSpec and BatchKey both have it)."""
-
-    @property
-    def partition(self) -> str | None: ...
-    @property
-    def account(self) -> str | None: ...
-    @property
-    def node_count(self) -> int: ...
-    @property
-    def devices_per_node(self) -> int: ...
-    @property
-    def container_image(self) -> str | None: ...
 
 
 class AllocationState(BaseModel):
@@ -168,7 +152,7 @@ class AllocationRequest:
         return f"{self.account or 'trtllm'}{NAME_SUFFIX}"
 
     @classmethod
-    def covering(cls, shapes: Sequence[SizingNeeds], slurm_env: SlurmEnv | None = None, *,
+    def covering(cls, shapes: Sequence[BatchShape], slurm_env: SlurmEnv | None = None, *,
                  time_limit: str | None = None, nodes: int | None = None) -> AllocationRequest:
         """One allocation for a run's batches (JobSpecs or BatchKeys): the partition most
         of them use, as many nodes as the largest needs (at least ``nodes``, the user's
@@ -178,7 +162,7 @@ class AllocationRequest:
         parts = Counter(s.partition for s in shapes)
         partition = parts.most_common(1)[0][0]
         mine = [s for s in shapes if s.partition == partition]
-        info = slurm_env.partition(partition) if slurm_env and partition else None
+        info = slurm_env.partition_named(partition) if slurm_env else None
         per_node = max([s.devices_per_node for s in mine] + [info.gpus_per_node if info else 0])
         gres_style: GresStyle = "gres" if info and (info.requires_gres or info.gpu_type) else (
             "gpus-per-node")

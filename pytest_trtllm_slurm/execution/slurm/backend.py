@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from pytest_trtllm_slurm.execution.pushed_files import SmallFiles
 from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob
@@ -24,7 +25,11 @@ class Backends:
     wake: Callable[[], None]  # ask the scheduler at the next poll (something changed)
     batches: dict[str, TrackedJob] = field(default_factory=dict)  # this run's, by job id
     seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # for local ids
+    files: SmallFiles = field(init=False)  # exit codes and pids, pushed where the shell pushes
+
+    def __post_init__(self) -> None:
+        self.files = SmallFiles(self.shell)
 
     def read(self, path: str) -> str:
         """The start of a small file the task writes (step id, pid, exit code)."""
-        return self.shell.read_from(path, 0, 4096).decode("utf-8", "replace")
+        return self.files.read(path)

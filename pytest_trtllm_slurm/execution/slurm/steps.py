@@ -67,6 +67,7 @@ class AllocationSteps:
         # a re-used work dir must not show the previous launch's step id or exit code
         shell.run(["rm", "-f", job.files.stepid, job.files.srun_pid,
                    job.files.exit_code], timeout=30)
+        self.shared.files.watch(job.files.exit_code)  # its end wakes the monitor
         argv = render_step_command(
             spec, alloc.job_id, gres_style=opts.gres_style, mpi=opts.mpi,
             launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=job.share,
@@ -112,6 +113,7 @@ class AllocationSteps:
             code_text = read(job.files.exit_code).strip()
             if code_text.lstrip("-").isdigit():
                 ended.append((job, int(code_text)))
+                self.shared.files.forget(job.files.exit_code)
             elif job.warm is not None and job.warm.launched_early:
                 self._hold_at_gate(job, now)
             elif job.step_id is not None and steps is not None and job.step_id in steps:

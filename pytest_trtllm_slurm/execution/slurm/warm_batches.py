@@ -50,7 +50,8 @@ class WarmBatches:
         if pool is None:
             pool = AgentPool(self.shared.shell, alloc, gres_style=opts.gres_style,
                              gres_type=opts.gres_type, warn=self.shared.warn,
-                             list_steps=self.shared.jobs.squeue_steps, early=self.early)
+                             list_steps=self.shared.jobs.squeue_steps, early=self.early,
+                             files=self.shared.files)
             pool.expect(self.expected)
             self.pools[alloc.job_id] = pool
         handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self.shared.seq)}", spec=spec,
@@ -133,6 +134,7 @@ class WarmBatches:
                     # now, not after the next squeue and sacct (a failure still goes that way)
                     job.state = JobState(status=JobStatus.COMPLETED, exit_code=0,
                                          nodelist=job.state.nodelist)
+                    self.shared.files.forget(job.files.exit_code)
         self._place_waiting()
         for job in jobs:
             self.sync(job)

@@ -39,6 +39,7 @@ from pytest_trtllm_slurm.execution.outcome import (
     signal_name,
     signal_of_exit_code,
 )
+from pytest_trtllm_slurm.execution.pushed_files import SmallFiles
 from pytest_trtllm_slurm.execution.records import BadRecord, Heartbeat, validated
 from pytest_trtllm_slurm.execution.render.scripts import gpu_flag, render_step_launcher
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
@@ -179,8 +180,11 @@ class AgentPool:
         placer: Placer | None = None,
         list_steps: Callable[[str], dict[str, StepRow] | None] | None = None,
         early: EarlySessions | None = None,
+        files: SmallFiles | None = None,
     ) -> None:
         self.shell = shell
+        # batches' pids and exit codes: pushed over SSH (no round trip per batch per round)
+        self.files = files or SmallFiles(shell)
         self.early = early or EarlySessions()  # sessions the run started before it collected
         self.list_steps = list_steps  # the scheduler's running steps of an allocation
         self.placer: Placer = placer or BestFit()
@@ -326,6 +330,8 @@ class AgentPool:
             job.life.to(Phase.ENDED)
 
     def release(self, job: WarmJob) -> None:
+        if job.sent is not None:  # no more pushes of its files
+            self.files.forget(job.sent.exit_path, job.sent.pid_path)
         if job.placement is not None:
             give_back(job.placement)
 
@@ -433,6 +439,8 @@ class AgentPool:
                         pid_path=work.batch_pid, exit_path=work.exit_code)
         job.sent = sent
         self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
+        self.files.watch(sent.exit_path)  # its end wakes the monitor
+        self.files.watch(sent.pid_path, wake=False)
         request = {
             "name": sent.request_name,
             "tests": spec.assignment(),  # (node id, key): ``node.assignment``
@@ -479,6 +487,7 @@ class AgentPool:
             if job.state.status is not JobStatus.RUNNING and (
                     self._read(sent.pid_path).strip().isdigit()):
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
+                self.files.forget(sent.pid_path)
         dead = self._dead(node)
         if sent.session in self.lost:
             job.state = JobState(status=JobStatus.CRASHED, nodelist=node.name,
@@ -511,6 +520,7 @@ class AgentPool:
         """The early session lacked one of the batch's node ids (it ran nothing): end it,
         and send the batch to a session that collects the run's node ids."""
         assert job.sent is not None
+        self.files.forget(job.sent.exit_path, job.sent.pid_path)  # read as files from now on
         if node.session == job.sent.session and node.session_ids is None:
             self.shell.write_file(Session(node.session).stop, "")
             node.session = None
@@ -627,9 +637,7 @@ class AgentPool:
                         nodelist=node.name, reason=f"{why}; see {job.spec.log_path}")
 
     def _read(self, path: str) -> str:
-        if not path:
-            return ""
-        return self.shell.read_from(path, 0, 4096).decode("utf-8", "replace")
+        return self.files.read(path)
 
     # -- cancel / close -------------------------------------------------------------
     def cancel(self, job: WarmJob) -> None:

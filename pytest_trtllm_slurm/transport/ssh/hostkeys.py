@@ -40,12 +40,6 @@ class KnownHosts:
     authorities: list[paramiko.PKey] = field(default_factory=list)  # @cert-authority for it
 
 
-def known_keys(path: str, name: str) -> tuple[list[paramiko.PKey], list[paramiko.PKey]]:
-    """(keys recorded for ``name``, keys marked @revoked) from the known_hosts file."""
-    known = known_hosts_for(path, name)
-    return known.keys, known.revoked
-
-
 def known_hosts_for(path: str, name: str) -> KnownHosts:
     """Keys, revoked keys and certificate authorities for ``name`` in the file."""
     known = KnownHosts()

@@ -81,6 +81,15 @@ class RelayAnswer(BaseModel):
 # shim or module to resolve), else the login node's python3; $2 names the relay in ps
 _START = ('command -v "$0" >/dev/null 2>&1 && exec "$0" -u -c "$1" "$2"; '
           'exec python3 -u -c "$1" "$2"')
+# the quick start: the first of the given absolute interpreters that exists, isolated and
+# without site (-I -S: no site-packages' .pth files, no PYTHON* variables: the relay is
+# stdlib only), not what PATH names: a PATH set by the login shell's rc files often leads
+# to a shim (pyenv, asdf: a shell script and a second process per start, measured 0.5 s
+# here) or a module's wrapper. None there: exit 127, and the client starts the relay the
+# plain way (``_START``)
+_QUICK = ('src=$1; shift; for p in "$@"; do [ -f "$p" ] && [ -x "$p" ] && '
+          'exec "$p" -I -S -u -c "$src" "$0"; done; exit 127')
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 
 
 def relay_tag(pid: int | None = None) -> str:
@@ -91,6 +100,24 @@ def relay_tag(pid: int | None = None) -> str:
 def relay_argv(python: str) -> list[str]:
     """The command that starts the relay: its source on the command line, nothing installed."""
     return ["sh", "-c", _START, python, Path(relay_source.__file__).read_text(), relay_tag()]
+
+
+def quick_candidates(python: str) -> list[str]:
+    """The interpreters the quick start tries, in order: the cluster's own when it is an
+    absolute path, and the system's python3 when the cluster names none (``python3``)."""
+    found = [python] if python.startswith("/") else []
+    if python in ("python3", "python"):
+        found += SYSTEM_PYTHONS
+    return found
+
+
+def quick_argv(python: str) -> list[str] | None:
+    """The quick start's command (None: no absolute interpreter to try)."""
+    candidates = quick_candidates(python)
+    if not candidates:
+        return None
+    return ["sh", "-c", _QUICK, relay_tag(), Path(relay_source.__file__).read_text(),
+            *candidates]
 
 
 @dataclass
@@ -136,13 +163,25 @@ class RelayChannel:
 
     @classmethod
     def start(cls, transport: paramiko.Transport, python: str = "python3",
-              ready_timeout: float = READY_TIMEOUT) -> RelayChannel | None:
+              ready_timeout: float = READY_TIMEOUT, *, quick: bool = True) -> RelayChannel | None:
         """A relay on a new channel of ``transport``; None when it does not come up (no
         python3 on the login node, a restricted shell): the caller runs each command on its
-        own channel."""
+        own channel. ``quick``: an absolute interpreter first (``quick_argv``), the plain
+        start when that one does not come up."""
+        argv = quick_argv(python) if quick else None
+        if argv is not None:
+            relay = cls._start(transport, argv, ready_timeout)
+            if relay is not None:
+                return relay
+            log.debug("ssh relay: the quick start did not come up; starting it through PATH")
+        return cls._start(transport, relay_argv(python), ready_timeout)
+
+    @classmethod
+    def _start(cls, transport: paramiko.Transport, argv: list[str],
+               ready_timeout: float) -> RelayChannel | None:
         try:
             chan = transport.open_session(timeout=30)
-            chan.exec_command(remote_command(relay_argv(python)))
+            chan.exec_command(remote_command(argv))
         except (EOFError, OSError, paramiko.SSHException) as exc:
             log.debug("ssh relay: could not start: %s", exc)
             return None

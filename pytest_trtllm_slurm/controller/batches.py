@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from pytest_trtllm_slurm.controller.history import History
-from pytest_trtllm_slurm.controller.item_plans import PlanningContext
+from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.ordering import kept_together
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
 from pytest_trtllm_slurm.planning.packing import Capacity, Estimates, Pool, pools_from_capacities
-from pytest_trtllm_slurm.planning.plan import BatchRow
+from pytest_trtllm_slurm.planning.plan_table import BatchRow
 
 
 def run_batches(

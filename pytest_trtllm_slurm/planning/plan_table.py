@@ -7,9 +7,8 @@ The controller routes and packs; this module only turns its decisions into rows 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -17,8 +16,6 @@ from pytest_trtllm_slurm.node.files import SHARED, write_atomic
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, RouteDecision, Scenario
 
 _SLURM = (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM)
-RouteFn = Callable[[Any, DeviceRequirement], RouteDecision]
-RequirementFn = Callable[[Any], DeviceRequirement]
 
 
 class PlanRow(BaseModel):

@@ -73,7 +73,7 @@ class BatchSpan:
         return "/allocation" in self.pool.name
 
 
-class RunRecord:
+class RunObserver:
     """Observations of one dispatched run. Registered as a plugin while the run lasts."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
@@ -89,7 +89,6 @@ class RunRecord:
         self.guessed: str | None = None  # why the plan's figures are guesses
         self.events: list[tuple[float, str]] = []  # state changes that matter (CI lines)
         self.finished_at: float | None = None
-        self.failed_submissions = 0
 
     # -- what the run loop tells it ------------------------------------------------
     def plan(self, batches: Sequence[Batch], pools: Callable[[BatchKey], Pool],

@@ -1,0 +1,151 @@
+"""From collected items to ItemPlans: requirement, route, batch key per item.
+
+Runs once per session, after collection, only when dispatch or a plan was asked for. Each
+item is one call down per question: ``requirements.size_item`` (what it needs),
+``routing.route_item`` (where it goes, partition included), then its batch key here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import pytest_trtllm_slurm.planning.requirements as requirements
+from pytest_trtllm_slurm.errors import TestSpecError
+from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
+from pytest_trtllm_slurm.planning.batching import BatchKey
+from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch, LocalEnv, RouteDecision
+from pytest_trtllm_slurm.planning.perf_sanity import PerfSources
+from pytest_trtllm_slurm.planning.resolve import resolve_container_image
+from pytest_trtllm_slurm.planning.routing import RemoteEnv, Route, route_item
+from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings, with_mounts
+
+
+@dataclass(slots=True)
+class ItemPlan:
+    """Where one item goes (planning's answer, read by the loop)."""
+
+    item: pytest.Item
+    key: BatchKey | None  # None: runs here
+    skip_reason: str | None = None  # set when nothing can serve it
+    error: str | None = None  # set when its markers or perf-sanity id cannot be read
+
+
+@dataclass
+class PlanningContext:
+    """What planning needs besides the items: found once per run (routing.Targets)."""
+
+    settings: Settings
+    local: LocalEnv
+    clusters: ClustersFile
+    slurm_env: SlurmEnv | None = None
+    perf: PerfSources | None = None
+    rootdir: Path = Path(".")
+    # what discovery over SSH finds on a remote cluster (None: the clusters file alone)
+    remote_env: RemoteEnv | None = None
+    # sessions the run started before it collected (the plugin's early start)
+    early_sessions: EarlySessions | None = None
+
+
+@dataclass(slots=True)
+class PlannedItem:
+    item: pytest.Item
+    requirement: DeviceRequirement
+    decision: RouteDecision
+    plan: ItemPlan
+
+
+def errored_item(item: pytest.Item, message: str) -> PlannedItem:
+    """An item that cannot be planned: it errors at setup with ``message``."""
+    decision = RouteDecision(scenario=None, reason=message)
+    return PlannedItem(item, DeviceRequirement(source="error"), decision,
+                       ItemPlan(item, None, error=message))
+
+
+def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
+    """Where one item goes. Its own markers or perf-sanity id unreadable (TestSpecError):
+    the item errors with the message and nothing else stops; any other ConfigError (an
+    option, the clusters file, a trtllm_slurm marker value) propagates as a usage error."""
+    try:
+        sized = requirements.size_item(item, ctx.settings, ctx.perf)
+    except TestSpecError as exc:
+        return errored_item(item, str(exc))
+    route = route_item(sized.requirement, sized.config, ctx)
+    decision, req = route.decision, route.requirement
+    key = batch_key(route, sized.config, ctx) if decision.dispatched else None
+    skip = decision.reason if decision.scenario is None else None
+    return PlannedItem(item, req, decision, ItemPlan(item, key, skip_reason=skip))
+
+
+def route_and_key(
+    req: DeviceRequirement, test_cfg: requirements.TestConfig, ctx: PlanningContext
+) -> tuple[RouteDecision, BatchKey | None]:
+    """Where a requirement goes and, when dispatched, the key of the batch it joins (None:
+    it runs here, or nothing serves it: ``decision.reason``)."""
+    route = route_item(req, test_cfg, ctx)
+    key = batch_key(route, test_cfg, ctx) if route.decision.dispatched else None
+    return route.decision, key
+
+
+def batch_image(route: Route, explicit: str | None, rootdir: Path) -> str | None:
+    """The image a batch runs in. On a Slurm cluster whose table has a container_runtime
+    other than "none": option/marker > clusters file > jenkins/current_image_tags.properties
+    (by the partition's arch); elsewhere only an explicit image counts."""
+    table = route.table
+    if table is None or table.container_runtime == "none":
+        return explicit
+    return resolve_container_image(explicit, table, rootdir, device_type=route.device_type,
+                                   arch=route.arch)
+
+
+def batch_key(route: Route, test_cfg: requirements.TestConfig,
+              ctx: PlanningContext) -> BatchKey | None:
+    """The key of the batch a dispatched test joins (None: nothing serves it)."""
+    decision, req, table = route.decision, route.requirement, route.table
+    if decision.scenario is None:
+        return None
+    settings = ctx.settings
+    nodes = req.nodes(decision.target_gpus_per_node)
+    launcher = requirements.launcher_for(test_cfg, table.launcher if table else (), nodes)
+    image = batch_image(route, test_cfg.container_image or settings.container_image,
+                        ctx.rootdir)
+    own_mounts = tuple(test_cfg.mounts or ())
+    return BatchKey(
+        scenario=decision.scenario,
+        cluster=decision.cluster,
+        partition=decision.partition,
+        account=test_cfg.account or decision.account,
+        total_devices=req.total,
+        devices_per_node=req.resolve_per_node(decision.target_gpus_per_node),
+        node_count=nodes,
+        device_type=route.device_type if req.total else None,
+        container_image=image,
+        # the clusters file's mounts, models root, env and time_limit are the cluster's
+        # defaults: the marker's win (its mounts first), and the run's --slurm-time-limit
+        # (settings) beats the file's; mounts only mean something in a container
+        mounts=with_mounts(own_mounts, table.container_mounts) if table and image
+        else own_mounts,
+        env=tuple(sorted({**(table.job_env if table else {}), **(test_cfg.env or {})}.items())),
+        # a launcher runs on every rank: one task per GPU (launch=mpi), pytest on rank 0
+        launch=Launch.MPI if launcher else Launch(test_cfg.launch or "single"),
+        launcher=launcher,
+        time_limit=test_cfg.time_limit or (
+            table.time_limit if table and not settings.time_limit else None),
+        mem_mb=req.host_memory_mib or None,
+    )
+
+
+def plan_items(items: list[pytest.Item], ctx: PlanningContext) -> list[PlannedItem]:
+    """Every item's plan; the items of one batch key share one key object (a run of
+    100,000 tests holds a handful of keys, not 100,000 equal copies)."""
+    keys: dict[BatchKey, BatchKey] = {}
+    planned = []
+    for item in items:
+        one = plan_item(item, ctx)
+        if one.plan.key is not None:
+            one.plan.key = keys.setdefault(one.plan.key, one.plan.key)
+        planned.append(one)
+    return planned

@@ -1,0 +1,60 @@
+"""The small files a batch's launcher writes once, by rename (its pid, its exit code),
+read from what a pushing shell sent instead of a round trip per look.
+
+Why: over SSH a batch's end was learnt by reading its exit-code file at every round, one
+round trip per batch per round at the remote cadence (0.2 s), while its report lines were
+already pushed by the login node's relay. Watched here, the exit code is pushed the moment
+the relay sees the file (and the push wakes the monitor), so a remote batch's end is seen
+as soon as a local one's. A file watched once is never watched again (a re-used path: the
+relay may still hold a push of the old file): such reads, and every read over a shell that
+does not push, go to the file itself.
+"""
+
+from __future__ import annotations
+
+from pytest_trtllm_slurm.transport.shell import PushingShell, Shell
+
+SMALL = 4096  # bytes of a small file read at once
+
+
+class SmallFiles:
+    """Reads of small write-once files through ``shell``, pushed where it pushes."""
+
+    def __init__(self, shell: Shell) -> None:
+        self.shell = shell
+        self.pushing: PushingShell | None = shell if isinstance(shell, PushingShell) else None
+        self._watched: set[str] = set()  # watched now: their pushes answer reads
+        self._seen: set[str] = set()  # ever watched: never again (stale pushes)
+        self.round_trips = 0  # reads that went to the file (figures for tests, benchmarks)
+
+    def watch(self, path: str, *, wake: bool = True) -> None:
+        """Have ``path`` pushed from now on (it must not exist yet, or be written once by
+        rename). ``wake``: its arrival ends the monitor's wait (an exit code: yes)."""
+        if self.pushing is None:
+            return
+        if path in self._seen:  # re-used (a retry): its pushes may be the old file's
+            self.forget(path)
+            return
+        self._seen.add(path)
+        self._watched.add(path)
+        self.pushing.watch(path, 0, wake=wake)
+
+    def forget(self, *paths: str) -> None:
+        """No more pushes of ``paths`` (their batch ended, or the value was read)."""
+        for path in paths:
+            if path in self._watched:
+                self._watched.discard(path)
+                assert self.pushing is not None
+                self.pushing.unwatch(path)
+
+    def read(self, path: str) -> str:
+        """The text of ``path`` ("" while absent): what was pushed when it is watched and
+        the pushes cover it, else the file itself."""
+        if not path:
+            return ""
+        if path in self._watched and self.pushing is not None:
+            data = self.pushing.pushed(path, 0, SMALL)
+            if data is not None:
+                return data.decode("utf-8", "replace")
+        self.round_trips += 1
+        return self.shell.read_from(path, 0, SMALL).decode("utf-8", "replace")
