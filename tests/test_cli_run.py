@@ -37,7 +37,10 @@ pytestmark = pytest.mark.devcluster
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TRTLLM_SLURM_") and k != "PYTEST_ADDOPTS"}
-    env["PATH"] = f"{FAKES}{os.pathsep}{env.get('PATH', '')}"
+    # the fakes, then this interpreter's scripts (the job's `pytest` is the one with the
+    # plugin installed, in a venv that is not activated too), then the user's PATH
+    env["PATH"] = os.pathsep.join([str(FAKES), str(Path(sys.executable).parent),
+                                   env.get("PATH", "")])
     env.update(extra)
     return env
 
