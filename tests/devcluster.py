@@ -196,3 +196,14 @@ def publish_ssh_suite(suite, base, ssh, *, partition="batch", message="suite"):
                  ["remote", "add", "origin", str(origin)], ["push", "-q", "origin", "main"]):
         subprocess.run(["git", *args], cwd=suite, check=True, capture_output=True)
     return suite
+
+
+def cancel_allocation(home) -> None:
+    """The allocations a test's remote runs made (their state files under the "cluster"
+    home ``home``), cancelled."""
+    for state in pathlib.Path(home).glob(".trtllm-state/**/*.json"):
+        try:
+            job_id = str(json.loads(state.read_text())["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        subprocess.run(["scancel", job_id], check=False, capture_output=True)

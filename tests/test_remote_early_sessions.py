@@ -5,14 +5,13 @@ from them (they imported the older code). The dev cluster's sshd is the login no
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from devcluster import publish_ssh_suite
+from devcluster import cancel_allocation, publish_ssh_suite
 
 pytestmark = pytest.mark.devcluster
 
@@ -79,16 +78,6 @@ def run(suite: Path, *args: str) -> str:
 
 def sessions(home: Path) -> set[Path]:
     return set(home.glob("**/work_dirs/.agents/*/*/sessions/*"))
-
-
-def cancel_allocation(home: Path) -> None:
-    """The allocation this test's runs made (its state file on the "cluster"), cancelled."""
-    for state in home.glob(".trtllm-state/**/*.json"):
-        try:
-            job_id = str(json.loads(state.read_text())["job_id"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        subprocess.run(["scancel", job_id], check=False, capture_output=True)
 
 
 def test_early_sessions_over_ssh_serve_the_run_and_never_stale_code(

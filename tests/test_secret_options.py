@@ -217,7 +217,7 @@ def test_job_env_values_reach_warm_workers_and_steps_but_no_file_over_ssh(
         devcluster: dict, tmp_path: Path, transport: str) -> None:
     """The same over the dev sshd: nothing under the cluster-side tree (checkout, work
     dirs, agents' mailboxes, state) nor here holds a value."""
-    from devcluster import publish_ssh_suite
+    from devcluster import cancel_allocation, publish_ssh_suite
 
     suite = _warm_suite(tmp_path)
     publish_ssh_suite(suite, tmp_path, devcluster["ssh"], partition="gb200")
@@ -244,12 +244,7 @@ def test_job_env_values_reach_warm_workers_and_steps_but_no_file_over_ssh(
         assert list(home.rglob("agent.sh")) and list(home.rglob("step.sh")), out
         assert list(home.rglob("inbox")), out
     finally:
-        for state in home.glob(".trtllm-state/**/*.json"):
-            try:
-                job_id = str(json.loads(state.read_text())["job_id"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            subprocess.run(["scancel", job_id], check=False, capture_output=True)
+        cancel_allocation(home)
         subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-p", str(ssh["port_key"]),
                         "-O", "exit", f"{ssh['user']}@{ssh['host']}"], capture_output=True,
                        check=False)
