@@ -37,7 +37,8 @@ from pytest_trtllm_slurm.execution.remote.workspace import (  # noqa: E402
     shared_state_dir,
     sync_cluster,
 )
-from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry  # noqa: E402
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry  # noqa: E402
+from pytest_trtllm_slurm.node.paths import StateDir  # noqa: E402
 from pytest_trtllm_slurm.planning.settings import ClusterConfig  # noqa: E402
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import SSHShell, SSHTarget  # noqa: E402
 
@@ -107,7 +108,7 @@ def guarded(repo: Path, shell: SSHShell, ssh: dict[str, Any],
         "user_root_dir": remote.rsplit("/", 1)[0]})
     paths = remote_paths(cluster_cfg, repo)
     assert paths.remote_repo == remote, (paths.remote_repo, remote)
-    runs = ShellRunRegistry(shell, f"{shared_state_dir(cluster_cfg, paths)}/runs")
+    runs = RunRegistry(shell, StateDir(shared_state_dir(cluster_cfg, paths)).runs.dir)
     before = _commands()
     start = time.perf_counter()
     result = sync_cluster(cluster_cfg, repo, shell, name="sync", user="bench", runs=runs)

@@ -51,8 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_trtllm_slurm.controller.test_db import register_if_wanted
 
         register_if_wanted(config, settings)
-    otp_env.take_from_environ()
-    otp_env.hold(getattr(config, "workerinput", {}).get(otp_env.WORKERINPUT_KEY))
+    held = options.held_code(config).take_from_environ()
+    held.hold(getattr(config, "workerinput", {}).get(otp_env.WORKERINPUT_KEY))
     from pytest_trtllm_slurm.cases.items import (
         register_if_wanted,  # YAML case files; a no-op unless asked for
     )
@@ -86,7 +86,7 @@ class TargetCollect:
 def pytest_configure_node(node: object) -> None:
     """pytest-xdist controller: hand the one-time code to each worker through its
     workerinput (the workers start without it in their environment)."""
-    code = otp_env.current()
+    code = options.held_code(node.config).current()  # type: ignore[attr-defined]
     if code:
         node.workerinput[otp_env.WORKERINPUT_KEY] = code  # type: ignore[attr-defined]
 
@@ -172,7 +172,7 @@ def pytest_load_initial_conftests_first(early_config: pytest.Config) -> None:
     environment (nothing this run starts inherits it), skip the conftests when the target
     collects, then start this run's warm-worker sessions (a warm allocation only), so their
     imports overlap the controller's (warm_start)."""
-    otp_env.take_from_environ()
+    options.held_code(early_config).take_from_environ()
     _skip_conftests(early_config)
     ns = early_config.known_args_namespace
     if (getattr(ns, "trtllm_worker_reports", None) or getattr(ns, "collectonly", False)

@@ -29,7 +29,7 @@ from pytest_trtllm_slurm.execution.slurm.allocation import (  # noqa: E402
     AllocationRequest,
 )
 from pytest_trtllm_slurm.execution.slurm.client import SlurmClient  # noqa: E402
-from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor  # noqa: E402
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings  # noqa: E402
 from pytest_trtllm_slurm.planning.jobspec import JobSpec  # noqa: E402
 from pytest_trtllm_slurm.planning.models import Scenario  # noqa: E402
 from pytest_trtllm_slurm.transport.shell import LocalShell  # noqa: E402
@@ -91,17 +91,17 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="bench6-"))
     request = AllocationRequest(partition="gb200", account="acct_a", nodes=1, gpus_per_node=4,
                                 gres_type="gb200", time_limit="30")
-    oneshot = SlurmExecutor(LocalShell(), slurm_env=env, persistent=False)
+    oneshot = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=env, persistent=False))
     try:
         shots = [time_to_first_start(oneshot, worker_spec(root, f"o{i}", "batch"))
                  for i in range(args.repeat)]
         manager = AllocationManager(LocalShell(), rootdir=root, request=request)
         fresh = time_to_first_start(
-            SlurmExecutor(LocalShell(), slurm_env=env, allocation_manager=manager),
+            SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=env), allocation_manager=manager),
             worker_spec(root, "p-new", "gb200"))
         reuse = []
         for i in range(args.repeat):
-            again = SlurmExecutor(LocalShell(), slurm_env=env, allocation_manager=AllocationManager(
+            again = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=env), allocation_manager=AllocationManager(
                 LocalShell(), rootdir=root, request=request))
             reuse.append(time_to_first_start(again, worker_spec(root, f"p{i}", "gb200")))
         print("submit -> first test start, one-shot:            median "
@@ -111,8 +111,7 @@ def main() -> int:
               f"{statistics.median(reuse):.2f} s {[round(s, 2) for s in reuse]}")
 
         rates: dict[str, float] = {}
-        persistent = SlurmExecutor(LocalShell(), slurm_env=env,
-                                   allocation_manager=AllocationManager(
+        persistent = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=env), allocation_manager=AllocationManager(
                                        LocalShell(), rootdir=root, request=request))
         runs = [
             threading.Thread(target=commands_per_minute, args=(

@@ -193,8 +193,8 @@ def test_two_cold_runs_in_one_rootdir_start_one_agent_per_node(devcluster: dict,
 def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
         devcluster: dict, tmp_path: Path) -> None:
     from pytest_trtllm_slurm.execution.remote.workspace import remote_paths, shared_state_dir
-    from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
-    from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+    from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+    from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
     from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
@@ -212,8 +212,8 @@ def test_alloc_status_and_release_reach_a_remote_clusters_allocation(
     remote = AllocationManager(shell, rootdir=tmp_path / "work_dirs" / ".remote-devssh",
                                request=AllocationRequest(partition="batch", account="acct_a",
                                                          time_limit="15"),
-                               store=ShellStateStore(shell, state_dir, STATE),
-                               runs=ShellRunRegistry(shell, f"{state_dir}/runs"),
+                               store=StateStore(shell, state_dir, STATE),
+                               runs=RunRegistry(shell, f"{state_dir}/runs"),
                                agents_dir=str(tmp_path / "remote_work" / ".agents"))
     state = remote.ensure()
     assert state is not None

@@ -4,9 +4,13 @@ package's."""
 from __future__ import annotations
 
 import ast
+import logging
+import re
 import subprocess
 import sys
-from pathlib import Path
+import types
+from pathlib import Path, PurePath
+from typing import TypeVar
 
 import pytest
 
@@ -137,10 +141,9 @@ def test_every_executor_is_the_contract_and_forwards_nothing_by_name() -> None:
 MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem",
             "remove", "discard", "clear"}
 # module-level containers a module writes, each with why it may: only tables filled once
-# while the module is imported, and the one-time code (it stands in for os.environ)
+# while the module is imported
 ALLOWED_STATE = {
     "execution/records.py:MODELS": "record type -> model, filled by @_shape at import",
-    "transport/ssh/otp_env.py:_held": "TRTLLM_SLURM_OTP moved out of os.environ",
 }
 
 
@@ -184,6 +187,77 @@ def test_no_process_wide_state() -> None:
     found = [f for path in sorted(PACKAGE.rglob("*.py")) for f in _module_state(path)]
     assert not found, "\n".join(found)
     for allowed in ALLOWED_STATE:  # each exception still exists, or it goes from the list
+        where, name = allowed.split(":")
+        assert name in (PACKAGE / where).read_text(), allowed
+
+
+# module-level values that are neither immutable nor constant tables, each with why it may
+ALLOWED_GLOBALS = {
+    "execution/records.py:_ADAPTER": "a pydantic TypeAdapter: built once, never changed",
+    "node/worker.py:_encode": "a JSON encoder's encode: it keeps nothing between calls",
+    "transport/ssh/openssh_shell.py:_relay_source": "the relay's source file of this package",
+    "planning/perf_sanity.py:_load_yaml_cached": "keyed by (path, mtime, size): never stale",
+    "planning/perf_sanity.py:_find_yaml": "where a perf config is, per (sources, name)",
+}
+_SIMPLE = (str, bytes, int, float, bool, type(None), tuple, frozenset, type, re.Pattern,
+           PurePath, logging.Logger, TypeVar, pytest.StashKey, types.FunctionType,
+           types.ModuleType, types.GenericAlias, types.UnionType)
+
+
+def _frozen(value: object) -> bool:
+    """An instance nobody can change: a frozen dataclass, a frozen pydantic model, a bare
+    ``object()`` sentinel."""
+    params = getattr(type(value), "__dataclass_params__", None)
+    config = getattr(type(value), "model_config", None)
+    return (type(value) is object or (params is not None and params.frozen)
+            or (isinstance(config, dict) and bool(config.get("frozen")))
+            or type(value).__module__ == "typing")  # a type alias
+
+
+def _module_globals(module: types.ModuleType, path: Path) -> list[str]:
+    """Names bound at the top of ``module`` whose value a run could change: a container
+    whose name is not a CONSTANT table's, or any other object that is not immutable."""
+    where = path.relative_to(PACKAGE).as_posix()
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        if isinstance(node, ast.FunctionDef) and node.decorator_list:
+            names.add(node.name)  # a decorated function may be a cache
+    functions = {n.name for n in ast.parse(path.read_text()).body
+                 if isinstance(n, ast.FunctionDef)}
+    found = []
+    for name in sorted(names):
+        value = getattr(module, name, None)
+        if f"{where}:{name}" in ALLOWED_GLOBALS or name.startswith("__"):
+            continue
+        if isinstance(value, (list, dict, set, bytearray)):
+            if not name.lstrip("_").isupper():
+                found.append(f"{where}:{name}: a mutable {type(value).__name__}")
+        elif hasattr(value, "cache_info") or not (isinstance(value, _SIMPLE) or _frozen(value)
+                                                   or name in functions):
+            found.append(f"{where}:{name}: {type(value).__name__}")
+    return found
+
+
+def test_module_globals_are_constants() -> None:
+    """Every module-level value is a constant: immutable (text, numbers, tuples, frozen
+    sets, compiled patterns, frozen dataclasses and models, loggers, stash keys) or a
+    CONSTANT-named table nobody writes (``test_no_process_wide_state``); no process-wide
+    cache. What a run holds (the one-time code, the early start) lives in ``config.stash``
+    or an object the run owns."""
+    import importlib
+
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found += _module_globals(importlib.import_module(name), path)
+    assert not found, "\n".join(found)
+    for allowed in ALLOWED_GLOBALS:  # each exception still exists, or it goes from the list
         where, name = allowed.split(":")
         assert name in (PACKAGE / where).read_text(), allowed
 

@@ -8,14 +8,14 @@ import inspect
 from pytest_trtllm_slurm.execution import build
 from pytest_trtllm_slurm.execution.cadence import CADENCE, Cadence
 from pytest_trtllm_slurm.execution.monitor import Monitor
-from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
 from pytest_trtllm_slurm.transport.shell import LocalShell
 
 
 def test_the_readers_take_the_cadence_values() -> None:
     assert Monitor([]).poll_interval == CADENCE.monitor == 0.2
-    executor = SlurmExecutor(LocalShell(), persistent=False)
-    assert (executor.min_interval, executor.max_interval) == (0.5, 5.0)
+    executor = SlurmExecutor(LocalShell(), SlurmSettings(persistent=False))
+    assert (executor.settings.min_interval, executor.settings.max_interval) == (0.5, 5.0)
     assert executor.poll_hint is None  # no warm workers: the monitor's own pace
     assert inspect.signature(build.run_build).parameters["poll_interval"].default == 0.5
     assert CADENCE.warm_hint(local=True) == 0.02 and CADENCE.warm_hint(local=False) == 0.2

@@ -33,7 +33,7 @@ from devcluster import run as sh
 from test_docker_dispatch import _engine_env
 
 from pytest_trtllm_slurm.execution.render.containers import PLUGIN_ROOT
-from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Launch, Scenario
 from pytest_trtllm_slurm.transport.shell import LocalShell
@@ -194,8 +194,7 @@ def test_wrapped_batch_and_its_rerun_line_render(tmp_path: Path) -> None:
         rerun_argv=["/host/venv/bin/python", "-m", "pytest"],
         env={"HF_TOKEN": "s3cret", "HOME": "/h", "A": "x y",
              "HTTPS_PROXY": "http://u:pr0xy-pw@proxy:3128"})
-    ex = SlurmExecutor(LocalShell(), persistent=False, container_runtime="podman",
-                       launcher_prefix=["trtllm-llmapi-launch"], container_run_flags=["--ipc=host"])
+    ex = SlurmExecutor(LocalShell(), SlurmSettings(persistent=False, container_runtime="podman", launcher_prefix=("trtllm-llmapi-launch",), container_run_flags=("--ipc=host",)))
     env, argv = ex._wrapped(spec, spec.command, "/w/container_run.sh")
     assert env == {"HF_TOKEN": "s3cret", "A": "x y", "PYTHONPATH": PLUGIN_ROOT,
                    "TRTLLM_SLURM_CENV_HOME": "/h",

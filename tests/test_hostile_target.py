@@ -32,6 +32,7 @@ from fault_drill import alloc_id, make_suite, our_jobs, small_disk
 from fault_drill import run as drill_run
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector
+from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
 from pytest_trtllm_slurm.execution.monitor import Monitor
 from pytest_trtllm_slurm.execution.records import MAX_LINE, UnreadableLine
@@ -288,6 +289,17 @@ def test_a_fresh_heartbeat_is_read(tmp_path: Path) -> None:
 def test_a_hostile_lock_holder_file_is_no_holder(tmp_path: Path) -> None:
     (tmp_path / "lock.holder").write_bytes(NESTED[:10_000])
     assert ShellLock(LocalShell(), str(tmp_path / "lock")).holder() is None
+
+
+def test_a_lock_file_planted_as_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A link planted where a lock file goes (the allocation's state lock in a work_dirs
+    others may write) is refused, naming it; nothing is made where the link points."""
+    victim = tmp_path / "victim"
+    (tmp_path / "state.lock").symlink_to(victim)
+    lock = ShellLock(LocalShell(), str(tmp_path / "state.lock"))
+    with pytest.raises(ExecutionError, match="is a symbolic link: not followed"):
+        lock.acquire(5)
+    assert not victim.exists()
 
 
 # -------------------------------------------------------------- a disk that fills

@@ -244,12 +244,11 @@ def test_pools_from_executors(tmp_path: Path) -> None:
         AllocationManager,
         AllocationRequest,
     )
-    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
     from pytest_trtllm_slurm.transport.shell import LocalShell
 
     request = AllocationRequest(partition="batch", nodes=1, gpus_per_node=4)
-    persistent = SlurmExecutor(LocalShell(), slurm_env=_slurm_env(), allocation_manager=(
-        AllocationManager(LocalShell(), rootdir=tmp_path, request=request)))
+    persistent = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=_slurm_env()), allocation_manager=AllocationManager(LocalShell(), rootdir=tmp_path, request=request))
     direct = DirectExecutor(gpu_ids=[0, 1])
     pool_of = pools_from_capacities({Scenario.LOCAL_SLURM: persistent.capacity(),
                                      Scenario.LOCAL_DIRECT: direct.capacity()})
@@ -261,8 +260,7 @@ def test_pools_from_executors(tmp_path: Path) -> None:
     assert pool_of(_bkey(1, "gb200")).nodes == 3
     local = pool_of(BatchKey(scenario=Scenario.LOCAL_DIRECT, total_devices=1, devices_per_node=1))
     assert (local.gpus, local.ways(Key(1)), local.ways(Key(0))) == (2, 2, 1)
-    one_shot = pools_from_capacities({Scenario.LOCAL_SLURM: SlurmExecutor(
-        LocalShell(), slurm_env=_slurm_env(), persistent=False).capacity()})
+    one_shot = pools_from_capacities({Scenario.LOCAL_SLURM: SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=_slurm_env(), persistent=False)).capacity()})
     assert one_shot(_bkey(1, partition=None)).name == "local_slurm/batch/one-shot"  # type: ignore[arg-type]
 
 

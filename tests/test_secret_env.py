@@ -16,13 +16,13 @@ SUITE = '''
 import json, os, subprocess, sys
 from pathlib import Path
 
-def test_sees_no_code():
+def test_sees_no_code(pytestconfig):
     child = subprocess.run([sys.executable, "-c",
                             "import os; print(os.environ.get('TRTLLM_SLURM_OTP'))"],
                            capture_output=True, text=True, check=True).stdout.strip()
-    from pytest_trtllm_slurm.transport.ssh import otp_env
+    from pytest_trtllm_slurm.controller.options import held_code
     seen = {"test": os.environ.get("TRTLLM_SLURM_OTP"), "child": child,
-            "held": otp_env.current(), "pid": os.getpid()}
+            "held": held_code(pytestconfig).current(), "pid": os.getpid()}
     with open(os.environ["SEEN_FILE"], "a") as fh:
         fh.write(json.dumps(seen) + "\\n")
 '''

@@ -33,8 +33,8 @@ from pytest_trtllm_slurm.execution.remote.workspace import (
 )
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
 from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
-from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
-from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.node.paths import STATE_NAME
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, load_clusters_file
 from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
@@ -94,8 +94,8 @@ def machine_manager(repo: Path, warnings: list[str]) -> AllocationManager:
         shell, rootdir=repo / "work_dirs" / ".remote-devssh",
         request=AllocationRequest(partition="batch", account="acct_a", nodes=1,
                                   gpus_per_node=1, time_limit="15", exclusive=False),
-        store=ShellStateStore(shell, state_dir, STATE_NAME),
-        runs=ShellRunRegistry(shell, f"{state_dir}/runs"), user="root",
+        store=StateStore(shell, state_dir, STATE_NAME),
+        runs=RunRegistry(shell, f"{state_dir}/runs"), user="root",
         warn=warnings.append, wait_seconds=120, agents_dir=f"{paths.remote_work_root}/.agents")
 
 
@@ -156,17 +156,17 @@ HOLDER = r"""
 import sys, time
 from pathlib import Path
 from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
-from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
-from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.planning.settings import load_clusters_file
 from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
 repo, state_dir = Path(sys.argv[1]), sys.argv[2]
 shell = shell_for_cluster(load_clusters_file(None, repo).get("devssh"))
 shell.connect()
-runs = ShellRunRegistry(shell, state_dir + "/runs")
+runs = RunRegistry(shell, state_dir + "/runs")
 runs.use_allocation("4242")
-store = ShellStateStore(shell, state_dir, ".slurm_alloc.json")
+store = StateStore(shell, state_dir, ".slurm_alloc.json")
 with store.locked(30, {"pid": runs.me.pid, "host": runs.me.host, "run_id": runs.me.run_id,
                        "since": "now"}, print):
     print("held", runs.me.run_id, flush=True)
@@ -312,26 +312,26 @@ def _kill_sshd_sessions(client_ports: set[int], *, port: int) -> list[int]:
 
 
 @pytest.fixture
-def registries(machines: dict) -> Iterator[list[ShellRunRegistry]]:
-    made: list[ShellRunRegistry] = []
+def registries(machines: dict) -> Iterator[list[RunRegistry]]:
+    made: list[RunRegistry] = []
     yield made
     for runs in made:
         runs.finish()
         runs.shell.close()  # (its relay ends with the connection)
 
 
-def registry(repo: Path, made: list[ShellRunRegistry]) -> ShellRunRegistry:
+def registry(repo: Path, made: list[RunRegistry]) -> RunRegistry:
     cluster = cluster_of(repo)
     shell = shell_for_cluster(cluster)
     shell.connect()
-    runs = ShellRunRegistry(shell,
+    runs = RunRegistry(shell,
                             f"{shared_state_dir(cluster, remote_paths(cluster, repo))}/runs")
     made.append(runs)
     return runs
 
 
 def test_two_runs_share_a_remote_checkout_only_with_the_same_code(
-        machines: dict, registries: list[ShellRunRegistry]) -> None:
+        machines: dict, registries: list[RunRegistry]) -> None:
     """Run A synced and tests its code; run B (another machine) with other code stops
     before it sends anything, naming the checkout and run A; with the same code it shares
     the checkout (nothing sent); once A has ended, B syncs its own code."""
@@ -364,13 +364,13 @@ def test_two_runs_share_a_remote_checkout_only_with_the_same_code(
 
 
 def test_the_first_clone_keeps_the_shared_state(
-        machines: dict, registries: list[ShellRunRegistry]) -> None:
+        machines: dict, registries: list[RunRegistry]) -> None:
     """The cluster clones origin for the first sync: the registry (the run's record and
     lock) lives beside the checkout, so the clone neither fails on it nor removes it."""
     b_repo = machines["b"]  # a clone: its origin (a's folder) is reachable from the cluster
     run_b = registry(b_repo, registries)
     result = sync_cluster(cluster_of(b_repo), b_repo, run_b.shell, name="t", runs=run_b)
     assert result is not None and result.cloned and not result.warnings, result
-    assert Path(f"{run_b.remote}/{run_b.me.run_id}.json").exists()
+    assert Path(f"{run_b.folder}/{run_b.me.run_id}.json").exists()
     seen = registry(machines["a"], registries).others()
     assert [(r.run_id, alive) for r, alive, _ in seen] == [(run_b.me.run_id, True)]

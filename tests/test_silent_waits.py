@@ -13,7 +13,7 @@ from pathlib import Path
 
 from test_slurm_executor import make_spec
 
-from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
 from pytest_trtllm_slurm.transport.shell import LocalShell
 
 
@@ -37,8 +37,7 @@ def test_a_scheduler_outage_is_said_with_since_when(devcluster: dict, tmp_path: 
     text = re.sub(r"(?m)^MessageTimeout=.*\n", "", text) + "MessageTimeout=2\n"
     conf.write_text(text)
     said: list[str] = []
-    executor = SlurmExecutor(LocalShell(), persistent=False, warn=said.append,
-                             min_interval=0.1, max_interval=0.2, fail_grace=600)
+    executor = SlurmExecutor(LocalShell(), SlurmSettings(persistent=False, min_interval=0.1, max_interval=0.2, fail_grace=600), warn=said.append)
     handle = executor.submit(make_spec(tmp_path, "sleeps", "time.sleep(120)\n"))
     try:
         executor.jobs.shell = UnreachableController(conf)

@@ -36,7 +36,11 @@ from pytest_trtllm_slurm.execution.slurm.allocation import (
     AllocationState,
 )
 from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
-from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, WalltimePolicy
+from pytest_trtllm_slurm.execution.slurm.executor import (
+    SlurmExecutor,
+    SlurmSettings,
+    WalltimePolicy,
+)
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.models import Launch, Scenario
 from pytest_trtllm_slurm.transport.shell import LocalShell
@@ -174,7 +178,7 @@ def timeout_job(slurm_env: SlurmEnv, tmp_path_factory: pytest.TempPathFactory
     for up to 600 s: on the shared dev cluster it may pend behind another run's
     allocation first (test_timeout used to allow 200 s after the module's other tests)."""
     root = tmp_path_factory.mktemp("timeout")
-    executor = SlurmExecutor(LocalShell(), slurm_env=slurm_env, persistent=False)
+    executor = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=slurm_env, persistent=False))
     spec = make_spec(root, "timeout", "report(started=True)\ntime.sleep(600)\n",
                      partition="gb200", time_limit="1")
     watched = WatchedJob(executor, executor.submit(spec), 600)
@@ -196,14 +200,13 @@ def persistent_executor(root: Path, env: SlurmEnv, warnings: list[str] | None = 
                         ) -> SlurmExecutor:
     warn = (warnings.append if warnings is not None else None)
     manager = AllocationManager(LocalShell(), rootdir=root, request=alloc_request(), warn=warn)
-    return SlurmExecutor(LocalShell(), slurm_env=env, persistent=True,
-                         allocation_manager=manager, warn=warn)
+    return SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=env, persistent=True), allocation_manager=manager, warn=warn)
 
 
 # -- one-shot -----------------------------------------------------------------------------
 def test_oneshot_completed_failed_oom_cancelled(slurm_env: SlurmEnv, tmp_path: Path,
                                                 timeout_job: Any) -> None:
-    executor = SlurmExecutor(LocalShell(), slurm_env=slurm_env, persistent=False)
+    executor = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=slurm_env, persistent=False))
     specs = {
         "ok": make_spec(tmp_path, "ok", "report(cvd=os.environ.get('CUDA_VISIBLE_DEVICES'))\n",
                         total_devices=1, devices_per_node=1),
@@ -244,8 +247,7 @@ def test_oneshot_completed_failed_oom_cancelled(slurm_env: SlurmEnv, tmp_path: P
 def test_eight_devices_on_two_nodes_and_mpi_eight_ranks(slurm_env: SlurmEnv, tmp_path: Path,
                                                         timeout_job: Any) -> None:
     warnings: list[str] = []
-    executor = SlurmExecutor(LocalShell(), slurm_env=slurm_env, persistent=False,
-                             warn=warnings.append)
+    executor = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=slurm_env, persistent=False), warn=warnings.append)
     single = make_spec(tmp_path, "eight", """
         # one pytest process on the first node; the test spans nodes itself (--mem=0: the
         # job's memory is held by the outer step, --overlap shares it)
@@ -439,8 +441,7 @@ def test_refused_allocation_and_submission_become_error_states(slurm_env: SlurmE
     manager = AllocationManager(LocalShell(), rootdir=tmp_path, warn=warnings.append,
                                 request=alloc_request(partition="batch", account="nosuch",
                                                       gpus_per_node=0, exclusive=False))
-    executor = SlurmExecutor(LocalShell(), slurm_env=slurm_env, allocation_manager=manager,
-                             warn=warnings.append)
+    executor = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=slurm_env), allocation_manager=manager, warn=warnings.append)
     handle = executor.submit(make_spec(tmp_path, "badacct", "", account="nosuch"))
     state = executor.poll([handle])[handle.job_id]
     assert state.status is JobStatus.ERROR and "Invalid account" in (state.reason or ""), state
@@ -453,9 +454,7 @@ def test_walltime_negotiation_shortens_a_long_wait(slurm_env: SlurmEnv, tmp_path
     holder = sh("sbatch", "--parsable", "-p", "batch", "-N2", "--gres=gpu:h200:4", "-t", "120",
                 "-J", f"{PREFIX}.holder", "-o", "/dev/null", "--wrap", "sleep 600").strip()
     warnings: list[str] = []
-    executor = SlurmExecutor(LocalShell(), slurm_env=slurm_env, persistent=False,
-                             warn=warnings.append,
-                             walltime=WalltimePolicy(pending_after=1, new_limit="30"))
+    executor = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=slurm_env, persistent=False, walltime=WalltimePolicy(pending_after=1, new_limit="30")), warn=warnings.append)
     try:
         end = time.monotonic() + 60
         while sh("squeue", "-h", "-j", holder, "-o", "%T").strip() != "RUNNING":
@@ -478,7 +477,7 @@ def test_walltime_negotiation_shortens_a_long_wait(slurm_env: SlurmEnv, tmp_path
 
 # -- node failure, timeout, leftovers (last: they wait longest or disturb the cluster) -------
 def test_node_fail(slurm_env: SlurmEnv, tmp_path: Path, timeout_job: Any) -> None:
-    executor = SlurmExecutor(LocalShell(), slurm_env=slurm_env, persistent=False)
+    executor = SlurmExecutor(LocalShell(), SlurmSettings(slurm_env=slurm_env, persistent=False))
     handle = executor.submit(make_spec(tmp_path, "nodefail", "report(started=True)\n"
                                        "time.sleep(300)\n"))
     killed = None

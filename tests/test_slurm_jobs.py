@@ -9,7 +9,7 @@ import pytest
 
 from pytest_trtllm_slurm.execution.outcome import JobStatus, map_slurm_state
 from pytest_trtllm_slurm.execution.slurm.allocation import parse_gpu_processes, parse_tres
-from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
 from pytest_trtllm_slurm.execution.slurm.jobs import (
     chunks,
     parse_duration,
@@ -151,7 +151,7 @@ def test_accounting_disabled_falls_back_to_scontrol(tmp_path: Path) -> None:
         "scontrol": [(0, "JobId=7 JobName=a.b JobState=TIMEOUT Reason=TimeLimit ExitCode=0:15 "
                          "NodeList=n1\n", "")],
     })
-    executor = SlurmExecutor(shell, persistent=False)
+    executor = SlurmExecutor(shell, SlurmSettings(persistent=False))
     handle = executor.submit(_spec(tmp_path))
     state = executor.poll([handle])[handle.job_id]
     assert state.status is JobStatus.TIMEOUT and state.nodelist == "n1"
@@ -162,8 +162,7 @@ def test_accounting_disabled_falls_back_to_scontrol(tmp_path: Path) -> None:
 def test_transient_failures_tolerated_then_error(tmp_path: Path) -> None:
     down = (1, "", "squeue: error: Socket timed out on send/recv operation\n")
     shell = ScriptedShell({"sbatch": [(0, "8\n", "")], "squeue": [down]})
-    executor = SlurmExecutor(shell, persistent=False, min_interval=0, max_interval=0,
-                             max_failures=3, fail_grace=0)
+    executor = SlurmExecutor(shell, SlurmSettings(persistent=False, min_interval=0, max_interval=0, max_failures=3, fail_grace=0))
     handle = executor.submit(_spec(tmp_path))
     assert executor.poll([handle])[handle.job_id].status is JobStatus.PENDING
     assert executor.poll([handle])[handle.job_id].status is JobStatus.PENDING
@@ -174,7 +173,7 @@ def test_transient_failures_tolerated_then_error(tmp_path: Path) -> None:
 def test_adaptive_interval_skips_scheduler_queries(tmp_path: Path) -> None:
     shell = ScriptedShell({"sbatch": [(0, "9\n", "")],
                            "squeue": [(0, "9|PENDING|Priority|||\n", "")]})
-    executor = SlurmExecutor(shell, persistent=False, min_interval=0.5, max_interval=5)
+    executor = SlurmExecutor(shell, SlurmSettings(persistent=False, min_interval=0.5, max_interval=5))
     handle = executor.submit(_spec(tmp_path))
     for _ in range(10):  # the monitor calls every 0.2 s; here back to back
         state = executor.poll([handle])[handle.job_id]
@@ -186,7 +185,7 @@ def test_adaptive_interval_skips_scheduler_queries(tmp_path: Path) -> None:
 def test_refused_submission_is_an_error_state(tmp_path: Path) -> None:
     shell = ScriptedShell({"sbatch": [(1, "", "sbatch: error: Invalid account or account/"
                                              "partition combination specified\n")]})
-    executor = SlurmExecutor(shell, persistent=False)
+    executor = SlurmExecutor(shell, SlurmSettings(persistent=False))
     handle = executor.submit(_spec(tmp_path))
     state = executor.poll([handle])[handle.job_id]
     assert state.status is JobStatus.ERROR and "Invalid account" in (state.reason or "")
@@ -230,8 +229,7 @@ def test_finished_job_waits_a_bounded_time_for_its_reports(tmp_path: Path) -> No
     shell = ScriptedShell({"sbatch": [(0, "11\n", "")], "squeue": [(0, "", "")],
                            "sacct": [(0, "11|COMPLETED|0:0|n1|None\n", "")]},
                           files={spec.reports_path: b'{"type": "start"}\n'})
-    executor = SlurmExecutor(shell, persistent=False, min_interval=0, max_interval=0,
-                             report_wait=0.3)
+    executor = SlurmExecutor(shell, SlurmSettings(persistent=False, min_interval=0, max_interval=0, report_wait=0.3))
     handle = executor.submit(spec)
     state = executor.poll([handle])[handle.job_id]
     assert state.status is JobStatus.RUNNING and "shared file system" in (state.reason or "")
@@ -250,7 +248,6 @@ def test_finished_job_waits_a_bounded_time_for_its_reports(tmp_path: Path) -> No
     build = _spec(tmp_path / "c").model_copy(update={"workflow": "build"})
     shell.answers["sbatch"] = [(0, "13\n", "")]
     shell.answers["sacct"] = [(0, "13|COMPLETED|0:0|n1|None\n", "")]
-    waiting = SlurmExecutor(shell, persistent=False, min_interval=0, max_interval=0,
-                            report_wait=600)
+    waiting = SlurmExecutor(shell, SlurmSettings(persistent=False, min_interval=0, max_interval=0, report_wait=600))
     handle = waiting.submit(build)
     assert waiting.poll([handle])[handle.job_id].status is JobStatus.COMPLETED

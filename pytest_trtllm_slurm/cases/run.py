@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest_trtllm_slurm.planning.routing as routing
 from pytest_trtllm_slurm.cases.model import (
@@ -60,6 +61,9 @@ from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, target_name,
 from pytest_trtllm_slurm.planning.requirements import shell_tokens, words_until_operator
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings, with_mounts
 
+if TYPE_CHECKING:
+    from pytest_trtllm_slurm.transport.ssh.otp_env import HeldCode
+
 Say = Callable[[str], None]
 TAIL_ON_FAILURE = 100
 
@@ -91,7 +95,8 @@ class CaseContext:
 
 
 def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, *,
-                     warn: Say = _stderr, say: Say = _stderr) -> CaseContext:
+                     warn: Say = _stderr, say: Say = _stderr,
+                     held: HeldCode | None = None) -> CaseContext:
     """Probe this machine and discover the local Slurm (as the plugin's planning_context)."""
     from pytest_trtllm_slurm.execution.probe import probe_local_env
 
@@ -106,7 +111,7 @@ def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, 
     if clusters.clusters:
         from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
-        remote_env = RemoteClusters(paths.work_root(None, rootdir).cache.dir)
+        remote_env = RemoteClusters(paths.work_root(None, rootdir).cache.dir, held=held)
     return CaseContext(settings=settings, clusters=clusters, local=local, slurm_env=slurm_env,
                        rootdir=rootdir, warn=warn, say=say, remote_env=remote_env)
 

@@ -17,12 +17,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
 from pytest_trtllm_slurm.node.paths import STATE_NAME, StateDir, work_root
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
+
+if TYPE_CHECKING:
+    from pytest_trtllm_slurm.transport.ssh.otp_env import HeldCode
 
 
 def add_alloc_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -86,22 +89,23 @@ def targets(rootdir: Path, wanted: list[str] | None, config: str | None) -> dict
 
 
 def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
-                   config: str | None) -> AllocationManager:
+                   config: str | None, held: HeldCode | None = None) -> AllocationManager:
     """A manager over SSH for a remote cluster's allocation, whose state is on the
     cluster (the folder every machine of the user shares)."""
     from pytest_trtllm_slurm.execution.remote.workspace import remote_paths, shared_state_dir
-    from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
-    from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+    from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+    from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
+    from pytest_trtllm_slurm.transport.ssh.auth import otp_provider
     from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
     cluster = load_clusters_file(Path(config) if config else None, rootdir).get(name)
-    shell = shell_for_cluster(cluster)
+    shell = shell_for_cluster(cluster, otp_provider=otp_provider(held))
     shell.connect()
     state_dir = shared_state_dir(cluster, remote_paths(cluster, rootdir))
     manager = AllocationManager(shell, rootdir=folder, request=AllocationRequest(account=account),
-                                store=ShellStateStore(shell, state_dir, STATE_NAME),
-                                runs=ShellRunRegistry(shell, StateDir(state_dir).runs.dir))
+                                store=StateStore(shell, state_dir, STATE_NAME),
+                                runs=RunRegistry(shell, StateDir(state_dir).runs.dir))
     if account is None:
         state = manager.peek_state()
         if state is not None and state.account:
@@ -126,7 +130,8 @@ def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
             continue
         try:
             manager = (manager_for(folder, args.account, shell) if name == LOCAL else
-                       remote_manager(rootdir, name, folder, args.account, args.config))
+                       remote_manager(rootdir, name, folder, args.account, args.config,
+                                      getattr(args, "held_code", None)))
         except (ConfigError, ExecutionError, OSError) as exc:
             print(f"trtllm-slurm alloc: cluster {name}: {exc}", file=sys.stderr)
             return 1

@@ -106,7 +106,7 @@ def run_remote_env(args: argparse.Namespace, local: LocalEnv,
         raise ConfigError(f"--cluster {args.cluster}: [clusters.{cluster.name}] has no ssh_host "
                           f"and it is not the local Slurm cluster "
                           f"({local.cluster_name or 'none found here'})")
-    remotes = RemoteClusters(None)
+    remotes = RemoteClusters(None, held=getattr(args, "held_code", None))
     try:
         try:
             shell = remotes.shell(cluster)
@@ -208,8 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    otp_env.take_from_environ()  # no job or process this command starts inherits it
+    held = otp_env.HeldCode().take_from_environ()  # no job or process it starts inherits it
     args = build_parser().parse_args(argv)
+    args.held_code = held  # (the command's own, for its logins: ``auth.otp_provider``)
     try:
         return int(args.handler(args))
     except ConfigError as exc:

@@ -218,7 +218,7 @@ def _run(args: argparse.Namespace) -> CaseResult:
 
         classify(inp, base=rootdir)  # bad input fails before any probe
     settings, clusters = settings_from_args(args, rootdir)
-    ctx = discover_context(settings, clusters, rootdir)
+    ctx = discover_context(settings, clusters, rootdir, held=getattr(args, "held_code", None))
     try:
         if args.job_spec:
             timeout = settings.monitor_timeout_seconds if args.monitor_timeout else None

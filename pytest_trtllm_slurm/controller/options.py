@@ -30,6 +30,7 @@ from pytest_trtllm_slurm.planning.durations import (
     format_slurm_time,
     parse_time_limit,
 )
+from pytest_trtllm_slurm.transport.ssh.otp_env import HeldCode
 
 if TYPE_CHECKING:  # config/requirements import pydantic: loaded only when settings are needed
     from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
@@ -174,8 +175,15 @@ MARKERS: tuple[str, ...] = (
 
 _SETTINGS_KEY = pytest.StashKey["Settings"]()
 _CLUSTERS_KEY = pytest.StashKey["ClustersFile"]()
+_CODE_KEY = pytest.StashKey[HeldCode]()
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
+
+
+def held_code(config: pytest.Config) -> HeldCode:
+    """This run's TRTLLM_SLURM_OTP, taken out of the environment (``otp_env``): the run's
+    own, in its ``config.stash``."""
+    return config.stash.setdefault(_CODE_KEY, HeldCode())
 
 
 def register(parser: pytest.Parser) -> None:

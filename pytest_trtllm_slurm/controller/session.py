@@ -107,7 +107,8 @@ def remote_clusters(config: pytest.Config) -> RemoteClusters:
 
     early = early_start(config)  # the connections it opened before collection
     remotes = RemoteClusters(work_root(None, config.rootpath).cache.dir,
-                             early=early.connections if early else None)
+                             early=early.connections if early else None,
+                             held=options.held_code(config))
     config.add_cleanup(remotes.close)
     return remotes
 

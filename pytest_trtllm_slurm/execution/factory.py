@@ -174,8 +174,9 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     from pytest_trtllm_slurm.execution.remote.executor import RemoteSlurmExecutor
     from pytest_trtllm_slurm.execution.remote.workspace import preflight, sync_cluster
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
-    from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
-    from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmSettings
+    from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+    from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 
     names = sorted({k.cluster or "" for k in keys})
@@ -197,9 +198,9 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     local_work_root = paths.work_root(settings.work_dir, rootdir).dir
     remote, state_dir, path_map = early_start.layout(cluster, rootdir, local_work_root)
     # the allocation's state and the run registry live on the cluster: every machine and
-    # CI runner of the user shares them (state_store, shared_runs)
+    # CI runner of the user shares them (state_store, runs)
     runs = (early.runs if early is not None
-            else ShellRunRegistry(shell, paths.StateDir(state_dir).runs.dir))
+            else RunRegistry(shell, paths.StateDir(state_dir).runs.dir))
     ensure_work_root(paths.work_root(None, rootdir).dir)  # this checkout ran (`alloc status`)
     local_state = paths.work_root(None, rootdir).remote_dir(cluster.name)  # the salloc log
     local_state.mkdir(exist_ok=True)
@@ -223,7 +224,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         manager = AllocationManager(
             shell,
             rootdir=local_state,
-            store=ShellStateStore(shell, state_dir, paths.STATE_NAME),
+            store=StateStore(shell, state_dir, paths.STATE_NAME),
             runs=runs,
             request=with_containers(request, cluster, remote_root),
             user=slurm_env.user,
@@ -234,17 +235,15 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     kept = early
     return RemoteSlurmExecutor(
         shell,
+        SlurmSettings(slurm_env=slurm_env, persistent=settings.persistent,
+                      container_runtime=cluster.container_runtime,
+                      walltime=walltime_policy(settings), warm_workers=settings.warm_workers),
         paths=path_map,
         interpreter=sys.executable,
         before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept),
-        slurm_env=slurm_env,
-        persistent=settings.persistent,
         allocation_manager=manager,
         warn=warn,
         runs=runs,
-        container_runtime=cluster.container_runtime,
-        walltime=walltime_policy(settings),
-        warm_workers=settings.warm_workers,
     )
 
 
@@ -253,9 +252,9 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     """SlurmExecutor over the local shell; persistent (an allocation sized for ``keys``)
     unless --trtllm-one-shot."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
-    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
     from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
-    from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+    from pytest_trtllm_slurm.execution.slurm.runs import local_registry
     from pytest_trtllm_slurm.transport.shell import LocalShell
 
     shell = LocalShell()
@@ -270,24 +269,22 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
         manager = allocation_manager(ctx, request, warn=warn)
     local_cfg = local_cluster_config(ctx)
     runtime = local_cfg.container_runtime if local_cfg else "none"
-    run_flags = None
+    run_flags: tuple[str, ...] | None = None
     if runtime in ("docker", "podman"):
         from pytest_trtllm_slurm.execution.local.docker import default_run_flags
 
         # the nodes are this machine's kind: the resource flags it can grant
-        run_flags = default_run_flags("podman" if runtime == "podman" else "docker")
+        run_flags = tuple(default_run_flags("podman" if runtime == "podman" else "docker"))
     return SlurmExecutor(
         shell,
-        slurm_env=ctx.slurm_env,
-        persistent=settings.persistent,
+        SlurmSettings(slurm_env=ctx.slurm_env, persistent=settings.persistent,
+                      container_runtime=runtime, container_run_flags=run_flags,
+                      walltime=walltime_policy(settings), warm_workers=settings.warm_workers),
         allocation_manager=manager,
-        runs=manager.runs if manager else RunRegistry(paths.work_root(None, ctx.rootdir).runs.dir),
+        runs=(manager.runs if manager
+              else local_registry(shell, paths.work_root(None, ctx.rootdir).dir)),
         jobs=jobs,
         warn=warn,
-        container_runtime=runtime,
-        container_run_flags=run_flags,
-        walltime=walltime_policy(settings),
-        warm_workers=settings.warm_workers,
     )
 
 

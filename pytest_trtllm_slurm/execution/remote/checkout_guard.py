@@ -10,7 +10,7 @@ that names the checkout, the run using it and how to proceed. A per-run copy of 
 checkout was not chosen: a TensorRT-LLM checkout is gigabytes and its build
 (``build_project``) lives in it, so a silent copy would cost a clone and a rebuild per run.
 
-Each run's record in the cluster's run registry (``shared_runs``) names the checkout and
+Each run's record in the cluster's run registry (``runs``) names the checkout and
 a key of the code it synced there (the snapshot's tree and the untracked files' content);
 a run is live while it holds its lock there, so a crashed run never blocks the checkout.
 The check and the sync happen under one lock on the cluster, so two runs starting at the
@@ -30,8 +30,7 @@ from pytest_trtllm_slurm.execution.remote.checkout_probe import (
     probe_argv,
 )
 from pytest_trtllm_slurm.execution.remote.sync import PreparedSync
-from pytest_trtllm_slurm.execution.slurm.runs import RunRecord
-from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
 from pytest_trtllm_slurm.node.paths import Runs
 
@@ -43,7 +42,7 @@ _BOTH = 'sh -c "$1" sh "$2"; printf "\\036\\n"; shift 2; exec "$@"'
 
 
 @contextlib.contextmanager
-def checkout_claimed(runs: ShellRunRegistry, checkout: str,
+def checkout_claimed(runs: RunRegistry, checkout: str,
                      prepare: Callable[[], PreparedSync]
                      ) -> Iterator[tuple[PreparedSync, list[RunRecord], RemoteCheckout]]:
     """Hold the checkout's lock while the caller syncs into ``checkout``; yields what
@@ -51,9 +50,9 @@ def checkout_claimed(runs: ShellRunRegistry, checkout: str,
     live runs that test the same code there (the sync must not disturb them) and what the
     checkout holds now. ExecutionError when a live run tests other code there; once the
     sync is done this run's record names the checkout and its code."""
-    runs.shell.mkdir(runs.remote, private=True)
+    runs.make_folder()
     runs.start_lease()
-    lock = ShellLock(runs.shell, Runs(runs.remote).checkout_lock, max_hold=SYNC_LOCK_WAIT + 60)
+    lock = ShellLock(runs.shell, Runs(runs.folder).checkout_lock, max_hold=SYNC_LOCK_WAIT + 60)
     me = runs.me
     info = {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": me.began}
     # once the lock is held, the registry and the checkout are read in the same round trip

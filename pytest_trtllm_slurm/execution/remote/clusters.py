@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
@@ -20,6 +20,9 @@ from pytest_trtllm_slurm.execution.slurm.discovery_cache import DEFAULT_TTL, cac
 from pytest_trtllm_slurm.node.paths import Cache
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
+
+if TYPE_CHECKING:
+    from pytest_trtllm_slurm.transport.ssh.otp_env import HeldCode
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +42,16 @@ class RemoteClusters:
     """Connections and discoveries of the remote clusters a run touches, made on first use."""
 
     def __init__(self, cache_dir: Path | None, *, ttl: float = DEFAULT_TTL,
-                 shell_factory: Any = None, early: EarlyConnections | None = None) -> None:
+                 shell_factory: Any = None, early: EarlyConnections | None = None,
+                 held: HeldCode | None = None) -> None:
+        """``held``: the run's TRTLLM_SLURM_OTP, for logins that ask for a one-time code
+        (None: the environment's only)."""
         self.cache_dir = cache_dir
         # connections opened before collection (taken on first use) and what was done there
         self.early = early or EarlyConnections()
         self.ttl = ttl if cache_dir is not None else 0.0
         self._shell_factory = shell_factory
+        self._held = held
         self._shells: dict[str, Any] = {}
         self._envs: dict[str, SlurmEnv] = {}
         self._failed: dict[str, ConfigError] = {}
@@ -56,9 +63,11 @@ class RemoteClusters:
             if self._shell_factory is not None:
                 shell = self._shell_factory(cluster)
             else:
+                from pytest_trtllm_slurm.transport.ssh.auth import otp_provider
                 from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 
-                shell = self.early.take(cluster) or shell_for_cluster(cluster)
+                shell = self.early.take(cluster) or shell_for_cluster(
+                    cluster, otp_provider=otp_provider(self._held))
             shell.connect()
             self._shells[name] = shell
         return self._shells[name]

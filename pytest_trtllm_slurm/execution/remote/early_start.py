@@ -34,8 +34,8 @@ from pytest_trtllm_slurm.execution.remote.workspace import (
 )
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
-from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
-from pytest_trtllm_slurm.execution.slurm.state_store import ShellStateStore
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.execution.slurm.warm_pool import (
     agent_alive,
     agent_dir,
@@ -75,7 +75,7 @@ class SessionAsk:
 class EarlyRemote:
     """What the early thread did on one cluster, for the executor to take over."""
 
-    runs: ShellRunRegistry
+    runs: RunRegistry
     checked: bool = False  # preflight passed
     synced: bool = False  # the checkout holds ``code`` (the sync ended without error)
     code: str | None = None  # the synced code's key (``PreparedSync.key``)
@@ -102,7 +102,7 @@ def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
     and reports it."""
     local = Path(ask.local_work_root) if ask else work_root(None, rootdir).dir
     paths, state_dir, path_map = layout(cluster, rootdir, local)
-    done = EarlyRemote(ShellRunRegistry(shell, StateDir(state_dir).runs.dir), registry=registry)
+    done = EarlyRemote(RunRegistry(shell, StateDir(state_dir).runs.dir), registry=registry)
     try:
         preflight(shell, cluster)
         done.checked = True
@@ -120,7 +120,7 @@ def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
 
 def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, state_dir: str,
                     path_map: PathMap, ask: SessionAsk, registry: EarlySessions) -> list[str]:
-    raw = ShellStateStore(shell, state_dir, STATE_NAME).read()
+    raw = StateStore(shell, state_dir, STATE_NAME).read()
     try:
         state = load_json(raw or "null", "the state file")
         job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")

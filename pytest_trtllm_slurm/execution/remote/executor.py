@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_trtllm_slurm.execution.protocol import JobHandle
-from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
 from pytest_trtllm_slurm.node import assignment
 from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
@@ -69,9 +69,10 @@ class RemoteSlurmExecutor(SlurmExecutor):
     cluster's before it is submitted; the rest (discovery, allocation, warm workers, what
     the packer reads) is the Slurm executor's own."""
 
-    def __init__(self, shell: Shell, *, paths: PathMap, interpreter: str,
-                 before_close: Callable[[], None] | None = None, **slurm: Any) -> None:
-        super().__init__(shell, **slurm)  # ``slurm``: SlurmExecutor's own settings
+    def __init__(self, shell: Shell, settings: SlurmSettings, *, paths: PathMap,
+                 interpreter: str, before_close: Callable[[], None] | None = None,
+                 **slurm: Any) -> None:
+        super().__init__(shell, settings, **slurm)  # ``slurm``: its collaborators
         self.before_close = before_close  # e.g. stop the early sessions no batch took
         self.paths = paths
         self.interpreter = interpreter

@@ -26,7 +26,7 @@ from pytest_trtllm_slurm.execution.remote.sync import (
     push_sync,
     sync_workspace,
 )
-from pytest_trtllm_slurm.execution.slurm.shared_runs import ShellRunRegistry
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.node.paths import SHARED_STATE, WORK_DIRS, WorkRoot, join, root_of
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.shell import Shell
@@ -176,7 +176,7 @@ toplevel = _toplevel  # the repository's top folder (the early start checks its 
 
 def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,
                  user: str | None = None, say: Callable[[str], None] | None = None,
-                 runs: ShellRunRegistry | None = None) -> SyncResult | None:
+                 runs: RunRegistry | None = None) -> SyncResult | None:
     """Seed Step 4 for a cluster: nothing for ``sync = "none"``, else sync_workspace over
     the SSH connection (``"git"``) or through origin (``"git-origin"``). With ``runs`` (the
     cluster's run registry) the checkout is claimed first (``checkout_guard``): a live run

@@ -46,8 +46,8 @@ from pytest_trtllm_slurm.execution.slurm.jobs import (
 )
 from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX, blocker_note
 from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
-from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
-from pytest_trtllm_slurm.execution.slurm.state_store import LocalStateStore, StateStore
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry, local_registry
+from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
@@ -262,9 +262,10 @@ class AllocationManager:
         self.agents_dir = agents_dir or str(root.agents)
         self.request = replace(request, container_runtime="pyxis") if pyxis else request
         self.jobs = jobs or SlurmJobs(shell)
+        self.work_dirs = root.dir
         self.state_path = root.state
         # where the state lives: here, or on the cluster for a remote one (state_store)
-        self.store: StateStore = store or LocalStateStore(self.state_path)
+        self.store = store or StateStore(shell, root.dir, paths.STATE_NAME, private=False)
         self.salloc_log = root.salloc_log
         # another run may hold the lock while it allocates, and with pyxis while it imports
         # and installs an image (minutes for a TensorRT-LLM image)
@@ -278,7 +279,7 @@ class AllocationManager:
         self.wait_seconds = wait_seconds
         self.messages: list[str] = []  # what ensure() did, for the run's summary
         # this run's lease on the allocation (and its record for the next run, see runs)
-        self.runs = runs or RunRegistry(root.runs.dir)
+        self.runs = runs or local_registry(shell, root.dir)
         self._state_note = "state file was missing"  # why there is no state (orphan message)
 
     # -- state file -------------------------------------------------------------
@@ -348,7 +349,7 @@ class AllocationManager:
     def holding_lock(self) -> Iterator[None]:
         """The state file's lock, waited for with a line every SAY_EVERY seconds naming
         its holder; an ExecutionError naming the lock and its holder after
-        ``_lock_timeout`` seconds (never a bare filelock.Timeout)."""
+        ``_lock_timeout`` seconds."""
         me = self.runs.me
         holder = {"pid": me.pid, "host": me.host, "run_id": me.run_id,
                   "since": datetime.now().strftime("%H:%M:%S")}

@@ -31,6 +31,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.errors import ExecutionError
@@ -62,7 +63,32 @@ from pytest_trtllm_slurm.planning.masking import is_masked, is_secret
 from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
-__all__ = ["SlurmExecutor", "WalltimePolicy"]
+__all__ = ["SlurmExecutor", "SlurmSettings", "WalltimePolicy"]
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """How a SlurmExecutor runs its batches: where (one-shot jobs, or steps of the
+    persistent allocation, by warm workers), how a batch is launched (launcher prefix,
+    container), and how often the scheduler is asked and how long its silence is ridden
+    out."""
+
+    slurm_env: SlurmEnv | None = None
+    persistent: bool = True
+    warm_workers: bool = False  # persistent only: an agent per node serves batches by fork
+    walltime: WalltimePolicy | None = None
+    launcher_prefix: tuple[str, ...] = ()
+    container: ContainerOptions | None = None
+    container_runtime: str = "none"
+    container_run_flags: tuple[str, ...] | None = None
+    min_interval: float = CADENCE.scheduler_min  # the scheduler's adaptive interval
+    max_interval: float = CADENCE.scheduler_max
+    # a scheduler that fails max_failures times in a row over fail_grace seconds (a
+    # slurmctld restart takes a few) turns the jobs into ERROR; fewer are ridden out
+    max_failures: int = 5
+    fail_grace: float = 30.0
+    final_wait: float = 60.0  # seconds a batch that left the queue waits for its end state
+    report_wait: float = 15.0  # ... and for its last reports
 
 
 class SlurmExecutor(Executor):
@@ -74,58 +100,41 @@ class SlurmExecutor(Executor):
     def __init__(
         self,
         shell: Shell,
+        settings: SlurmSettings | None = None,
         *,
-        slurm_env: SlurmEnv | None = None,
-        persistent: bool = True,
         allocation_manager: AllocationManager | None = None,
         jobs: SlurmJobs | None = None,
-        launcher_prefix: Sequence[str] = (),
-        container: ContainerOptions | None = None,
-        container_runtime: str = "none",
-        container_run_flags: Sequence[str] | None = None,
-        warn: Callable[[str], None] | None = None,
-        min_interval: float = CADENCE.scheduler_min,
-        max_interval: float = CADENCE.scheduler_max,
-        max_failures: int = 5,
-        fail_grace: float = 30.0,
-        final_wait: float = 60.0,
-        report_wait: float = 15.0,
-        walltime: WalltimePolicy | None = None,
-        warm_workers: bool = False,
         runs: RunRegistry | None = None,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
-        if persistent and allocation_manager is None:
+        self.settings = settings = settings or SlurmSettings()
+        if settings.persistent and allocation_manager is None:
             raise ValueError("persistent=True needs an allocation_manager")
         self.shell = shell
-        self.slurm_env = slurm_env
-        self.persistent = persistent
+        self.slurm_env = slurm_env = settings.slurm_env
+        self.persistent = persistent = settings.persistent
         self.allocations = allocation_manager
         self.jobs = jobs or (allocation_manager.jobs if allocation_manager else SlurmJobs(shell))
         self.warn = warn or (lambda msg: None)
-        self.min_interval, self.max_interval = min_interval, max_interval
-        # a scheduler that fails max_failures times in a row over fail_grace seconds (a
-        # slurmctld restart takes a few) turns the jobs into ERROR; fewer are ridden out
-        self.max_failures, self.fail_grace = max_failures, fail_grace
-        self.final_wait, self.report_wait = final_wait, report_wait
-        self.walltime = walltime
+        self.walltime = walltime = settings.walltime
+        final_wait = settings.final_wait
         # this run's record (what it submitted, for the next run after a SIGKILL)
         self.runs = runs or (allocation_manager.runs if allocation_manager else None)
-        # warm workers (persistent only): an agent per node serves the batches by fork
-        self.warm_workers = warm_workers and persistent
+        self.warm_workers = settings.warm_workers and persistent
         # seconds between monitor rounds (warm batches are files: see cadence)
         self.poll_hint = (CADENCE.warm_hint(local=isinstance(shell, LocalShell))
                           if self.warm_workers else None)
         self._warned: set[str] = set()
         self.launch = LaunchOptions(
-            self.jobs, slurm_env=slurm_env, launcher_prefix=launcher_prefix,
-            container=container, container_runtime=container_runtime,
-            container_run_flags=container_run_flags, warn_once=self._warn_once)
+            self.jobs, slurm_env=slurm_env, launcher_prefix=settings.launcher_prefix,
+            container=settings.container, container_runtime=settings.container_runtime,
+            container_run_flags=settings.container_run_flags, warn_once=self._warn_once)
         # the backends and what they share
         self._shared = Backends(shell=shell, jobs=self.jobs, runs=self.runs,
                                 warn=lambda msg: self.warn(msg), wake=self._wake)
         self._jobs = self._shared.batches
         self._by_work_dir: dict[str, TrackedJob] = {}
-        self.watch = AllocationWatch(self._shared, fail_grace=fail_grace,
+        self.watch = AllocationWatch(self._shared, fail_grace=settings.fail_grace,
                                      warn_once=self._warn_once, on_end=self._allocation_ended)
         self.oneshot = OneShotJobs(self._shared, slurm_env=slurm_env, persistent=persistent,
                                    walltime=walltime, final_wait=final_wait)
@@ -134,7 +143,7 @@ class SlurmExecutor(Executor):
         self.warm = WarmBatches(self._shared, steps=self.steps,
                                 early=allocation_manager.early if allocation_manager else None)
         # the scheduler's adaptive interval and its outages
-        self._interval = min_interval
+        self._interval = settings.min_interval
         self._next_at = 0.0
         self._failures = 0
         self._failing_since: float | None = None
@@ -274,8 +283,8 @@ class SlurmExecutor(Executor):
                 self._failures += 1
                 self._failing_since = self._failing_since or now
                 self._say_failing(exc, now)
-                if self._failures >= self.max_failures and (
-                        now - self._failing_since >= self.fail_grace):
+                if self._failures >= self.settings.max_failures and (
+                        now - self._failing_since >= self.settings.fail_grace):
                     for job in active:
                         job.state = JobState(status=JobStatus.ERROR, reason=(
                             f"scheduler not answering ({self._failures} tries): {exc}"))
@@ -286,7 +295,8 @@ class SlurmExecutor(Executor):
             # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
             changed = any(visible_state(j).status != before[j.handle.job_id] for j in asked)
             self._interval = CADENCE.next_scheduler_interval(
-                self._interval, changed=changed, low=self.min_interval, high=self.max_interval)
+                self._interval, changed=changed, low=self.settings.min_interval,
+                high=self.settings.max_interval)
             self._next_at = time.monotonic() + self._interval
         return {j.handle.job_id: self._shown(j) for j in jobs}
 
@@ -307,7 +317,7 @@ class SlurmExecutor(Executor):
         """An ended batch is shown once the allocation's end is ruled out and its reports
         are complete."""
         if self.watch.confirmed(job) and reports_settled(self.shell, job, now,
-                                                         self.report_wait):
+                                                         self.settings.report_wait):
             job.life.settle()
 
     def _shown(self, job: TrackedJob) -> JobState:
@@ -399,7 +409,7 @@ class SlurmExecutor(Executor):
         return self.launch.wrapped(spec, command, script)
 
     def _wake(self) -> None:
-        self._interval = self.min_interval
+        self._interval = self.settings.min_interval
         self._next_at = 0.0
 
     def _warn_once(self, key: str, msg: str) -> None:

@@ -6,6 +6,14 @@ host, the process' start time, so a reused pid is not taken for it), the persist
 allocation it uses, and the one-shot jobs and allocation steps it submitted. The file
 is removed when the run ends, Ctrl-C, SIGTERM and SIGHUP included.
 
+The folder is on the Shell's host: the checkout's ``work_dirs/.runs`` for the local
+cluster, a private folder on a remote cluster (there it is shared by every machine and CI
+runner of the user: a run on a laptop must see that a CI runner uses the allocation). A
+pid cannot be checked from another machine, so each run proves it is alive by holding a
+``flock`` on its own ``<run id>.lock`` there for as long as it runs (``shell_lock``):
+whoever can take that lock knows the run is gone (ended, killed, or its connection
+dropped). A record of this host whose process still runs counts as alive too.
+
 Two uses:
 
 * a lease: a run replacing the persistent allocation never cancels one that a live
@@ -18,10 +26,11 @@ Two uses:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,12 +38,26 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, shell_where
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.node.files import write_atomic
-from pytest_trtllm_slurm.node.paths import Runs
+from pytest_trtllm_slurm.node.paths import Runs, WorkRoot, name_of
+from pytest_trtllm_slurm.transport.shell import Shell
 
-FOREIGN_HOST_TTL = 24 * 3600.0  # a run on another host (shared file system) counts as
-# alive this long after its file last changed: its pids cannot be checked from here
+log = logging.getLogger(__name__)
+
+# every record with whether its run still holds its lock ("live") or not ("dead")
+_LIST = r"""
+command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
+cd "$1" 2>/dev/null || exit 0
+for f in *.json; do
+  [ -f "$f" ] || continue
+  id=${f%.json}
+  if flock -n "$id.lock" true 2>/dev/null; then a=dead; else a=live; fi
+  printf '%s\t%s\t%s\n' "$f" "$a" "$(tr -d '\n' <"$f")"
+done
+"""
+SHORT_LOCK_WAIT = 120.0  # the registry's lock is held for a check and a write only
 
 
 class StepRecord(BaseModel):
@@ -89,40 +112,96 @@ def pid_alive(pid: int, started: str) -> bool:
 
 
 class RunRegistry:
-    """The registry folder of one target (the local cluster, or one remote cluster)."""
+    """The registry folder of one target (the local cluster, or one remote cluster), on
+    ``shell``'s host. ``work_root``: a local folder to create git-ignored first
+    (``work_dirs``, see work_root)."""
 
-    def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
+    def __init__(self, shell: Shell, folder: str | Path, *,
+                 work_root: Path | None = None) -> None:
+        self.shell = shell
+        self.folder = str(folder).rstrip("/")
+        self.work_root = work_root
         pid = os.getpid()
         self.me = RunRecord(run_id=f"{socket.gethostname()}-{pid}-{uuid.uuid4().hex[:6]}",
                             pid=pid, host=socket.gethostname(), started=process_start(pid),
                             began=time.strftime("%Y-%m-%d %H:%M:%S"))
         self._saved = False
-
-    def _make_folder(self) -> None:
-        ensure_work_root(self.folder.parent)  # (work_dirs: created git-ignored)
-        self.folder.mkdir(exist_ok=True, mode=0o700)
+        self._made = False
+        self._lease: ShellLock | None = None
+        self._starting: threading.Thread | None = None
+        self._start_error: BaseException | None = None
 
     @property
-    def path(self) -> Path:
+    def where(self) -> str:
+        return shell_where(self.shell, self.folder)
+
+    @property
+    def path(self) -> str:
         return Runs(self.folder).record(self.me.run_id)
+
+    def make_folder(self) -> None:
+        """The registry's folder: ours, 0700, nobody else may write it."""
+        if not self._made:
+            if self.work_root is not None:
+                ensure_work_root(self.work_root)
+            self.shell.mkdir(self.folder, private=True)
+            self._made = True
+
+    def _holder(self) -> dict[str, object]:
+        me = self.me
+        return {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": me.began}
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """The registry's short lock: held while a run registers as an allocation's user,
         and while a run checks for users before it cancels an allocation."""
-        self._make_folder()
-        fd = os.open(Runs(self.folder).lock, os.O_RDWR | os.O_CREAT, 0o600)
+        self.make_folder()
+        lock = ShellLock(self.shell, Runs(self.folder).lock, max_hold=SHORT_LOCK_WAIT + 60)
+        if not lock.acquire(SHORT_LOCK_WAIT, self._holder()):
+            raise ExecutionError(f"another run held {lock.where} for more than "
+                                 f"{SHORT_LOCK_WAIT:.0f} s ({lock.describe()})")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)  # releases the lock
+            lock.release()
+
+    def _hold_lease(self) -> None:
+        """This run's own lock, held while it runs: its proof of life to other machines
+        (taken again if the holder ended, e.g. after the connection dropped)."""
+        if self._lease is not None and self._lease.held:
+            return
+        self.make_folder()
+        lease = self._lease or ShellLock(self.shell, Runs(self.folder).lease(self.me.run_id),
+                                         keep=True)
+        if not lease.acquire(60, self._holder()):
+            raise ExecutionError(f"could not take this run's own lock {lease.where}")
+        self._lease = lease
+
+    def start_lease(self) -> None:
+        """Begin taking this run's lock in the background (it costs a round trip); the
+        first save() waits for it."""
+        if self._starting is None and (self._lease is None or not self._lease.held):
+            self._starting = threading.Thread(target=self._start, daemon=True,
+                                              name="run lease")
+            self._starting.start()
+
+    def _start(self) -> None:
+        try:
+            self._hold_lease()
+        except BaseException as exc:  # noqa: BLE001 - raised again by save()
+            self._start_error = exc
 
     def save(self) -> None:
-        """Write this run's file (atomically, 0600)."""
-        self._make_folder()
-        write_atomic(self.path, self.me.model_dump_json())
+        """Write this run's file (atomically, 0600), its lease held first: a record is
+        never seen without its live lock."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+            if self._start_error is not None:
+                error, self._start_error = self._start_error, None
+                raise error
+        self._hold_lease()
+        self.shell.write_file(self.path, self.me.model_dump_json())
         self._saved = True
 
     def use_allocation(self, job_id: str | None) -> None:
@@ -149,41 +228,58 @@ class RunRegistry:
         self.save()
 
     def finish(self) -> None:
-        """The run ended (normally or interrupted): its file goes."""
+        """The run ended (normally or interrupted): its file and its lease go."""
         if self._saved:
-            self.path.unlink(missing_ok=True)
+            self.shell.run(["rm", "-f", "--", self.path], timeout=60)
             self._saved = False
+        if self._lease is not None:
+            self._lease.release()
+            self.shell.run(["rm", "-f", "--", Runs(self.folder).lease(self.me.run_id)],
+                           timeout=60)
+            self._lease = None
 
-    def others(self) -> list[tuple[RunRecord, bool, Path | str]]:
-        """(record, alive, path) of every other run's file; unreadable ones are skipped."""
-        found: list[tuple[RunRecord, bool, Path | str]] = []
-        try:
-            paths = sorted(self.folder.glob("*.json"))
-        except OSError:
+    def others(self) -> list[tuple[RunRecord, bool, str]]:
+        """Every other run's record, live or not (none when they cannot be told apart:
+        a live run must never be taken for a dead one)."""
+        res = self.shell.run(self.list_argv(), timeout=60)
+        if not res.ok:
+            log.warning("run registry %s could not be listed: %s", self.where, res.describe())
             return []
-        for path in paths:
-            if path == self.path:
+        return self.parse_listing(res.stdout)
+
+    def list_argv(self) -> list[str]:
+        """The listing's command (to run alone, or with another look in one round trip)."""
+        return ["sh", "-c", _LIST, "sh", self.folder]
+
+    def parse_listing(self, stdout: str) -> list[tuple[RunRecord, bool, str]]:
+        """(record, alive, path) of every other run, from the listing's output."""
+        found: list[tuple[RunRecord, bool, str]] = []
+        for line in stdout.splitlines():
+            name, _, rest = line.partition("\t")
+            state, _, text = rest.partition("\t")
+            if name == name_of(self.path):
                 continue
             try:
-                record = RunRecord.model_validate(json.loads(path.read_text("utf-8")))
-                mtime = path.stat().st_mtime
-            except (OSError, ValueError, ValidationError):
+                record = RunRecord.model_validate(json.loads(text))
+            except (ValueError, ValidationError):
                 continue
-            found.append((record, self.alive(record, mtime), path))
+            alive = state == "live" or (record.host == self.me.host
+                                        and pid_alive(record.pid, record.started))
+            found.append((record, alive, Runs(self.folder).at(name)))
         return found
 
-    def alive(self, record: RunRecord, mtime: float) -> bool:
-        if record.host != self.me.host:
-            return time.time() - mtime < FOREIGN_HOST_TTL
-        return pid_alive(record.pid, record.started)
-
-    def drop(self, path: Path | str) -> None:
-        """Forget a dead run's file (the reaper cancelled what it left)."""
-        Path(path).unlink(missing_ok=True)
+    def drop(self, path: str) -> None:
+        """Forget a dead run's file and its lock (the reaper cancelled what it left)."""
+        self.shell.run(["rm", "-f", "--", str(path), Runs.lease_of(str(path))], timeout=60)
 
     def users_of(self, allocation: str) -> list[RunRecord]:
         """Live runs other than this one that use ``allocation``."""
         return [r for r, alive, _ in self.others() if alive and r.allocation == allocation]
 
-    def dead(self) -> list[tuple[RunRecord, Path | str]]:
+    def dead(self) -> list[tuple[RunRecord, str]]:
         return [(r, p) for r, alive, p in self.others() if not alive]
+
+
+def local_registry(shell: Shell, work_dirs: Path) -> RunRegistry:
+    """The run registry of a checkout's local cluster: ``work_dirs/.runs``."""
+    return RunRegistry(shell, WorkRoot(work_dirs).runs.dir, work_root=work_dirs)

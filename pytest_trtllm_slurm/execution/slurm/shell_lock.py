@@ -8,7 +8,11 @@ its connection drops: sshd closes the pipe, ``cat`` ends, the kernel drops the l
 crashed holder's lock is recovered at once, without a time-out to guess; a holder that
 vanished without closing its connection (a suspended laptop) lets go after ``max_hold``.
 
-The same works over a LocalShell (a plain child process), so one code path serves both.
+The same works over a LocalShell (a plain child process), so one code path serves both:
+every lock of the plugin's state (the allocation's state file, the run registry, each
+run's proof of life, the remote checkout) is this one. The temporary files it writes are
+made by ``mktemp`` (new, 0600, never through a planted link), and a lock file that is a
+symbolic link is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import IO
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.records import load_json
 from pytest_trtllm_slurm.node.paths import holder_of
-from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
+from pytest_trtllm_slurm.transport.shell import CommandResult, LocalShell, Shell
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ log = logging.getLogger(__name__)
 _HOLD = r"""
 lock=$1 wait=$2 hold=$3 info=$4; shift 4
 command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
+[ -L "$lock" ] && { echo "$lock is a symbolic link: not followed" >&2; exit 71; }
 exec 9>>"$lock" || exit 71
 flock -x -w "$wait" 9 || exit 75
 umask 077
@@ -84,7 +89,7 @@ class ShellLock:
     @property
     def where(self) -> str:
         """The lock file as messages name it."""
-        return f"{self.shell.name}:{self.path}"
+        return shell_where(self.shell, self.path)
 
     @property
     def held(self) -> bool:
@@ -108,7 +113,7 @@ class ShellLock:
         hold.thread = threading.Thread(target=self._run_holder, args=(hold, argv), daemon=True,
                                        name=f"lock {self.path}")
         hold.thread.start()
-        started, pause, said = time.monotonic(), 0.01, time.monotonic()
+        started, pause, said = time.monotonic(), 0.002, time.monotonic()
         while True:
             if hold.result is not None:  # the holder ended before it held the lock
                 if hold.result.returncode == LOCK_WAIT_EXIT:
@@ -127,7 +132,7 @@ class ShellLock:
                 said = now
                 waiting(now - started)
             time.sleep(pause)
-            pause = min(0.25, pause * 2)
+            pause = min(0.25, pause * 1.5)  # (a local holder holds within ms)
 
     def release(self, *, wait: bool = False) -> None:
         """Let go: the holder's stdin closes, it removes its record and ends, which frees
@@ -194,6 +199,11 @@ class ShellLock:
         hold.result = result
 
 
+def shell_where(shell: Shell, path: str) -> str:
+    """A path of ``shell``'s host as messages name it (``host:path``; a local path as is)."""
+    return path if isinstance(shell, LocalShell) else f"{shell.name}:{path}"
+
+
 def describe_holder(info: dict[str, object] | None) -> str:
     """``held by pid P on H since T, run R`` from a holder record (messages)."""
     try:
@@ -211,8 +221,10 @@ def hold_stdin(shell: Shell, argv: list[str],
         result: CommandResult = runner(argv, produce, timeout=None)
         return result
     with tempfile.TemporaryFile() as err:  # (communicate() would close stdin at once)
+        # LocalShell: a child process here, in its own session (a Ctrl-C at the terminal
+        # is this run's to handle: its lock is let go when the run lets go, or dies)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=err)  # LocalShell: a child process here
+                                stderr=err, start_new_session=True)
         assert proc.stdin is not None
         feeder = threading.Thread(target=_feed_and_close, args=(proc.stdin, produce),
                                   daemon=True)

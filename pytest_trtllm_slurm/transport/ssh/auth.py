@@ -9,6 +9,7 @@ it never reaches disk, logs, exceptions or repr().
 
 from __future__ import annotations
 
+import functools
 import getpass
 import logging
 import os
@@ -21,14 +22,14 @@ import paramiko
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.transport.ssh.hostkeys import fingerprint
-from pytest_trtllm_slurm.transport.ssh.otp_env import OTP_ENV
-from pytest_trtllm_slurm.transport.ssh.otp_env import current as current_env_otp
+from pytest_trtllm_slurm.transport.ssh.otp_env import OTP_ENV, HeldCode
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KEY_FILES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 KI = "keyboard-interactive"
+PROMPT = "the terminal prompt"
 
 
 class OneTimeCode:
@@ -59,9 +60,10 @@ def can_prompt() -> bool:
     return bool(stdin and stdin.isatty()) and not os.environ.get("CI")
 
 
-def default_otp_provider(target: SSHTarget) -> OneTimeCode:
-    """TRTLLM_SLURM_OTP, else ``otp_command`` (run locally), else a terminal prompt."""
-    value = current_env_otp()  # taken out of os.environ: no child process inherits it
+def default_otp_provider(target: SSHTarget, held: HeldCode | None = None) -> OneTimeCode:
+    """TRTLLM_SLURM_OTP (``held``: the run's, taken out of os.environ so that no child
+    process inherits it), else ``otp_command`` (run locally), else a terminal prompt."""
+    value = (held or HeldCode()).current()
     if value:
         return OneTimeCode(value, f"the {OTP_ENV} environment variable")
     if target.otp_command:
@@ -69,12 +71,18 @@ def default_otp_provider(target: SSHTarget) -> OneTimeCode:
     if can_prompt():
         code = getpass.getpass(f"One-time code for {target.display}: ").strip()
         if code:
-            return OneTimeCode(code, "the terminal prompt")
+            return OneTimeCode(code, PROMPT)
     raise ConfigError(
         f"{target.display} asks for a one-time code (keyboard-interactive) and none is "
         f"available (no terminal to prompt on). Supply it with {OTP_ENV}=<code> for this run, "
         f"or set otp_command = \"<command printing the current code>\" in {target.where}"
     )
+
+
+def otp_provider(held: HeldCode | None) -> OtpProvider:
+    """The default provider, reading the run's held TRTLLM_SLURM_OTP (None: the
+    environment's only)."""
+    return functools.partial(default_otp_provider, held=held)
 
 
 def run_otp_command(target: SSHTarget) -> str:
@@ -199,7 +207,7 @@ def _second_step(transport: paramiko.Transport, target: SSHTarget, otp_provider:
 
 def _keyboard_interactive(transport: paramiko.Transport, target: SSHTarget,
                           otp_provider: OtpProvider) -> None:
-    attempts = 3 if (can_prompt() and not current_env_otp() and not target.otp_command) else 1
+    attempts = 3  # a person at the prompt may retype a code; any other source is tried once
     for attempt in range(1, attempts + 1):
         code = otp_provider(target)
         if isinstance(code, str):
@@ -213,7 +221,7 @@ def _keyboard_interactive(transport: paramiko.Transport, target: SSHTarget,
         try:
             transport.auth_interactive(target.user, handler)
         except paramiko.AuthenticationException:
-            if attempt < attempts and transport.is_active():
+            if source == PROMPT and attempt < attempts and transport.is_active():
                 continue
             raise ConfigError(
                 f"{target.display} refused the one-time code from {source} "

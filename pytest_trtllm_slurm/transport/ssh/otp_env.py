@@ -3,8 +3,10 @@
 A one-time code in ``os.environ`` would reach every process this run starts: local
 workers, every srun/sbatch job (Slurm exports the submitter's environment), the tests
 themselves. The plugin takes it out before any of them starts (``take_from_environ``, at
-start-up) and keeps it in this process's memory only; pytest-xdist workers get it from
-the controller through their ``workerinput`` (a pipe, not the environment or a file).
+start-up) into a ``HeldCode`` that the run owns (the plugin's ``config.stash``, the CLI's
+arguments), never the process: two runs in one process keep their own. pytest-xdist
+workers get it from the controller through their ``workerinput`` (a pipe, not the
+environment or a file).
 """
 
 from __future__ import annotations
@@ -14,24 +16,31 @@ import os
 OTP_ENV = "TRTLLM_SLURM_OTP"
 WORKERINPUT_KEY = "trtllm_slurm_otp"
 
-_held: list[str] = []
 
+class HeldCode:
+    """One run's code from TRTLLM_SLURM_OTP, in memory only; repr() never shows it."""
 
-def take_from_environ() -> None:
-    """Move TRTLLM_SLURM_OTP from the environment into this process's memory."""
-    value = os.environ.pop(OTP_ENV, None)
-    if value is not None and value.strip():
-        _held[:] = [value.strip()]
+    __slots__ = ("_value",)
 
+    def __init__(self) -> None:
+        self._value: str | None = None
 
-def hold(value: str | None) -> None:
-    """Keep ``value`` as this run's code (an xdist worker, from its controller)."""
-    if value:
-        _held[:] = [value]
+    def take_from_environ(self) -> HeldCode:
+        """Move TRTLLM_SLURM_OTP from the environment into this holder."""
+        value = os.environ.pop(OTP_ENV, None)
+        if value is not None and value.strip():
+            self._value = value.strip()
+        return self
 
+    def hold(self, value: str | None) -> None:
+        """Keep ``value`` as this run's code (an xdist worker, from its controller)."""
+        if value:
+            self._value = value
 
-def current() -> str | None:
-    """This run's code from TRTLLM_SLURM_OTP, if one was given (a caller that set it
-    after start-up, such as a program using the API, is read as it is)."""
-    value = os.environ.get(OTP_ENV, "").strip()
-    return value or (_held[0] if _held else None)
+    def current(self) -> str | None:
+        """The code, if one was given (a caller that set TRTLLM_SLURM_OTP after start-up,
+        such as a program using the API, is read as it is)."""
+        return os.environ.get(OTP_ENV, "").strip() or self._value
+
+    def __repr__(self) -> str:
+        return f"HeldCode({'***' if self._value else None})"

@@ -12,7 +12,7 @@ from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 
 def shell_for_cluster(cluster: ClusterConfig, *, ssh_config_path: str | None = None,
-                      otp_provider: OtpProvider = default_otp_provider) -> Any:
+                      otp_provider: OtpProvider | None = None) -> Any:
     """The Shell a remote cluster's ``transport`` asks for (SSHShell or OpenSSHShell).
     ``TRTLLM_SLURM_SSH_RELAY=0``: no relay on the login node (a channel per command, SFTP
     for files), for login nodes that end long-lived processes, and as a baseline."""
@@ -21,5 +21,5 @@ def shell_for_cluster(cluster: ClusterConfig, *, ssh_config_path: str | None = N
         return OpenSSHShell(target)
     relay = os.environ.get("TRTLLM_SLURM_SSH_RELAY", "1").strip().lower() not in (
         "0", "false", "no", "off")
-    return SSHShell(target, otp_provider=otp_provider, relay=relay,
+    return SSHShell(target, otp_provider=otp_provider or default_otp_provider, relay=relay,
                     relay_python=cluster.python)
