@@ -1,15 +1,8 @@
-"""The persistent allocation: one ``salloc --no-shell`` reused by every run of a repo.
-
-Batches run as steps inside it, so repeated runs skip the queue. Its state file
-``<rootdir>/work_dirs/.slurm_alloc.json`` is written atomically (0600) and every
-read-validate-allocate sequence holds ``.slurm_alloc.json.lock``, so xdist
-workers and concurrent pytest runs end up sharing one allocation. The
-allocation is never released automatically: only ``release()`` (the
-``--trtllm-release-allocation`` option, ``trtllm-slurm alloc release``) does.
-
-With pyxis (``container_runtime = "pyxis"``) the allocation also holds the run's named
-containers (``alloc_containers``): each image is set up once, a changed image is set up
-next to the others in the same allocation instead of reallocating.
+"""The persistent allocation: one ``salloc --no-shell`` reused by every run of a repo,
+so batches run as steps and repeated runs skip the queue. Its state file is guarded by a
+lock (``state_store``), so concurrent runs share one allocation; only ``release()``
+(``--trtllm-release-allocation``, ``trtllm-slurm alloc release``) frees it. With pyxis it
+also holds the run's named containers (``alloc_containers``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""SSHShell: the Shell protocol over one paramiko connection (remote_slurm's transport).
+"""SSHShell: the Shell protocol over one paramiko connection.
 
-One Transport per run and on it one relay channel (``node/relay.py``, started once per
-connection): commands and file operations ride it, one round trip each, and it pushes
-the growth of watched files. Without the relay (or while it is
-being replaced), a channel per command, SFTP for reads and the relay's code run once per
-mkdir or write (commands.OneOpFiles). A dropped
-connection is re-established with backoff on the next call (an MFA login asks the
-code provider again); a command cut by the drop is re-run only when the caller says
-it may be (``retry_on_drop``; sbatch must not be).
+Commands and file operations ride one relay channel per connection (``node/relay.py``),
+one round trip each, and it pushes the growth of watched files. Without it, a channel per
+command, SFTP for reads and the relay's code once per mkdir or write (``OneOpFiles``). A
+dropped connection is re-established with backoff on the next call; a command cut by the
+drop is re-run only when the caller allows it (``retry_on_drop``; sbatch must not be).
 """
 
 from __future__ import annotations
