@@ -280,37 +280,31 @@ class AllocationManager:
         """The state file, or None. One that cannot be read or is not a state (binary
         garbage, truncated, wrong types, a folder) is moved aside and reported."""
         try:
-            text = self.store.read()
-            return None if text is None else AllocationState.model_validate(
-                load_json(text, "the state file"))
+            return self._parsed_state()
         except (OSError, ValueError, ValidationError) as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            aside = self._move_aside()
+            aside = self.store.move_aside("bad")
             self._state_note = f"state file was unreadable ({first})"
             self._say(f"State file {self.store.where} is unreadable or corrupt ({first}); "
                       + (f"moved to {aside}; " if aside else "")
                       + "continuing without it.", warn=True)
             return None
 
-    def _move_aside(self, why: str = "bad") -> str | None:
-        """Keep a bad state file for a look (``.slurm_alloc.json.<why>-<time>``)."""
-        return self.store.move_aside(why)
-
     def peek_state(self) -> AllocationState | None:
         """The state file if it parses, without the lock and without removing a bad one
         (it is replaced atomically, so a read sees a whole file, old or new)."""
         try:
-            text = self.store.read()
-            return None if text is None else AllocationState.model_validate(
-                load_json(text, "the state file"))
+            return self._parsed_state()
         except (OSError, ValueError, ValidationError):
             return None
 
+    def _parsed_state(self) -> AllocationState | None:
+        text = self.store.read()
+        return None if text is None else AllocationState.model_validate(
+            load_json(text, "the state file"))
+
     def _write_state(self, state: AllocationState) -> None:
         self.store.write(state.model_dump_json(indent=2) + "\n")
-
-    def _delete_state(self) -> None:
-        self.store.delete()
 
     # -- the main entry -----------------------------------------------------------
     def ensure(self) -> AllocationState | None:
@@ -367,10 +361,10 @@ class AllocationManager:
             if kind == "gone":
                 self._say(f"Allocation {state.job_id} is gone ({why}); stale state file "
                           "removed.", warn=True)
-                self._delete_state()
+                self.store.delete()
                 self._state_note = f"allocation {state.job_id} was gone"
             elif kind == "foreign":
-                aside = self._move_aside("foreign")
+                aside = self.store.move_aside("foreign")
                 self._state_note = f"state file named job {state.job_id}, not ours"
                 self._say(f"State file {self.store.where} names job {state.job_id}, which is not "
                           f"this checkout's allocation ({why}): not used, not cancelled; "
@@ -386,7 +380,7 @@ class AllocationManager:
                     users = self.runs.users_of(state.job_id)
                     if not users:
                         self.jobs.scancel([state.job_id])
-                        self._delete_state()
+                        self.store.delete()
                 if users:
                     pids = ", ".join(f"pid {u.pid} on {u.host}" for u in users)
                     self._say(f"Allocation {state.job_id} {why}, but live run(s) use it "
@@ -720,7 +714,7 @@ class AllocationManager:
                 gone = "invalid job id" in out.lower()
                 msgs.append(f"Allocation {state.job_id} " + (
                     "was already gone; state file removed." if gone else "released."))
-            self._delete_state()
+            self.store.delete()
             self.salloc_log.unlink(missing_ok=True)
             try:
                 found = self.jobs.by_name(self.user, self.request.job_name)
