@@ -308,13 +308,9 @@ class AllocationManager:
 
     # -- the main entry -----------------------------------------------------------
     def ensure(self) -> AllocationState | None:
-        """A RUNNING allocation for the request: reused when valid, else created.
-
-        Returns None (with a warning) when an incompatible allocation is busy with
-        steps of another run: the caller then runs its batches one-shot. With pyxis the
-        request's images are set up in it first (ExecutionError naming the image when a
-        setup step fails; the allocation is kept and the next run tries again).
-        """
+        """A RUNNING allocation for the request, reused when valid, else created; None
+        (warned) when an incompatible one is busy with another run's steps (batches then
+        run one-shot). With pyxis the request's images are set up in it first."""
         if not self.pyxis:  # the common case without the lock: a valid allocation
             with self.runs.locked():  # (nobody cancels it between the check and the lease)
                 state = self.peek_state()
@@ -659,11 +655,8 @@ class AllocationManager:
         return None
 
     def check_gpu_processes(self, state: AllocationState) -> list[str]:
-        """Leftover GPU processes on the allocation's nodes (warned; nothing is killed).
-
-        Skipped while steps run in the allocation: their processes are not leftovers
-        (known without squeue when this run's early sessions went to its live agents).
-        """
+        """Leftover GPU processes on the allocation's nodes (warned; nothing is killed);
+        skipped while steps run in it (their processes are no leftovers)."""
         if state.gpus_per_node <= 0 or self.early.on_allocation(state.job_id) or (
                 self.jobs.squeue_steps(state.job_id)):
             return []

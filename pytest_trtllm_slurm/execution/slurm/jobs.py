@@ -158,11 +158,8 @@ def parse_squeue_steps(stdout: str) -> dict[str, StepRow]:
 
 
 def parse_sacct(stdout: str, *, steps: bool = False) -> dict[str, AcctRow]:
-    """``sacct -n -P --format=JobID,State,ExitCode,NodeList,Reason`` rows.
-
-    Jobs are keyed by job id (``123+0`` folded into ``123``, its first row kept);
-    with ``steps`` the keys are ``<job>.<step>`` and job rows are skipped.
-    """
+    """``sacct -n -P --format=JobID,State,ExitCode,NodeList,Reason`` rows by job id
+    (``123+0`` folded into ``123``, first row kept), or with ``steps`` by ``<job>.<step>``."""
     rows: dict[str, AcctRow] = {}
     for line in stdout.splitlines():
         cols = line.strip().split("|")
@@ -226,11 +223,8 @@ _SUBMISSIONS = frozenset({"sbatch", "salloc"})
 
 
 def job_ids(ids: list[str]) -> list[str]:
-    """``ids`` unchanged when each is a Slurm job or step id (``123``, ``123_4``, ``123.0``).
-
-    They are positional arguments of scancel and scontrol: an id read back from a damaged
-    state or step file such as ``--user=me`` would otherwise cancel every job of a user.
-    """
+    """``ids`` unchanged when each is a Slurm job or step id: they are positional arguments
+    of scancel, where a damaged file's ``--user=me`` would cancel every job of a user."""
     bad = [i for i in ids if not _JOB_ID.fullmatch(str(i))]
     if bad:
         raise ExecutionError(f"refusing Slurm job id(s) {bad!r}: expected numbers such as "
@@ -298,11 +292,8 @@ class SlurmJobs:
         return parse_squeue_steps(res.stdout) if _answered(res) else None
 
     def sacct(self, ids: Iterable[str], *, steps: bool = False) -> dict[str, AcctRow]:
-        """Accounting rows for job ids (``-X``) or step ids (``<job>.<step>``).
-
-        Raises SchedulerError on failure; sets ``accounting = False`` (and returns {})
-        when the cluster has accounting disabled, so callers fall back to scontrol.
-        """
+        """Accounting rows for job ids (``-X``) or step ids (``<job>.<step>``); {} and
+        ``accounting = False`` where accounting is disabled (callers use scontrol)."""
         rows: dict[str, AcctRow] = {}
         fmt = "--format=JobID,State,ExitCode,NodeList,Reason"
         for part in chunks(ids, self.chunk):
