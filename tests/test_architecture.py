@@ -195,7 +195,7 @@ def test_no_process_wide_state() -> None:
 ALLOWED_GLOBALS = {
     "execution/records.py:_ADAPTER": "a pydantic TypeAdapter: built once, never changed",
     "node/worker.py:_encode": "a JSON encoder's encode: it keeps nothing between calls",
-    "transport/ssh/openssh_shell.py:_relay_source": "the relay's source file of this package",
+    "transport/ssh/commands.py:_relay_source": "the relay's source file of this package",
     "planning/perf_sanity.py:_load_yaml_cached": "keyed by (path, mtime, size): never stale",
     "planning/perf_sanity.py:_find_yaml": "where a perf config is, per (sources, name)",
 }

@@ -195,7 +195,7 @@ def test_wrapped_batch_and_its_rerun_line_render(tmp_path: Path) -> None:
         env={"HF_TOKEN": "s3cret", "HOME": "/h", "A": "x y",
              "HTTPS_PROXY": "http://u:pr0xy-pw@proxy:3128"})
     ex = SlurmExecutor(LocalShell(), SlurmSettings(persistent=False, container_runtime="podman", launcher_prefix=("trtllm-llmapi-launch",), container_run_flags=("--ipc=host",)))
-    env, argv = ex._wrapped(spec, spec.command, "/w/container_run.sh")
+    env, argv = ex.launch.wrapped(spec, spec.command, "/w/container_run.sh")
     assert env == {"HF_TOKEN": "s3cret", "A": "x y", "PYTHONPATH": PLUGIN_ROOT,
                    "TRTLLM_SLURM_CENV_HOME": "/h",
                    "TRTLLM_SLURM_CENV_HTTPS_PROXY": "http://u:pr0xy-pw@proxy:3128"}
@@ -207,7 +207,7 @@ def test_wrapped_batch_and_its_rerun_line_render(tmp_path: Path) -> None:
         run.index("img:1") - 6:run.index("img:1") + 1]
     assert run[run.index("img:1") + 1:] == ["trtllm-llmapi-launch", "python3", "-m", "pytest",
                                              "-p", "w"]
-    assert ex._options(spec).launcher_prefix == ()  # not again outside the container
+    assert ex.launch.options(spec).launcher_prefix == ()  # not again outside the container
 
     line = ex.rerun_command(spec, "t.py::x")
     # A is not on the allow-list of shown values: left to the shell, as HF_TOKEN (-e A)

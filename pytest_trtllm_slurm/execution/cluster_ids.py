@@ -1,9 +1,6 @@
-"""Job ids that name their cluster, for a run that spans several Slurm clusters.
-
-Why: each cluster numbers its jobs on its own, so two clusters can hand out the same id,
-while the controller keys what it watches and records by job id. Wrapped this way a
-cluster's jobs are ``NAME:ID`` for the controller (and in the messages a user reads,
-which then say where a job ran); the wrapped executor still sees its own ids.
+"""Job ids that name their cluster (``NAME:ID``), for a run that spans several Slurm
+clusters: each numbers its jobs on its own, while the controller keys them by id (and the
+messages then say where a job ran). The wrapped executor still sees its own ids.
 """
 
 from __future__ import annotations
@@ -11,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pytest_trtllm_slurm.execution.outcome import JobState
-from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle, PersistentAllocation
-from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.transport.shell import Shell
 
@@ -25,23 +22,10 @@ class ClusterJobIds(Executor):
         self.wrapped = wrapped
         self.cluster = cluster
         self.shell: Shell = wrapped.shell
+        # what the controller and the packer read of it: set once when an executor is made
+        self.poll_hint, self.slurm_env = wrapped.poll_hint, wrapped.slurm_env
+        self.allocations, self.prepares = wrapped.allocations, wrapped.prepares
         self._own: dict[str, JobHandle] = {}  # qualified id -> the wrapped executor's handle
-
-    @property
-    def poll_hint(self) -> float | None:  # type: ignore[override]
-        return self.wrapped.poll_hint
-
-    @property
-    def slurm_env(self) -> SlurmEnv | None:  # type: ignore[override]
-        return self.wrapped.slurm_env
-
-    @property
-    def allocations(self) -> PersistentAllocation | None:  # type: ignore[override]
-        return self.wrapped.allocations
-
-    @property
-    def prepares(self) -> bool:  # type: ignore[override]
-        return self.wrapped.prepares
 
     def expect(self, tests: Mapping[str, str]) -> None:
         self.wrapped.expect(tests)

@@ -1,15 +1,6 @@
-"""The one place executors are built, for the plugin and for ``trtllm-slurm run`` alike.
-
-Both callers know the same things once a run has looked around (settings, this machine's
-probe, the local Slurm's discovery, the clusters file, the remote connections): that is
-``ExecutorContext``, which the plugin's PlanningContext and the case runner's CaseContext
-both are. Given the shapes of the batches (BatchKeys, or a case's JobSpec), this module
-builds the executor of each target: local subprocess, docker/podman, Slurm over the
-local shell (a persistent allocation unless one-shot), and, per remote cluster, Slurm over
-SSH with the code synced and paths mapped (a run may span several clusters: each has its
-own executor, keyed ``(REMOTE_SLURM, name)``; see ``planning.models.target_of``). No
-pytest here: the plugin's side (reading options, the terminal for warnings) stays in
-``controller.session``.
+"""The one place executors are built, for the plugin and for ``trtllm-slurm run`` alike:
+given what a run found (``ExecutorContext``) and the shapes of its batches, the executor
+of each target (``planning.models.target_of``), each remote cluster its own. No pytest.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The plugin's work root (``<rootdir>/work_dirs`` by default), created git-ignored.
 
-Why: a run writes logs, job specs and state there, inside the user's repository. Like
-pytest's ``.pytest_cache``, the folder ignores itself when the plugin creates it, so
-``git status`` stays clean and a code sync's list of untracked files never picks up old logs.
-A folder that already exists is left as the user has it (unless it is reached through a
-link someone else owns); one the plugin creates is private (0700, ``make_dirs``).
+Like ``.pytest_cache``, the folder ignores itself, so ``git status`` and a code sync never
+see old logs. An existing folder is left as it is (unless reached through someone else's
+link); one the plugin creates is 0700.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The warm worker of one node of a persistent allocation (target side).
 
-``python -m pytest_trtllm_slurm.node.agent --dir D --node N`` runs as one Slurm step
-per node (holding the node's GPUs with ``--overlap``) and stays for the life of
-the allocation. It imports pytest and every pytest plugin once; each run of the
-controller then asks it (``D/inbox/<run>.json``) for a *session*: a forked
-``pytest.main`` that collects the run's tests once (paying the suite's import
-cost once per node, not once per batch) and serves the run's batches itself
-(see ``node.session_server``). A later run starts in milliseconds, not seconds.
-
-It never serves stale code: before each session it re-stats the plugin's own
-files and, when one changed, re-executes itself (same step, same mailbox).
+``python -m pytest_trtllm_slurm.node.agent --dir D --node N`` runs as one Slurm step per
+node for the allocation's life, with pytest and its plugins imported once; each run asks
+it (``D/inbox/<run>.json``) for a session (``node.session_server``) that collects once and
+serves the run's batches. It re-executes itself when the plugin's files changed.
 """
 
 from __future__ import annotations

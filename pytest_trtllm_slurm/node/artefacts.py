@@ -1,17 +1,9 @@
 """Plugin artefacts a batch hands back through its work dir (target side).
 
-A dispatched test runs in another process, so what pytest-cov and pytest-benchmark
-gather there would die with it. pytest-xdist's workers send that data over their
-channel; ours write it next to ``reports.jsonl`` and the controller merges it into its
-own pytest-cov and pytest-benchmark sessions when the batch ends (``artefacts``):
-
-- ``coverage.db``: the batch's coverage data (coverage.py's own data file format);
-- ``benchmarks.json``: each benchmark's ``as_dict()``, as in ``--benchmark-json``.
-
-The worker itself never reports, saves or judges: the controller's plugins do that
-once, for the whole run (no coverage table in the job log, no ``--cov-fail-under`` on
-a part of the run, no ``--benchmark-json`` written by a batch). Standard library and
-pytest only; coverage is imported only where pytest-cov runs.
+What pytest-cov and pytest-benchmark gather in a dispatched test would die with its
+process: the worker writes it next to ``reports.jsonl`` (``coverage.db``,
+``benchmarks.json``) and the controller's own plugins merge, report and judge it once for
+the whole run. Standard library and pytest only; coverage only where pytest-cov runs.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""The collect-only record: what the target collected, for a controller that cannot import
-the suite (``--trtllm-collect=target``; stdlib + pytest).
-
-The target runs ``pytest --collect-only`` with the user's arguments and the conftest's own
-options (test lists, waives, prefixes select and reorder there, as in a plain run) and this
-plugin writes ``collection.json`` once collection is over: per selected item, in the final
-order, its key (path relative to the rootdir + the chain of names below the file), the node
-id pytest shows, its location, its markers with their arguments (sizing reads them) and the
-keywords ``-k`` matches; the items the conftest deselected; the collectors that failed or
-skipped (their serialized reports); and where it ran (node, GPU), so the controller can
-say which target collected.
+"""The collect-only record (``--trtllm-collect=target``; stdlib + pytest): what the target
+collected with the user's arguments and the conftest's options, for a controller that
+cannot import the suite. ``collection.json``: per selected item in order, its key, node id,
+location, markers and keywords; the deselected items; the failed or skipped collectors;
+and where it ran.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Folders and files only this user can have written (target side, standard library only).
 
-The warm workers run whatever request they find in their mailbox (``pytest.main`` with its
-argv, environment and working directory), and take GPUs through lock files in a node-local
-folder. Whoever can write there can run code as the user or hold the user's GPUs. So:
-
-- the mailboxes are created 0700 (``make_private_dirs``), and folders of ours found more
-  open (a tree an older version made under umask 002) are closed (``close_own_dirs``);
-- a folder that is not ours, or is a symbolic link, is not used at all;
-- a request file is read only when it is a regular file of ours that neither group nor
-  others may write (``open_trusted``), checked on the open file, not on its name;
-- the GPU lock folder is ``/tmp/trtllm-slurm-<uid>/<job>-<node>``, and the first part is
-  verified (ours, 0700, not a link) before use: another user who created it first gets
-  a refusal that names it, not our GPUs (``private_lock_dir``).
-
-And every file of state a process writes for another to read (job specs, allocation and
-run state, mailbox requests, exit codes, heartbeats, results) goes through ``write_atomic``:
-the one place that writes a temporary file, fsyncs it, renames it over the name and fsyncs
-the folder, 0600 unless the caller says the file is meant to be read by others. Standard
-library only, in the lowest layer, so that every layer uses this one.
+Why: the warm workers run whatever request is in their mailbox and take GPUs through lock
+files; whoever can write there runs code as the user or holds the user's GPUs. So folders
+are made 0700 and verified ours (not links, nobody else may write them), a request is read
+only from a regular file of ours checked on the open file (``open_trusted``), and the GPU
+lock folder's first part is verified before use (``private_lock_dir``). Every file of
+state one process writes for another goes through ``write_atomic`` (temporary file, fsync,
+rename, fsync of the folder; 0600 unless the caller says it is meant for others).
 """
 
 from __future__ import annotations

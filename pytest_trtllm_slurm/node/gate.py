@@ -1,16 +1,10 @@
 """The start gate of a step launched before its GPUs are free (target side).
 
-A multi-node MPI batch runs as a Slurm step whose ranks each start an interpreter and
-import the suite: seconds (torch, tensorrt_llm) during which the batch's nodes would sit
-idle. With warm workers the controller launches such a step as soon as the batch is known
-and sets ``TRTLLM_SLURM_GATE=DIR``. Every rank collects, says so (``DIR/ready.<rank>``),
-rank 0 writes ``DIR/ready`` once all ranks have, and every rank waits for ``DIR/open``
-before running a test. The controller writes ``open`` when the step's nodes are free, so
-the imports overlap the batches running there meanwhile. Each rank also writes
-``DIR/done.<rank>`` as its interpreter exits (after the tests' own exit handlers): the
-controller gives the nodes to the next batches then, not seconds later when srun and
-the step's accounting are through. ``wait_at_gate`` is standard library only; ``Gate``
-is its pytest face, registered by the worker plugin.
+Why: a multi-node MPI batch's ranks spend seconds importing the suite. With warm workers
+the step starts early with ``TRTLLM_SLURM_GATE=DIR``: each rank collects and writes
+``DIR/ready.<rank>`` (rank 0 ``DIR/ready`` once all have), waits for ``DIR/open`` (written
+when the nodes are free) and writes ``DIR/done.<rank>`` as it exits, so the nodes go to the
+next batch at once. ``wait_at_gate`` is stdlib only; ``Gate`` is its pytest face.
 """
 
 from __future__ import annotations

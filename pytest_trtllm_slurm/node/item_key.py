@@ -1,13 +1,9 @@
 """What identifies a test on any side, whatever a hook did to its node id (one place).
 
-A key is the item's file relative to the rootdir plus the names of the collectors and the
-item below that file (``accuracy/test_a.py::TestX::test_y[fp8]``). It is what pytest
-computes a node id from before any plugin rewrote it: a conftest that prefixes every
-``_nodeid`` with the stage name (TensorRT-LLM's ``--test-prefix``) changes the node id,
-not the names. Names still come from the suite's own code on both sides (a patched
-``CallSpec2.id`` drops empty parameter ids from names on the worker as on the controller).
-An item collected elsewhere (a placeholder for a test collected on the target) carries its
-key precomputed (``set_item_key``); the controller reads every key through ``item_key``.
+A key is the item's file relative to the rootdir plus the names below it
+(``accuracy/test_a.py::TestX::test_y[fp8]``): a conftest that prefixes node ids
+(TensorRT-LLM's ``--test-prefix``) changes the node id, not the names. An item collected
+elsewhere carries its key precomputed (``set_item_key``).
 """
 
 from __future__ import annotations

@@ -145,12 +145,7 @@ class Relay:
     def _file_op(self, request):
         # type: (Dict[str, Any]) -> None
         """One file operation, one round trip (over SFTP: open, stat, read, close...)."""
-        answer = {"id": request["id"]}  # type: Dict[str, Any]
-        try:
-            answer.update(FILE_OPS[request["op"]](request))
-        except OSError as exc:
-            answer.update(errno=exc.errno or 0, error=exc.strerror or str(exc))
-        self.send(answer)
+        self.send(dict(_answer(request), id=request["id"]))
 
     def _run(self, request):
         # type: (Dict[str, Any]) -> None
@@ -390,17 +385,20 @@ def _mkdir(request):
 FILE_OPS = {"read": _read, "size": _size, "write": _write, "mkdir": _mkdir}
 
 
+def _answer(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    try:
+        return FILE_OPS[request["op"]](request)
+    except OSError as exc:
+        return {"errno": exc.errno or 0, "error": exc.strerror or str(exc)}
+
+
 def one_op():
     # type: () -> None
     """One file operation (a JSON request on stdin, its answer on stdout): what a shell
-    without a relay (OpenSSH's) runs for each write and mkdir."""
+    without a relay runs for each write and mkdir (commands.OneOpFiles)."""
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    answer = {}  # type: Dict[str, Any]
-    try:
-        answer.update(FILE_OPS[request["op"]](request))
-    except OSError as exc:
-        answer.update(errno=exc.errno or 0, error=exc.strerror or str(exc))
-    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.write(json.dumps(_answer(request)) + "\n")
 
 
 def main():

@@ -1,14 +1,10 @@
 """pytest-timeout's thread method in a worker: the test that ran too long is reported.
 
-``--timeout-method=thread`` (TensorRT-LLM's CI runs it) ends the whole process with
-``os._exit(1)`` after dumping every thread's stack: a plain run stops there, and to the
-controller the batch would look like a crash. So the worker sets that timer itself
-(``pytest_timeout_set_timer``, tried first): when it fires, the test's missing phases are
-written to ``reports.jsonl`` as failures whose text says "Timeout" (with the main thread's
-stack), the test is marked done, and then pytest-timeout's own handler dumps the stacks
-into the job log and ends the process as usual. The controller replays that failure and
-runs the batch's remaining tests again, as after any worker that died between tests.
-Standard library and pytest only: pytest-timeout is reached through its plugin object.
+``--timeout-method=thread`` ends the process with ``os._exit(1)``, which the controller
+would take for a crash. The worker sets the timer itself (``pytest_timeout_set_timer``):
+when it fires, the test's missing phases go to ``reports.jsonl`` as "Timeout" failures,
+then pytest-timeout's handler dumps the stacks and ends the process as usual (the
+controller re-runs the batch's remaining tests). Stdlib and pytest only.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""One log line per command the plugin runs through a Shell (scheduler, SSH, engine).
-
-Why here: every scheduler and SSH command passes through a Shell, so logging at that
-layer covers each command once, wherever it is issued from. The lines go to the
-``pytest_trtllm_slurm`` logger tree at DEBUG, so ``--log-cli-level=DEBUG``,
-``--log-file`` and ``caplog`` see them as pytest users expect. Secrets are masked
-with the one rule of ``planning.masking``; a command's input is never logged.
+"""One DEBUG log line per command the plugin runs through a Shell (every scheduler, SSH and
+engine command passes there once), in the ``pytest_trtllm_slurm`` logger tree, secrets
+masked (``planning.masking``); a command's input is never logged.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """local_docker: run a batch in a local container (``docker run`` or ``podman run``).
 
-Like local_direct, but the worker pytest runs inside the JobSpec's image:
-
-    <engine> run --rm --name trtllm-<batch>-<pid>-<n>-<rand> --pull=never
-        --label trtllm-slurm.owner=<host>:<pid> --label trtllm-slurm.job=<job id>
-        --network=host <resource flags> [GPU flags] [--user uid:gid]
-        -v <repo> -v <work dir> [-v <models root>:ro] [-v <spec mounts>]
-        -v <this package>:/opt/trtllm-slurm/pytest_trtllm_slurm:ro
-        -w <invocation dir> -e NAME ... <image>
-        python3 -m pytest -p pytest_trtllm_slurm.node.worker ...
-
-- Paths keep their host names inside the container, so the worker's argv works unchanged
-  and reports.jsonl / the job log come back through the mounted work dir. The plugin is
-  mounted read-only and put first on PYTHONPATH (the image needs Python and pytest only).
-- Env values reach the engine through its environment (``-e NAME``), never its argv; names
-  the CLI reads itself (PATH, proxies, DOCKER_*: ``containers.client_sensitive``) through
-  ``--env-file /dev/fd/N``, a pipe (not in ``ps``, not on disk).
-- The image must be in the engine's local store: ``--pull=never``, and a missing image is
-  a ConfigError naming it and the engine (checked once per image, before the first run).
-- GPUs: when this machine has GPUs, each job gets a disjoint slice (``--gpus "device=.."``
-  for docker, CDI ``--device nvidia.com/gpu=N`` for podman; ``all`` when the slice is all
-  of them) and waits (PENDING) until its slice is free. CPU-only batches get none.
-- Resource flags (TensorRT-LLM's ``--ipc=host --ulimit memlock=-1 --ulimit
-  stack=67108864``) are defaults that ``run_flags`` replaces; see ``default_run_flags``
-  for what is left out where the engine cannot raise limits.
-- Hang, timeout, cancel and close: ``<engine> rm -f <name>`` (kills and removes), the
-  client's process group is killed, then ``rm -f`` again for a container created in the
-  race. Containers carry an owner label; ``remove_orphans()`` removes those whose
-  controller process is gone (a controller killed with SIGKILL), and runs once per executor.
+Like local_direct, with the worker inside the JobSpec's image (``containers.engine_run_argv``:
+host paths kept, the plugin mounted read-only). The image must already be in the engine's
+store (``--pull=never``; a missing one is a ConfigError before the first run). Each job
+gets a disjoint slice of this machine's GPUs and waits for it. Hang, timeout, cancel and
+close: ``rm -f`` (again after the client's process group is killed, for a container made
+in the race); ``remove_orphans`` removes the containers of controllers that are gone.
 """
 
 from __future__ import annotations
@@ -89,19 +67,11 @@ def has_cap_sys_resource() -> bool:
 
 
 def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -> list[str]:
-    """The resource flags TensorRT-LLM's images want, per engine and machine.
-
-    With CAP_SYS_RESOURCE (a normal GPU workstation): ``--ipc=host --ulimit memlock=-1
-    --ulimit stack=67108864`` for both engines. Without it (some VMs and CI sandboxes: the
-    runtime's setrlimit fails with EPERM and the container does not start):
-
-    - ``memlock=-1`` is left out (memlock stays at the host's hard limit);
-    - podman also gets explicit ``nofile``/``nproc`` at the host's hard limits (podman
-      otherwise asks for 1048576 open files; any ``--ulimit`` replaces containers.conf's
-      ``default_ulimits``, so they must be explicit). docker inherits dockerd's limits.
-
-    ``ContainerExecutor(run_flags=[...])`` replaces all of this.
-    """
+    """The resource flags TensorRT-LLM's images want (``ContainerExecutor(run_flags=)``
+    replaces them). Without CAP_SYS_RESOURCE (some VMs and CI sandboxes: setrlimit fails
+    and the container does not start) no ``memlock=-1``, and podman gets explicit
+    ``nofile``/``nproc`` at the host's hard limits (it would ask for 1048576 open files,
+    and any ``--ulimit`` replaces containers.conf's defaults)."""
     if can_raise_limits is None:
         can_raise_limits = has_cap_sys_resource()
     if can_raise_limits:

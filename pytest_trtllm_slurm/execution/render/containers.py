@@ -1,25 +1,7 @@
 """Containers, rendered: pure functions shared by the local docker/podman executor and the
-Slurm scripts (no I/O, no subprocess; snapshot-testable).
-
-- ``container_name_for``: the pyxis container name of an image. It is a function of the
-  image (and an optional salt such as the install recipe), so a changed image means a new
-  name and therefore a new import, and the same image always gives the same name: every
-  setup step of a persistent allocation and every job script must use this one name.
-- ``job_mounts`` / ``container_env`` / ``in_container_argv``: what a batch needs inside
-  any container: the repo, the invocation dir and the work dir at their host paths (the
-  worker's argv names host paths; results come back through the work dir), the models
-  root read-only, the JobSpec's own mounts, and the plugin package itself read-only at
-  ``PLUGIN_ROOT`` on ``PYTHONPATH`` (images such as TensorRT-LLM's have pytest but not this
-  plugin). The worker's interpreter is the image's ``python3``, not the controller's path.
-- ``pyxis_args`` / ``pyxis_setup_argvs``: the srun flags of pyxis (``--container-image``
-  with the enroot URI rewrite, ``--container-name``, ``--container-mounts``,
-  ``--container-workdir``, ``--container-writable``, ``--container-env``) and the setup
-  steps of a persistent allocation (seed exec-local-slurm Step 0E/0F: import once per
-  node, warm the mounts, install once with ``--container-writable``).
-- ``engine_run_argv``: ``docker run`` / ``podman run`` of one batch (local_docker).
-- ``wrap_in_container``: a Slurm task wrapped in ``docker run`` / ``podman run``
-  (container_runtime docker|podman): a small bash wrapper that names the container after
-  the Slurm job/step/task and removes it when the step ends or is cancelled.
+Slurm scripts (no I/O, no subprocess; snapshot-testable). A batch inside any container
+sees the repo, the invocation dir and the work dir at their host paths (the worker's argv
+names them) and this plugin read-only at ``PLUGIN_ROOT`` (images have pytest, not it).
 """
 
 from __future__ import annotations
@@ -88,11 +70,9 @@ def safe_name(text: str, limit: int = 63) -> str:
 
 
 def container_name_for(image: str, *, account: str | None = None, salt: str = "") -> str:
-    """pyxis container name for ``image``: ``<account|trtllm>-<image slug>-<hash>``.
-
-    The hash covers the image (canonical or enroot form give the same name) and ``salt``
-    (e.g. the install command), so changing either gives a new container and a new import.
-    """
+    """pyxis container name for ``image``: ``<account|trtllm>-<image slug>-<hash>``, the
+    hash over the image (either form) and ``salt`` (the install command): a changed image
+    is a new container and a new import, the same image always the same name."""
     canonical = image.removeprefix("docker://").replace("#", "/")
     digest = hashlib.sha256(f"{canonical}\0{salt}".encode()).hexdigest()[:10]
     last = canonical.rsplit("/", 1)[-1]
@@ -135,13 +115,9 @@ def _under(path: str, parent: str) -> bool:
 def job_mounts(
     spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
 ) -> list[str]:
-    """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike).
-
-    Host paths are kept (the worker's argv names them). A directory inside an earlier
-    one is not mounted twice. The JobSpec's own mounts (the marker's, then the cluster's:
-    its ``mounts`` and models root) come last and are passed as given, each container path
-    once: one that is mounted already (the repo, say, in the cluster's mounts) is left out.
-    """
+    """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike): host paths
+    kept, none inside an earlier one; the JobSpec's own mounts last, as given, each
+    container path once."""
     out: list[str] = []
     seen: list[str] = []
     for path in (spec.rootdir, spec.invocation_dir, spec.work_dir):
@@ -182,10 +158,8 @@ def container_env(
 
 
 def in_container_argv(command: Sequence[str], python: str = "python3") -> list[str]:
-    """The worker argv with the controller's interpreter replaced by the image's ``python``.
-
-    Only a first element that names a Python interpreter is replaced.
-    """
+    """The worker argv with a first element naming a Python interpreter replaced by the
+    image's ``python``."""
     argv = list(command)
     if argv and re.fullmatch(r"python[0-9.]*", PurePosixPath(argv[0]).name):
         argv[0] = python
@@ -210,13 +184,9 @@ def pyxis_args(
     env_names: Sequence[str] | None = None,
     models_root: str | None = None,
 ) -> list[str]:
-    """pyxis flags for one srun of ``spec`` (argv elements, never a shell string).
-
-    ``mounts`` None: ``job_mounts(spec)``; ``workdir`` None: the invocation dir;
-    ``env_names`` None: the names of ``container_env(spec)`` (pyxis lets the image's
-    values win unless a name is listed in --container-env). The image is written in
-    enroot's form (``registry#path``). The caller exports ``container_env(spec)`` before srun.
-    """
+    """pyxis flags for one srun of ``spec``, the image in enroot's form. ``env_names``
+    None: those of ``container_env(spec)`` (pyxis lets the image's values win unless a name
+    is in --container-env); the caller exports ``container_env(spec)`` before srun."""
     img = image or spec.container_image
     if not img:
         raise ValueError(f"job spec {spec.name!r} has no container image")
@@ -243,16 +213,10 @@ def pyxis_setup_argvs(
     install_command: str | None = None,
     workdir: str | None = None,
 ) -> list[list[str]]:
-    """The setup steps of a persistent allocation, in order (seed Step 0E/0F):
-
-    1. import the image on every node under ``container_name`` (pyxis skips the import
-       when a container of that name exists already: later runs cost nothing);
-    2. warm the mounts (``ls`` of every mount target, so NFS/Lustre metadata is cached);
-    3. when ``install_command`` is given: run it once per node with
-       ``--container-writable`` so what it installs persists in the named container.
-
-    ``-N <nodes> --ntasks-per-node=1`` on every step (without -N srun takes one node).
-    """
+    """The setup steps of a persistent allocation, one task per node each: import the
+    image as ``container_name`` (pyxis skips an existing one), ``ls`` every mount target
+    (NFS/Lustre metadata cached), then ``install_command`` with ``--container-writable``
+    so what it installs persists in the named container."""
     base = ["srun", f"--jobid={job_id}", "-N", str(nodes), "--ntasks-per-node=1", "--overlap"]
     steps = [base + [f"--container-image={enroot_uri(image)}",
                      f"--container-name={container_name}", "true"]]
@@ -317,12 +281,8 @@ def engine_run_argv(
     command: Sequence[str] | None = None,
 ) -> list[str]:
     """``<engine> run --rm --name NAME --pull=never ... IMAGE <worker argv>`` for one batch.
-
-    Env values are never put on the command line: ``-e NAME`` (the engine takes the value
-    from its own environment, which the executor sets), and the names the CLI itself reads
-    (``client_sensitive``: PATH, HOME, DOCKER_*, proxies, ...) come from ``env_file``
-    (``--env-file``; the executor passes a pipe holding ``env_file_text``).
-    """
+    No value on the command line: ``-e NAME`` (from the engine's environment), and the
+    names the CLI reads itself (``client_sensitive``) from ``env_file`` (a pipe)."""
     img = positional_image(image or spec.container_image, spec.name)
     argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never"]
     for key, value in sorted((labels or {}).items()):
@@ -410,22 +370,12 @@ def wrap_in_container(
     labels: Mapping[str, str] | None = None,
     script: str | None = None,
 ) -> list[str]:
-    """A Slurm task ``argv`` run inside ``image`` with docker or podman (container_runtime
-    docker|podman). The result is an argv for srun (``bash -c WRAPPER ...``, or ``bash
-    SCRIPT ...`` when ``script`` names a file holding ``wrapper_script()``):
-
-    - the container is named ``<prefix>-<job>.<step>.<task>`` at run time, unique per task;
-    - GPUs: the step's GPUs (``SLURM_STEP_GPUS``, physical ids) are passed to the engine, so
-      the container sees exactly those (renumbered from 0; CUDA_VISIBLE_DEVICES says so);
-      ``--gpus all`` when Slurm set none;
-    - docker: run as the task's uid:gid unless that is root (files in the work dir and the
-      repo stay the user's);
-    - env: the listed names are passed from the task's environment (``-e NAME``); names the
-      engine CLI reads itself are exported as ``CENV_PREFIX + NAME`` and reach the
-      container through ``--env-file`` (a pipe), never the CLI's environment or argv;
-    - when the step ends or is cancelled (SIGTERM from scancel), the container is removed
-      (``rm -f``): the engine's daemon would otherwise keep it running.
-    """
+    """A Slurm task ``argv`` run inside ``image`` with docker or podman: an argv for srun
+    (``bash -c WRAPPER ...``, or ``bash SCRIPT ...`` with ``script`` holding
+    ``wrapper_script()``). The wrapper (``_WRAPPER``, commented) names the container per
+    task, passes the step's GPUs, runs docker as the task's uid, passes ``CENV_PREFIX``
+    names through ``--env-file`` and removes the container when the step ends or is
+    cancelled (the engine's daemon would keep it running)."""
     cli = list(cli or [runtime])
     image = positional_image(image, name_prefix)
     run = ["--rm", "--pull=never"]

@@ -1,21 +1,11 @@
 """Slurm script and command rendering: pure functions (no I/O), snapshot-tested.
 
-A one-shot batch becomes an sbatch script; a batch in a persistent allocation
-becomes an ``srun --jobid=<alloc>`` step started by a small detached launcher
-(``step.sh``). Every value that reaches a shell is shlex.quote'd or is an argv
-element; node ids never appear on a command line (the worker reads them from
-``spec.nodeids_file``).
-
-Launch layouts:
-
-- ``single``: one pytest process (one task) on the first node of the job. It
-  sees that node's GPUs and, through SLURM_JOB_ID / SLURM_JOB_NODELIST, the
-  whole allocation: a multi-node test starts its own ranks on the other nodes
-  (``srun --overlap`` or mpirun). The job still holds all ``node_count`` nodes
-  and their GPUs, so nothing else lands there meanwhile (one-shot).
-- ``mpi``: one task per device across the nodes (``--ntasks=<total>
-  --ntasks-per-node=<per node>``), ``--mpi=<pmix|pmi2>``, an optional launcher
-  prefix (``trtllm-llmapi-launch``); only rank 0 writes reports (worker.py).
+A one-shot batch becomes an sbatch script, a batch in a persistent allocation an
+``srun --jobid=<alloc>`` step started by a detached launcher (``step.sh``). Every value
+that reaches a shell is quoted or an argv element; node ids never reach a command line
+(the worker reads ``spec.nodeids_file``). Launch ``single``: one task on the first node,
+holding all the job's nodes (a multi-node test starts its own ranks); ``mpi``: one task
+per device, ``--mpi``, an optional launcher prefix; only rank 0 writes reports.
 """
 
 from __future__ import annotations
@@ -25,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pytest_trtllm_slurm.execution.render.containers import workdir_of
 from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import hidden_env, mask_argv, shown_env
@@ -79,11 +70,9 @@ class StepShare:
 
 
 def options_for(spec: JobSpec, *, launcher_prefix: Sequence[str] = ()) -> SlurmOptions:
-    """Gres style, gres type and MPI type from ``spec.slurm_env`` (what discovery saw).
-
-    A partition whose nodes declare GPU gres gets ``--gres=gpu:<type>:<n>`` (the type
-    verbatim, so the scheduler picks the right nodes); otherwise ``--gpus-per-node``.
-    """
+    """Gres style, gres type and MPI type from ``spec.slurm_env``: ``--gres=gpu:<type>:<n>``
+    where the partition's nodes declare GPU gres (the type picks the nodes), else
+    ``--gpus-per-node``."""
     env = spec.slurm_env
     part = env.partition_named(spec.partition) if env else None
     if part is None and env is not None:
@@ -119,14 +108,9 @@ def task_layout(spec: JobSpec) -> tuple[int, int]:
 
 
 def shell_word(value: object, *, one_line: bool = False) -> str:
-    """``value`` as one bash word.
-
-    shlex.quote keeps control characters inside the quotes as they are: a carriage
-    return or an escape sequence would then hide text when the line is shown, and
-    sbatch refuses a script with ``\r\n``. Such a value is written with bash's
-    ``$'...'`` escapes instead; so is a newline or tab when ``one_line`` (a script
-    line that must be one physical line). NUL cannot be passed to a program at all.
-    """
+    """``value`` as one bash word: with control characters (which would hide text when
+    shown; sbatch refuses ``\r\n``) in bash's ``$'...'`` escapes, newlines and tabs too
+    when ``one_line``; NUL refused (no program can take it)."""
     text = str(value)
     found = set(control_chars(text)) - (set() if one_line else {"\\n", "\\t"})
     if not found:
@@ -180,33 +164,14 @@ def _env_lines(env: dict[str, str]) -> list[str]:
             for key, value in sorted(env.items())]
 
 
-def _env_names(env: dict[str, str]) -> list[str]:
-    """The comment that names the job's variables: their values are not written to the
-    script (a file: secrets stay in memory); sbatch takes them from its own environment
-    (``SlurmJobs.sbatch(env=...)``) and passes them to the job."""
+def _env_names(env: dict[str, str], values: str) -> list[str]:
+    """The comment naming the job's variables whose values are in no file (secrets stay
+    in memory): ``values`` says where they come from."""
     problem = env_problem(env)
     if problem:
         raise ValueError(f"job environment: {problem}")
-    if not env:
-        return []
-    return [_comment("pytest-trtllm-slurm environment (values given to sbatch, not written "
-                     "here): " + " ".join(sorted(env)))]
-
-
-def _inherited_names(env: dict[str, str]) -> list[str]:
-    """The comment naming the variables a launcher inherits from its starter (their
-    values are in no file)."""
-    problem = env_problem(env)
-    if problem:
-        raise ValueError(f"job environment: {problem}")
-    if not env:
-        return []
-    return [_comment("pytest-trtllm-slurm environment (values inherited from the command "
-                     "that started this launcher, not written here): " + " ".join(sorted(env)))]
-
-
-def _cwd(spec: JobSpec) -> str:
-    return spec.invocation_dir or spec.rootdir
+    return [_comment(f"pytest-trtllm-slurm environment (values {values}, not written here): "
+                     + " ".join(sorted(env)))] if env else []
 
 
 def _mpi_flags(spec: JobSpec, opts: SlurmOptions) -> list[str]:
@@ -288,9 +253,9 @@ def render_sbatch(
         _directive("-o", log),
         _directive("-e", log),
         "#SBATCH --open-mode=append",
-        _directive("--chdir=" + shlex.quote(_cwd(spec))),
+        _directive("--chdir=" + shlex.quote(workdir_of(spec))),
         _comment(f"pytest-trtllm-slurm batch {spec.name}; spec: {Batch(spec.work_dir).job_spec}"),
-        *_env_names(spec.env),
+        *_env_names(spec.env, "given to sbatch"),
         'echo "[trtllm-slurm] job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}"',
         shell_join(srun_in_job(spec, opts)),
         "",
@@ -310,13 +275,9 @@ def render_step_command(
     stepid_path: str | None = None,
     container: ContainerOptions | None = None,
 ) -> list[str]:
-    """argv of one batch as a step of the persistent allocation ``alloc_job_id``.
-
-    Always ``-N`` (without it srun takes one node even in a multi-node allocation),
-    ``--exact`` and an explicit memory share so steps run side by side, exactly the
-    step's GPUs per node. With ``stepid_path``, rank 0 records ``$SLURM_STEP_ID``
-    there so a hang cancels exactly this step (``scancel <alloc>.<step>``).
-    """
+    """argv of one batch as a step of the persistent allocation ``alloc_job_id``: always
+    ``-N`` (else srun takes one node), ``--exact`` and a memory share so steps run side by
+    side; with ``stepid_path`` rank 0 records ``$SLURM_STEP_ID`` (a hang cancels just it)."""
     opts = SlurmOptions(gres_style, gres_type, mpi, tuple(launcher_prefix), container)
     share = share or StepShare()
     ntasks, per_node = task_layout(spec)
@@ -367,18 +328,11 @@ def render_step_launcher(
     cwd: str,
     env: dict[str, str] | None = None,
 ) -> str:
-    """``step.sh``: runs detached (setsid) so the step survives the controller.
-
-    It redirects its own output first, starts srun in the background, records srun's
-    pid (to cancel a step that is still waiting for resources), waits, and writes the
-    exit code atomically. SLURM_* inherited from the caller's shell are dropped so
-    they cannot change the step's shape (SLURM_CONF stays).
-
-    Of ``env`` only the values ``shown_env`` allows are written here; the others are
-    named in a comment and must be in the environment the launcher is started with
-    (``hidden_env``: the caller passes them to the command that starts it), from where
-    srun exports them to the step.
-    """
+    """``step.sh``, run detached (setsid) so the step survives the controller: srun in the
+    background, its pid recorded (to cancel a step still waiting), the exit code written
+    atomically; inherited SLURM_* (but SLURM_CONF) dropped so they cannot change the
+    step's shape. Of ``env`` only ``shown_env``'s values are written; ``hidden_env``'s
+    are named and come from the environment the caller starts the launcher with."""
     # the exit code through a temporary file of an unpredictable name that mktemp creates
     # (O_EXCL, 0600), renamed over the name the controller reads
     exit_tmp = _q(exit_path + ".XXXXXXXX")
@@ -390,7 +344,8 @@ def render_step_launcher(
         f'finish() {{ t=$(mktemp {exit_tmp}) && echo "$1" >"$t" && mv -f "$t" {_q(exit_path)}; }}',
         f"cd -- {_q(cwd)} || {{ finish 127; exit 127; }}",
         *_env_lines(shown_env(env or {})),
-        *_inherited_names(hidden_env(env or {})),
+        *_env_names(hidden_env(env or {}),
+                     "inherited from the command that started this launcher"),
         f"{shell_join(step_argv)} &",
         "pid=$!",
         f'echo "$pid" > {_q(pid_path)}',
@@ -417,7 +372,7 @@ def render_rerun_sbatch(spec: JobSpec, nodeid: str, opts: SlurmOptions) -> str:
     """A copy-pasteable ``sbatch --wrap`` that re-runs ``nodeid`` with the batch's resources."""
     inner = spec.model_copy(update={"command": rerun_argv(spec, nodeid)})
     srun = srun_in_job(inner, opts)
-    argv = ["sbatch", *sbatch_directives(spec, opts), f"--chdir={_cwd(spec)}"]
+    argv = ["sbatch", *sbatch_directives(spec, opts), f"--chdir={workdir_of(spec)}"]
     argv += ["--wrap", shlex.join(srun)]  # sbatch runs it with /bin/sh: POSIX quoting
     return shell_join(argv)
 
@@ -431,4 +386,4 @@ def render_rerun_step(spec: JobSpec, nodeid: str, alloc_job_id: str, opts: Slurm
         launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=share,
         container=opts.container,
     )
-    return f"cd {_q(_cwd(spec))} && " + shell_join(argv)
+    return f"cd {_q(workdir_of(spec))} && " + shell_join(argv)

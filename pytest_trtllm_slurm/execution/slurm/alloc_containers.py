@@ -1,12 +1,9 @@
-"""Containers set up inside a persistent allocation (pyxis; seed exec-local-slurm Step 0E/0F).
+"""Containers set up inside a persistent allocation (pyxis).
 
-Why: importing a TensorRT-LLM image takes minutes. pyxis keeps a *named* container on each
-node for the allocation's lifetime, so each image is imported once per node, its mounts
-warmed and its install step run once (``--container-writable``, so what it installs stays
-in the container); every later step of every run then uses it by the same name
-(``container_name_for(image, account=...)``, which the job steps use too). A changed image
-is a new name: it is set up next to the old one in the same allocation, never by
-reallocating. The state file lists what is set up, so later runs import nothing.
+Why: importing a TensorRT-LLM image takes minutes. pyxis keeps a named container per node
+for the allocation's life: each image is imported, its mounts warmed and its install step
+run once, and every later step uses it by name (``container_name_for``). A changed image
+is a new name set up beside the old one; the state file lists what is set up.
 """
 
 from __future__ import annotations

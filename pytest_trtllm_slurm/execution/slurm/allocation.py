@@ -1,15 +1,8 @@
-"""The persistent allocation: one ``salloc --no-shell`` reused by every run of a repo.
-
-Batches run as steps inside it, so repeated runs skip the queue. Its state file
-``<rootdir>/work_dirs/.slurm_alloc.json`` is written atomically (0600) and every
-read-validate-allocate sequence holds ``.slurm_alloc.json.lock``, so xdist
-workers and concurrent pytest runs end up sharing one allocation. The
-allocation is never released automatically: only ``release()`` (the
-``--trtllm-release-allocation`` option, ``trtllm-slurm alloc release``) does.
-
-With pyxis (``container_runtime = "pyxis"``) the allocation also holds the run's named
-containers (``alloc_containers``): each image is set up once, a changed image is set up
-next to the others in the same allocation instead of reallocating.
+"""The persistent allocation: one ``salloc --no-shell`` reused by every run of a repo,
+so batches run as steps and repeated runs skip the queue. Its state file is guarded by a
+lock (``state_store``), so concurrent runs share one allocation; only ``release()``
+(``--trtllm-release-allocation``, ``trtllm-slurm alloc release``) frees it. With pyxis it
+also holds the run's named containers (``alloc_containers``).
 """
 
 from __future__ import annotations
@@ -287,47 +280,37 @@ class AllocationManager:
         """The state file, or None. One that cannot be read or is not a state (binary
         garbage, truncated, wrong types, a folder) is moved aside and reported."""
         try:
-            text = self.store.read()
-            return None if text is None else AllocationState.model_validate(
-                load_json(text, "the state file"))
+            return self._parsed_state()
         except (OSError, ValueError, ValidationError) as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            aside = self._move_aside()
+            aside = self.store.move_aside("bad")
             self._state_note = f"state file was unreadable ({first})"
             self._say(f"State file {self.store.where} is unreadable or corrupt ({first}); "
                       + (f"moved to {aside}; " if aside else "")
                       + "continuing without it.", warn=True)
             return None
 
-    def _move_aside(self, why: str = "bad") -> str | None:
-        """Keep a bad state file for a look (``.slurm_alloc.json.<why>-<time>``)."""
-        return self.store.move_aside(why)
-
     def peek_state(self) -> AllocationState | None:
         """The state file if it parses, without the lock and without removing a bad one
         (it is replaced atomically, so a read sees a whole file, old or new)."""
         try:
-            text = self.store.read()
-            return None if text is None else AllocationState.model_validate(
-                load_json(text, "the state file"))
+            return self._parsed_state()
         except (OSError, ValueError, ValidationError):
             return None
+
+    def _parsed_state(self) -> AllocationState | None:
+        text = self.store.read()
+        return None if text is None else AllocationState.model_validate(
+            load_json(text, "the state file"))
 
     def _write_state(self, state: AllocationState) -> None:
         self.store.write(state.model_dump_json(indent=2) + "\n")
 
-    def _delete_state(self) -> None:
-        self.store.delete()
-
     # -- the main entry -----------------------------------------------------------
     def ensure(self) -> AllocationState | None:
-        """A RUNNING allocation for the request: reused when valid, else created.
-
-        Returns None (with a warning) when an incompatible allocation is busy with
-        steps of another run: the caller then runs its batches one-shot. With pyxis the
-        request's images are set up in it first (ExecutionError naming the image when a
-        setup step fails; the allocation is kept and the next run tries again).
-        """
+        """A RUNNING allocation for the request, reused when valid, else created; None
+        (warned) when an incompatible one is busy with another run's steps (batches then
+        run one-shot). With pyxis the request's images are set up in it first."""
         if not self.pyxis:  # the common case without the lock: a valid allocation
             with self.runs.locked():  # (nobody cancels it between the check and the lease)
                 state = self.peek_state()
@@ -374,10 +357,10 @@ class AllocationManager:
             if kind == "gone":
                 self._say(f"Allocation {state.job_id} is gone ({why}); stale state file "
                           "removed.", warn=True)
-                self._delete_state()
+                self.store.delete()
                 self._state_note = f"allocation {state.job_id} was gone"
             elif kind == "foreign":
-                aside = self._move_aside("foreign")
+                aside = self.store.move_aside("foreign")
                 self._state_note = f"state file named job {state.job_id}, not ours"
                 self._say(f"State file {self.store.where} names job {state.job_id}, which is not "
                           f"this checkout's allocation ({why}): not used, not cancelled; "
@@ -393,7 +376,7 @@ class AllocationManager:
                     users = self.runs.users_of(state.job_id)
                     if not users:
                         self.jobs.scancel([state.job_id])
-                        self._delete_state()
+                        self.store.delete()
                 if users:
                     pids = ", ".join(f"pid {u.pid} on {u.host}" for u in users)
                     self._say(f"Allocation {state.job_id} {why}, but live run(s) use it "
@@ -672,11 +655,8 @@ class AllocationManager:
         return None
 
     def check_gpu_processes(self, state: AllocationState) -> list[str]:
-        """Leftover GPU processes on the allocation's nodes (warned; nothing is killed).
-
-        Skipped while steps run in the allocation: their processes are not leftovers
-        (known without squeue when this run's early sessions went to its live agents).
-        """
+        """Leftover GPU processes on the allocation's nodes (warned; nothing is killed);
+        skipped while steps run in it (their processes are no leftovers)."""
         if state.gpus_per_node <= 0 or self.early.on_allocation(state.job_id) or (
                 self.jobs.squeue_steps(state.job_id)):
             return []
@@ -727,7 +707,7 @@ class AllocationManager:
                 gone = "invalid job id" in out.lower()
                 msgs.append(f"Allocation {state.job_id} " + (
                     "was already gone; state file removed." if gone else "released."))
-            self._delete_state()
+            self.store.delete()
             self.salloc_log.unlink(missing_ok=True)
             try:
                 found = self.jobs.by_name(self.user, self.request.job_name)

@@ -1,10 +1,7 @@
-"""Sessions this run started on live agents before it collected (see ``warm_start``).
-
-One owner for that state, one object per run (the plugin's ``EarlyStart``): the warm start
-records each session here, the warm pool takes it for the first batch that needs that
-node, the allocation asks whether any are open (so it neither releases nor cleans up under
-them), and the end of the run stops the ones no batch took. Keyed by agent folder; the
-value is the session folder.
+"""Sessions this run started on live agents before it collected (see ``warm_start``), one
+object per run: the warm pool takes each for the first batch on its node, the allocation
+neither releases nor cleans up under open ones, and the run's end stops those no batch
+took. Agent folder -> session folder.
 """
 from __future__ import annotations
 

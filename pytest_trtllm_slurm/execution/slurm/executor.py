@@ -1,36 +1,17 @@
 """local_slurm (and, over an SSHShell, remote_slurm): batches as Slurm jobs or steps.
 
-SlurmExecutor is the facade the controller talks to (submit / poll / cancel / close /
-rerun_command); the work is done by one backend per kind of batch, all moving their
-batches through the same lifecycle (``lifecycle.Phase``):
-
-* one-shot (``oneshot``): the batch's sbatch script is written to its work dir and
-  submitted;
-* persistent (default; ``steps``): each batch is a step of the shared allocation,
-  started by a detached launcher so it outlives the controller;
-* warm workers (``warm_batches``): the allocation's pool places the batches, which run
-  in forks of each node's warm worker (or, MPI across nodes, as steps on whole nodes).
-
-poll() answers for all handles in one round: one ``squeue -j ids`` for the one-shot
-jobs, one ``squeue -s -j <alloc>`` per allocation for steps, exit-code files, and sacct
-(chunked) for final states. It is adaptive: called more often than its current interval
-(``cadence``: 0.5 s after a change, growing to 5 s), it returns the cached states
-without asking the scheduler.
-
-Containers (a batch with an image; ``launch_options``): ``container_runtime = "pyxis"``
-adds pyxis' srun flags; ``"docker"`` / ``"podman"`` wrap the Slurm task in a container
-run of the image (the wrapper script is written to the batch's work dir, the job's env
-is exported by the launcher and passed with ``-e NAME``). The engine CLI is the plain
-``docker`` / ``podman`` of the node; it honours DOCKER_HOST, CONTAINER_HOST,
-CONTAINERS_CONF, ... from the task's environment, which srun exports from the
-controller's.
+SlurmExecutor is the facade; one backend per kind of batch does the work, all through
+the same lifecycle: ``oneshot`` (sbatch jobs), ``steps`` (of the persistent allocation,
+started detached so they outlive the controller), ``warm_batches`` (forks of each node's
+warm worker). poll() answers for all handles in one round, at an adaptive interval
+(``cadence``): called sooner, it returns the cached states without asking the scheduler.
 """
 
 from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -41,7 +22,6 @@ from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.execution.render.containers import CENV_PREFIX
 from pytest_trtllm_slurm.execution.render.scripts import (
     ContainerOptions,
-    SlurmOptions,
     render_rerun_sbatch,
     render_rerun_step,
     rerun_argv,
@@ -151,23 +131,6 @@ class SlurmExecutor(Executor):
         self._alloc: AllocationState | None = None
         self._alloc_checked = False
         self._reaped = False
-
-    # the launch options, as they were given
-    @property
-    def launcher_prefix(self) -> tuple[str, ...]:
-        return self.launch.launcher_prefix
-
-    @property
-    def container(self) -> ContainerOptions | None:
-        return self.launch.container
-
-    @property
-    def container_runtime(self) -> str:
-        return self.launch.container_runtime
-
-    @property
-    def container_run_flags(self) -> list[str]:
-        return self.launch.container_run_flags
 
     def expect(self, tests: Mapping[str, str]) -> None:
         """The run's tests, node id -> key (before the first submit): one worker session
@@ -377,7 +340,7 @@ class SlurmExecutor(Executor):
     # -- helpers ----------------------------------------------------------------------------
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
         job = self._by_work_dir.get(spec.work_dir)
-        opts = job.opts if job else self._options(spec)
+        opts = job.opts if job else self.launch.options(spec)
         assign = ""
         if self.launch.wraps(spec):
             # the same container run around a plain pytest of ``nodeid``; the env the
@@ -386,7 +349,7 @@ class SlurmExecutor(Executor):
             # -e NAME takes it from there)
             base = self.launch.unwrapped.get(spec.work_dir, spec)
             script = str(PurePosixPath(base.work_dir) / CONTAINER_SCRIPT)
-            env, argv = self._wrapped(base.masked(), rerun_argv(base, nodeid),
+            env, argv = self.launch.wrapped(base.masked(), rerun_argv(base, nodeid),
                                       script if job is not None else None)
             assign = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
                               if not is_masked(v) and not is_secret(
@@ -400,13 +363,6 @@ class SlurmExecutor(Executor):
             return text
         text = render_rerun_sbatch(spec, nodeid, opts)
         return f"{assign} {text}" if assign else text
-
-    def _options(self, spec: JobSpec) -> SlurmOptions:
-        return self.launch.options(spec)
-
-    def _wrapped(self, spec: JobSpec, command: Sequence[str],
-                 script: str | None) -> tuple[dict[str, str], list[str]]:
-        return self.launch.wrapped(spec, command, script)
 
     def _wake(self) -> None:
         self._interval = self.settings.min_interval

@@ -158,11 +158,8 @@ def parse_squeue_steps(stdout: str) -> dict[str, StepRow]:
 
 
 def parse_sacct(stdout: str, *, steps: bool = False) -> dict[str, AcctRow]:
-    """``sacct -n -P --format=JobID,State,ExitCode,NodeList,Reason`` rows.
-
-    Jobs are keyed by job id (``123+0`` folded into ``123``, its first row kept);
-    with ``steps`` the keys are ``<job>.<step>`` and job rows are skipped.
-    """
+    """``sacct -n -P --format=JobID,State,ExitCode,NodeList,Reason`` rows by job id
+    (``123+0`` folded into ``123``, first row kept), or with ``steps`` by ``<job>.<step>``."""
     rows: dict[str, AcctRow] = {}
     for line in stdout.splitlines():
         cols = line.strip().split("|")
@@ -201,6 +198,16 @@ def _epoch(stamp: str) -> float | None:
         return None
 
 
+def _answered(res: CommandResult) -> bool:
+    """True for an answer, False when the jobs asked about are gone (an invalid job id);
+    SchedulerError for any other failure."""
+    if res.ok:
+        return True
+    if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
+        return False
+    raise SchedulerError(res)
+
+
 def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
     batch: list[str] = []
     for job_id in ids:
@@ -216,11 +223,8 @@ _SUBMISSIONS = frozenset({"sbatch", "salloc"})
 
 
 def job_ids(ids: list[str]) -> list[str]:
-    """``ids`` unchanged when each is a Slurm job or step id (``123``, ``123_4``, ``123.0``).
-
-    They are positional arguments of scancel and scontrol: an id read back from a damaged
-    state or step file such as ``--user=me`` would otherwise cancel every job of a user.
-    """
+    """``ids`` unchanged when each is a Slurm job or step id: they are positional arguments
+    of scancel, where a damaged file's ``--user=me`` would cancel every job of a user."""
     bad = [i for i in ids if not _JOB_ID.fullmatch(str(i))]
     if bad:
         raise ExecutionError(f"refusing Slurm job id(s) {bad!r}: expected numbers such as "
@@ -244,19 +248,13 @@ class SlurmJobs:
         return sum(self.counts.values())
 
     def run(self, argv: list[str], *, timeout: float | None = None,
-            env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            input: str | None = None) -> CommandResult:
         """Run one scheduler command, counting it under its program name. A submission
         (sbatch, salloc) cut by a dropped connection is never re-sent: it may have run."""
         self.counts[argv[0]] += 1
         return self.shell.run(argv, timeout=self.timeout if timeout is None else timeout,
-                              env=env, cwd=cwd,
-                              retry_on_drop=argv[0] not in _SUBMISSIONS)
-
-    def run_input(self, argv: list[str], text: str, *, cwd: str | None = None,
-                  env: dict[str, str] | None = None) -> CommandResult:
-        """``run`` with ``text`` on the command's stdin."""
-        self.counts[argv[0]] += 1
-        return self.shell.run(argv, timeout=self.timeout, input=text, cwd=cwd, env=env or None,
+                              env=env or None, cwd=cwd, input=input,
                               retry_on_drop=argv[0] not in _SUBMISSIONS)
 
     # -- submit ---------------------------------------------------------------
@@ -268,7 +266,7 @@ class SlurmJobs:
         ``env``: the job's variables, in sbatch's environment (it exports them to the job):
         their values are in no file."""
         if script is not None:
-            res = self.run_input(["sbatch", "--parsable"], script, cwd=cwd, env=env)
+            res = self.run(["sbatch", "--parsable"], input=script, cwd=cwd, env=env)
         else:
             res = self.run(["sbatch", "--parsable", script_path], cwd=cwd, env=env)
         if not res.ok:
@@ -284,28 +282,18 @@ class SlurmJobs:
         rows: dict[str, QueueRow] = {}
         for part in chunks(ids, self.chunk):
             res = self.run(["squeue", "-h", "-j", ",".join(part), "-o", QUEUE_FORMAT])
-            if not res.ok:
-                if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
-                    continue  # every id of the chunk is gone: not an error
-                raise SchedulerError(res)
-            rows.update(parse_squeue_jobs(res.stdout))
+            if _answered(res):  # (else every id of the chunk is gone: not an error)
+                rows.update(parse_squeue_jobs(res.stdout))
         return rows
 
     def squeue_steps(self, alloc_id: str) -> dict[str, StepRow] | None:
         """Running steps of one allocation; None when the allocation itself is gone."""
         res = self.run(["squeue", "-h", "-s", "-j", alloc_id, "-o", "%i|%j|%N"])
-        if not res.ok:
-            if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
-                return None
-            raise SchedulerError(res)
-        return parse_squeue_steps(res.stdout)
+        return parse_squeue_steps(res.stdout) if _answered(res) else None
 
     def sacct(self, ids: Iterable[str], *, steps: bool = False) -> dict[str, AcctRow]:
-        """Accounting rows for job ids (``-X``) or step ids (``<job>.<step>``).
-
-        Raises SchedulerError on failure; sets ``accounting = False`` (and returns {})
-        when the cluster has accounting disabled, so callers fall back to scontrol.
-        """
+        """Accounting rows for job ids (``-X``) or step ids (``<job>.<step>``); {} and
+        ``accounting = False`` where accounting is disabled (callers use scontrol)."""
         rows: dict[str, AcctRow] = {}
         fmt = "--format=JobID,State,ExitCode,NodeList,Reason"
         for part in chunks(ids, self.chunk):
@@ -369,11 +357,7 @@ class SlurmJobs:
     def scontrol_job(self, job_id: str) -> AcctRow | None:
         """One job from slurmctld's memory (finished jobs stay there for MinJobAge)."""
         res = self.run(["scontrol", "show", "job", "-o", *job_ids([job_id])])
-        if not res.ok:
-            if _INVALID_ID in (res.stderr + res.stdout).lower():
-                return None
-            raise SchedulerError(res)
-        return parse_scontrol_job(res.stdout)
+        return parse_scontrol_job(res.stdout) if _answered(res) else None
 
     def set_time_limit(self, job_id: str, limit: str) -> CommandResult:
         """``scontrol update JobId=X TimeLimit=Y`` (allowed while the job pends)."""
@@ -382,20 +366,14 @@ class SlurmJobs:
     def time_left(self, job_id: str) -> tuple[str, str] | None:
         """(state, time left ``%L``) of one job, or None when it is gone."""
         res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T %L"])
-        if not res.ok:
-            if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
-                return None
-            raise SchedulerError(res)
-        fields = res.stdout.split()
+        fields = res.stdout.split() if _answered(res) else []
         return (fields[0], fields[1] if len(fields) > 1 else "") if fields else None
 
     def identity(self, job_id: str) -> JobIdentity | None:
         """State, time left, name, owner and comment of one job; None when it is gone."""
         res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%L|%j|%u|%k"])
-        if not res.ok:
-            if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
-                return None
-            raise SchedulerError(res)
+        if not _answered(res):
+            return None
         line = next((ln for ln in res.stdout.splitlines() if ln.strip()), "")
         cols = line.strip().split("|", 4)
         if not cols[0]:

@@ -93,14 +93,9 @@ class LaunchOptions:
 
     def wrapped(self, spec: JobSpec, command: Sequence[str],
                 script: str | None) -> tuple[dict[str, str], list[str]]:
-        """(env to export, task argv): ``command`` run by the image's python inside a
-        docker/podman container of the batch's image, with the repo, invocation and work
-        dirs and the JobSpec's mounts at their host paths, the invocation dir as working
-        directory, the job's env names (``-e NAME``; the values are exported before srun;
-        those the engine CLI reads itself as ``CENV_PREFIX + NAME``, which the wrapper
-        passes through ``--env-file``, a pipe), the step's GPUs,
-        TensorRT-LLM's resource flags and a label naming the batch. An MPI batch's
-        launcher prefix runs inside the container too."""
+        """(env to export, task argv): ``command`` (after an MPI batch's launcher prefix) run
+        by the image's python in a docker/podman container (``wrap_in_container``); the
+        values are exported before srun, those the engine CLI reads as ``CENV_PREFIX``."""
         assert spec.container_image
         env = container_env(spec)
         in_file = {k: v for k, v in env.items() if client_sensitive(k)}

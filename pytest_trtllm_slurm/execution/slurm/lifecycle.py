@@ -1,10 +1,7 @@
 """The lifecycle of one batch on Slurm: one phase, and the moves allowed between phases.
 
-Every backend (one-shot sbatch jobs, steps in a persistent allocation, batches served
-by warm workers) moves its batches through the same phases, and every move goes
-through ``Lifecycle.to``, which refuses one the table does not allow. A batch's
-scheduler status (JobStatus: PENDING, RUNNING, COMPLETED, ...) feeds it through
-``Lifecycle.saw``; the warm pool's placement decisions feed it through ``to``.
+Every backend moves its batches through these phases, each move through ``Lifecycle.to``
+(which refuses one the table does not allow); the scheduler's status feeds ``saw``.
 
     WAITING -> EARLY -> SUBMITTED <-> RUNNING -> ENDED -> SETTLED
 
@@ -12,15 +9,13 @@ scheduler status (JobStatus: PENDING, RUNNING, COMPLETED, ...) feeds it through
 straight to ENDED: a refused submission, a cancel, an allocation that ended.)
 
 WAITING    held back by the warm pool until GPUs of the allocation are free
-           (nothing submitted yet; a warm pool batch starts here)
-EARLY      a gated step launched before its nodes are free: its ranks collect and
-           wait at the gate while other batches use the nodes; only its gate opening
+EARLY      a gated step launched before its nodes are free: only its gate opening
            (SUBMITTED) or its end moves it (a RUNNING seen meanwhile is the accounting
            lagging behind the exit code of a step that ended at its gate)
-SUBMITTED  the scheduler (an sbatch job, a step) or a warm worker has it; not running
+SUBMITTED  the scheduler or a warm worker has it; not running
 RUNNING    seen running (a re-sent served batch goes back to SUBMITTED)
-ENDED      its final state is known, but not shown yet: its reports may still lag
-           (shared file systems) or the allocation's end has not been ruled out
+ENDED      its final state is known, but its reports may still lag or the allocation's
+           end has not been ruled out
 SETTLED    its final state may be shown (terminal)
 """
 

@@ -1,11 +1,6 @@
-"""Cancel what a controller killed with SIGKILL left in the queue (the next run does it).
-
-A run killed without a chance to clean up leaves its file in the run registry (see
-``runs``): its one-shot jobs, its allocation steps and the batches it sent to warm
-workers. The next run on the same target finds files of runs whose process is gone,
-cancels those of their jobs and steps that are still queued (checking that each job is
-the user's and has the recorded name) and its warm batches (a cancel file in the
-session's inbox, then ``stop``), says so, and removes the file.
+"""Cancel what a controller killed with SIGKILL left in the queue (the next run does it):
+for each registry file (``runs``) whose run is gone, its still-queued jobs and steps
+(checked to be the user's, with the recorded name) and its warm batches; then the file.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Which controller runs are alive, and what each submitted: the run registry.
 
-Each dispatching run (each pytest process, xdist workers included) keeps one small
-file ``<folder>/<run id>.json`` (0600, replaced atomically) naming its process (pid,
-host, the process' start time, so a reused pid is not taken for it), the persistent
-allocation it uses, and the one-shot jobs and allocation steps it submitted. The file
-is removed when the run ends, Ctrl-C, SIGTERM and SIGHUP included.
-
-The folder is on the Shell's host: the checkout's ``work_dirs/.runs`` for the local
-cluster, a private folder on a remote cluster (there it is shared by every machine and CI
-runner of the user: a run on a laptop must see that a CI runner uses the allocation). A
-pid cannot be checked from another machine, so each run proves it is alive by holding a
-``flock`` on its own ``<run id>.lock`` there for as long as it runs (``shell_lock``):
-whoever can take that lock knows the run is gone (ended, killed, or its connection
-dropped). A record of this host whose process still runs counts as alive too.
-
-Two uses:
-
-* a lease: a run replacing the persistent allocation never cancels one that a live
-  run uses (``users_of``), and registration and that check share a short lock, so a
-  run cannot start using an allocation that another is about to cancel;
-* after a SIGKILL (no cleanup runs), the next run finds the dead run's file, cancels
-  what it left in the queue and says so (``dead``).
+Each dispatching run keeps ``<folder>/<run id>.json`` (its process, the allocation it
+uses, the jobs and steps it submitted), removed when it ends. The folder is on the Shell's
+host (on a remote cluster, shared by every machine of the user), where a pid cannot be
+checked from elsewhere: so each run holds a ``flock`` on its ``<run id>.lock`` while it
+runs, and whoever can take it knows the run is gone. Two uses: a lease (an allocation a
+live run uses is never cancelled, ``users_of``), and after a SIGKILL the next run cancels
+what the dead one left in the queue (``dead``).
 """
 
 from __future__ import annotations

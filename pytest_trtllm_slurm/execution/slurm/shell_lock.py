@@ -1,18 +1,12 @@
-"""A lock on a file of the target (the cluster), held there by a process for as long as we want.
+"""A lock on a file of the target, held there by a process for as long as we want.
 
-Why: a remote cluster's persistent allocation is shared by every machine and CI runner of
-the user, so the lock that guards it must live where they all meet, on the cluster's file
-system. ``flock`` there is held by a small process (``flock`` then ``cat``) whose stdin is
-our end of the connection. It lets go when we release it, and also when this process dies or
-its connection drops: sshd closes the pipe, ``cat`` ends, the kernel drops the lock. So a
-crashed holder's lock is recovered at once, without a time-out to guess; a holder that
-vanished without closing its connection (a suspended laptop) lets go after ``max_hold``.
-
-The same works over a LocalShell (a plain child process), so one code path serves both:
-every lock of the plugin's state (the allocation's state file, the run registry, each
-run's proof of life, the remote checkout) is this one. The temporary files it writes are
-made by ``mktemp`` (new, 0600, never through a planted link), and a lock file that is a
-symbolic link is refused.
+Why: a remote allocation is shared by every machine of the user, so its lock must live on
+the cluster. ``flock`` there is held by a small process (``flock`` then ``cat``) whose
+stdin is our end of the connection: when we release it, die or drop the connection, ``cat``
+ends and the kernel drops the lock at once (a holder that vanished without closing lets go
+after ``max_hold``). Over a LocalShell the same is a child process, so every lock of the
+plugin's state is this one. Its files are made by ``mktemp``; a lock file that is a link
+is refused.
 """
 
 from __future__ import annotations

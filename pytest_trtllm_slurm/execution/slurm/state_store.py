@@ -1,11 +1,7 @@
-"""Where the persistent allocation's state file lives, and the lock that guards it.
-
-One class for both places, through the Shell: the local Slurm cluster's allocation belongs
-to one checkout on this machine (``<rootdir>/work_dirs/.slurm_alloc.json`` over a
-LocalShell), while a remote cluster's allocation is shared by every machine and CI runner
-of the user, so its state lives on the cluster (a private folder under ``user_root_dir``,
-over the SSH shell). Either way the lock is a ``flock`` held there (``shell_lock``), and
-the file is written atomically (a temporary file renamed over the name), 0600.
+"""Where the persistent allocation's state file lives, and the lock that guards it: one
+class over the Shell, for a checkout's ``work_dirs`` here and for a remote cluster's
+private state folder (shared by every machine of the user). The lock is a ``flock`` held
+there (``shell_lock``); the file is written atomically, 0600.
 """
 
 from __future__ import annotations

@@ -1,9 +1,20 @@
-"""The one command string sshd hands to the remote login shell (shared by both SSH shells)."""
+"""What both SSH shells share: the one command string sshd hands to the remote login
+shell, and the file operations of a shell with no relay."""
 from __future__ import annotations
 
+import base64
+import functools
+import json
 import re
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.node import relay as relay_module
+from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
+from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -40,3 +51,50 @@ def piped_env_command(argv: Sequence[str], env: dict[str, str], *,
     if cwd:
         cmd = f"cd {shlex.quote(cwd)} && {cmd}"
     return cmd, blob
+
+
+@functools.cache
+def _relay_source() -> str:
+    return Path(relay_module.__file__).read_text()  # type: ignore[arg-type]
+
+
+class OneOpFiles:
+    """``mkdir`` and ``write_file`` of a shell with no relay: the relay's own (node/relay.py,
+    sent as ``python3 -c ... --one-op``: its verified mkdir and O_EXCL|O_NOFOLLOW write),
+    one command each, so every SSH shell makes folders and files with the same code."""
+
+    target: SSHTarget
+
+    def _exec_input(self, argv: list[str], data: bytes, shown: list[str]
+                    ) -> tuple[int, str, str, bool]:
+        """Run ``argv`` with ``data`` on its stdin: (exit code, out, err, timed out)."""
+        raise NotImplementedError
+
+    def _file_op(self, op: str, path: str, **fields: Any) -> None:
+        request = json.dumps({"op": op, "path": path, **fields}).encode()
+        rc, out, err, timed_out = self._exec_input(
+            ["python3", "-c", _relay_source(), "--one-op"], request,
+            ["python3", "-c", "<relay>", op, path])
+        if timed_out or rc == 255:
+            raise SSHConnectionLost(f"ssh to {self.target.alias} failed: "
+                                    f"{err.strip() or 'timed out'}")
+        try:
+            answer = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            answer = {"error": f"exit code {rc}: {err.strip()}"}
+        if rc != 0 or "error" in answer:
+            raise file_op_error(op, path, self.target.display,
+                                answer.get("error") or err.strip())
+
+    def mkdir(self, path: str, *, private: bool = False) -> None:
+        self._file_op("mkdir", path, private=private)
+
+    def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
+        blob = data.encode() if isinstance(data, str) else data
+        self._file_op("write", path, mode=mode, data=base64.b64encode(blob).decode("ascii"))
+
+
+def file_op_error(op: str, path: str, where: str, why: str) -> ExecutionError:
+    """The one message of a failed mkdir or write on a cluster."""
+    what = "create directory" if op == "mkdir" else "write"
+    return ExecutionError(f"cannot {what} {path} on {where}: {why}")

@@ -7,22 +7,22 @@ This shell never starts a master and never answers a prompt (BatchMode=yes).
 
 from __future__ import annotations
 
-import base64
-import functools
-import json
 import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import IO, Any
 
-from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
-from pytest_trtllm_slurm.node import relay as relay_module
+from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.safe_values import control_chars
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
-from pytest_trtllm_slurm.transport.ssh.commands import piped_env_command, remote_command
+from pytest_trtllm_slurm.transport.ssh.commands import (
+    OneOpFiles,
+    piped_env_command,
+    remote_command,
+)
 from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
 from pytest_trtllm_slurm.transport.ssh.control_path import (
     LEGACY_CONTROL_PATH,
@@ -52,7 +52,7 @@ def ssh_option_path(path: str, *, tokens: bool = False) -> str:
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
-class OpenSSHShell:
+class OpenSSHShell(OneOpFiles):
     """Run commands over ``ssh -o BatchMode=yes`` multiplexed on an existing ControlMaster."""
 
     def __init__(self, target: SSHTarget, *, control_path: str | None = None,
@@ -246,37 +246,11 @@ class OpenSSHShell:
     def exists(self, path: str) -> bool:
         return self._sh('test -e "$1"', [path])[0] == 0
 
-    def _file_op(self, op: str, path: str, **fields: Any) -> None:
-        """One of the relay's file operations (node/relay.py, sent as ``python3 -c``): the
-        same verified mkdir and O_EXCL|O_NOFOLLOW write as over the relay, one ssh each."""
-        request = json.dumps({"op": op, "path": path, **fields}).encode()
-        argv = ["python3", "-c", _relay_source(), "--one-op"]
-        rc, out, err, timed_out = self._ssh(remote_command(argv), stdin=request, timeout=120,
-                                            shown=["python3", "-c", "<relay>", op, path])
-        if timed_out or rc == 255:
-            raise SSHConnectionLost(f"ssh to {self.target.alias} failed: "
-                                    f"{err.decode(errors='replace').strip() or 'timed out'}")
-        what = "creating the folder" if op == "mkdir" else "writing"
-        try:
-            answer = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise ExecutionError(f"{what} {path} on {self.target.alias} failed (exit code "
-                                 f"{rc}): {err.decode(errors='replace').strip()}") from None
-        if rc != 0 or "errno" in answer:
-            raise ExecutionError(f"{what} {path} on {self.target.alias} failed: "
-                                 f"{answer.get('error') or err.decode(errors='replace')}")
-
-    def mkdir(self, path: str, *, private: bool = False) -> None:
-        self._file_op("mkdir", path, private=private)
-
-    def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
-        blob = data.encode() if isinstance(data, str) else data
-        self._file_op("write", path, mode=mode, data=base64.b64encode(blob).decode("ascii"))
-
-
-@functools.cache
-def _relay_source() -> str:
-    return Path(relay_module.__file__).read_text()  # type: ignore[arg-type]
+    def _exec_input(self, argv: list[str], data: bytes, shown: list[str]
+                    ) -> tuple[int, str, str, bool]:
+        rc, out, err, timed_out = self._ssh(remote_command(argv), stdin=data, timeout=120,
+                                            shown=shown)
+        return rc, out.decode(errors="replace"), err.decode(errors="replace"), timed_out
 
 
 def _streamed(proc: subprocess.Popen[bytes], feeder: threading.Thread,

@@ -1,12 +1,8 @@
 """TRTLLM_SLURM_OTP, read once and taken out of the environment (standard library only).
 
-A one-time code in ``os.environ`` would reach every process this run starts: local
-workers, every srun/sbatch job (Slurm exports the submitter's environment), the tests
-themselves. The plugin takes it out before any of them starts (``take_from_environ``, at
-start-up) into a ``HeldCode`` that the run owns (the plugin's ``config.stash``, the CLI's
-arguments), never the process: two runs in one process keep their own. pytest-xdist
-workers get it from the controller through their ``workerinput`` (a pipe, not the
-environment or a file).
+In ``os.environ`` a one-time code would reach every worker, job and test the run starts:
+it is taken out at start-up into a ``HeldCode`` the run owns (``config.stash``), and
+xdist workers get it through their ``workerinput`` (a pipe).
 """
 
 from __future__ import annotations

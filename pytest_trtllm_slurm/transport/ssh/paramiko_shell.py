@@ -1,23 +1,17 @@
-"""SSHShell: the Shell protocol over one paramiko connection (remote_slurm's transport).
+"""SSHShell: the Shell protocol over one paramiko connection.
 
-One Transport per run and on it one relay channel (``node/relay.py``, started once per
-connection): commands and file operations ride it, one round trip each, and it pushes
-the growth of watched files. Without python3 on the login node (or while the relay is
-being replaced), a channel per command and SFTP for files. A dropped
-connection is re-established with backoff on the next call (an MFA login asks the
-code provider again); a command cut by the drop is re-run only when the caller says
-it may be (``retry_on_drop``; sbatch must not be).
+Commands and file operations ride one relay channel per connection (``node/relay.py``),
+one round trip each, and it pushes the growth of watched files. Without it, a channel per
+command, SFTP for reads and the relay's code once per mkdir or write (``OneOpFiles``). A
+dropped connection is re-established with backoff on the next call; a command cut by the
+drop is re-run only when the caller allows it (``retry_on_drop``; sbatch must not be).
 """
 
 from __future__ import annotations
 
 import base64
-import errno
 import logging
-import posixpath
-import secrets
 import shlex
-import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +23,12 @@ from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
 from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, default_otp_provider
-from pytest_trtllm_slurm.transport.ssh.commands import piped_env_command, remote_command
+from pytest_trtllm_slurm.transport.ssh.commands import (
+    OneOpFiles,
+    file_op_error,
+    piped_env_command,
+    remote_command,
+)
 from pytest_trtllm_slurm.transport.ssh.connect import (
     Connection,
     SSHConnectError,
@@ -53,7 +52,7 @@ class _Dropped(Exception):
     """Internal: the transport died under an operation."""
 
 
-class SSHShell:
+class SSHShell(OneOpFiles):
     """Run commands and read/write files on an SSH host (see the module docstring)."""
 
     def __init__(self, target: SSHTarget, *, otp_provider: OtpProvider = default_otp_provider,
@@ -66,7 +65,6 @@ class SSHShell:
         self._backoff = tuple(backoff)
         self._lock = threading.RLock()  # guards the connection
         self._sftp_lock = threading.Lock()  # one SFTP request at a time
-        self._uid: int | None = None
         self._conn: Connection | None = None
         self._ever_connected = False
         # the relay: commands and pushed file growth on one channel (see relay_client)
@@ -409,7 +407,7 @@ class SSHShell:
         return CommandResult(tuple(argv), status, out.decode(errors="replace"),
                              err.decode(errors="replace"))
 
-    # -- files (the relay, else SFTP) ------------------------------------------------
+    # -- files (the relay, else SFTP reads) ------------------------------------------------
     def _relayed_file_op(self, op: str, **fields: Any) -> dict[str, Any] | None:
         """``op`` through the relay in one round trip; None: no relay or it ended (file
         operations are idempotent: the caller does it over SFTP)."""
@@ -486,112 +484,32 @@ class SSHShell:
         return self._sftp(op)
 
     def mkdir(self, path: str, *, private: bool = False) -> None:
-        """``mkdir -p``: create missing parents; an existing directory is fine. ``private``:
-        the folders it creates are 0700."""
+        """``mkdir -p`` whose new folders are 0700, each verified ours (node/relay.py)."""
         try:
             if self._relayed_file_op("mkdir", path=path, private=private) is not None:
                 return
         except OSError as exc:
-            raise ExecutionError(f"cannot create directory {path} on {self.target.display}: "
-                                 f"{exc.strerror or exc}") from None
-
-        uid = self._remote_uid()
-
-        def verify(sftp: paramiko.SFTPClient, p: str) -> None:
-            why = _why_untrusted_dir(sftp.lstat(p), uid)
-            if why is not None:
-                raise OSError(errno.EPERM, f"{p}: {why}; refusing to use it (someone else "
-                              "could put files there or swap ours): remove it and run again")
-
-        def refuse_foreign_links(sftp: paramiko.SFTPClient, p: str) -> None:
-            while p:  # (as node/files.refuse_foreign_links)
-                attrs = sftp.lstat(p)
-                if stat.S_ISLNK(attrs.st_mode or 0) and attrs.st_uid not in (uid, 0):
-                    raise OSError(errno.EPERM, f"{p}: it is a symbolic link owned by uid "
-                                  f"{attrs.st_uid}; refusing to make or use folders through it")
-                parent = posixpath.dirname(p.rstrip("/"))
-                if parent == p or not parent:
-                    break
-                p = parent
-
-        def exists(sftp: paramiko.SFTPClient, p: str) -> bool:
-            try:
-                sftp.lstat(p)
-                return True
-            except FileNotFoundError:
-                return False
-
-        def make(sftp: paramiko.SFTPClient, p: str) -> None:
-            missing = []
-            while p and not exists(sftp, p):
-                missing.append(p)
-                parent = posixpath.dirname(p.rstrip("/"))
-                if parent == p:
-                    break
-                p = parent
-            refuse_foreign_links(sftp, p)
-            for folder in reversed(missing):
-                try:
-                    sftp.mkdir(folder, 0o700)
-                except OSError:
-                    pass  # made meanwhile (verified below) or the error verify names
-                verify(sftp, folder)
-                sftp.chmod(folder, 0o700)  # whatever the server's umask left
-            if private and not missing:
-                verify(sftp, p)
-
-        try:
-            self._sftp(lambda sftp: make(sftp, path))
-        except OSError as exc:
-            raise ExecutionError(f"cannot create directory {path} on {self.target.display}: "
-                                 f"{exc.strerror or exc}") from None
-
-    def _remote_uid(self) -> int:
-        """This user's uid on the login node (what a folder of ours is owned by)."""
-        if self._uid is None:
-            res = self.run(["id", "-u"])
-            if not res.ok or not res.stdout.strip().isdigit():
-                raise ExecutionError(f"`id -u` on {self.target.display}: {res.describe()}")
-            self._uid = int(res.stdout.strip())
-        return self._uid
+            raise file_op_error("mkdir", path, self.target.display,
+                                exc.strerror or str(exc)) from None
+        self._file_op("mkdir", path, private=private)
 
     def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
         """Atomic: a 0600 temp file of an unpredictable name next to ``path``, created
         exclusively (a planted name or link is refused), then posix-rename over it."""
         blob = data.encode() if isinstance(data, str) else data
+        encoded = base64.b64encode(blob).decode("ascii")
         try:
-            if self._relayed_file_op("write", path=path, mode=mode,
-                                     data=base64.b64encode(blob).decode("ascii")) is not None:
+            if self._relayed_file_op("write", path=path, mode=mode, data=encoded) is not None:
                 return
         except OSError as exc:
-            raise ExecutionError(
-                f"cannot write {path} on {self.target.display}: {exc.strerror or exc}"
-            ) from None
-        directory, base = posixpath.split(path)
-        tmp = posixpath.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+            raise file_op_error("write", path, self.target.display,
+                                exc.strerror or str(exc)) from None
+        self._file_op("write", path, mode=mode, data=encoded)
 
-        def op(sftp: paramiko.SFTPClient) -> None:
-            try:
-                with sftp.open(tmp, "wxb") as fh:  # O_EXCL: a planted name is refused
-                    fh.chmod(0o600)  # before any byte is written
-                    fh.set_pipelined(True)
-                    fh.write(blob)
-                if mode != 0o600:
-                    sftp.chmod(tmp, mode)
-                sftp.posix_rename(tmp, path)
-            except BaseException:
-                try:
-                    sftp.remove(tmp)
-                except (OSError, paramiko.SSHException, EOFError):
-                    pass
-                raise
-
-        try:
-            self._sftp(op)
-        except OSError as exc:
-            raise ExecutionError(
-                f"cannot write {path} on {self.target.display}: {exc.strerror or exc}"
-            ) from None
+    def _exec_input(self, argv: list[str], data: bytes, shown: list[str]
+                    ) -> tuple[int, str, str, bool]:
+        res = self._exec(shown, remote_command(argv), 120, True, lambda fh: fh.write(data))
+        return res.returncode, res.stdout, res.stderr, res.timed_out
 
 
 class _Feeder:
@@ -647,17 +565,3 @@ def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> bool:
         err += chan.recv_stderr(1 << 16)
         busy = True
     return busy
-
-
-def _why_untrusted_dir(attrs: paramiko.SFTPAttributes, uid: int) -> str | None:
-    """As node/files.why_untrusted for a folder, from SFTP's lstat."""
-    mode = attrs.st_mode or 0
-    if stat.S_ISLNK(mode):
-        return "it is a symbolic link"
-    if not stat.S_ISDIR(mode):
-        return "it is not a folder"
-    if attrs.st_uid != uid:
-        return f"it is owned by uid {attrs.st_uid}, not by this user (uid {uid})"
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"group or others may write it (mode {stat.S_IMODE(mode):04o})"
-    return None

@@ -15,7 +15,7 @@ def shell_for_cluster(cluster: ClusterConfig, *, ssh_config_path: str | None = N
                       otp_provider: OtpProvider | None = None) -> Any:
     """The Shell a remote cluster's ``transport`` asks for (SSHShell or OpenSSHShell).
     ``TRTLLM_SLURM_SSH_RELAY=0``: no relay on the login node (a channel per command, SFTP
-    for files), for login nodes that end long-lived processes, and as a baseline."""
+    for reads), for login nodes that end long-lived processes, and as a baseline."""
     target = SSHTarget.from_cluster(cluster, ssh_config_path=ssh_config_path)
     if cluster.transport == "openssh":
         return OpenSSHShell(target)
