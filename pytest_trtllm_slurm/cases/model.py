@@ -1,25 +1,7 @@
 """TensorRT-LLM cases: a test, bench, eval or custom command run as one job.
 
-The planning half of ``trtllm-slurm run`` and of YAML case items (pure: no
-subprocess, no pytest). It follows the trtllm-case-executor procedure:
-
-1. Classify (first match wins): custom (``custom_cmd`` / ``custom_script``) >
-   bench (``bench_cmd``) > eval (``eval_cmd``) > pytest (``test_cmd``). Two
-   workflows at once are a ConfigError; ``custom_script`` wins over ``custom_cmd``
-   (seed) and becomes ``bash <script>`` with the script's folder mounted.
-2. Devices (the seed's table; explicit values win, both totals given = verbatim):
-   bench ``--tp * --pp`` of the last ``trtllm-bench``; eval ``--tp_size * --pp_size``;
-   a pytest command what collecting it says (``skip_less_device`` etc., found by the
-   caller, see ``case_run.collect_test_devices``) or 1; perf-sanity with a YAML
-   from the YAML (``perf_sanity.perf_requirement``); custom 1. One node unless the
-   rule or the caller says otherwise; ``node_count = ceil(total / per node)``.
-3. The JobSpec: the command runs under ``bash -c`` inside a small wrapper that
-   records the command's exit status in ``reports.jsonl`` (``session_finish``, as
-   the worker plugin does) so executors need not wait for a report that never comes.
-4. The verdict (``decide_status``): the job's end state, the exit code and what the
-   log says (success/failure patterns, out-of-memory signatures) give one of
-   PASSED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, HANG_DETECTED, BUILD_FAILED,
-   ERROR; ``EXIT_CODES`` maps each to the process exit code of ``trtllm-slurm run``.
+The planning half of ``trtllm-slurm run`` and of YAML case items (pure): classify,
+size, build the JobSpec, decide the verdict; the steps are in docs/cases.md.
 """
 
 from __future__ import annotations

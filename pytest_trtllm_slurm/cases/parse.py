@@ -1,18 +1,7 @@
 """Reading a case's log: summary by workflow, success/failure patterns, metric checks.
 
-Pure (no I/O of its own): ``scan_log`` pulls the log chunk by chunk through a
-``read(offset, limit)`` callable (a Shell's ``read_from``), so a log of any size is
-read once, by offset, and never held whole. What is kept is bounded: the first
-``HEAD_LINES`` lines, the last ``TAIL_LINES`` lines, the last pytest summary line,
-the accuracy lines and the last trtllm-bench ``PERFORMANCE OVERVIEW`` block.
-
-Formats read (TensorRT-LLM's own output):
-
-- pytest: ``==== 3 passed, 1 failed in 12.34s ====`` (or the ``-q`` form without ``=``).
-- trtllm-eval: ``MMLU weighted average accuracy: 79.09 (14042)``,
-  ``lm-eval gsm8k average accuracy: 81.20``, and generic ``<task> accuracy: N``.
-- trtllm-bench: the block after ``= PERFORMANCE OVERVIEW``: ``Name (unit):   value``
-  lines and ``[TPOT] P99    : value`` breakdown lines, up to the next ``=====`` rule.
+Pure: ``scan_log`` pulls the log by offset through ``read(offset, limit)`` and keeps a
+bounded part, so a log of any size is never held whole.
 """
 
 from __future__ import annotations

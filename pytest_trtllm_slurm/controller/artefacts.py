@@ -1,18 +1,7 @@
 """Bring the plugin artefacts of dispatched batches into this run (the pytest face).
 
-A batch's worker writes what pytest-cov and pytest-benchmark measured into its work dir
-(``node.artefacts``). When the batch ends, the controller reads those files through the
-executor's Shell (local, container or SSH alike) and hands them to its own plugins, as
-pytest-xdist's controller does with what its workers send:
-
-- coverage: the batch's data file becomes one more parallel data file next to this run's
-  (paths mapped from the target's rootdir to ours), which pytest-cov combines with its own
-  at the end of the run, exactly as it combines xdist workers' data;
-- benchmarks: each result joins this run's BenchmarkSession, so the table, the
-  ``--benchmark-json``, ``--benchmark-save`` and ``--benchmark-compare`` see every test.
-
-The options that make the worker measure the same things reach it with the rest of the
-invocation (``forwarding``); reports, thresholds and output files stay with the controller.
+Coverage data becomes one more parallel data file and benchmark results join this run's
+BenchmarkSession, as pytest-xdist's controller does with its workers'.
 """
 
 from __future__ import annotations

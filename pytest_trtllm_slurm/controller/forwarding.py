@@ -1,35 +1,7 @@
 """The user's invocation, as the worker gets it (the pytest face).
 
-The worker runs with every option of the user's command line, ``PYTEST_ADDOPTS`` and
-the ini file's ``addopts``, except those the controller owns; unknown plugins' options
-pass through with their values. Which tokens form one option and how many values it
-takes is read from pytest's own parser (each option's flags and nargs), never from a
-list of options: ``--timeout=1``, ``--reruns 2``, ``--forked``, ``--asyncio-mode=auto``
-reach the tests as in a plain run. The controller owns:
-
-- test selection: the positional arguments, ``-k``, ``-m``, ``--deselect``, ``--ignore``,
-  ``--lf``/``--ff``/``--nf``/``--sw`` and friends, pytest-split's ``--splits``/``--group``
-  (the worker gets the tests the controller's collection selected, and runs exactly those
-  whatever a conftest's own options select there: ``node.worker``);
-- how the run stops: ``-x``/``--maxfail`` (the controller cancels the other jobs);
-- output files and reports written once for the run: ``--junitxml``, ``--html``,
-  ``--report-log``, ``--log-file``, coverage reports and thresholds, benchmark files,
-  the JSON report's file (the worker gets ``--json-report`` and writes no file: like
-  pytest-xdist's workers, it attaches each test's streams, logs and ``json_metadata`` to
-  its reports), ``--clean-alluredir`` (done once, here; ``--alluredir`` reaches the worker,
-  which writes each test's result file as a plain run does);
-- pytest-xdist's options (``-n``, ``--dist``, ...): the worker runs its batch itself;
-- this plugin's options, the rootdir and ini file (the worker gets the controller's);
-- ``--pdb``/``--trace``: a target has no terminal (the run says so once).
-
-Options that name where the suite writes its own output (``--output-dir``, ``--csv``, ...:
-``output_dirs``) are not forwarded as written: each batch gets a place of its own
-(``worker_tokens``), and what it wrote there comes back to the user's path.
-
-Values that name a path relative to the invocation directory are made absolute (the
-worker runs in the rootdir, perhaps on another machine where paths are mapped). A value a
-plugin resolves once for the run reaches the worker as resolved here, as pytest-xdist
-hands it to its workers (pytest-randomly's seed: a batch's tests get this run's seed).
+Which tokens form one option is read from pytest's own parser, never from a list, so
+unknown plugins' options pass through; what the controller keeps is in docs/forwarding.md.
 """
 
 from __future__ import annotations

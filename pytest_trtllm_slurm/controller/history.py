@@ -1,15 +1,7 @@
 """Expected durations for packing, kept in pytest's cache (the pytest face).
 
-``cache/trtllm-slurm-durations`` maps a node id to the seconds its last replayed
-run took (setup + call + teardown, as the worker measured them);
-``cache/trtllm-slurm-startup`` maps a pool (see ``packing.Pool.name``) to the
-start-up cost a batch paid there: from its submission to the start of its first
-test (the launch, python, pytest, the suite's conftest imports, collection).
-The shortest of a run's batches is kept: one that did not wait for resources.
-
-A run without the cache provider (``-p no:cacheprovider``) packs with defaults
-and records nothing. Under pytest-xdist every item is its own dispatch: the cache
-is read once per worker and written once, at the end of the worker's session.
+Per node id its last run's seconds, per pool the shortest start-up of a run (one that
+did not wait for resources). Without the cache provider nothing is recorded.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """Placeholder items: the target's collection as local pytest items, never imported here.
 
-pytest's own collection still runs (arguments, ``path::name`` selection, ``--deselect``,
-``-k``, ``-m``, ``--lf``, ``pytest_collection_modifyitems`` of every plugin), but a test
-module becomes a ``PlaceholderModule`` whose children are built from ``collection.json``:
-classes as plain collectors, tests as ``PlaceholderItem`` with the target's names,
-markers (with their arguments: sizing reads ``skip_less_device(N)``, ``trtllm_slurm(...)``,
-``timeout``), keywords and location, and the target's key. A collector that failed or
-skipped on the target (an import error, a module skipping itself on this GPU) reports
-here the target's own CollectReport, as a plain run on the target shows it.
-
-Order and selection are the target's: what the suite selected and ordered at collection
-(test lists, waives, ``--regexp``) is applied before the other plugins' selection, as the
-suite's tryfirst hookwrapper does in a plain run, and the display node ids the suite's
-hooks made (``--test-prefix``) are set after it.
+pytest's own collection and selection still run; a test module's children are built from
+``collection.json`` (names, markers, keywords, location) in the target's order.
 """
 
 from __future__ import annotations

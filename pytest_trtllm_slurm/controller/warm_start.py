@@ -1,19 +1,8 @@
 """Start this run's warm-worker sessions before pytest imports the suite (controller).
 
-A served batch needs a session on its node that has imported and collected the suite:
-seconds for a TensorRT-LLM suite (torch, tensorrt_llm). Started when the first batch is
-submitted, that import comes after the controller's own. Started here instead, from
-``pytest_load_initial_conftests`` (before the controller imports any conftest), each live
-agent of the run's persistent allocation collects what the run's own arguments select
-while the controller does the same, and the first batches find it ready.
-
-Locally only where that is known without asking anyone: a local allocation state file and
-agents whose heartbeat is fresh. A remote cluster named by ``--slurm-cluster`` does the same
-from its early connection's thread, after syncing the code (``connect_early``). Anything
-else (no allocation yet, settings that turn warm workers off) does nothing here; the pool
-starts sessions itself. A
-session whose collection turns out to lack a batch's node id says so before running it,
-and the pool collects again by node id (``agents.EARLY_MISS``).
+From ``pytest_load_initial_conftests`` each live agent collects the suite while the
+controller does, so the first batches find it imported. Only what is known without asking
+anyone (a local state file, fresh heartbeats); otherwise the pool starts sessions itself.
 """
 
 from __future__ import annotations

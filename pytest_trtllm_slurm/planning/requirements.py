@@ -1,13 +1,7 @@
 """What each test needs: markers, perf-sanity YAML, bench/eval commands, time limits.
 
-Pure functions (no subprocess, no pytest import). One call sizes a test: ``size_item``
-derives its DeviceRequirement from, in order, the ``trtllm_slurm(...)`` marker,
-``skip_less_mpi_world_size`` / ``skip_less_device``, a named marker of the
-``trtllm_marker_devices`` table (TensorRT-LLM's unit tests: ``gpu2``, ``gpu4``), a
-perf-sanity YAML, else 0 (a CPU test). ``skip_less_host_memory(MiB)`` is the job's
-memory request; ``launcher_for`` says which launcher prefix a test runs under. Bad input raises
-ConfigError naming the test, what was found and what is expected -- never a silent
-default.
+Pure. ``size_item`` is the one call that sizes a test (docs/sizing.md has the order);
+bad input raises ConfigError naming the test, never a silent default.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Checks for user values that end up in an #SBATCH line, a shell script or an argv.
 
-Values come from the CLI, env vars, ini keys, the clusters file and markers. A value
-with a line break can leave its ``#SBATCH`` line and run as a command; a value that
-starts with ``-`` is read as an option by ssh, docker or srun when it is placed before
-``--`` or where a positional argument is expected. Each check returns the problem in
-words (None when the value is fine) so that every caller can name the value's source
-(option, env var, ini key, clusters file, marker of a test) in its own error.
-
-Pure functions: no I/O; the planning layer and the renderers both use them.
+A line break leaves its #SBATCH line; a leading ``-`` reads as an option. Each check
+returns the problem in words (None: fine) so each caller names the value's source.
 """
 
 from __future__ import annotations
