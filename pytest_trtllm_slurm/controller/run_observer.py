@@ -1,10 +1,7 @@
 """What a dispatched run did, as it happens: batches (queue, start-up, tests) and tests.
 
-Why one record: the live status line, the timeline picture and the efficiency summary
-all read the same observations, taken once. The run loop tells it about submissions
-and job states (small calls); the replayed reports reach it as a pytest plugin
-(``pytest_runtest_logreport`` / ``logfinish``, like ``History``). Times are epoch
-seconds: the workers stamp their reports so.
+One record, because the status line, the timeline and the efficiency summary read the
+same observations. Times are epoch seconds, as the workers stamp their reports.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Collect on the target (``--trtllm-collect=target``): one collect-only job on a node of the
-device type the run targets, its ``collection.json`` read back and checked.
+"""Collect on the target (``--trtllm-collect=target``): one collect-only batch on a node
+of the device type the run targets, its ``collection.json`` read back and checked.
 
-The job is a pytest batch like any other (same executor, same allocation or one-shot job,
-same argv: the user's options, the conftest's own among them, and the user's arguments),
-run with ``--collect-only`` and the worker's collection writer (``node.collection``).
-Selection made by the suite at collection (test lists, waives, prefixes) is therefore
-the target's; ``-k``, ``-m``, ``--deselect`` and ``--lf`` stay the controller's (they are
-not forwarded) and apply to the placeholders ``controller.placeholders`` builds.
+The suite's own selection (test lists, waives) is thus the target's; ``-k``/``-m`` stay
+the controller's and apply to the placeholders.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Group dispatched tests into batches: same destination, same resource shape,
-same image/env/launch. Pure: no pytest, no I/O.
+"""Group dispatched tests into batches: same destination, shape, image, env and launch.
 
-Every batch pays pytest start-up once, so a shape's tests are split into as
-many chunks as the target can run side by side, and no more: with ``pools``
-the split is planned by ``packing`` (expected durations, the pool's GPUs).
+Pure. Every batch pays pytest start-up once, so a shape is split into only as many chunks
+as the target runs side by side (``packing`` plans it when pools are given).
 """
 
 from __future__ import annotations

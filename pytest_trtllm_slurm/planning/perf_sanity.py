@@ -1,12 +1,7 @@
 """TensorRT-LLM perf-sanity ids: their grammar, their config YAML and the GPUs they need.
 
-Pure functions (no subprocess, no pytest import). The grammar follows TensorRT-LLM's
-``tests/integration/defs/perf/test_perf_sanity.py`` (``parse_test_string``) and its CI
-launch-script generators (``jenkins/scripts/perf/submit.py``, ``.../local/submit.py``),
-which size the Slurm job of each id; :data:`GRAMMAR` says which shapes we read.
-
-An id or a config that cannot be read raises :class:`TestSpecError` naming the test, what
-was found, what is expected and the grammar version: that test errors, the others run.
+Pure. The grammar follows TensorRT-LLM's ``test_perf_sanity.py`` and its CI launch-script
+generators (:data:`GRAMMAR`); an id that cannot be read errors that test alone.
 """
 
 from __future__ import annotations

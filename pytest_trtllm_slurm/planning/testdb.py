@@ -1,12 +1,7 @@
 """An open renderer of TensorRT-LLM's test-db (``tests/integration/test_lists/test-db``).
 
-TensorRT-LLM renders each CI stage's test list from YAML with a closed tool fed with one
-machine's GPU name and count and the stage's terms. Here the machines are the configured
-clusters' nodes: a block is selected when its terms agree with the ones asked for and some
-target (a partition of a cluster: GPU type, GPUs per node, nodes, CPU architecture) meets
-its condition; it then runs on the first such target, with as many GPUs as the condition
-asks. Pure: reads YAML files, runs nothing. The format and what is not supported:
-docs/test-db.md.
+TensorRT-LLM's own renderer sees one machine; here a block runs on the first configured
+target that meets its condition. Pure. Format and limits: docs/test-db.md.
 """
 
 from __future__ import annotations
