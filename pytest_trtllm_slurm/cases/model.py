@@ -412,19 +412,9 @@ def decide_status(
     oom_line: str | None = None,
     reason: str | None = None,
 ) -> tuple[CaseStatus, list[str]]:
-    """The case status and the reasons behind it.
-
-    Rules, in order:
-    1. The monitor's or the scheduler's verdict stands: TIMEOUT, HANG_DETECTED,
-       OUT_OF_MEMORY, CANCELLED (also PREEMPTED), BUILD_FAILED; NODE_FAIL and a refused
-       or lost job are ERROR.
-    2. The command ended. Exit 0: PASSED unless a failure pattern matched a line, or
-       success patterns were given and none matched (then FAILED).
-    3. Non-zero exit: an out-of-memory signature in the log -> OUT_OF_MEMORY; exit 126/127
-       (cannot run, not found) -> ERROR; a pytest command's exit 2-5 (interrupted,
-       internal, usage, no tests) -> ERROR (seed: "Exit 2 + ERROR: collection failure");
-       otherwise FAILED.
-    """
+    """The case status and the reasons behind it: the monitor's or scheduler's verdict
+    stands; exit 0 is PASSED unless the patterns say otherwise; a non-zero exit is
+    OUT_OF_MEMORY (a log signature), ERROR (126/127, a pytest exit 2-5) or FAILED."""
     errors: list[str] = []
     success_hits = success_hits or {}
     failure_hits = failure_hits or {}

@@ -212,19 +212,15 @@ class Forwarder:
         return True
 
     def forwarded(self, *, with_ini: bool = True) -> list[str]:
-        """The options of the ini's addopts (unless not ``with_ini``) and of the command
-        line. PYTEST_ADDOPTS is not among them: the worker gets it, after the ini's addopts,
-        in its own PYTEST_ADDOPTS (``forwarded_addopts``), so its argv is the command
-        line's options (``with_ini=False``); a re-run line writes the ini's out."""
+        """The options of the ini's addopts (with ``with_ini``) and of the command line;
+        PYTEST_ADDOPTS reaches the worker in its own variable (``forwarded_addopts``)."""
         ini = list(self.config.getini("addopts")) if with_ini else []
         out = self._kept([*ini, *map(str, self.config.invocation_params.args)])
         return out + self.worker_halves() + self.resolved_here()
 
     def forwarded_addopts(self) -> str:
-        """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's PYTEST_ADDOPTS, less
-        what the controller owns, in pytest's order (the worker reads it before its argv,
-        with its own ini addopts off). An environment variable, not argv: what it holds
-        (``--api-token=...``) is not in ``ps``, job_spec.json or the re-run lines."""
+        """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's, less what the
+        controller owns; not argv, so a ``--api-token=...`` stays out of ``ps`` and files."""
         return shlex.join(self._kept(addopts_args(self.config)))
 
     def _kept(self, args: list[str]) -> list[str]:

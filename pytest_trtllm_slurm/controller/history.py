@@ -34,11 +34,7 @@ def _floats(value: Any) -> dict[str, float]:
 
 
 class History:
-    """Durations of earlier runs, and this run's, recorded from the replayed reports.
-
-    Registered as a plugin for the run: every ``pytest_runtest_logreport`` of a
-    dispatched test (replayed or synthesized) passes through it.
-    """
+    """Durations of earlier runs, and this run's, from the replayed reports (a plugin)."""
 
     def __init__(self, config: pytest.Config, nodeids: Iterable[str],
                  pools: Callable[[BatchKey], Pool]) -> None:

@@ -24,10 +24,8 @@ Match = tuple[testdb.Selection, testdb.Entry]
 
 
 def targets_of(ctx: PlanningContext) -> list[testdb.Target]:
-    """Where blocks can run, in order of preference: the local Slurm's GPU partitions (its
-    table's partition only, when it names one), then each remote cluster of the clusters
-    file (its table's device_type and gpus_per_node, else what discovery finds there);
-    with --slurm-cluster, that cluster only."""
+    """Where blocks can run, preferred first: the local Slurm's GPU partitions, then each
+    remote cluster (its table, else discovery); with --slurm-cluster, that one only."""
     named = (ctx.settings.slurm_cluster or "").lower()
     local_name = ctx.local.cluster_name
     out: list[testdb.Target] = []

@@ -27,10 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class EarlyStart:
-    """What the early start shares with the rest of the run: the sessions it started on
-    live agents (local and remote) and the SSH connections it opened. One per pytest run,
-    in ``config.stash`` (``EARLY``): the plugin makes it before the conftests are imported
-    (``begin``) and closes it at unconfigure; planning and the executors read it there."""
+    """What the early start shares with the run (sessions started, SSH connections opened):
+    one per run in ``config.stash`` (``EARLY``), made by ``begin``, closed at unconfigure."""
 
     sessions: EarlySessions
     connections: EarlyConnections
@@ -166,10 +164,8 @@ def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
 
 
 def connect_early(config: pytest.Config, start: EarlyStart) -> bool:
-    """Open the SSH connection of the remote cluster ``--slurm-cluster`` names, in a thread,
-    while pytest imports the suite (``execution.remote.early_connect``), then sync the code
-    and, in a warm allocation, start the sessions there as ``start_early_sessions`` does
-    locally (``execution.remote.early_start``); whether it did."""
+    """Connect to the ``--slurm-cluster`` cluster in a thread while pytest imports the suite,
+    then sync and start its warm sessions (``execution.remote.early_start``); whether it did."""
     early = EarlyConfig(config)
     if not options.remote_requested(early):  # type: ignore[arg-type]
         return False

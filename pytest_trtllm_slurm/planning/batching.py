@@ -57,14 +57,8 @@ def make_batches(
     pools: Callable[[BatchKey], Pool] | None = None,
     estimates: Estimates | None = None,
 ) -> list[Batch]:
-    """Group (nodeid, key) pairs by key.
-
-    Without ``pools``: in collection order, each group split round-robin into
-    ``parallel[key]`` chunks (default 1). With ``pools`` (where each key's batches
-    run, and how many GPUs that has): ``packing.pack`` chooses the chunk counts
-    (``parallel`` still forces a key's count), balances the chunks by ``estimates``
-    and orders the batches for submission (wide and long first).
-    """
+    """Group (nodeid, key) pairs by key: round-robin into ``parallel[key]`` chunks, or with
+    ``pools`` as ``packing.pack`` plans them (``parallel`` still forces a key's count)."""
     if pools is not None:
         return [
             Batch(key=chunk.key, index=chunk.index, nodeids=chunk.nodeids,  # type: ignore[arg-type]

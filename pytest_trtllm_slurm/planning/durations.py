@@ -71,11 +71,8 @@ def _user_clock(parsed: Parsed) -> int | None:
 
 
 def parse_time_limit(text: str, *, what: str = "time limit") -> int:
-    """Seconds in a duration a user gave (``1h30m``, ``HH:MM:SS``, ``MM:SS``,
-    ``D-HH:MM:SS``); a ConfigError naming ``what`` otherwise.
-
-    A bare number is refused: Slurm reads it as minutes, people often mean seconds.
-    """
+    """Seconds in a duration a user gave (``1h30m``, ``HH:MM:SS``, ``MM:SS``, ``D-HH:MM:SS``);
+    a ConfigError naming ``what`` otherwise (a bare number too: minutes or seconds?)."""
     parsed = _split(str(text).strip().lower())
     seconds = None
     if parsed is not None:
@@ -89,13 +86,8 @@ def parse_time_limit(text: str, *, what: str = "time limit") -> int:
 
 
 def parse_duration(text: str | None) -> int | None:
-    """Seconds in a Slurm time as squeue/sacct print it or ``--time`` takes it:
-    ``minutes``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``. UNLIMITED /
-    INFINITE -> ``UNLIMITED_SECONDS``; other words (INVALID, NOT_SET, Partition_Limit)
-    and junk -> None.
-
-    Note ``0:30`` is 30 *seconds* (Slurm's reading), not 30 minutes.
-    """
+    """Seconds in a Slurm time as squeue/sacct print it (``0:30`` is 30 *seconds*);
+    UNLIMITED / INFINITE -> ``UNLIMITED_SECONDS``; other words and junk -> None."""
     if text is None:
         return None
     text = text.strip()

@@ -66,11 +66,8 @@ class SlurmEnv(BaseModel):
 
 
 class JobSpec(BaseModel):
-    """One batch of tests (or one case) to run somewhere.
-
-    Values that reach the job script, argv or env are checked by their field types (the
-    last line of defence: planning refuses them with their source; a spec read back from
-    a job_spec.json that was edited by hand is checked here too)."""
+    """One batch of tests (or one case) to run somewhere; its field types are the last check
+    of what reaches a script (a hand-edited job_spec.json too)."""
 
     model_config = ConfigDict(extra="forbid")
 

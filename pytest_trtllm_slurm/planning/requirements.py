@@ -241,11 +241,8 @@ def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
 
 
 def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
-    """(total, per_node) from trtllm_slurm(devices=, devices_per_node=, nodes=).
-
-    ``devices`` alone means one node (like skip_less_device); give ``nodes`` or
-    ``devices_per_node`` to span nodes.
-    """
+    """(total, per_node) from trtllm_slurm(devices=, devices_per_node=, nodes=); ``devices``
+    alone means one node (like skip_less_device)."""
     total, per_node, nodes = cfg.devices, cfg.devices_per_node, cfg.nodes
     found = f"devices={total}, devices_per_node={per_node}, nodes={nodes}"
     if total is None:

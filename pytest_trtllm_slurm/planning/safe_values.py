@@ -23,11 +23,8 @@ ENV_NAME_RULE = "letters, digits and _, not starting with a digit"
 
 
 def control_chars(value: str) -> list[str]:
-    """The control and line-break characters of ``value``, as escapes (``['\\n', '\\x00']``).
-
-    Covers C0/C1 controls (newline, carriage return, NUL, tab, ESC), DEL, and the Unicode
-    line and paragraph separators and bidi overrides, which can end a line or hide text.
-    """
+    """The control and line-break characters of ``value``, as escapes (``['\\n', '\\x00']``):
+    C0/C1, DEL, Unicode line/paragraph separators and bidi overrides (end a line, hide text)."""
     if value.isascii() and value.isprintable():  # the common case, without a look per char
         return []
     found = []
@@ -127,11 +124,8 @@ def argv_problem(argv: Iterable[str]) -> str | None:
 
 
 def mount_problem(text: str) -> str | None:
-    """Problem with a ``SRC[:DST[:FLAGS]]`` mount (docker -v and pyxis --container-mounts).
-
-    ``,`` separates pyxis mounts (``/a,/etc:/x`` would be two mounts) and ``:`` separates
-    the parts, so neither may appear in a path; both paths are absolute.
-    """
+    """Problem with a ``SRC[:DST[:FLAGS]]`` mount: absolute paths without ``,`` (pyxis's
+    mount separator) or ``:`` (the parts' separator)."""
     if not isinstance(text, str):
         return f"is a {type(text).__name__}, not a text"
     problem = _line_problem(text)
