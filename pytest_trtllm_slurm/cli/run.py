@@ -1,12 +1,5 @@
-"""``trtllm-slurm run``: one TensorRT-LLM case (test, bench, eval or custom) as a job.
-
-Same settings (CLI > env TRTLLM_SLURM_<NAME> > clusters file > default), routing,
-JobSpec, executors, allocation and monitor as the pytest plugin. The result is
-printed for people, or as JSON with ``--json`` (also written to
-``<work_dir>/result.json``). The exit code follows the status:
-
-    0 PASSED   1 FAILED   2 ERROR   3 TIMEOUT   4 bad input (nothing ran)
-    5 CANCELLED   6 OUT_OF_MEMORY   7 HANG_DETECTED   8 BUILD_FAILED   130 Ctrl-C
+"""``trtllm-slurm run``: one TensorRT-LLM case as a job, with the plugin's settings,
+routing, executors and monitor; the exit codes per status are in docs/cases.md.
 """
 
 from __future__ import annotations

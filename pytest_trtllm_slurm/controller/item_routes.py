@@ -1,8 +1,6 @@
 """From collected items to ItemPlans: requirement, route, batch key per item.
 
-Runs once per session, after collection, only when dispatch or a plan was asked for. Each
-item is one call down per question: ``requirements.size_item`` (what it needs),
-``routing.route_item`` (where it goes, partition included), then its batch key here.
+One call down per question: ``size_item``, ``route_item``, then the batch key here.
 """
 
 from __future__ import annotations

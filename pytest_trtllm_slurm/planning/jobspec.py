@@ -1,7 +1,5 @@
-"""The job manifests: SlurmEnv (what discovery found) and JobSpec (one batch).
-
-A JobSpec is the single source of truth for an executor: it is written to
-``<work_dir>/job_spec.json`` and a job can be re-run from that file alone.
+"""The job manifests: SlurmEnv (what discovery found) and JobSpec (one batch), which is
+written to ``<work_dir>/job_spec.json``: a job can be re-run from that file alone.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The plan: one row per test saying what it needs and where it would run.
-
-The controller routes and packs; this module only turns its decisions into rows (for
-``controller.plan_report``) and renders them, pure, so the plan is testable without probes.
+"""The plan: one row per test saying what it needs and where it would run (pure, so the
+plan is testable without probes).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Pure resolution of a job's device type name, container image, build arch and names.
-
-Each value is resolved once here (option/marker > cluster file > repo default) and
-written into job_spec.json; executors never re-resolve. The partition and account are
-routing's (planning.routing).
+"""Pure resolution of a job's device type name, container image, build arch and names:
+once, here, into job_spec.json, so executors never re-resolve.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Validated configuration: the clusters file and the run's resolved settings.
-
-Precedence for every setting: CLI > env (TRTLLM_SLURM_<NAME>) > ini (trtllm_<name>)
-> cluster file > default. ``controller.options`` registers the options and builds
-``Settings``; this module only holds the models and the clusters file loader.
+"""Validated configuration: the clusters file and the run's resolved settings (the models
+and the loader; ``controller.options`` registers the options and builds ``Settings``).
 """
 
 from __future__ import annotations
