@@ -37,7 +37,8 @@ def control_chars(value: str) -> list[str]:
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F)}
 
 
-def _line_problem(value: str) -> str | None:
+def line_problem(value: str) -> str | None:
+    """Problem with a value that must stay on one line (a path, a command, an image)."""
     bad = control_chars(value)
     return f"contains {', '.join(bad)} (a line break or control character)" if bad else None
 
@@ -50,7 +51,7 @@ def slurm_name_problem(value: str) -> str | None:
     """Problem with an account / partition / QOS / reservation / cluster name."""
     if not isinstance(value, str):
         return f"is a {type(value).__name__}, not a text"
-    problem = _line_problem(value) or _dash_problem(value)
+    problem = line_problem(value) or _dash_problem(value)
     if problem:
         return problem
     if not _SLURM_NAME.match(value):
@@ -62,12 +63,7 @@ def job_name_problem(value: str) -> str | None:
     """Problem with a Slurm job name: any printable text that is one line and no option."""
     if not value:
         return "is empty"
-    return _line_problem(value) or _dash_problem(value)
-
-
-def line_problem(value: str) -> str | None:
-    """Problem with a value that must stay on one line (a path, a command, an image)."""
-    return _line_problem(value)
+    return line_problem(value) or _dash_problem(value)
 
 
 def argument_problem(value: str) -> str | None:
@@ -75,7 +71,7 @@ def argument_problem(value: str) -> str | None:
     program): one line, not empty, not an option."""
     if not value:
         return "is empty"
-    return _line_problem(value) or _dash_problem(value)
+    return line_problem(value) or _dash_problem(value)
 
 
 def host_problem(value: str) -> str | None:
@@ -128,7 +124,7 @@ def mount_problem(text: str) -> str | None:
     mount separator) or ``:`` (the parts' separator)."""
     if not isinstance(text, str):
         return f"is a {type(text).__name__}, not a text"
-    problem = _line_problem(text)
+    problem = line_problem(text)
     if problem:
         return problem
     if "," in text:
@@ -147,7 +143,7 @@ def mount_problem(text: str) -> str | None:
 def mount_path_problem(path: str) -> str | None:
     """Problem with a path mounted at itself (the models root): absolute, and no ``,`` or
     ``:`` (the separators of docker -v and pyxis --container-mounts)."""
-    problem = _line_problem(path)
+    problem = line_problem(path)
     if problem:
         return problem
     if not path.startswith("/"):
