@@ -20,7 +20,6 @@ from pytest_trtllm_slurm.errors import ConfigError
 #: condition keys read; any other is named in the plan as not checked
 CHECKED_RANGES = ("system_gpu_count",)
 CHECKED_WILDCARDS = ("gpu", "cpu")
-UNCHECKED_WILDCARDS = ("linux_distribution_name",)  # the node's OS is not discovered
 
 
 @dataclass(frozen=True)
