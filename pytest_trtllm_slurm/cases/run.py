@@ -1,10 +1,7 @@
 """Running a case: the same probes, routing, JobSpec, executors and Monitor as the plugin.
 
-No pytest here: ``trtllm-slurm run`` and the YAML case items both come through
-``prepare_case`` (classify, count devices, route, write ``job_spec.json``) and
-``run_spec`` (submit, watch, parse the log, decide the status, write
-``result.json``). ``rerun_job_spec`` re-runs a ``job_spec.json`` as written, in a
-fresh work dir next to the old one.
+No pytest here: ``trtllm-slurm run`` and case items both go through ``prepare_case`` and
+``run_spec``; ``rerun_job_spec`` re-runs a ``job_spec.json`` as written, in a fresh work dir.
 """
 
 from __future__ import annotations
@@ -130,9 +127,8 @@ def pytest_args_of(command: str) -> list[str] | None:
 
 def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
                          say: Say = _stderr) -> TestDevices | None:
-    """Collect a pytest command's tests with the plugin's plan (``--trtllm-plan-json``)
-    and return the largest need among them; None when it is not a pytest command or
-    collection failed (the caller then uses 1 device and says so)."""
+    """The largest need among a pytest command's tests (``--trtllm-plan-json``); None when
+    it is no pytest command or collection failed (the caller then uses 1 device)."""
     args = pytest_args_of(command)
     if args is None:
         return None
@@ -495,9 +491,8 @@ def run_case(inp: CaseInput, ctx: CaseContext, *,
 
 
 def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None) -> JobSpec:
-    """``spec`` with a fresh work dir next to the old one: every occurrence of the old
-    work dir (log, reports, command, env) points to the new one; the node-id file is
-    copied. The scenario and everything else stay as written (the manifest decides)."""
+    """``spec`` with a fresh work dir next to the old one (every reference moved, the
+    node-id file copied); everything else stays as written."""
     old = spec.work_dir.rstrip("/")
     new_dir = _new_work_dir(Path(old).parent, f"{spec.name}_rerun")
     new = str(new_dir)

@@ -1,8 +1,7 @@
 """What a run finds once: settings, this machine's probe, Slurm discovery, clusters file.
 
-Only built when dispatch or a plan was asked for; cached on the pytest config. This is
-the pytest side (options, the config's stash and cleanups, the terminal); the executors
-themselves are built by ``execution.factory``, which ``trtllm-slurm run`` uses too.
+Built only when dispatch or a plan was asked for; cached on the config. The executors are
+built by ``execution.factory``, which ``trtllm-slurm run`` uses too.
 """
 
 from __future__ import annotations
@@ -89,9 +88,8 @@ def planning_context(config: pytest.Config) -> PlanningContext:
 
 
 def _check_named_cluster(name: str | None, clusters: ClustersFile, here: str | None) -> None:
-    """--slurm-cluster NAME is this machine's Slurm cluster (any case; no clusters file
-    needed) or a cluster of the clusters file: say so before anything runs, even when no
-    test would be routed by it."""
+    """--slurm-cluster NAME is the local Slurm cluster or in the clusters file: checked
+    before anything runs, even when no test would be routed by it."""
     if not name or clusters.find(name) is not None:
         return
     if here and name.lower() == here.lower():
