@@ -274,34 +274,20 @@ def prepare_case(
     if table and run_settings.container_image:
         mounts = list(with_mounts(mounts, table.container_mounts))
     prepared.spec = JobSpec(
-        scenario=decision.scenario,
-        workflow=workflow.value,
-        name=f"{model}_{workflow.value}",
-        job_name=f"{account or 'trtllm'}.{model}",
-        command=case_argv(command),
-        rerun_argv=[],
-        rootdir=str(ctx.rootdir),
-        invocation_dir=str(ctx.rootdir),
-        node_count=case_devices.nodes,
-        total_devices=req.total,
-        devices_per_node=per_node,
-        device_type=device_type,
-        cluster=decision.cluster,
-        account=account,
+        scenario=decision.scenario, workflow=workflow.value, name=f"{model}_{workflow.value}",
+        job_name=f"{account or 'trtllm'}.{model}", command=case_argv(command), rerun_argv=[],
+        rootdir=str(ctx.rootdir), invocation_dir=str(ctx.rootdir),
+        node_count=case_devices.nodes, total_devices=req.total, devices_per_node=per_node,
+        device_type=device_type, cluster=decision.cluster, account=account,
         partition=decision.partition,
         time_limit=normalize_time(inp.time_limit, "time limit") or settings.time_limit
         or (table.time_limit if table else None) or DEFAULT_TIME_LIMIT,
-        mem_mb=inp.mem_mb,
-        container_image=run_settings.container_image,
-        mounts=mounts,
-        env=env,
-        work_dir=str(work_dir),
+        mem_mb=inp.mem_mb, container_image=run_settings.container_image, mounts=mounts, env=env,
+        work_dir=str(work_dir), reports_path=str(reports),
         log_path=str(paths.Batch(work_dir).case_log(model, workflow.value)),
-        reports_path=str(reports),
         monitor_timeout_seconds=timeout_seconds(inp.monitor_timeout,
                                                 settings.monitor_timeout_seconds),
-        success_patterns=list(inp.success_patterns),
-        failure_patterns=list(inp.failure_patterns),
+        success_patterns=list(inp.success_patterns), failure_patterns=list(inp.failure_patterns),
         hang_patterns=list(settings.hang_patterns),
         slurm_env=ctx.slurm_env if decision.scenario is Scenario.LOCAL_SLURM else None,
     )
@@ -420,39 +406,28 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
             if status is CaseStatus.PASSED:
                 status = CaseStatus.FAILED
     run_started = watched.started
+    def where(hits: dict, patterns: list[str]) -> dict[str, str | None]:
+        return {p: f"line {h.line_no}: {h.line.strip()}" if (h := hits.get(p)) else None
+                for p in patterns}
+
     result = CaseResult(
-        status=status,
-        exit_code=exit_code,
-        workflow=spec.workflow,
+        status=status, exit_code=exit_code, workflow=spec.workflow,
         command=case_command_of(spec.command),
         model_name=spec.name.rsplit("_", 1)[0] if spec.name.endswith(f"_{spec.workflow}")
         else spec.name,
-        scenario=spec.scenario.value,
-        job_id=watched.handle.job_id,
-        job_name=spec.job_name,
-        nodelist=final.nodelist or watched.handle.nodelist,
-        partition=spec.partition,
-        account=spec.account,
-        container_image=spec.container_image,
+        scenario=spec.scenario.value, job_id=watched.handle.job_id, job_name=spec.job_name,
+        nodelist=final.nodelist or watched.handle.nodelist, partition=spec.partition,
+        account=spec.account, container_image=spec.container_image,
         devices=devices or CaseDevices(total=spec.total_devices, per_node=spec.devices_per_node,
                                        nodes=spec.node_count),
         elapsed_seconds=round(ended - (run_started or started), 3),
-        wall_seconds=round(ended - started, 3),
-        work_dir=spec.work_dir,
+        wall_seconds=round(ended - started, 3), work_dir=spec.work_dir,
         log_paths={"log": spec.log_path, "job_spec": paths.Batch(spec.work_dir).job_spec,
                    "result": paths.Batch(spec.work_dir).result},
-        summary=scan.summary(),
-        metrics=metrics,
-        patterns={
-            "success": {p: (f"line {h.line_no}: {h.line.strip()}" if (h := scan.success_hits.get(p))
-                            else None) for p in spec.success_patterns},
-            "failure": {p: (f"line {h.line_no}: {h.line.strip()}" if (h := scan.failure_hits.get(p))
-                            else None) for p in spec.failure_patterns},
-        },
-        checks=check_rows,
-        errors=errors,
-        reason=final.reason,
-        notes=list(notes or []),
+        summary=scan.summary(), metrics=metrics,
+        patterns={"success": where(scan.success_hits, spec.success_patterns),
+                  "failure": where(scan.failure_hits, spec.failure_patterns)},
+        checks=check_rows, errors=errors, reason=final.reason, notes=list(notes or []),
     )
     if status is not CaseStatus.PASSED:
         result.log_head = list(scan.head[:HEAD_LINES])
@@ -504,14 +479,12 @@ def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None
     if spec.nodeids_file and Path(spec.nodeids_file).is_file():
         shutil.copy(spec.nodeids_file, moved(spec.nodeids_file))
     update: dict[str, object] = {
-        "work_dir": new,
-        "log_path": moved(spec.log_path),
+        "work_dir": new, "log_path": moved(spec.log_path),
         "reports_path": moved(spec.reports_path),
         "nodeids_file": moved(spec.nodeids_file) if spec.nodeids_file else None,
         "command": [moved(a) for a in spec.command],
         "rerun_argv": [moved(a) for a in spec.rerun_argv],
-        "env": {k: moved(v) for k, v in spec.env.items()},
-    }
+        "env": {k: moved(v) for k, v in spec.env.items()}}
     if monitor_timeout_seconds is not None:
         update["monitor_timeout_seconds"] = monitor_timeout_seconds
     copy = spec.model_copy(update=update)
