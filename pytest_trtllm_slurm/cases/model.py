@@ -56,15 +56,9 @@ class CaseStatus(str, Enum):
 #: process exit code of ``trtllm-slurm run`` per status (4 stays the usage/config error
 #: code of every trtllm-slurm command: bad input, nothing was run)
 EXIT_CODES: dict[CaseStatus, int] = {
-    CaseStatus.PASSED: 0,
-    CaseStatus.FAILED: 1,
-    CaseStatus.ERROR: 2,
-    CaseStatus.TIMEOUT: 3,
-    CaseStatus.CANCELLED: 5,
-    CaseStatus.OUT_OF_MEMORY: 6,
-    CaseStatus.HANG_DETECTED: 7,
-    CaseStatus.BUILD_FAILED: 8,
-}
+    CaseStatus.PASSED: 0, CaseStatus.FAILED: 1, CaseStatus.ERROR: 2, CaseStatus.TIMEOUT: 3,
+    CaseStatus.CANCELLED: 5, CaseStatus.OUT_OF_MEMORY: 6, CaseStatus.HANG_DETECTED: 7,
+    CaseStatus.BUILD_FAILED: 8}
 EXIT_CONFIG = 4
 EXIT_INTERRUPTED = 130
 
@@ -385,10 +379,8 @@ _PYTEST_ERROR_CODES = {
     4: "pytest usage error (bad option or path)",
     5: "pytest collected no tests",
 }
-_SHELL_ERROR_CODES = {
-    126: "the command could not be executed (exit 126)",
-    127: "command not found (exit 127)",
-}
+_SHELL_ERROR_CODES = {126: "the command could not be executed (exit 126)",
+                      127: "command not found (exit 127)"}
 _JOB_TO_CASE = {
     JobStatus.TIMEOUT: CaseStatus.TIMEOUT,
     JobStatus.HANG_DETECTED: CaseStatus.HANG_DETECTED,

@@ -16,17 +16,9 @@ IMAGE_TAGS_FILE = Path("jenkins") / "current_image_tags.properties"
 X86_IMAGE_KEY = "LLM_DOCKER_IMAGE"
 AARCH64_IMAGE_KEY = "LLM_SBSA_DOCKER_IMAGE"
 
-_BUILD_ARCH = {
-    "H100": "90-real",
-    "H200": "90-real",
-    "GH200": "90-real",
-    "B200": "100-real",
-    "GB200": "100-real",
-    "B300": "100-real",
-    "GB300": "100-real",
-    "A100": "80-real",
-    "L40S": "89-real",
-}
+_BUILD_ARCH = {"H100": "90-real", "H200": "90-real", "GH200": "90-real", "B200": "100-real",
+               "GB200": "100-real", "B300": "100-real", "GB300": "100-real", "A100": "80-real",
+               "L40S": "89-real"}
 DEFAULT_BUILD_ARCH = "100-real"
 
 
