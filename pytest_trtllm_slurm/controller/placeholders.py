@@ -108,18 +108,15 @@ class PlaceholderPlugin:
     def __init__(self, collected: TargetCollection) -> None:
         self.collected = collected
 
-    def _entries(self, path: Path, rootpath: Path) -> tuple[str, list[tuple[list[str],
-                                                                             CollectedItem]]]:
+    def _entries(self, path: Path, rootpath: Path) -> list[tuple[list[str], CollectedItem]]:
         rel = rel_path(path, rootpath)
-        entries = [(e.names, e) for e in self.collected.all_items if e.file == rel]
-        return rel, entries
+        return [(e.names, e) for e in self.collected.all_items if e.file == rel]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pycollect_makemodule(self, module_path: Path,
                                     parent: pytest.Collector) -> pytest.Module:
-        rel, entries = self._entries(module_path, parent.config.rootpath)
         module = PlaceholderModule.from_parent(parent, path=module_path)
-        module.entries = entries
+        module.entries = self._entries(module_path, parent.config.rootpath)
         return module
 
     @pytest.hookimpl(tryfirst=True)
@@ -138,7 +135,7 @@ class PlaceholderPlugin:
                             parent: pytest.Collector) -> pytest.Collector | None:
         if file_path.suffix == ".py":
             return None  # pytest_pycollect_makemodule
-        rel, entries = self._entries(file_path, parent.config.rootpath)
+        entries = self._entries(file_path, parent.config.rootpath)
         if not entries:
             return None
         placeholder = PlaceholderFile.from_parent(parent, path=file_path)
