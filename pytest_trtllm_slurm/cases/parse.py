@@ -7,6 +7,7 @@ bounded part, so a log of any size is never held whole.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -56,15 +57,8 @@ _RULE = re.compile(r"^=+\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # out-of-memory signatures, consulted only when the command failed
-OOM_PATTERNS = (
-    "CUDA out of memory",
-    "OutOfMemoryError",
-    "CUDA error: out of memory",
-    "std::bad_alloc",
-    "MemoryError",
-    "oom-kill",
-    "Out Of Memory",
-)
+OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory",
+                "std::bad_alloc", "MemoryError", "oom-kill", "Out Of Memory")
 _OOM = re.compile("|".join(re.escape(p) for p in OOM_PATTERNS), re.IGNORECASE)
 
 
@@ -288,13 +282,8 @@ def _feed_piece(scan: LogScan, piece: bytes) -> None:
 # --------------------------------------------------------------------------- metric checks
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": lambda a, b: a >= b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    "<": lambda a, b: a < b,
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-}
+    ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
+    "!=": operator.ne}
 _CHECK = re.compile(
     rf"^\s*(?P<name>.+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<threshold>{_NUMBER})\s*"
     r"(?:\(\s*tolerance\s+(?P<tol>\d+(?:\.\d+)?)\s*%\s*\))?\s*$",
