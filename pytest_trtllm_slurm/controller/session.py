@@ -74,10 +74,7 @@ def planning_context(config: pytest.Config) -> PlanningContext:
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     ctx = PlanningContext(
-        settings=settings,
-        local=local,
-        clusters=clusters,
-        slurm_env=slurm_env,
+        settings=settings, local=local, clusters=clusters, slurm_env=slurm_env,
         perf=PerfSources.from_settings(settings, Path(config.rootpath)),
         rootdir=Path(config.rootpath),
         remote_env=remote_clusters(config) if clusters.clusters else None,
