@@ -152,18 +152,16 @@ def cluster_lines(record: RunObserver) -> list[str]:
 def run_json(record: RunObserver, eff: Efficiency) -> dict[str, Any]:
     """What --trtllm-summary-json writes: the summary, the clusters the run used, and
     each batch as it ran (with its cluster and partition)."""
-    batches = []
-    for span in record.batches.values():
-        batches.append({
-            "job_id": span.job_id, "label": span.label, "attempt": span.attempt,
-            "scenario": span.key.scenario.value, "cluster": span.key.cluster,
-            "partition": span.key.partition, "pool": span.pool.name,
-            "gpus_per_node": span.key.devices_per_node, "nodes": span.key.node_count,
-            "nodelist": span.nodelist, "status": span.status,
-            "nodeids": span.nodeids, "expected_seconds": span.expected_seconds,
-            "submitted": span.submitted, "running": span.running, "ended": span.ended,
-            "pending_reasons": [reason for _, reason in span.reasons],
-        })
+    batches = [{
+        "job_id": span.job_id, "label": span.label, "attempt": span.attempt,
+        "scenario": span.key.scenario.value, "cluster": span.key.cluster,
+        "partition": span.key.partition, "pool": span.pool.name,
+        "gpus_per_node": span.key.devices_per_node, "nodes": span.key.node_count,
+        "nodelist": span.nodelist, "status": span.status,
+        "nodeids": span.nodeids, "expected_seconds": span.expected_seconds,
+        "submitted": span.submitted, "running": span.running, "ended": span.ended,
+        "pending_reasons": [reason for _, reason in span.reasons],
+    } for span in record.batches.values()]
     return {"efficiency": eff.model_dump(mode="json"), "clusters": record.clusters,
             "batches": batches}
 
