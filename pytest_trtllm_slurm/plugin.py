@@ -293,10 +293,8 @@ def _freeze_gc(config: pytest.Config) -> None:
     gc.collect()
     gc.freeze()
     config.stash[_FROZEN] = True
-    # and freeze again when the interpreter exits: its final collections would scan the
-    # same objects again (~70-90 ms), and Python does not promise to collect what is left
-    # at exit. atexit runs only then: an in-process pytest.main() (pytester) is thawed by
-    # the cleanup above and collected as usual. Once per process: unregister, register.
+    # again at exit, so the interpreter's final collections do not rescan them (an
+    # in-process pytest.main() is thawed by the cleanup above); once per process
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
 
