@@ -70,24 +70,19 @@ def _last_invocation(cmd: str, program: str) -> list[str]:
                           "expected balanced quotes") from None
     starts = [i for i, token in enumerate(tokens) if os.path.basename(token) == program]
     if not starts:
-        raise ConfigError(
-            f"command {cmd!r}: found no {program} invocation; expected '{program} ...'"
-        )
+        raise ConfigError(f"command {cmd!r}: found no {program} invocation; "
+                          f"expected '{program} ...'")
     return words_until_operator(tokens[starts[-1] + 1:])
 
 
-def _int_flag(args: Sequence[str], names: Sequence[str], cmd: str) -> int:
-    """Value of the last ``--name N`` / ``--name=N`` in ``args`` (1 when absent)."""
+def _int_flag(args: Sequence[str], flag: str, cmd: str) -> int:
+    """Value of the last ``--flag N`` / ``--flag=N`` in ``args`` (1 when absent)."""
     value: str | None = None
-    flag = names[0]
     for index, arg in enumerate(args):
-        for name in names:
-            if arg == name:
-                value = args[index + 1] if index + 1 < len(args) else ""
-                flag = name
-            elif arg.startswith(name + "="):
-                value = arg[len(name) + 1 :]
-                flag = name
+        if arg == flag:
+            value = args[index + 1] if index + 1 < len(args) else ""
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
     if value is None:
         return 1
     if not value.isdigit() or int(value) < 1:
@@ -98,13 +93,13 @@ def _int_flag(args: Sequence[str], names: Sequence[str], cmd: str) -> int:
 def parse_bench_command(cmd: str) -> tuple[int, int]:
     """(tp, pp) of the last ``trtllm-bench`` in ``cmd``; each defaults to 1."""
     args = _last_invocation(cmd, "trtllm-bench")
-    return _int_flag(args, ("--tp",), cmd), _int_flag(args, ("--pp",), cmd)
+    return _int_flag(args, "--tp", cmd), _int_flag(args, "--pp", cmd)
 
 
 def parse_eval_command(cmd: str) -> tuple[int, int]:
     """(tp_size, pp_size) of the last ``trtllm-eval`` in ``cmd``; each defaults to 1."""
     args = _last_invocation(cmd, "trtllm-eval")
-    return _int_flag(args, ("--tp_size",), cmd), _int_flag(args, ("--pp_size",), cmd)
+    return _int_flag(args, "--tp_size", cmd), _int_flag(args, "--pp_size", cmd)
 
 
 # --------------------------------------------------------------------------- markers
