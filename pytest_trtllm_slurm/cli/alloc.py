@@ -19,10 +19,7 @@ from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 
 def add_alloc_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``alloc status`` and ``alloc release`` on a ``add_subparsers()`` object.
-
-    Each sets ``handler`` (``args.handler(args) -> exit code``), as cli.main expects.
-    """
+    """Register ``alloc status`` and ``alloc release``, each with its ``handler``."""
     parser = subparsers.add_parser("alloc", help="show or release the persistent Slurm allocation")
     sub = parser.add_subparsers(dest="alloc_command", metavar="{status,release}")
     sub.required = True

@@ -86,9 +86,8 @@ class ArtefactCollector:
         self.no_coverage: list[str] = []  # work dirs of batches that returned none
 
     def collect(self, shell: Shell, work_dir: str, map_path: Callable[[str], str]) -> None:
-        """Read the batch's artefacts from ``work_dir`` (the target's path). A file that
-        cannot be read (a dropped connection) or is not what a worker writes (too big,
-        malformed, foreign) is said, and the run goes on without it."""
+        """Read the batch's artefacts from ``work_dir`` (the target's path); one unreadable
+        or not a worker's (too big, malformed) is said, and the run goes on without it."""
         try:
             if self.cov_plugin is not None:
                 data = read_whole(shell, Batch(work_dir).coverage)

@@ -110,9 +110,7 @@ def remote_clusters(config: pytest.Config) -> RemoteClusters:
 def make_executors(
     ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
 ) -> dict[Target, Executor]:
-    """One executor per target this run uses (a scenario; each remote cluster its own),
-    built from the batches' keys by the execution layer's factory; their warnings go to
-    this run's terminal."""
+    """One executor per target the batches' keys use (execution.factory), warning here."""
     from pytest_trtllm_slurm.execution.factory import build_executors
 
     return build_executors(ctx, keys, warn=terminal_warning(config))

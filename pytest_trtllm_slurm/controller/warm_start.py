@@ -52,9 +52,8 @@ def early_start(config: pytest.Config) -> EarlyStart | None:
 
 
 def begin(config: pytest.Config) -> EarlyStart | None:
-    """Open the remote cluster's connection and start the local sessions while pytest
-    imports the suite; the EarlyStart that holds them (None for a plain run: nothing
-    imported, no file read)."""
+    """Connect and start the sessions while pytest imports the suite; the EarlyStart that
+    holds them (None for a plain run: nothing imported, no file read)."""
     try:
         if not options.remote_requested(EarlyConfig(config)):  # type: ignore[arg-type]
             return None
@@ -73,9 +72,8 @@ def begin(config: pytest.Config) -> EarlyStart | None:
 
 
 class EarlyConfig:
-    """What ``options`` and ``pytest_base_argv`` read of a pytest.Config, before the
-    command line is parsed into ``config.option``: the early parse
-    (``known_args_namespace``) already holds every registered option."""
+    """A pytest.Config as ``options`` and ``pytest_base_argv`` read it before the command
+    line is parsed: the early parse (``known_args_namespace``) has every option."""
 
     def __init__(self, config: pytest.Config) -> None:
         self._config = config

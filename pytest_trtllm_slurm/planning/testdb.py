@@ -193,9 +193,8 @@ def _term(value: object) -> str:
 
 
 def load_test_db(folder: Path, contexts: Sequence[str]) -> list[Block]:
-    """The blocks of ``contexts`` found in the folder's ``*.yml`` / ``*.yaml`` files (a
-    context may span files), in file and block order; ConfigError for a missing folder,
-    invalid YAML, or a context no file has."""
+    """The blocks of ``contexts`` in the folder's YAML files (a context may span files), in
+    file and block order; ConfigError for a missing folder, bad YAML or unknown context."""
     if not folder.is_dir():
         raise ConfigError(f"test-db folder {folder} (--trtllm-test-db) does not exist")
     found: dict[str, list[Block]] = {}
