@@ -133,7 +133,6 @@ class CaseFile(pytest.File):
         import yaml
 
         from pytest_trtllm_slurm.cases.model import CaseInput, classify
-        from pytest_trtllm_slurm.cases.parse import MetricCheck
         from pytest_trtllm_slurm.errors import ConfigError
 
         try:
@@ -166,8 +165,6 @@ class CaseFile(pytest.File):
                 name = str(fields.pop("name", None) or f"case{index}")
                 inp = CaseInput.build(f"{where} ({name})", name=name, **fields)
                 workflow = classify(inp, base=self.path.parent).workflow.value
-                for check in inp.checks:
-                    MetricCheck.parse(check)
             except ConfigError as exc:
                 raise self.CollectError(str(exc)) from None
             if name in seen:
