@@ -480,7 +480,3 @@ class CaseResult(BaseModel):
     log_tail: list[str] = Field(default_factory=list)  # on failure: last lines of the log
     reason: str | None = None
     notes: list[str] = Field(default_factory=list)
-
-    @property
-    def process_exit_code(self) -> int:
-        return EXIT_CODES[self.status]
