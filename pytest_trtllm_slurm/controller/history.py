@@ -26,11 +26,8 @@ def _floats(value: Any) -> dict[str, float]:
     """A cache value as {str: float}; anything malformed is dropped."""
     if not isinstance(value, dict):
         return {}
-    out = {}
-    for key, seconds in value.items():
-        if isinstance(key, str) and isinstance(seconds, (int, float)) and seconds >= 0:
-            out[key] = float(seconds)
-    return out
+    return {key: float(seconds) for key, seconds in value.items()
+            if isinstance(key, str) and isinstance(seconds, (int, float)) and seconds >= 0}
 
 
 class History:
@@ -124,14 +121,9 @@ class History:
 def _write(cache: Any, durations: dict[str, float], startup: dict[str, float]) -> None:
     """Merge into the cache; re-read first: another process (an xdist worker, a second
     run) may have written since this one read it."""
-    if durations:
-        merged = _floats(cache.get(DURATIONS_KEY, {}))
-        merged.update(durations)
-        cache.set(DURATIONS_KEY, merged)
-    if startup:
-        merged = _floats(cache.get(STARTUP_KEY, {}))
-        merged.update(startup)
-        cache.set(STARTUP_KEY, merged)
+    for key, figures in ((DURATIONS_KEY, durations), (STARTUP_KEY, startup)):
+        if figures:
+            cache.set(key, {**_floats(cache.get(key, {})), **figures})
 
 
 class _Writer:
