@@ -27,9 +27,7 @@ def active_cov_plugin(config: pytest.Config) -> Any:
     plugin = config.pluginmanager.get_plugin("_cov")
     if plugin is None or getattr(plugin, "_disabled", False):
         return None
-    if getattr(plugin, "cov_controller", None) is None:
-        return None
-    return plugin
+    return plugin if getattr(plugin, "cov_controller", None) is not None else None
 
 
 class ReturnedBenchmark:
@@ -52,9 +50,7 @@ class ReturnedBenchmark:
         return bool(self.stats.get("rounds"))
 
     def __getitem__(self, key: str) -> Any:
-        if key in self.stats:
-            return self.stats[key]
-        return self.record[key]
+        return self.stats[key] if key in self.stats else self.record[key]
 
     def get(self, key: str, default: Any = None) -> Any:
         try:
