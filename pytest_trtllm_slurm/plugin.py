@@ -286,19 +286,15 @@ def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list |
 
 
 def _freeze_gc(config: pytest.Config) -> None:
-    """Collect once, then move every object that survives (pytest's, the plugin's, pydantic's
-    schemas: tens of thousands) out of the collector's sight until the session's cleanup.
-    pytest collects five times at its end (unraisable exceptions); on a dispatching run
-    those passes then scan only what the run itself made: ~50-100 ms less per run."""
+    """Collect once, then freeze the survivors (tens of thousands) until the session's
+    cleanup, so pytest's five collections at its end scan only what the run made."""
     if config.stash.get(_FROZEN, False) or gc.get_freeze_count() or not gc.isenabled():
         return
     gc.collect()
     gc.freeze()
     config.stash[_FROZEN] = True
-    # and freeze again when the interpreter exits: its final collections would scan the
-    # same objects again (~70-90 ms), and Python does not promise to collect what is left
-    # at exit. atexit runs only then: an in-process pytest.main() (pytester) is thawed by
-    # the cleanup above and collected as usual. Once per process: unregister, register.
+    # again at exit, so the interpreter's final collections do not rescan them (an
+    # in-process pytest.main() is thawed by the cleanup above); once per process
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
 
@@ -311,9 +307,7 @@ def _unfreeze_gc(config: pytest.Config) -> None:
 
 def release_allocation(ctx, config: pytest.Config,  # type: ignore[no-untyped-def]
                        executors: dict[Any, Executor] | None = None) -> None:
-    """--trtllm-release-allocation: free the persistent allocations once the run is over:
-    that of each Slurm target the run used (a remote cluster's over its connection), else
-    the local one."""
+    """--trtllm-release-allocation: free each used Slurm target's allocation, else the local one."""
     from pytest_trtllm_slurm.controller.session import terminal_warning
     from pytest_trtllm_slurm.execution.factory import allocation_manager
 

@@ -433,7 +433,7 @@ def test_result_json_round_trip() -> None:
     data = json.loads(result.model_dump_json())
     assert data["status"] == "TIMEOUT" and data["metrics"] == {"x": 1.5}
     assert CaseResult.model_validate(data) == result
-    assert result.process_exit_code == 3
+    assert EXIT_CODES[result.status] == 3
 
 
 def test_rerun_copy_moves_every_path_to_a_fresh_work_dir(tmp_path: Path) -> None:

@@ -1,25 +1,7 @@
 """TensorRT-LLM cases: a test, bench, eval or custom command run as one job.
 
-The planning half of ``trtllm-slurm run`` and of YAML case items (pure: no
-subprocess, no pytest). It follows the trtllm-case-executor procedure:
-
-1. Classify (first match wins): custom (``custom_cmd`` / ``custom_script``) >
-   bench (``bench_cmd``) > eval (``eval_cmd``) > pytest (``test_cmd``). Two
-   workflows at once are a ConfigError; ``custom_script`` wins over ``custom_cmd``
-   (seed) and becomes ``bash <script>`` with the script's folder mounted.
-2. Devices (the seed's table; explicit values win, both totals given = verbatim):
-   bench ``--tp * --pp`` of the last ``trtllm-bench``; eval ``--tp_size * --pp_size``;
-   a pytest command what collecting it says (``skip_less_device`` etc., found by the
-   caller, see ``case_run.collect_test_devices``) or 1; perf-sanity with a YAML
-   from the YAML (``perf_sanity.perf_requirement``); custom 1. One node unless the
-   rule or the caller says otherwise; ``node_count = ceil(total / per node)``.
-3. The JobSpec: the command runs under ``bash -c`` inside a small wrapper that
-   records the command's exit status in ``reports.jsonl`` (``session_finish``, as
-   the worker plugin does) so executors need not wait for a report that never comes.
-4. The verdict (``decide_status``): the job's end state, the exit code and what the
-   log says (success/failure patterns, out-of-memory signatures) give one of
-   PASSED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, HANG_DETECTED, BUILD_FAILED,
-   ERROR; ``EXIT_CODES`` maps each to the process exit code of ``trtllm-slurm run``.
+The planning half of ``trtllm-slurm run`` and of YAML case items (pure): classify,
+size, build the JobSpec, decide the verdict; the steps are in docs/cases.md.
 """
 
 from __future__ import annotations
@@ -74,15 +56,9 @@ class CaseStatus(str, Enum):
 #: process exit code of ``trtllm-slurm run`` per status (4 stays the usage/config error
 #: code of every trtllm-slurm command: bad input, nothing was run)
 EXIT_CODES: dict[CaseStatus, int] = {
-    CaseStatus.PASSED: 0,
-    CaseStatus.FAILED: 1,
-    CaseStatus.ERROR: 2,
-    CaseStatus.TIMEOUT: 3,
-    CaseStatus.CANCELLED: 5,
-    CaseStatus.OUT_OF_MEMORY: 6,
-    CaseStatus.HANG_DETECTED: 7,
-    CaseStatus.BUILD_FAILED: 8,
-}
+    CaseStatus.PASSED: 0, CaseStatus.FAILED: 1, CaseStatus.ERROR: 2, CaseStatus.TIMEOUT: 3,
+    CaseStatus.CANCELLED: 5, CaseStatus.OUT_OF_MEMORY: 6, CaseStatus.HANG_DETECTED: 7,
+    CaseStatus.BUILD_FAILED: 8}
 EXIT_CONFIG = 4
 EXIT_INTERRUPTED = 130
 
@@ -403,10 +379,8 @@ _PYTEST_ERROR_CODES = {
     4: "pytest usage error (bad option or path)",
     5: "pytest collected no tests",
 }
-_SHELL_ERROR_CODES = {
-    126: "the command could not be executed (exit 126)",
-    127: "command not found (exit 127)",
-}
+_SHELL_ERROR_CODES = {126: "the command could not be executed (exit 126)",
+                      127: "command not found (exit 127)"}
 _JOB_TO_CASE = {
     JobStatus.TIMEOUT: CaseStatus.TIMEOUT,
     JobStatus.HANG_DETECTED: CaseStatus.HANG_DETECTED,
@@ -430,19 +404,9 @@ def decide_status(
     oom_line: str | None = None,
     reason: str | None = None,
 ) -> tuple[CaseStatus, list[str]]:
-    """The case status and the reasons behind it.
-
-    Rules, in order:
-    1. The monitor's or the scheduler's verdict stands: TIMEOUT, HANG_DETECTED,
-       OUT_OF_MEMORY, CANCELLED (also PREEMPTED), BUILD_FAILED; NODE_FAIL and a refused
-       or lost job are ERROR.
-    2. The command ended. Exit 0: PASSED unless a failure pattern matched a line, or
-       success patterns were given and none matched (then FAILED).
-    3. Non-zero exit: an out-of-memory signature in the log -> OUT_OF_MEMORY; exit 126/127
-       (cannot run, not found) -> ERROR; a pytest command's exit 2-5 (interrupted,
-       internal, usage, no tests) -> ERROR (seed: "Exit 2 + ERROR: collection failure");
-       otherwise FAILED.
-    """
+    """The case status and the reasons behind it: the monitor's or scheduler's verdict
+    stands; exit 0 is PASSED unless the patterns say otherwise; a non-zero exit is
+    OUT_OF_MEMORY (a log signature), ERROR (126/127, a pytest exit 2-5) or FAILED."""
     errors: list[str] = []
     success_hits = success_hits or {}
     failure_hits = failure_hits or {}
@@ -516,7 +480,3 @@ class CaseResult(BaseModel):
     log_tail: list[str] = Field(default_factory=list)  # on failure: last lines of the log
     reason: str | None = None
     notes: list[str] = Field(default_factory=list)
-
-    @property
-    def process_exit_code(self) -> int:
-        return EXIT_CODES[self.status]

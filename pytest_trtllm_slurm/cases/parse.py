@@ -1,23 +1,13 @@
 """Reading a case's log: summary by workflow, success/failure patterns, metric checks.
 
-Pure (no I/O of its own): ``scan_log`` pulls the log chunk by chunk through a
-``read(offset, limit)`` callable (a Shell's ``read_from``), so a log of any size is
-read once, by offset, and never held whole. What is kept is bounded: the first
-``HEAD_LINES`` lines, the last ``TAIL_LINES`` lines, the last pytest summary line,
-the accuracy lines and the last trtllm-bench ``PERFORMANCE OVERVIEW`` block.
-
-Formats read (TensorRT-LLM's own output):
-
-- pytest: ``==== 3 passed, 1 failed in 12.34s ====`` (or the ``-q`` form without ``=``).
-- trtllm-eval: ``MMLU weighted average accuracy: 79.09 (14042)``,
-  ``lm-eval gsm8k average accuracy: 81.20``, and generic ``<task> accuracy: N``.
-- trtllm-bench: the block after ``= PERFORMANCE OVERVIEW``: ``Name (unit):   value``
-  lines and ``[TPOT] P99    : value`` breakdown lines, up to the next ``=====`` rule.
+Pure: ``scan_log`` pulls the log by offset through ``read(offset, limit)`` and keeps a
+bounded part, so a log of any size is never held whole.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -67,15 +57,8 @@ _RULE = re.compile(r"^=+\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # out-of-memory signatures, consulted only when the command failed
-OOM_PATTERNS = (
-    "CUDA out of memory",
-    "OutOfMemoryError",
-    "CUDA error: out of memory",
-    "std::bad_alloc",
-    "MemoryError",
-    "oom-kill",
-    "Out Of Memory",
-)
+OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory",
+                "std::bad_alloc", "MemoryError", "oom-kill", "Out Of Memory")
 _OOM = re.compile("|".join(re.escape(p) for p in OOM_PATTERNS), re.IGNORECASE)
 
 
@@ -299,13 +282,8 @@ def _feed_piece(scan: LogScan, piece: bytes) -> None:
 # --------------------------------------------------------------------------- metric checks
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": lambda a, b: a >= b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    "<": lambda a, b: a < b,
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-}
+    ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
+    "!=": operator.ne}
 _CHECK = re.compile(
     rf"^\s*(?P<name>.+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<threshold>{_NUMBER})\s*"
     r"(?:\(\s*tolerance\s+(?P<tol>\d+(?:\.\d+)?)\s*%\s*\))?\s*$",
@@ -318,12 +296,8 @@ CHECK_SYNTAX = ("'<metric> <op> <number> [(tolerance N%)]' with op one of >=, >,
 
 @dataclass(frozen=True)
 class MetricCheck:
-    """``accuracy >= 79.0`` or ``Total Output Throughput (tokens/sec) >= 1000 (tolerance 5%)``.
-
-    The tolerance relaxes the threshold in the check's favour: ``>= 1000 (tolerance 5%)``
-    passes from 950, ``<= 10 (tolerance 5%)`` up to 10.5, ``== 80 (tolerance 1%)`` within
-    79.2..80.8.
-    """
+    """``accuracy >= 79.0`` or ``Total Output Throughput (tokens/sec) >= 1000 (tolerance 5%)``;
+    the tolerance relaxes the threshold in the check's favour (``>= 1000`` passes from 950)."""
 
     text: str
     metric: str

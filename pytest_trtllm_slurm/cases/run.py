@@ -1,10 +1,7 @@
 """Running a case: the same probes, routing, JobSpec, executors and Monitor as the plugin.
 
-No pytest here: ``trtllm-slurm run`` and the YAML case items both come through
-``prepare_case`` (classify, count devices, route, write ``job_spec.json``) and
-``run_spec`` (submit, watch, parse the log, decide the status, write
-``result.json``). ``rerun_job_spec`` re-runs a ``job_spec.json`` as written, in a
-fresh work dir next to the old one.
+No pytest here: ``trtllm-slurm run`` and case items both go through ``prepare_case`` and
+``run_spec``; ``rerun_job_spec`` re-runs a ``job_spec.json`` as written, in a fresh work dir.
 """
 
 from __future__ import annotations
@@ -135,9 +132,8 @@ def pytest_args_of(command: str) -> list[str] | None:
 
 def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
                          say: Say = _stderr) -> TestDevices | None:
-    """Collect a pytest command's tests with the plugin's plan (``--trtllm-plan-json``)
-    and return the largest need among them; None when it is not a pytest command or
-    collection failed (the caller then uses 1 device and says so)."""
+    """The largest need among a pytest command's tests (``--trtllm-plan-json``); None when
+    it is no pytest command or collection failed (the caller then uses 1 device)."""
     args = pytest_args_of(command)
     if args is None:
         return None
@@ -283,34 +279,20 @@ def prepare_case(
     if table and run_settings.container_image:
         mounts = list(with_mounts(mounts, table.container_mounts))
     prepared.spec = JobSpec(
-        scenario=decision.scenario,
-        workflow=workflow.value,
-        name=f"{model}_{workflow.value}",
-        job_name=f"{account or 'trtllm'}.{model}",
-        command=case_argv(command),
-        rerun_argv=[],
-        rootdir=str(ctx.rootdir),
-        invocation_dir=str(ctx.rootdir),
-        node_count=case_devices.nodes,
-        total_devices=req.total,
-        devices_per_node=per_node,
-        device_type=device_type,
-        cluster=decision.cluster,
-        account=account,
+        scenario=decision.scenario, workflow=workflow.value, name=f"{model}_{workflow.value}",
+        job_name=f"{account or 'trtllm'}.{model}", command=case_argv(command), rerun_argv=[],
+        rootdir=str(ctx.rootdir), invocation_dir=str(ctx.rootdir),
+        node_count=case_devices.nodes, total_devices=req.total, devices_per_node=per_node,
+        device_type=device_type, cluster=decision.cluster, account=account,
         partition=decision.partition,
         time_limit=normalize_time(inp.time_limit, "time limit") or settings.time_limit
         or (table.time_limit if table else None) or DEFAULT_TIME_LIMIT,
-        mem_mb=inp.mem_mb,
-        container_image=run_settings.container_image,
-        mounts=mounts,
-        env=env,
-        work_dir=str(work_dir),
+        mem_mb=inp.mem_mb, container_image=run_settings.container_image, mounts=mounts, env=env,
+        work_dir=str(work_dir), reports_path=str(reports),
         log_path=str(paths.Batch(work_dir).case_log(model, workflow.value)),
-        reports_path=str(reports),
         monitor_timeout_seconds=timeout_seconds(inp.monitor_timeout,
                                                 settings.monitor_timeout_seconds),
-        success_patterns=list(inp.success_patterns),
-        failure_patterns=list(inp.failure_patterns),
+        success_patterns=list(inp.success_patterns), failure_patterns=list(inp.failure_patterns),
         hang_patterns=list(settings.hang_patterns),
         slurm_env=ctx.slurm_env if decision.scenario is Scenario.LOCAL_SLURM else None,
     )
@@ -429,39 +411,28 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
             if status is CaseStatus.PASSED:
                 status = CaseStatus.FAILED
     run_started = watched.started
+    def where(hits: dict, patterns: list[str]) -> dict[str, str | None]:
+        return {p: f"line {h.line_no}: {h.line.strip()}" if (h := hits.get(p)) else None
+                for p in patterns}
+
     result = CaseResult(
-        status=status,
-        exit_code=exit_code,
-        workflow=spec.workflow,
+        status=status, exit_code=exit_code, workflow=spec.workflow,
         command=case_command_of(spec.command),
         model_name=spec.name.rsplit("_", 1)[0] if spec.name.endswith(f"_{spec.workflow}")
         else spec.name,
-        scenario=spec.scenario.value,
-        job_id=watched.handle.job_id,
-        job_name=spec.job_name,
-        nodelist=final.nodelist or watched.handle.nodelist,
-        partition=spec.partition,
-        account=spec.account,
-        container_image=spec.container_image,
+        scenario=spec.scenario.value, job_id=watched.handle.job_id, job_name=spec.job_name,
+        nodelist=final.nodelist or watched.handle.nodelist, partition=spec.partition,
+        account=spec.account, container_image=spec.container_image,
         devices=devices or CaseDevices(total=spec.total_devices, per_node=spec.devices_per_node,
                                        nodes=spec.node_count),
         elapsed_seconds=round(ended - (run_started or started), 3),
-        wall_seconds=round(ended - started, 3),
-        work_dir=spec.work_dir,
+        wall_seconds=round(ended - started, 3), work_dir=spec.work_dir,
         log_paths={"log": spec.log_path, "job_spec": paths.Batch(spec.work_dir).job_spec,
                    "result": paths.Batch(spec.work_dir).result},
-        summary=scan.summary(),
-        metrics=metrics,
-        patterns={
-            "success": {p: (f"line {h.line_no}: {h.line.strip()}" if (h := scan.success_hits.get(p))
-                            else None) for p in spec.success_patterns},
-            "failure": {p: (f"line {h.line_no}: {h.line.strip()}" if (h := scan.failure_hits.get(p))
-                            else None) for p in spec.failure_patterns},
-        },
-        checks=check_rows,
-        errors=errors,
-        reason=final.reason,
-        notes=list(notes or []),
+        summary=scan.summary(), metrics=metrics,
+        patterns={"success": where(scan.success_hits, spec.success_patterns),
+                  "failure": where(scan.failure_hits, spec.failure_patterns)},
+        checks=check_rows, errors=errors, reason=final.reason, notes=list(notes or []),
     )
     if status is not CaseStatus.PASSED:
         result.log_head = list(scan.head[:HEAD_LINES])
@@ -500,9 +471,8 @@ def run_case(inp: CaseInput, ctx: CaseContext, *,
 
 
 def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None) -> JobSpec:
-    """``spec`` with a fresh work dir next to the old one: every occurrence of the old
-    work dir (log, reports, command, env) points to the new one; the node-id file is
-    copied. The scenario and everything else stay as written (the manifest decides)."""
+    """``spec`` with a fresh work dir next to the old one (every reference moved, the
+    node-id file copied); everything else stays as written."""
     old = spec.work_dir.rstrip("/")
     new_dir = _new_work_dir(Path(old).parent, f"{spec.name}_rerun")
     new = str(new_dir)
@@ -514,14 +484,12 @@ def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None
     if spec.nodeids_file and Path(spec.nodeids_file).is_file():
         shutil.copy(spec.nodeids_file, moved(spec.nodeids_file))
     update: dict[str, object] = {
-        "work_dir": new,
-        "log_path": moved(spec.log_path),
+        "work_dir": new, "log_path": moved(spec.log_path),
         "reports_path": moved(spec.reports_path),
         "nodeids_file": moved(spec.nodeids_file) if spec.nodeids_file else None,
         "command": [moved(a) for a in spec.command],
         "rerun_argv": [moved(a) for a in spec.rerun_argv],
-        "env": {k: moved(v) for k, v in spec.env.items()},
-    }
+        "env": {k: moved(v) for k, v in spec.env.items()}}
     if monitor_timeout_seconds is not None:
         update["monitor_timeout_seconds"] = monitor_timeout_seconds
     copy = spec.model_copy(update=update)

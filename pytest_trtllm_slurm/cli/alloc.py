@@ -1,14 +1,7 @@
 """``trtllm-slurm alloc status|release``: look at or give back the persistent allocation.
 
-The allocation outlives pytest runs on purpose (no queue wait next time), so
-releasing it is an explicit act: this command or ``--trtllm-release-allocation``.
-
-Each target has its own: the local Slurm cluster (``work_dirs/.slurm_alloc.json``) and
-every remote cluster of the clusters file, whose state is kept on the cluster itself
-(``<user_root_dir>/.trtllm-state/<repo>/``), shared by every machine of the user.
-``--cluster NAME`` picks one (``local`` for the local cluster) and looks on it over SSH;
-without it ``status`` and ``release`` cover the local one and the remote clusters this
-checkout has run on (``work_dirs/.remote-<name>/`` exists), and name the others.
+The allocation outlives runs on purpose (no queue wait next time), so releasing it is an
+explicit act. Each target has its own (docs/allocations.md); ``--cluster`` picks one.
 """
 
 from __future__ import annotations
@@ -29,10 +22,7 @@ if TYPE_CHECKING:
 
 
 def add_alloc_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``alloc status`` and ``alloc release`` on a ``add_subparsers()`` object.
-
-    Each sets ``handler`` (``args.handler(args) -> exit code``), as cli.main expects.
-    """
+    """Register ``alloc status`` and ``alloc release``, each with its ``handler``."""
     parser = subparsers.add_parser("alloc", help="show or release the persistent Slurm allocation")
     sub = parser.add_subparsers(dest="alloc_command", metavar="{status,release}")
     sub.required = True
@@ -71,9 +61,8 @@ LOCAL = "local"
 
 
 def targets(rootdir: Path, wanted: list[str] | None, config: str | None) -> dict[str, Path]:
-    """target name -> this checkout's folder for it (local: the rootdir; a remote cluster:
-    ``work_dirs/.remote-<name>``, there once a run used it). ConfigError for a name that
-    is neither ``local`` nor in the clusters file."""
+    """target name -> this checkout's folder for it (a remote cluster's once a run used it);
+    ConfigError for a name neither ``local`` nor in the clusters file."""
     from pytest_trtllm_slurm.planning.settings import load_clusters_file
 
     clusters = load_clusters_file(Path(config) if config else None, rootdir).clusters

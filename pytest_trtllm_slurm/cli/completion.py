@@ -1,9 +1,7 @@
 """``trtllm-slurm completion bash``: a bash completion script made from the parser itself.
 
-Why from the parser: the script can never offer a command or an option the CLI lacks, and a
-new subcommand is completed without touching this file. zsh users load it through
-``autoload -U bashcompinit && bashcompinit``. No dependency (argcomplete would import the
-CLI on every <TAB>; this is a static table).
+From the parser, so it never offers what the CLI lacks; a static table, because
+argcomplete would import the CLI on every <TAB>. zsh: ``bashcompinit``.
 """
 from __future__ import annotations
 

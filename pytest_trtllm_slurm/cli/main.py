@@ -1,10 +1,5 @@
-"""The ``trtllm-slurm`` command: env (more subcommands plug in the same way).
-
-Each subcommand is a function ``add_<name>(subparsers)`` that adds its parser and
-sets ``handler=`` (``handler(args) -> int``); to add ``alloc`` or ``run`` from
-another module, append its adder to ``SUBCOMMANDS``. A ConfigError is printed
-as one line on stderr with exit code 4 (the pytest usage-error code), never a
-traceback.
+"""The ``trtllm-slurm`` command: each subcommand's ``add_<name>(subparsers)`` in
+``SUBCOMMANDS`` sets ``handler(args) -> int``; a ConfigError is one stderr line, exit 4.
 """
 
 from __future__ import annotations

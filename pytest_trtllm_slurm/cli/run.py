@@ -1,12 +1,5 @@
-"""``trtllm-slurm run``: one TensorRT-LLM case (test, bench, eval or custom) as a job.
-
-Same settings (CLI > env TRTLLM_SLURM_<NAME> > clusters file > default), routing,
-JobSpec, executors, allocation and monitor as the pytest plugin. The result is
-printed for people, or as JSON with ``--json`` (also written to
-``<work_dir>/result.json``). The exit code follows the status:
-
-    0 PASSED   1 FAILED   2 ERROR   3 TIMEOUT   4 bad input (nothing ran)
-    5 CANCELLED   6 OUT_OF_MEMORY   7 HANG_DETECTED   8 BUILD_FAILED   130 Ctrl-C
+"""``trtllm-slurm run``: one TensorRT-LLM case as a job, with the plugin's settings,
+routing, executors and monitor; the exit codes per status are in docs/cases.md.
 """
 
 from __future__ import annotations
@@ -34,23 +27,11 @@ EPILOG = (
     "Workflow order when classifying: custom, bench, eval, test (one of them only)."
 )
 
-# argparse dest -> options.OPTIONS name (the plugin's settings table)
-SETTING_FLAGS = {
-    "slurm_cluster": "slurm_cluster",
-    "slurm_partition": "slurm_partition",
-    "slurm_account": "slurm_account",
-    "slurm_time_limit": "slurm_time_limit",
-    "device_type": "device_type",
-    "container_image": "container_image",
-    "scenario": "scenario",
-    "persistent": "persistent",
-    "alloc_time_limit": "alloc_time_limit",
-    "alloc_nodes": "alloc_nodes",
-    "config": "config",
-    "work_dir": "work_dir",
-    "monitor_timeout": "monitor_timeout",
-    "hang_pattern": "hang_pattern",
-}
+# the options.OPTIONS names this command takes (each is also its argparse dest)
+SETTING_FLAGS = frozenset({
+    "slurm_cluster", "slurm_partition", "slurm_account", "slurm_time_limit", "device_type",
+    "container_image", "scenario", "persistent", "alloc_time_limit", "alloc_nodes", "config",
+    "work_dir", "monitor_timeout", "hang_pattern"})
 
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -133,11 +114,9 @@ def settings_from_args(args: argparse.Namespace, rootdir: Path,
     import pytest_trtllm_slurm.controller.options as options
 
     env = os.environ if environ is None else environ
-    by_name = {name: dest for dest, name in SETTING_FLAGS.items()}
 
     def raw(opt: options.Opt) -> tuple[Any, str | None]:
-        dest = by_name.get(opt.name)
-        value = getattr(args, dest, None) if dest else None
+        value = getattr(args, opt.name, None) if opt.name in SETTING_FLAGS else None
         if value is not None:
             return value, "cli"
         text = env.get(opt.env)

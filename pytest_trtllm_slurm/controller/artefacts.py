@@ -1,18 +1,7 @@
 """Bring the plugin artefacts of dispatched batches into this run (the pytest face).
 
-A batch's worker writes what pytest-cov and pytest-benchmark measured into its work dir
-(``node.artefacts``). When the batch ends, the controller reads those files through the
-executor's Shell (local, container or SSH alike) and hands them to its own plugins, as
-pytest-xdist's controller does with what its workers send:
-
-- coverage: the batch's data file becomes one more parallel data file next to this run's
-  (paths mapped from the target's rootdir to ours), which pytest-cov combines with its own
-  at the end of the run, exactly as it combines xdist workers' data;
-- benchmarks: each result joins this run's BenchmarkSession, so the table, the
-  ``--benchmark-json``, ``--benchmark-save`` and ``--benchmark-compare`` see every test.
-
-The options that make the worker measure the same things reach it with the rest of the
-invocation (``forwarding``); reports, thresholds and output files stay with the controller.
+Coverage data becomes one more parallel data file and benchmark results join this run's
+BenchmarkSession, as pytest-xdist's controller does with its workers'.
 """
 
 from __future__ import annotations
@@ -38,9 +27,7 @@ def active_cov_plugin(config: pytest.Config) -> Any:
     plugin = config.pluginmanager.get_plugin("_cov")
     if plugin is None or getattr(plugin, "_disabled", False):
         return None
-    if getattr(plugin, "cov_controller", None) is None:
-        return None
-    return plugin
+    return plugin if getattr(plugin, "cov_controller", None) is not None else None
 
 
 class ReturnedBenchmark:
@@ -63,9 +50,7 @@ class ReturnedBenchmark:
         return bool(self.stats.get("rounds"))
 
     def __getitem__(self, key: str) -> Any:
-        if key in self.stats:
-            return self.stats[key]
-        return self.record[key]
+        return self.stats[key] if key in self.stats else self.record[key]
 
     def get(self, key: str, default: Any = None) -> Any:
         try:
@@ -97,9 +82,8 @@ class ArtefactCollector:
         self.no_coverage: list[str] = []  # work dirs of batches that returned none
 
     def collect(self, shell: Shell, work_dir: str, map_path: Callable[[str], str]) -> None:
-        """Read the batch's artefacts from ``work_dir`` (the target's path). A file that
-        cannot be read (a dropped connection) or is not what a worker writes (too big,
-        malformed, foreign) is said, and the run goes on without it."""
+        """Read the batch's artefacts from ``work_dir`` (the target's path); one unreadable
+        or not a worker's (too big, malformed) is said, and the run goes on without it."""
         try:
             if self.cov_plugin is not None:
                 data = read_whole(shell, Batch(work_dir).coverage)

@@ -1,9 +1,6 @@
 """The batches of a run, found one way for the run and for ``--trtllm-plan``.
 
-Why one module: the plan must be what runs. Both call ``run_batches`` with the same
-packer, the same pools (``pools_from_capacities``) and the same duration estimates
-(``History``: pytest's cache). A plan builds no executor (no allocation, no SSH sync):
-``planned_pools`` says what each target's executor would offer (``Executor.capacity``).
+The plan must be what runs: same packer, pools and estimates. A plan builds no executor.
 """
 
 from __future__ import annotations

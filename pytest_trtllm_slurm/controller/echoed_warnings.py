@@ -1,12 +1,7 @@
 """Warnings this process raises again after a worker reported them (the pytest face).
 
-Code that warns once per process (a deprecated import, a module-level ``warnings.warn``)
-warns in the worker, where the test that first imported it ran, and that warning is
-replayed against the test. When the controller's end of the run imports the same code
-(hypothesis writes its failing-example patch with libcst at the terminal summary), the
-same warning would be raised a second time: a plain run, one process, shows it once. So
-a warning raised here while the terminal summary is written, identical (category,
-message, file and line) to one a worker reported, is not recorded again.
+A once-per-process warning is replayed against the worker's test; if the terminal summary
+here imports the same code it would show twice, so an identical one is not recorded again.
 """
 
 from __future__ import annotations

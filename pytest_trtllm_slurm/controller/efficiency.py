@@ -1,17 +1,7 @@
 """Is the allocation used well? A few numbers at the end of every dispatched run.
 
-Why: a run holds GPUs for hours; how much of that time tests ran on them, and how far
-the run was from what the packer thought possible, is what a user (and CI, from the
-JSON) tracks. Computed from the run record alone.
-
-- allocated GPU-seconds: a persistent allocation holds all its GPUs from its first batch's
-  start to its last batch's end; a one-shot job or a local batch holds its own GPUs from
-  when it runs to its end;
-- busy GPU-seconds: each test's time (setup start to teardown end) times its batch's GPUs;
-- queue: submission to running, per batch; start-up: running to the first test's start
-  (interpreter, imports, collection, and a gated step's wait for its GPUs);
-- makespan: first submission to the last batch's end, against the packer's expected
-  makespan and its lower bound (start-up + the busiest pool's GPU-seconds / its GPUs).
+A run holds GPUs for hours: how much of that time tests ran on them, and how far the
+run was from the packer's plan, is what a user and CI track. From the run record alone.
 """
 
 from __future__ import annotations
@@ -162,18 +152,16 @@ def cluster_lines(record: RunObserver) -> list[str]:
 def run_json(record: RunObserver, eff: Efficiency) -> dict[str, Any]:
     """What --trtllm-summary-json writes: the summary, the clusters the run used, and
     each batch as it ran (with its cluster and partition)."""
-    batches = []
-    for span in record.batches.values():
-        batches.append({
-            "job_id": span.job_id, "label": span.label, "attempt": span.attempt,
-            "scenario": span.key.scenario.value, "cluster": span.key.cluster,
-            "partition": span.key.partition, "pool": span.pool.name,
-            "gpus_per_node": span.key.devices_per_node, "nodes": span.key.node_count,
-            "nodelist": span.nodelist, "status": span.status,
-            "nodeids": span.nodeids, "expected_seconds": span.expected_seconds,
-            "submitted": span.submitted, "running": span.running, "ended": span.ended,
-            "pending_reasons": [reason for _, reason in span.reasons],
-        })
+    batches = [{
+        "job_id": span.job_id, "label": span.label, "attempt": span.attempt,
+        "scenario": span.key.scenario.value, "cluster": span.key.cluster,
+        "partition": span.key.partition, "pool": span.pool.name,
+        "gpus_per_node": span.key.devices_per_node, "nodes": span.key.node_count,
+        "nodelist": span.nodelist, "status": span.status,
+        "nodeids": span.nodeids, "expected_seconds": span.expected_seconds,
+        "submitted": span.submitted, "running": span.running, "ended": span.ended,
+        "pending_reasons": [reason for _, reason in span.reasons],
+    } for span in record.batches.values()]
     return {"efficiency": eff.model_dump(mode="json"), "clusters": record.clusters,
             "batches": batches}
 

@@ -1,35 +1,7 @@
 """The user's invocation, as the worker gets it (the pytest face).
 
-The worker runs with every option of the user's command line, ``PYTEST_ADDOPTS`` and
-the ini file's ``addopts``, except those the controller owns; unknown plugins' options
-pass through with their values. Which tokens form one option and how many values it
-takes is read from pytest's own parser (each option's flags and nargs), never from a
-list of options: ``--timeout=1``, ``--reruns 2``, ``--forked``, ``--asyncio-mode=auto``
-reach the tests as in a plain run. The controller owns:
-
-- test selection: the positional arguments, ``-k``, ``-m``, ``--deselect``, ``--ignore``,
-  ``--lf``/``--ff``/``--nf``/``--sw`` and friends, pytest-split's ``--splits``/``--group``
-  (the worker gets the tests the controller's collection selected, and runs exactly those
-  whatever a conftest's own options select there: ``node.worker``);
-- how the run stops: ``-x``/``--maxfail`` (the controller cancels the other jobs);
-- output files and reports written once for the run: ``--junitxml``, ``--html``,
-  ``--report-log``, ``--log-file``, coverage reports and thresholds, benchmark files,
-  the JSON report's file (the worker gets ``--json-report`` and writes no file: like
-  pytest-xdist's workers, it attaches each test's streams, logs and ``json_metadata`` to
-  its reports), ``--clean-alluredir`` (done once, here; ``--alluredir`` reaches the worker,
-  which writes each test's result file as a plain run does);
-- pytest-xdist's options (``-n``, ``--dist``, ...): the worker runs its batch itself;
-- this plugin's options, the rootdir and ini file (the worker gets the controller's);
-- ``--pdb``/``--trace``: a target has no terminal (the run says so once).
-
-Options that name where the suite writes its own output (``--output-dir``, ``--csv``, ...:
-``output_dirs``) are not forwarded as written: each batch gets a place of its own
-(``worker_tokens``), and what it wrote there comes back to the user's path.
-
-Values that name a path relative to the invocation directory are made absolute (the
-worker runs in the rootdir, perhaps on another machine where paths are mapped). A value a
-plugin resolves once for the run reaches the worker as resolved here, as pytest-xdist
-hands it to its workers (pytest-randomly's seed: a batch's tests get this run's seed).
+Which tokens form one option is read from pytest's own parser, never from a list, so
+unknown plugins' options pass through; what the controller keeps is in docs/forwarding.md.
 """
 
 from __future__ import annotations
@@ -240,19 +212,15 @@ class Forwarder:
         return True
 
     def forwarded(self, *, with_ini: bool = True) -> list[str]:
-        """The options of the ini's addopts (unless not ``with_ini``) and of the command
-        line. PYTEST_ADDOPTS is not among them: the worker gets it, after the ini's addopts,
-        in its own PYTEST_ADDOPTS (``forwarded_addopts``), so its argv is the command
-        line's options (``with_ini=False``); a re-run line writes the ini's out."""
+        """The options of the ini's addopts (with ``with_ini``) and of the command line;
+        PYTEST_ADDOPTS reaches the worker in its own variable (``forwarded_addopts``)."""
         ini = list(self.config.getini("addopts")) if with_ini else []
         out = self._kept([*ini, *map(str, self.config.invocation_params.args)])
         return out + self.worker_halves() + self.resolved_here()
 
     def forwarded_addopts(self) -> str:
-        """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's PYTEST_ADDOPTS, less
-        what the controller owns, in pytest's order (the worker reads it before its argv,
-        with its own ini addopts off). An environment variable, not argv: what it holds
-        (``--api-token=...``) is not in ``ps``, job_spec.json or the re-run lines."""
+        """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's, less what the
+        controller owns; not argv, so a ``--api-token=...`` stays out of ``ps`` and files."""
         return shlex.join(self._kept(addopts_args(self.config)))
 
     def _kept(self, args: list[str]) -> list[str]:

@@ -1,15 +1,7 @@
 """Expected durations for packing, kept in pytest's cache (the pytest face).
 
-``cache/trtllm-slurm-durations`` maps a node id to the seconds its last replayed
-run took (setup + call + teardown, as the worker measured them);
-``cache/trtllm-slurm-startup`` maps a pool (see ``packing.Pool.name``) to the
-start-up cost a batch paid there: from its submission to the start of its first
-test (the launch, python, pytest, the suite's conftest imports, collection).
-The shortest of a run's batches is kept: one that did not wait for resources.
-
-A run without the cache provider (``-p no:cacheprovider``) packs with defaults
-and records nothing. Under pytest-xdist every item is its own dispatch: the cache
-is read once per worker and written once, at the end of the worker's session.
+Per node id its last run's seconds, per pool the shortest start-up of a run (one that
+did not wait for resources). Without the cache provider nothing is recorded.
 """
 
 from __future__ import annotations
@@ -34,19 +26,12 @@ def _floats(value: Any) -> dict[str, float]:
     """A cache value as {str: float}; anything malformed is dropped."""
     if not isinstance(value, dict):
         return {}
-    out = {}
-    for key, seconds in value.items():
-        if isinstance(key, str) and isinstance(seconds, (int, float)) and seconds >= 0:
-            out[key] = float(seconds)
-    return out
+    return {key: float(seconds) for key, seconds in value.items()
+            if isinstance(key, str) and isinstance(seconds, (int, float)) and seconds >= 0}
 
 
 class History:
-    """Durations of earlier runs, and this run's, recorded from the replayed reports.
-
-    Registered as a plugin for the run: every ``pytest_runtest_logreport`` of a
-    dispatched test (replayed or synthesized) passes through it.
-    """
+    """Durations of earlier runs, and this run's, from the replayed reports (a plugin)."""
 
     def __init__(self, config: pytest.Config, nodeids: Iterable[str],
                  pools: Callable[[BatchKey], Pool]) -> None:
@@ -136,14 +121,9 @@ class History:
 def _write(cache: Any, durations: dict[str, float], startup: dict[str, float]) -> None:
     """Merge into the cache; re-read first: another process (an xdist worker, a second
     run) may have written since this one read it."""
-    if durations:
-        merged = _floats(cache.get(DURATIONS_KEY, {}))
-        merged.update(durations)
-        cache.set(DURATIONS_KEY, merged)
-    if startup:
-        merged = _floats(cache.get(STARTUP_KEY, {}))
-        merged.update(startup)
-        cache.set(STARTUP_KEY, merged)
+    for key, figures in ((DURATIONS_KEY, durations), (STARTUP_KEY, startup)):
+        if figures:
+            cache.set(key, {**_floats(cache.get(key, {})), **figures})
 
 
 class _Writer:

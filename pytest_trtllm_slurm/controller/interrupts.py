@@ -1,10 +1,7 @@
 """SIGTERM and SIGHUP do what Ctrl-C does while a run dispatches.
 
-CI systems end a job with SIGTERM (abort, timeout) and a closed terminal sends SIGHUP.
-Python's default for both is to die at once, leaving this run's jobs, steps and a
-pending allocation request in the queue. Raised as a KeyboardInterrupt instead, they
-take Ctrl-C's path: the run's jobs are cancelled, the persistent allocation stays, the
-summary of what finished is printed and pytest exits with its "interrupted" code (2).
+CI ends a job with SIGTERM and a closed terminal sends SIGHUP; dying at once would leave
+the run's jobs queued, so both raise KeyboardInterrupt and take Ctrl-C's path.
 """
 
 from __future__ import annotations

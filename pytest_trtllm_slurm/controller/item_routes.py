@@ -1,8 +1,6 @@
 """From collected items to ItemPlans: requirement, route, batch key per item.
 
-Runs once per session, after collection, only when dispatch or a plan was asked for. Each
-item is one call down per question: ``requirements.size_item`` (what it needs),
-``routing.route_item`` (where it goes, partition included), then its batch key here.
+One call down per question: ``size_item``, ``route_item``, then the batch key here.
 """
 
 from __future__ import annotations
@@ -114,14 +112,10 @@ def batch_key(route: Route, test_cfg: requirements.TestConfig,
                         ctx.rootdir)
     own_mounts = tuple(test_cfg.mounts or ())
     return BatchKey(
-        scenario=decision.scenario,
-        cluster=decision.cluster,
-        partition=decision.partition,
-        account=test_cfg.account or decision.account,
-        total_devices=req.total,
+        scenario=decision.scenario, cluster=decision.cluster, partition=decision.partition,
+        account=test_cfg.account or decision.account, total_devices=req.total,
         devices_per_node=req.resolve_per_node(decision.target_gpus_per_node),
-        node_count=nodes,
-        device_type=route.device_type if req.total else None,
+        node_count=nodes, device_type=route.device_type if req.total else None,
         container_image=image,
         # the clusters file's mounts, models root, env and time_limit are the cluster's
         # defaults: the marker's win (its mounts first), and the run's --slurm-time-limit
@@ -130,8 +124,7 @@ def batch_key(route: Route, test_cfg: requirements.TestConfig,
         else own_mounts,
         env=tuple(sorted({**(table.job_env if table else {}), **(test_cfg.env or {})}.items())),
         # a launcher runs on every rank: one task per GPU (launch=mpi), pytest on rank 0
-        launch=Launch.MPI if launcher else Launch(test_cfg.launch or "single"),
-        launcher=launcher,
+        launch=Launch.MPI if launcher else Launch(test_cfg.launch or "single"), launcher=launcher,
         time_limit=test_cfg.time_limit or (
             table.time_limit if table and not settings.time_limit else None),
         mem_mb=req.host_memory_mib or None,

@@ -1,15 +1,8 @@
 """Options, ini keys, env vars and markers: one table drives them all.
 
-Naming rule (documented in ``pytest --help``): every option NAME has
-  CLI flag  as listed in OPTIONS (``--slurm-partition``),
-  ini key   ``trtllm_<NAME>``            (``trtllm_slurm_partition``),
-  env var   ``TRTLLM_SLURM_<NAME>`` upper-cased, a leading ``slurm_`` dropped
-            (``TRTLLM_SLURM_PARTITION``, ``TRTLLM_SLURM_CLUSTER``, ``TRTLLM_SLURM_REMOTE``).
-Precedence: CLI > env > ini > the selected ``[clusters.NAME]`` (partition, account,
-time_limit, container_image, device_type) > default.
-
-With dispatch off nothing here reads a file or probes anything: configure only
-adds marker lines.
+Every option NAME is also ini ``trtllm_<NAME>`` and env ``TRTLLM_SLURM_<NAME>`` (a leading
+``slurm_`` dropped); precedence and the list are in docs/options.md. With dispatch off
+nothing here reads a file or probes anything.
 """
 
 from __future__ import annotations
@@ -266,11 +259,8 @@ def _first(
 
 
 def remote_requested(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
-    """Is dispatch on? Cheap (no pydantic, no file): gate ``resolve_settings`` with it.
-
-    An explicit remote value from any source wins; otherwise --slurm-cluster or
-    --device-type or --trtllm-test-db on the command line turns it on.
-    """
+    """Is dispatch on? Cheap (no pydantic, no file): an explicit remote value wins, else
+    --slurm-cluster, --device-type or --trtllm-test-db on the command line."""
     env = os.environ if environ is None else environ
     value, source = _first(config, BY_NAME["remote"], env)
     if value is not None:
@@ -398,11 +388,8 @@ def build_settings(
     rootdir: Path,
     load_clusters: Callable[[Path | None, Path], ClustersFile] | None = None,
 ) -> tuple[Settings, ClustersFile]:
-    """Settings from ``raw(opt) -> (value, source)`` plus cluster-file fallbacks.
-
-    ``bases`` maps a source to the folder its relative paths are relative to.
-    The clusters file is read only when a cluster is named or a file is given.
-    """
+    """Settings from ``raw(opt) -> (value, source)`` plus cluster-file fallbacks (read only
+    when named); ``bases``: the folder each source's relative paths start from."""
     import pytest_trtllm_slurm.planning.settings as config_module
 
     load = load_clusters or config_module.load_clusters_file

@@ -1,15 +1,7 @@
-"""Suites whose tests rely on one another (the pytest face).
+"""Suites whose tests rely on one another: pytest-order and pytest-dependency.
 
-pytest-order (``@pytest.mark.order``, ``--order-dependencies``, ``--order-marker-prefix``)
-sorts the collected items, and the controller sends them in that order; pytest-dependency
-(``@pytest.mark.dependency(depends=[...])``) skips a test unless the tests it depends on
-passed earlier in the same pytest session. But batches run side by side, each its own
-session: a shape split into several batches would run its ordered tests in parallel, in
-no particular order, and a test would not see the outcome of one it depends on in another
-batch (it would be skipped where a plain run passes it). So when the run asks for either,
-each shape's tests stay in one batch (in collection order), and the run says once what is
-still not kept: the order, or the outcomes, between batches of different shapes or
-targets, and between them and this machine's tests.
+Batches run side by side, each its own session, so with either plugin each shape's tests
+stay in one batch, and the run says once what is still not kept between batches.
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
 """A suite's own output paths: one place per batch on the target, brought back after it.
 
-TensorRT-LLM's suite writes under ``--output-dir``, into ``--periodic-junit-xmlpath`` and
-``--csv``. Dispatched as they are, every batch's worker would write the user's path (on a
-shared file system the last writer wins; on a remote cluster nothing comes back). So the
-worker gets, for each such option, a path of its own under the batch's work dir (the
-user's absolute path mirrored under ``<work dir>/outputs``, so an xmlpath inside the
-output dir stays inside it), and when the batch ends what the tests wrote there is copied
-through the executor's Shell (local, container or SSH alike) to the path the user gave.
-
-- An option naming one file (``--periodic-junit-xmlpath``, ``--csv``) is the controller's:
-  the suite's writer runs here too, sees every replayed report and writes the whole file.
-  A worker's copy of that path is kept aside in its work dir, never copied over it.
-- Two batches (or a batch and a test run here) writing the same file is a conflict: the
-  first copy stays, the later one is written beside it (``NAME.<batch>``) and the run says
-  so. Nothing is silently lost.
-- What comes back is bounded (``MAX_FILES`` files, ``MAX_BYTES`` bytes a batch), read in
-  chunks through the Shell, only regular files (``find -type f``: no link is followed),
-  only below the paths the user named, and written here atomically, 0600.
-
-More options: the ini list ``trtllm_output_options`` (one flag per line).
+Dispatched as written, every batch would write the user's path (the last writer wins, or
+nothing comes back from a remote cluster); the rules are in docs/output-files-and-timeouts.md.
 """
 
 from __future__ import annotations

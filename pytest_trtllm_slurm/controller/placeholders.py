@@ -1,18 +1,7 @@
 """Placeholder items: the target's collection as local pytest items, never imported here.
 
-pytest's own collection still runs (arguments, ``path::name`` selection, ``--deselect``,
-``-k``, ``-m``, ``--lf``, ``pytest_collection_modifyitems`` of every plugin), but a test
-module becomes a ``PlaceholderModule`` whose children are built from ``collection.json``:
-classes as plain collectors, tests as ``PlaceholderItem`` with the target's names,
-markers (with their arguments: sizing reads ``skip_less_device(N)``, ``trtllm_slurm(...)``,
-``timeout``), keywords and location, and the target's key. A collector that failed or
-skipped on the target (an import error, a module skipping itself on this GPU) reports
-here the target's own CollectReport, as a plain run on the target shows it.
-
-Order and selection are the target's: what the suite selected and ordered at collection
-(test lists, waives, ``--regexp``) is applied before the other plugins' selection, as the
-suite's tryfirst hookwrapper does in a plain run, and the display node ids the suite's
-hooks made (``--test-prefix``) are set after it.
+pytest's own collection and selection still run; a test module's children are built from
+``collection.json`` (names, markers, keywords, location) in the target's order.
 """
 
 from __future__ import annotations
@@ -119,18 +108,15 @@ class PlaceholderPlugin:
     def __init__(self, collected: TargetCollection) -> None:
         self.collected = collected
 
-    def _entries(self, path: Path, rootpath: Path) -> tuple[str, list[tuple[list[str],
-                                                                             CollectedItem]]]:
+    def _entries(self, path: Path, rootpath: Path) -> list[tuple[list[str], CollectedItem]]:
         rel = rel_path(path, rootpath)
-        entries = [(e.names, e) for e in self.collected.all_items if e.file == rel]
-        return rel, entries
+        return [(e.names, e) for e in self.collected.all_items if e.file == rel]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pycollect_makemodule(self, module_path: Path,
                                     parent: pytest.Collector) -> pytest.Module:
-        rel, entries = self._entries(module_path, parent.config.rootpath)
         module = PlaceholderModule.from_parent(parent, path=module_path)
-        module.entries = entries
+        module.entries = self._entries(module_path, parent.config.rootpath)
         return module
 
     @pytest.hookimpl(tryfirst=True)
@@ -149,7 +135,7 @@ class PlaceholderPlugin:
                             parent: pytest.Collector) -> pytest.Collector | None:
         if file_path.suffix == ".py":
             return None  # pytest_pycollect_makemodule
-        rel, entries = self._entries(file_path, parent.config.rootpath)
+        entries = self._entries(file_path, parent.config.rootpath)
         if not entries:
             return None
         placeholder = PlaceholderFile.from_parent(parent, path=file_path)

@@ -1,7 +1,5 @@
-"""The --trtllm-plan / --trtllm-plan-json plugin: print the plan, run nothing.
-
-Registered by ``plugin.pytest_configure`` only when a plan is asked for, so a
-normal run has none of these hooks.
+"""The --trtllm-plan / --trtllm-plan-json plugin: print the plan, run nothing (registered
+only when a plan is asked for).
 """
 
 from __future__ import annotations

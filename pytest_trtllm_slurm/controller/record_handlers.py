@@ -1,10 +1,5 @@
 """What the controller does with each record a batch wrote: one ``on_<type>`` method per
-record type of ``node.records``.
-
-A record has passed ``execution.records.parse_record`` (typed, of this batch) before it
-gets here; ``dispatch`` calls the handler named after its type, as pytest-xdist's
-DSession calls ``worker_<event>`` for each event of a worker. A test keeps the record
-types, their models and these handlers in step (tests/test_record_protocol.py).
+record type of ``node.records`` (tests/test_record_protocol.py keeps them in step).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """What a dispatched run did, as it happens: batches (queue, start-up, tests) and tests.
 
-Why one record: the live status line, the timeline picture and the efficiency summary
-all read the same observations, taken once. The run loop tells it about submissions
-and job states (small calls); the replayed reports reach it as a pytest plugin
-(``pytest_runtest_logreport`` / ``logfinish``, like ``History``). Times are epoch
-seconds: the workers stamp their reports so.
+One record, because the status line, the timeline and the efficiency summary read the
+same observations. Times are epoch seconds, as the workers stamp their reports.
 """
 
 from __future__ import annotations
@@ -139,7 +136,7 @@ class RunObserver:
         span.ended, span.status, span.reason = now, state.status.value, None
         span.nodelist = state.nodelist or span.nodelist
         if span.running is None:  # never seen running (it ran between two polls)
-            first = [t.start for t in self._tests_of(span) if t.start is not None]
+            first = [t.start for t in self.tests_of(span) if t.start is not None]
             span.running = min([*first, now])
         if state.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
             why = f" ({state.reason})" if state.reason else ""
@@ -177,12 +174,9 @@ class RunObserver:
             span.finished = True
 
     # -- views -----------------------------------------------------------------------
-    def _tests_of(self, span: BatchSpan) -> list[TestSpan]:
-        return [t for n in span.nodeids if (t := self.tests.get(n)) and t.job_id == span.job_id]
-
     def tests_of(self, span: BatchSpan) -> list[TestSpan]:
         """The tests this batch ran (a retried test belongs to its last batch)."""
-        return self._tests_of(span)
+        return [t for n in span.nodeids if (t := self.tests.get(n)) and t.job_id == span.job_id]
 
     @property
     def clusters(self) -> list[str]:
@@ -197,7 +191,7 @@ class RunObserver:
         area: dict[str, float] = {}
         seen = False
         for span in self.batches.values():
-            for test in self._tests_of(span):
+            for test in self.tests_of(span):
                 if test.start is None or test.stop is None:
                     continue
                 seen = True

@@ -1,9 +1,6 @@
-"""What the user sees of a dispatched run besides pytest's own lines: the live status,
-the efficiency summary, the timeline and summary files.
+"""What the user sees of a dispatched run besides pytest's own lines (a facade).
 
-Why a facade: the run loop makes a few small calls (planned, submitted, changed,
-ended, tick, finish) and knows nothing of how they are shown; the record, the status
-line, the summary and the timeline stay modules of their own.
+The run loop makes a few small calls and knows nothing of how they are shown.
 """
 
 from __future__ import annotations

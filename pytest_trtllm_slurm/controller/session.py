@@ -1,8 +1,7 @@
 """What a run finds once: settings, this machine's probe, Slurm discovery, clusters file.
 
-Only built when dispatch or a plan was asked for; cached on the pytest config. This is
-the pytest side (options, the config's stash and cleanups, the terminal); the executors
-themselves are built by ``execution.factory``, which ``trtllm-slurm run`` uses too.
+Built only when dispatch or a plan was asked for; cached on the config. The executors are
+built by ``execution.factory``, which ``trtllm-slurm run`` uses too.
 """
 
 from __future__ import annotations
@@ -75,10 +74,7 @@ def planning_context(config: pytest.Config) -> PlanningContext:
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     ctx = PlanningContext(
-        settings=settings,
-        local=local,
-        clusters=clusters,
-        slurm_env=slurm_env,
+        settings=settings, local=local, clusters=clusters, slurm_env=slurm_env,
         perf=PerfSources.from_settings(settings, Path(config.rootpath)),
         rootdir=Path(config.rootpath),
         remote_env=remote_clusters(config) if clusters.clusters else None,
@@ -89,9 +85,8 @@ def planning_context(config: pytest.Config) -> PlanningContext:
 
 
 def _check_named_cluster(name: str | None, clusters: ClustersFile, here: str | None) -> None:
-    """--slurm-cluster NAME is this machine's Slurm cluster (any case; no clusters file
-    needed) or a cluster of the clusters file: say so before anything runs, even when no
-    test would be routed by it."""
+    """--slurm-cluster NAME is the local Slurm cluster or in the clusters file: checked
+    before anything runs, even when no test would be routed by it."""
     if not name or clusters.find(name) is not None:
         return
     if here and name.lower() == here.lower():
@@ -116,9 +111,7 @@ def remote_clusters(config: pytest.Config) -> RemoteClusters:
 def make_executors(
     ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
 ) -> dict[Target, Executor]:
-    """One executor per target this run uses (a scenario; each remote cluster its own),
-    built from the batches' keys by the execution layer's factory; their warnings go to
-    this run's terminal."""
+    """One executor per target the batches' keys use (execution.factory), warning here."""
     from pytest_trtllm_slurm.execution.factory import build_executors
 
     return build_executors(ctx, keys, warn=terminal_warning(config))

@@ -1,14 +1,8 @@
 """The suite's own options, read from its conftests without importing them.
 
-With ``--trtllm-collect=target`` the controller never imports the suite's conftests (they
-may need a GPU at import), yet the command line a CI stage types carries their options
-(``--test-list``, ``--waives-file``, ``--test-prefix``, ``--output-dir``, ...): pytest
-would refuse them as unrecognized. This module reads the ``pytest_addoption`` function of
-each initial conftest with ``ast`` and registers every ``addoption``/``addini`` call whose
-names are literal strings, with the keyword arguments that are literals (``action``,
-``nargs``, ``default``, ``dest``, ``help``, ``choices``; ``type`` when it names a builtin).
-A keyword that is not a literal is left out: the controller only has to parse the option
-and pass it on; the target's conftest gives it its meaning.
+With ``--trtllm-collect=target`` the conftests are never imported (they may need a GPU),
+yet their options are on the command line: their literal ``addoption`` calls are read
+with ``ast`` so pytest accepts them and passes them on.
 """
 
 from __future__ import annotations

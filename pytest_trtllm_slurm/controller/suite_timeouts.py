@@ -1,8 +1,5 @@
-"""Each test's own time limit, as pytest-timeout reads it (the pytest face).
-
-``@pytest.mark.timeout(N)``, else ``--timeout`` / ``PYTEST_TIMEOUT`` / the ini ``timeout``:
-pytest-timeout's own reading of an item, so the batch's walltime (``planning.walltime``)
-counts exactly what will stop the test on the target. Without pytest-timeout here, None.
+"""Each test's own time limit, as pytest-timeout reads it (the pytest face), so a batch's
+walltime counts exactly what stops the test on the target. Without pytest-timeout, None.
 """
 
 from __future__ import annotations

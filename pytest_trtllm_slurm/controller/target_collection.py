@@ -1,12 +1,8 @@
-"""Collect on the target (``--trtllm-collect=target``): one collect-only job on a node of the
-device type the run targets, its ``collection.json`` read back and checked.
+"""Collect on the target (``--trtllm-collect=target``): one collect-only batch on a node
+of the device type the run targets, its ``collection.json`` read back and checked.
 
-The job is a pytest batch like any other (same executor, same allocation or one-shot job,
-same argv: the user's options, the conftest's own among them, and the user's arguments),
-run with ``--collect-only`` and the worker's collection writer (``node.collection``).
-Selection made by the suite at collection (test lists, waives, prefixes) is therefore
-the target's; ``-k``, ``-m``, ``--deselect`` and ``--lf`` stay the controller's (they are
-not forwarded) and apply to the placeholders ``controller.placeholders`` builds.
+The suite's own selection (test lists, waives) is thus the target's; ``-k``/``-m`` stay
+the controller's and apply to the placeholders.
 """
 
 from __future__ import annotations
@@ -142,28 +138,16 @@ def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
     here = Path(config.invocation_params.dir)
     argv += [str(here / arg) for arg in config.args]
     return JobSpec(
-        scenario=key.scenario,
-        workflow="collect",
-        name=work_dir.name,
-        job_name=f"{key.account or 'trtllm'}.collect",
-        command=argv,
-        rootdir=str(config.rootpath),
-        invocation_dir=str(worker_cwd(config)),
-        total_devices=key.total_devices,
-        devices_per_node=key.devices_per_node,
-        device_type=key.device_type,
-        cluster=key.cluster,
-        account=key.account,
-        partition=key.partition,
-        time_limit=key.time_limit or settings_time_limit,
-        container_image=key.container_image,
-        mounts=list(key.mounts),
-        env={**worker_env(config), **dict(key.env)},
-        work_dir=str(work_dir),
-        log_path=str(Batch(work_dir).log),
-        reports_path=str(Batch(work_dir).reports),
-        monitor_timeout_seconds=monitor_timeout,
-        slurm_env=executor.slurm_env,
+        scenario=key.scenario, workflow="collect", name=work_dir.name,
+        job_name=f"{key.account or 'trtllm'}.collect", command=argv,
+        rootdir=str(config.rootpath), invocation_dir=str(worker_cwd(config)),
+        total_devices=key.total_devices, devices_per_node=key.devices_per_node,
+        device_type=key.device_type, cluster=key.cluster, account=key.account,
+        partition=key.partition, time_limit=key.time_limit or settings_time_limit,
+        container_image=key.container_image, mounts=list(key.mounts),
+        env={**worker_env(config), **dict(key.env)}, work_dir=str(work_dir),
+        log_path=str(Batch(work_dir).log), reports_path=str(Batch(work_dir).reports),
+        monitor_timeout_seconds=monitor_timeout, slurm_env=executor.slurm_env,
     )
 
 

@@ -1,13 +1,8 @@
-"""A test-db stage in one command: ``--trtllm-test-db=DIR --trtllm-test-db-context=CTX
---trtllm-test-db-terms stage=pre_merge``.
+"""A test-db stage in one command (``--trtllm-test-db`` and its context and terms).
 
-After collection, the renderer (planning/testdb.py) picks the blocks whose terms agree and
-a target (a partition of a configured cluster) for each; every collected test a chosen
-block lists gets that block's size and target as its ``trtllm_slurm`` marker (its own
-marker's other keys kept), and ``TIMEOUT (N)`` as ``pytest.mark.timeout`` (with
-pytest-timeout); the others are deselected. The run then dispatches as usual, so one
-command runs the stage on every GPU type the clusters offer. What was chosen, and what was
-not, is printed after the collection line.
+After collection each test a chosen block lists gets that block's size and target as its
+``trtllm_slurm`` marker (and its TIMEOUT as ``pytest.mark.timeout``); the others are
+deselected, so one command runs the stage on every GPU type the clusters offer.
 """
 
 from __future__ import annotations
@@ -29,10 +24,8 @@ Match = tuple[testdb.Selection, testdb.Entry]
 
 
 def targets_of(ctx: PlanningContext) -> list[testdb.Target]:
-    """Where blocks can run, in order of preference: the local Slurm's GPU partitions (its
-    table's partition only, when it names one), then each remote cluster of the clusters
-    file (its table's device_type and gpus_per_node, else what discovery finds there);
-    with --slurm-cluster, that cluster only."""
+    """Where blocks can run, preferred first: the local Slurm's GPU partitions, then each
+    remote cluster (its table, else discovery); with --slurm-cluster, that one only."""
     named = (ctx.settings.slurm_cluster or "").lower()
     local_name = ctx.local.cluster_name
     out: list[testdb.Target] = []

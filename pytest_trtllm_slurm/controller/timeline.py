@@ -1,14 +1,7 @@
 """--trtllm-timeline PATH: the run as a picture, to see why it took as long as it did.
 
-Two files from the run record: PATH, a Chrome trace-event JSON (Perfetto,
-chrome://tracing), and PATH's ``.svg`` sibling, a self-contained picture (no script, no
-network). Each node's GPUs are tracks; a batch is a slice on each GPU it held, its
-start-up (interpreter, imports, collection) and its tests are slices inside it; waits
-from submission to running (queue, and a gated step's collecting and waiting for its
-nodes) have tracks of their own, cut where the reason changed.
-
-Which GPU of a node a batch had is not known here: batches are laid on a node's GPU
-tracks lowest free first, which is what a picture needs.
+A Chrome trace-event JSON and an ``.svg`` sibling. Which GPU of a node a batch had is
+not known: batches are laid on a node's tracks lowest free first.
 """
 
 from __future__ import annotations

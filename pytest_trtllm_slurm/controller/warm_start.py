@@ -1,19 +1,8 @@
 """Start this run's warm-worker sessions before pytest imports the suite (controller).
 
-A served batch needs a session on its node that has imported and collected the suite:
-seconds for a TensorRT-LLM suite (torch, tensorrt_llm). Started when the first batch is
-submitted, that import comes after the controller's own. Started here instead, from
-``pytest_load_initial_conftests`` (before the controller imports any conftest), each live
-agent of the run's persistent allocation collects what the run's own arguments select
-while the controller does the same, and the first batches find it ready.
-
-Locally only where that is known without asking anyone: a local allocation state file and
-agents whose heartbeat is fresh. A remote cluster named by ``--slurm-cluster`` does the same
-from its early connection's thread, after syncing the code (``connect_early``). Anything
-else (no allocation yet, settings that turn warm workers off) does nothing here; the pool
-starts sessions itself. A
-session whose collection turns out to lack a batch's node id says so before running it,
-and the pool collects again by node id (``agents.EARLY_MISS``).
+From ``pytest_load_initial_conftests`` each live agent collects the suite while the
+controller does, so the first batches find it imported. Only what is known without asking
+anyone (a local state file, fresh heartbeats); otherwise the pool starts sessions itself.
 """
 
 from __future__ import annotations
@@ -38,10 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class EarlyStart:
-    """What the early start shares with the rest of the run: the sessions it started on
-    live agents (local and remote) and the SSH connections it opened. One per pytest run,
-    in ``config.stash`` (``EARLY``): the plugin makes it before the conftests are imported
-    (``begin``) and closes it at unconfigure; planning and the executors read it there."""
+    """What the early start shares with the run (sessions started, SSH connections opened):
+    one per run in ``config.stash`` (``EARLY``), made by ``begin``, closed at unconfigure."""
 
     sessions: EarlySessions
     connections: EarlyConnections
@@ -65,9 +52,8 @@ def early_start(config: pytest.Config) -> EarlyStart | None:
 
 
 def begin(config: pytest.Config) -> EarlyStart | None:
-    """Open the remote cluster's connection and start the local sessions while pytest
-    imports the suite; the EarlyStart that holds them (None for a plain run: nothing
-    imported, no file read)."""
+    """Connect and start the sessions while pytest imports the suite; the EarlyStart that
+    holds them (None for a plain run: nothing imported, no file read)."""
     try:
         if not options.remote_requested(EarlyConfig(config)):  # type: ignore[arg-type]
             return None
@@ -86,9 +72,8 @@ def begin(config: pytest.Config) -> EarlyStart | None:
 
 
 class EarlyConfig:
-    """What ``options`` and ``pytest_base_argv`` read of a pytest.Config, before the
-    command line is parsed into ``config.option``: the early parse
-    (``known_args_namespace``) already holds every registered option."""
+    """A pytest.Config as ``options`` and ``pytest_base_argv`` read it before the command
+    line is parsed: the early parse (``known_args_namespace``) has every option."""
 
     def __init__(self, config: pytest.Config) -> None:
         self._config = config
@@ -177,10 +162,8 @@ def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
 
 
 def connect_early(config: pytest.Config, start: EarlyStart) -> bool:
-    """Open the SSH connection of the remote cluster ``--slurm-cluster`` names, in a thread,
-    while pytest imports the suite (``execution.remote.early_connect``), then sync the code
-    and, in a warm allocation, start the sessions there as ``start_early_sessions`` does
-    locally (``execution.remote.early_start``); whether it did."""
+    """Connect to the ``--slurm-cluster`` cluster in a thread while pytest imports the suite,
+    then sync and start its warm sessions (``execution.remote.early_start``); whether it did."""
     early = EarlyConfig(config)
     if not options.remote_requested(early):  # type: ignore[arg-type]
         return False

@@ -1,9 +1,7 @@
-"""Group dispatched tests into batches: same destination, same resource shape,
-same image/env/launch. Pure: no pytest, no I/O.
+"""Group dispatched tests into batches: same destination, shape, image, env and launch.
 
-Every batch pays pytest start-up once, so a shape's tests are split into as
-many chunks as the target can run side by side, and no more: with ``pools``
-the split is planned by ``packing`` (expected durations, the pool's GPUs).
+Pure. Every batch pays pytest start-up once, so a shape is split into only as many chunks
+as the target runs side by side (``packing`` plans it when pools are given).
 """
 
 from __future__ import annotations
@@ -59,14 +57,8 @@ def make_batches(
     pools: Callable[[BatchKey], Pool] | None = None,
     estimates: Estimates | None = None,
 ) -> list[Batch]:
-    """Group (nodeid, key) pairs by key.
-
-    Without ``pools``: in collection order, each group split round-robin into
-    ``parallel[key]`` chunks (default 1). With ``pools`` (where each key's batches
-    run, and how many GPUs that has): ``packing.pack`` chooses the chunk counts
-    (``parallel`` still forces a key's count), balances the chunks by ``estimates``
-    and orders the batches for submission (wide and long first).
-    """
+    """Group (nodeid, key) pairs by key: round-robin into ``parallel[key]`` chunks, or with
+    ``pools`` as ``packing.pack`` plans them (``parallel`` still forces a key's count)."""
     if pools is not None:
         return [
             Batch(key=chunk.key, index=chunk.index, nodeids=chunk.nodeids,  # type: ignore[arg-type]

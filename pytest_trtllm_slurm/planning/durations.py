@@ -1,21 +1,8 @@
-"""Durations: one grammar for Slurm times, read two ways (pure).
+"""Durations: one grammar for Slurm times (``_split``), read two ways (pure).
 
-Slurm's ``--time`` takes ``minutes``, ``minutes:seconds``, ``hours:minutes:seconds``,
-``days-hours``, ``days-hours:minutes`` and ``days-hours:minutes:seconds``: a bare number
-is *minutes*. squeue and sacct print TimeLimit / TimeLeft / Elapsed as ``[D-]HH:MM:SS`` or
-``MM:SS``, or as a word (UNLIMITED, INFINITE, INVALID, NOT_SET, Partition_Limit).
-
-Both come through ``_split`` (the one grammar) and then one of two readings:
-
-- ``parse_time_limit``: what a *user* typed (options, markers, case files). Stricter than
-  Slurm on purpose: a bare number is refused (Slurm reads minutes, people often mean
-  seconds), ``1h30m``-style units are accepted, fields must be in range (``1:60`` is
-  refused) and only the full ``D-HH:MM:SS`` day form is taken. Bad input is a
-  ConfigError that names the option and shows the forms.
-- ``parse_duration``: what the *scheduler* printed (or a limit already normalized by
-  ``format_slurm_time``). Slurm's rules exactly (a bare number is minutes, every day
-  form); UNLIMITED / INFINITE are ``UNLIMITED_SECONDS``; any other word or junk is None,
-  never an error (a query's odd column must not stop a run).
+``parse_time_limit`` reads what a user typed, stricter than Slurm (a bare number is
+refused: people often mean seconds); ``parse_duration`` reads what the scheduler printed,
+Slurm's rules exactly, and returns None on junk (an odd column must not stop a run).
 """
 
 from __future__ import annotations
@@ -84,11 +71,8 @@ def _user_clock(parsed: Parsed) -> int | None:
 
 
 def parse_time_limit(text: str, *, what: str = "time limit") -> int:
-    """Seconds in a duration a user gave (``1h30m``, ``HH:MM:SS``, ``MM:SS``,
-    ``D-HH:MM:SS``); a ConfigError naming ``what`` otherwise.
-
-    A bare number is refused: Slurm reads it as minutes, people often mean seconds.
-    """
+    """Seconds in a duration a user gave (``1h30m``, ``HH:MM:SS``, ``MM:SS``, ``D-HH:MM:SS``);
+    a ConfigError naming ``what`` otherwise (a bare number too: minutes or seconds?)."""
     parsed = _split(str(text).strip().lower())
     seconds = None
     if parsed is not None:
@@ -102,13 +86,8 @@ def parse_time_limit(text: str, *, what: str = "time limit") -> int:
 
 
 def parse_duration(text: str | None) -> int | None:
-    """Seconds in a Slurm time as squeue/sacct print it or ``--time`` takes it:
-    ``minutes``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``. UNLIMITED /
-    INFINITE -> ``UNLIMITED_SECONDS``; other words (INVALID, NOT_SET, Partition_Limit)
-    and junk -> None.
-
-    Note ``0:30`` is 30 *seconds* (Slurm's reading), not 30 minutes.
-    """
+    """Seconds in a Slurm time as squeue/sacct print it (``0:30`` is 30 *seconds*);
+    UNLIMITED / INFINITE -> ``UNLIMITED_SECONDS``; other words and junk -> None."""
     if text is None:
         return None
     text = text.strip()

@@ -1,11 +1,5 @@
 """Field types every model shares: a value that reaches a script, an argv or an env is
-checked once, in one place, with the same message wherever it was given.
-
-Each type is the field's plain type plus a ``safe_values`` check (pydantic
-``AfterValidator``), so a model says ``partition: SlurmName | None`` instead of
-repeating a validator: the marker (TestConfig), the clusters file (ClusterConfig), the
-job manifest (JobSpec) and a case (CaseInput) all refuse the same values with the same
-words. ``OneOrMany`` lets a field that holds a list also take one string.
+checked once (a ``safe_values`` AfterValidator), with the same words wherever it was given.
 """
 
 from __future__ import annotations

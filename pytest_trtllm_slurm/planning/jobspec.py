@@ -1,7 +1,5 @@
-"""The job manifests: SlurmEnv (what discovery found) and JobSpec (one batch).
-
-A JobSpec is the single source of truth for an executor: it is written to
-``<work_dir>/job_spec.json`` and a job can be re-run from that file alone.
+"""The job manifests: SlurmEnv (what discovery found) and JobSpec (one batch), which is
+written to ``<work_dir>/job_spec.json``: a job can be re-run from that file alone.
 """
 
 from __future__ import annotations
@@ -66,11 +64,8 @@ class SlurmEnv(BaseModel):
 
 
 class JobSpec(BaseModel):
-    """One batch of tests (or one case) to run somewhere.
-
-    Values that reach the job script, argv or env are checked by their field types (the
-    last line of defence: planning refuses them with their source; a spec read back from
-    a job_spec.json that was edited by hand is checked here too)."""
+    """One batch of tests (or one case) to run somewhere; its field types are the last check
+    of what reaches a script (a hand-edited job_spec.json too)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,21 +1,7 @@
-"""What counts as a secret, and how it is hidden (standard library only: the node side uses it).
+"""What counts as a secret, and how it is hidden (stdlib only: the node side uses it).
 
-What may be SHOWN (logs, job_spec.json, re-run lines) is an allow-list: a value is shown only
-when its name is one of ``SHOWN_NAMES`` or starts with one of ``SHOWN_PREFIXES`` (names that
-hold paths, device lists and tuning knobs) and is not a secret by the rules below; every other
-value is shown as ``***``. An option of a command line whose name is secret by the same rule
-(``--password hunter2``, ``--api-token=...``) has its value hidden.
-
-What is a secret (which values never go into a file: the warm workers' mailboxes, scripts):
-
-- by name: a variable whose name has a secret word as one of its parts (``HF_TOKEN``,
-  ``GITHUB_PAT``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``, ``githubToken``), or a part
-  ending in one of the longer ones (``APIKEY``, ``HFTOKEN``). Parts, not substrings: ``PATH``,
-  ``KEYBOARD``, ``TOKENIZERS_PARALLELISM`` or ``AUTHOR`` are not secrets, nor are names
-  that say where a secret is (``SSH_AUTH_SOCK``, ``SSL_KEY_FILE``, ``XDG_SESSION_TYPE``);
-- by value: credentials in a URL (``http://user:pass@proxy``: only the password is hidden;
-  ``https://<token>@host``) and values that look like well-known tokens (``ghp_...``,
-  ``hf_...``, private keys).
+Showing is an allow-list (``SHOWN_NAMES``/``SHOWN_PREFIXES``); secrets are found by name
+parts and by value. The rules are in docs/security-model.md.
 """
 
 from __future__ import annotations

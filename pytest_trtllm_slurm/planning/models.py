@@ -1,7 +1,5 @@
-"""Pydantic models shared by the planning and execution layers.
-
-They are the boundary between layers: planning produces them from pytest items
-and options; execution reads only them (never pytest objects).
+"""Pydantic models shared by the planning and execution layers: execution reads only
+them, never pytest objects.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Packing: how many chunks each batch key gets and which tests go in which chunk.
 
-Pure: no pytest, no I/O. Batching is a scheduling problem. Every chunk (one job
-or one step) pays the start-up cost once (python + pytest + the suite's
-conftest imports, plus the launch), and the GPUs of the pool it runs in should
-stay busy. So, per pool (the persistent allocation, a partition for one-shot
-jobs, this machine):
-
-1. Start with one chunk per key.
-2. Simulate the pool: chunks are started in submission order, each as soon as
-   its GPUs are free (best fit over nodes, no reservations: how Slurm starts the
-   steps of an allocation), each lasting ``start-up + sum(expected durations)``.
-3. Greedily give one more chunk to the key (or to every key at once) whose split
-   shortens the simulated makespan most; stop when no split helps or a key has
-   as many chunks as fit side by side in the pool.
-
-Tests are assigned to a key's chunks longest expected first, each to the
-least-loaded chunk (LPT: the chunks' loads differ by at most the longest test);
-inside a chunk they keep collection order so module/class fixtures are shared.
-Chunks are returned in the order the simulation submitted them: wide and long
-first, so a chunk needing the whole pool starts while it is empty.
-
-Expected durations come from earlier runs (``controller.history`` keeps them in
-pytest's cache); a test never seen gets the median of the known ones of the
-run, else ``DEFAULT_DURATION``.
+Pure. Every chunk pays start-up once and the pool's GPUs should stay busy, so per pool a
+key is split only while the simulated makespan (chunks started as their GPUs free up, no
+reservations, as Slurm starts an allocation's steps) gets shorter; tests go longest first
+to the least-loaded chunk (LPT) and keep collection order inside it (docs/plan.md).
 """
 
 from __future__ import annotations
@@ -58,8 +39,7 @@ K = TypeVar("K", bound=Hashable)
 
 @dataclass(frozen=True)
 class Pool:
-    """Resources that a run's batches share: ``nodes`` x ``gpus_per_node`` GPUs, and for
-    batches without GPUs ``cpu_slots`` batches at once."""
+    """Resources a run's batches share: ``nodes`` x ``gpus_per_node`` GPUs, ``cpu_slots``."""
 
     name: str
     nodes: int = 1
@@ -109,9 +89,8 @@ class Estimates:
 
     def guessed(self, planned: Sequence[tuple[str, Any]],
                 pool_of: Callable[[Any], Pool]) -> str | None:
-        """Why the figures made from these estimates are guesses (None: every test's
-        duration and every pool's start-up comes from an earlier run or is known by
-        construction): a plan on defaults is no bound on anything."""
+        """Why figures from these estimates are guesses (None: all measured or known), since
+        a plan on defaults bounds nothing."""
         tests = sum(1 for nodeid, _ in planned if nodeid not in self.durations)
         pools = sorted({pool.name for _, key in planned
                         if (pool := pool_of(key)).fixed_startup is None
@@ -154,9 +133,8 @@ class _Group:
 
 def lpt(durations: Sequence[float], chunks: int,
         order: Sequence[int] | None = None) -> list[list[int]]:
-    """Indices of ``durations`` split into ``chunks`` lists, longest first onto the least
-    loaded list (ties: the one with fewer tests, then the lowest). Each list is returned
-    in index (collection) order; empty lists are dropped."""
+    """Indices split into ``chunks`` lists, longest first onto the least loaded (ties: fewer
+    tests, then lowest); each list in collection order, empty ones dropped."""
     chunks = max(1, min(chunks, len(durations)))
     if order is None:  # longest first (callers splitting one list often pass it in)
         order = longest_first(durations)
@@ -174,10 +152,8 @@ def longest_first(durations: Sequence[float]) -> list[int]:
 
 
 def simulate(chunks: Sequence[Chunk], pool: Pool) -> float:
-    """Makespan of ``chunks`` started in list order as their resources free up (a later
-    chunk that fits starts before an earlier one that does not; no reservations). A
-    chunk that does not fit even the empty pool runs elsewhere, from time 0. Sets
-    ``Chunk.start``."""
+    """Makespan of ``chunks`` started in list order as resources free up (no reservations;
+    one that never fits runs elsewhere from 0). Sets ``Chunk.start``."""
     free = [pool.gpus_per_node] * max(1, pool.nodes)
     cpu_free = max(1, pool.cpu_slots)
     pending: list[Chunk] = []
@@ -252,13 +228,8 @@ class PoolPlan:
 
 def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
               fixed: Mapping[Hashable, int] | None = None) -> PoolPlan:
-    """Chunk counts for the keys sharing ``pool``, chosen on the simulated makespan
-    (within 1%: the fewest GPU-seconds, i.e. the fewest start-ups paid).
-
-    First every "target chunk length" T (the longest chunk of some key at some
-    count) gives each key the fewest chunks that are no longer than T; then single
-    keys get one chunk more or less (or all keys one more) while that helps.
-    """
+    """Chunk counts for the keys sharing ``pool``, chosen on the simulated makespan (within
+    1%: the fewest start-ups): first one target chunk length for all, then +-1 moves."""
     fixed = fixed or {}
     splits: dict[tuple[int, int], list[tuple[list[int], float]]] = {}
     scores: dict[tuple[int, ...], tuple[float, float, list[Chunk]]] = {}
@@ -349,21 +320,15 @@ def pack(
     """All chunks of a run (keys are Shapes): per pool, packed; pools one after the
     other, each in its simulated submission order. ``fixed`` forces a key's chunk count."""
     estimates = estimates or Estimates()
-    by_key: dict[K, list[str]] = {}
-    for nodeid, key in planned:
-        by_key.setdefault(key, []).append(nodeid)
     pools: dict[Pool, list[_Group]] = {}
-    for key, nodeids in by_key.items():
+    for key, nodeids in _by_key(planned).items():
         pool, shape = pool_of(key), _shape(key)
         limit = min(len(nodeids), pool.ways(shape) if pool.fits(shape) else 1)
         pools.setdefault(pool, []).append(_Group(
             key, nodeids, estimates.for_tests(nodeids), shape.devices_per_node,
             max(1, shape.node_count), limit))
-    forced: dict[Hashable, int] = {k: v for k, v in (fixed or {}).items()}
-    out: list[Chunk] = []
-    for pool, groups in pools.items():
-        out += plan_pool(groups, pool, estimates.startup_of(pool), fixed=forced).chunks
-    return out
+    return [chunk for pool, groups in pools.items()
+            for chunk in plan_pool(groups, pool, estimates.startup_of(pool), fixed=fixed).chunks]
 
 
 def lower_bound(
@@ -371,16 +336,12 @@ def lower_bound(
     pool_of: Callable[[K], Pool],
     estimates: Estimates | None = None,
 ) -> float:
-    """No packing of ``planned`` ends sooner: per pool, start-up + its longest test, and
-    start-up + its tests' GPU-seconds / its GPUs (no test starts before a start-up is
-    paid); the largest over the pools (they run side by side). Expected seconds."""
+    """No packing ends sooner: per pool, start-up + max(longest test, GPU-seconds / GPUs);
+    the largest over the pools (they run side by side)."""
     estimates = estimates or Estimates()
-    by_key: dict[K, list[str]] = {}
-    for nodeid, key in planned:
-        by_key.setdefault(key, []).append(nodeid)
     area: dict[tuple[Pool, bool], float] = {}  # (pool, CPU-only) -> seconds of full use
     bound = 0.0
-    for key, nodeids in by_key.items():
+    for key, nodeids in _by_key(planned).items():
         pool, shape = pool_of(key), _shape(key)
         startup = estimates.startup_of(pool)
         durations = estimates.for_tests(nodeids)
@@ -396,6 +357,13 @@ def lower_bound(
     for (pool, _), seconds in area.items():
         bound = max(bound, estimates.startup_of(pool) + seconds)
     return bound
+
+
+def _by_key(planned: Sequence[tuple[str, K]]) -> dict[K, list[str]]:
+    by_key: dict[K, list[str]] = {}
+    for nodeid, key in planned:
+        by_key.setdefault(key, []).append(nodeid)
+    return by_key
 
 
 def _shape(key: Any) -> GpuShape:
@@ -417,9 +385,7 @@ class AllocationShape:
 
 @dataclass(frozen=True)
 class Capacity:
-    """What a target offers the packer (``Executor.capacity``): this machine's GPUs, a
-    persistent allocation (warm: its batches are forks of a session that imported the
-    suite), or the partitions its Slurm discovery saw."""
+    """What a target offers the packer (``Executor.capacity``); warm: a batch is a fork."""
 
     local_gpus: int = 0
     allocation: AllocationShape | None = None
@@ -428,8 +394,7 @@ class Capacity:
 
 
 class BatchShape(GpuShape, Protocol):
-    """What the packer and an allocation's sizing read of a batch (BatchKey and JobSpec
-    have it)."""
+    """What the packer and an allocation's sizing read of a batch (BatchKey, JobSpec)."""
 
     @property
     def scenario(self) -> Any: ...
@@ -442,17 +407,9 @@ class BatchShape(GpuShape, Protocol):
 
 
 def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[BatchShape], Pool]:
-    """``key -> Pool`` for the targets of a run, from what each offers:
-
-    - Slurm, persistent, the key fits the allocation: the allocation as requested
-      (nodes x GPUs per node; whole nodes).
-    - Slurm otherwise (one-shot, or a key the allocation cannot serve): its partition
-      as discovery saw it (nodes x GPUs per node), shared with everyone else's jobs.
-    - local_direct / local_docker: this machine's GPUs; a CPU-only batch one at a time.
-
-    ``capacities`` is keyed by ``models.target_of`` (a remote cluster is its own target,
-    and its pools are named after it: two clusters never share a pool).
-    """
+    """``key -> Pool`` from what each target offers (keyed by ``models.target_of``: two
+    clusters never share a pool): the allocation when it serves the key, else the
+    partition as discovered (shared with others' jobs), or this machine's GPUs."""
 
     def pool_of(key: BatchShape) -> Pool:
         scenario = str(getattr(key.scenario, "value", key.scenario))
@@ -484,8 +441,7 @@ def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[Batch
 
 
 def _served(key: BatchShape, shape: AllocationShape) -> bool:
-    """Whether the persistent allocation requested as ``shape`` runs ``key`` (as
-    ``AllocationState.serves`` will decide once it exists)."""
+    """The allocation requested as ``shape`` runs ``key`` (as ``AllocationState.serves``)."""
     if key.partition and shape.partition and key.partition != shape.partition:
         return False
     if key.node_count > shape.nodes or key.devices_per_node > shape.gpus_per_node:

@@ -1,12 +1,7 @@
 """TensorRT-LLM perf-sanity ids: their grammar, their config YAML and the GPUs they need.
 
-Pure functions (no subprocess, no pytest import). The grammar follows TensorRT-LLM's
-``tests/integration/defs/perf/test_perf_sanity.py`` (``parse_test_string``) and its CI
-launch-script generators (``jenkins/scripts/perf/submit.py``, ``.../local/submit.py``),
-which size the Slurm job of each id; :data:`GRAMMAR` says which shapes we read.
-
-An id or a config that cannot be read raises :class:`TestSpecError` naming the test, what
-was found, what is expected and the grammar version: that test errors, the others run.
+Pure. The grammar follows TensorRT-LLM's ``test_perf_sanity.py`` and its CI launch-script
+generators (:data:`GRAMMAR`); an id that cannot be read errors that test alone.
 """
 
 from __future__ import annotations
@@ -243,13 +238,8 @@ def _yaml_says_no_context(data: Mapping[str, Any]) -> bool:
 def perf_requirement(
     case: PerfCase, data: Mapping[str, Any], path: Path, nodeid: str
 ) -> tuple[int, int]:
-    """(total devices, devices per node) of a perf-sanity case from its parsed YAML.
-
-    As TensorRT-LLM's launchers size the job: one server (aggr, ctx_only, and
-    gen_only_no_context: one gen worker, whatever num_gen_servers says) needs its GPUs on
-    ceil(gpus / gpus_per_node) nodes; a disaggregated id needs whole nodes for every ctx
-    and gen server (no ctx servers for gen_only when the YAML's mode is gen_only_no_context).
-    """
+    """(total devices, devices per node) from the YAML, as TensorRT-LLM's launchers size it:
+    one server on ceil(gpus / gpus_per_node) nodes, or whole nodes per ctx and gen server."""
     where = f"{nodeid}: {path}"
     hardware = _table(data, "hardware", where)
     if "gpus_per_node" not in hardware:
@@ -302,13 +292,9 @@ def _aggr_gpus(case: PerfCase, data: Mapping[str, Any], path: Path, nodeid: str)
 
 
 def perf_label(item: Any) -> str | None:
-    """The perf-sanity label of a ``test_e2e[...]`` item, or None.
-
-    A ``perf_sanity_test_case`` parameter is a perf-sanity id whatever it looks like (one
-    the grammar does not know must error, not run as a CPU test); without the parameter,
-    the bracketed id is one only when it starts with a prefix upstream mints (another
-    suite's ``test_e2e[aggregate-...]`` stays an ordinary test).
-    """
+    """The perf-sanity label of a ``test_e2e[...]`` item, or None: any value of a
+    ``perf_sanity_test_case`` parameter (an unknown one must error, not run on a CPU), else
+    only an id with a prefix upstream mints (another suite's ``test_e2e[...]`` stays plain)."""
     if getattr(item, "originalname", None) != "test_e2e":
         return None
     callspec = getattr(item, "callspec", None)
@@ -324,10 +310,8 @@ def perf_label(item: Any) -> str | None:
 
 
 def perf_id(item: Any) -> tuple[str | None, str]:
-    """(perf-sanity label or None, node id as a test list spells it). pytest 9's
-    ``parametrize_long_str_id_strategy`` (``short`` by default, pytest >= 9.2) renames a
-    parameter over 100 characters to ``perf_sanity_test_case<N>`` (``sha256``: its digest);
-    every perf-sanity id is that long. The user wrote, and messages show, the label itself."""
+    """(perf-sanity label or None, node id as a test list spells it): pytest >= 9.2 renames
+    a parameter over 100 characters (every perf-sanity id) to ``perf_sanity_test_case<N>``."""
     nodeid = str(getattr(item, "nodeid", ""))
     label = perf_label(item)
     if label is None or f"[{label}" in nodeid or "-" + label in nodeid or not nodeid.endswith("]"):

@@ -1,7 +1,5 @@
-"""The plan: one row per test saying what it needs and where it would run.
-
-The controller routes and packs; this module only turns its decisions into rows (for
-``controller.plan_report``) and renders them, pure, so the plan is testable without probes.
+"""The plan: one row per test saying what it needs and where it would run (pure, so the
+plan is testable without probes).
 """
 
 from __future__ import annotations
@@ -45,19 +43,13 @@ def plan_row(nodeid: str, req: DeviceRequirement, decision: RouteDecision,
     """One row from a requirement and its routing decision (node math on the target's GPUs)."""
     target = decision.target_gpus_per_node
     return PlanRow(
-        nodeid=nodeid,
-        name=name if name and name != nodeid else None,
-        error=error,
-        devices=req.total,
-        devices_per_node=req.resolve_per_node(target),
-        nodes=req.nodes(target),
-        device_type=req.device_type,
+        nodeid=nodeid, name=name if name and name != nodeid else None, error=error,
+        devices=req.total, devices_per_node=req.resolve_per_node(target),
+        nodes=req.nodes(target), device_type=req.device_type,
         scenario=decision.scenario.value if decision.scenario is not None else None,
         partition=decision.partition or partition,
         cluster=decision.cluster if decision.scenario in _SLURM else None,
-        batch=batch,
-        source=req.source,
-        reason=None if error else decision.reason,
+        batch=batch, source=req.source, reason=None if error else decision.reason,
     )
 
 

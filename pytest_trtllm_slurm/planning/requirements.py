@@ -1,13 +1,7 @@
 """What each test needs: markers, perf-sanity YAML, bench/eval commands, time limits.
 
-Pure functions (no subprocess, no pytest import). One call sizes a test: ``size_item``
-derives its DeviceRequirement from, in order, the ``trtllm_slurm(...)`` marker,
-``skip_less_mpi_world_size`` / ``skip_less_device``, a named marker of the
-``trtllm_marker_devices`` table (TensorRT-LLM's unit tests: ``gpu2``, ``gpu4``), a
-perf-sanity YAML, else 0 (a CPU test). ``skip_less_host_memory(MiB)`` is the job's
-memory request; ``launcher_for`` says which launcher prefix a test runs under. Bad input raises
-ConfigError naming the test, what was found and what is expected -- never a silent
-default.
+Pure. ``size_item`` is the one call that sizes a test (docs/sizing.md has the order);
+bad input raises ConfigError naming the test, never a silent default.
 """
 
 from __future__ import annotations
@@ -76,24 +70,19 @@ def _last_invocation(cmd: str, program: str) -> list[str]:
                           "expected balanced quotes") from None
     starts = [i for i, token in enumerate(tokens) if os.path.basename(token) == program]
     if not starts:
-        raise ConfigError(
-            f"command {cmd!r}: found no {program} invocation; expected '{program} ...'"
-        )
+        raise ConfigError(f"command {cmd!r}: found no {program} invocation; "
+                          f"expected '{program} ...'")
     return words_until_operator(tokens[starts[-1] + 1:])
 
 
-def _int_flag(args: Sequence[str], names: Sequence[str], cmd: str) -> int:
-    """Value of the last ``--name N`` / ``--name=N`` in ``args`` (1 when absent)."""
+def _int_flag(args: Sequence[str], flag: str, cmd: str) -> int:
+    """Value of the last ``--flag N`` / ``--flag=N`` in ``args`` (1 when absent)."""
     value: str | None = None
-    flag = names[0]
     for index, arg in enumerate(args):
-        for name in names:
-            if arg == name:
-                value = args[index + 1] if index + 1 < len(args) else ""
-                flag = name
-            elif arg.startswith(name + "="):
-                value = arg[len(name) + 1 :]
-                flag = name
+        if arg == flag:
+            value = args[index + 1] if index + 1 < len(args) else ""
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
     if value is None:
         return 1
     if not value.isdigit() or int(value) < 1:
@@ -104,13 +93,13 @@ def _int_flag(args: Sequence[str], names: Sequence[str], cmd: str) -> int:
 def parse_bench_command(cmd: str) -> tuple[int, int]:
     """(tp, pp) of the last ``trtllm-bench`` in ``cmd``; each defaults to 1."""
     args = _last_invocation(cmd, "trtllm-bench")
-    return _int_flag(args, ("--tp",), cmd), _int_flag(args, ("--pp",), cmd)
+    return _int_flag(args, "--tp", cmd), _int_flag(args, "--pp", cmd)
 
 
 def parse_eval_command(cmd: str) -> tuple[int, int]:
     """(tp_size, pp_size) of the last ``trtllm-eval`` in ``cmd``; each defaults to 1."""
     args = _last_invocation(cmd, "trtllm-eval")
-    return _int_flag(args, ("--tp_size",), cmd), _int_flag(args, ("--pp_size",), cmd)
+    return _int_flag(args, "--tp_size", cmd), _int_flag(args, "--pp_size", cmd)
 
 
 # --------------------------------------------------------------------------- markers
@@ -247,11 +236,8 @@ def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
 
 
 def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
-    """(total, per_node) from trtllm_slurm(devices=, devices_per_node=, nodes=).
-
-    ``devices`` alone means one node (like skip_less_device); give ``nodes`` or
-    ``devices_per_node`` to span nodes.
-    """
+    """(total, per_node) from trtllm_slurm(devices=, devices_per_node=, nodes=); ``devices``
+    alone means one node (like skip_less_device)."""
     total, per_node, nodes = cfg.devices, cfg.devices_per_node, cfg.nodes
     found = f"devices={total}, devices_per_node={per_node}, nodes={nodes}"
     if total is None:

@@ -1,8 +1,5 @@
-"""Pure resolution of a job's device type name, container image, build arch and names.
-
-Each value is resolved once here (option/marker > cluster file > repo default) and
-written into job_spec.json; executors never re-resolve. The partition and account are
-routing's (planning.routing).
+"""Pure resolution of a job's device type name, container image, build arch and names:
+once, here, into job_spec.json, so executors never re-resolve.
 """
 
 from __future__ import annotations
@@ -19,17 +16,9 @@ IMAGE_TAGS_FILE = Path("jenkins") / "current_image_tags.properties"
 X86_IMAGE_KEY = "LLM_DOCKER_IMAGE"
 AARCH64_IMAGE_KEY = "LLM_SBSA_DOCKER_IMAGE"
 
-_BUILD_ARCH = {
-    "H100": "90-real",
-    "H200": "90-real",
-    "GH200": "90-real",
-    "B200": "100-real",
-    "GB200": "100-real",
-    "B300": "100-real",
-    "GB300": "100-real",
-    "A100": "80-real",
-    "L40S": "89-real",
-}
+_BUILD_ARCH = {"H100": "90-real", "H200": "90-real", "GH200": "90-real", "B200": "100-real",
+               "GB200": "100-real", "B300": "100-real", "GB300": "100-real", "A100": "80-real",
+               "L40S": "89-real"}
 DEFAULT_BUILD_ARCH = "100-real"
 
 
@@ -40,11 +29,8 @@ _TYPE_TOKEN = re.compile(r"^[A-Z]{1,3}\d{1,4}[A-Z]?$")
 
 
 def normalize_device_type(name: str | None) -> str | None:
-    """Marketing GPU name -> short device type (``NVIDIA H100 80GB HBM3`` -> ``H100``).
-
-    Idempotent and case-insensitive (``h200``, a Slurm gres type, -> ``H200``) so that
-    names from nvidia-smi, gres.conf, markers and options compare equal.
-    """
+    """Marketing GPU name -> short device type (``NVIDIA H100 80GB HBM3`` -> ``H100``),
+    idempotent and case-insensitive, so nvidia-smi, gres, markers and options compare equal."""
     if not name or not name.strip():
         return None
     words = [w for w in re.split(r"[\s_]+", name.strip().upper()) if w]
@@ -102,11 +88,8 @@ def resolve_container_image(
     device_type: str | None = None,
     arch: str | None = None,
 ) -> str | None:
-    """Image URI: option/marker > cluster file > ``jenkins/current_image_tags.properties``.
-
-    The properties key follows the target arch (``LLM_SBSA_DOCKER_IMAGE`` for aarch64).
-    Stored canonical (no enroot ``#``); None when no source names one.
-    """
+    """Image URI: option/marker > cluster file > ``jenkins/current_image_tags.properties``
+    (its key by arch: ``LLM_SBSA_DOCKER_IMAGE`` for aarch64); canonical, or None."""
     if option:
         return option
     if cluster and cluster.container_image:
@@ -125,11 +108,8 @@ def resolve_container_image(
 
 
 def enroot_uri(image: str) -> str:
-    """Canonical ``registry.example/ns/img:tag`` -> enroot/pyxis ``registry.example#ns/img:tag``.
-
-    Only a first component that is a registry host (has ``.`` or ``:``, or is
-    ``localhost``) is rewritten; Docker Hub names and already-rewritten URIs are kept.
-    """
+    """Canonical ``registry.example/ns/img:tag`` -> enroot/pyxis ``registry.example#ns/img:tag``
+    (only a registry host is rewritten: Docker Hub names and rewritten URIs are kept)."""
     scheme = ""
     rest = image
     if "://" in image:

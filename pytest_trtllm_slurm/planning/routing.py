@@ -1,52 +1,7 @@
 """Pure routing: one test's requirement + what the probes found -> where it runs.
 
-``route_item`` is the one call a test's routing takes: it resolves a
-``skip_device_not_contain`` keyword to a type the targets offer, applies the rules below
-(``route``), and returns the decision with its partition and account (chosen here:
-select_partition, resolve_account) and the target's GPU type and CPU arch.
-
-Rules, first match wins (each is a row of tests/test_routing.py):
-
-1. ``pinned_local`` (marker ``local=True``): here, in this pytest process.
-2. ``--trtllm-scenario`` other than auto forces the scenario, still validated:
-   local_direct runs here even if the test needs more GPUs (its own skip markers
-   then decide, exactly as without the plugin); local_docker needs a container
-   engine; local_slurm needs a local Slurm (and a --slurm-cluster, if given, that
-   is the local one); remote_slurm needs a --slurm-cluster or exactly one
-   configured cluster that fits.
-3. A CPU-only test (0 GPUs) with ``--trtllm-dispatch=needed`` runs here: any
-   machine serves it (even with --slurm-cluster / --device-type).
-4. ``--slurm-cluster NAME`` (or, for its test, a marker's ``cluster=NAME``): the local
-   cluster (ClusterName, case-insensitive) -> local_slurm; otherwise remote_slurm to that
-   clusters-file entry.
-5. Satisfied here (enough GPUs, right type and memory, one node) -> local_docker
-   when an image is set (--trtllm-container-image / cluster file) and an engine
-   answers, else local_direct (dispatched only with --trtllm-dispatch=all).
-6. Local Slurm present -> local_slurm on the partition chosen by
-   select_partition (explicit > cluster file > GPU type > enough GPUs >
-   default), when one can serve the test (always, when a partition is explicit).
-7. A wanted device type (marker or --device-type) that neither this machine nor
-   the local Slurm offers -> remote_slurm auto-selected among the configured
-   clusters by device_type and gpus_per_node; no cluster offering the type, or
-   several that fit -> ConfigError naming the candidates and --slurm-cluster.
-   Clusters offering the type but too few GPUs per node -> unsatisfied.
-8. Otherwise, exactly one configured remote cluster that fits -> remote_slurm;
-   else unsatisfied: scenario None with a reason naming what exists and how to
-   choose (the plugin skips the test, or fails it with --trtllm-unsatisfied=fail).
-
-Each test is routed on its own, so one run may send tests to the local Slurm and to
-several remote clusters (the run then has one executor per cluster, all at work at
-once: execution.factory). A clusters-file ``partition`` is what that cluster offers: the
-type and size checks and the messages see that partition only, so two tables may stand
-for two parts of one Slurm (the dev cluster's batch and gb200 in tests/test_multi_cluster).
-
-A remote cluster is sized like the local one: ``remote_env(cluster)`` (when given) returns
-what discovery over SSH found there (partitions, GPUs per node and type), with the
-clusters-file keys (partition, gpus_per_node, device_type, account) overriding it; the
-partition is then chosen by select_partition as for the local Slurm. It is asked
-only when the clusters file cannot tell alone (no partition, or a GPU test and no
-gpus_per_node, or a wanted type and no device_type); otherwise, and without discovery,
-the clusters-file keys alone decide.
+``route_item`` is the one routing call of a test; the rules ``route`` applies, first match
+wins, are listed in docs/routing.md (each is a row of tests/test_routing.py).
 """
 
 from __future__ import annotations
@@ -68,9 +23,7 @@ RemoteEnv = Callable[[ClusterConfig], "SlurmEnv | None"]
 
 
 class Targets(Protocol):
-    """What routing reads of a run (controller.item_routes.PlanningContext has it): the
-    options, this machine, the clusters file, the local Slurm's discovery and, for a remote
-    cluster, what discovery over SSH finds there (None: the clusters file alone)."""
+    """What routing reads of a run; ``remote_env`` None: the clusters file alone."""
 
     settings: Settings
     local: LocalEnv
@@ -81,10 +34,8 @@ class Targets(Protocol):
 
 @dataclass(frozen=True)
 class Route:
-    """Where one test goes. ``requirement``: the test's, with a skip_device_not_contain
-    keyword resolved to a type; ``table``: the clusters-file table of where it lands (the
-    batch's defaults); ``device_type`` / ``arch``: that target's GPU type and CPU arch (job
-    names, build arch, image), found only for a GPU test or a containerized batch."""
+    """Where one test goes: its requirement (keyword resolved to a type), the clusters-file
+    table it lands in, and that target's GPU type and CPU arch (GPU or container tests only)."""
 
     requirement: DeviceRequirement
     decision: RouteDecision
@@ -140,11 +91,8 @@ def _discovery_of(decision: RouteDecision, targets: Targets) -> SlurmEnv | None:
 
 
 def available_device_types(targets: Targets, *, discover: bool = False) -> list[str]:
-    """Device types some target offers: the remote cluster --slurm-cluster names (what
-    discovery found there, unless its table names a device_type), this machine, the local
-    Slurm (its table's partition only, when it names one), configured clusters; with
-    ``discover``, also what discovery finds on every remote cluster whose table names no
-    device_type (a run of several clusters: one of them may be the only one with it)."""
+    """Device types some target offers; ``discover`` also asks every remote cluster whose
+    table names no device_type (in a run of several, one may be the only one with it)."""
     found = _named_remote_types(targets)
     local = targets.local
     found += [local.device_type] if local.gpu_count and local.device_type else []
@@ -159,8 +107,7 @@ def available_device_types(targets: Targets, *, discover: bool = False) -> list[
 
 
 def _discovered_remote_types(targets: Targets) -> list[str]:
-    """GPU types discovery finds on the remote clusters whose table names none (their
-    table's partition only, when it names one); one that cannot be reached offers none."""
+    """GPU types found on remote clusters whose table names none (unreachable: none)."""
     if targets.remote_env is None or targets.settings.slurm_cluster:
         return []  # --slurm-cluster: only that one counts (_named_remote_types)
     here = (targets.local.cluster_name or "").lower()
@@ -188,8 +135,7 @@ def _named_remote_types(targets: Targets) -> list[str]:
 
 
 def _with_keyword_type(req: DeviceRequirement, targets: Targets) -> DeviceRequirement | str:
-    """skip_device_not_contain([...]) without a device type: the first available type that
-    contains a keyword; a reason string when none does."""
+    """skip_device_not_contain: the first available type with a keyword, else a reason."""
     if req.device_type or not req.device_keywords:
         return req
 
@@ -222,8 +168,7 @@ def route(
     remote_env: RemoteEnv | None = None,
     cluster: str | None = None,
 ) -> RouteDecision:
-    """Where ``req``'s test runs (see the module docstring for the rules, in order);
-    ``cluster`` (a marker's) stands for --slurm-cluster for this test."""
+    """Where ``req``'s test runs (docs/routing.md); a marker's ``cluster`` = --slurm-cluster."""
     router = _Router(req, settings, local, clusters, slurm_env,
                      partition or settings.partition, remote_env)
     if pinned_local:
@@ -275,8 +220,6 @@ class _Router:
         self.explicit_partition = partition
         self.wanted = req.device_type or settings.device_type
 
-    # ------------------------------------------------------------------ here
-
     def satisfied_here(self) -> bool:
         req, local = self.req, self.local
         if req.total == 0:
@@ -294,8 +237,6 @@ class _Router:
         return RouteDecision(
             scenario=Scenario.LOCAL_DIRECT, dispatched=self.settings.dispatch == "all"
         )
-
-    # ------------------------------------------------------------------ forced
 
     def forced(self, scenario: Scenario) -> RouteDecision:
         flag = f"--trtllm-scenario={scenario.value}"
@@ -330,11 +271,8 @@ class _Router:
         notes = [n for n in self.local.notes if n.startswith(prefix)]
         return "; ".join(notes) if notes else "nothing found"
 
-    # ------------------------------------------------------------------ slurm
-
     def named_cluster(self, name: str) -> RouteDecision:
-        """Seed rule: this machine's own Slurm cluster name (any case) is local_slurm, with or
-        without a clusters file; any other name is a remote cluster of the clusters file."""
+        """This machine's own Slurm cluster name (any case) is local_slurm; others are remote."""
         if self.local.cluster_name and name.lower() == self.local.cluster_name.lower():
             if not self.local.slurm_available:
                 raise ConfigError(f"--slurm-cluster {name}: names this machine's Slurm "
@@ -347,8 +285,7 @@ class _Router:
         return next((c for k, c in self.clusters.clusters.items() if k.lower() == name), None)
 
     def local_offers_type(self) -> bool:
-        """A partition of the local Slurm has the wanted type (only the clusters file's
-        partition, when the local cluster's table names one)."""
+        """A partition of the local Slurm (its table's, if named) has the wanted type."""
         parts = _own_partitions(self.slurm_env, self._local_cfg()) if self.slurm_env else []
         return any(p.gpu_type and device_type_matches(p, self.wanted) for p in parts)
 
@@ -361,15 +298,10 @@ class _Router:
                 return self.unsatisfied("no partition of the local Slurm can")
             if part and not self._serves(part):
                 return self.unsatisfied(f"partition {name!r} cannot")
-        return RouteDecision(
-            scenario=Scenario.LOCAL_SLURM,
-            cluster=self.local.cluster_name,
-            partition=name,
-            account=resolve_account(self.settings.account, cfg, self.slurm_env),
-            target_gpus_per_node=(part.gpus_per_node or None)
-            if part
-            else (cfg.gpus_per_node if cfg else None),
-        )
+        per_node = (part.gpus_per_node or None) if part else (cfg.gpus_per_node if cfg else None)
+        return RouteDecision(scenario=Scenario.LOCAL_SLURM, cluster=self.local.cluster_name,
+                             partition=name, target_gpus_per_node=per_node,
+                             account=resolve_account(self.settings.account, cfg, self.slurm_env))
 
     def _type_ok(self, gpu_type: str | None) -> bool:
         return not (self.wanted and gpu_type) or _same_type(gpu_type, self.wanted)
@@ -381,28 +313,21 @@ class _Router:
         return select_partition(self.req, env, explicit=self.explicit_partition, cluster=cfg,
                                 device_type=self.wanted)
 
-    # ------------------------------------------------------------------ remote
-
     def _remote_clusters(self) -> list[ClusterConfig]:
         """Configured clusters other than the local one (that one is local_slurm)."""
         local = (self.local.cluster_name or "").lower()
-        return [
-            c.model_copy(update={"name": c.name or key})
-            for key, c in self.clusters.clusters.items()
-            if key.lower() != local
-        ]
+        return [c.model_copy(update={"name": c.name or key})
+                for key, c in self.clusters.clusters.items() if key.lower() != local]
 
     def _discovered(self, cfg: ClusterConfig) -> SlurmEnv | None:
-        """What discovery found on ``cfg``'s cluster, clusters-file keys applied; None when
-        there is no discovery (or it found no partitions)."""
+        """Discovery of ``cfg``'s cluster with its table on top; None without partitions."""
         if self.remote_env is None:
             return None
         env = self.remote_env(cfg)
         return with_cluster_overrides(env, cfg) if env and env.partitions else None
 
     def _needs_discovery(self, cfg: ClusterConfig, *, partition: bool = False) -> bool:
-        """Only when the clusters file cannot tell alone: GPUs per node (or the type, when
-        one is wanted) for a GPU test, and with ``partition`` the partition to use."""
+        """The clusters file cannot tell alone (GPUs per node, wanted type, partition)."""
         if partition and not (self.explicit_partition or cfg.partition):
             return True
         return self.req.total > 0 and (
@@ -440,13 +365,10 @@ class _Router:
                 f"cluster {key!r} ({cfg.device_type or '?'}, "
                 f"{cfg.gpus_per_node or '?'} GPUs per node) cannot"
             )
-        return RouteDecision(
-            scenario=Scenario.REMOTE_SLURM,
-            cluster=key,
-            partition=self.explicit_partition or cfg.partition,
-            account=self.settings.account or cfg.account,
-            target_gpus_per_node=cfg.gpus_per_node,
-        )
+        return RouteDecision(scenario=Scenario.REMOTE_SLURM, cluster=key,
+                             partition=self.explicit_partition or cfg.partition,
+                             account=self.settings.account or cfg.account,
+                             target_gpus_per_node=cfg.gpus_per_node)
 
     def _remote_sized(self, key: str, cfg: ClusterConfig, env: SlurmEnv) -> RouteDecision:
         """A remote cluster routed like the local Slurm, on what discovery found there."""
@@ -458,13 +380,9 @@ class _Router:
         if not self._serves(part):
             return self.unsatisfied(f"partition {name!r} of cluster {key!r} "
                                     f"({_describe_partitions(env, name)}) cannot")
-        return RouteDecision(
-            scenario=Scenario.REMOTE_SLURM,
-            cluster=key,
-            partition=name,
-            account=resolve_account(self.settings.account, cfg, env),
-            target_gpus_per_node=part.gpus_per_node or None,
-        )
+        return RouteDecision(scenario=Scenario.REMOTE_SLURM, cluster=key, partition=name,
+                             account=resolve_account(self.settings.account, cfg, env),
+                             target_gpus_per_node=part.gpus_per_node or None)
 
     def _offers_type(self, cfg: ClusterConfig) -> bool:
         """The clusters file's device_type, else (with discovery) a partition's GPU type."""
@@ -500,18 +418,13 @@ class _Router:
             return self.remote(fitting[0].name)
         if fitting:
             return self.unsatisfied(
-                f"several configured clusters could ({self._list_clusters(fitting)}), so none"
-            )
+                f"several configured clusters could ({self._list_clusters(fitting)}), so none")
         return self.unsatisfied("nothing configured can")
-
-    # ------------------------------------------------------------------ messages
 
     def unsatisfied(self, why: str) -> RouteDecision:
         need = describe_requirement(self.req, self.wanted)
-        return RouteDecision(
-            scenario=None,
-            reason=f"needs {need}; {why} serve it; available: {self._available()}; {_HOW}",
-        )
+        reason = f"needs {need}; {why} serve it; available: {self._available()}; {_HOW}"
+        return RouteDecision(scenario=None, reason=reason)
 
     def _here(self) -> str:
         loc = self.local
@@ -533,8 +446,7 @@ class _Router:
         return "; ".join(parts)
 
     def _list_clusters(self, cfgs: list[ClusterConfig]) -> str:
-        """Each cluster with what it offers: its discovered partitions (the clusters
-        file's one only, when it names one) when discovery is at hand, else its table."""
+        """Each cluster with what it offers: discovered partitions, else its table."""
         if not cfgs:
             return "none"
         return ", ".join(f"{c.name} ({self._offer(c)})" for c in cfgs)
@@ -556,11 +468,8 @@ class _Router:
 def resolve_account(
     option: str | None, cluster: ClusterConfig | None, slurm_env: SlurmEnv | None
 ) -> str | None:
-    """Account: option > cluster file > discovered default; validated against discovery.
-
-    None when nothing names one and the cluster has no associations (accounting off:
-    sbatch then runs without -A). No default while associations exist is an error.
-    """
+    """Account: option > cluster file > discovered default, validated against discovery;
+    None when accounting is off (sbatch without -A)."""
     known = slurm_env.accounts if slurm_env else []
     chosen = option or (cluster.account if cluster else None)
     where = "--slurm-account" if option else "the clusters file"
@@ -579,8 +488,6 @@ def resolve_account(
             "--slurm-account NAME (or account = ... in the clusters file)"
         )
     return None
-
-
 
 
 def partition_fits(part: PartitionInfo, req: DeviceRequirement) -> bool:
@@ -621,12 +528,7 @@ def select_partition(
     device_type: str | None = None,
 ) -> str | None:
     """Partition for ``req``: explicit > cluster file > GPU type match > enough GPUs > default.
-
-    An explicit or cluster-file name is validated (ConfigError when unknown) and returned
-    even if it cannot serve ``req`` (the caller reports that). The automatic choices only
-    consider partitions that fit (the default partition first among equals); None when
-    none does. CPU-only requirements get the default partition.
-    """
+    A named one is validated, not checked to fit (the caller reports that); None: none fits."""
     if explicit:
         check_partition_name(explicit, slurm_env, "--slurm-partition")
         return explicit
@@ -656,9 +558,7 @@ def _prefer_default(parts: list[PartitionInfo], slurm_env: SlurmEnv) -> Partitio
 
 
 def with_cluster_overrides(env: SlurmEnv, cluster: ClusterConfig) -> SlurmEnv:
-    """Discovery with the clusters file's word on top: its ``gpus_per_node`` and
-    ``device_type`` replace what was found for its partition (every partition when it
-    names none), so a site whose gres discovery cannot read is still sized right."""
+    """The table's gpus_per_node/device_type over discovery's (a gres it cannot read)."""
     if not (cluster.gpus_per_node or cluster.device_type):
         return env
     update: dict[str, object] = {}
@@ -686,8 +586,7 @@ def describe_requirement(req: DeviceRequirement, device_type: str | None = None)
 
 
 def _own_partitions(env: SlurmEnv | None, cfg: ClusterConfig | None) -> list[PartitionInfo]:
-    """The partitions a cluster serves: the clusters file's ``partition`` alone when its
-    table names one (two tables may stand for two parts of one cluster), else all."""
+    """The partitions a cluster serves: its table's ``partition`` alone when named."""
     parts = env.partitions if env else []
     if cfg is not None and cfg.partition:
         return [p for p in parts if p.name == cfg.partition]

@@ -1,13 +1,7 @@
 """Checks for user values that end up in an #SBATCH line, a shell script or an argv.
 
-Values come from the CLI, env vars, ini keys, the clusters file and markers. A value
-with a line break can leave its ``#SBATCH`` line and run as a command; a value that
-starts with ``-`` is read as an option by ssh, docker or srun when it is placed before
-``--`` or where a positional argument is expected. Each check returns the problem in
-words (None when the value is fine) so that every caller can name the value's source
-(option, env var, ini key, clusters file, marker of a test) in its own error.
-
-Pure functions: no I/O; the planning layer and the renderers both use them.
+A line break leaves its #SBATCH line; a leading ``-`` reads as an option. Each check
+returns the problem in words (None: fine) so each caller names the value's source.
 """
 
 from __future__ import annotations
@@ -29,11 +23,8 @@ ENV_NAME_RULE = "letters, digits and _, not starting with a digit"
 
 
 def control_chars(value: str) -> list[str]:
-    """The control and line-break characters of ``value``, as escapes (``['\\n', '\\x00']``).
-
-    Covers C0/C1 controls (newline, carriage return, NUL, tab, ESC), DEL, and the Unicode
-    line and paragraph separators and bidi overrides, which can end a line or hide text.
-    """
+    """The control and line-break characters of ``value``, as escapes (``['\\n', '\\x00']``):
+    C0/C1, DEL, Unicode line/paragraph separators and bidi overrides (end a line, hide text)."""
     if value.isascii() and value.isprintable():  # the common case, without a look per char
         return []
     found = []
@@ -46,7 +37,8 @@ def control_chars(value: str) -> list[str]:
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F)}
 
 
-def _line_problem(value: str) -> str | None:
+def line_problem(value: str) -> str | None:
+    """Problem with a value that must stay on one line (a path, a command, an image)."""
     bad = control_chars(value)
     return f"contains {', '.join(bad)} (a line break or control character)" if bad else None
 
@@ -59,7 +51,7 @@ def slurm_name_problem(value: str) -> str | None:
     """Problem with an account / partition / QOS / reservation / cluster name."""
     if not isinstance(value, str):
         return f"is a {type(value).__name__}, not a text"
-    problem = _line_problem(value) or _dash_problem(value)
+    problem = line_problem(value) or _dash_problem(value)
     if problem:
         return problem
     if not _SLURM_NAME.match(value):
@@ -71,12 +63,7 @@ def job_name_problem(value: str) -> str | None:
     """Problem with a Slurm job name: any printable text that is one line and no option."""
     if not value:
         return "is empty"
-    return _line_problem(value) or _dash_problem(value)
-
-
-def line_problem(value: str) -> str | None:
-    """Problem with a value that must stay on one line (a path, a command, an image)."""
-    return _line_problem(value)
+    return line_problem(value) or _dash_problem(value)
 
 
 def argument_problem(value: str) -> str | None:
@@ -84,7 +71,7 @@ def argument_problem(value: str) -> str | None:
     program): one line, not empty, not an option."""
     if not value:
         return "is empty"
-    return _line_problem(value) or _dash_problem(value)
+    return line_problem(value) or _dash_problem(value)
 
 
 def host_problem(value: str) -> str | None:
@@ -133,14 +120,11 @@ def argv_problem(argv: Iterable[str]) -> str | None:
 
 
 def mount_problem(text: str) -> str | None:
-    """Problem with a ``SRC[:DST[:FLAGS]]`` mount (docker -v and pyxis --container-mounts).
-
-    ``,`` separates pyxis mounts (``/a,/etc:/x`` would be two mounts) and ``:`` separates
-    the parts, so neither may appear in a path; both paths are absolute.
-    """
+    """Problem with a ``SRC[:DST[:FLAGS]]`` mount: absolute paths without ``,`` (pyxis's
+    mount separator) or ``:`` (the parts' separator)."""
     if not isinstance(text, str):
         return f"is a {type(text).__name__}, not a text"
-    problem = _line_problem(text)
+    problem = line_problem(text)
     if problem:
         return problem
     if "," in text:
@@ -159,7 +143,7 @@ def mount_problem(text: str) -> str | None:
 def mount_path_problem(path: str) -> str | None:
     """Problem with a path mounted at itself (the models root): absolute, and no ``,`` or
     ``:`` (the separators of docker -v and pyxis --container-mounts)."""
-    problem = _line_problem(path)
+    problem = line_problem(path)
     if problem:
         return problem
     if not path.startswith("/"):

@@ -1,8 +1,5 @@
-"""Validated configuration: the clusters file and the run's resolved settings.
-
-Precedence for every setting: CLI > env (TRTLLM_SLURM_<NAME>) > ini (trtllm_<name>)
-> cluster file > default. ``controller.options`` registers the options and builds
-``Settings``; this module only holds the models and the clusters file loader.
+"""Validated configuration: the clusters file and the run's resolved settings (the models
+and the loader; ``controller.options`` registers the options and builds ``Settings``).
 """
 
 from __future__ import annotations
@@ -100,10 +97,8 @@ class ClusterConfig(BaseModel):
 
     @property
     def job_env(self) -> dict[str, str]:
-        """The env of every test run on this cluster (a marker's wins): LLM_MODELS_ROOT =
-        ``models_root`` (TensorRT-LLM's tests look their models up there, in a container,
-        where it is mounted at the same path, or on the node itself), then the ``env``
-        table (which may set LLM_MODELS_ROOT itself)."""
+        """The env of every test on this cluster (a marker's wins): LLM_MODELS_ROOT =
+        ``models_root`` (where TensorRT-LLM's tests find models), then the ``env`` table."""
         return {**({MODELS_ROOT_ENV: self.models_root} if self.models_root else {}),
                 **self.env}
 

@@ -1,12 +1,7 @@
 """An open renderer of TensorRT-LLM's test-db (``tests/integration/test_lists/test-db``).
 
-TensorRT-LLM renders each CI stage's test list from YAML with a closed tool fed with one
-machine's GPU name and count and the stage's terms. Here the machines are the configured
-clusters' nodes: a block is selected when its terms agree with the ones asked for and some
-target (a partition of a cluster: GPU type, GPUs per node, nodes, CPU architecture) meets
-its condition; it then runs on the first such target, with as many GPUs as the condition
-asks. Pure: reads YAML files, runs nothing. The format and what is not supported:
-docs/test-db.md.
+TensorRT-LLM's own renderer sees one machine; here a block runs on the first configured
+target that meets its condition. Pure. Format and limits: docs/test-db.md.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from pytest_trtllm_slurm.errors import ConfigError
 #: condition keys read; any other is named in the plan as not checked
 CHECKED_RANGES = ("system_gpu_count",)
 CHECKED_WILDCARDS = ("gpu", "cpu")
-UNCHECKED_WILDCARDS = ("linux_distribution_name",)  # the node's OS is not discovered
 
 
 @dataclass(frozen=True)
@@ -199,9 +193,8 @@ def _term(value: object) -> str:
 
 
 def load_test_db(folder: Path, contexts: Sequence[str]) -> list[Block]:
-    """The blocks of ``contexts`` found in the folder's ``*.yml`` / ``*.yaml`` files (a
-    context may span files), in file and block order; ConfigError for a missing folder,
-    invalid YAML, or a context no file has."""
+    """The blocks of ``contexts`` in the folder's YAML files (a context may span files), in
+    file and block order; ConfigError for a missing folder, bad YAML or unknown context."""
     if not folder.is_dir():
         raise ConfigError(f"test-db folder {folder} (--trtllm-test-db) does not exist")
     found: dict[str, list[Block]] = {}

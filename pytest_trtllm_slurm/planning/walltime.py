@@ -1,11 +1,7 @@
 """A batch's walltime from its tests' own time limits (pure).
 
-pytest-timeout's ``--timeout`` and ``@pytest.mark.timeout(N)`` say how long each test may
-run; TensorRT-LLM's test lists turn their ``TIMEOUT (minutes)`` into such markers. A batch
-runs its tests one after another, so it may need their sum: when that sum (plus the
-batch's start-up) is above the walltime the batch would get, it gets the sum, capped at the
-partition's limit; the controller's own wall-clock watch (the monitor timeout) is raised to
-it as well, so it never stops a batch its tests' limits allow.
+A batch runs its tests one after another, so it may need their summed ``timeout`` marks:
+then it gets that sum (capped at the partition's limit) and so does the monitor timeout.
 """
 
 from __future__ import annotations
