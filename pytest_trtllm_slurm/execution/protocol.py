@@ -76,6 +76,12 @@ class Executor(ABC):
         workers collect them at once)."""
         return None
 
+    def quiet(self, handles: list[JobHandle]) -> set[str]:
+        """The ids among ``handles`` whose node side announces every change and announced
+        none since the last call: a monitor round may skip them (it still reads each at
+        ``CADENCE.news_net``). None by default: every round reads every job."""
+        return set()
+
     def prepare(self) -> None:
         """What the first submit would do first (``prepares`` says whether there is any)."""
         return None
