@@ -290,6 +290,10 @@ class SlurmExecutor(Executor):
             self._next_at = time.monotonic() + self._interval
         return {j.handle.job_id: self._shown(j) for j in jobs}
 
+    @property
+    def vouched(self) -> int:
+        return self.watch.vouched
+
     def quiet(self, handles: list[JobHandle]) -> set[str]:
         return self.warm.quiet([self._jobs[h.job_id] for h in handles if h.job_id in self._jobs])
 

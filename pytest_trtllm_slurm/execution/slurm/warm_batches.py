@@ -143,18 +143,23 @@ class WarmBatches:
             self.sync(job)
 
     def quiet(self, jobs: list[TrackedJob]) -> set[str]:
-        """The served batches running on this machine's files whose node side announced
-        no change since the last call (``execution.news``): one stat per work root."""
+        """The served batches on this machine's files whose node side announced no change
+        since the last call (``execution.news``: one stat per work root), and those that
+        wait for GPUs (the pool places them whichever batches a round reads)."""
         if not isinstance(self.shared.shell, LocalShell):
             return set()
         by_folder: dict[str, dict[str, TrackedJob]] = {}
+        quiet: set[str] = set()
         for job in jobs:
             warm = job.warm
-            if (warm is None or not warm.warm or warm.sent is None
-                    or job.state.status.finished or warm.state.status.finished):
+            if (warm is None or not warm.warm or job.state.status.finished
+                    or warm.state.status.finished):
+                continue
+            if warm.sent is None:  # waits for GPUs: placed by any round's poll, then its
+                if warm.placement is None and not warm.cancelled:  # notices count
+                    quiet.add(job.handle.job_id)
                 continue
             by_folder.setdefault(warm.sent.news, {})[warm.sent.notice] = job
-        quiet: set[str] = set()
         for folder, named in by_folder.items():
             news = self.news.setdefault(folder, NewsFolder(folder)).take(set(named))
             if news is not None:
