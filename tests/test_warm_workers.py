@@ -317,6 +317,60 @@ def test_after(i):
 '''
 
 
+COUNT_ROUNDS = '''
+
+import json as _json
+
+
+def pytest_configure(config):
+    """The controller's rounds and the batches they asked the executor about."""
+    if config.getoption("trtllm_worker_reports", default=None):
+        return
+    from pytest_trtllm_slurm.execution.monitor import Monitor
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+
+    counts = {"rounds": 0, "polled": 0}
+    poll, executor_poll = Monitor.poll, SlurmExecutor.poll
+
+    def counted(self):
+        counts["rounds"] += 1 if self.jobs else 0
+        return poll(self)
+
+    def counted_executor(self, handles):
+        counts["polled"] += len(handles)
+        return executor_poll(self, handles)
+
+    Monitor.poll, SlurmExecutor.poll = counted, counted_executor
+    config.add_cleanup(lambda: (config.rootpath / "rounds.json").write_text(_json.dumps(counts)))
+'''
+
+SLOW = '''import time, pytest
+
+
+@pytest.mark.skip_less_device(1)
+def test_slow():
+    time.sleep(8)
+'''
+
+
+def test_the_rounds_read_a_quiet_warm_batch_only_at_its_news_and_the_safety_net(
+        warm_suite: Path) -> None:
+    """One warm batch whose test sleeps 8 s: the monitor's rounds (every 0.02-0.2 s) ask
+    the executor about it when its node side announced a change (start, pid, reports,
+    exit code) and every 0.5 s (``CADENCE.news_net``), not at every round; the result is
+    the same."""
+    (warm_suite / "test_warm.py").unlink()
+    (warm_suite / "test_slow.py").write_text(SLOW)
+    with (warm_suite / "conftest.py").open("a") as fh:
+        fh.write(COUNT_ROUNDS)
+    proc = _pytest(warm_suite)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "PASSED test_slow.py::test_slow" in proc.stdout
+    counts = json.loads((warm_suite / "rounds.json").read_text())
+    assert counts["rounds"] >= 30, counts
+    assert counts["polled"] <= 0.75 * counts["rounds"], counts  # every round: polled == rounds
+
+
 def test_a_multi_node_mpi_step_gets_whole_nodes_then_gives_them_back(warm_suite: Path) -> None:
     (warm_suite / "test_warm.py").write_text(MIXED)
     result = _pytest(warm_suite)
