@@ -218,6 +218,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return batches
 
     batch_plan.make_batches = recording_make_batches  # type: ignore[assignment]
+    _count_rounds()
     run = _timed("dispatch_loop", dispatch.DispatchLoop.run)
     if os.environ.get("BENCH_PROFILE"):
         run = _profiled(os.environ["BENCH_PROFILE"], run)
@@ -235,6 +236,34 @@ def pytest_configure(config: pytest.Config) -> None:
             return {Scenario.LOCAL_DIRECT: InstantExecutor(cfg)}
 
         context.make_executors = fake_executors  # type: ignore[assignment]
+
+
+def _count_rounds() -> None:
+    """Counts in ``STATE["counts"]``: monitor rounds, the batches the executors were asked
+    about (``Executor.poll`` handles) and the files read here (``LocalShell.read_from``):
+    what a round touches, whatever the code's version."""
+    from pytest_trtllm_slurm.execution.monitor import Monitor
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+    from pytest_trtllm_slurm.transport.shell import LocalShell
+
+    counts = STATE.setdefault("counts", {"rounds": 0, "batch_polls": 0, "file_reads": 0})
+    poll, executor_poll, read_from = Monitor.poll, SlurmExecutor.poll, LocalShell.read_from
+
+    def counted_poll(self: Any) -> Any:
+        counts["rounds"] += 1
+        return poll(self)
+
+    def counted_executor_poll(self: Any, handles: Any) -> Any:
+        counts["batch_polls"] += len(handles)
+        return executor_poll(self, handles)
+
+    def counted_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["file_reads"] += 1
+        return read_from(self, *args, **kwargs)
+
+    Monitor.poll = counted_poll  # type: ignore[method-assign]
+    SlurmExecutor.poll = counted_executor_poll  # type: ignore[method-assign]
+    LocalShell.read_from = counted_read  # type: ignore[method-assign]
 
 
 @pytest.hookimpl(trylast=True)
@@ -266,6 +295,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
         "maxrss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "cpu": {**STATE["cpu"], "end": _cpu()},
+        "counts": STATE.get("counts", {}),
     }, indent=2))
 
 

@@ -188,7 +188,8 @@ class Runner:
                 "cpu_self": cpu["self"], "cpu_children": cpu["children"],
                 "cpu_after_collection": data["cpu"].get("after_collection", {}).get("self"),
                 "maxrss_mib": data["maxrss_mib"], "timings": data["timings"],
-                "plugin_commands": data["scheduler_commands"], "batches": len(data["batches"])}
+                "plugin_commands": data["scheduler_commands"], "batches": len(data["batches"]),
+                "counts": data.get("counts", {})}
 
     def per_shape(self) -> dict[str, Any]:
         logs = self.root / "per_shape_logs"

@@ -22,6 +22,9 @@ import pytest
 from devcluster import run as sh
 from report_lines import reports_in
 
+from pytest_trtllm_slurm.execution.news import NewsFolder
+from pytest_trtllm_slurm.node.paths import NEWS, Batch
+
 REPO = Path(__file__).resolve().parent.parent
 
 SUITE = '''import os, time
@@ -106,14 +109,14 @@ class Agent:
             "cwd": str(self.suite), "env": {"PATH": self.env["PATH"]},
             "log_path": str(s / "session.log"), "exit_path": str(s / "exit_code")})
 
-    def batch(self, name: str, nodeids: list[str], gpus: int) -> Path:
+    def batch(self, name: str, nodeids: list[str], gpus: int, *, notice: bool = False) -> Path:
         work = self.root / name
         work.mkdir()
         put(self.session / "inbox", name, {
             "nodeids": nodeids, "gpus": gpus, "gpus_total": 2,
             "reports_path": str(work / "reports.jsonl"), "log_path": str(work / "job.log"),
             "exit_path": str(work / "exit_code"), "pid_path": str(work / "batch.pid"),
-            "env": {}})
+            "notice_path": Batch(str(work)).notice if notice else None, "env": {}})
         return work
 
     def stop(self) -> None:
@@ -173,6 +176,39 @@ def test_cancel_kills_the_test_and_frees_its_gpu(agent: Agent) -> None:
     after = agent.batch("ba", ["test_hold.py::test_a"], gpus=2)  # both GPUs free again
     wait_for(lambda: (after / "exit_code").exists(), "the next batch")
     assert (agent.suite / "a.cvd").read_text() == "0,1"
+
+
+def test_a_served_batch_announces_its_changes_and_a_quiet_round_lists_nothing(
+        agent: Agent) -> None:
+    """What lets the controller's round skip the batches without news (execution/news.py):
+    the session renames the batch's notice into the work root's news folder after its pid,
+    its reports lines and its exit code; while nothing changes, a round is one stat of the
+    folder (no listing, no batch read); a notice is never older than what it announces,
+    and another run's notices in the folder are left alone."""
+    folder = agent.root / NEWS
+    news = NewsFolder(str(folder))
+    work = agent.batch("bn", ["test_hold.py::test_a"], gpus=1, notice=True)
+    wait_for(lambda: (agent.suite / "a.pid").exists(), "the test to run")
+    wait_for(lambda: news.take({"bn"}) == {"bn"}, "the batch's notice", timeout=10)
+    assert (work / "batch.pid").exists() and (work / "reports.jsonl").stat().st_size > 0
+    (folder / "another-run").write_text("")  # not this run's batch: stays
+    for _ in range(3):  # what came meanwhile, and the listing our own removals cause
+        news.take({"bn"})
+        time.sleep(0.1)
+    listings = news.listings
+    for _ in range(10):  # the test holds: nothing changes
+        assert news.take({"bn"}) == set()
+        time.sleep(0.02)
+    assert news.listings == listings, "a round without news listed the folder"
+    assert (folder / "another-run").exists()
+
+    (agent.suite / "go").write_text("")
+    wait_for(lambda: (work / "exit_code").exists(), "the batch's end")
+    wait_for(lambda: (folder / "bn").exists() and (folder / "bn").stat().st_mtime_ns
+             >= (work / "exit_code").stat().st_mtime_ns, "the notice of its exit code", 10)
+    assert news.take({"bn"}) == {"bn"} and not (folder / "bn").exists()
+    assert '"session_finish"' in (work / "reports.jsonl").read_text()
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
 
 
 def test_a_batch_needing_more_gpus_than_the_node_fails_clearly(agent: Agent) -> None:
@@ -279,6 +315,60 @@ def test_two_node_mpi():
 def test_after(i):
     assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 1
 '''
+
+
+COUNT_ROUNDS = '''
+
+import json as _json
+
+
+def pytest_configure(config):
+    """The controller's rounds and the batches they asked the executor about."""
+    if config.getoption("trtllm_worker_reports", default=None):
+        return
+    from pytest_trtllm_slurm.execution.monitor import Monitor
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
+
+    counts = {"rounds": 0, "polled": 0}
+    poll, executor_poll = Monitor.poll, SlurmExecutor.poll
+
+    def counted(self):
+        counts["rounds"] += 1 if self.jobs else 0
+        return poll(self)
+
+    def counted_executor(self, handles):
+        counts["polled"] += len(handles)
+        return executor_poll(self, handles)
+
+    Monitor.poll, SlurmExecutor.poll = counted, counted_executor
+    config.add_cleanup(lambda: (config.rootpath / "rounds.json").write_text(_json.dumps(counts)))
+'''
+
+SLOW = '''import time, pytest
+
+
+@pytest.mark.skip_less_device(1)
+def test_slow():
+    time.sleep(8)
+'''
+
+
+def test_the_rounds_read_a_quiet_warm_batch_only_at_its_news_and_the_safety_net(
+        warm_suite: Path) -> None:
+    """One warm batch whose test sleeps 8 s: the monitor's rounds (every 0.02-0.2 s) ask
+    the executor about it when its node side announced a change (start, pid, reports,
+    exit code) and every 0.5 s (``CADENCE.news_net``), not at every round; the result is
+    the same."""
+    (warm_suite / "test_warm.py").unlink()
+    (warm_suite / "test_slow.py").write_text(SLOW)
+    with (warm_suite / "conftest.py").open("a") as fh:
+        fh.write(COUNT_ROUNDS)
+    proc = _pytest(warm_suite)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "PASSED test_slow.py::test_slow" in proc.stdout
+    counts = json.loads((warm_suite / "rounds.json").read_text())
+    assert counts["rounds"] >= 30, counts
+    assert counts["polled"] <= 0.75 * counts["rounds"], counts  # every round: polled == rounds
 
 
 def test_a_multi_node_mpi_step_gets_whole_nodes_then_gives_them_back(warm_suite: Path) -> None:

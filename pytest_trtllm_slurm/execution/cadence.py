@@ -51,6 +51,9 @@ class Cadence:
     # AgentPool: a served batch's pid and exit code are read when its work dir changed,
     # and at least this often (a change within the folder mtime's granularity)
     warm_read: float = 0.5
+    # Monitor: a batch whose node side announces its changes (``execution.news``) is read
+    # when a notice names it, and at least this often (a lost notice costs this much)
+    news_net: float = 0.5
     # run_build: a build job's wait
     build: float = 0.5
 

@@ -1,7 +1,9 @@
 """One loop that watches every active job: state, new report lines, hang, timeout.
 
-Per poll: one state query per executor for all its jobs, then an incremental
-read (by offset) of each job's reports.jsonl and log. Nothing is read whole.
+Per poll: one state query per executor for the jobs it reads, then an incremental
+read (by offset) of each job's reports.jsonl and log. Nothing is read whole. A job
+whose executor vouches it unchanged (``Executor.quiet``: its node side announces each
+change) is skipped, and read anyway every ``CADENCE.news_net`` seconds.
 Over a shell that pushes (SSH with its relay), those reads take the pushed bytes
 instead of a round trip each, and the wait between polls ends when a report line
 lands; a job's last read, once it has ended, always reads the file itself, one
@@ -85,6 +87,8 @@ class WatchedJob:
     # costs more than the stat it guards)
     pushing: PushingShell | None = None
     next_log_look: float = 0.0  # monotonic: the job log's next look for hang patterns
+    next_visit: float = 0.0  # monotonic: read by then even without a notice (``quiet``)
+    vouched: int = -1  # the executor's ``vouched`` at the last read
 
 
 @dataclass
@@ -140,6 +144,7 @@ class Monitor:
         self.poll_interval = poll_interval
         self.on_change = on_change  # told when a job's status or pending reason changes
         self.jobs: dict[str, WatchedJob] = {}
+        self.visits = 0  # jobs read, all rounds together (figures for tests, benchmarks)
 
     def add(self, handle: JobHandle, executor: Executor) -> WatchedJob:
         shell = executor.shell
@@ -175,7 +180,12 @@ class Monitor:
                 yield self._drain(job, [])
                 continue
             by_executor.setdefault(id(job.executor), []).append(job)
-        for jobs in by_executor.values():
+        now = time.monotonic()
+        for group in by_executor.values():
+            jobs = self._with_news(group, now)
+            if not jobs:
+                continue
+            self.visits += len(jobs)
             states = jobs[0].executor.poll([j.handle for j in jobs])
             for job in jobs:
                 before = (job.state.status, job.state.reason)
@@ -185,6 +195,20 @@ class Monitor:
                 if job.state.nodelist:
                     job.handle.nodelist = job.state.nodelist
                 yield from self._check(job)
+
+    @staticmethod
+    def _with_news(jobs: list[WatchedJob], now: float) -> list[WatchedJob]:
+        """The jobs this round reads: all but those the executor vouches unchanged
+        (``Executor.quiet``: their node side announces each change), which are still read
+        every ``CADENCE.news_net`` s, and when the scheduler's word their held reports
+        wait for came (``Executor.vouched``)."""
+        executor = jobs[0].executor
+        quiet, vouched = executor.quiet([j.handle for j in jobs]), executor.vouched
+        read = [j for j in jobs if j.handle.job_id not in quiet or now >= j.next_visit
+                or (j.held and j.vouched != vouched)]
+        for job in read:
+            job.next_visit, job.vouched = now + CADENCE.news_net, vouched
+        return read
 
     def _check(self, job: WatchedJob) -> Iterator[JobEvent]:
         now = time.monotonic()

@@ -76,6 +76,18 @@ class Executor(ABC):
         workers collect them at once)."""
         return None
 
+    @property
+    def vouched(self) -> int:
+        """Changes whenever the executor learnt, without a job's files, that reports it held
+        back (``JobState.alive_at``) may be shown: a quiet job with held reports is read then."""
+        return 0
+
+    def quiet(self, handles: list[JobHandle]) -> set[str]:
+        """The ids among ``handles`` whose node side announces every change and announced
+        none since the last call: a monitor round may skip them (it still reads each at
+        ``CADENCE.news_net``). None by default: every round reads every job."""
+        return set()
+
     def prepare(self) -> None:
         """What the first submit would do first (``prepares`` says whether there is any)."""
         return None

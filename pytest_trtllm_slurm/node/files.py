@@ -169,6 +169,29 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
 
 
+def announce(notice: str | Path | None) -> None:
+    """Tell the controller that a batch's files changed: an empty file renamed to
+    ``notice`` (``paths.Batch.notice``) in the run's news folder, so that one stat of that
+    folder per round says whether any batch has news, and its listing which. A hint only
+    (no fsync; the controller still reads every batch now and then): a failure is ignored."""
+    if not notice:
+        return
+    target = Path(notice)
+    for _ in range(2):
+        tmp = temp_name(target)
+        try:
+            os.close(os.open(tmp, _TEMP_FLAGS, PRIVATE))
+            os.rename(tmp, target)  # a rename moves the folder's mtime, even over a notice
+            return
+        except FileNotFoundError:  # the first notice: its folder
+            with contextlib.suppress(OSError, UntrustedPath):
+                make_dirs(target.parent)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return
+
+
 def fsync_dir(folder: Path) -> None:
     """fsync a folder, so that a rename in it survives a crash of the machine. Best effort
     where it cannot be done: a folder we may write but not read (it cannot be opened)

@@ -31,6 +31,7 @@ from typing import Any
 
 from pytest_trtllm_slurm.node.files import (
     UntrustedPath,
+    announce,
     close_own_dirs,
     make_dirs,
     open_trusted,
@@ -106,6 +107,13 @@ class Running:
     pid: int
     exit_path: str
     kill_at: float | None = None
+    notice: str | None = None  # announced after its exit code (``files.announce``)
+
+
+def write_exit(request: dict[str, Any], code: int) -> None:
+    """A request's exit code, then its notice: the controller reads its end at once."""
+    write_atomic(request["exit_path"], f"{code}\n")
+    announce(request.get("notice_path"))
 
 
 # start(request) -> pid of the forked child, or None when it cannot start yet (e.g. its
@@ -229,12 +237,13 @@ class ForkLoop:
                 self.pending.remove(request)
                 if "exit_path" in request:
                     with contextlib.suppress(OSError):
-                        write_atomic(request["exit_path"], "2\n")
+                        write_exit(request, 2)
                 continue
             if pid is None:
                 continue  # waits; later requests may still fit (backfill)
             self.pending.remove(request)
-            self.running[pid] = Running(request["name"], pid, request["exit_path"])
+            self.running[pid] = Running(request["name"], pid, request["exit_path"],
+                                        notice=request.get("notice_path"))
             started = True
         return started
 
@@ -252,6 +261,7 @@ class ForkLoop:
                 with contextlib.suppress(OSError):  # the test may have left children behind
                     os.killpg(pid, signal.SIGKILL)
                 write_atomic(child.exit_path, f"{exit_code_of(status)}\n")
+                announce(child.notice)
                 reaped = True
         return reaped
 
@@ -259,7 +269,7 @@ class ForkLoop:
         for request in list(self.pending):
             if request["name"] == name:
                 self.pending.remove(request)
-                write_atomic(request["exit_path"], f"{128 + signal.SIGTERM}\n")
+                write_exit(request, 128 + signal.SIGTERM)
         for child in self.running.values():
             if child.name == name and child.kill_at is None:
                 with contextlib.suppress(OSError):
@@ -289,4 +299,4 @@ class ForkLoop:
                 time.sleep(0.01)
         for request in self.pending:
             with contextlib.suppress(OSError):
-                write_atomic(request["exit_path"], f"{128 + signal.SIGKILL}\n")
+                write_exit(request, 128 + signal.SIGKILL)

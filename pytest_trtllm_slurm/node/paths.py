@@ -25,6 +25,7 @@ BENCHMARKS_FILE = "benchmarks.json"
 OUTPUTS_DIR = "outputs"  # a batch's own copies of the suite's output paths
 STOP = "stop"  # in a mailbox's inbox: leave once nothing runs
 HEARTBEAT = "heartbeat.json"  # an agent's last word on what it serves
+NEWS = ".news"  # in a work root: one notice per batch whose files changed (node/files.announce)
 SYNC_RECORD = ".git/trtllm-sync.json"  # in the remote checkout: what the last sync left
 
 
@@ -108,6 +109,12 @@ class Batch(Folder[P]):
     @property
     def gate(self) -> Gate[P]:
         return Gate(self.at("gate"))
+
+    @property
+    def notice(self) -> P:
+        """The batch's notice in its work root's news folder (named as the work dir): its
+        node side renames it there after each change the controller reads."""
+        return join(root_of(self.dir), NEWS, name_of(self.dir))
 
     def case_log(self, model: str, workflow: str) -> P:
         return self.at(f"{model}_{workflow}.log")
@@ -217,6 +224,7 @@ class WorkRoot(StateDir[P]):
 
     salloc_log = _file(".salloc.log")
     agents = _file(AGENTS)
+    news = _file(NEWS)
     gitignore = _file(".gitignore")
     shared_state = _file(SHARED_STATE)
 

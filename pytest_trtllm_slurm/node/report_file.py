@@ -26,7 +26,7 @@ import os
 import time
 from pathlib import Path
 
-from pytest_trtllm_slurm.node.files import UntrustedPath, make_dirs, why_untrusted
+from pytest_trtllm_slurm.node.files import UntrustedPath, announce, make_dirs, why_untrusted
 
 SYNC_EVERY = 0.5  # seconds: at most two fsyncs a second while lines keep coming
 
@@ -38,6 +38,7 @@ class ReportFile:
         self._fd = self._open(path)
         self._dirty = False
         self._synced_at = time.monotonic()
+        self._notice: str | None = None  # renamed after each line (``files.announce``)
 
     @staticmethod
     def _open(path: Path) -> int:
@@ -69,6 +70,7 @@ class ReportFile:
         self._dirty = True
         if sync or time.monotonic() - self._synced_at >= SYNC_EVERY:
             self.sync()
+        announce(self._notice)
 
     def sync(self) -> None:
         """What was written so far, on disk (and on the file server)."""
@@ -77,10 +79,12 @@ class ReportFile:
             self._dirty = False
         self._synced_at = time.monotonic()
 
-    def reopen(self, path: Path) -> None:
-        """Write to another file from now on (a served batch's own reports.jsonl)."""
+    def reopen(self, path: Path, notice: str | None = None) -> None:
+        """Write to another file from now on (a served batch's own reports.jsonl);
+        ``notice``: announce each line there (``files.announce``)."""
         self.close()
         self._fd = self._open(path)
+        self._notice = notice
 
     def close(self) -> None:
         if self._fd >= 0:

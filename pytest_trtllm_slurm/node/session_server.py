@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.node import assignment, item_key, records
-from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.files import announce, write_atomic
 from pytest_trtllm_slurm.node.forkloop import ForkLoop, redirect_output, spawn
 from pytest_trtllm_slurm.node.paths import Session, gpu_lock
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, GPU_LOCKS_ENV  # noqa: F401
@@ -127,6 +127,7 @@ class SessionServer:
         for fd in fds:  # the child holds the locks now; closing our copies keeps them held
             os.close(fd)
         write_atomic(request["pid_path"], f"{pid}\n")
+        announce(request.get("notice_path"))
         return pid
 
     def _refuse(self, request: dict[str, Any], why: str) -> int:
@@ -146,7 +147,7 @@ class SessionServer:
         os.environ.update(one_node_job_env(gpu_ids))
         self._own_basetemp(str(request.get("name", os.getpid())))
         redirect_output(request["log_path"])
-        self.writer.reopen(Path(request["reports_path"]))
+        self.writer.reopen(Path(request["reports_path"]), request.get("notice_path"))
         items, missing = item_key.pick(wanted, self.items)  # under the controller's ids
         if missing:
             for record in self.writer.collect_errors:

@@ -79,9 +79,10 @@ class ReportWriter:
         if bundle is not None and (bundle["reports"] or bundle["finish"] or bundle["done"]):
             self._write(bundle, sync)
 
-    def reopen(self, path: Path) -> None:
-        """Write to another file from now on (a served batch's own reports.jsonl)."""
-        self._file.reopen(path)
+    def reopen(self, path: Path, notice: str | None = None) -> None:
+        """Write to another file from now on (a served batch's own reports.jsonl; each
+        line announced at ``notice``)."""
+        self._file.reopen(path, notice)
 
     def close(self) -> None:
         self.flush()

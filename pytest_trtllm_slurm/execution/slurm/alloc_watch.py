@@ -25,6 +25,7 @@ class AllocationWatch:
         self.warn_once = warn_once
         self.on_end = on_end  # the executor's: stop this run's sessions there, forget it
         self.alive: dict[str, float] = {}  # allocation -> when squeue last said it runs (epoch)
+        self.vouched = 0  # how many times ``alive`` moved (held reports may be shown then)
         self.ended: set[str] = set()  # allocations the scheduler ended during this run
         self._watch_at: dict[str, float] = {}  # allocation -> when to look at it next
         self._watched_at: dict[str, float] = {}  # allocation -> when it was last looked at
@@ -63,6 +64,7 @@ class AllocationWatch:
                 self._failing.pop(alloc_id, None)
                 if row is not None and row.state in ("RUNNING", "SUSPENDED"):
                     self.alive[alloc_id] = asked
+                    self.vouched += 1
                     continue
                 self.check(alloc_id)
             except SchedulerError as exc:
@@ -71,6 +73,7 @@ class AllocationWatch:
                 since = self._failing.setdefault(alloc_id, now)
                 if now - since >= self.fail_grace:
                     self.alive[alloc_id] = asked
+                    self.vouched += 1
                     self.warn_once(f"watch:{alloc_id}", (
                         f"The scheduler has not answered for {now - since:.0f} s ({exc}); "
                         f"results of allocation {alloc_id} are shown from the warm workers' "

@@ -263,6 +263,13 @@ class SlurmExecutor(Executor):
             self._next_at = time.monotonic() + self._interval
         return {j.handle.job_id: self._shown(j) for j in jobs}
 
+    @property
+    def vouched(self) -> int:
+        return self.watch.vouched
+
+    def quiet(self, handles: list[JobHandle]) -> set[str]:
+        return self.warm.quiet([self._jobs[h.job_id] for h in handles if h.job_id in self._jobs])
+
     def _refresh(self, active: list[TrackedJob]) -> None:
         """Ask the scheduler about the batches it runs: one-shot jobs, then each
         allocation's steps."""

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.news import NewsFolder
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
@@ -22,6 +23,7 @@ from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, step_share
 from pytest_trtllm_slurm.execution.slurm.warm_pool import AgentPool, WarmJob, serves_warm
 from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.transport.shell import LocalShell
 
 
 class WarmBatches:
@@ -35,6 +37,7 @@ class WarmBatches:
         self.pools: dict[str, AgentPool] = {}
         self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
         self._recorded: set[str] = set()  # batches noted in this run's record
+        self.news: dict[str, NewsFolder] = {}  # news folder -> its reader (files here only)
 
     def expect(self, tests: Mapping[str, str]) -> None:
         self.expected.update(tests)
@@ -138,6 +141,30 @@ class WarmBatches:
         self._place_waiting()
         for job in jobs:
             self.sync(job)
+
+    def quiet(self, jobs: list[TrackedJob]) -> set[str]:
+        """The served batches on this machine's files whose node side announced no change
+        since the last call (``execution.news``: one stat per work root), and those that
+        wait for GPUs (the pool places them whichever batches a round reads)."""
+        if not isinstance(self.shared.shell, LocalShell):
+            return set()
+        by_folder: dict[str, dict[str, TrackedJob]] = {}
+        quiet: set[str] = set()
+        for job in jobs:
+            warm = job.warm
+            if (warm is None or not warm.warm or job.state.status.finished
+                    or warm.state.status.finished):
+                continue
+            if warm.sent is None:  # waits for GPUs: placed by any round's poll, then its
+                if warm.placement is None and not warm.cancelled:  # notices count
+                    quiet.add(job.handle.job_id)
+                continue
+            by_folder.setdefault(warm.sent.news, {})[warm.sent.notice] = job
+        for folder, named in by_folder.items():
+            news = self.news.setdefault(folder, NewsFolder(folder)).take(set(named))
+            if news is not None:
+                quiet.update(j.handle.job_id for n, j in named.items() if n not in news)
+        return quiet
 
     def _place_waiting(self) -> None:
         """Give back the nodes of the pool's steps that ended (the monitor stops asking

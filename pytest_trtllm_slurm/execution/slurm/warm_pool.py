@@ -68,6 +68,7 @@ from pytest_trtllm_slurm.node.paths import (
     Gate,
     Session,
     WorkRoot,
+    name_of,
     root_of,
 )
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS, WORKER_OUTPUTS_FLAG
@@ -132,6 +133,8 @@ class Delivery:
     request_name: str
     pid_path: str
     exit_path: str
+    news: str = ""  # its news folder and its notice's name there (``execution.news``)
+    notice: str = ""
 
 
 class WarmJob(FollowsState):
@@ -436,7 +439,8 @@ class AgentPool:
             return
         work = Batch(spec.work_dir)
         sent = Delivery(node=node, session=sdir, request_name=job_id.replace("~", "_"),
-                        pid_path=work.batch_pid, exit_path=work.exit_code)
+                        pid_path=work.batch_pid, exit_path=work.exit_code,
+                        news=root_of(work.notice), notice=name_of(work.notice))
         job.sent = sent
         self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
         self.files.watch(sent.exit_path)  # its end wakes the monitor
@@ -450,6 +454,8 @@ class AgentPool:
             "log_path": spec.log_path,
             "exit_path": sent.exit_path,
             "pid_path": sent.pid_path,
+            # renamed after each of its changes (locally, one stat of the folder per round)
+            "notice_path": work.notice if isinstance(self.shell, LocalShell) else None,
             # values only where they may be written; the others are the session's own
             # (its agent was started with them: ``carries``), named here
             "env": shown_env(spec.env),
