@@ -4,6 +4,8 @@ TestReport objects)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pytest_trtllm_slurm.controller.efficiency import efficiency, summary_lines
@@ -254,3 +256,45 @@ def test_estimates_say_what_they_guessed() -> None:
         "no earlier start-up time of a/batch/one-shot")
     assert Estimates(durations={"t.py::a": 1.0}, startup={"a/batch/one-shot": 3.0}).guessed(
         [("t.py::a", "cold")], pools.__getitem__) is None
+
+
+def test_a_terminal_status_line_is_back_after_each_test_and_recounted_twice_a_second(
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal, pytest's output for a test hides the status line and the test's
+    end brings it back; the line's text (a count over every test of the run) is made
+    again only when a redraw is due, not once per test: 2,000 replayed tests in one
+    burst are not 2,000 counts of 2,000 tests."""
+    import io
+    import types
+
+    from _pytest.terminal import TerminalReporter
+
+    from pytest_trtllm_slurm.controller.status_line import StatusLine
+
+    out = io.StringIO()
+    reporter = TerminalReporter(request.config, file=out)  # pytest's own, on a StringIO
+    config: Any = types.SimpleNamespace(
+        pluginmanager=types.SimpleNamespace(get_plugin=lambda name: reporter),
+        getoption=lambda name, default=None: 0)
+    clock = Clock()
+    record = RunObserver(clock=clock)
+    nodeids = [f"t.py::t{i}" for i in range(2000)]
+    batch = Batch(key=key(1), nodeids=nodeids, expected_seconds=30.0, expected_start=0.0)
+    record.plan([batch], lambda k: Pool("local_slurm/batch/one-shot", nodes=1, gpus_per_node=1),
+                lower_bound=25.0)
+    record.submitted("11", batch, 0)
+    record.changed("11", JobState(status=JobStatus.RUNNING, nodelist="n1"))
+    status = StatusLine(config, record, tty=True, clock=clock)
+    counted = []
+    real_counts = record.counts
+    monkeypatch.setattr(record, "counts", lambda *a: counted.append(1) or real_counts(*a))
+    for index, nodeid in enumerate(nodeids):
+        run_test(record, nodeid, 1000.0 + index * 0.001, 1000.0 + index * 0.001 + 0.001)
+        reporter.write(".")  # pytest's progress dot: the line goes
+        assert not status.shown
+        status.pytest_runtest_logfinish()
+        assert status.shown, f"no status line after test {index}"
+        clock.now += 0.0005  # 2,000 tests in one second
+    assert status.text.startswith("trtllm-slurm: ")
+    assert len(counted) <= 2 * 3, len(counted)  # twice a second (ETA counts too)
+    assert out.getvalue().count(".") >= 2000

@@ -229,3 +229,33 @@ def test_every_report_of_an_item_line_is_checked_as_a_report_line_is(written) ->
     not_a_flag = {**item, "done": "yes"}
     with pytest.raises(BadRecord, match="done"):
         parse_record(not_a_flag, frozenset(WANTED))
+
+
+def test_a_line_is_read_as_json_loads_reads_it_and_refused_where_it_refuses(written) -> None:
+    """Lines go through pydantic-core's parser first: what it reads is what json.loads
+    reads, what only json.loads reads (a lone surrogate that captured output can hold,
+    nesting past the fast parser's limit) is still a record, what neither reads is an
+    unreadable line in json.loads's words, and a record of another version or type is
+    refused as such however malformed the rest of it is."""
+    item = next(r for r in written if r["type"] == "item")
+    encoded = json.dumps(item).encode()
+    (read,) = controller_records.LineReader().feed(encoded + b"\n")
+    assert read == json.loads(encoded) and type(read) is dict
+    lone = {**item, "reports": [{**item["reports"][0], "sections": [["Captured stdout call",
+                                                                       "\udc80 bytes"]]}]}
+    deep = {"v": 1, "type": "suite_property", "name": "n", "value": "v",
+            "extra": json.loads("[" * 300 + "]" * 300)}
+    lines = [json.dumps(lone), json.dumps(deep), '{"v": 1, "type": "start", "nodeid": ',
+             "\ufeff" + json.dumps(item)]
+    records = controller_records.LineReader().feed("\n".join(lines).encode("utf-8", "surrogatepass")
+                                                   + b"\n")
+    assert [type(r) for r in records] == [dict, dict, controller_records.UnreadableLine,
+                                          controller_records.UnreadableLine]
+    assert records[0]["reports"][0]["sections"][0][1] == "\udc80 bytes"
+    parse_record(records[0], frozenset(WANTED))
+    parse_record(records[1], frozenset(WANTED))
+    assert [r.why for r in records[2:]] == ["not a JSON object"] * 2
+    with pytest.raises(BadRecord, match="record version 2"):
+        parse_record({"v": 2, "type": "item", "nodeid": 7}, frozenset(WANTED))
+    with pytest.raises(BadRecord, match="unknown record type 'itemz'"):
+        parse_record({"v": 1, "type": "itemz", "nodeid": 7}, frozenset(WANTED))

@@ -54,9 +54,14 @@ class RecordHandlers:
     def __init__(self, replayer: Replayer, after_test: Callable[[], None]) -> None:
         self.replayer = replayer
         self.after_test = after_test  # -x / --maxfail: checked after each test, as pytest does
+        # record type -> its handler, bound once (not a name made and looked up per record)
+        self._on: dict[str, Callable[[Any, Arrival], None]] = {}
 
     def dispatch(self, record: Record, came: Arrival) -> None:
-        getattr(self, "on_" + record.type)(record, came)
+        handler = self._on.get(record.type)
+        if handler is None:
+            handler = self._on[record.type] = getattr(self, "on_" + record.type)
+        handler(record, came)
 
     # -- the tests' own records: replayed into the local items --------------
     def on_start(self, record: StartRecord, came: Arrival) -> None:

@@ -27,6 +27,7 @@ from pytest_trtllm_slurm.execution.records import WarningRecord, warning_categor
 SECTION = "trtllm-slurm"
 PHASES = ("setup", "call", "teardown")
 JUNIT_PROPERTY = "trtllm_slurm_"  # prefix of the testcase properties a dispatched test gets
+_UNSET: Any = object()
 
 
 @dataclass
@@ -39,18 +40,24 @@ class JobContext:
     log_path: str
     nodelist: str | None = None
     rerun: Mapping[str, str] = field(default_factory=dict)  # nodeid -> command
+    _head: tuple[str, str | None] | None = field(default=None, init=False, repr=False,
+                                                 compare=False)
 
     def section_text(self, nodeid: str) -> str:
-        lines = [
-            f"scenario: {self.scenario}",
-            f"job id:   {self.job_id}",
-            f"nodes:    {self.nodelist or '?'}",
-            f"work dir: {self.work_dir}",
-            f"log:      {self.log_path}",
-        ]
+        # the batch's lines are the same for each of its tests: made once per node list
+        # (it is known once the job runs), only the re-run line is the test's own
+        head = self._head
+        if head is None or head[1] != self.nodelist:
+            head = self._head = ("\n".join((
+                f"scenario: {self.scenario}",
+                f"job id:   {self.job_id}",
+                f"nodes:    {self.nodelist or '?'}",
+                f"work dir: {self.work_dir}",
+                f"log:      {self.log_path}",
+            )), self.nodelist)
         if nodeid in self.rerun:
-            lines.append(f"re-run:   {self.rerun[nodeid]}")
-        return "\n".join(lines)
+            return f"{head[0]}\nre-run:   {self.rerun[nodeid]}"
+        return head[0]
 
     def junit_properties(self) -> list[tuple[str, str]]:
         """What CI dashboards read from a dispatched testcase's <properties>."""
@@ -113,12 +120,13 @@ class Replayer:
             self._xml = _junit_xml(self.config)
         return self._xml
 
-    def _hooks(self, item: pytest.Item) -> Any:
+    def _hooks(self, item: pytest.Item, prog: TestProgress | None = _UNSET) -> Any:
         """``item.ihook``, looked up once per folder and kept with the test's progress:
         pytest finds the conftests that apply to the item's path at each look (the same
         for every test of a folder), a cost a test pays once when it runs here and three
         to five times when it is replayed."""
-        prog = self.progress.get(item.nodeid)
+        if prog is _UNSET:
+            prog = self.progress.get(item.nodeid)
         if prog is not None and prog.hooks is not None:
             return prog.hooks
         # the item's collector (its module), where the item has the collector's path: one
@@ -178,7 +186,7 @@ class Replayer:
         prog.started = prog.attempt_open = True
         prog.phases, prog.rerun = [], False
         item = self.items[nodeid]
-        self._hooks(item).pytest_runtest_logstart(nodeid=nodeid, location=item.location)
+        self._hooks(item, prog).pytest_runtest_logstart(nodeid=nodeid, location=item.location)
 
     def report(self, data: dict[str, Any], ctx: JobContext) -> None:
         if isinstance(data.get("longrepr"), list):
@@ -195,19 +203,23 @@ class Replayer:
         _share_strings(report, item, prog)
         if report.when == "call" or report.failed:
             report.sections.append((SECTION, ctx.section_text(report.nodeid)))
-        self._log(item, report, ctx)
+        self._log(item, report, ctx, prog)
 
-    def _log(self, item: pytest.Item, report: pytest.TestReport, ctx: JobContext | None) -> None:
-        prog = self.progress[item.nodeid]
+    def _log(self, item: pytest.Item, report: pytest.TestReport, ctx: JobContext | None,
+             prog: TestProgress | None = None) -> None:
+        if prog is None:
+            prog = self.progress[item.nodeid]
         prog.phases.append((report.when, report.outcome))
-        prog.rerun = prog.rerun or report.outcome == "rerun"
-        xml = self.xml
-        if xml is not None and report.when == "teardown" and ctx is not None and ctx.job_id != "-":
-            # before the teardown report, which closes the junit testcase
-            reporter = xml.node_reporter(report)
-            for name, value in ctx.junit_properties():
-                reporter.add_property(name, value)
-        self._hooks(item).pytest_runtest_logreport(report=report)
+        if report.outcome == "rerun":
+            prog.rerun = True
+        if report.when == "teardown" and ctx is not None and ctx.job_id != "-":
+            xml = self.xml
+            if xml is not None:
+                # before the teardown report, which closes the junit testcase
+                reporter = xml.node_reporter(report)
+                for name, value in ctx.junit_properties():
+                    reporter.add_property(name, value)
+        self._hooks(item, prog).pytest_runtest_logreport(report=report)
 
     def finish(self, nodeid: str) -> None:
         prog = self.progress.get(nodeid)
@@ -215,7 +227,7 @@ class Replayer:
             return
         prog.attempt_open = False
         item = self.items[nodeid]
-        self._hooks(item).pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
+        self._hooks(item, prog).pytest_runtest_logfinish(nodeid=nodeid, location=item.location)
 
     def done(self, nodeid: str, ctx: JobContext | None = None) -> None:
         prog = self.progress.get(nodeid)
@@ -369,7 +381,6 @@ def _share_strings(report: pytest.TestReport, item: pytest.Item, prog: TestProgr
                                                for k, v in keywords.items()}
 
 
-_UNSET: Any = object()
 # the modules of pytest's own ``pytest_report_from_serializable`` implementations: of a
 # "TestReport" they return ``TestReport._from_json(data)`` (reports) and nothing (subtests)
 _OWN_REBUILDERS = frozenset({"_pytest.reports", "_pytest.subtests", "pytest_subtests.plugin"})

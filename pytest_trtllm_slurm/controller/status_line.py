@@ -185,5 +185,11 @@ class StatusLine:
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self) -> None:
         """Once per test, after its reports' output (a replayed test's reports and its
-        finish come together): not once per report, a hook call less per report."""
+        finish come together): not once per report, a hook call less per report. On a
+        terminal, the line pytest's output hid comes back as it was; its text is counted
+        again (over every test of the run) only when a redraw is due, not per test."""
+        if self.tty and self.clock() - self.last < TTY_INTERVAL:
+            if not self.shown and self.text:
+                self._draw(self.text)
+            return
         self.tick(force=True)
