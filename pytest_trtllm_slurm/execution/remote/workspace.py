@@ -63,11 +63,12 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
             "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
         )
     tools = [*SLURM_TOOLS, *STATE_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
+    folder = directory or ""
     # three independent looks: side by side where the shell takes commands from several
     # threads (the relay: one round trip's wait instead of three); a failure is said in
     # the same order as one after the other
     steps: dict[str, Callable[[], object]] = {
-        "dir": lambda: bool(directory) and _ensure_dir(shell, cluster, directory, create_dirs),
+        "dir": lambda: bool(folder) and _ensure_dir(shell, cluster, folder, create_dirs),
         "version": lambda: _slurm_version(shell, cluster),
         "tools": lambda: shell.run(["sh", "-c", _MISSING, "sh", *tools], timeout=60),
     }
