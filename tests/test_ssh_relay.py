@@ -22,6 +22,7 @@ import pytest
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.pushed_files import SmallFiles
+from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
     SSHConnectionLost,
@@ -311,3 +312,32 @@ def test_the_relay_starts_without_a_path_shim(ssh_shell: SSHShell, tmp_path: Pat
         assert other.run(["echo", "ok"]).stdout == "ok\n"
     finally:
         other.close()
+
+
+def test_a_lock_is_seen_held_without_polling_its_holder_file(ssh_shell: SSHShell,
+                                                             tmp_path: Path) -> None:
+    """A lock on the cluster (``shell_lock``: the checkout's, the run registry's) whose
+    holder first runs a slow command (the code sync's look at the checkout; here 0.6 s)
+    is waited for on the login node: one relay request per half second, none of the
+    looks at the holder file a poll made (one round trip each, backing off to 0.25 s, so
+    the lock was seen held up to that late). Released, a second run's wait for it ends."""
+    assert ssh_shell.relay_up()
+    relay = ssh_shell._relay
+    assert relay is not None
+    path = str(tmp_path / "t.lock")
+    lock = ShellLock(ssh_shell, path)
+    before = dict(relay.requests)
+    assert lock.acquire(30, {"run_id": "first"}, then=["sleep", "0.6"])
+    asked = {op: n - before.get(op, 0) for op, n in relay.requests.items()
+             if n != before.get(op, 0)}
+    assert lock.output() == (0, "")
+    assert "read" not in asked and 1 <= asked.get("await", 0) <= 2, asked
+    other = ShellLock(ssh_shell, path)
+    waiting = threading.Thread(target=lambda: other.acquire(30, {"run_id": "second"}))
+    waiting.start()
+    time.sleep(0.3)
+    assert (lock.holder() or {}).get("run_id") == "first" and waiting.is_alive()
+    lock.release()
+    waiting.join(10)
+    assert not waiting.is_alive() and other.held
+    other.release(wait=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -179,10 +180,17 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     shell = remotes.shell(cluster)  # the connection planning's discovery made, if any
     if hasattr(shell, "notify"):
         shell.notify = warn  # a reconnect after a drop is said, not silent
-    # what the early connection's thread did already: preflight, sync, early sessions
-    early = remotes.early.done(cluster)
-    if not isinstance(early, early_start.EarlyRemote) or early.runs.shell is not shell:
-        early = None
+    # what the early connection's thread did already: preflight, sync, early sessions;
+    # the local snapshot that proves the code unchanged since that sync is taken while
+    # the thread's last round trips run (collection is over: the code to test is known)
+    with ThreadPoolExecutor(1, thread_name_prefix="code-key") as pool:
+        key = (pool.submit(early_start.code_key, cluster, ctx.rootdir)
+               if remotes.early.pending(cluster) and cluster.sync != "none" else None)
+        early = remotes.early.done(cluster)
+        if not isinstance(early, early_start.EarlyRemote) or early.runs.shell is not shell:
+            early = None
+        current = (early is not None and early.synced
+                   and early_start.still_current(early, cluster, ctx.rootdir, key))
     if early is None or not early.checked:
         preflight(shell, cluster)
     rootdir = ctx.rootdir
@@ -195,8 +203,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     ensure_work_root(paths.work_root(None, rootdir).dir)  # this checkout ran (`alloc status`)
     local_state = paths.work_root(None, rootdir).remote_dir(cluster.name)  # the salloc log
     local_state.mkdir(exist_ok=True)
-    if early is not None and early.synced and early_start.still_current(early, cluster,
-                                                                        rootdir):
+    if early is not None and current:
         for note in early.notes:  # what that sync had to say
             warn(note)
     else:

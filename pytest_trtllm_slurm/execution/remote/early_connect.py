@@ -76,6 +76,11 @@ class EarlyConnections:
             self._taken[cluster.name] = early
         return shell
 
+    def pending(self, cluster: ClusterConfig) -> bool:
+        """Whether ``cluster``'s connection was taken and its early work is still to be
+        handed out (``done``)."""
+        return cluster.name in self._taken
+
     def done(self, cluster: ClusterConfig) -> Any | None:
         """What the early work (``then``) did on ``cluster``'s taken connection (waited
         for), handed out once; None when there was none."""

@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,15 +147,24 @@ def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, st
     return started
 
 
-def still_current(early: EarlyRemote, cluster: ClusterConfig, rootdir: Path) -> bool:
+def code_key(cluster: ClusterConfig, rootdir: Path) -> str | None:
+    """The key of the local code as a sync would send it now (None: ``sync = "none"``).
+    Local git only (a snapshot into a private index): nothing is sent."""
+    if cluster.sync == "none":
+        return None
+    return prepare_sync(toplevel(rootdir), user="early", name="check",
+                        via="origin" if cluster.sync == "git-origin" else "ssh",
+                        ship_secrets=cluster.sync_secrets).key
+
+
+def still_current(early: EarlyRemote, cluster: ClusterConfig, rootdir: Path,
+                  key: Future[str | None] | None = None) -> bool:
     """Whether the local code is still what the early thread synced (files may have changed
-    while the suite was imported and collected). Local git only: nothing is sent."""
+    while the suite was imported and collected). ``key``: ``code_key`` computed meanwhile
+    (it overlaps the wait for the early thread); else computed now."""
     if cluster.sync == "none":
         return True
-    prepared = prepare_sync(toplevel(rootdir), user="early", name="check",
-                            via="origin" if cluster.sync == "git-origin" else "ssh",
-                            ship_secrets=cluster.sync_secrets)
-    return prepared.key == early.code
+    return (key.result() if key is not None else code_key(cluster, rootdir)) == early.code
 
 
 def stop_sessions(shell: Shell, early: EarlyRemote) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
 from pytest_trtllm_slurm.node import assignment
@@ -80,9 +82,16 @@ class RemoteSlurmExecutor(SlurmExecutor):
     def submit(self, spec: JobSpec) -> JobHandle:
         remote = self.paths.spec(spec, self.interpreter)
         self.shell.mkdir(remote.work_dir, private=True)
+        files = {Batch(remote.work_dir).job_spec: remote.text()}
         if remote.nodeids_file:
-            self.shell.write_file(remote.nodeids_file, assignment.dumps(spec.assignment()))
-        self.shell.write_file(Batch(remote.work_dir).job_spec, remote.text())
+            files[remote.nodeids_file] = assignment.dumps(spec.assignment())
+        # independent writes: side by side over the relay (one round trip's wait)
+        steps = {path: partial(self.shell.write_file, path, text) for path, text in files.items()}
+        if getattr(self.shell, "parallel_safe", False):
+            side_by_side(steps)
+        else:
+            for step in steps.values():
+                step()
         return super().submit(remote)
 
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, Field
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.remote.checkout_guard import checkout_claimed
 from pytest_trtllm_slurm.execution.remote.sync import (
     PreparedSync,
@@ -29,7 +30,7 @@ from pytest_trtllm_slurm.execution.remote.sync import (
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.node.paths import SHARED_STATE, WORK_DIRS, WorkRoot, join, root_of
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
-from pytest_trtllm_slurm.transport.shell import Shell
+from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 
 SLURM_TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun", "salloc")
 SYNC_TOOLS = ("git", "tar")
@@ -61,12 +62,22 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
             f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: set "
             "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
         )
-    created = False
-    if directory:
-        created = _ensure_dir(shell, cluster, directory, create_dirs)
-    version = _slurm_version(shell, cluster)
     tools = [*SLURM_TOOLS, *STATE_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
-    res = shell.run(["sh", "-c", _MISSING, "sh", *tools], timeout=60)
+    folder = directory or ""
+    # three independent looks: side by side where the shell takes commands from several
+    # threads (the relay: one round trip's wait instead of three); a failure is said in
+    # the same order as one after the other
+    steps: dict[str, Callable[[], object]] = {
+        "dir": lambda: bool(folder) and _ensure_dir(shell, cluster, folder, create_dirs),
+        "version": lambda: _slurm_version(shell, cluster),
+        "tools": lambda: shell.run(["sh", "-c", _MISSING, "sh", *tools], timeout=60),
+    }
+    if getattr(shell, "parallel_safe", False):
+        done = side_by_side(steps)
+    else:
+        done = {name: step() for name, step in steps.items()}
+    created, version, res = bool(done["dir"]), str(done["version"]), done["tools"]
+    assert isinstance(res, CommandResult)
     missing = res.stdout.split()
     if not res.ok or missing:
         raise ExecutionError(

@@ -51,6 +51,7 @@ rm -f "$lock.holder"
 """
 KEEPALIVE = 1.0  # seconds between the bytes that tell a dead holder channel from a live one
 LOCK_WAIT_EXIT = 75
+AWAIT = 0.5  # seconds one wait for the holder record may last on a shell that waits there
 
 
 @dataclass
@@ -114,7 +115,7 @@ class ShellLock:
                     return False
                 raise ExecutionError(f"could not take the lock {self.where}: "
                                      f"{hold.result.describe()}")
-            found = self.holder()
+            found, waited = self._look(hold.token)
             if found and found.get("token") == hold.token:
                 hold.was_held = True
                 return True
@@ -125,8 +126,9 @@ class ShellLock:
             if waiting is not None and now - said >= 1.0:
                 said = now
                 waiting(now - started)
-            time.sleep(pause)
-            pause = min(0.25, pause * 1.5)  # (a local holder holds within ms)
+            if not waited:
+                time.sleep(pause)
+                pause = min(0.25, pause * 1.5)  # (a local holder holds within ms)
 
     def release(self, *, wait: bool = False) -> None:
         """Let go: the holder's stdin closes, it removes its record and ends, which frees
@@ -144,14 +146,21 @@ class ShellLock:
         body, sep, status = text.rstrip("\n").rpartition("\036")
         return (int(status), body) if sep and status.isdigit() else (-1, text)
 
+    def _look(self, token: str) -> tuple[dict[str, object] | None, bool]:
+        """The holder's record, and whether the look waited for it: a shell that can
+        (the SSH relay) waits on the cluster until the record names ``token``, so the
+        lock is seen held the moment its holder writes it, in one round trip (a poll
+        that backs off to 0.25 s cost up to that much per lock, a round trip per look);
+        at most ``AWAIT`` s, so the holder's own end is still noticed between looks."""
+        wait = getattr(self.shell, "read_when", None)
+        raw = wait(holder_of(self.path), token, AWAIT) if wait is not None else None
+        if raw is None:
+            return self.holder(), False
+        return _record(raw), True
+
     def holder(self) -> dict[str, object] | None:
         """The current holder's record (None when none is recorded)."""
-        raw = self.shell.read_from(holder_of(self.path), 0, 1 << 14)
-        try:
-            found = load_json(raw.decode("utf-8", "replace") or "null", "the lock's holder")
-        except ValueError:
-            return None
-        return found if isinstance(found, dict) else None
+        return _record(self.shell.read_from(holder_of(self.path), 0, 1 << 14))
 
     def describe(self) -> str:
         """Who holds it, for messages."""
@@ -196,6 +205,15 @@ class ShellLock:
 def shell_where(shell: Shell, path: str) -> str:
     """A path of ``shell``'s host as messages name it (``host:path``; a local path as is)."""
     return path if isinstance(shell, LocalShell) else f"{shell.name}:{path}"
+
+
+def _record(raw: bytes) -> dict[str, object] | None:
+    """A holder record from the bytes of its file (None: none, or not one)."""
+    try:
+        found = load_json(raw.decode("utf-8", "replace") or "null", "the lock's holder")
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def describe_holder(info: dict[str, object] | None) -> str:

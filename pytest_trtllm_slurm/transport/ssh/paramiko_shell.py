@@ -456,6 +456,15 @@ class SSHShell(OneOpFiles):
 
         return self._sftp(op)
 
+    def read_when(self, path: str, needle: str, timeout: float) -> bytes | None:
+        """``path``'s first 16 KiB once they hold ``needle``, waited for on the login
+        node (one round trip, at most ``timeout`` s; what it holds then, found or not).
+        None without a relay: the caller looks itself, as often as it likes."""
+        if not self.use_relay:
+            return None
+        answer = self._relayed_file_op("await", path=path, needle=needle, timeout=timeout)
+        return None if answer is None else base64.b64decode(answer["data"])
+
     def size(self, path: str) -> int:
         answer = self._relayed_file_op("size", path=path)
         if answer is not None:

@@ -222,6 +222,7 @@ class RelayChannel:
         RelayLost when the channel ends first."""
         ident = next(self._ids)
         pending = _Pending()
+        began = time.monotonic()
         with self._lock:
             self._pending[ident] = pending
             self.requests[message["op"]] = self.requests.get(message["op"], 0) + 1
@@ -232,6 +233,8 @@ class RelayChannel:
         finally:
             with self._lock:
                 self._pending.pop(ident, None)
+            log.debug("ssh relay: %s %s in %.3f s", message["op"], message.get("path", ""),
+                      time.monotonic() - began)
         if pending.answer is None:
             raise RelayLost()
         return pending.answer
