@@ -38,7 +38,9 @@ def log_command(host: str, argv: Sequence[str], seconds: float, returncode: int 
     detail = ""
     if (timed_out or returncode) and stderr.strip():
         detail = ": " + mask_text(stderr.strip().splitlines()[-1][-_TAIL:])
-    log.debug("%s: `%s` %s in %.3f s%s", host, masked_argv(argv), end, seconds, detail)
+    # one line per command even for a multi-line script (``sh -c`` of a lock's holder)
+    shown = masked_argv(argv).replace("\n", "\\n")
+    log.debug("%s: `%s` %s in %.3f s%s", host, shown, end, seconds, detail)
 
 
 @contextmanager
