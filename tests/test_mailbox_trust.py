@@ -143,9 +143,12 @@ def test_a_request_from_another_user_is_refused_and_removed(neighbour: str,
         assert dropped.returncode == 0, dropped.stderr
         wait_for(lambda: not (mail / "inbox" / "evil.json").exists(), "the agent to remove it")
         # our own request, but group-writable (anyone in the group could have changed it)
+        # (made under a temporary name and renamed: the agent never sees it 0644 first)
         loose = mail / "inbox" / "loose.json"
-        loose.write_text(json.dumps({**request, "name": "loose"}))
-        loose.chmod(0o664)
+        staged = mail / "inbox" / ".loose.tmp"
+        staged.write_text(json.dumps({**request, "name": "loose"}))
+        staged.chmod(0o664)
+        staged.rename(loose)
         wait_for(lambda: not loose.exists(), "the agent to remove the group-writable request")
         # a link to a file of ours elsewhere (it may hold anything): refused, not followed
         decoy = shared_tmp / "decoy.json"
