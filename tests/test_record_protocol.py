@@ -14,6 +14,7 @@ import sys
 import typing
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from pytest_trtllm_slurm.controller.record_handlers import RecordHandlers
@@ -48,6 +49,7 @@ def test_warns(record_xml_attribute, record_testsuite_property):
     "test_hangs.py": """
 import time
 
+import pydantic
 import pytest
 
 
@@ -259,3 +261,153 @@ def test_a_line_is_read_as_json_loads_reads_it_and_refused_where_it_refuses(writ
         parse_record({"v": 2, "type": "item", "nodeid": 7}, frozenset(WANTED))
     with pytest.raises(BadRecord, match="unknown record type 'itemz'"):
         parse_record({"v": 1, "type": "itemz", "nodeid": 7}, frozenset(WANTED))
+
+
+# reports of every shape pytest gives a longrepr: a chained exception with locals, a skip,
+# an xfail, a text (``pytrace=False``), a native traceback; properties and captured output
+FAILING = """
+import pydantic
+import pytest
+
+
+def test_fails():
+    here = [1, 2]
+    try:
+        raise KeyError("inner")
+    except KeyError as exc:
+        raise ValueError("outer") from exc
+
+
+def test_skips():
+    pytest.skip("not here")
+
+
+@pytest.mark.xfail(reason="known")
+def test_xfails():
+    assert 0
+
+
+def test_props(record_property):
+    record_property("k", 1)
+    print("out")
+
+
+def test_text():
+    pytest.fail("plain", pytrace=False)
+"""
+FAILING_IDS = [f"test_failing.py::test_{name}"
+               for name in ("fails", "skips", "xfails", "props", "text")]
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The records of real failing, skipped and xfailed tests (long and native tracebacks)."""
+    root = tmp_path_factory.mktemp("failing")
+    (root / "test_failing.py").write_text(FAILING)
+    (root / "nodeids.json").write_text(json.dumps(FAILING_IDS))
+    written: list[dict] = []
+    for tb in ("long", "native"):
+        reports = root / f"{tb}.jsonl"
+        proc = run_worker(root, reports, "--trtllm-worker-nodeids", str(root / "nodeids.json"),
+                          "--showlocals", f"--tb={tb}", "test_failing.py")
+        assert reports.exists(), proc.stdout + proc.stderr
+        written += [json.loads(line) for line in reports.read_text().splitlines()]
+    return written
+
+
+def _paths(value: object, at: tuple = ()) -> typing.Iterator[tuple]:
+    yield at
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _paths(inner, (*at, key))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from _paths(inner, (*at, index))
+
+
+OTHER_VALUES = [None, 0, 7, -1, 2**70, 1.5, 1.0, float("inf"), True, False, "", "x", "7",
+                "runtest", "test_all.py::test_plain", "test_other.py::test_x", [], {},
+                ["a", 1, "b"], ["a", None, "b"], ["a", "b"], [["a", "b"]], {"a": 1},
+                {"type": "ReprEntry", "data": {"lines": []}}]
+
+
+def _mutants(record: dict) -> typing.Iterator[dict]:
+    """``record`` with each value in turn replaced by each of ``OTHER_VALUES``, each key
+    dropped, a key added to each object and an item to each array."""
+    for at in _paths(record):
+        for change in [*OTHER_VALUES, "drop", "extra"]:
+            copy = json.loads(json.dumps(record))
+            parent, last = copy, None
+            for step in at[:-1]:
+                parent = parent[step]
+            target = parent[at[-1]] if at else copy
+            last = at[-1] if at else None
+            if change == "drop":
+                if last is None or not isinstance(parent, dict):
+                    continue
+                del parent[last]
+            elif change == "extra":
+                if isinstance(target, dict):
+                    target["zz_extra"] = 1
+                elif isinstance(target, list):
+                    target.append("zz")
+                else:
+                    continue
+            elif last is None:
+                continue
+            else:
+                parent[last] = change
+            yield copy
+
+
+def _as_the_models_read_it(line: bytes, batch: frozenset[str]) -> tuple[str, object]:
+    """What the controller made of a line before the one-pass check: ``decode_line``, then
+    ``parse_record`` (the models); accepted, the JSON object with each top-level field as
+    the model read it."""
+    data = controller_records.decode_line(line)
+    if isinstance(data, controller_records.UnreadableLine):
+        return "unreadable", data.why
+    try:
+        model = parse_record(data, batch)
+    except BadRecord as bad:
+        return "refused", str(bad)
+    expected = dict(data)
+    for name, info in type(model).model_fields.items():
+        key, value = info.alias or name, getattr(model, name)
+        if key in data and not isinstance(value, (list, pydantic.BaseModel)):
+            expected[key] = value
+    return "accepted", expected
+
+
+def _as_the_reader_reads_it(line: bytes, batch: frozenset[str]) -> tuple[str, object]:
+    (got,) = controller_records.LineReader(batch=batch).feed(line + b"\n")
+    if isinstance(got, controller_records.RefusedLine):
+        return "refused", str(got.bad)
+    if isinstance(got, controller_records.UnreadableLine):
+        return "unreadable", got.why
+    assert type(got) is dict
+    return "accepted", got
+
+
+def test_the_one_pass_check_accepts_and_refuses_what_the_models_do_in_their_words(
+        written, failing) -> None:
+    """The trust boundary is the same with the check in one pass on plain dicts: every
+    record a worker writes, and each of it with any one field broken, dropped or added,
+    is accepted as the same JSON object (each field as the model reads it) or refused
+    with the same message as the models refuse it."""
+    batch = frozenset([*WANTED, HANGS, *FAILING_IDS])
+    seen: dict[tuple, dict] = {}
+    for record in [*written, *failing]:  # one record of each shape
+        shape = (record["type"], record.get("data", {}).get("outcome"),
+                 tuple((r["when"], r["outcome"], type(r.get("longrepr")).__name__)
+                       for r in record.get("reports", ())))
+        seen.setdefault(shape, record)
+    tried = accepted = 0
+    for record in seen.values():
+        for mutant in [record, *_mutants(record)]:
+            line = json.dumps(mutant).encode()
+            old = _as_the_models_read_it(line, batch)
+            assert _as_the_reader_reads_it(line, batch) == old, line[:300]
+            tried += 1
+            accepted += old[0] == "accepted"
+    assert tried > 5000 and 0 < accepted < tried, (tried, accepted)

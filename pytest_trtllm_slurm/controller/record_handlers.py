@@ -11,20 +11,10 @@ from typing import Any, Protocol
 
 from pytest_trtllm_slurm.controller.artefacts import prefix_mapper
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
-from pytest_trtllm_slurm.execution.records import (
-    CollectErrorRecord,
-    DoneRecord,
-    FinishRecord,
-    ItemRecord,
-    MissingRecord,
-    Record,
-    ReportRecord,
-    SessionFinishRecord,
-    StartRecord,
-    SuitePropertyRecord,
-    WarningRecord,
-    XmlAttributeRecord,
-)
+
+# a record as ``records.check_line`` checked it: the plain dict of its line, where a key
+# the record may leave out is read with its model's default
+Record = dict[str, Any]
 
 
 class BatchState(Protocol):
@@ -40,12 +30,10 @@ class BatchState(Protocol):
 
 @dataclass(slots=True)
 class Arrival:
-    """Where a record came from: its batch, where the job ran, the JSON object as read
-    (a report's data goes to pytest's own deserializer whole)."""
+    """Where a record came from: its batch, where the job ran."""
 
     batch: BatchState
     ctx: JobContext
-    raw: dict[str, Any]
 
 
 class RecordHandlers:
@@ -58,27 +46,28 @@ class RecordHandlers:
         self._on: dict[str, Callable[[Any, Arrival], None]] = {}
 
     def dispatch(self, record: Record, came: Arrival) -> None:
-        handler = self._on.get(record.type)
+        kind = record["type"]
+        handler = self._on.get(kind)
         if handler is None:
-            handler = self._on[record.type] = getattr(self, "on_" + record.type)
+            handler = self._on[kind] = getattr(self, "on_" + kind)
         handler(record, came)
 
     # -- the tests' own records: replayed into the local items --------------
-    def on_start(self, record: StartRecord, came: Arrival) -> None:
-        self.replayer.start(record.nodeid, came.ctx)
+    def on_start(self, record: Record, came: Arrival) -> None:
+        self.replayer.start(record["nodeid"], came.ctx)
 
-    def on_report(self, record: ReportRecord, came: Arrival) -> None:
-        self._report(came.raw["data"], came)
+    def on_report(self, record: Record, came: Arrival) -> None:
+        self._report(record["data"], came)
 
-    def on_item(self, record: ItemRecord, came: Arrival) -> None:
+    def on_item(self, record: Record, came: Arrival) -> None:
         """A test's reports and its end in one line: replayed as the ``report`` lines,
         then the ``finish`` and ``done`` lines, it stands for."""
-        for data in came.raw["reports"]:
+        for data in record.get("reports", ()):
             self._report(data, came)
-        if record.finish:
+        if record.get("finish", False):
             self.on_finish(record, came)
-        if record.done:
-            self.replayer.done(record.nodeid, came.ctx)
+        if record.get("done", False):
+            self.replayer.done(record["nodeid"], came.ctx)
 
     def _report(self, data: dict[str, Any], came: Arrival) -> None:
         longrepr = data.get("longrepr")
@@ -90,33 +79,35 @@ class RecordHandlers:
             data = {**data, "longrepr": [local, *longrepr[1:]]}
         self.replayer.report(data, came.ctx)
 
-    def on_finish(self, record: FinishRecord | ItemRecord, came: Arrival) -> None:
-        self.replayer.finish(record.nodeid)
+    def on_finish(self, record: Record, came: Arrival) -> None:
+        self.replayer.finish(record["nodeid"])
         self.after_test()
 
-    def on_done(self, record: DoneRecord, came: Arrival) -> None:
-        self.replayer.done(record.nodeid, came.ctx)
+    def on_done(self, record: Record, came: Arrival) -> None:
+        self.replayer.done(record["nodeid"], came.ctx)
 
-    def on_warning(self, record: WarningRecord, came: Arrival) -> None:
-        if record.when == "runtest":  # config/collect warnings were seen by the local collection
+    def on_warning(self, record: Record, came: Arrival) -> None:
+        if record["when"] == "runtest":  # config/collect warnings were seen by the local collection
             self.replayer.warning(record)
 
-    def on_xml_attribute(self, record: XmlAttributeRecord, came: Arrival) -> None:
-        self.replayer.xml_attribute(record.nodeid, record.name, record.value)
+    def on_xml_attribute(self, record: Record, came: Arrival) -> None:
+        self.replayer.xml_attribute(record["nodeid"], record["name"], record["value"])
 
-    def on_suite_property(self, record: SuitePropertyRecord, came: Arrival) -> None:
-        self.replayer.suite_property(came.ctx.job_id, record.name, record.value)
+    def on_suite_property(self, record: Record, came: Arrival) -> None:
+        self.replayer.suite_property(came.ctx.job_id, record["name"], record["value"])
 
     # -- the batch's records: kept for when its job ends ---------------------
-    def on_missing(self, record: MissingRecord, came: Arrival) -> None:
-        for nodeid in record.nodeids:
-            came.batch.missing[nodeid] = record.rootdir
+    def on_missing(self, record: Record, came: Arrival) -> None:
+        rootdir = record.get("rootdir", "?")
+        for nodeid in record["nodeids"]:
+            came.batch.missing[nodeid] = rootdir
 
-    def on_collect_error(self, record: CollectErrorRecord, came: Arrival) -> None:
-        longrepr = record.data.longrepr
+    def on_collect_error(self, record: Record, came: Arrival) -> None:
+        data = record["data"]
+        longrepr = data.get("longrepr")
         text = longrepr if isinstance(longrepr, str) else json.dumps(longrepr)[:2000]
         came.batch.collect_errors.append(
-            f"collection error on the target in {record.data.nodeid}: {text}")
+            f"collection error on the target in {data.get('nodeid', '?')}: {text}")
 
-    def on_session_finish(self, record: SessionFinishRecord, came: Arrival) -> None:
+    def on_session_finish(self, record: Record, came: Arrival) -> None:
         came.batch.session_finished = True

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.controller.echoed_warnings import note_replayed
-from pytest_trtllm_slurm.execution.records import WarningRecord, warning_category
+from pytest_trtllm_slurm.execution.records import warning_category
 
 SECTION = "trtllm-slurm"
 PHASES = ("setup", "call", "teardown")
@@ -243,21 +243,24 @@ class Replayer:
         self.finish(nodeid)
         _finished(prog)
 
-    def warning(self, record: WarningRecord) -> None:
-        note_replayed(self.config, (record.category, record.message, record.filename,
-                                    record.lineno or 0))
-        category = warning_category(record.category)
+    def warning(self, record: dict[str, Any]) -> None:
+        """A ``warning`` record (checked; its keys' defaults are ``WarningRecord``'s)."""
+        category_name = record.get("category", "builtins.UserWarning")
+        text, filename = record.get("message", ""), record.get("filename", "")
+        lineno = record.get("lineno") or 0
+        note_replayed(self.config, (category_name, text, filename, lineno))
+        category = warning_category(category_name)
         message = warnings.WarningMessage(
-            message=category(record.message),
+            message=category(text),
             category=category,
-            filename=record.filename,
-            lineno=record.lineno or 0,
+            filename=filename,
+            lineno=lineno,
         )
         self.config.hook.pytest_warning_recorded.call_historic(
             kwargs={
                 "warning_message": message,
-                "when": record.when,
-                "nodeid": record.nodeid,
+                "when": record["when"],
+                "nodeid": record.get("nodeid", ""),
                 "location": None,
             }
         )

@@ -52,9 +52,9 @@ from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, signal_na
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.execution.records import (
     BadRecord,
+    RefusedLine,
     UnreadableLine,
     describe_line,
-    parse_record,
 )
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import assignment, paths
@@ -415,7 +415,7 @@ class DispatchLoop:
         running = RunningBatch(batch, handle.spec, handle, executor, attempt)
         self.running[handle.job_id] = running
         self.view.submitted(handle.job_id, batch, attempt)
-        self.monitor.add(handle, executor)
+        self.monitor.add(handle, executor, batch=running.nodeids)
 
     def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
         key = batch.key
@@ -498,10 +498,13 @@ class DispatchLoop:
                 break  # nothing more of this batch is trusted
             running.records_seen += 1
             try:
-                if isinstance(raw, UnreadableLine):
-                    raise describe_line(raw.line, raw.why)
-                record = parse_record(raw, running.nodeids)
-                self.handlers.dispatch(record, Arrival(running, ctx, raw))
+                if type(raw) is not dict:  # the reader's verdict on a line it refused
+                    if isinstance(raw, RefusedLine):
+                        raise raw.bad
+                    if isinstance(raw, UnreadableLine):
+                        raise describe_line(raw.line, raw.why)
+                # a plain dict: a record of the batch, checked as the reader read it
+                self.handlers.dispatch(raw, Arrival(running, ctx))
             except BadRecord as exc:
                 self._refuse(running, exc)
             except Exception as exc:  # noqa: BLE001 - pytest could not rebuild the report

@@ -14,7 +14,7 @@ Every byte of a reports file becomes records through ``records.LineReader``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,10 +146,14 @@ class Monitor:
         self.jobs: dict[str, WatchedJob] = {}
         self.visits = 0  # jobs read, all rounds together (figures for tests, benchmarks)
 
-    def add(self, handle: JobHandle, executor: Executor) -> WatchedJob:
+    def add(self, handle: JobHandle, executor: Executor,
+            batch: Container[str] | None = None) -> WatchedJob:
+        """Watch ``handle``'s job; its records are checked as records of ``batch`` (the
+        node ids they may name: ``records.check_line``)."""
         shell = executor.shell
         pushing = shell if isinstance(shell, PushingShell) else None
-        job = WatchedJob(handle=handle, executor=executor, pushing=pushing)
+        job = WatchedJob(handle=handle, executor=executor, pushing=pushing,
+                         lines=LineReader(batch=batch))
         self.jobs[handle.job_id] = job
         if pushing is not None:
             pushing.watch(handle.spec.reports_path, 0)

@@ -4,9 +4,11 @@ The node declares the record types and their fields (``node.records``: TypedDict
 functions that build them, stdlib only, every record with ``v`` = ``RECORD_VERSION``; a
 record without ``v`` comes from a worker older than the version, whose records have the
 same shapes). Here each type has its pydantic model, which says how strictly a field is
-read (a model whose fields are not the TypedDict's refuses to import), and everything
-the controller reads from a target passes through ``parse_record`` first: a discriminated
-union of the models. What a target writes is not trusted: a record of another version,
+read (a model whose fields are not the TypedDict's refuses to import) and words a
+refusal. Everything the controller reads from a target's reports passes through
+``check_line`` first: the models' checks on plain dicts, decoded and checked in one pass
+(``parse_record`` gives the models themselves, for the few records read elsewhere).
+What a target writes is not trusted: a record of another version,
 of an unknown type, of the wrong shape, or naming a test that is not the batch's own is
 refused with a ``BadRecord`` that says which and why, never replayed.
 """
@@ -14,10 +16,11 @@ refused with a ``BadRecord`` that says which and why, never replayed.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from collections.abc import Callable, Container
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -27,8 +30,10 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    with_config,
 )
 from pydantic_core import from_json
+from typing_extensions import NotRequired, TypedDict
 
 from pytest_trtllm_slurm.node import records as node_records
 from pytest_trtllm_slurm.node.paths import BENCHMARKS_FILE
@@ -194,7 +199,7 @@ class ReportData(BaseModel):
     """The part of pytest's serialized TestReport the controller relies on, every field
     the terminal summary and junit read typed as pytest types it."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow")
 
     # absent for report classes pytest does not serialize itself (pytest 9's subtests)
     report_type: Str | None = Field(default=None, alias="$report_type")
@@ -365,6 +370,202 @@ def _refuse_known(data: dict[str, Any]) -> None:
             "pytest-trtllm-slurm?)", _Line(data))
 
 
+# -- the same checks on plain dicts: what the run loop reads --------------------------------
+# The models above declare what a record may be and word a refusal. Every line the monitor
+# reads is checked against the TypedDicts below instead: field for field the models' checks
+# (``_same_keys`` refuses to import otherwise; tests/test_record_protocol.py runs both on
+# records a worker wrote and on broken ones), decoded and checked in one pass of
+# pydantic-core (``validate_json`` of the line), and the result is the dict ``json.loads``
+# makes of the line, each field as the model reads it: no model object per record (three
+# per test for the reports alone), and pytest gets each report's data as the target wrote
+# it. Extra keys: the models' "ignore" is "allow" here (the same lines pass; nothing that
+# the target wrote is dropped on the way to pytest).
+
+_List = AfterValidator(list)  # a fixed-length tuple's check, kept the JSON array it was
+_OPEN = ConfigDict(extra="allow")
+_CLOSED = ConfigDict(extra="forbid")
+
+
+def _typed(name: str, required: dict[str, Any], optional: dict[str, Any],
+           config: ConfigDict = _OPEN) -> Any:
+    """A TypedDict (functional form: a key such as "$report_type" is no identifier)."""
+    fields = {**required, **{key: NotRequired[kind] for key, kind in optional.items()}}
+    return with_config(config)(TypedDict(name, fields))  # type: ignore[operator]
+
+
+_FileLocationDict = _typed("ReprFileLocation", {"path": Str, "lineno": Int, "message": Str},
+                           {}, _CLOSED)
+_EntryDataDict = _typed("ReprEntryData", {"lines": list[Str]}, {
+    "reprfuncargs": _typed("ReprFuncArgs", {
+        "args": list[Annotated[tuple[Str, Any], _List]]}, {}, _CLOSED) | None,
+    "reprlocals": _typed("ReprLocals", {"lines": list[Str]}, {}, _CLOSED) | None,
+    "reprfileloc": _FileLocationDict | None,
+    "style": Str}, _CLOSED)
+_TracebackDict = _typed("ReprTraceback", {"reprentries": list[Annotated[
+    _typed("ReprEntry", {"type": Literal["ReprEntry"], "data": _EntryDataDict}, {}, _CLOSED)
+    | _typed("ReprEntryNative", {"type": Literal["ReprEntryNative"], "data": _typed(
+        "ReprEntryNativeData", {"lines": list[Str]}, {"style": Str}, _CLOSED)}, {}, _CLOSED),
+    Field(discriminator="type")]]}, {"extraline": Str | None, "style": Str}, _CLOSED)
+_ExceptionDict = _typed("ExceptionRepr", {
+    "reprcrash": _FileLocationDict | None, "reprtraceback": _TracebackDict}, {
+    "sections": list[Annotated[tuple[Str, Str, Str], _List]],
+    "chain": list[Annotated[tuple[_TracebackDict, _FileLocationDict | None, Str | None],
+                            _List]] | None})
+_LongreprDict = Annotated[
+    Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
+    | Annotated[tuple[Str, Int | None, Str], _List, Tag("skip")]
+    | Annotated[_ExceptionDict, Tag("exception")],
+    Discriminator(_longrepr_kind),
+]
+_ReportDict = _typed("ReportData", {
+    "nodeid": Str,
+    "when": Annotated[Str, Field(min_length=1)],
+    "outcome": Annotated[Str, Field(min_length=1)],
+    "location": Annotated[tuple[Str, Int | None, Str], _List],
+    "keywords": dict[str, Any],
+}, {
+    "$report_type": Str | None,
+    "longrepr": _LongreprDict,
+    "sections": list[Annotated[tuple[Str, Str], _List]],
+    "user_properties": list[Annotated[tuple[Str, Any], _List]],
+    "duration": Num,
+    "wasxfail": Str | None,
+})
+_V = {"v": Literal[RECORD_VERSION]}  # absent: a worker from before records had a version
+# record type -> its TypedDict, as ``MODELS`` has its model
+DICTS: dict[str, Any] = {
+    "start": _typed("StartRecord", {"type": Literal["start"], "nodeid": str},
+                    {**_V, "location": list[Any]}),
+    "finish": _typed("FinishRecord", {"type": Literal["finish"], "nodeid": str}, _V),
+    "done": _typed("DoneRecord", {"type": Literal["done"], "nodeid": str}, _V),
+    "report": _typed("ReportRecord", {"type": Literal["report"], "data": _ReportDict}, _V),
+    "item": _typed("ItemRecord", {"type": Literal["item"], "nodeid": str}, {
+        **_V, "reports": list[_ReportDict], "finish": Annotated[bool, Strict()],
+        "done": Annotated[bool, Strict()]}),
+    "collect_error": _typed("CollectErrorRecord", {
+        "type": Literal["collect_error"],
+        "data": _typed("CollectErrorData", {}, {"nodeid": Str, "longrepr": _LongreprDict}),
+    }, _V),
+    "missing": _typed("MissingRecord", {"type": Literal["missing"], "nodeids": list[str]},
+                      {**_V, "rootdir": str}),
+    "warning": _typed("WarningRecord", {"type": Literal["warning"], "when": str}, {
+        **_V, "nodeid": str, "message": str, "category": str, "filename": str,
+        "lineno": int | None}),
+    "xml_attribute": _typed("XmlAttributeRecord", {
+        "type": Literal["xml_attribute"], "nodeid": str,
+        "name": Annotated[str, Field(pattern=XML_NAME)], "value": str}, _V),
+    "suite_property": _typed("SuitePropertyRecord", {
+        "type": Literal["suite_property"], "name": str, "value": str}, _V),
+    "session_finish": _typed("SessionFinishRecord", {
+        "type": Literal["session_finish"], "exitstatus": int}, _V),
+}
+
+
+def _same_keys(model: type[BaseModel], typed: Any) -> None:
+    """``TypeError`` unless ``typed`` has the keys of ``model`` (by alias), required where
+    the model has no default."""
+    def keys(required: bool) -> set[str]:
+        return {f.alias or name for name, f in model.model_fields.items()
+                if f.is_required() is required}
+
+    if (keys(True), keys(False)) != (set(typed.__required_keys__),
+                                     set(typed.__optional_keys__)):
+        raise TypeError(f"the dict check of {model.__name__} (required "
+                        f"{sorted(typed.__required_keys__)}, optional "
+                        f"{sorted(typed.__optional_keys__)}) is not its model's (required "
+                        f"{sorted(keys(True))}, optional {sorted(keys(False))})")
+
+
+for _tag, _model in MODELS.items():
+    _same_keys(_model, DICTS[_tag])
+for _model, _typed_dict in ((ReportData, _ReportDict), (ExceptionRepr, _ExceptionDict),
+                            (ReprTraceback, _TracebackDict), (ReprEntryData, _EntryDataDict),
+                            (ReprFileLocation, _FileLocationDict)):
+    _same_keys(_model, _typed_dict)
+
+_DICT_ADAPTER: TypeAdapter[dict[str, Any]] = TypeAdapter(Annotated[  # type: ignore[arg-type]
+    Union[tuple(DICTS.values())], Field(discriminator="type")])  # noqa: UP007
+
+
+class RefusedLine(dict):  # type: ignore[type-arg]
+    """A line of reports.jsonl that is a JSON object but no record the controller
+    accepts, in its place among the records (as a dict: the object as read, so that the
+    monitor sees when its reports stopped as it would a record's); ``bad`` says why."""
+
+    def __init__(self, data: dict[str, Any], bad: BadRecord) -> None:
+        super().__init__(data)
+        self.bad = bad
+
+
+def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, Any]:
+    """One line of reports.jsonl as a checked record of ``batch`` (a plain dict), or an
+    ``UnreadableLine`` / ``RefusedLine`` saying why it is none (``batch`` None: a record
+    may name any test).
+
+    A line pydantic-core reads and accepts in one pass is a record. Any other is judged
+    as it always was: ``decode_line`` (``json.loads`` decides what is JSON), then the
+    same check of the object read (a lone surrogate escape or nesting past the fast
+    parser's limit still make a record), then the models word the refusal."""
+    try:
+        record = _DICT_ADAPTER.validate_json(line)
+    except Exception:  # noqa: BLE001 - the slow path below says what is wrong
+        record = _judged(line)
+        if type(record) is not dict:
+            return record
+    if batch is not None:
+        for nodeid in named_tests(record):
+            if nodeid not in batch:
+                data = decode_line(line)  # the object as the target wrote it, for the message
+                return RefusedLine(data, BadRecord(
+                    f"a record for {nodeid!r}, which is not a test of this batch",
+                    _Line(data)))
+    return record
+
+
+def _judged(line: bytes) -> dict[str, Any]:
+    """``check_line`` of a line the one-pass check refused: read as ``json.loads`` reads
+    it, checked again, refused in the models' words."""
+    data = decode_line(line)
+    if type(data) is not dict:
+        return data
+    try:
+        return _DICT_ADAPTER.validate_python(data)
+    except Exception:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
+        pass
+    try:
+        parse_record(data, _ANY_TEST)
+    except BadRecord as bad:
+        return RefusedLine(data, bad)
+    return data  # the models accept what the dicts refuse: never the case (tested)
+
+
+class _AnyTest(frozenset):  # type: ignore[type-arg]
+    """Every node id: the batch is ``check_line``'s to check."""
+
+    def __contains__(self, nodeid: object) -> bool:
+        return True
+
+
+_ANY_TEST = _AnyTest()
+
+
+def named_tests(record: dict[str, Any]) -> list[str]:
+    """The node ids a checked record is about (each must be a test of the batch): the
+    models' ``named_tests``, read from the dict."""
+    kind = record["type"]
+    if kind == "item":
+        return [record["nodeid"], *(report["nodeid"] for report in record.get("reports", ()))]
+    if kind in ("start", "finish", "done", "xml_attribute"):
+        return [record["nodeid"]]
+    if kind == "report":
+        return [record["data"]["nodeid"]]
+    if kind == "missing":
+        return list(record["nodeids"])
+    if kind == "warning" and record["when"] == "runtest":
+        return [record.get("nodeid", "")]
+    return []
+
+
 def describe_line(line: str, why: str = "not a JSON object") -> BadRecord:
     """A line that is not a JSON object at all (``why``: what is wrong with it)."""
     return BadRecord(why, line)
@@ -382,19 +583,20 @@ class UnreadableLine(dict):  # type: ignore[type-arg]
 
 
 class LineReader:
-    """The bytes of reports.jsonl, in the pieces they are read, as JSON objects: the one
-    way anything read from a target's reports becomes records (the monitor's reads, pushed
-    or direct, the final reads of an ended job).
+    """The bytes of reports.jsonl, in the pieces they are read, as checked records
+    (``check_line``): the one way anything read from a target's reports becomes records
+    (the monitor's reads, pushed or direct, the final reads of an ended job).
 
     Linear in what it is fed: an unfinished line is kept as its pieces, joined once its
     end comes. A line is at most ``max_line`` bytes: a longer one is reported once as an
     ``UnreadableLine`` (its start) and the rest of it is skipped unkept. A line that is
     no JSON object, however it fails (bad UTF-8, nesting deep enough to raise
-    RecursionError, anything), becomes an ``UnreadableLine`` in its place: what a target
-    wrote never raises out of here."""
+    RecursionError, anything), becomes an ``UnreadableLine`` in its place, one that is no
+    record of ``batch`` a ``RefusedLine``: what a target wrote never raises out of here."""
 
-    def __init__(self, max_line: int = MAX_LINE) -> None:
+    def __init__(self, max_line: int = MAX_LINE, batch: Container[str] | None = None) -> None:
         self.max_line = max_line
+        self.batch = batch  # the node ids a record may name (``check_line``)
         self._pieces: list[bytes] = []  # the start of the line that has no end yet
         self._kept = 0  # bytes in _pieces
         self._skipping = False  # inside a line that was too long: dropped to its end
@@ -430,7 +632,7 @@ class LineReader:
                     line = b"".join([*self._pieces, line])
                     self._pieces, self._kept = [], 0
                 if line.strip():
-                    records.append(decode_line(line))
+                    records.append(check_line(line, self.batch))
             if end < 0:
                 break
             pos = end + 1
