@@ -5,12 +5,12 @@ functions that build them, stdlib only, every record with ``v`` = ``RECORD_VERSI
 record without ``v`` comes from a worker older than the version, whose records have the
 same shapes). Here each type has its pydantic model, which says how strictly a field is
 read (a model whose fields are not the TypedDict's refuses to import) and words a
-refusal. Everything the controller reads from a target's reports passes through
+refusal. Every line the controller reads from a target's reports passes through
 ``check_line`` first: the models' checks on plain dicts, decoded and checked in one pass
-(``parse_record`` gives the models themselves, for the few records read elsewhere).
-What a target writes is not trusted: a record of another version,
-of an unknown type, of the wrong shape, or naming a test that is not the batch's own is
-refused with a ``BadRecord`` that says which and why, never replayed.
+(``parse_record`` gives the models themselves, for the few records read elsewhere). What
+a target writes is not trusted: a record of another version, of an unknown type, of the
+wrong shape, or naming a test that is not the batch's own is refused with a ``BadRecord``
+that says which and why, never replayed.
 """
 
 from __future__ import annotations
