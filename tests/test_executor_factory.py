@@ -98,7 +98,7 @@ def test_build_targets_are_the_clusters_that_build(tmp_path: Path) -> None:
     builds = ClustersFile(clusters={**clusters().clusters, "far": ClusterConfig.model_validate(
         {"name": "far", "ssh_host": "far.example", "build_project": True})})
     ctx = RunContext(settings=Settings(), local=LOCAL, clusters=builds, slurm_env=ENV,
-                          rootdir=tmp_path)
+                     rootdir=tmp_path)
     assert list(build_targets(ctx, keys)) == [Scenario.LOCAL_SLURM,
                                               (Scenario.REMOTE_SLURM, "far")]
 

@@ -30,7 +30,7 @@ def context(tmp_path: Path, runtime: str) -> RunContext:
         name="devcluster", container_runtime=runtime)})  # type: ignore[arg-type]
     local = LocalEnv(cluster_name="devcluster", slurm_available=True)
     return RunContext(settings=Settings(), local=local, clusters=clusters, slurm_env=env,
-                           rootdir=tmp_path)
+                      rootdir=tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -137,7 +137,7 @@ def test_device_keywords_resolve_against_the_named_remote_cluster() -> None:
     from pytest_trtllm_slurm.planning.routing import route_item
 
     ctx = RunContext(settings=Settings(slurm_cluster="far"), local=LAPTOP, clusters=far(),
-                          remote_env=Discovery(REMOTE_ENV), rootdir=Path("."))
+                     remote_env=Discovery(REMOTE_ENV), rootdir=Path("."))
     req = DeviceRequirement(total=4, per_node=4, device_keywords=("H100", "H200"))
     routed = route_item(req, TestConfig(), ctx)
     assert routed.requirement.device_type == "H200"

@@ -119,10 +119,10 @@ def test_targets_are_the_local_partitions_then_the_remote_clusters() -> None:
     from pytest_trtllm_slurm.planning.settings import Settings
 
     ctx = RunContext(settings=Settings(), local=LOGIN, clusters=clusters(far=H200_A),
-                          slurm_env=DEV_ENV)
+                     slurm_env=DEV_ENV)
     assert targets_of(ctx) == [H200, GB200, testdb.Target("far", None, "H200", 8)]
     only = RunContext(settings=Settings(slurm_cluster="far"), local=LOGIN,
-                           clusters=clusters(far=H200_A), slurm_env=DEV_ENV)
+                      clusters=clusters(far=H200_A), slurm_env=DEV_ENV)
     assert targets_of(only) == [testdb.Target("far", None, "H200", 8)]
 
 
