@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunContext:
+    """Found once per run (the plugin's ``planning_context``, ``cases.run.discover_context``)."""
+
     settings: Settings
     local: LocalEnv
     clusters: ClustersFile
