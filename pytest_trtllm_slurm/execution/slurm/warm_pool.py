@@ -81,6 +81,8 @@ from pytest_trtllm_slurm.planning.masking import (
     without_secrets,
 )
 from pytest_trtllm_slurm.planning.models import Launch
+from pytest_trtllm_slurm.transport import file_ops
+from pytest_trtllm_slurm.transport.file_ops import FileOp, run_ops
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
@@ -184,8 +186,12 @@ class AgentPool:
         list_steps: Callable[[str], dict[str, StepRow] | None] | None = None,
         early: EarlySessions | None = None,
         files: SmallFiles | None = None,
+        notes: Callable[[str, Delivery], list[FileOp]] | None = None,
     ) -> None:
         self.shell = shell
+        # what is written with a batch's request, ahead of it (its note in the run
+        # registry, so the next run can cancel it if this one is killed): one round trip
+        self.notes = notes or (lambda job_id, sent: [])
         # batches' pids and exit codes: pushed over SSH (no round trip per batch per round)
         self.files = files or SmallFiles(shell)
         self.early = early or EarlySessions()  # sessions the run started before it collected
@@ -396,9 +402,6 @@ class AgentPool:
         self.warn(f"Starting a warm worker on {node.name} in allocation {self.alloc.job_id} "
                   f"(log: {box.log}).")
 
-    def _heartbeat(self, node: Node) -> dict | None:
-        return read_heartbeat(self.shell, node.agent_dir)
-
     def _ensure_session(self, node: Node, spec: JobSpec) -> str:
         wanted = set(spec.nodeids)
         if node.session and (node.session_ids is None or wanted <= node.session_ids):
@@ -442,9 +445,6 @@ class AgentPool:
                         pid_path=work.batch_pid, exit_path=work.exit_code,
                         news=root_of(work.notice), notice=name_of(work.notice))
         job.sent = sent
-        self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
-        self.files.watch(sent.exit_path)  # its end wakes the monitor
-        self.files.watch(sent.pid_path, wake=False)
         request = {
             "name": sent.request_name,
             "tests": spec.assignment(),  # (node id, key): ``node.assignment``
@@ -461,18 +461,20 @@ class AgentPool:
             "env": shown_env(spec.env),
             "env_names": sorted(spec.env),
         }
-        self.shell.write_file(Session(sdir).request(sent.request_name),
-                              json.dumps(request))
+        # one round trip: a retry's leftovers go, the batch's notes, then its request
+        run_ops(self.shell, [file_ops.remove(sent.pid_path), file_ops.remove(sent.exit_path),
+                             *self.notes(job_id, sent),
+                             file_ops.write(Session(sdir).request(sent.request_name),
+                                            json.dumps(request))])
+        # watched once the leftovers are gone (a watch pushes the file from its start,
+        # whenever it appears): its end wakes the monitor
+        self.files.watch(sent.exit_path)
+        self.files.watch(sent.pid_path, wake=False)
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
 
     def _remove(self, *paths: str) -> None:
-        if isinstance(self.shell, LocalShell):
-            for path in paths:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        else:
-            self.shell.run(["rm", "-f", *paths], timeout=30)
+        file_ops.remove_files(self.shell, paths)
 
     # -- state ----------------------------------------------------------------------
     def refresh(self, job: WarmJob) -> None:
@@ -541,10 +543,11 @@ class AgentPool:
             return
         self._next_health = now + CADENCE.agent_health
         late = []
-        for node in self.nodes:
-            if not node.agent_dir:
-                continue
-            beat = self._heartbeat(node)
+        watched = [node for node in self.nodes if node.agent_dir]
+        beats = run_ops(self.shell, [file_ops.read(Agent(n.agent_dir).heartbeat)
+                                     for n in watched])  # one round trip for all
+        for node, raw in zip(watched, beats, strict=True):
+            beat = heartbeat_of(raw)
             age = time.time() - beat.get("time", 0) if beat is not None else None
             if age is not None and age < HEARTBEAT_STALE:
                 node.healthy_at = now
@@ -587,13 +590,17 @@ class AgentPool:
         now = time.monotonic()
         if node.session and now >= node.session_checked:
             node.session_checked = now + CADENCE.agent_health / 4
-            code = self._read(Agent(node.agent_dir).exit_code).strip()
+            looks = [file_ops.read(Agent(node.agent_dir).exit_code)]
+            if node.session_ended != node.session:
+                looks.append(file_ops.read(Session(node.session).exit_code))
+            codes = [raw.decode("utf-8", "replace").strip()
+                     for raw in run_ops(self.shell, looks)]  # one round trip for both
+            code = codes[0]
             if code:
                 self._lose(node, f"the warm worker on {node.name} was lost (its srun step "
                            f"ended with exit code {code}){self._agent_errors(node)}")
                 return None
-            if node.session_ended != node.session and self._read(
-                    Session(node.session).exit_code).strip():
+            if len(codes) > 1 and codes[1]:
                 node.session_ended = node.session
                 log = Session(node.session).log
                 self._lose(node, f"the worker session on {node.name} ended early; see {log}"
@@ -735,13 +742,13 @@ def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cw
     it collects, written to its directory first); the session's directory."""
     agent = Agent(agent_dir)
     box = agent.session(name)
-    shell.mkdir(box.inbox, private=True)
-    shell.mkdir(agent.inbox, private=True)
-    if nodeids is not None:
-        shell.write_file(box.nodeids, nodeids)
     request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
                "log_path": box.log, "exit_path": box.exit_code}
-    shell.write_file(agent.request(name), json.dumps(request))
+    # in order, in one round trip where the shell can (``file_ops``)
+    run_ops(shell, [file_ops.mkdir(box.inbox, private=True),
+                    file_ops.mkdir(agent.inbox, private=True),
+                    *([file_ops.write(box.nodeids, nodeids)] if nodeids is not None else []),
+                    file_ops.write(agent.request(name), json.dumps(request))])
     return box.dir
 
 
@@ -755,7 +762,11 @@ def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
 def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
     """The agent's last heartbeat; None when there is none or it is not one (a heartbeat
     that does not read as ``records.Heartbeat`` is as good as a stale one)."""
-    raw = shell.read_from(Agent(agent_dir).heartbeat, 0, 4096)
+    return heartbeat_of(shell.read_from(Agent(agent_dir).heartbeat, 0, 4096))
+
+
+def heartbeat_of(raw: bytes) -> dict | None:
+    """A heartbeat file's bytes as a heartbeat (None: empty, or not one)."""
     try:
         return validated(Heartbeat, raw, HEARTBEAT).model_dump() if raw else None
     except BadRecord:
@@ -788,10 +799,13 @@ def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
 def agent_alive(shell: Shell, agent_dir: str) -> bool:
     """A fresh heartbeat, and no exit code yet (the launcher writes it when srun ends,
     before the last heartbeat grows stale)."""
-    beat = read_heartbeat(shell, agent_dir)
+    agent = Agent(agent_dir)  # both in one round trip where the shell can
+    raw, code = run_ops(shell, [file_ops.read(agent.heartbeat),
+                                file_ops.read(agent.exit_code, 64)])
+    beat = heartbeat_of(raw)
     if beat is None or time.time() - beat.get("time", 0) >= HEARTBEAT_STALE:
         return False
-    return not shell.read_from(Agent(agent_dir).exit_code, 0, 64).strip()
+    return not code.strip()
 
 
 ERROR_MARKS = ("error", "Error", "Traceback", "Killed", "killed", "CANCELLED")
