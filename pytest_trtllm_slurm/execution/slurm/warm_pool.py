@@ -215,6 +215,7 @@ class AgentPool:
         # the variables whose values the run's agents hold in their environment (the
         # first served batch's ``hidden_env``): None until a batch asks
         self.carried: dict[str, str] | None = None
+        self._seen_alive: dict[str, bool] = {}  # agent dir -> alive, as warm_up saw it
 
     # -- placement ------------------------------------------------------------
     def expect(self, tests: Mapping[str, str]) -> None:
@@ -349,19 +350,30 @@ class AgentPool:
         so the suite's imports overlap whatever runs first (e.g. a multi-node step)."""
         if not serves_warm(spec):
             return
+        dirs = [self._agent_dir(n, spec) for n in self.nodes if not n.agent_dir]
+        try:  # every node's agent looked at in one round trip
+            self._seen_alive = dict(zip(dirs, agents_alive(self.shell, dirs), strict=True))
+        except (ExecutionError, OSError):
+            self._seen_alive = {}  # each node looks again, and says why
         for node in self.nodes:
             try:
                 self._ensure_session(node, spec)
             except (ExecutionError, OSError) as exc:  # its batches will say so again
                 self.warn(str(exc))
+        self._seen_alive = {}  # a later look is a new one
 
     # -- agents and sessions --------------------------------------------------------
-    def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
+    def _agent_dir(self, node: Node, spec: JobSpec) -> str:
         base = WorkRoot(root_of(spec.work_dir)).agents_of(self.alloc.job_id)
-        node.agent_dir = agent_dir(base, node.name, spec.command[0],
-                                   secrets_key(spec.env,
-                                               local=isinstance(self.shell, LocalShell)))
-        if agent_alive(self.shell, node.agent_dir):
+        return agent_dir(base, node.name, spec.command[0],
+                         secrets_key(spec.env, local=isinstance(self.shell, LocalShell)))
+
+    def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
+        node.agent_dir = self._agent_dir(node, spec)
+        alive = self._seen_alive.pop(node.agent_dir, None)  # warm_up's look, just made
+        if alive is None:
+            alive = agent_alive(self.shell, node.agent_dir)
+        if alive:
             node.healthy_at = time.monotonic()
             return
         if not claim_agent_start(self.shell, node.agent_dir):
@@ -740,16 +752,23 @@ def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cw
                  env: dict[str, str], nodeids: str | None = None) -> str:
     """Ask the agent in ``agent_dir`` for a session (``nodeids``: the text of the node ids
     it collects, written to its directory first); the session's directory."""
+    sdir, ops = session_ops(agent_dir, name, argv, cwd=cwd, env=env, nodeids=nodeids)
+    run_ops(shell, ops)  # in order, in one round trip where the shell can
+    return sdir
+
+
+def session_ops(agent_dir: str, name: str, argv: list[str], *, cwd: str,
+                env: dict[str, str], nodeids: str | None = None) -> tuple[str, list[FileOp]]:
+    """``send_session``'s session directory and file operations (the session's inbox and
+    the agent's, 0700; its node ids, then the request, 0600), to do in this order."""
     agent = Agent(agent_dir)
     box = agent.session(name)
     request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
                "log_path": box.log, "exit_path": box.exit_code}
-    # in order, in one round trip where the shell can (``file_ops``)
-    run_ops(shell, [file_ops.mkdir(box.inbox, private=True),
-                    file_ops.mkdir(agent.inbox, private=True),
-                    *([file_ops.write(box.nodeids, nodeids)] if nodeids is not None else []),
-                    file_ops.write(agent.request(name), json.dumps(request))])
-    return box.dir
+    return box.dir, [file_ops.mkdir(box.inbox, private=True),
+                     file_ops.mkdir(agent.inbox, private=True),
+                     *([file_ops.write(box.nodeids, nodeids)] if nodeids is not None else []),
+                     file_ops.write(agent.request(name), json.dumps(request))]
 
 
 def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
@@ -799,13 +818,20 @@ def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
 def agent_alive(shell: Shell, agent_dir: str) -> bool:
     """A fresh heartbeat, and no exit code yet (the launcher writes it when srun ends,
     before the last heartbeat grows stale)."""
-    agent = Agent(agent_dir)  # both in one round trip where the shell can
-    raw, code = run_ops(shell, [file_ops.read(agent.heartbeat),
-                                file_ops.read(agent.exit_code, 64)])
-    beat = heartbeat_of(raw)
-    if beat is None or time.time() - beat.get("time", 0) >= HEARTBEAT_STALE:
-        return False
-    return not code.strip()
+    return agents_alive(shell, [agent_dir])[0]
+
+
+def agents_alive(shell: Shell, agent_dirs: list[str]) -> list[bool]:
+    """``agent_alive`` of each, all read in one round trip where the shell can."""
+    looks = [op for d in agent_dirs for op in (file_ops.read(Agent(d).heartbeat),
+                                              file_ops.read(Agent(d).exit_code, 64))]
+    raw = run_ops(shell, looks)
+    alive = []
+    for beat_raw, code in zip(raw[::2], raw[1::2], strict=True):
+        beat = heartbeat_of(beat_raw)
+        alive.append(beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE
+                     and not code.strip())
+    return alive
 
 
 ERROR_MARKS = ("error", "Error", "Traceback", "Killed", "killed", "CANCELLED")
