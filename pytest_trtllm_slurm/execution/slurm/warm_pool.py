@@ -26,7 +26,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_trtllm_slurm.errors import ExecutionError
@@ -548,17 +548,18 @@ class AgentPool:
                   "(e.g. collection depends on the environment); collecting again by node id")
         self._send(job.job_id, job)
 
-    def check_health(self) -> None:
-        """At most every ``CADENCE.agent_health`` s: is each used node's agent and session alive?"""
+    def check_health(self, also: Sequence[FileOp] = ()) -> list[bytes]:
+        """At most every ``CADENCE.agent_health`` s: is each used node's agent and session
+        alive? ``also``: reads done in the same round trip (their bytes are returned)."""
         now = time.monotonic()
-        if now < self._next_health:
-            return
-        self._next_health = now + CADENCE.agent_health
+        watched: list[Node] = []
+        if now >= self._next_health:
+            self._next_health = now + CADENCE.agent_health
+            watched = [node for node in self.nodes if node.agent_dir]
+        raw_all = run_ops(self.shell, [*(file_ops.read(Agent(n.agent_dir).heartbeat)
+                                         for n in watched), *also])  # one round trip
         late = []
-        watched = [node for node in self.nodes if node.agent_dir]
-        beats = run_ops(self.shell, [file_ops.read(Agent(n.agent_dir).heartbeat)
-                                     for n in watched])  # one round trip for all
-        for node, raw in zip(watched, beats, strict=True):
+        for node, raw in zip(watched, raw_all, strict=False):
             beat = heartbeat_of(raw)
             age = time.time() - beat.get("time", 0) if beat is not None else None
             if age is not None and age < HEARTBEAT_STALE:
@@ -568,6 +569,7 @@ class AgentPool:
                 late.append(node)
         if late:
             self._check_agent_steps(late)
+        return raw_all[len(watched):]
 
     def _check_agent_steps(self, late: list[Node]) -> None:
         """Nodes whose heartbeat is late: lose those whose agent step left the queue."""
@@ -598,15 +600,18 @@ class AgentPool:
         """Why the node's agent cannot serve (None: it can). A lost agent or session
         (its exit code is written the moment it ends) goes to ``lost``: its batches end
         CRASHED, their unstarted tests run again, and the node starts a new agent."""
-        self.check_health()
         now = time.monotonic()
-        if node.session and now >= node.session_checked:
+        looks: list[FileOp] = []  # the agent's and the session's exit codes, when due
+        session = node.session
+        if session and now >= node.session_checked:
             node.session_checked = now + CADENCE.agent_health / 4
-            looks = [file_ops.read(Agent(node.agent_dir).exit_code)]
-            if node.session_ended != node.session:
-                looks.append(file_ops.read(Session(node.session).exit_code))
-            codes = [raw.decode("utf-8", "replace").strip()
-                     for raw in run_ops(self.shell, looks)]  # one round trip for both
+            looks.append(file_ops.read(Agent(node.agent_dir).exit_code))
+            if node.session_ended != session:
+                looks.append(file_ops.read(Session(session).exit_code))
+        # read with the heartbeats when those are due: one round trip
+        codes = [raw.decode("utf-8", "replace").strip() for raw in self.check_health(looks)]
+        now = time.monotonic()
+        if codes and node.session == session:  # (the health look did not lose it)
             code = codes[0]
             if code:
                 self._lose(node, f"the warm worker on {node.name} was lost (its srun step "
