@@ -681,14 +681,18 @@ class AgentPool:
             self.shell.write_file(Session(sent.node.session).cancel(sent.request_name), "")
 
     def close(self) -> None:
-        """End this run's sessions (the agents stay for the next run)."""
+        """End this run's sessions (the agents stay for the next run): every node's in one
+        round trip where the shell can, one by one when that fails (one may not be
+        writable, the others still end)."""
+        stops = [Session(n.session).stop for n in self.nodes if n.session]
         for node in self.nodes:
-            if node.session:
-                try:
-                    self.shell.write_file(Session(node.session).stop, "")
-                except (ExecutionError, OSError):
-                    pass
-                node.session = None
+            node.session = None
+        try:
+            run_ops(self.shell, [file_ops.write(stop, "") for stop in stops])
+        except (ExecutionError, OSError):
+            for stop in stops:
+                with contextlib.suppress(ExecutionError, OSError):
+                    self.shell.write_file(stop, "")
 
 
 def _module(nodeid: str, rootdir: str | None = None, cwd: str | None = None) -> str:
