@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -84,6 +85,8 @@ from pytest_trtllm_slurm.planning.models import Launch
 from pytest_trtllm_slurm.transport import file_ops
 from pytest_trtllm_slurm.transport.file_ops import FileOp, run_ops
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
+
+log = logging.getLogger(__name__)
 
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
@@ -482,6 +485,7 @@ class AgentPool:
         # whenever it appears): its end wakes the monitor
         self.files.watch(sent.exit_path)
         self.files.watch(sent.pid_path, wake=False)
+        log.debug("warm pool: %s sent to %s", job_id, Session(sdir).request(sent.request_name))
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
 
@@ -501,12 +505,14 @@ class AgentPool:
                 self._resend(job, node)
                 return
             if code.lstrip("-").isdigit():
+                log.debug("warm pool: %s ended with exit code %s", job.job_id, code)
                 job.state = self._end_state(job, int(code), node)
                 self.release(job)
                 return
             if job.state.status is not JobStatus.RUNNING and (
                     self._read(sent.pid_path).strip().isdigit()):
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
+                log.debug("warm pool: %s runs", job.job_id)
                 self.files.forget(sent.pid_path)
         dead = self._dead(node)
         if sent.session in self.lost:
