@@ -183,6 +183,7 @@ class RunRegistry:
         """Write this run's file (atomically, 0600), its lease held first: a record is
         never seen without its live lock."""
         self.shell.write_file(self.path, self._saving())
+        self._saved = True
 
     def _saving(self) -> str:
         """The record to write, once the lease is held (a record is never seen without
@@ -194,7 +195,6 @@ class RunRegistry:
                 error, self._start_error = self._start_error, None
                 raise error
         self._hold_lease()
-        self._saved = True  # (removed at the end, whether the write landed or not)
         return self.me.model_dump_json()
 
     def use_allocation(self, job_id: str | None) -> None:
@@ -224,7 +224,9 @@ class RunRegistry:
         """``add_warm`` as the write to do with the batch's own files (``file_ops``: the
         request and its note in one round trip), ahead of the request."""
         self.me.warm.append(WarmRecord(session=session, request=request))
-        return file_ops.write(self.path, self._saving())
+        note = file_ops.write(self.path, self._saving())
+        self._saved = True  # (``finish`` removes it: rm -f, whether it landed or not)
+        return note
 
     def finish(self) -> None:
         """The run ended (normally or interrupted): its file and its lease go."""
