@@ -1,7 +1,7 @@
 """execution.factory: the one place executors are built, for the plugin and for cases.
 
 Real executors (nothing is submitted: building one runs no scheduler command); both
-contexts -- the plugin's PlanningContext and ``trtllm-slurm run``'s CaseContext -- go
+contexts -- the plugin's RunContext and ``trtllm-slurm run``'s CaseContext (a RunContext too) -- go
 through the same builders and get the same executors.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_trtllm_slurm.cases.run import CaseContext, close_executors, executor_for
-from pytest_trtllm_slurm.controller.item_routes import PlanningContext
+from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.execution.factory import (
     build_executor,
     build_executors,
@@ -37,10 +37,10 @@ def clusters() -> ClustersFile:
     })
 
 
-def contexts(tmp_path: Path, **settings: object) -> list[PlanningContext | CaseContext]:
+def contexts(tmp_path: Path, **settings: object) -> list[RunContext | CaseContext]:
     common = {"settings": Settings.model_validate(settings), "local": LOCAL,
               "clusters": clusters(), "slurm_env": ENV, "rootdir": tmp_path}
-    return [PlanningContext(**common), CaseContext(**common)]  # type: ignore[arg-type]
+    return [RunContext(**common), CaseContext(**common)]  # type: ignore[arg-type]
 
 
 def spec(tmp_path: Path, scenario: Scenario) -> JobSpec:
@@ -97,8 +97,8 @@ def test_build_targets_are_the_clusters_that_build(tmp_path: Path) -> None:
     # a remote cluster that builds is a target of its own, keyed by its name
     builds = ClustersFile(clusters={**clusters().clusters, "far": ClusterConfig.model_validate(
         {"name": "far", "ssh_host": "far.example", "build_project": True})})
-    ctx = PlanningContext(settings=Settings(), local=LOCAL, clusters=builds, slurm_env=ENV,
-                          rootdir=tmp_path)
+    ctx = RunContext(settings=Settings(), local=LOCAL, clusters=builds, slurm_env=ENV,
+                     rootdir=tmp_path)
     assert list(build_targets(ctx, keys)) == [Scenario.LOCAL_SLURM,
                                               (Scenario.REMOTE_SLURM, "far")]
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.controller.item_routes import PlanningContext, batch_image
+from pytest_trtllm_slurm.controller.item_routes import batch_image
+from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, LocalEnv, Scenario
 from pytest_trtllm_slurm.planning.requirements import TestConfig
@@ -15,7 +16,7 @@ from pytest_trtllm_slurm.planning.routing import route_item
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
 
 
-def context(tmp_path: Path, runtime: str) -> PlanningContext:
+def context(tmp_path: Path, runtime: str) -> RunContext:
     (tmp_path / "jenkins").mkdir()
     (tmp_path / "jenkins" / "current_image_tags.properties").write_text(
         "# tags\nLLM_DOCKER_IMAGE=registry.example/ns/x86:1\n"
@@ -28,8 +29,8 @@ def context(tmp_path: Path, runtime: str) -> PlanningContext:
     clusters = ClustersFile(clusters={"devcluster": ClusterConfig(
         name="devcluster", container_runtime=runtime)})  # type: ignore[arg-type]
     local = LocalEnv(cluster_name="devcluster", slurm_available=True)
-    return PlanningContext(settings=Settings(), local=local, clusters=clusters, slurm_env=env,
-                           rootdir=tmp_path)
+    return RunContext(settings=Settings(), local=local, clusters=clusters, slurm_env=env,
+                      rootdir=tmp_path)
 
 
 @pytest.mark.parametrize(

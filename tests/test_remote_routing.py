@@ -132,12 +132,12 @@ def test_device_keywords_resolve_against_the_named_remote_cluster() -> None:
     names no device_type: the type comes from far's discovery, then far serves it."""
     from pathlib import Path
 
-    from pytest_trtllm_slurm.controller.item_routes import PlanningContext
+    from pytest_trtllm_slurm.execution.context import RunContext
     from pytest_trtllm_slurm.planning.requirements import TestConfig
     from pytest_trtllm_slurm.planning.routing import route_item
 
-    ctx = PlanningContext(settings=Settings(slurm_cluster="far"), local=LAPTOP, clusters=far(),
-                          remote_env=Discovery(REMOTE_ENV), rootdir=Path("."))
+    ctx = RunContext(settings=Settings(slurm_cluster="far"), local=LAPTOP, clusters=far(),
+                     remote_env=Discovery(REMOTE_ENV), rootdir=Path("."))
     req = DeviceRequirement(total=4, per_node=4, device_keywords=("H100", "H200"))
     routed = route_item(req, TestConfig(), ctx)
     assert routed.requirement.device_type == "H200"

@@ -114,15 +114,15 @@ def test_a_pre_merge_stage_runs_on_every_gpu_type_in_one_command(
 def test_targets_are_the_local_partitions_then_the_remote_clusters() -> None:
     from test_routing import DEV_ENV, H200_A, LOGIN, clusters
 
-    from pytest_trtllm_slurm.controller.item_routes import PlanningContext
     from pytest_trtllm_slurm.controller.test_db import targets_of
+    from pytest_trtllm_slurm.execution.context import RunContext
     from pytest_trtllm_slurm.planning.settings import Settings
 
-    ctx = PlanningContext(settings=Settings(), local=LOGIN, clusters=clusters(far=H200_A),
-                          slurm_env=DEV_ENV)
+    ctx = RunContext(settings=Settings(), local=LOGIN, clusters=clusters(far=H200_A),
+                     slurm_env=DEV_ENV)
     assert targets_of(ctx) == [H200, GB200, testdb.Target("far", None, "H200", 8)]
-    only = PlanningContext(settings=Settings(slurm_cluster="far"), local=LOGIN,
-                           clusters=clusters(far=H200_A), slurm_env=DEV_ENV)
+    only = RunContext(settings=Settings(slurm_cluster="far"), local=LOGIN,
+                      clusters=clusters(far=H200_A), slurm_env=DEV_ENV)
     assert targets_of(only) == [testdb.Target("far", None, "H200", 8)]
 
 

@@ -271,9 +271,9 @@ def case_context(config: pytest.Config) -> CaseContext:
         if reporter is not None and config.option.verbose > 0:
             reporter.write_line(f"trtllm-slurm: {message}")
 
-    ctx = CaseContext(settings=plan.settings, clusters=plan.clusters, local=plan.local,
-                      slurm_env=plan.slurm_env, rootdir=Path(config.rootpath),
-                      warn=terminal_warning(config), say=say,
-                      early_sessions=plan.early_sessions)
+    # remote_env None: the run's remote connections stay the plugin's to close, and cases
+    # route by the clusters file alone
+    ctx = CaseContext(**{**vars(plan), "remote_env": None},
+                      warn=terminal_warning(config), say=say)
     config.stash[_CTX_KEY] = ctx
     return ctx

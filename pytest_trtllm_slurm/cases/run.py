@@ -43,18 +43,18 @@ from pytest_trtllm_slurm.cases.model import (
 )
 from pytest_trtllm_slurm.cases.parse import HEAD_LINES, MetricCheck, scan_log
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.execution.context import RunContext, discover_local
 from pytest_trtllm_slurm.execution.monitor import Monitor, WatchedJob
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.execution.records import BadRecord, SessionFinishRecord, parse_record
-from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.records import SESSION_FINISH
-from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import is_masked
-from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, target_name, target_of
+from pytest_trtllm_slurm.planning.models import Scenario, target_name, target_of
 from pytest_trtllm_slurm.planning.requirements import shell_tokens, words_until_operator
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings, with_mounts
 
@@ -70,21 +70,12 @@ def _stderr(message: str) -> None:
 
 
 @dataclass
-class CaseContext:
-    """What a case run finds once: settings, this machine, the local Slurm, clusters."""
+class CaseContext(RunContext):
+    """What a case run finds once, plus where it speaks and the executors it built."""
 
-    settings: Settings
-    clusters: ClustersFile
-    local: LocalEnv
-    slurm_env: SlurmEnv | None
-    rootdir: Path
     warn: Say = _stderr  # execution-layer warnings
     say: Say = _stderr  # progress (submitted, pending, running)
     executors: dict[str, Executor] = field(default_factory=dict)
-    # remote clusters: one SSH connection each and their discovery (execution.remote_clusters)
-    remote_env: routing.RemoteEnv | None = None
-    # sessions the pytest run started before it collected (its early start); None: none
-    early_sessions: EarlySessions | None = None
 
     @property
     def work_root(self) -> Path:
@@ -94,16 +85,9 @@ class CaseContext:
 def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, *,
                      warn: Say = _stderr, say: Say = _stderr,
                      held: HeldCode | None = None) -> CaseContext:
-    """Probe this machine and discover the local Slurm (as the plugin's planning_context)."""
-    from pytest_trtllm_slurm.execution.probe import probe_local_env
-
-    local = probe_local_env()
-    slurm_env = None
-    if local.slurm_available:
-        from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
-        from pytest_trtllm_slurm.transport.shell import LocalShell
-
-        slurm_env = SlurmClient(LocalShell()).discover()
+    """Probe this machine and discover the local Slurm (as the plugin's planning_context,
+    uncached)."""
+    local, slurm_env = discover_local(rootdir)
     remote_env = None
     if clusters.clusters:
         from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
@@ -189,9 +173,8 @@ def close_executors(ctx: CaseContext) -> None:
     for executor in ctx.executors.values():
         executor.close()
     ctx.executors.clear()
-    close = getattr(ctx.remote_env, "close", None)
-    if close is not None:
-        close()
+    if ctx.remote_env is not None:
+        ctx.remote_env.close()
 
 
 # --------------------------------------------------------------------------- prepare

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from pytest_trtllm_slurm.controller.history import History
-from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.ordering import kept_together
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey, make_batches
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
@@ -31,7 +31,7 @@ def run_batches(
     return make_batches(dispatched, one_per_shape, pools=pools, estimates=estimates), notes
 
 
-def planned_pools(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Callable[[BatchKey], Pool]:
+def planned_pools(ctx: RunContext, keys: Sequence[BatchKey]) -> Callable[[BatchKey], Pool]:
     """The pools the run would pack into, as ``session.make_executors`` would set them up."""
     local = Capacity(local_gpus=ctx.local.gpu_count)
     targets: dict[Target, Capacity] = {Scenario.LOCAL_DIRECT: local, Scenario.LOCAL_DOCKER: local}
@@ -50,7 +50,7 @@ def planned_pools(ctx: PlanningContext, keys: Sequence[BatchKey]) -> Callable[[B
 
 
 def _slurm_capacity(keys: Sequence[BatchKey], slurm_env: SlurmEnv | None,
-                    ctx: PlanningContext) -> Capacity:
+                    ctx: RunContext) -> Capacity:
     """What ``SlurmExecutor.capacity`` will say once built."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
 
@@ -63,7 +63,7 @@ def _slurm_capacity(keys: Sequence[BatchKey], slurm_env: SlurmEnv | None,
     return Capacity(allocation=request.shape(), warm=settings.warm_workers, slurm_env=slurm_env)
 
 
-def _remote_env(ctx: PlanningContext, cluster: str | None) -> SlurmEnv | None:
+def _remote_env(ctx: RunContext, cluster: str | None) -> SlurmEnv | None:
     """The remote cluster's discovery (cached on disk; what routing used), or None when
     it cannot be had: the plan then packs against the keys' own shapes."""
     from pytest_trtllm_slurm.execution.factory import remotes_of

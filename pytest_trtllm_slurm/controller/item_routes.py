@@ -12,14 +12,12 @@ import pytest
 
 import pytest_trtllm_slurm.planning.requirements as requirements
 from pytest_trtllm_slurm.errors import TestSpecError
-from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
+from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.planning.batching import BatchKey
-from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
-from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch, LocalEnv, RouteDecision
-from pytest_trtllm_slurm.planning.perf_sanity import PerfSources
+from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch, RouteDecision
 from pytest_trtllm_slurm.planning.resolve import resolve_container_image
-from pytest_trtllm_slurm.planning.routing import RemoteEnv, Route, route_item
-from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings, with_mounts
+from pytest_trtllm_slurm.planning.routing import Route, route_item
+from pytest_trtllm_slurm.planning.settings import with_mounts
 
 
 @dataclass(slots=True)
@@ -30,22 +28,6 @@ class ItemPlan:
     key: BatchKey | None  # None: runs here
     skip_reason: str | None = None  # set when nothing can serve it
     error: str | None = None  # set when its markers or perf-sanity id cannot be read
-
-
-@dataclass
-class PlanningContext:
-    """What planning needs besides the items: found once per run (routing.Targets)."""
-
-    settings: Settings
-    local: LocalEnv
-    clusters: ClustersFile
-    slurm_env: SlurmEnv | None = None
-    perf: PerfSources | None = None
-    rootdir: Path = Path(".")
-    # what discovery over SSH finds on a remote cluster (None: the clusters file alone)
-    remote_env: RemoteEnv | None = None
-    # sessions the run started before it collected (the plugin's early start)
-    early_sessions: EarlySessions | None = None
 
 
 @dataclass(slots=True)
@@ -63,7 +45,7 @@ def errored_item(item: pytest.Item, message: str) -> PlannedItem:
                        ItemPlan(item, None, error=message))
 
 
-def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
+def plan_item(item: pytest.Item, ctx: RunContext) -> PlannedItem:
     """Where one item goes. Its own markers or perf-sanity id unreadable (TestSpecError):
     the item errors with the message and nothing else stops; any other ConfigError (an
     option, the clusters file, a trtllm_slurm marker value) propagates as a usage error."""
@@ -79,7 +61,7 @@ def plan_item(item: pytest.Item, ctx: PlanningContext) -> PlannedItem:
 
 
 def route_and_key(
-    req: DeviceRequirement, test_cfg: requirements.TestConfig, ctx: PlanningContext
+    req: DeviceRequirement, test_cfg: requirements.TestConfig, ctx: RunContext
 ) -> tuple[RouteDecision, BatchKey | None]:
     """Where a requirement goes and, when dispatched, the key of the batch it joins (None:
     it runs here, or nothing serves it: ``decision.reason``)."""
@@ -100,7 +82,7 @@ def batch_image(route: Route, explicit: str | None, rootdir: Path) -> str | None
 
 
 def batch_key(route: Route, test_cfg: requirements.TestConfig,
-              ctx: PlanningContext) -> BatchKey | None:
+              ctx: RunContext) -> BatchKey | None:
     """The key of the batch a dispatched test joins (None: nothing serves it)."""
     decision, req, table = route.decision, route.requirement, route.table
     if decision.scenario is None:
@@ -131,7 +113,7 @@ def batch_key(route: Route, test_cfg: requirements.TestConfig,
     )
 
 
-def plan_items(items: list[pytest.Item], ctx: PlanningContext) -> list[PlannedItem]:
+def plan_items(items: list[pytest.Item], ctx: RunContext) -> list[PlannedItem]:
     """Every item's plan; the items of one batch key share one key object (a run of
     100,000 tests holds a handful of keys, not 100,000 equal copies)."""
     keys: dict[BatchKey, BatchKey] = {}

@@ -122,6 +122,42 @@ class RunningBatch:
             rerun=self.rerun,
         )
 
+    def status_at_end(self, state: JobState) -> JobStatus:
+        """Why the job left tests unreported: the monitor's verdict, else the scheduler's."""
+        if self.refused is not None:
+            return JobStatus.ERROR
+        if not self.records_seen and state.exit_code == USAGE_ERROR:
+            return JobStatus.ERROR  # pytest refused its command line: no retry helps
+        if state.status in (JobStatus.COMPLETED, JobStatus.FAILED) and not self.session_finished:
+            return JobStatus.CRASHED
+        if state.status is JobStatus.COMPLETED:
+            return JobStatus.ERROR
+        return state.status
+
+    def explain(self, state: JobState, status: JobStatus, tail: str) -> str:
+        """What the tests the job left unreported fail with."""
+        lines = [
+            f"{status.value}: job {self.handle.job_id} ({self.spec.scenario.value}) ended "
+            f"with state {state.status.value}"
+            + (f", killed by {signal_name(state.signal)}" if state.signal
+               else f", exit code {state.exit_code}" if state.exit_code is not None else "")
+            + (f" ({state.reason})" if state.reason else ""),
+            f"log: {self.spec.log_path}",
+            f"work dir: {self.spec.work_dir}",
+        ]
+        full = space_problem(self.spec.work_dir)  # why the batch could not write
+        lines += [full] if full else []
+        if self.refused is not None:
+            lines.append("the job wrote a record the controller refuses (line kept in "
+                         f"{self.spec.reports_path}): {self.refused}")
+        elif not self.records_seen and state.exit_code == USAGE_ERROR:
+            lines.append("pytest on the target refused its command line (exit code 4, a "
+                         "usage error): an option the target's pytest or its plugins do not "
+                         "know? pytest's message is in the log below")
+        lines += self.collect_errors
+        lines += ["--- last lines of the job log ---", tail]
+        return "\n".join(lines)
+
 
 class DispatchLoop:
     """Runs one session's planned items: local ones here, the rest as jobs."""
@@ -273,7 +309,10 @@ class DispatchLoop:
                 self.replayer.track(plan.item)
                 self.replayer.planning_error(plan.item, plan.error)
             elif plan.skip_reason is not None:
-                self._unsatisfied(plan)
+                self.replayer.track(plan.item)
+                self.replayer.skip_unsatisfied(
+                    plan.item, plan.skip_reason or "no target can serve this test",
+                    fail=self.settings.unsatisfied == "fail")
         for index, plan in enumerate(runnable):
             nextitem = runnable[index + 1].item if index + 1 < len(runnable) else None
             self.config.hook.pytest_runtest_protocol(item=plan.item, nextitem=nextitem)
@@ -333,9 +372,13 @@ class DispatchLoop:
                 self._say(f"build {spec.name} finished")
         return broken
 
-    def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
+    def _new_work_dir(self, name: str) -> Path:
+        """Unique even across xdist workers and concurrent runs started in the same second."""
         ensure_work_root(self.work_root)
-        work_dir = Path(tempfile.mkdtemp(prefix=f"build_{self.stamp}_", dir=self.work_root))
+        return Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
+
+    def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
+        work_dir = self._new_work_dir("build")
         env = self.executors[target_of(key)].slurm_env
         part = env.partition_named(key.partition) if env else None
         arch = build_arch(key.device_type or (part.gpu_type if part else None))
@@ -361,8 +404,9 @@ class DispatchLoop:
         spec.write()
         return spec
 
-    def _fail_batch(self, batch: Batch, status: JobStatus, text: str) -> None:
-        ctx = JobContext("-", batch.key.scenario.value, "-", "-")
+    def _fail_batch(self, batch: Batch, status: JobStatus, text: str,
+                    ctx: JobContext | None = None) -> None:
+        ctx = ctx or JobContext("-", batch.key.scenario.value, "-", "-")
         for nodeid in batch.nodeids:
             self.replayer.fail_unreported(nodeid, status.value, text, ctx)
 
@@ -377,15 +421,10 @@ class DispatchLoop:
         state = job.state
         if state.status.finished or state.status is JobStatus.RUNNING and job.started:
             return
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is None:
-            return
         why = f" ({state.reason})" if state.reason else ""
         where = job.handle.spec.partition or job.handle.spec.scenario.value
-        reporter.write_line(
-            f"trtllm-slurm: job {job.handle.job_id} [{job.handle.spec.name}] on {where}: "
-            f"{state.status.value}{why}"
-        )
+        self._say(f"job {job.handle.job_id} [{job.handle.spec.name}] on {where}: "
+                  f"{state.status.value}{why}")
 
     # -- submission --------------------------------------------------------
     def _submit(self, batch: Batch, attempt: int) -> None:
@@ -403,13 +442,10 @@ class DispatchLoop:
         try:
             handle = executor.submit(spec)
         except (ExecutionError, OSError) as exc:  # e.g. the connection dropped meanwhile
-            ctx = JobContext("-", spec.scenario.value, spec.work_dir, spec.log_path)
             why = space_problem(spec.work_dir, failed=True) if is_disk_full(exc) else None
-            for nodeid in batch.nodeids:
-                self.replayer.fail_unreported(
-                    nodeid, JobStatus.ERROR.value,
-                    f"the batch could not be submitted: {why or exc}", ctx
-                )
+            self._fail_batch(batch, JobStatus.ERROR, f"the batch could not be submitted: "
+                             f"{why or exc}", JobContext("-", spec.scenario.value,
+                                                          spec.work_dir, spec.log_path))
             return
         # the executor's view of the spec: remote executors map its paths to the cluster's
         running = RunningBatch(batch, handle.spec, handle, executor, attempt)
@@ -420,9 +456,7 @@ class DispatchLoop:
     def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
         key = batch.key
         name = f"{batch.label}" + (f"-retry{attempt}" if attempt else "")
-        # unique even across xdist workers and concurrent runs started in the same second
-        ensure_work_root(self.work_root)
-        work_dir = Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
+        work_dir = self._new_work_dir(name)
         files = paths.Batch(work_dir)
         ids_file = files.nodeids
         tests = assignment.pairs(batch.nodeids, self.keys)
@@ -543,12 +577,12 @@ class DispatchLoop:
         unfinished = [n for n in running.batch.nodeids if not self.replayer.is_finished(n)]
         if not unfinished:
             return
-        status = self._status_of(running, state)
+        status = running.status_at_end(state)
         tail = log_tail(running.executor, running.spec.log_path)
         crashed_in = self.replayer.running_test(unfinished)
         if crashed_in is not None:
             self.replayer.fail_unreported(
-                crashed_in, status.value, self._explain(running, state, status, tail), ctx
+                crashed_in, status.value, running.explain(state, status, tail), ctx
             )
         rest = [n for n in unfinished if n != crashed_in]
         if not rest:
@@ -562,54 +596,13 @@ class DispatchLoop:
             retry = Batch(key=running.batch.key, index=running.batch.index, nodeids=rest)
             self._submit(retry, running.attempt + 1)
             return
-        text = self._explain(running, state, status, tail)
+        text = running.explain(state, status, tail)
         for nodeid in rest:
             self.replayer.fail_unreported(nodeid, status.value, text, ctx)
-
-    @staticmethod
-    def _status_of(running: RunningBatch, state: JobState) -> JobStatus:
-        """Why the job left tests unreported: the monitor's verdict, else the scheduler's."""
-        if running.refused is not None:
-            return JobStatus.ERROR
-        if not running.records_seen and state.exit_code == USAGE_ERROR:
-            return JobStatus.ERROR  # pytest refused its command line: no retry helps
-        if state.status in (JobStatus.COMPLETED, JobStatus.FAILED) and not running.session_finished:
-            return JobStatus.CRASHED
-        if state.status is JobStatus.COMPLETED:
-            return JobStatus.ERROR
-        return state.status
-
-    def _explain(self, running: RunningBatch, state: JobState, status: JobStatus, tail: str) -> str:
-        lines = [
-            f"{status.value}: job {running.handle.job_id} ({running.spec.scenario.value}) ended "
-            f"with state {state.status.value}"
-            + (f", killed by {signal_name(state.signal)}" if state.signal
-               else f", exit code {state.exit_code}" if state.exit_code is not None else "")
-            + (f" ({state.reason})" if state.reason else ""),
-            f"log: {running.spec.log_path}",
-            f"work dir: {running.spec.work_dir}",
-        ]
-        full = space_problem(running.spec.work_dir)  # why the batch could not write
-        lines += [full] if full else []
-        if running.refused is not None:
-            lines.append("the job wrote a record the controller refuses (line kept in "
-                         f"{running.spec.reports_path}): {running.refused}")
-        elif not running.records_seen and state.exit_code == USAGE_ERROR:
-            lines.append("pytest on the target refused its command line (exit code 4, a "
-                         "usage error): an option the target's pytest or its plugins do not "
-                         "know? pytest's message is in the log below")
-        lines += running.collect_errors
-        lines += ["--- last lines of the job log ---", tail]
-        return "\n".join(lines)
 
     def interrupt(self) -> None:
         """Ctrl-C: cancel this run's jobs (allocations stay)."""
         self.monitor.cancel_all()
-
-    def _unsatisfied(self, plan: ItemPlan) -> None:
-        reason = plan.skip_reason or "no target can serve this test"
-        self.replayer.track(plan.item)
-        self.replayer.skip_unsatisfied(plan.item, reason, fail=self.settings.unsatisfied == "fail")
 
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)

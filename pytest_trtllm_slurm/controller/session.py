@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 import pytest_trtllm_slurm.controller.options as options
-from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.warm_start import early_start
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.execution.context import RunContext, discover_local
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.node.paths import work_root
 from pytest_trtllm_slurm.planning.batching import BatchKey
@@ -28,7 +28,7 @@ from pytest_trtllm_slurm.planning.settings import ClustersFile, load_clusters_fi
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
-_CONTEXT_KEY = pytest.StashKey[PlanningContext]()
+_CONTEXT_KEY = pytest.StashKey[RunContext]()
 
 
 def check_rootdir(rootdir: Path) -> None:
@@ -41,13 +41,11 @@ def check_rootdir(rootdir: Path) -> None:
                           "whose path has no line breaks or control characters")
 
 
-def planning_context(config: pytest.Config) -> PlanningContext:
+def planning_context(config: pytest.Config) -> RunContext:
     """Probe this machine and the local Slurm, load the clusters file: once per run."""
     cached = config.stash.get(_CONTEXT_KEY, None)
     if cached is not None:
         return cached
-    from pytest_trtllm_slurm.execution.probe import probe_local_env
-
     try:
         settings = options.resolve_settings(config)
         if settings.collect == "target":  # placeholders cannot run here: all are dispatched
@@ -56,24 +54,13 @@ def planning_context(config: pytest.Config) -> PlanningContext:
         clusters = options.clusters_file(config)
         if not clusters.clusters and not settings.config_path:
             clusters = load_clusters_file(None, config.rootpath)  # the default locations
-        local = probe_local_env(engines=bool(settings.container_image)
-                                or settings.scenario == Scenario.LOCAL_DOCKER)
-        slurm_env = None
-        if local.slurm_available:
-            from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
-            from pytest_trtllm_slurm.execution.slurm.discovery_cache import (
-                cache_key,
-                cached_discovery,
-            )
-            from pytest_trtllm_slurm.transport.shell import LocalShell
-
-            slurm_env = cached_discovery(
-                work_root(None, config.rootpath).cache.slurm_env,
-                cache_key(local.cluster_name), SlurmClient(LocalShell()).discover)
+        local, slurm_env = discover_local(
+            Path(config.rootpath), cached=True,
+            engines=bool(settings.container_image) or settings.scenario == Scenario.LOCAL_DOCKER)
         _check_named_cluster(settings.slurm_cluster, clusters, local.cluster_name)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
-    ctx = PlanningContext(
+    ctx = RunContext(
         settings=settings, local=local, clusters=clusters, slurm_env=slurm_env,
         perf=PerfSources.from_settings(settings, Path(config.rootpath)),
         rootdir=Path(config.rootpath),
@@ -109,7 +96,7 @@ def remote_clusters(config: pytest.Config) -> RemoteClusters:
 
 
 def make_executors(
-    ctx: PlanningContext, config: pytest.Config, keys: Sequence[BatchKey]
+    ctx: RunContext, config: pytest.Config, keys: Sequence[BatchKey]
 ) -> dict[Target, Executor]:
     """One executor per target the batches' keys use (execution.factory), warning here."""
     from pytest_trtllm_slurm.execution.factory import build_executors

@@ -18,9 +18,10 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_trtllm_slurm.controller.forwarding import forwarded_options
-from pytest_trtllm_slurm.controller.item_routes import PlanningContext, route_and_key
+from pytest_trtllm_slurm.controller.item_routes import route_and_key
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
+from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.execution.monitor import Monitor, log_tail
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor
@@ -94,7 +95,7 @@ class TargetCollection:
         self.reports = {report.nodeid: report.data for report in collection.reports}
 
 
-def collect_key(ctx: PlanningContext) -> BatchKey:
+def collect_key(ctx: RunContext) -> BatchKey:
     """Where to collect: one GPU of the device type the run targets (``--device-type``,
     ``--slurm-cluster``, ``--trtllm-scenario``), routed as a test needing it would be."""
     req = DeviceRequirement(total=1, per_node=1, device_type=ctx.settings.device_type,
@@ -176,7 +177,7 @@ def _read(executor: Executor, path: str) -> str | None:
         offset += len(data)
 
 
-def collect_on_target(config: pytest.Config, ctx: PlanningContext,
+def collect_on_target(config: pytest.Config, ctx: RunContext,
                       say: Any) -> TargetCollection:
     """Run the collect-only job and return what it collected; a usage error naming the job,
     its log and the log's last lines when it collected nothing readable."""

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import pytest_trtllm_slurm.planning.testdb as testdb
-from pytest_trtllm_slurm.controller.item_routes import PlanningContext
 from pytest_trtllm_slurm.controller.session import planning_context
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.resolve import normalize_device_type
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
@@ -23,7 +23,7 @@ from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
 Match = tuple[testdb.Selection, testdb.Entry]
 
 
-def targets_of(ctx: PlanningContext) -> list[testdb.Target]:
+def targets_of(ctx: RunContext) -> list[testdb.Target]:
     """Where blocks can run, preferred first: the local Slurm's GPU partitions, then each
     remote cluster (its table, else discovery); with --slurm-cluster, that one only."""
     named = (ctx.settings.slurm_cluster or "").lower()

@@ -52,8 +52,11 @@ class Cadence:
     # and at least this often (a change within the folder mtime's granularity)
     warm_read: float = 0.5
     # Monitor: a batch whose node side announces its changes (``execution.news``) is read
-    # when a notice names it, and at least this often (a lost notice costs this much)
+    # when a notice names it, and at least every ``news_net`` s: doubled after each such
+    # read that found nothing new, up to ``news_net_max``, and back to ``news_net`` when
+    # one found what no notice announced (a lost notice costs at most this much, once)
     news_net: float = 0.5
+    news_net_max: float = 4.0
     # run_build: a build job's wait
     build: float = 0.5
 

@@ -1,5 +1,5 @@
 """The one place executors are built, for the plugin and for ``trtllm-slurm run`` alike:
-given what a run found (``ExecutorContext``) and the shapes of its batches, the executor
+given what a run found (``RunContext``) and the shapes of its batches, the executor
 of each target (``planning.models.target_of``), each remote cluster its own. No pytest.
 """
 
@@ -10,23 +10,21 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.concurrent import side_by_side
+from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.planning.batching import BatchKey
-from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
-from pytest_trtllm_slurm.planning.models import LocalEnv, Scenario, Target, target_of
-from pytest_trtllm_slurm.planning.routing import RemoteEnv
-from pytest_trtllm_slurm.planning.settings import ClusterConfig, ClustersFile, Settings
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
+from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
 
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
-    from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
     from pytest_trtllm_slurm.execution.slurm.tracking import WalltimePolicy
 
 # what the builders read of a batch: a BatchKey (plugin) or a JobSpec (trtllm-slurm run)
@@ -34,34 +32,7 @@ BatchLike = BatchKey | JobSpec
 Warn = Callable[[str], None]
 
 
-class ExecutorContext(Protocol):
-    """What a run found once, as the builders read it."""
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def local(self) -> LocalEnv: ...
-
-    @property
-    def clusters(self) -> ClustersFile: ...
-
-    @property
-    def slurm_env(self) -> SlurmEnv | None: ...
-
-    @property
-    def rootdir(self) -> Path: ...
-
-    @property
-    def remote_env(self) -> RemoteEnv | None: ...
-
-    @property
-    def early_sessions(self) -> EarlySessions | None:
-        """Sessions the run started before it collected (the plugin's early start)."""
-        ...
-
-
-def build_executors(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
+def build_executors(ctx: RunContext, keys: Sequence[BatchLike], *,
                     warn: Warn) -> dict[Target, Executor]:
     """One executor per target the ``keys`` use (``models.target_of``: a scenario, or a
     remote cluster: each cluster its own connection, sync and allocation), plus the local
@@ -105,7 +76,7 @@ def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn)
 
 
 def with_cluster_ids(executors: dict[Target, Executor],
-                     ctx: ExecutorContext) -> dict[Target, Executor]:
+                     ctx: RunContext) -> dict[Target, Executor]:
     """Several Slurm clusters in one run: each one's job ids are prefixed with its name
     (two clusters may hand out the same id); one cluster: as they are."""
     from pytest_trtllm_slurm.execution.cluster_ids import ClusterJobIds
@@ -119,7 +90,7 @@ def with_cluster_ids(executors: dict[Target, Executor],
             for target, executor in executors.items()}
 
 
-def build_executor(scenario: Scenario, ctx: ExecutorContext, keys: Sequence[BatchLike], *,
+def build_executor(scenario: Scenario, ctx: RunContext, keys: Sequence[BatchLike], *,
                    warn: Warn) -> Executor:
     """The executor of ``scenario``, sized and checked for the batches ``keys``."""
     if scenario is Scenario.LOCAL_DIRECT:
@@ -133,7 +104,7 @@ def build_executor(scenario: Scenario, ctx: ExecutorContext, keys: Sequence[Batc
     return remote_slurm_executor(ctx, keys, warn=warn)
 
 
-def local_docker_executor(ctx: ExecutorContext, keys: Sequence[BatchLike]) -> Executor:
+def local_docker_executor(ctx: RunContext, keys: Sequence[BatchLike]) -> Executor:
     """docker or podman, whichever answered the probe (or the forced one); every image
     must already be in the engine's store: a missing one is an error before anything runs."""
     from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor
@@ -151,14 +122,13 @@ def local_docker_executor(ctx: ExecutorContext, keys: Sequence[BatchLike]) -> Ex
     return executor
 
 
-def remotes_of(ctx: ExecutorContext) -> RemoteClusters:
+def remotes_of(ctx: RunContext) -> RemoteClusters:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
-    found = ctx.remote_env
-    return found if isinstance(found, RemoteClusters) else RemoteClusters(None)
+    return ctx.remote_env if ctx.remote_env is not None else RemoteClusters(None)
 
 
-def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
+def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                           warn: Warn) -> Executor:
     """Connect, check, sync the code, discover the cluster's Slurm, then the same
     SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
@@ -245,7 +215,7 @@ def remote_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     )
 
 
-def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
+def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                          warn: Warn) -> Executor:
     """SlurmExecutor over the local shell; persistent (an allocation sized for ``keys``)
     unless --trtllm-one-shot."""
@@ -286,13 +256,13 @@ def local_slurm_executor(ctx: ExecutorContext, keys: Sequence[BatchLike], *,
     )
 
 
-def local_cluster_config(ctx: ExecutorContext) -> ClusterConfig | None:
+def local_cluster_config(ctx: RunContext) -> ClusterConfig | None:
     """The clusters-file table of the local Slurm cluster (same name as its ClusterName)."""
     name = (ctx.local.cluster_name or "").lower()
     return next((c for k, c in ctx.clusters.clusters.items() if k.lower() == name), None)
 
 
-def allocation_manager(ctx: ExecutorContext, request: AllocationRequest | None = None, *,
+def allocation_manager(ctx: RunContext, request: AllocationRequest | None = None, *,
                        warn: Warn) -> AllocationManager:
     """The local Slurm's persistent allocation (state under the rootdir's work_dirs)."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
@@ -328,7 +298,7 @@ def with_containers(
                    install_command=cluster.container_install_command, install_workdir=repo)
 
 
-def build_targets(ctx: ExecutorContext,
+def build_targets(ctx: RunContext,
                   keys: Sequence[BatchLike]) -> dict[Target, ClusterConfig]:
     """Slurm targets of this run whose cluster table says build_project = true."""
     targets: dict[Target, ClusterConfig] = {}

@@ -3,7 +3,8 @@
 Per poll: one state query per executor for the jobs it reads, then an incremental
 read (by offset) of each job's reports.jsonl and log. Nothing is read whole. A job
 whose executor vouches it unchanged (``Executor.quiet``: its node side announces each
-change) is skipped, and read anyway every ``CADENCE.news_net`` seconds.
+change) is skipped, and read anyway now and then (the safety net: every
+``CADENCE.news_net`` s, doubled while those reads find nothing new, back when one does).
 Over a shell that pushes (SSH with its relay), those reads take the pushed bytes
 instead of a round trip each, and the wait between polls ends when a report line
 lands; a job's last read, once it has ended, always reads the file itself, one
@@ -89,6 +90,7 @@ class WatchedJob:
     next_log_look: float = 0.0  # monotonic: the job log's next look for hang patterns
     next_visit: float = 0.0  # monotonic: read by then even without a notice (``quiet``)
     vouched: int = -1  # the executor's ``vouched`` at the last read
+    by_net: bool = False  # this round reads it only for the safety net (no notice)
 
 
 @dataclass
@@ -145,6 +147,7 @@ class Monitor:
         self.on_change = on_change  # told when a job's status or pending reason changes
         self.jobs: dict[str, WatchedJob] = {}
         self.visits = 0  # jobs read, all rounds together (figures for tests, benchmarks)
+        self._net: dict[int, float] = {}  # per executor: the safety net's period now
 
     def add(self, handle: JobHandle, executor: Executor) -> WatchedJob:
         shell = executor.shell
@@ -187,28 +190,47 @@ class Monitor:
                 continue
             self.visits += len(jobs)
             states = jobs[0].executor.poll([j.handle for j in jobs])
+            netted = missed = False
             for job in jobs:
                 before = (job.state.status, job.state.reason)
+                offset = job.reports_offset
                 job.state = states.get(job.handle.job_id, job.state)
                 if self.on_change and (job.state.status, job.state.reason) != before:
                     self.on_change(job)
                 if job.state.nodelist:
                     job.handle.nodelist = job.state.nodelist
                 yield from self._check(job)
+                if job.by_net:
+                    netted = True
+                    missed |= (job.state.status != before[0]
+                               or job.reports_offset != offset)
+            if netted:
+                self._tune_net(jobs[0].executor, missed)
 
-    @staticmethod
-    def _with_news(jobs: list[WatchedJob], now: float) -> list[WatchedJob]:
+    def _with_news(self, jobs: list[WatchedJob], now: float) -> list[WatchedJob]:
         """The jobs this round reads: all but those the executor vouches unchanged
         (``Executor.quiet``: their node side announces each change), which are still read
-        every ``CADENCE.news_net`` s, and when the scheduler's word their held reports
-        wait for came (``Executor.vouched``)."""
+        now and then (the safety net, ``_tune_net``), and when the scheduler's word their
+        held reports wait for came (``Executor.vouched``)."""
         executor = jobs[0].executor
         quiet, vouched = executor.quiet([j.handle for j in jobs]), executor.vouched
-        read = [j for j in jobs if j.handle.job_id not in quiet or now >= j.next_visit
-                or (j.held and j.vouched != vouched)]
-        for job in read:
-            job.next_visit, job.vouched = now + CADENCE.news_net, vouched
+        net = self._net.get(id(executor), CADENCE.news_net)
+        read = []
+        for job in jobs:
+            vouch = bool(job.held) and job.vouched != vouched
+            if job.handle.job_id not in quiet or vouch or now >= job.next_visit:
+                job.by_net = job.handle.job_id in quiet and not vouch
+                job.next_visit, job.vouched = now + net, vouched
+                read.append(job)
         return read
+
+    def _tune_net(self, executor: Executor, missed: bool) -> None:
+        """The safety net's period: back to its least when a read it made found a report
+        or a new status that no notice announced (notices are lost here, e.g. a shared
+        file system that caches folder times), else twice as long, up to its most."""
+        net = self._net.get(id(executor), CADENCE.news_net)
+        self._net[id(executor)] = (CADENCE.news_net if missed
+                                   else min(2 * net, CADENCE.news_net_max))
 
     def _check(self, job: WatchedJob) -> Iterator[JobEvent]:
         now = time.monotonic()

@@ -84,8 +84,8 @@ class Executor(ABC):
 
     def quiet(self, handles: list[JobHandle]) -> set[str]:
         """The ids among ``handles`` whose node side announces every change and announced
-        none since the last call: a monitor round may skip them (it still reads each at
-        ``CADENCE.news_net``). None by default: every round reads every job."""
+        none since the last call: a monitor round may skip them (it still reads each now
+        and then, ``Monitor._tune_net``). None by default: every round reads every job."""
         return set()
 
     def prepare(self) -> None:

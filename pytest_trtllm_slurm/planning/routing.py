@@ -29,7 +29,9 @@ class Targets(Protocol):
     local: LocalEnv
     clusters: ClustersFile
     slurm_env: SlurmEnv | None
-    remote_env: RemoteEnv | None
+
+    @property
+    def remote_env(self) -> RemoteEnv | None: ...  # read-only: a RemoteClusters is one
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
@@ -241,7 +241,6 @@ class AllocationManager:
         user: str | None = None,
         warn: Callable[[str], None] | None = None,
         wait_seconds: int = 600,
-        pyxis: bool = False,
         agents_dir: str | None = None,
         runs: RunRegistry | None = None,
         store: StateStore | None = None,
@@ -253,9 +252,8 @@ class AllocationManager:
         # where warm workers keep their agents (``<dir>/<job id>/<node>-<tag>/``)
         root = paths.work_root(None, Path(rootdir))
         self.agents_dir = agents_dir or str(root.agents)
-        self.request = replace(request, container_runtime="pyxis") if pyxis else request
+        self.request = request
         self.jobs = jobs or SlurmJobs(shell)
-        self.work_dirs = root.dir
         self.state_path = root.state
         # where the state lives: here, or on the cluster for a remote one (state_store)
         self.store = store or StateStore(shell, root.dir, paths.STATE_NAME, private=False)
@@ -575,18 +573,17 @@ class AllocationManager:
     def _waiting_line(self, job_id: str | None, since: str) -> str:
         """What the allocation request waits for, since when, and who holds the nodes
         when it is the user's own allocation."""
-        reason = f" ({self._queue_state(job_id)})" if job_id else ""
+        reason = ""
+        if job_id:  # ``PENDING Resources``: its state and reason as squeue has them
+            res = self.jobs.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"])
+            state = (res.stdout.strip() or "not in the queue") if res.ok else "squeue failed"
+            reason = f" ({state})"
         line = (f"Waiting since {since} for the persistent allocation "
                 f"{job_id or '(request not queued yet)'}{reason} on "
                 f"{self.request.partition or 'the default partition'}.")
         note = blocker_note(self.jobs, self.user, self.request.partition, one_shot=False,
                             exclude=job_id)
         return f"{line} {note[0].upper()}{note[1:]}." if note else line
-
-    def _queue_state(self, job_id: str) -> str:
-        """``PENDING Resources``: the request's state and reason as squeue has them."""
-        res = self.jobs.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"])
-        return (res.stdout.strip() or "not in the queue") if res.ok else "squeue failed"
 
     def _cancel_request(self, job_id: str | None) -> None:
         """scancel an allocation request of this run that was never granted (found by its
