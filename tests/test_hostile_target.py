@@ -302,6 +302,30 @@ def test_a_lock_file_planted_as_a_link_is_not_followed(tmp_path: Path) -> None:
     assert not victim.exists()
 
 
+def test_a_relay_batch_checks_each_file_op_as_alone_and_stops_at_the_first_refusal(
+        tmp_path: Path) -> None:
+    """The relay's ``batch`` (a request's folders and files in one round trip): a folder
+    planted as a link where the batch's inbox goes is refused as a lone mkdir refuses it,
+    and the request meant for it is not written (not through the link, not anywhere)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    agent = tmp_path / "agent"
+    agent.mkdir(mode=0o700)
+    (agent / "inbox").symlink_to(elsewhere)
+    data = base64.b64encode(b'{"name": "s1"}').decode()
+    answer = relay_source._answer({"op": "batch", "ops": [
+        {"op": "mkdir", "path": str(agent / "sessions" / "s1" / "inbox"), "private": True},
+        {"op": "mkdir", "path": str(agent / "inbox"), "private": True},
+        {"op": "write", "path": str(agent / "inbox" / "s1.json"), "mode": 0o600,
+         "data": data}]})
+    first, refused = answer["answers"]  # the write after the refusal is not done
+    assert first == {} and "symbolic link" in refused["error"]
+    assert list(elsewhere.iterdir()) == []
+    assert oct((agent / "sessions" / "s1" / "inbox").stat().st_mode & 0o777) == "0o700"
+    bad = relay_source._answer({"op": "batch", "ops": [{"op": "await", "path": "/x"}]})
+    assert bad["answers"][0]["errno"], "only the file operations ride a batch"
+
+
 # -------------------------------------------------------------- a disk that fills
 
 

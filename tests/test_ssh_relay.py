@@ -9,6 +9,7 @@ its own relays by the tag they carry (``trtllm-relay:<pid of the controller>``).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import signal
@@ -23,6 +24,7 @@ import pytest
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.pushed_files import SmallFiles
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
+from pytest_trtllm_slurm.execution.slurm.warm_pool import send_session
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
     SSHConnectionLost,
@@ -341,3 +343,36 @@ def test_a_lock_is_seen_held_without_polling_its_holder_file(ssh_shell: SSHShell
     waiting.join(10)
     assert not waiting.is_alive() and other.held
     other.release(wait=True)
+
+
+def test_a_session_request_lands_private_in_one_round_trip(ssh_shell: SSHShell,
+                                                           tmp_path: Path) -> None:
+    """A warm worker's session asked for over SSH (``send_session``: its inbox, the agent's
+    inbox, its node ids, the request): the folders 0700, the files 0600 and whole, in one
+    relay round trip (four on main, one after the other). A link planted where the
+    agent's inbox goes is refused as a lone mkdir refuses it, and no request is written
+    (not through the link, not anywhere)."""
+    assert ssh_shell.relay_up()
+    relay = ssh_shell._relay
+    assert relay is not None
+    agent = tmp_path / "agents" / "7" / "n1-abcd"
+    before = dict(relay.requests)
+    sdir = send_session(ssh_shell, str(agent), "s1", ["python", "-m", "pytest"],
+                        cwd=str(tmp_path), env={"A": "1"}, nodeids='[["t.py::test_a", "k"]]')
+    asked = {op: n - before.get(op, 0) for op, n in relay.requests.items()
+             if n != before.get(op, 0)}
+    assert asked == {"batch": 1}, asked
+    folders = [agent / "inbox", Path(sdir), Path(sdir) / "inbox", agent]
+    files = [agent / "inbox" / "s1.json", Path(sdir) / "nodeids.json"]
+    assert {oct(p.stat().st_mode & 0o777) for p in folders} == {"0o700"}
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o600"}
+    assert json.loads(files[0].read_text())["argv"] == ["python", "-m", "pytest"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other = tmp_path / "agents" / "7" / "n2-abcd"
+    other.mkdir(mode=0o700)
+    (other / "inbox").symlink_to(elsewhere)
+    with pytest.raises(ExecutionError, match="symbolic link"):
+        send_session(ssh_shell, str(other), "s2", ["python"], cwd=str(tmp_path), env={})
+    assert list(elsewhere.iterdir()) == []
+    assert not list((other / "sessions").rglob("*.json"))

@@ -24,6 +24,11 @@ Lines in (one JSON object each):
      has "data" / "size" (and "absent") / nothing, or "errno" and "error"
     {"op": "await", "id": N, "path", "needle", "timeout"}  answered with "data" (the
      file's first 16 KiB) once they hold ``needle``, or when ``timeout`` s passed
+    {"op": "remove", "id": N, "path"}                ``rm -f``: the name goes (a link
+                                                      itself), absent is fine
+    {"op": "batch", "id": N, "ops": [{"op": ...}, ...]}  read/size/write/mkdir/remove
+     requests (no "id") done in order, one round trip: answered with "answers", one per
+     op done; it stops after the first that fails (its answer has "errno")
     {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
     {"op": "ack", "path": str, "offset": int}        the controller has read to ``offset``
     {"op": "unwatch", "path": str}
@@ -412,14 +417,44 @@ def _await(request):
         pause = min(0.1, pause * 1.5)
 
 
-FILE_OPS = {"read": _read, "size": _size, "write": _write, "mkdir": _mkdir,
-            "await": _await}
+def _remove(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    """``rm -f``: unlink never follows a link (the link itself goes); absent is fine."""
+    try:
+        os.unlink(request["path"])
+    except FileNotFoundError:
+        pass
+    return {}
+
+
+def _batch(request):
+    # type: (Dict[str, Any]) -> Dict[str, Any]
+    """Several file operations in one round trip, in order, each exactly as alone (the
+    same checks: verified 0700 folders, O_EXCL|O_NOFOLLOW writes). Stops after the first
+    that fails: a later one may need it (a write into the folder a mkdir makes)."""
+    answers = []
+    for op in request.get("ops") or []:
+        if not isinstance(op, dict) or op.get("op") not in BATCHED:
+            answers.append({"errno": errno.EINVAL, "error": "not a batched file operation"})
+            break
+        answer = _answer(op)
+        answers.append(answer)
+        if "errno" in answer:
+            break
+    return {"answers": answers}
+
+
+BATCHED = {"read": _read, "size": _size, "write": _write, "mkdir": _mkdir,
+           "remove": _remove}
+FILE_OPS = dict(BATCHED, batch=_batch, **{"await": _await})
 
 
 def _answer(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
     try:
         return FILE_OPS[request["op"]](request)
+    except (KeyError, TypeError, ValueError) as exc:  # a malformed request: answered
+        return {"errno": errno.EINVAL, "error": f"bad request: {exc!r}"[:200]}
     except OSError as exc:
         return {"errno": exc.errno or 0, "error": exc.strerror or str(exc)}
 

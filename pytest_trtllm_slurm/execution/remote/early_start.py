@@ -38,8 +38,8 @@ from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.execution.slurm.warm_pool import (
-    agent_alive,
     agent_dir,
+    agents_alive,
     env_for_session,
     secrets_key,
     send_session,
@@ -130,17 +130,20 @@ def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, st
     base = path_map.argv(ask.base, interpreter=sys.executable)
     targets = [path_map.text(t) for t in ask.targets]
     env = env_for_session(ask.env, local=False)
+    # as the warm pool names them: the remote interpreter, the key of the values the
+    # agent must hold (remote: only the batch's hidden ones)
+    dirs = [agent_dir(WorkRoot(paths.remote_work_root).agents_of(job_id), node,
+                      cluster.python, secrets_key(ask.env, local=False))
+            for node in expand_hostlist(nodelist)]
+    dirs = [adir for adir in dirs if not registry.has(adir)]
     started = []
-    for node in expand_hostlist(nodelist):
-        # as the warm pool names it: the remote interpreter, the key of the values the
-        # agent must hold (remote: only the batch's hidden ones)
-        adir = agent_dir(WorkRoot(paths.remote_work_root).agents_of(job_id), node,
-                         cluster.python, secrets_key(ask.env, local=False))
-        if registry.has(adir) or not agent_alive(shell, adir):
+    for adir, alive in zip(dirs, agents_alive(shell, dirs), strict=True):  # one look
+        if not alive:
             continue
         name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         argv = session_argv(cluster.python, base, Agent(adir).session(name).dir, targets,
                             capture_no=ask.capture_no, nodeids_file=False)
+        # one round trip per session: one that was asked for is remembered before the next
         sdir = send_session(shell, adir, name, argv, cwd=path_map.text(ask.cwd), env=env)
         registry.remember(adir, sdir)
         started.append(sdir)

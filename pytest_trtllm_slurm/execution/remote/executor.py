@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
-from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
 from pytest_trtllm_slurm.node import assignment
 from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.transport import file_ops
+from pytest_trtllm_slurm.transport.file_ops import run_ops
 from pytest_trtllm_slurm.transport.shell import Shell
 
 
@@ -81,17 +81,13 @@ class RemoteSlurmExecutor(SlurmExecutor):
 
     def submit(self, spec: JobSpec) -> JobHandle:
         remote = self.paths.spec(spec, self.interpreter)
-        self.shell.mkdir(remote.work_dir, private=True)
-        files = {Batch(remote.work_dir).job_spec: remote.text()}
+        ops = [file_ops.mkdir(remote.work_dir, private=True),
+               file_ops.write(Batch(remote.work_dir).job_spec, remote.text())]
         if remote.nodeids_file:
-            files[remote.nodeids_file] = assignment.dumps(spec.assignment())
-        # independent writes: side by side over the relay (one round trip's wait)
-        steps = {path: partial(self.shell.write_file, path, text) for path, text in files.items()}
-        if getattr(self.shell, "parallel_safe", False):
-            side_by_side(steps)
-        else:
-            for step in steps.values():
-                step()
+            ops.append(file_ops.write(remote.nodeids_file,
+                                      assignment.dumps(spec.assignment())))
+        run_ops(self.shell, ops)  # the folder, then its files: one round trip over the relay
+        self.launch.made.add(remote.work_dir)  # made and verified: not made again
         return super().submit(remote)
 
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:

@@ -64,6 +64,8 @@ class LaunchOptions:
             TRTLLM_RUN_FLAGS if container_run_flags is None else container_run_flags)
         self.warn_once = warn_once
         self.unwrapped: dict[str, JobSpec] = {}  # work dir -> the spec before wrapping
+        # work dirs the caller made (0700, verified ours) with the batch's files: not again
+        self.made: set[str] = set()
         self._mpi: dict[str, str | None] = {}
 
     def prepare(self, spec: JobSpec, shell: Shell) -> JobSpec:
@@ -73,7 +75,10 @@ class LaunchOptions:
         if self.container_runtime == "pyxis" and spec.container_image:
             spec = spec.model_copy(update={"env": container_env(spec),
                                            "command": in_container_argv(spec.command)})
-        shell.mkdir(spec.work_dir, private=True)
+        if spec.work_dir in self.made:
+            self.made.discard(spec.work_dir)
+        else:
+            shell.mkdir(spec.work_dir, private=True)
         if self.wraps(spec):
             self.unwrapped[spec.work_dir] = spec
             script = str(PurePosixPath(spec.work_dir) / CONTAINER_SCRIPT)

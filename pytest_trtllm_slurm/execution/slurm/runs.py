@@ -28,6 +28,8 @@ from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, shell_where
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.paths import Runs, WorkRoot, name_of
+from pytest_trtllm_slurm.transport import file_ops
+from pytest_trtllm_slurm.transport.file_ops import FileOp
 from pytest_trtllm_slurm.transport.shell import Shell
 
 log = logging.getLogger(__name__)
@@ -180,6 +182,12 @@ class RunRegistry:
     def save(self) -> None:
         """Write this run's file (atomically, 0600), its lease held first: a record is
         never seen without its live lock."""
+        self.shell.write_file(self.path, self._saving())
+        self._saved = True
+
+    def _saving(self) -> str:
+        """The record to write, once the lease is held (a record is never seen without
+        its live lock)."""
         if self._starting is not None:
             self._starting.join()
             self._starting = None
@@ -187,8 +195,7 @@ class RunRegistry:
                 error, self._start_error = self._start_error, None
                 raise error
         self._hold_lease()
-        self.shell.write_file(self.path, self.me.model_dump_json())
-        self._saved = True
+        return self.me.model_dump_json()
 
     def use_allocation(self, job_id: str | None) -> None:
         if self.me.allocation != job_id or not self._saved:
@@ -212,6 +219,14 @@ class RunRegistry:
     def add_warm(self, session: str, request: str) -> None:
         self.me.warm.append(WarmRecord(session=session, request=request))
         self.save()
+
+    def warm_note(self, session: str, request: str) -> FileOp:
+        """``add_warm`` as the write to do with the batch's own files (``file_ops``: the
+        request and its note in one round trip), ahead of the request."""
+        self.me.warm.append(WarmRecord(session=session, request=request))
+        note = file_ops.write(self.path, self._saving())
+        self._saved = True  # (``finish`` removes it: rm -f, whether it landed or not)
+        return note
 
     def finish(self) -> None:
         """The run ended (normally or interrupted): its file and its lease go."""

@@ -20,9 +20,15 @@ from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError
 from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
 from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, step_share
-from pytest_trtllm_slurm.execution.slurm.warm_pool import AgentPool, WarmJob, serves_warm
+from pytest_trtllm_slurm.execution.slurm.warm_pool import (
+    AgentPool,
+    Delivery,
+    WarmJob,
+    serves_warm,
+)
 from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.transport.file_ops import FileOp
 from pytest_trtllm_slurm.transport.shell import LocalShell
 
 
@@ -54,7 +60,7 @@ class WarmBatches:
             pool = AgentPool(self.shared.shell, alloc, gres_style=opts.gres_style,
                              gres_type=opts.gres_type, warn=self.shared.warn,
                              list_steps=self.shared.jobs.squeue_steps, early=self.early,
-                             files=self.shared.files)
+                             files=self.shared.files, notes=self._note)
             pool.expect(self.expected)
             self.pools[alloc.job_id] = pool
         handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self.shared.seq)}", spec=spec,
@@ -104,6 +110,15 @@ class WarmBatches:
             self._record(job)
         if job.state.status is JobStatus.RUNNING and job.handle.started_at is None:
             job.handle.started_at = time.time()
+
+    def _note(self, job_id: str, sent: Delivery) -> list[FileOp]:
+        """The run record's note of a batch, written with its request and ahead of it (one
+        round trip), so that the next run can cancel it if this controller is killed."""
+        runs = self.shared.runs
+        if runs is None or not sent.session or job_id in self._recorded:
+            return []
+        self._recorded.add(job_id)
+        return [runs.warm_note(sent.session, sent.request_name)]
 
     def _record(self, job: TrackedJob) -> None:
         """Note a batch sent to a session in this run's record (once), so that the next run

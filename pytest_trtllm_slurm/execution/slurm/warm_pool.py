@@ -23,10 +23,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_trtllm_slurm.errors import ExecutionError
@@ -81,7 +82,11 @@ from pytest_trtllm_slurm.planning.masking import (
     without_secrets,
 )
 from pytest_trtllm_slurm.planning.models import Launch
+from pytest_trtllm_slurm.transport import file_ops
+from pytest_trtllm_slurm.transport.file_ops import FileOp, run_ops
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
+
+log = logging.getLogger(__name__)
 
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
@@ -184,8 +189,12 @@ class AgentPool:
         list_steps: Callable[[str], dict[str, StepRow] | None] | None = None,
         early: EarlySessions | None = None,
         files: SmallFiles | None = None,
+        notes: Callable[[str, Delivery], list[FileOp]] | None = None,
     ) -> None:
         self.shell = shell
+        # what is written with a batch's request, ahead of it (its note in the run
+        # registry, so the next run can cancel it if this one is killed): one round trip
+        self.notes = notes or (lambda job_id, sent: [])
         # batches' pids and exit codes: pushed over SSH (no round trip per batch per round)
         self.files = files or SmallFiles(shell)
         self.early = early or EarlySessions()  # sessions the run started before it collected
@@ -209,6 +218,7 @@ class AgentPool:
         # the variables whose values the run's agents hold in their environment (the
         # first served batch's ``hidden_env``): None until a batch asks
         self.carried: dict[str, str] | None = None
+        self._seen_alive: dict[str, bool] = {}  # agent dir -> alive, as warm_up saw it
 
     # -- placement ------------------------------------------------------------
     def expect(self, tests: Mapping[str, str]) -> None:
@@ -343,19 +353,30 @@ class AgentPool:
         so the suite's imports overlap whatever runs first (e.g. a multi-node step)."""
         if not serves_warm(spec):
             return
+        dirs = [self._agent_dir(n, spec) for n in self.nodes if not n.agent_dir]
+        try:  # every node's agent looked at in one round trip
+            self._seen_alive = dict(zip(dirs, agents_alive(self.shell, dirs), strict=True))
+        except (ExecutionError, OSError):
+            self._seen_alive = {}  # each node looks again, and says why
         for node in self.nodes:
             try:
                 self._ensure_session(node, spec)
             except (ExecutionError, OSError) as exc:  # its batches will say so again
                 self.warn(str(exc))
+        self._seen_alive = {}  # a later look is a new one
 
     # -- agents and sessions --------------------------------------------------------
-    def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
+    def _agent_dir(self, node: Node, spec: JobSpec) -> str:
         base = WorkRoot(root_of(spec.work_dir)).agents_of(self.alloc.job_id)
-        node.agent_dir = agent_dir(base, node.name, spec.command[0],
-                                   secrets_key(spec.env,
-                                               local=isinstance(self.shell, LocalShell)))
-        if agent_alive(self.shell, node.agent_dir):
+        return agent_dir(base, node.name, spec.command[0],
+                         secrets_key(spec.env, local=isinstance(self.shell, LocalShell)))
+
+    def _ensure_agent(self, node: Node, spec: JobSpec) -> None:
+        node.agent_dir = self._agent_dir(node, spec)
+        alive = self._seen_alive.pop(node.agent_dir, None)  # warm_up's look, just made
+        if alive is None:
+            alive = agent_alive(self.shell, node.agent_dir)
+        if alive:
             node.healthy_at = time.monotonic()
             return
         if not claim_agent_start(self.shell, node.agent_dir):
@@ -395,9 +416,6 @@ class AgentPool:
         node.agent_started = time.monotonic()
         self.warn(f"Starting a warm worker on {node.name} in allocation {self.alloc.job_id} "
                   f"(log: {box.log}).")
-
-    def _heartbeat(self, node: Node) -> dict | None:
-        return read_heartbeat(self.shell, node.agent_dir)
 
     def _ensure_session(self, node: Node, spec: JobSpec) -> str:
         wanted = set(spec.nodeids)
@@ -442,9 +460,6 @@ class AgentPool:
                         pid_path=work.batch_pid, exit_path=work.exit_code,
                         news=root_of(work.notice), notice=name_of(work.notice))
         job.sent = sent
-        self._remove(sent.pid_path, sent.exit_path)  # a retry's leftovers
-        self.files.watch(sent.exit_path)  # its end wakes the monitor
-        self.files.watch(sent.pid_path, wake=False)
         request = {
             "name": sent.request_name,
             "tests": spec.assignment(),  # (node id, key): ``node.assignment``
@@ -461,18 +476,21 @@ class AgentPool:
             "env": shown_env(spec.env),
             "env_names": sorted(spec.env),
         }
-        self.shell.write_file(Session(sdir).request(sent.request_name),
-                              json.dumps(request))
+        # one round trip: a retry's leftovers go, the batch's notes, then its request
+        run_ops(self.shell, [file_ops.remove(sent.pid_path), file_ops.remove(sent.exit_path),
+                             *self.notes(job_id, sent),
+                             file_ops.write(Session(sdir).request(sent.request_name),
+                                            json.dumps(request))])
+        # watched once the leftovers are gone (a watch pushes the file from its start,
+        # whenever it appears): its end wakes the monitor
+        self.files.watch(sent.exit_path)
+        self.files.watch(sent.pid_path, wake=False)
+        log.debug("warm pool: %s sent to %s", job_id, Session(sdir).request(sent.request_name))
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
 
     def _remove(self, *paths: str) -> None:
-        if isinstance(self.shell, LocalShell):
-            for path in paths:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        else:
-            self.shell.run(["rm", "-f", *paths], timeout=30)
+        file_ops.remove_files(self.shell, paths)
 
     # -- state ----------------------------------------------------------------------
     def refresh(self, job: WarmJob) -> None:
@@ -487,12 +505,14 @@ class AgentPool:
                 self._resend(job, node)
                 return
             if code.lstrip("-").isdigit():
+                log.debug("warm pool: %s ended with exit code %s", job.job_id, code)
                 job.state = self._end_state(job, int(code), node)
                 self.release(job)
                 return
             if job.state.status is not JobStatus.RUNNING and (
                     self._read(sent.pid_path).strip().isdigit()):
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
+                log.debug("warm pool: %s runs", job.job_id)
                 self.files.forget(sent.pid_path)
         dead = self._dead(node)
         if sent.session in self.lost:
@@ -534,17 +554,19 @@ class AgentPool:
                   "(e.g. collection depends on the environment); collecting again by node id")
         self._send(job.job_id, job)
 
-    def check_health(self) -> None:
-        """At most every ``CADENCE.agent_health`` s: is each used node's agent and session alive?"""
+    def check_health(self, also: Sequence[FileOp] = ()) -> list[bytes]:
+        """At most every ``CADENCE.agent_health`` s: is each used node's agent and session
+        alive? ``also``: reads done in the same round trip (their bytes are returned)."""
         now = time.monotonic()
-        if now < self._next_health:
-            return
-        self._next_health = now + CADENCE.agent_health
+        watched: list[Node] = []
+        if now >= self._next_health:
+            self._next_health = now + CADENCE.agent_health
+            watched = [node for node in self.nodes if node.agent_dir]
+        raw_all = run_ops(self.shell, [*(file_ops.read(Agent(n.agent_dir).heartbeat)
+                                         for n in watched), *also])  # one round trip
         late = []
-        for node in self.nodes:
-            if not node.agent_dir:
-                continue
-            beat = self._heartbeat(node)
+        for node, raw in zip(watched, raw_all, strict=False):
+            beat = heartbeat_of(raw)
             age = time.time() - beat.get("time", 0) if beat is not None else None
             if age is not None and age < HEARTBEAT_STALE:
                 node.healthy_at = now
@@ -553,6 +575,7 @@ class AgentPool:
                 late.append(node)
         if late:
             self._check_agent_steps(late)
+        return raw_all[len(watched):]
 
     def _check_agent_steps(self, late: list[Node]) -> None:
         """Nodes whose heartbeat is late: lose those whose agent step left the queue."""
@@ -583,17 +606,24 @@ class AgentPool:
         """Why the node's agent cannot serve (None: it can). A lost agent or session
         (its exit code is written the moment it ends) goes to ``lost``: its batches end
         CRASHED, their unstarted tests run again, and the node starts a new agent."""
-        self.check_health()
         now = time.monotonic()
-        if node.session and now >= node.session_checked:
+        looks: list[FileOp] = []  # the agent's and the session's exit codes, when due
+        session = node.session
+        if session and now >= node.session_checked:
             node.session_checked = now + CADENCE.agent_health / 4
-            code = self._read(Agent(node.agent_dir).exit_code).strip()
+            looks.append(file_ops.read(Agent(node.agent_dir).exit_code))
+            if node.session_ended != session:
+                looks.append(file_ops.read(Session(session).exit_code))
+        # read with the heartbeats when those are due: one round trip
+        codes = [raw.decode("utf-8", "replace").strip() for raw in self.check_health(looks)]
+        now = time.monotonic()
+        if codes and node.session == session:  # (the health look did not lose it)
+            code = codes[0]
             if code:
                 self._lose(node, f"the warm worker on {node.name} was lost (its srun step "
                            f"ended with exit code {code}){self._agent_errors(node)}")
                 return None
-            if node.session_ended != node.session and self._read(
-                    Session(node.session).exit_code).strip():
+            if len(codes) > 1 and codes[1]:
                 node.session_ended = node.session
                 log = Session(node.session).log
                 self._lose(node, f"the worker session on {node.name} ended early; see {log}"
@@ -657,14 +687,18 @@ class AgentPool:
             self.shell.write_file(Session(sent.node.session).cancel(sent.request_name), "")
 
     def close(self) -> None:
-        """End this run's sessions (the agents stay for the next run)."""
+        """End this run's sessions (the agents stay for the next run): every node's in one
+        round trip where the shell can, one by one when that fails (one may not be
+        writable, the others still end)."""
+        stops = [Session(n.session).stop for n in self.nodes if n.session]
         for node in self.nodes:
-            if node.session:
-                try:
-                    self.shell.write_file(Session(node.session).stop, "")
-                except (ExecutionError, OSError):
-                    pass
-                node.session = None
+            node.session = None
+        try:
+            run_ops(self.shell, [file_ops.write(stop, "") for stop in stops])
+        except (ExecutionError, OSError):
+            for stop in stops:
+                with contextlib.suppress(ExecutionError, OSError):
+                    self.shell.write_file(stop, "")
 
 
 def _module(nodeid: str, rootdir: str | None = None, cwd: str | None = None) -> str:
@@ -733,16 +767,23 @@ def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cw
                  env: dict[str, str], nodeids: str | None = None) -> str:
     """Ask the agent in ``agent_dir`` for a session (``nodeids``: the text of the node ids
     it collects, written to its directory first); the session's directory."""
+    sdir, ops = session_ops(agent_dir, name, argv, cwd=cwd, env=env, nodeids=nodeids)
+    run_ops(shell, ops)  # in order, in one round trip where the shell can
+    return sdir
+
+
+def session_ops(agent_dir: str, name: str, argv: list[str], *, cwd: str,
+                env: dict[str, str], nodeids: str | None = None) -> tuple[str, list[FileOp]]:
+    """``send_session``'s session directory and file operations (the session's inbox and
+    the agent's, 0700; its node ids, then the request, 0600), to do in this order."""
     agent = Agent(agent_dir)
     box = agent.session(name)
-    shell.mkdir(box.inbox, private=True)
-    shell.mkdir(agent.inbox, private=True)
-    if nodeids is not None:
-        shell.write_file(box.nodeids, nodeids)
     request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
                "log_path": box.log, "exit_path": box.exit_code}
-    shell.write_file(agent.request(name), json.dumps(request))
-    return box.dir
+    return box.dir, [file_ops.mkdir(box.inbox, private=True),
+                     file_ops.mkdir(agent.inbox, private=True),
+                     *([file_ops.write(box.nodeids, nodeids)] if nodeids is not None else []),
+                     file_ops.write(agent.request(name), json.dumps(request))]
 
 
 def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
@@ -755,7 +796,11 @@ def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
 def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
     """The agent's last heartbeat; None when there is none or it is not one (a heartbeat
     that does not read as ``records.Heartbeat`` is as good as a stale one)."""
-    raw = shell.read_from(Agent(agent_dir).heartbeat, 0, 4096)
+    return heartbeat_of(shell.read_from(Agent(agent_dir).heartbeat, 0, 4096))
+
+
+def heartbeat_of(raw: bytes) -> dict | None:
+    """A heartbeat file's bytes as a heartbeat (None: empty, or not one)."""
     try:
         return validated(Heartbeat, raw, HEARTBEAT).model_dump() if raw else None
     except BadRecord:
@@ -788,10 +833,20 @@ def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
 def agent_alive(shell: Shell, agent_dir: str) -> bool:
     """A fresh heartbeat, and no exit code yet (the launcher writes it when srun ends,
     before the last heartbeat grows stale)."""
-    beat = read_heartbeat(shell, agent_dir)
-    if beat is None or time.time() - beat.get("time", 0) >= HEARTBEAT_STALE:
-        return False
-    return not shell.read_from(Agent(agent_dir).exit_code, 0, 64).strip()
+    return agents_alive(shell, [agent_dir])[0]
+
+
+def agents_alive(shell: Shell, agent_dirs: list[str]) -> list[bool]:
+    """``agent_alive`` of each, all read in one round trip where the shell can."""
+    looks = [op for d in agent_dirs for op in (file_ops.read(Agent(d).heartbeat),
+                                              file_ops.read(Agent(d).exit_code, 64))]
+    raw = run_ops(shell, looks)
+    alive = []
+    for beat_raw, code in zip(raw[::2], raw[1::2], strict=True):
+        beat = heartbeat_of(beat_raw)
+        alive.append(beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE
+                     and not code.strip())
+    return alive
 
 
 ERROR_MARKS = ("error", "Error", "Traceback", "Killed", "killed", "CANCELLED")

@@ -10,6 +10,7 @@ drop is re-run only when the caller allows it (``retry_on_drop``; sbatch must no
 from __future__ import annotations
 
 import base64
+import errno
 import logging
 import shlex
 import threading
@@ -21,6 +22,7 @@ import paramiko
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.transport.command_log import timed_command
+from pytest_trtllm_slurm.transport.file_ops import FileOp, wire
 from pytest_trtllm_slurm.transport.shell import CommandResult
 from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, default_otp_provider
 from pytest_trtllm_slurm.transport.ssh.commands import (
@@ -514,6 +516,31 @@ class SSHShell(OneOpFiles):
             raise file_op_error("write", path, self.target.display,
                                 exc.strerror or str(exc)) from None
         self._file_op("write", path, mode=mode, data=encoded)
+
+    def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
+        """``ops`` in one relay round trip, done in order on the login node (each exactly
+        as alone); None without a relay or when it ended under them (the caller does them
+        one by one: each is idempotent). A failed op raises as it would alone."""
+        relay = self._relay_on(self._connection()) if self.use_relay else None
+        if relay is None:
+            return None
+        try:
+            answers = relay.file_ops([wire(op) for op in ops])
+        except RelayLost:
+            return None
+        results: list[bytes] = []
+        for op, answer in zip(ops, answers, strict=False):  # fewer: one failed
+            if "errno" in answer:
+                why = str(answer.get("error", ""))
+                if op.op in ("mkdir", "write"):
+                    raise file_op_error(op.op, op.path, self.target.display, why)
+                raise OSError(int(answer["errno"]), f"{op.op} {op.path} on "
+                              f"{self.target.display}: {why}")
+            results.append(base64.b64decode(answer.get("data") or ""))
+        if len(results) != len(ops):  # a relay that did not do them all: say so
+            raise OSError(errno.EIO, f"the relay on {self.target.display} did "
+                          f"{len(results)} of {len(ops)} file operations")
+        return results
 
     def _exec_input(self, argv: list[str], data: bytes, shown: list[str]
                     ) -> tuple[int, str, str, bool]:

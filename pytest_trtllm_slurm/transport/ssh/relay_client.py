@@ -59,22 +59,28 @@ _Int = Annotated[int, Strict()]
 _Str = Annotated[str, Strict()]
 
 
-class RelayAnswer(BaseModel):
-    """An answer line of the relay, every field typed as the client uses it: an answer
-    that is not one ends the channel (commands fall back to channels of their own)."""
+class FileAnswer(BaseModel):
+    """The answer to one file operation (alone, or one of a batch's ``answers``)."""
 
     model_config = ConfigDict(extra="ignore")
+
+    data: _Str = Field(default="", pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+    size: _Int = Field(default=0, ge=0)
+    absent: Annotated[bool, Strict()] = False
+    errno: _Int | None = None
+    error: _Str = ""
+
+
+class RelayAnswer(FileAnswer):
+    """An answer line of the relay, every field typed as the client uses it: an answer
+    that is not one ends the channel (commands fall back to channels of their own)."""
 
     id: _Int
     rc: _Int = 0
     out: _Str = ""
     err: _Str = ""
     timed_out: Annotated[bool, Strict()] = False
-    data: _Str = Field(default="", pattern=r"^[A-Za-z0-9+/]*={0,2}$")
-    size: _Int = Field(default=0, ge=0)
-    absent: Annotated[bool, Strict()] = False
-    errno: _Int | None = None
-    error: _Str = ""
+    answers: list[FileAnswer] = Field(default_factory=list, max_length=1024)
 
 
 # the cluster's own interpreter when the login node has it (often an absolute path: no
@@ -233,7 +239,7 @@ class RelayChannel:
         finally:
             with self._lock:
                 self._pending.pop(ident, None)
-            log.debug("ssh relay: %s %s in %.3f s", message["op"], message.get("path", ""),
+            log.debug("ssh relay: %s %s in %.3f s", message["op"], _paths(message),
                       time.monotonic() - began)
         if pending.answer is None:
             raise RelayLost()
@@ -248,6 +254,17 @@ class RelayChannel:
         if "errno" in answer:
             raise OSError(int(answer["errno"]), str(answer.get("error", "")))
         return answer
+
+    def file_ops(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Several file operations in one round trip, done in order on the login node
+        (``relay.BATCHED``): one answer per op done, the last with "errno" when one
+        failed (the relay does none after it). RelayLost as ``file_op``."""
+        answer = self.call({"op": "batch", "ops": ops}, FILE_OP_WAIT)
+        if answer is None:
+            raise RelayLost()
+        if "errno" in answer:  # the batch itself was refused
+            raise OSError(int(answer["errno"]), str(answer.get("error", "")))
+        return list(answer.get("answers") or [])
 
     def run(self, argv: list[str], *, timeout: float | None, input: str | None,
             env: dict[str, str] | None, cwd: str | None) -> CommandResult:
@@ -463,6 +480,14 @@ class RelayChannel:
             item.done.set()  # answer None: RelayLost
         with self._news:
             self._news.notify_all()
+
+
+def _paths(message: dict[str, Any]) -> str:
+    """What a request's debug line names: its path, or a batch's ops and paths."""
+    if message["op"] == "batch":
+        return "[" + ", ".join(f"{op.get('op')} {op.get('path', '')}"
+                               for op in message.get("ops") or []) + "]"
+    return str(message.get("path", ""))
 
 
 class CommandEnded(BrokenPipeError):

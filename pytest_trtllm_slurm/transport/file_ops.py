@@ -1,0 +1,126 @@
+"""Several file operations on a Shell's host in one round trip where the shell can carry
+them together (the SSH relay's ``batch``), one by one otherwise.
+
+Why: a served batch's request is a few folders, files and removals on the login node,
+each depending on the one before (a write into the folder a mkdir makes); over SSH each
+was a round trip on the critical path between the run's start and its first test. Done
+as one relay message they cost one. Each operation is the same as alone (``Shell.mkdir``'s
+verified 0700 folders, ``write_file``'s O_EXCL|O_NOFOLLOW atomic 0600 files): only the
+number of messages changes. On this machine's files (``LocalShell``) they run exactly as
+the single calls did.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
+
+Op = Literal["mkdir", "write", "read", "remove"]
+READ_LIMIT = 4096  # bytes of a small file (a heartbeat, an exit code) read at once
+
+
+@dataclass(frozen=True)
+class FileOp:
+    """One file operation: ``mkdir`` (``private``), ``write`` (``data``, atomic, ``mode``),
+    ``read`` (the first ``limit`` bytes; b"" while absent) or ``remove`` (``rm -f``)."""
+
+    op: Op
+    path: str
+    data: str = ""
+    private: bool = False
+    mode: int = 0o600
+    limit: int = READ_LIMIT
+
+
+def mkdir(path: str, *, private: bool = False) -> FileOp:
+    return FileOp("mkdir", path, private=private)
+
+
+def write(path: str, data: str, mode: int = 0o600) -> FileOp:
+    return FileOp("write", path, data=data, mode=mode)
+
+
+def read(path: str, limit: int = READ_LIMIT) -> FileOp:
+    return FileOp("read", path, limit=limit)
+
+
+def remove(path: str) -> FileOp:
+    return FileOp("remove", path)
+
+
+def wire(op: FileOp) -> dict[str, object]:
+    """``op`` as the relay's request (``node/relay.py``; a write's bytes in base64)."""
+    if op.op == "mkdir":
+        return {"op": "mkdir", "path": op.path, "private": op.private}
+    if op.op == "write":
+        return {"op": "write", "path": op.path, "mode": op.mode,
+                "data": base64.b64encode(op.data.encode()).decode("ascii")}
+    if op.op == "read":
+        return {"op": "read", "path": op.path, "offset": 0, "limit": op.limit}
+    return {"op": "remove", "path": op.path}
+
+
+@runtime_checkable
+class BatchingShell(Protocol):
+    """A Shell that carries several file operations in one message (SSHShell's relay)."""
+
+    def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
+        """Each op's result in order (a read's bytes, b"" for the others); the first
+        failure raised as the op alone raises it, none done after it. None: not now (no
+        relay, or it ended under the batch): the caller does them one by one (each is
+        idempotent: mkdir -p, an atomic write of the same bytes, a read, rm -f)."""
+        ...
+
+
+def run_ops(shell: Shell, ops: Sequence[FileOp]) -> list[bytes]:
+    """Do ``ops`` in order on ``shell``'s host, in one round trip where it can: each op's
+    result (a read's bytes, b"" for the others). The first failure raises (ExecutionError
+    or OSError, as the op alone would) and the ops after it are not done."""
+    if not ops:
+        return []
+    if isinstance(shell, BatchingShell):
+        done = shell.file_batch(ops)
+        if done is not None:
+            return done
+    results: list[bytes] = []
+    pending: list[str] = []  # removals in a row: one ``rm -f`` for them all
+    for op in ops:
+        if op.op == "remove":
+            pending.append(op.path)
+            results.append(b"")
+            continue
+        remove_files(shell, pending)
+        pending = []
+        results.append(_one(shell, op))
+    remove_files(shell, pending)
+    return results
+
+
+def _one(shell: Shell, op: FileOp) -> bytes:
+    if op.op == "mkdir":
+        shell.mkdir(op.path, private=op.private)
+    elif op.op == "write":
+        shell.write_file(op.path, op.data, op.mode)
+    elif op.op == "read":
+        return shell.read_from(op.path, 0, op.limit)
+    else:
+        remove_files(shell, [op.path])
+    return b""
+
+
+def remove_files(shell: Shell, paths: Sequence[str]) -> None:
+    """``rm -f paths`` on the shell's host: unlinked here, one command over a remote shell."""
+    if not paths:
+        return
+    if isinstance(shell, LocalShell):
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    else:
+        shell.run(["rm", "-f", *paths], timeout=30)
