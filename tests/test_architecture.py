@@ -194,6 +194,7 @@ def test_no_process_wide_state() -> None:
 # module-level values that are neither immutable nor constant tables, each with why it may
 ALLOWED_GLOBALS = {
     "execution/records.py:_ADAPTER": "a pydantic TypeAdapter: built once, never changed",
+    "execution/records.py:_DICT_ADAPTER": "a pydantic TypeAdapter: built once, never changed",
     "node/worker.py:_encode": "a JSON encoder's encode: it keeps nothing between calls",
     "transport/ssh/commands.py:_relay_source": "the relay's source file of this package",
     "planning/perf_sanity.py:_load_yaml_cached": "keyed by (path, mtime, size): never stale",
