@@ -109,9 +109,7 @@ def _one(shell: Shell, op: FileOp) -> bytes:
         shell.write_file(op.path, op.data, op.mode)
     elif op.op == "read":
         return shell.read_from(op.path, 0, op.limit)
-    else:
-        remove_files(shell, [op.path])
-    return b""
+    return b""  # (removals are gathered by run_ops: one ``rm -f`` for those in a row)
 
 
 def remove_files(shell: Shell, paths: Sequence[str]) -> None:
@@ -123,4 +121,4 @@ def remove_files(shell: Shell, paths: Sequence[str]) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
     else:
-        shell.run(["rm", "-f", *paths], timeout=30)
+        shell.run(["rm", "-f", "--", *paths], timeout=30)

@@ -31,6 +31,7 @@ from pytest_trtllm_slurm.execution.slurm.tracking import (
 )
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import hidden_env
+from pytest_trtllm_slurm.transport.file_ops import remove_files
 
 CONTAINER_STOP_WAIT = 15.0  # seconds a cancelled wrapped step has to remove its container
 LAUNCHER_START = 30.0  # seconds a launcher may take to start srun (its srun.pid)
@@ -65,8 +66,7 @@ class AllocationSteps:
         assert alloc is not None
         shell = self.shared.shell
         # a re-used work dir must not show the previous launch's step id or exit code
-        shell.run(["rm", "-f", job.files.stepid, job.files.srun_pid,
-                   job.files.exit_code], timeout=30)
+        remove_files(shell, [job.files.stepid, job.files.srun_pid, job.files.exit_code])
         self.shared.files.watch(job.files.exit_code)  # its end wakes the monitor
         argv = render_step_command(
             spec, alloc.job_id, gres_style=opts.gres_style, mpi=opts.mpi,
