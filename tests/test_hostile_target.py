@@ -37,7 +37,7 @@ from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
 from pytest_trtllm_slurm.execution.monitor import Monitor
 from pytest_trtllm_slurm.execution.records import MAX_LINE, UnreadableLine
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
-from pytest_trtllm_slurm.execution.slurm.warm_pool import agent_alive, read_heartbeat
+from pytest_trtllm_slurm.execution.slurm.warm_pool import agent_alive, heartbeat_of
 from pytest_trtllm_slurm.node import relay as relay_source
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario
@@ -277,7 +277,7 @@ def test_a_worker_written_benchmarks_file_is_merged(tmp_path: Path,
                                      b'{"time": 1, "running": "2"}'])
 def test_a_hostile_heartbeat_is_no_heartbeat(tmp_path: Path, content: bytes) -> None:
     (tmp_path / "heartbeat.json").write_bytes(content)
-    assert read_heartbeat(LocalShell(), str(tmp_path)) is None
+    assert heartbeat_of(content) is None
     assert agent_alive(LocalShell(), str(tmp_path)) is False
 
 

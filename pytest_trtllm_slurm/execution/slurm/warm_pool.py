@@ -1,21 +1,9 @@
-"""Warm workers in a persistent allocation, seen from the controller.
+"""Warm workers in a persistent allocation, seen from the controller: one agent per node
+(a step that outlives the run) forks a session per run that forks a child per batch; the
+controller talks to them through mailbox files only (no step per batch, no step polling).
 
-One agent per node (``pytest_trtllm_slurm.node.agent``, a Slurm step holding the
-node's GPUs with ``--overlap``) outlives the run; per run and node it forks one
-session that collects the run's tests once and forks one child per batch (see
-``node.session_server``). The controller talks to them through files only (the
-mailboxes under ``work_dirs/.agents/<allocation>/``), so nothing here asks
-slurmctld anything once the agents run: no step per batch, no step polling.
-
-The pool is also the allocation's scheduler for this run: it places batches on
-nodes (best fit by free GPUs), holds back what does not fit, and gives a
-multi-node MPI batch (which needs srun, so it stays a step) whole nodes, so
-that a step never shares GPUs with a served batch.
-
-Such a step is launched *gated* as soon as it is known (see ``gate``): its ranks
-import and collect while other batches use its nodes, and the pool opens the gate
-once every rank is ready and the nodes are free. From the moment its ranks are
-ready, nothing new is placed on those nodes, so it waits at most for what runs there.
+The pool also places this run's batches on nodes (best fit by free GPUs); a multi-node MPI
+step gets whole nodes, launched *gated* early so its ranks collect while others run there.
 """
 
 from __future__ import annotations
@@ -56,10 +44,6 @@ from pytest_trtllm_slurm.execution.slurm.placement import (
     give_back,
     take,
 )
-
-# a served batch sent to a session that collected the run's arguments (not its node ids)
-# and lacks one of its node ids exits with EARLY_MISS before running anything: sent again
-# to a session that collects exactly the run's node ids
 from pytest_trtllm_slurm.node import assignment
 from pytest_trtllm_slurm.node.assignment import key_path, pairs
 from pytest_trtllm_slurm.node.paths import (
@@ -90,21 +74,17 @@ log = logging.getLogger(__name__)
 
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
-# a heartbeat this old (they come every second) sends the pool to the scheduler: is the
-# agent's srun step still listed? A step gone while its exit-code file stays empty (a full
-# disk, a killed launcher) is a lost agent now, not HEARTBEAT_STALE seconds later
+# a heartbeat this old asks the scheduler whether the agent's step is still listed (one
+# gone without an exit code, e.g. on a full disk, is lost now, not HEARTBEAT_STALE later)
 HEARTBEAT_LATE = 5.0
 
 
 def serves_warm(spec: JobSpec) -> bool:
-    """Batches a forked worker can run: pytest node ids (not a case's own command), one
-    process (not an srun-launched MPI job), no container (pyxis starts those), no output
-    paths of its own (a session's options are fixed when it starts)."""
+    """Batches a forked worker can run: pytest node ids, one process, no container, no
+    launcher prefix, no output paths of their own (a session's options are fixed)."""
     if spec.workflow != "pytest" or not spec.nodeids or not spec.rerun_argv:
         return False
-    if spec.launcher_prefix:  # the launcher runs pytest (on rank 0), not a forked worker
-        return False
-    if any(token.startswith(WORKER_OUTPUTS_FLAG) for token in spec.command):
+    if spec.launcher_prefix or any(t.startswith(WORKER_OUTPUTS_FLAG) for t in spec.command):
         return False
     return not spec.container_image and (spec.launch is not Launch.MPI or
                                          (spec.total_devices or 0) <= 1)
@@ -122,7 +102,6 @@ class Node:
     session_ids: frozenset[str] | None = frozenset()  # None: all the run's arguments select
     session_checked: float = 0.0  # when the session's exit code may be looked at again
     session_ended: str | None = None  # the session dir whose exit code appeared
-    agent_checked: float = 0.0  # when the agent's exit code may be looked at again
 
     @property
     def free(self) -> int:
@@ -143,9 +122,8 @@ class Delivery:
 
 
 class WarmJob(FollowsState):
-    """A batch of this run as the pool sees it. Its phase (``life``: WAITING until
-    placed, EARLY for a gated step launched before its gate opens) is the executor's
-    too; every change of ``state`` moves it."""
+    """A batch as the pool sees it; ``life`` (WAITING until placed, EARLY for a gated step
+    before its gate opens) is the executor's too."""
 
     def __init__(self, spec: JobSpec, warm: bool, *, job_id: str = "", gated: bool = False,
                  life: Lifecycle | None = None) -> None:
@@ -192,11 +170,9 @@ class AgentPool:
         notes: Callable[[str, Delivery], list[FileOp]] | None = None,
     ) -> None:
         self.shell = shell
-        # what is written with a batch's request, ahead of it (its note in the run
-        # registry, so the next run can cancel it if this one is killed): one round trip
+        # written ahead of a batch's request in its round trip (its run-registry note)
         self.notes = notes or (lambda job_id, sent: [])
-        # batches' pids and exit codes: pushed over SSH (no round trip per batch per round)
-        self.files = files or SmallFiles(shell)
+        self.files = files or SmallFiles(shell)  # batches' pids and exit codes
         self.early = early or EarlySessions()  # sessions the run started before it collected
         self.list_steps = list_steps  # the scheduler's running steps of an allocation
         self.placer: Placer = placer or BestFit()
@@ -212,24 +188,19 @@ class AgentPool:
         self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
         self._next_health = 0.0
         self.warmed = False  # sessions started on every node (SlurmExecutor asks once)
-        # session dir -> why it is gone (its agent was lost, or it ended early): every
-        # batch sent there ends CRASHED, and the node's next batch gets a new agent
+        # session dir -> why it is gone: batches sent there end CRASHED
         self.lost: dict[str, str] = {}
-        # the variables whose values the run's agents hold in their environment (the
-        # first served batch's ``hidden_env``): None until a batch asks
+        # the first served batch's ``hidden_env``, held by the run's agents
         self.carried: dict[str, str] | None = None
         self._seen_alive: dict[str, bool] = {}  # agent dir -> alive, as warm_up saw it
 
-    # -- placement ------------------------------------------------------------
     def expect(self, tests: Mapping[str, str]) -> None:
         """The run's tests (node id -> key), so one session per node collects them all."""
         self.expected.update(tests)
 
     def carries(self, spec: JobSpec) -> bool:
-        """Whether the run's agents can serve ``spec``: a value that may not be written to
-        a file reaches a served batch only from its agent's environment, so the run's
-        agents are started with those of its first served batch, and a batch whose own
-        differ (a marker's ``env``) runs as a step instead (its launcher gets them)."""
+        """Whether the run's agents hold ``spec``'s unwritable values (those of the first
+        served batch); a batch whose own differ runs as a step instead."""
         hidden = hidden_env(spec.env)
         if self.carried is None:
             self.carried = hidden
@@ -246,8 +217,7 @@ class AgentPool:
         return job
 
     def place_waiting(self, launch_step: Callable[[str, WarmJob], None]) -> bool:
-        """Start what fits, in submission order; True when anything started. A gated
-        step is launched once nodes can be set aside for it, and let in later."""
+        """Start what fits, in submission order; True when anything started."""
         started = False
         held: list[Node] | None = None  # nodes drained for gated steps, found once per call
         for job_id in list(self.order):
@@ -310,7 +280,7 @@ class AgentPool:
     def _let_in(self, job: WarmJob) -> bool:
         """Open a gated step's gate once its ranks are ready and its nodes are free."""
         if not job.ready:
-            text = self._read(Gate(job.gate_dir).ready).strip()
+            text = self.files.read(Gate(job.gate_dir).ready).strip()
             if not text:
                 return False
             job.ready, job.ranks = True, int(text) if text.isdigit() else 0
@@ -326,8 +296,8 @@ class AgentPool:
         return True
 
     def ranks_exited(self, job: WarmJob) -> bool:
-        """Every rank of a gated step that runs has exited (its ``done.<rank>``): its
-        nodes can take the next batches while srun and the accounting finish."""
+        """Every rank of a running gated step has exited (``done.<rank>``): its nodes
+        can take the next batches while srun and the accounting finish."""
         if not (job.gated and job.ranks and job.placement and job.placement.gpus):
             return False
         while job.done < job.ranks and self.shell.exists(
@@ -349,8 +319,7 @@ class AgentPool:
             give_back(job.placement)
 
     def warm_up(self, spec: JobSpec) -> None:
-        """Start this run's session on every node now (launching agents where none runs),
-        so the suite's imports overlap whatever runs first (e.g. a multi-node step)."""
+        """Start this run's session on every node now, so imports overlap what runs first."""
         if not serves_warm(spec):
             return
         dirs = [self._agent_dir(n, spec) for n in self.nodes if not n.agent_dir]
@@ -365,7 +334,6 @@ class AgentPool:
                 self.warn(str(exc))
         self._seen_alive = {}  # a later look is a new one
 
-    # -- agents and sessions --------------------------------------------------------
     def _agent_dir(self, node: Node, spec: JobSpec) -> str:
         base = WorkRoot(root_of(spec.work_dir)).agents_of(self.alloc.job_id)
         return agent_dir(base, node.name, spec.command[0],
@@ -401,7 +369,7 @@ class AgentPool:
             argv.append(f"--mem={self.alloc.mem_per_node_mb}M")
         argv += [spec.command[0], "-m", "pytest_trtllm_slurm.node.agent", "--dir", d,
                  "--node", node.name]
-        self._remove(box.exit_code, box.heartbeat)
+        file_ops.remove_files(self.shell, [box.exit_code, box.heartbeat])
         env = not_inherited(spec.env, local=isinstance(self.shell, LocalShell))
         launcher = render_step_launcher(argv, log_path=box.log, pid_path=box.srun_pid,
                                         exit_path=box.exit_code,
@@ -435,7 +403,10 @@ class AgentPool:
         name = f"{self.run_id}-{len(ids)}-{uuid.uuid4().hex[:4]}"
         sdir = Agent(node.agent_dir).session(name).dir
         base = list(spec.rerun_argv) or [spec.command[0], "-m", "pytest"]
-        files = {_module(key_path(k), spec.rootdir, spec.invocation_dir) for k in tests.values()}
+        # the node ids' files, absolute when the session runs outside the rootdir
+        cwd, root = spec.invocation_dir, spec.rootdir
+        files = {m if not root or not cwd or cwd == root else f"{root}/{m}"
+                 for m in (key_path(k).split("::", 1)[0] for k in tests.values())}
         argv = session_argv(spec.command[0], base, sdir, sorted(files),
                             capture_no="--capture=no" in spec.command, nodeids_file=True)
         send_session(self.shell, node.agent_dir, name, argv,
@@ -489,10 +460,6 @@ class AgentPool:
         job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
                              reason=f"sent to the warm worker on {node.name}")
 
-    def _remove(self, *paths: str) -> None:
-        file_ops.remove_files(self.shell, paths)
-
-    # -- state ----------------------------------------------------------------------
     def refresh(self, job: WarmJob) -> None:
         """Started? ended? From the batch's pid and exit-code files (no scheduler)."""
         placement, sent = job.placement, job.sent
@@ -500,7 +467,7 @@ class AgentPool:
             return
         node = placement.nodes[0]
         if self._folder_changed(job, sent.exit_path):
-            code = self._read(sent.exit_path).strip()
+            code = self.files.read(sent.exit_path).strip()
             if code == str(EARLY_MISS) and not job.cancelled:
                 self._resend(job, node)
                 return
@@ -510,7 +477,7 @@ class AgentPool:
                 self.release(job)
                 return
             if job.state.status is not JobStatus.RUNNING and (
-                    self._read(sent.pid_path).strip().isdigit()):
+                    self.files.read(sent.pid_path).strip().isdigit()):
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
                 log.debug("warm pool: %s runs", job.job_id)
                 self.files.forget(sent.pid_path)
@@ -524,12 +491,8 @@ class AgentPool:
             self.release(job)
 
     def _folder_changed(self, job: WarmJob, exit_path: str) -> bool:
-        """Read the batch's pid and exit code now? Its fork writes both by rename into
-        the batch's work dir, which moves the folder's mtime: on this machine's files one
-        stat of the folder says whether there is news (two failed opens per batch per
-        round otherwise). Every ``CADENCE.warm_read`` s they are read anyway (two writes
-        within the mtime's granularity); a remote shell's look costs a round trip either
-        way, so it reads them."""
+        """Read the batch's pid and exit code now? Locally, only when its work dir's mtime
+        moved (both are renamed in) or every ``CADENCE.warm_read`` s; remotely, always."""
         if not isinstance(self.shell, LocalShell):
             return True
         now = time.monotonic()
@@ -543,8 +506,8 @@ class AgentPool:
         return True
 
     def _resend(self, job: WarmJob, node: Node) -> None:
-        """The early session lacked one of the batch's node ids (it ran nothing): end it,
-        and send the batch to a session that collects the run's node ids."""
+        """The early session lacked one of the batch's node ids (EARLY_MISS, nothing ran):
+        end it, and send the batch to a session that collects the run's node ids."""
         assert job.sent is not None
         self.files.forget(job.sent.exit_path, job.sent.pid_path)  # read as files from now on
         if node.session == job.sent.session and node.session_ids is None:
@@ -555,8 +518,8 @@ class AgentPool:
         self._send(job.job_id, job)
 
     def check_health(self, also: Sequence[FileOp] = ()) -> list[bytes]:
-        """At most every ``CADENCE.agent_health`` s: is each used node's agent and session
-        alive? ``also``: reads done in the same round trip (their bytes are returned)."""
+        """At most every ``CADENCE.agent_health`` s: is each used node's agent alive?
+        ``also``: reads done in the same round trip (their bytes are returned)."""
         now = time.monotonic()
         watched: list[Node] = []
         if now >= self._next_health:
@@ -595,17 +558,15 @@ class AgentPool:
                 self._lose(node, why)
 
     def _mark_agent_dead(self, d: str) -> None:
-        """What the dead launcher did not write: the exit code (-1: none came; this run's
-        next batch, and every other run, then starts a new agent instead of trusting the
-        last heartbeat). On a full disk only the heartbeat's removal may succeed."""
-        self._remove(Agent(d).heartbeat)
+        """Write the exit code (-1) the dead launcher did not, so no run trusts the last
+        heartbeat (on a full disk only the heartbeat's removal may succeed)."""
+        file_ops.remove_files(self.shell, [Agent(d).heartbeat])
         with contextlib.suppress(ExecutionError, OSError):
             self.shell.write_file(Agent(d).exit_code, "-1\n")
 
     def _dead(self, node: Node) -> str | None:
-        """Why the node's agent cannot serve (None: it can). A lost agent or session
-        (its exit code is written the moment it ends) goes to ``lost``: its batches end
-        CRASHED, their unstarted tests run again, and the node starts a new agent."""
+        """Why the node's agent cannot serve (None: it can); a lost agent or session goes
+        to ``lost`` (its batches end CRASHED, the node starts a new agent)."""
         now = time.monotonic()
         looks: list[FileOp] = []  # the agent's and the session's exit codes, when due
         session = node.session
@@ -672,24 +633,17 @@ class AgentPool:
         return JobState(status=status, exit_code=None if sig else code, signal=sig,
                         nodelist=node.name, reason=f"{why}; see {job.spec.log_path}")
 
-    def _read(self, path: str) -> str:
-        return self.files.read(path)
-
-    # -- cancel / close -------------------------------------------------------------
     def cancel(self, job: WarmJob) -> None:
         job.cancelled = True
-        placement = job.placement
-        if placement is None:
-            job.state = JobState(status=JobStatus.CANCELLED, reason="cancelled before it started")
-            return
         sent = job.sent
-        if job.warm and sent is not None and sent.node.session:  # the node's session now
+        if job.placement is None:
+            job.state = JobState(status=JobStatus.CANCELLED, reason="cancelled before it started")
+        elif job.warm and sent is not None and sent.node.session:  # the node's session now
             self.shell.write_file(Session(sent.node.session).cancel(sent.request_name), "")
 
     def close(self) -> None:
-        """End this run's sessions (the agents stay for the next run): every node's in one
-        round trip where the shell can, one by one when that fails (one may not be
-        writable, the others still end)."""
+        """End this run's sessions (the agents stay): in one round trip, else one by one
+        (one may not be writable, the others still end)."""
         stops = [Session(n.session).stop for n in self.nodes if n.session]
         for node in self.nodes:
             node.session = None
@@ -701,17 +655,10 @@ class AgentPool:
                     self.shell.write_file(stop, "")
 
 
-def _module(nodeid: str, rootdir: str | None = None, cwd: str | None = None) -> str:
-    """A node id's file, relative to the rootdir; absolute when the session runs elsewhere."""
-    module = nodeid.split("::", 1)[0]
-    return module if not rootdir or not cwd or cwd == rootdir else f"{rootdir}/{module}"
-
-
 def session_argv(python: str, base: list[str], sdir: str, targets: list[str], *,
                  capture_no: bool, nodeids_file: bool) -> list[str]:
-    """The served session's pytest: the run's options (``base``: ``rerun_argv``), the
-    worker plugin in serve mode, what to collect (the modules of the run's node ids,
-    narrowed to them by ``sdir/nodeids.json``; or the run's own arguments)."""
+    """The served session's pytest: the run's options (``base``), the worker plugin in
+    serve mode, and what to collect (``targets``, narrowed by ``nodeids.json`` if asked)."""
     box = Session(sdir)
     ids = ["--trtllm-worker-nodeids", box.nodeids] if nodeids_file else []
     return [python, *base[1:], "-p", "pytest_trtllm_slurm.node.worker",
@@ -728,11 +675,8 @@ def controller_env() -> dict[str, str]:
 
 
 def env_for_session(batch_env: dict[str, str], *, local: bool) -> dict[str, str]:
-    """The environment a session request carries: locally, the controller's (what srun
-    would have passed) without its secrets, then the values of the batch's own that may be
-    written (``shown_env``). The request is a file, and neither a secret nor a batch value
-    off the allow-list is written to one: the session inherits those from its agent, which
-    was started with them (``secrets_key`` picks the agent that has this run's)."""
+    """The environment a session request (a file) carries: locally the controller's less
+    its secrets, then the batch's writable values; the rest comes from the agent's own."""
     env: dict[str, str] = {k: v for k, v in without_secrets(controller_env()).items()
                            if k not in batch_env} if local else {}
     env.update(shown_env(batch_env))
@@ -740,22 +684,16 @@ def env_for_session(batch_env: dict[str, str], *, local: bool) -> dict[str, str]
 
 
 def not_inherited(env: dict[str, str], *, local: bool) -> dict[str, str]:
-    """``env`` less the secrets a local agent inherits anyway (same name, same value in
-    this process's environment, which srun passed on): those need not be written to a
-    request or launcher file. A secret given only in a marker or the clusters file is
-    already in a file of yours, and stays."""
+    """``env`` less the secrets a local agent inherits anyway from this process's
+    environment (srun passes it on): those need not be written to a launcher file."""
     if not local:
         return dict(env)
     return {k: v for k, v in env.items() if not (is_secret(k, v) and os.environ.get(k) == v)}
 
 
 def secrets_key(batch_env: Mapping[str, str], *, local: bool) -> str:
-    """Which values an agent must have been started with to serve this run: '' for none,
-    else a digest of the batch's variables that are never written to a file
-    (``hidden_env``) and, for a local agent, of the controller's secret variables (a
-    remote agent gets the login's environment, not ours). Part of the agent's folder
-    name, so a run whose values differ from the agent's gets an agent started with its
-    own."""
+    """A digest ('' for none) of the unwritable values an agent must hold to serve this
+    run (the batch's ``hidden_env``, locally also our secrets); part of the agent's name."""
     held = dict(only_secrets(controller_env())) if local else {}
     held.update(hidden_env(batch_env))
     if not held:
@@ -765,25 +703,17 @@ def secrets_key(batch_env: Mapping[str, str], *, local: bool) -> str:
 
 def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cwd: str,
                  env: dict[str, str], nodeids: str | None = None) -> str:
-    """Ask the agent in ``agent_dir`` for a session (``nodeids``: the text of the node ids
-    it collects, written to its directory first); the session's directory."""
-    sdir, ops = session_ops(agent_dir, name, argv, cwd=cwd, env=env, nodeids=nodeids)
-    run_ops(shell, ops)  # in order, in one round trip where the shell can
-    return sdir
-
-
-def session_ops(agent_dir: str, name: str, argv: list[str], *, cwd: str,
-                env: dict[str, str], nodeids: str | None = None) -> tuple[str, list[FileOp]]:
-    """``send_session``'s session directory and file operations (the session's inbox and
-    the agent's, 0700; its node ids, then the request, 0600), to do in this order."""
+    """Ask the agent in ``agent_dir`` for a session (its inboxes 0700, ``nodeids`` then the
+    request 0600, in one round trip where the shell can); the session's directory."""
     agent = Agent(agent_dir)
     box = agent.session(name)
     request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
                "log_path": box.log, "exit_path": box.exit_code}
-    return box.dir, [file_ops.mkdir(box.inbox, private=True),
-                     file_ops.mkdir(agent.inbox, private=True),
-                     *([file_ops.write(box.nodeids, nodeids)] if nodeids is not None else []),
-                     file_ops.write(agent.request(name), json.dumps(request))]
+    run_ops(shell, [file_ops.mkdir(box.inbox, private=True),
+                    file_ops.mkdir(agent.inbox, private=True),
+                    *([file_ops.write(box.nodeids, nodeids)] if nodeids is not None else []),
+                    file_ops.write(agent.request(name), json.dumps(request))])
+    return box.dir
 
 
 def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
@@ -791,12 +721,6 @@ def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
     another python, or other secrets in its environment, gets its own."""
     key = python if not secrets else f"{python}\0{secrets}"
     return Agent(base).at(f"{node}-{hashlib.sha1(key.encode()).hexdigest()[:8]}")
-
-
-def read_heartbeat(shell: Shell, agent_dir: str) -> dict | None:
-    """The agent's last heartbeat; None when there is none or it is not one (a heartbeat
-    that does not read as ``records.Heartbeat`` is as good as a stale one)."""
-    return heartbeat_of(shell.read_from(Agent(agent_dir).heartbeat, 0, 4096))
 
 
 def heartbeat_of(raw: bytes) -> dict | None:
@@ -807,10 +731,8 @@ def heartbeat_of(raw: bytes) -> dict | None:
         return None
 
 
-# under the agent folder's lock (flock(1), on the target): a start claimed less than
-# AGENT_START_GRACE seconds ago stands while that agent is starting (no heartbeat and no
-# exit code yet: the winner removes both before it lets go of the lock)
-# (arguments: the folder, the grace, then the files: lock, claim, exit code, heartbeat)
+# under the agent folder's flock: a claim younger than the grace stands while its agent
+# starts (no heartbeat, no exit code yet); $1 folder, $2 grace, lock, claim, exit, heartbeat
 _CLAIM = ('mkdir -p "$1" && exec 9>>"$3" && flock -w 30 9 || exit 3; '
           'now=$(date +%s); then=$(cat "$4" 2>/dev/null); '
           'if [ -n "$then" ] && [ "$((now - then))" -lt "$2" ] && [ ! -e "$5" ] '
@@ -819,9 +741,8 @@ _CLAIM = ('mkdir -p "$1" && exec 9>>"$3" && flock -w 30 9 || exit 3; '
 
 
 def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
-    """True when this run is to launch the agent of ``agent_dir``: one agent per node and
-    mailbox, even when two cold runs find it missing at the same moment. (A claim whose
-    agent never started goes stale after AGENT_START_GRACE seconds.)"""
+    """True when this run is to launch the agent of ``agent_dir`` (one, even when two cold
+    runs find it missing at once; a claim goes stale after AGENT_START_GRACE s)."""
     box = Agent(agent_dir)
     res = shell.run(["sh", "-c", _CLAIM, "sh", agent_dir, str(int(AGENT_START_GRACE)),
                      box.start_lock, box.starting, box.exit_code, box.heartbeat], timeout=60)
@@ -831,8 +752,7 @@ def claim_agent_start(shell: Shell, agent_dir: str) -> bool:
 
 
 def agent_alive(shell: Shell, agent_dir: str) -> bool:
-    """A fresh heartbeat, and no exit code yet (the launcher writes it when srun ends,
-    before the last heartbeat grows stale)."""
+    """A fresh heartbeat, and no exit code yet (written when srun ends)."""
     return agents_alive(shell, [agent_dir])[0]
 
 
