@@ -1,9 +1,6 @@
-"""The persistent allocation: one ``salloc --no-shell`` reused by every run of a repo,
-so batches run as steps and repeated runs skip the queue. Its state file is guarded by a
-lock (``state_store``), so concurrent runs share one allocation; only ``release()``
-(``--trtllm-release-allocation``, ``trtllm-slurm alloc release``) frees it. With pyxis it
-also holds the run's named containers (``alloc_containers``).
-"""
+"""The persistent allocation: one ``salloc --no-shell`` reused by every run of a repo
+(its state file under a lock, ``state_store``), freed only by ``release()``. With pyxis
+it also holds the run's named containers (``alloc_containers``)."""
 
 from __future__ import annotations
 
@@ -39,7 +36,7 @@ from pytest_trtllm_slurm.execution.slurm.jobs import (
 )
 from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX, blocker_note
 from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
-from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry, local_registry
+from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry, local_registry
 from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import paths
@@ -76,8 +73,7 @@ class AllocationState(BaseModel):
     cpus_per_node: int | None = None
     mem_per_node_mb: int | None = None
     owner: str | None = None
-    # pyxis: every named container set up in the allocation (container_name / docker_image
-    # above name the latest one, as in the seed)
+    # pyxis: every named container set up in it (container_name / docker_image: the latest)
     container_runtime: str | None = None
     containers: list[ContainerSetup] = Field(default_factory=list)
 
@@ -99,8 +95,8 @@ class AllocationState(BaseModel):
         self.installed = setup.installed
 
     def serves(self, spec: JobSpec) -> str | None:
-        """None when a batch fits in this allocation, else why not. With pyxis any image
-        that is set up in it fits (its container name is the one the step uses)."""
+        """None when a batch fits in this allocation, else why not (with pyxis, any image
+        set up in it fits)."""
         if spec.partition and self.partition and spec.partition != self.partition:
             return f"partition {spec.partition} != {self.partition}"
         if spec.node_count > self.nodes:
@@ -147,9 +143,8 @@ class AllocationRequest:
     @classmethod
     def covering(cls, shapes: Sequence[BatchShape], slurm_env: SlurmEnv | None = None, *,
                  time_limit: str | None = None, nodes: int | None = None) -> AllocationRequest:
-        """One allocation for a run's batches (JobSpecs or BatchKeys): the partition most
-        of them use, as many nodes as the largest needs (at least ``nodes``, the user's
-        --trtllm-alloc-nodes), whole nodes' GPUs."""
+        """One allocation for a run's batches: the partition most use, as many nodes as
+        the largest needs (at least ``nodes``, --trtllm-alloc-nodes), whole nodes' GPUs."""
         if not shapes:
             raise ValueError("no batches to size an allocation for")
         parts = Counter(s.partition for s in shapes)
@@ -183,9 +178,8 @@ class AllocationRequest:
         return list(dict.fromkeys(first + self.container_images))
 
     def incompatible(self, state: AllocationState) -> str | None:
-        """Why an existing allocation cannot serve this request (seed: partition,
-        nodes, image), or None. With pyxis a changed image is no reason: it is set up
-        in the same allocation under its own container name."""
+        """Why an existing allocation cannot serve this request, or None (with pyxis a
+        changed image is no reason: it is set up in the same allocation)."""
         if self.partition and state.partition and self.partition != state.partition:
             return f"partition {state.partition}, wanted {self.partition}"
         if self.account and state.account and self.account != state.account:
@@ -247,19 +241,15 @@ class AllocationManager:
         early: EarlySessions | None = None,
     ) -> None:
         self.shell = shell
-        # this run's sessions started before it collected (on this allocation's agents)
-        self.early = early or EarlySessions()
-        # where warm workers keep their agents (``<dir>/<job id>/<node>-<tag>/``)
+        self.early = early or EarlySessions()  # this run's sessions started before it collected
         root = paths.work_root(None, Path(rootdir))
         self.agents_dir = agents_dir or str(root.agents)
         self.request = request
         self.jobs = jobs or SlurmJobs(shell)
         self.state_path = root.state
-        # where the state lives: here, or on the cluster for a remote one (state_store)
         self.store = store or StateStore(shell, root.dir, paths.STATE_NAME, private=False)
         self.salloc_log = root.salloc_log
-        # another run may hold the lock while it allocates, and with pyxis while it imports
-        # and installs an image (minutes for a TensorRT-LLM image)
+        # another run may hold the lock while it allocates (with pyxis: sets up an image)
         setup_wait = SETUP_TIMEOUT if self.request.container_runtime == "pyxis" else 0
         self._lock_timeout = wait_seconds + 120 + setup_wait
         # the same tag on every machine that shares the store
@@ -269,11 +259,9 @@ class AllocationManager:
         self.warn = warn or (lambda msg: None)
         self.wait_seconds = wait_seconds
         self.messages: list[str] = []  # what ensure() did, for the run's summary
-        # this run's lease on the allocation (and its record for the next run, see runs)
         self.runs = runs or local_registry(shell, root.dir)
         self._state_note = "state file was missing"  # why there is no state (orphan message)
 
-    # -- state file -------------------------------------------------------------
     def read_state(self) -> AllocationState | None:
         """The state file, or None. One that cannot be read or is not a state (binary
         garbage, truncated, wrong types, a folder) is moved aside and reported."""
@@ -289,8 +277,7 @@ class AllocationManager:
             return None
 
     def peek_state(self) -> AllocationState | None:
-        """The state file if it parses, without the lock and without removing a bad one
-        (it is replaced atomically, so a read sees a whole file, old or new)."""
+        """The state file if it parses, without the lock and leaving a bad one in place."""
         try:
             return self._parsed_state()
         except (OSError, ValueError, ValidationError):
@@ -304,23 +291,25 @@ class AllocationManager:
     def _write_state(self, state: AllocationState) -> None:
         self.store.write(state.model_dump_json(indent=2) + "\n")
 
-    # -- the main entry -----------------------------------------------------------
     def ensure(self) -> AllocationState | None:
         """A RUNNING allocation for the request, reused when valid, else created; None
-        (warned) when an incompatible one is busy with another run's steps (batches then
-        run one-shot). With pyxis the request's images are set up in it first."""
+        (warned) when an incompatible one is busy with other runs (batches run one-shot).
+        With pyxis the request's images are set up in it first."""
         if not self.pyxis:  # the common case without the lock: a valid allocation
             with self.runs.locked():  # (nobody cancels it between the check and the lease)
                 state = self.peek_state()
                 if state is not None and self._validate(state) is None:
-                    self.runs.use_allocation(state.job_id)
-                    self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
-                    return state
+                    return self._reuse(state)
         with self.holding_lock():
             state = self._reuse_or_allocate()
             if state is not None and self.pyxis:
                 self._set_up_images(state)
             return state
+
+    def _reuse(self, state: AllocationState) -> AllocationState:
+        self.runs.use_allocation(state.job_id)
+        self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
+        return state
 
     def close(self) -> None:
         """This run no longer uses the allocation (its lease and record go)."""
@@ -328,9 +317,8 @@ class AllocationManager:
 
     @contextlib.contextmanager
     def holding_lock(self) -> Iterator[None]:
-        """The state file's lock, waited for with a line every SAY_EVERY seconds naming
-        its holder; an ExecutionError naming the lock and its holder after
-        ``_lock_timeout`` seconds."""
+        """The state file's lock (``StateStore.locked``: waiting lines, then an error
+        naming its holder after ``_lock_timeout`` seconds)."""
         me = self.runs.me
         holder = {"pid": me.pid, "host": me.host, "run_id": me.run_id,
                   "since": datetime.now().strftime("%H:%M:%S")}
@@ -342,15 +330,13 @@ class AllocationManager:
         return self.request.container_runtime == "pyxis"
 
     def _reuse_or_allocate(self) -> AllocationState | None:
-        """Steps 0C-0E of the seed, under the lock: a valid allocation or a new one."""
+        """Under the lock: a valid allocation or a new one."""
         state = self.read_state()
         if state is not None:
             verdict = self._validate(state)
             if verdict is None:
                 with self.runs.locked():
-                    self.runs.use_allocation(state.job_id)
-                self._say(f"Reusing allocation {state.job_id} ({state.nodelist}).")
-                return state
+                    return self._reuse(state)
             kind, why = verdict
             if kind == "gone":
                 self._say(f"Allocation {state.job_id} is gone ({why}); stale state file "
@@ -370,12 +356,10 @@ class AllocationManager:
                           warn=True)
                 return None
             else:
-                with self.runs.locked():  # no run starts using it while we decide
-                    users = self.runs.users_of(state.job_id)
-                    if not users:
-                        self.jobs.scancel([state.job_id])
-                        self.store.delete()
-                if users:
+                users = self._cancel_unused(state.job_id)
+                if not users:
+                    self.store.delete()
+                else:
                     pids = ", ".join(f"pid {u.pid} on {u.host}" for u in users)
                     self._say(f"Allocation {state.job_id} {why}, but live run(s) use it "
                               f"({pids}): left alone; batches run one-shot.", warn=True)
@@ -425,8 +409,8 @@ class AllocationManager:
         return None
 
     def _only_idle_agents(self, state: AllocationState, steps: dict[str, StepRow]) -> bool:
-        """The allocation's steps are warm workers' agents (named ``*.agent``) that serve
-        no session but this process's own: nothing of another run would be lost."""
+        """The allocation's steps are only agents serving no session but this process's
+        own: nothing of another run would be lost."""
         if any(not row.name.endswith(".agent") for row in steps.values()):
             return False
         base = paths.join(self.agents_dir, state.job_id)
@@ -460,10 +444,7 @@ class AllocationManager:
                           f"checkout ({comment}); left alone (one persistent allocation per "
                           "rootdir).", warn=True)
                 continue
-            with self.runs.locked():
-                users = self.runs.users_of(job_id)
-                if not users:
-                    self.jobs.scancel([job_id])
+            users = self._cancel_unused(job_id)
             if users:
                 self._say(f"Allocation {job_id} ({status}) has no state file but a live run "
                           f"(pid {users[0].pid}) uses it: left alone.", warn=True)
@@ -471,7 +452,15 @@ class AllocationManager:
             self._say(f"Released orphaned allocation {job_id} - {self._state_note}.",
                       warn=True)
 
-    # -- allocate -------------------------------------------------------------------
+    def _cancel_unused(self, job_id: str) -> list[RunRecord]:
+        """scancel ``job_id`` unless live runs use it (checked under the registry's lock,
+        so none starts using it meanwhile); those runs."""
+        with self.runs.locked():
+            users = self.runs.users_of(job_id)
+            if not users:
+                self.jobs.scancel([job_id])
+        return users
+
     def salloc_argv(self) -> list[str]:
         req = self.request
         argv = ["salloc", "--no-shell", f"--job-name={req.job_name}", f"--nodes={req.nodes}",
@@ -521,11 +510,8 @@ class AllocationManager:
         return state
 
     def _salloc(self, argv: list[str]) -> tuple[int, str]:
-        """Run salloc detached, its output in a file on the target, and wait for it here:
-        a line every SAY_EVERY seconds says what it waits for and since when (and names the
-        user's own allocation when that is what holds the nodes); an interrupt (Ctrl-C,
-        SIGTERM, SIGHUP) or a wait past the limit cancels the request that was never
-        granted. (salloc --no-shell exits once granted.)"""
+        """Run salloc detached (its output in a file on the target) and wait for it, with
+        a line every SAY_EVERY s; an interrupt or a wait past the limit cancels the request."""
         base = paths.WorkRoot(paths.root_of(self.agents_dir)).salloc_dir(self.runs.me.run_id)
         out, rc = f"{base}.out", f"{base}.rc"
         # (the detached shell lets go of this command's pipes at once)
@@ -571,8 +557,7 @@ class AllocationManager:
             raise
 
     def _waiting_line(self, job_id: str | None, since: str) -> str:
-        """What the allocation request waits for, since when, and who holds the nodes
-        when it is the user's own allocation."""
+        """What the request waits for, since when, and the user's own jobs holding nodes."""
         reason = ""
         if job_id:  # ``PENDING Resources``: its state and reason as squeue has them
             res = self.jobs.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"])
@@ -615,10 +600,9 @@ class AllocationManager:
         if mem:
             state.mem_per_node_mb = mem // nodes
 
-    # -- pyxis containers (seed Step 0E/0F) ---------------------------------------------
     def _set_up_images(self, state: AllocationState) -> None:
-        """Set up each image of the request that the state does not list as set up (with
-        this install command); the state file is written after each one."""
+        """Set up each image of the request not yet set up with this install command,
+        writing the state file after each one."""
         if state.container_runtime != "pyxis":  # an allocation made before pyxis was on
             state.container_runtime = "pyxis"
             self._write_state(state)
@@ -636,7 +620,6 @@ class AllocationManager:
                 workdir=req.install_workdir))
             self._write_state(state)
 
-    # -- checks -----------------------------------------------------------------------
     def check_time(self, state: AllocationState, spec: JobSpec) -> str | None:
         """A warning when the allocation ends before the batch's time limit could."""
         want = parse_duration(spec.time_limit)
@@ -670,7 +653,6 @@ class AllocationManager:
                       "interfere with the job.", warn=True)
         return procs
 
-    # -- status / release -----------------------------------------------------------------
     def status(self) -> dict[str, object]:
         """The state file plus the scheduler's view (for ``trtllm-slurm alloc status``)."""
         state = self.peek_state()  # never waits for a run that holds the lock
@@ -716,7 +698,6 @@ class AllocationManager:
                     msgs.append(f"Orphaned allocation {job_id} released.")
         return " ".join(msgs) or f"No allocation to release ({self.store.where} absent)."
 
-    # -- helpers ------------------------------------------------------------------------------
     @property
     def user(self) -> str:
         if self._user is None:
