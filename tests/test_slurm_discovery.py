@@ -20,9 +20,10 @@ from pytest_trtllm_slurm.execution.slurm.parse import (
     parse_key_values,
     parse_mpi_list,
     parse_nodes,
-    parse_partitions,
+    parse_records,
     parse_scontrol_config,
     parse_version,
+    partitions_from_records,
 )
 from pytest_trtllm_slurm.transport.shell import CommandResult, LocalShell
 
@@ -108,7 +109,7 @@ def test_parse_nodes() -> None:
 
 
 def test_parse_partitions() -> None:
-    parts = {p.name: p for p in parse_partitions(PARTITIONS_OUT, parse_nodes(NODES_OUT))}
+    parts = {p.name: p for p in partitions_from_records(parse_records(PARTITIONS_OUT), parse_nodes(NODES_OUT))}
     batch, gb, cpu = parts["batch"], parts["gb200"], parts["cpu"]
     assert (batch.default, batch.state, batch.time_limit) == (True, "up", "UNLIMITED")
     assert batch.nodes == ["n1", "n2"]
@@ -122,7 +123,7 @@ def test_parse_partitions() -> None:
 
 
 def test_parse_partitions_without_node_info() -> None:
-    batch = parse_partitions(PARTITIONS_OUT)[0]
+    batch = partitions_from_records(parse_records(PARTITIONS_OUT))[0]
     assert (batch.nodes, batch.gpus_per_node, batch.arch) == (["n1", "n2"], 0, None)
 
 

@@ -1,10 +1,5 @@
-"""Slurm discovery: what detect_slurm_env.sh reports, run through a Shell.
-
-Commands are argv lists run through the Shell, so the same code serves a local
-Slurm and a remote one over SSH. Anything that fails is recorded in
-``SlurmEnv.errors`` (a partial result), never raised: the caller decides
-whether partial is enough. Parsing lives in ``parse``.
-"""
+"""Slurm discovery through a Shell (local or over SSH): what fails is recorded in
+``SlurmEnv.errors`` (a partial result), never raised. Parsing lives in ``parse``."""
 
 from __future__ import annotations
 
@@ -59,25 +54,13 @@ def discover(shell: Shell, partitions: list[str] | None = None, *, timeout: floa
     user = user_res.stdout.strip() if user_res else None
 
     config_res = run(["scontrol", "show", "config"], "cluster name")
-    cluster_name = (
-        parse_scontrol_config(config_res.stdout).get("ClusterName") if config_res else None
-    )
+    cluster_name = parse_scontrol_config(config_res.stdout).get("ClusterName") if (
+        config_res) else None
 
     default_account: str | None = None
     accounts: list[str] = []
     if user:
-        acct_res = run(
-            [
-                "sacctmgr",
-                "-nP",
-                "show",
-                "user",
-                user,
-                "withassoc",
-                "format=User,DefaultAccount,Cluster,Account",
-            ],
-            "accounts",
-        )
+        acct_res = run(_accounts_argv(user), "accounts")
         if acct_res:
             default_account, accounts = parse_accounts(acct_res.stdout, cluster_name)
             if not accounts:
@@ -90,22 +73,18 @@ def discover(shell: Shell, partitions: list[str] | None = None, *, timeout: floa
     if not mpi_res.ok and not pmix.available:
         errors.append(f"pmix: {mpi_res.describe()}")
 
-    return SlurmEnv(
-        cluster_name=cluster_name,
-        user=user,
-        default_account=default_account,
-        accounts=accounts,
-        default_partition=default_partition,
-        partitions=part_infos,
-        pmix=pmix,
-        slurm_version=version,
-        errors=errors,
-    )
+    return SlurmEnv(cluster_name=cluster_name, user=user, default_account=default_account,
+                    accounts=accounts, default_partition=default_partition,
+                    partitions=part_infos, pmix=pmix, slurm_version=version, errors=errors)
 
 
-def _prefetch(
-    shell: Shell, partitions: list[str] | None, timeout: float
-) -> dict[tuple[str, ...], CommandResult]:
+def _accounts_argv(user: str) -> list[str]:
+    return ["sacctmgr", "-nP", "show", "user", user, "withassoc",
+            "format=User,DefaultAccount,Cluster,Account"]
+
+
+def _prefetch(shell: Shell, partitions: list[str] | None,
+              timeout: float) -> dict[tuple[str, ...], CommandResult]:
     """The independent discovery commands at once (a local shell only: each is a
     client start and a controller round trip, about 0.2 s one after another)."""
     if not getattr(shell, "parallel_safe", False):
@@ -118,8 +97,7 @@ def _prefetch(
     if not partitions:
         argvs.append(["scontrol", "show", "node", "-o"])
     if user.ok and user.stdout.strip():
-        argvs.append(["sacctmgr", "-nP", "show", "user", user.stdout.strip(), "withassoc",
-                      "format=User,DefaultAccount,Cluster,Account"])
+        argvs.append(_accounts_argv(user.stdout.strip()))
     with ThreadPoolExecutor(max_workers=len(argvs)) as pool:
         results = list(pool.map(lambda argv: shell.run(argv, timeout=timeout), argvs))
     out = {tuple(argv): res for argv, res in zip(argvs, results, strict=True)}
@@ -127,23 +105,20 @@ def _prefetch(
     return out
 
 
-def _discover_partitions(
-    run: _Runner, wanted: list[str] | None, errors: list[str]
-) -> tuple[list[PartitionInfo], str | None]:
+def _discover_partitions(run: _Runner, wanted: list[str] | None,
+                         errors: list[str]) -> tuple[list[PartitionInfo], str | None]:
     part_res = run(["scontrol", "show", "partition", "-o"], "partitions")
     if not part_res:
         return [], None
     records = parse_records(part_res.stdout)
-    default = next(
-        (r["PartitionName"] for r in records if r.get("Default", "").upper() == "YES"), None
-    )
+    default = next((r["PartitionName"] for r in records
+                    if r.get("Default", "").upper() == "YES"), None)
     if wanted:
         known = [r.get("PartitionName", "") for r in records]
         missing = [w for w in wanted if w not in known]
         if missing:
-            errors.append(
-                f"partitions: {', '.join(missing)} not found; available: {', '.join(known)}"
-            )
+            errors.append(f"partitions: {', '.join(missing)} not found; "
+                          f"available: {', '.join(known)}")
         records = [r for r in records if r.get("PartitionName") in wanted]
     node_exprs = [r["Nodes"] for r in records if r.get("Nodes") and r["Nodes"] != "(null)"]
     nodes: list[NodeInfo] = []

@@ -1,8 +1,5 @@
-"""Pure parsers for Slurm command output (scontrol, sacctmgr, srun --mpi=list, sinfo).
-
-They take captured strings, never run anything, so they are tested on samples
-and on the real cluster's output alike; ``discovery`` runs the commands.
-"""
+"""Pure parsers for Slurm command output (scontrol, sacctmgr, srun --mpi=list, sinfo):
+captured strings in, so samples and the real cluster's output test them alike."""
 
 from __future__ import annotations
 
@@ -13,14 +10,8 @@ from dataclasses import dataclass, field
 from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, PmixInfo
 
 # Node Features that name a CPU architecture (value: canonical arch).
-_ARCH_FEATURES = {
-    "x86_64": "x86_64",
-    "amd64": "x86_64",
-    "x86": "x86_64",
-    "aarch64": "aarch64",
-    "arm64": "aarch64",
-    "sbsa": "aarch64",
-}
+_ARCH_FEATURES = {"x86_64": "x86_64", "amd64": "x86_64", "x86": "x86_64",
+                  "aarch64": "aarch64", "arm64": "aarch64", "sbsa": "aarch64"}
 
 _KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][\w/:.\[\]-]*)=")
 
@@ -40,11 +31,8 @@ class NodeInfo:
 
 
 def parse_key_values(line: str) -> dict[str, str]:
-    """``Key=Value Key2=Value with spaces`` (one ``scontrol -o`` record) -> dict.
-
-    A value runs until the next `` Key=``; values may contain spaces (``OS=Linux 6.1 #1 SMP``)
-    and ``=`` after a non-space (``TRES=cpu=4,mem=4000M``).
-    """
+    """``Key=Value Key2=Value with spaces`` (one ``scontrol -o`` record) -> dict; a value
+    runs until the next `` Key=`` (``OS=Linux 6.1 #1 SMP``, ``TRES=cpu=4,mem=4000M``)."""
     matches = list(_KEY_RE.finditer(line))
     out: dict[str, str] = {}
     for i, m in enumerate(matches):
@@ -81,10 +69,7 @@ def expand_hostlist(expr: str) -> list[str]:
     """Expand a Slurm hostlist (``n[01-03,7],g1``, ``r[1-2]-n[1-2]``) keeping zero padding."""
     if not expr or expr in ("(null)", "None"):
         return []
-    hosts: list[str] = []
-    for part in split_top_level(expr):
-        hosts.extend(_expand_one(part))
-    return hosts
+    return [host for part in split_top_level(expr) for host in _expand_one(part)]
 
 
 def _expand_one(part: str) -> list[str]:
@@ -109,11 +94,8 @@ def _expand_one(part: str) -> list[str]:
 
 
 def parse_gres(gres: str | None) -> tuple[str | None, int]:
-    """GPU type and count of one node's Gres (``gpu:h200:4(S:0-1),nic:2`` -> ("h200", 4)).
-
-    The type keeps Slurm's spelling (gres.conf ``Type``), because ``--gres=gpu:<type>:N``
-    must use it verbatim. No GPU gres -> (None, 0).
-    """
+    """GPU type (Slurm's spelling: ``--gres=gpu:<type>:N`` uses it verbatim) and count of
+    one node's Gres (``gpu:h200:4(S:0-1),nic:2`` -> ("h200", 4)); no GPU -> (None, 0)."""
     if not gres or gres in ("(null)", "N/A"):
         return None, 0
     gpu_type: str | None = None
@@ -136,11 +118,7 @@ def parse_gres(gres: str | None) -> tuple[str | None, int]:
 
 def arch_from_features(features: Iterable[str]) -> str | None:
     """Canonical CPU arch named by a node Feature (x86_64 / aarch64), or None."""
-    for feat in features:
-        arch = _ARCH_FEATURES.get(feat.strip().lower())
-        if arch:
-            return arch
-    return None
+    return next((a for f in features if (a := _ARCH_FEATURES.get(f.strip().lower()))), None)
 
 
 def canonical_arch(arch: str | None) -> str | None:
@@ -162,35 +140,19 @@ def parse_nodes(text: str) -> list[NodeInfo]:
         gres = rec.get("Gres")
         gpu_type, gpus = parse_gres(gres)
         parts_raw = rec.get("Partitions", "")
-        nodes.append(
-            NodeInfo(
-                name=name,
-                arch=arch_from_features(features) or canonical_arch(rec.get("Arch")),
-                features=features,
-                gres=gres if gres and gres != "(null)" else None,
-                gpu_type=gpu_type,
-                gpus=gpus,
-                state=rec.get("State"),
-                partitions=[p for p in parts_raw.split(",") if p and p != "(null)"],
-            )
-        )
+        nodes.append(NodeInfo(
+            name=name, arch=arch_from_features(features) or canonical_arch(rec.get("Arch")),
+            features=features, gres=gres if gres and gres != "(null)" else None,
+            gpu_type=gpu_type, gpus=gpus, state=rec.get("State"),
+            partitions=[p for p in parts_raw.split(",") if p and p != "(null)"]))
     return nodes
-
-
-def parse_partitions(text: str, nodes: list[NodeInfo] | None = None) -> list[PartitionInfo]:
-    """``scontrol show partition -o`` (+ the nodes) -> PartitionInfo list."""
-    return partitions_from_records(parse_records(text), nodes)
 
 
 def partitions_from_records(
     records: list[dict[str, str]], nodes: list[NodeInfo] | None = None
 ) -> list[PartitionInfo]:
-    """Partition records (+ the nodes) -> PartitionInfo list.
-
-    ``gpus_per_node`` is the largest GPU count of the partition's nodes (a job asking for N
-    GPUs per node can run when some node has N); ``arch`` and ``gres`` come from the first
-    GPU node (first node when none has GPUs).
-    """
+    """``scontrol show partition -o`` records (+ the nodes) -> PartitionInfo list:
+    ``gpus_per_node`` is the largest node's; ``arch`` and ``gres`` the first GPU node's."""
     by_name = {n.name: n for n in nodes or []}
     out: list[PartitionInfo] = []
     for rec in records:
@@ -201,20 +163,13 @@ def partitions_from_records(
         members = [by_name[n] for n in node_names if n in by_name]
         gpu_nodes = [n for n in members if n.gpus > 0]
         rep = gpu_nodes[0] if gpu_nodes else (members[0] if members else None)
-        out.append(
-            PartitionInfo(
-                name=name,
-                state=(rec.get("State") or "").lower() or None,
-                time_limit=rec.get("MaxTime"),
-                nodes=node_names,
-                arch=rep.arch if rep else None,
-                gres=rep.gres if rep and gpu_nodes else None,
-                gpu_type=rep.gpu_type if rep and gpu_nodes else None,
-                gpus_per_node=max((n.gpus for n in gpu_nodes), default=0),
-                requires_gres=bool(gpu_nodes),
-                default=rec.get("Default", "").upper() == "YES",
-            )
-        )
+        out.append(PartitionInfo(
+            name=name, state=(rec.get("State") or "").lower() or None,
+            time_limit=rec.get("MaxTime"), nodes=node_names, arch=rep.arch if rep else None,
+            gres=rep.gres if rep and gpu_nodes else None,
+            gpu_type=rep.gpu_type if rep and gpu_nodes else None,
+            gpus_per_node=max((n.gpus for n in gpu_nodes), default=0),
+            requires_gres=bool(gpu_nodes), default=rec.get("Default", "").upper() == "YES"))
     return out
 
 
@@ -235,10 +190,8 @@ def parse_version(text: str) -> str | None:
 
 
 def parse_mpi_list(text: str) -> PmixInfo:
-    """``srun --mpi=list`` (stdout or stderr; the layout varies by version) -> PmixInfo.
-
-    Preferred: the newest ``pmix_vN``, else ``pmix``, else ``pmi2``, else None.
-    """
+    """``srun --mpi=list`` (stdout or stderr; the layout varies by version) -> PmixInfo
+    (preferred: the newest ``pmix_vN``, else ``pmix``, else ``pmi2``, else None)."""
     names: list[str] = []
     for line in text.splitlines():
         low = line.strip().lower()
@@ -263,20 +216,13 @@ def _preferred_mpi(available: list[str]) -> str | None:
         (n for n in available if re.fullmatch(r"pmix_v\d+", n)),
         key=lambda n: int(n.removeprefix("pmix_v")),
     )
-    if versioned:
-        return versioned[-1]
-    for name in ("pmix", "pmi2"):
-        if name in available:
-            return name
-    return None
+    return versioned[-1] if versioned else next(
+        (name for name in ("pmix", "pmi2") if name in available), None)
 
 
 def parse_accounts(text: str, cluster: str | None = None) -> tuple[str | None, list[str]]:
-    """``sacctmgr -nP show user U withassoc format=User,DefaultAccount,Cluster,Account``.
-
-    Returns (default account, accounts in first-seen order), keeping only rows of
-    ``cluster`` when it is known (one slurmdbd often serves several clusters).
-    """
+    """(default account, accounts in first-seen order) from ``sacctmgr ... withassoc
+    format=User,DefaultAccount,Cluster,Account``; only ``cluster``'s rows when known."""
     default: str | None = None
     accounts: list[str] = []
     for line in text.splitlines():
