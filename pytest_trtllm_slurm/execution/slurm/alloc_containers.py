@@ -1,10 +1,5 @@
-"""Containers set up inside a persistent allocation (pyxis).
-
-Why: importing a TensorRT-LLM image takes minutes. pyxis keeps a named container per node
-for the allocation's life: each image is imported, its mounts warmed and its install step
-run once, and every later step uses it by name (``container_name_for``). A changed image
-is a new name set up beside the old one; the state file lists what is set up.
-"""
+"""Named pyxis containers set up once per persistent allocation (an image import takes
+minutes): imported, mounts warmed, installed once; later steps use them by name."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ from pydantic import BaseModel, ConfigDict
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.render.containers import (
-    container_name_for,
     parse_mount,
     pyxis_setup_argvs,
 )
@@ -44,11 +38,6 @@ class ContainerSetup(BaseModel):
                                    or self.install_command == install_command)
 
 
-def setup_name(image: str, account: str | None) -> str:
-    """The container name of ``image``: the one every job step of the allocation uses."""
-    return container_name_for(image, account=account)
-
-
 def setup_mounts(repo: str, extra: Sequence[str] = (), models_root: str | None = None
                  ) -> list[str]:
     """What the setup steps mount: the repo (the install step runs there, e.g. ``pip install
@@ -64,24 +53,12 @@ def setup_mounts(repo: str, extra: Sequence[str] = (), models_root: str | None =
     return out
 
 
-def set_up_container(
-    jobs: SlurmJobs,
-    job_id: str,
-    nodes: int,
-    image: str,
-    name: str,
-    *,
-    mounts: Sequence[str] = (),
-    install_command: str | None = None,
-    workdir: str | None = None,
-    timeout: float = SETUP_TIMEOUT,
-) -> ContainerSetup:
-    """Run the setup steps (import on every node, warm the mounts, install once, writable).
-
-    Each step is an argv (no shell on our side; the install command is the user's own shell
-    line, run by ``sh -c`` inside the container). A failed step raises ExecutionError
-    naming the image, the container and srun's complaint.
-    """
+def set_up_container(jobs: SlurmJobs, job_id: str, nodes: int, image: str, name: str, *,
+                     mounts: Sequence[str] = (), install_command: str | None = None,
+                     workdir: str | None = None, timeout: float = SETUP_TIMEOUT
+                     ) -> ContainerSetup:
+    """Run the setup steps (import on every node, warm the mounts, install once); a failed
+    one raises ExecutionError naming the image, the container and srun's complaint."""
     steps = pyxis_setup_argvs(job_id, nodes, image, name, mounts,
                               install_command=install_command, workdir=workdir)
     labels = ["import", *(["mount warm-up"] if mounts else []),
@@ -89,9 +66,7 @@ def set_up_container(
     for what, argv in zip(labels, steps, strict=True):
         res = jobs.run(argv, timeout=timeout)
         if not res.ok:
-            raise ExecutionError(
-                f"container setup of image {image} (container {name}) in allocation {job_id} "
-                f"failed at the {what}: {res.describe()}"
-            )
+            raise ExecutionError(f"container setup of image {image} (container {name}) in "
+                                 f"allocation {job_id} failed at the {what}: {res.describe()}")
     return ContainerSetup(name=name, image=image, install_command=install_command,
                           installed=True)

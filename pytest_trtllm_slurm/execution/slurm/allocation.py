@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.records import BadRecord, Heartbeat, load_json, validated
+from pytest_trtllm_slurm.execution.render.containers import container_name_for
 from pytest_trtllm_slurm.execution.render.scripts import GresStyle, gpu_flag
 from pytest_trtllm_slurm.execution.slurm.alloc_containers import (
     SETUP_TIMEOUT,
     ContainerSetup,
     set_up_container,
-    setup_name,
 )
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import (
@@ -105,7 +105,8 @@ class AllocationState(BaseModel):
             return f"needs {spec.devices_per_node} GPUs per node, it has {self.gpus_per_node}"
         if self.container_runtime == "pyxis":
             if spec.container_image:
-                setup = self.container(setup_name(spec.container_image, spec.account))
+                name = container_name_for(spec.container_image, account=spec.account)
+                setup = self.container(name)
                 if setup is None or not setup.installed:
                     return f"image {spec.container_image} is not set up in it"
             return None
@@ -608,7 +609,7 @@ class AllocationManager:
             self._write_state(state)
         req = self.request
         for image in req.images:
-            name = setup_name(image, req.account)
+            name = container_name_for(image, account=req.account)
             done = state.container(name)
             if done is not None and done.current(req.install_command):
                 continue

@@ -1,10 +1,4 @@
-"""SlurmClient: every Slurm command the plugin runs, over one Shell.
-
-Local Slurm is ``SlurmClient(LocalShell())``; a remote cluster is
-``SlurmClient(SSHShell(...))``: the recipes are written once. Discovery lives in
-``discovery``; job commands (sbatch, salloc, srun, squeue, sacct, scancel)
-are added here as methods that build argv lists and parse with ``parse``.
-"""
+"""SlurmClient: the discovery and cluster-name commands over one Shell (local or SSH)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""A short-lived cache of the local Slurm discovery (``work_dirs/.cache/slurm_env.json``).
-
-Discovery costs about 0.2 s a run (``sacctmgr`` waits on slurmdbd), which is most
-of what dispatching one test to a warm allocation costs. Partitions and accounts
-change rarely; for ``ttl`` seconds a run reuses what the previous one found. A
-discovery with errors is never cached, and the key names the cluster, the user
-and SLURM_CONF, so another cluster or configuration misses.
-"""
+"""A ``ttl``-second cache of the local Slurm discovery (``work_dirs/.cache/slurm_env.json``):
+it costs about 0.2 s a run. Never of a discovery with errors; keyed by cluster, user and
+SLURM_CONF."""
 
 from __future__ import annotations
 
@@ -26,9 +21,8 @@ def cache_key(cluster_name: str | None) -> str:
     return f"{cluster_name}|{os.getuid()}|{os.environ.get('SLURM_CONF', '')}"
 
 
-def cached_discovery(
-    path: Path, key: str, discover: Callable[[], SlurmEnv], ttl: float = DEFAULT_TTL
-) -> SlurmEnv:
+def cached_discovery(path: Path, key: str, discover: Callable[[], SlurmEnv],
+                     ttl: float = DEFAULT_TTL) -> SlurmEnv:
     """The cached SlurmEnv when fresh and for the same key, else ``discover()`` (saved)."""
     if ttl > 0:
         try:

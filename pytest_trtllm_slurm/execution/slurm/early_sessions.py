@@ -1,8 +1,5 @@
-"""Sessions this run started on live agents before it collected (see ``warm_start``), one
-object per run: the warm pool takes each for the first batch on its node, the allocation
-neither releases nor cleans up under open ones, and the run's end stops those no batch
-took. Agent folder -> session folder.
-"""
+"""Sessions this run started on live agents before it collected (``warm_start``): the pool
+takes each for its node's first batch; the run's end stops those no batch took."""
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,10 +1,5 @@
-"""Which nodes and how many GPUs a batch gets in a persistent allocation.
-
-Pure: the placer looks at each node's GPUs (total and in use) and a request, and
-answers with nodes or None; nothing here reads a file or asks the scheduler, so the
-policy is tested without Slurm (tests/test_placement.py). The warm pool keeps the
-nodes, asks the placer, and books what it was given with ``take`` / ``give_back``.
-"""
+"""Which nodes and how many GPUs a batch gets in a persistent allocation: a pure policy
+(nodes and a request in, nodes or None out); the warm pool books with ``take``/``give_back``."""
 
 from __future__ import annotations
 
@@ -69,8 +64,7 @@ class BestFit:
                 and (not request.whole or n.used == 0)]
         if len(fits) < max(1, request.nodes):
             return None
-        order = {id(n): i for i, n in enumerate(nodes)}
-        fits.sort(key=lambda n: (n.gpus - n.used, order[id(n)]))
+        fits.sort(key=lambda n: n.gpus - n.used)  # (stable: ties keep the nodes' order)
         return Placement(nodes=fits[:max(1, request.nodes)], gpus=request.gpus)
 
     def reserve(self, nodes: Sequence[N], count: int, *,
@@ -81,8 +75,7 @@ class BestFit:
         free = [n for n in nodes if id(n) not in skip]
         if len(free) < max(1, count):
             return None
-        order = {id(n): i for i, n in enumerate(nodes)}
-        free.sort(key=lambda n: (n.used, order[id(n)]))
+        free.sort(key=lambda n: n.used)  # (stable: ties keep the nodes' order)
         return free[:max(1, count)]
 
 

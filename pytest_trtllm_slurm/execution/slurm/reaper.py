@@ -5,6 +5,7 @@ for each registry file (``runs``) whose run is gone, its still-queued jobs and s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError, SlurmJobs, chunks
@@ -65,19 +66,14 @@ def _cancel_warm(shell: Shell, record: RunRecord) -> list[str]:
     a session that already ended ignores them)."""
     done = []
     for item in record.warm:
-        if not shell.exists(Session(item.session).inbox):
-            continue
-        try:
-            shell.write_file(Session(item.session).cancel(item.request), "")
-            done.append(item.request)
-        except OSError:
-            continue
+        if shell.exists(Session(item.session).inbox):
+            with contextlib.suppress(OSError):
+                shell.write_file(Session(item.session).cancel(item.request), "")
+                done.append(item.request)
     for session in dict.fromkeys(item.session for item in record.warm):
         if shell.exists(Session(session).inbox):
-            try:
+            with contextlib.suppress(OSError):
                 shell.write_file(Session(session).stop, "")
-            except OSError:
-                continue
     return done
 
 

@@ -1,13 +1,7 @@
-"""Which controller runs are alive, and what each submitted: the run registry.
-
-Each dispatching run keeps ``<folder>/<run id>.json`` (its process, the allocation it
-uses, the jobs and steps it submitted), removed when it ends. The folder is on the Shell's
-host (on a remote cluster, shared by every machine of the user), where a pid cannot be
-checked from elsewhere: so each run holds a ``flock`` on its ``<run id>.lock`` while it
-runs, and whoever can take it knows the run is gone. Two uses: a lease (an allocation a
-live run uses is never cancelled, ``users_of``), and after a SIGKILL the next run cancels
-what the dead one left in the queue (``dead``).
-"""
+"""The run registry: each live run's ``<folder>/<run id>.json`` (its allocation, jobs and
+steps) on the Shell's host, proven alive by the ``flock`` it holds on ``<run id>.lock``.
+Uses: a lease (an allocation a live run uses is never cancelled, ``users_of``), and the
+next run cancels what a SIGKILLed one left in the queue (``dead``)."""
 
 from __future__ import annotations
 
@@ -180,8 +174,7 @@ class RunRegistry:
             self._start_error = exc
 
     def save(self) -> None:
-        """Write this run's file (atomically, 0600), its lease held first: a record is
-        never seen without its live lock."""
+        """Write this run's file (atomically, 0600)."""
         self.shell.write_file(self.path, self._saving())
         self._saved = True
 
@@ -216,13 +209,9 @@ class RunRegistry:
         self.me.steps.append(StepRecord(allocation=allocation, work_dir=work_dir))
         self.save()
 
-    def add_warm(self, session: str, request: str) -> None:
-        self.me.warm.append(WarmRecord(session=session, request=request))
-        self.save()
-
     def warm_note(self, session: str, request: str) -> FileOp:
-        """``add_warm`` as the write to do with the batch's own files (``file_ops``: the
-        request and its note in one round trip), ahead of the request."""
+        """Note a served batch: the record's write, to do ahead of its request (in the
+        same round trip)."""
         self.me.warm.append(WarmRecord(session=session, request=request))
         note = file_ops.write(self.path, self._saving())
         self._saved = True  # (``finish`` removes it: rm -f, whether it landed or not)

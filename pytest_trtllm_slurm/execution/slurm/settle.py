@@ -1,12 +1,6 @@
-"""When a batch's final state may be shown: once its reports file is complete.
-
-Shared file systems lag: a job can end before its last report lines are visible here.
-A batch whose process ended (exit code, sacct) has closed its reports file, so after
-one refresh of the directory's attribute cache what is there is all there is: a crash
-(no ``session_finish`` line, ever) is decided at once. Only a batch that exited 0 (a
-clean pytest always writes the line) waits for it, bounded by ``report_wait``. A build job
-writes no reports at all: it has nothing to wait for.
-"""
+"""When a batch's final state may be shown: once its reports file is complete. Shared file
+systems lag, so after one refresh of the directory's cache only a batch that exited 0 (a
+clean pytest writes ``session_finish``) waits for that line, at most ``report_wait``."""
 
 from __future__ import annotations
 
@@ -21,11 +15,8 @@ NO_REPORTS = frozenset({"build"})
 
 def reports_settled(shell: Shell, job: TrackedJob, now: float, report_wait: float) -> bool:
     """True when the batch's reports are complete, or given up on."""
-    if job.state.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
-        return True
-    if job.handle.spec.workflow in NO_REPORTS:
-        return True
-    if session_finished(shell, job):
+    if job.state.status not in (JobStatus.COMPLETED, JobStatus.FAILED) or (
+            job.handle.spec.workflow in NO_REPORTS) or session_finished(shell, job):
         return True
     if job.settle_since is None:
         job.settle_since = now

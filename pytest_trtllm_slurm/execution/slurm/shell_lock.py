@@ -1,13 +1,7 @@
-"""A lock on a file of the target, held there by a process for as long as we want.
-
-Why: a remote allocation is shared by every machine of the user, so its lock must live on
-the cluster. ``flock`` there is held by a small process (``flock`` then ``cat``) whose
-stdin is our end of the connection: when we release it, die or drop the connection, ``cat``
-ends and the kernel drops the lock at once (a holder that vanished without closing lets go
-after ``max_hold``). Over a LocalShell the same is a child process, so every lock of the
-plugin's state is this one. Its files are made by ``mktemp``; a lock file that is a link
-is refused.
-"""
+"""A lock on a file of the target (a remote allocation is shared by every machine of the
+user), held by ``flock`` then ``cat`` there, whose stdin is our end of the connection: when
+we release, die or drop it, ``cat`` ends and the lock goes (else after ``max_hold``). Its
+files are made by ``mktemp``; a lock file that is a link is refused."""
 
 from __future__ import annotations
 
@@ -131,8 +125,7 @@ class ShellLock:
                 pause = min(0.25, pause * 1.5)  # (a local holder holds within ms)
 
     def release(self, *, wait: bool = False) -> None:
-        """Let go: the holder's stdin closes, it removes its record and ends, which frees
-        the lock a moment later (another waiter gets it then). ``wait``: until it ended."""
+        """Let go (the holder's stdin closes: it ends a moment later; ``wait``: until then)."""
         hold, self._hold = self._hold, None
         if hold is None:
             return
@@ -147,11 +140,8 @@ class ShellLock:
         return (int(status), body) if sep and status.isdigit() else (-1, text)
 
     def _look(self, token: str) -> tuple[dict[str, object] | None, bool]:
-        """The holder's record, and whether the look waited for it: a shell that can
-        (the SSH relay) waits on the cluster until the record names ``token``, so the
-        lock is seen held the moment its holder writes it, in one round trip (a poll
-        that backs off to 0.25 s cost up to that much per lock, a round trip per look);
-        at most ``AWAIT`` s, so the holder's own end is still noticed between looks."""
+        """The holder's record, and whether the look waited for it: the SSH relay waits
+        there (at most ``AWAIT`` s) until the record names ``token``, in one round trip."""
         wait = getattr(self.shell, "read_when", None)
         raw = wait(holder_of(self.path), token, AWAIT) if wait is not None else None
         if raw is None:

@@ -1,8 +1,5 @@
-"""Where the persistent allocation's state file lives, and the lock that guards it: one
-class over the Shell, for a checkout's ``work_dirs`` here and for a remote cluster's
-private state folder (shared by every machine of the user). The lock is a ``flock`` held
-there (``shell_lock``); the file is written atomically, 0600.
-"""
+"""The persistent allocation's state file (atomic, 0600) and its ``shell_lock``, over the
+Shell: a checkout's ``work_dirs`` here, or a remote cluster's private state folder."""
 
 from __future__ import annotations
 
@@ -21,15 +18,9 @@ SAY_EVERY = 30.0  # seconds between repeated "still waiting for the lock" lines
 Warn = Callable[[str], None]
 
 
-def _aside_name(name: str, why: str) -> str:
-    return f"{name}.{why}-{datetime.now().strftime('%Y%m%d_%H%M%S')}-{uuid4().hex[:4]}"
-
-
 class StateStore:
-    """The state file of one allocation on ``shell``'s host, and its lock.
-
-    ``private``: the folder must be ours and closed to others (the cluster's state folder);
-    a checkout's ``work_dirs`` is left as the user has it."""
+    """The state file of one allocation on ``shell``'s host, and its lock (``private``:
+    the folder must be ours and closed to others; a checkout's ``work_dirs`` is left as is)."""
 
     def __init__(self, shell: Shell, folder: str | Path, name: str, *,
                  private: bool = True) -> None:
@@ -79,7 +70,8 @@ class StateStore:
     def move_aside(self, why: str) -> str | None:
         """Keep a bad file for a look (``<name>.<why>-<time>``); where it went, or None
         (then it is deleted)."""
-        aside = join(self.folder, _aside_name(name_of(self.path), why))
+        stamp = f"{datetime.now().strftime('%Y%m%d_%H%M%S')}-{uuid4().hex[:4]}"
+        aside = join(self.folder, f"{name_of(self.path)}.{why}-{stamp}")
         if self.shell.run(["mv", "-f", "--", self.path, aside], timeout=60).ok:
             return shell_where(self.shell, aside)
         self.delete()

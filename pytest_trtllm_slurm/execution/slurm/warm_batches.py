@@ -1,7 +1,6 @@
 """Batches in a persistent allocation with warm workers: the allocation's AgentPool
-places them (now, or once GPUs are free); a pytest batch runs in a fork of the node's
-warm worker (followed through files, no scheduler), a multi-node MPI batch as a step
-on whole nodes (launched gated, before its nodes are free, when it can be)."""
+places them; a pytest batch runs in a fork of the node's warm worker (followed through
+files), a multi-node MPI batch as a (gated) step on whole nodes."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ class WarmBatches:
         self.steps = steps  # a step the pool gave nodes to is launched there
         self.pools: dict[str, AgentPool] = {}
         self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
-        self._recorded: set[str] = set()  # batches noted in this run's record
+        self._recorded: set[str] = set()  # batches noted in this run's record (``_note``)
         self.news: dict[str, NewsFolder] = {}  # news folder -> its reader (files here only)
 
     def expect(self, tests: Mapping[str, str]) -> None:
@@ -52,9 +51,8 @@ class WarmBatches:
 
     def enqueue(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState, *,
                 gated: bool) -> TrackedJob:
-        """The allocation's pool places the batch (now or once GPUs free up); it runs in a
-        worker's fork, or (MPI across nodes) as a step on whole nodes (``gated``: launched
-        before they are free, when the batch can wait at the gate)."""
+        """The allocation's pool places the batch (now or once GPUs free up); ``gated``: a
+        step may be launched before its nodes are free."""
         pool = self.pools.get(alloc.job_id)
         if pool is None:
             pool = AgentPool(self.shared.shell, alloc, gres_style=opts.gres_style,
@@ -79,8 +77,8 @@ class WarmBatches:
         return job
 
     def _start_granted_step(self, job_id: str, warm: WarmJob) -> None:
-        """A step the pool gave whole nodes (or set them aside for a gated step): pinned
-        to them, sharing them with the agents."""
+        """A step the pool gave (or set aside) whole nodes: pinned to them, overlapping
+        the agents."""
         job = self.shared.batches[job_id]
         assert warm.placement is not None or warm.gated
         nodes = ",".join(n.name for n in (warm.placement.nodes if warm.placement
@@ -107,7 +105,6 @@ class WarmBatches:
         job.state = warm.state
         if warm.placement is not None:
             job.handle.nodelist = warm.placement.names
-            self._record(job)
         if job.state.status is JobStatus.RUNNING and job.handle.started_at is None:
             job.handle.started_at = time.time()
 
@@ -119,17 +116,6 @@ class WarmBatches:
             return []
         self._recorded.add(job_id)
         return [runs.warm_note(sent.session, sent.request_name)]
-
-    def _record(self, job: TrackedJob) -> None:
-        """Note a batch sent to a session in this run's record (once), so that the next run
-        can cancel it if this controller is killed."""
-        sent = job.warm.sent if job.warm else None
-        runs = self.shared.runs
-        if runs is None or sent is None or not sent.session or (
-                job.handle.job_id in self._recorded):
-            return
-        self._recorded.add(job.handle.job_id)
-        runs.add_warm(sent.session, sent.request_name)
 
     def poll(self, jobs: list[TrackedJob]) -> None:
         """Every call (files only, no scheduler): served batches' states, pool slots of
@@ -158,9 +144,8 @@ class WarmBatches:
             self.sync(job)
 
     def quiet(self, jobs: list[TrackedJob]) -> set[str]:
-        """The served batches on this machine's files whose node side announced no change
-        since the last call (``execution.news``: one stat per work root), and those that
-        wait for GPUs (the pool places them whichever batches a round reads)."""
+        """Served batches (local files) whose node side announced no change since the last
+        call (``execution.news``), and those waiting for GPUs."""
         if not isinstance(self.shared.shell, LocalShell):
             return set()
         by_folder: dict[str, dict[str, TrackedJob]] = {}
@@ -182,8 +167,7 @@ class WarmBatches:
         return quiet
 
     def _place_waiting(self) -> None:
-        """Give back the nodes of the pool's steps that ended (the monitor stops asking
-        about a job once it ended, so look at all of them), then start what now fits."""
+        """Give back the nodes of every pool step that ended, then start what now fits."""
         for job in self.shared.batches.values():
             warm = job.warm
             if (warm is None or job.alloc is None or job.served
