@@ -226,27 +226,17 @@ def _mem_mb(text: str) -> int | None:
 class AllocationManager:
     """Find, validate, create and release the persistent allocation of one rootdir."""
 
-    def __init__(
-        self,
-        shell: Shell,
-        *,
-        rootdir: str | Path,
-        request: AllocationRequest,
-        jobs: SlurmJobs | None = None,
-        user: str | None = None,
-        warn: Callable[[str], None] | None = None,
-        wait_seconds: int = 600,
-        agents_dir: str | None = None,
-        runs: RunRegistry | None = None,
-        store: StateStore | None = None,
-        early: EarlySessions | None = None,
-    ) -> None:
+    def __init__(self, shell: Shell, *, rootdir: str | Path, request: AllocationRequest,
+                 user: str | None = None, warn: Callable[[str], None] | None = None,
+                 wait_seconds: int = 600, agents_dir: str | None = None,
+                 runs: RunRegistry | None = None, store: StateStore | None = None,
+                 early: EarlySessions | None = None) -> None:
         self.shell = shell
         self.early = early or EarlySessions()  # this run's sessions started before it collected
         root = paths.work_root(None, Path(rootdir))
         self.agents_dir = agents_dir or str(root.agents)
         self.request = request
-        self.jobs = jobs or SlurmJobs(shell)
+        self.jobs = SlurmJobs(shell)
         self.state_path = root.state
         self.store = store or StateStore(shell, root.dir, paths.STATE_NAME, private=False)
         self.salloc_log = root.salloc_log

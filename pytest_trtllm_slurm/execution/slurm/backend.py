@@ -29,7 +29,3 @@ class Backends:
 
     def __post_init__(self) -> None:
         self.files = SmallFiles(self.shell)
-
-    def read(self, path: str) -> str:
-        """The start of a small file the task writes (step id, pid, exit code)."""
-        return self.files.read(path)

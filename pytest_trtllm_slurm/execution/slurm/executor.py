@@ -1,11 +1,6 @@
-"""local_slurm (and, over an SSHShell, remote_slurm): batches as Slurm jobs or steps.
-
-SlurmExecutor is the facade; one backend per kind of batch does the work, all through
-the same lifecycle: ``oneshot`` (sbatch jobs), ``steps`` (of the persistent allocation,
-started detached so they outlive the controller), ``warm_batches`` (forks of each node's
-warm worker). poll() answers for all handles in one round, at an adaptive interval
-(``cadence``): called sooner, it returns the cached states without asking the scheduler.
-"""
+"""local_slurm (and, over an SSHShell, remote_slurm): SlurmExecutor, the facade over one
+backend per kind of batch (``oneshot`` sbatch jobs, ``steps`` of the persistent allocation,
+``warm_batches``); poll() asks the scheduler at an adaptive interval (``cadence``)."""
 
 from __future__ import annotations
 
@@ -48,10 +43,8 @@ __all__ = ["SlurmExecutor", "SlurmSettings", "WalltimePolicy"]
 
 @dataclass(frozen=True)
 class SlurmSettings:
-    """How a SlurmExecutor runs its batches: where (one-shot jobs, or steps of the
-    persistent allocation, by warm workers), how a batch is launched (launcher prefix,
-    container), and how often the scheduler is asked and how long its silence is ridden
-    out."""
+    """Where a SlurmExecutor runs its batches, how they are launched, and how often the
+    scheduler is asked and how long its silence is ridden out."""
 
     slurm_env: SlurmEnv | None = None
     persistent: bool = True
@@ -77,16 +70,10 @@ class SlurmExecutor(Executor):
     prepares = True
     allocations: AllocationManager | None
 
-    def __init__(
-        self,
-        shell: Shell,
-        settings: SlurmSettings | None = None,
-        *,
-        allocation_manager: AllocationManager | None = None,
-        jobs: SlurmJobs | None = None,
-        runs: RunRegistry | None = None,
-        warn: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, shell: Shell, settings: SlurmSettings | None = None, *,
+                 allocation_manager: AllocationManager | None = None,
+                 jobs: SlurmJobs | None = None, runs: RunRegistry | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.settings = settings = settings or SlurmSettings()
         if settings.persistent and allocation_manager is None:
             raise ValueError("persistent=True needs an allocation_manager")
@@ -143,7 +130,6 @@ class SlurmExecutor(Executor):
         return Capacity(allocation=manager.request.shape() if manager else None,
                         warm=self.warm_workers, slurm_env=self.slurm_env)
 
-    # -- submit -------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> JobHandle:
         """Start the batch without waiting for it; a refused submission comes back as a
         handle in state ERROR (its tests then fail with the scheduler's message)."""
@@ -169,9 +155,8 @@ class SlurmExecutor(Executor):
         return job.handle
 
     def prepare(self) -> None:
-        """What the first submit would do first (clean up after killed runs; get the
-        persistent allocation, waiting for it to run), done now: a run that spans several
-        clusters prepares them side by side instead of one after the other."""
+        """What the first submit would do first (reap killed runs, get the allocation), now:
+        a run over several clusters prepares them side by side."""
         self._reap_once()
         if self.persistent:
             self._ensure_allocation()
@@ -212,13 +197,11 @@ class SlurmExecutor(Executor):
                 self.allocations.check_gpu_processes(self._alloc)
 
     def _allocation_ended(self, alloc_id: str) -> None:
-        """The scheduler ended an allocation of this run: stop its sessions there; the
-        next batch asks for a new one."""
+        """The scheduler ended an allocation: stop its sessions; the next batch asks anew."""
         self.warm.allocation_ended(alloc_id)
         if self._alloc is not None and self._alloc.job_id == alloc_id:
             self._alloc, self._alloc_checked = None, False
 
-    # -- poll -----------------------------------------------------------------------
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         jobs = [self._jobs[h.job_id] for h in handles if h.job_id in self._jobs]
         self.warm.poll(jobs)
@@ -276,12 +259,9 @@ class SlurmExecutor(Executor):
         oneshot = [j for j in active if not j.is_step]
         if oneshot:
             self.oneshot.refresh(oneshot)
-        by_alloc: dict[str, list[TrackedJob]] = {}
-        for job in active:
-            if job.alloc is not None:
-                by_alloc.setdefault(job.alloc.job_id, []).append(job)
-        for alloc_id, steps in by_alloc.items():
-            self.steps.refresh(alloc_id, steps)
+        for alloc_id in dict.fromkeys(j.alloc.job_id for j in active if j.alloc is not None):
+            self.steps.refresh(alloc_id, [j for j in active
+                                          if j.alloc is not None and j.alloc.job_id == alloc_id])
 
     def _settle(self, job: TrackedJob, now: float) -> None:
         """An ended batch is shown once the allocation's end is ruled out and its reports
@@ -291,8 +271,7 @@ class SlurmExecutor(Executor):
             job.life.settle()
 
     def _shown(self, job: TrackedJob) -> JobState:
-        """The monitor's view; a served batch's carries when its allocation was last seen
-        running (its reports wait until the scheduler vouched for the time they ended)."""
+        """The monitor's view, with when its allocation was last seen running."""
         state = visible_state(job)
         if job.alloc is not None and not state.status.finished:
             state = state.model_copy(update={"alive_at": self.watch.alive.get(
@@ -300,8 +279,7 @@ class SlurmExecutor(Executor):
         return state
 
     def _say_failing(self, exc: SchedulerError, now: float) -> None:
-        """A scheduler outage is not silent: from the second failure in a row, a line at
-        most every 30 s with what fails and since when."""
+        """From the second scheduler failure in a row, a line at most every 30 s."""
         if self._failures < 2 or now - self._said_failing < 30.0:
             return
         self._said_failing = now
@@ -311,7 +289,6 @@ class SlurmExecutor(Executor):
         self.warn(f"The scheduler has not answered since {since} ({self._failures} tries; "
                   f"last: {first}); still waiting for it.")
 
-    # -- cancel / close -------------------------------------------------------------------
     def cancel(self, handle: JobHandle) -> None:
         """Cancel one batch: its job, or its step (never the allocation)."""
         job = self._jobs.get(handle.job_id)
@@ -344,16 +321,14 @@ class SlurmExecutor(Executor):
         elif self.runs is not None:
             self.runs.finish()
 
-    # -- helpers ----------------------------------------------------------------------------
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
         job = self._by_work_dir.get(spec.work_dir)
         opts = job.opts if job else self.launch.options(spec)
         assign = ""
         if self.launch.wraps(spec):
-            # the same container run around a plain pytest of ``nodeid``; the env the
-            # launcher exported is set on the line where it may be shown (masked and
-            # secret values are left to your shell: srun passes its environment on,
-            # -e NAME takes it from there)
+            # the same container run around a plain pytest of ``nodeid``, with the env the
+            # launcher exported where it may be shown (masked and secret values are left to
+            # your shell)
             base = self.launch.unwrapped.get(spec.work_dir, spec)
             script = str(PurePosixPath(base.work_dir) / CONTAINER_SCRIPT)
             env, argv = self.launch.wrapped(base.masked(), rerun_argv(base, nodeid),

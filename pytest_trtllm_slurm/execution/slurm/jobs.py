@@ -1,10 +1,5 @@
-"""Scheduler commands for jobs and steps, over a Shell, batched and counted.
-
-Every query names its jobs explicitly (never a bare ``squeue``), long id lists
-are chunked so a command line stays short, and every command issued is counted
-(``SlurmJobs.counts``) so a benchmark can report commands per minute.
-Parsing is pure and lives next to the commands it reads.
-"""
+"""Scheduler commands for jobs and steps over a Shell: every query names its jobs (never
+a bare ``squeue``), long id lists are chunked, every command is counted (``counts``)."""
 
 from __future__ import annotations
 
@@ -20,6 +15,7 @@ from pytest_trtllm_slurm.planning.durations import parse_duration  # noqa: F401 
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 
 CHUNK = 100  # ids per squeue/sacct/scancel call
+TIMEOUT = 30.0  # seconds a scheduler command may take unless told otherwise
 QUEUE_FORMAT = "%i|%T|%r|%N|%L|%l|%S"
 _INVALID_ID = "invalid job id"
 _ACCOUNTING_OFF = ("accounting storage is disabled", "slurm accounting storage is disabled")
@@ -135,10 +131,8 @@ def parse_squeue_jobs(stdout: str) -> dict[str, QueueRow]:
         if len(cols) < 2 or not cols[0]:
             continue
         job, step = split_job_id(cols[0])
-        if step is not None:
+        if step is not None or job in rows:  # (a heterogeneous job's later components)
             continue
-        if job in rows:
-            continue  # a heterogeneous job's later components
         cols += [""] * (7 - len(cols))
         rows[job] = QueueRow(job, cols[1].strip(), _none(cols[2]), _none(cols[3]), _none(cols[4]),
                              _none(cols[5]), _none(cols[6]))
@@ -209,14 +203,9 @@ def _answered(res: CommandResult) -> bool:
 
 
 def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for job_id in ids:
-        batch.append(job_id)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+    items = list(ids)
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 _SUBMISSIONS = frozenset({"sbatch", "salloc"})
@@ -235,10 +224,8 @@ def job_ids(ids: list[str]) -> list[str]:
 class SlurmJobs:
     """sbatch / squeue / sacct / scontrol / scancel / salloc / srun through one Shell."""
 
-    def __init__(self, shell: Shell, *, timeout: float = 30, chunk: int = CHUNK) -> None:
+    def __init__(self, shell: Shell) -> None:
         self.shell = shell
-        self.timeout = timeout
-        self.chunk = chunk
         self.counts: Counter[str] = Counter()
         self.accounting: bool | None = None  # None until sacct answered or refused once
 
@@ -253,18 +240,15 @@ class SlurmJobs:
         """Run one scheduler command, counting it under its program name. A submission
         (sbatch, salloc) cut by a dropped connection is never re-sent: it may have run."""
         self.counts[argv[0]] += 1
-        return self.shell.run(argv, timeout=self.timeout if timeout is None else timeout,
+        return self.shell.run(argv, timeout=TIMEOUT if timeout is None else timeout,
                               env=env or None, cwd=cwd, input=input,
                               retry_on_drop=argv[0] not in _SUBMISSIONS)
 
-    # -- submit ---------------------------------------------------------------
     def sbatch(self, script_path: str, *, cwd: str | None = None,
                script: str | None = None, env: dict[str, str] | None = None) -> str:
-        """Submit a script; returns the job id. SchedulerError names sbatch's complaint.
-        ``script``: its text, given to sbatch on stdin (what runs is what was rendered, even
-        if someone swapped the file at ``script_path``, which is then kept for reading).
-        ``env``: the job's variables, in sbatch's environment (it exports them to the job):
-        their values are in no file."""
+        """Submit a script; the job id (SchedulerError names sbatch's complaint). ``script``:
+        its text, on stdin (what runs is what was rendered, whatever is at ``script_path``);
+        ``env``: the job's variables, in sbatch's environment (their values in no file)."""
         if script is not None:
             res = self.run(["sbatch", "--parsable"], input=script, cwd=cwd, env=env)
         else:
@@ -276,11 +260,10 @@ class SlurmJobs:
         except ValueError as exc:
             raise ExecutionError(f"`sbatch --parsable {shlex.quote(script_path)}`: {exc}") from None
 
-    # -- queries --------------------------------------------------------------
     def squeue_jobs(self, ids: Iterable[str]) -> dict[str, QueueRow]:
         """Queue rows of ``ids`` (jobs that left the queue are simply absent)."""
         rows: dict[str, QueueRow] = {}
-        for part in chunks(ids, self.chunk):
+        for part in chunks(ids):
             res = self.run(["squeue", "-h", "-j", ",".join(part), "-o", QUEUE_FORMAT])
             if _answered(res):  # (else every id of the chunk is gone: not an error)
                 rows.update(parse_squeue_jobs(res.stdout))
@@ -296,7 +279,7 @@ class SlurmJobs:
         ``accounting = False`` where accounting is disabled (callers use scontrol)."""
         rows: dict[str, AcctRow] = {}
         fmt = "--format=JobID,State,ExitCode,NodeList,Reason"
-        for part in chunks(ids, self.chunk):
+        for part in chunks(ids):
             argv = ["sacct", "-n", "-P", fmt, "-j", ",".join(part)]
             if not steps:
                 argv.insert(1, "-X")
@@ -387,18 +370,10 @@ class SlurmJobs:
         res = self.run(["squeue", "-h", "-u", user, f"--name={name}", "-o", "%i|%T|%k"])
         if not res.ok:
             raise SchedulerError(res)
-        out = []
-        for line in res.stdout.splitlines():
-            cols = line.strip().split("|")
-            if len(cols) >= 2 and cols[0]:
-                out.append((cols[0], cols[1], cols[2] if len(cols) > 2 else ""))
-        return out
-
-    # -- cancel ---------------------------------------------------------------
+        rows = [line.strip().split("|") + [""] for line in res.stdout.splitlines()]
+        return [(cols[0], cols[1], cols[2]) for cols in rows if len(cols) >= 3 and cols[0]]
 
     def scancel(self, ids: Iterable[str]) -> list[CommandResult]:
         """Cancel exactly these jobs or ``job.step`` ids (never by user or name)."""
-        results = []
-        for part in chunks(job_ids([i for i in ids if i]), self.chunk):
-            results.append(self.run(["scancel", *part]))
-        return results
+        return [self.run(["scancel", *part])
+                for part in chunks(job_ids([i for i in ids if i]))]

@@ -42,17 +42,10 @@ CONTAINER_SCRIPT = "container_run.sh"  # the wrapper script, in the batch's work
 class LaunchOptions:
     """Options and container wrapping for the batches of one executor."""
 
-    def __init__(
-        self,
-        jobs: SlurmJobs,
-        *,
-        slurm_env: SlurmEnv | None,
-        launcher_prefix: Sequence[str],
-        container: ContainerOptions | None,
-        container_runtime: str,
-        container_run_flags: Sequence[str] | None,
-        warn_once: Callable[[str, str], None],
-    ) -> None:
+    def __init__(self, jobs: SlurmJobs, *, slurm_env: SlurmEnv | None,
+                 launcher_prefix: Sequence[str], container: ContainerOptions | None,
+                 container_runtime: str, container_run_flags: Sequence[str] | None,
+                 warn_once: Callable[[str, str], None]) -> None:
         self.jobs = jobs
         self.slurm_env = slurm_env
         self.launcher_prefix = tuple(launcher_prefix)
@@ -69,9 +62,8 @@ class LaunchOptions:
         self._mpi: dict[str, str | None] = {}
 
     def prepare(self, spec: JobSpec, shell: Shell) -> JobSpec:
-        """The spec as it is launched: pyxis runs the image's python with the plugin on
-        PYTHONPATH; docker/podman make the task a container run (its wrapper script is
-        written to the work dir, which is made here)."""
+        """The spec as it is launched (pyxis: the image's python with the plugin on
+        PYTHONPATH; docker/podman: a container run, its wrapper in the work dir made here)."""
         if self.container_runtime == "pyxis" and spec.container_image:
             spec = spec.model_copy(update={"env": container_env(spec),
                                            "command": in_container_argv(spec.command)})
@@ -91,9 +83,8 @@ class LaunchOptions:
         return self.container_runtime in WRAPPING_RUNTIMES and bool(spec.container_image)
 
     def gates(self, spec: JobSpec) -> bool:
-        """A step worth launching before its nodes are free: the worker plugin's ranks
-        (they wait at the gate after collecting), not a docker/podman-wrapped task (the
-        gate's variables would not reach inside)."""
+        """A step worth launching before its nodes are free: the worker plugin's ranks,
+        not wrapped in docker/podman (the gate's variables would not reach inside)."""
         return spec.workflow == "pytest" and bool(spec.nodeids) and not self.wraps(spec)
 
     def wrapped(self, spec: JobSpec, command: Sequence[str],
@@ -129,8 +120,8 @@ class LaunchOptions:
                             self._container_for(spec))
 
     def _container_for(self, spec: JobSpec) -> ContainerOptions | None:
-        """pyxis flags for a batch with an image: one container name per image (and account),
-        the same in every step, so a persistent allocation imports each image once per node."""
+        """pyxis flags for a batch with an image: one container name per image and account,
+        so an allocation imports each image once per node."""
         if not spec.container_image:
             return None
         if self.container_runtime != "pyxis":

@@ -1,21 +1,13 @@
-"""The lifecycle of one batch on Slurm: one phase, and the moves allowed between phases.
-
-Every backend moves its batches through these phases, each move through ``Lifecycle.to``
-(which refuses one the table does not allow); the scheduler's status feeds ``saw``.
+"""The lifecycle of one batch on Slurm; every move goes through ``Lifecycle.to``, which
+refuses one ``ALLOWED`` does not list:
 
     WAITING -> EARLY -> SUBMITTED <-> RUNNING -> ENDED -> SETTLED
 
-(WAITING may skip EARLY, EARLY may skip SUBMITTED, and any phase before ENDED may go
-straight to ENDED: a refused submission, a cancel, an allocation that ended.)
-
 WAITING    held back by the warm pool until GPUs of the allocation are free
-EARLY      a gated step launched before its nodes are free: only its gate opening
-           (SUBMITTED) or its end moves it (a RUNNING seen meanwhile is the accounting
-           lagging behind the exit code of a step that ended at its gate)
-SUBMITTED  the scheduler or a warm worker has it; not running
-RUNNING    seen running (a re-sent served batch goes back to SUBMITTED)
-ENDED      its final state is known, but its reports may still lag or the allocation's
-           end has not been ruled out
+EARLY      a gated step launched before its nodes are free: only its gate opening or its
+           end moves it (a RUNNING seen meanwhile is accounting lag)
+SUBMITTED  the scheduler or a warm worker has it; not running (a re-sent batch returns)
+ENDED      its final state is known; its reports may lag, the allocation's end not ruled out
 SETTLED    its final state may be shown (terminal)
 """
 

@@ -41,16 +41,6 @@ class Placement(Generic[N]):
         return ",".join(n.name for n in self.nodes)
 
 
-class Placer(Protocol):
-    """A placement policy: given the nodes, where a request goes (None: not now)."""
-
-    def place(self, nodes: Sequence[N], request: Request, *,
-              held: Iterable[N] = ()) -> Placement[N] | None: ...
-
-    def reserve(self, nodes: Sequence[N], count: int, *,
-                taken: Iterable[N] = ()) -> list[N] | None: ...
-
-
 class BestFit:
     """First come, best fit: the nodes with the fewest free GPUs that still fit, so big
     holes stay for big batches; ties go to the allocation's node order."""

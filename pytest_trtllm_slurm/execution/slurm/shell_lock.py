@@ -5,6 +5,7 @@ files are made by ``mktemp``; a lock file that is a link is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -241,7 +242,5 @@ def _feed_and_close(stdin: IO[bytes], produce: Callable[[IO[bytes]], None]) -> N
     try:
         produce(stdin)
     finally:
-        try:
+        with contextlib.suppress(OSError):
             stdin.close()
-        except OSError:
-            pass

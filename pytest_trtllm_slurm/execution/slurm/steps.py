@@ -1,11 +1,6 @@
-"""Batches as steps of the persistent allocation.
-
-Each step is started by a detached launcher (``setsid -f bash step.sh``), so it outlives
-the controller and the same code works over SSH. The task records its step id, so a
-hang cancels exactly ``<alloc>.<step>``; the allocation itself is never cancelled here.
-One ``squeue -s -j <alloc>`` per allocation and round, the steps' exit-code files, and
-sacct of ``<alloc>.<step>`` for their final states.
-"""
+"""Batches as steps of the persistent allocation, each started by a detached launcher
+(``setsid -f bash step.sh``: it outlives the controller); the task records its step id,
+so a hang cancels exactly ``<alloc>.<step>``, never the allocation."""
 
 from __future__ import annotations
 
@@ -93,14 +88,13 @@ class AllocationSteps:
     def _step_id(self, job: TrackedJob, alloc_id: str) -> None:
         """``<alloc>.<step>`` once the task wrote its step id."""
         if job.step_id is None:
-            text = self.shared.read(job.files.stepid).strip()
+            text = self.shared.files.read(job.files.stepid).strip()
             if text.isdigit():
                 job.step_id = f"{alloc_id}.{text}"
 
-    # -- poll -----------------------------------------------------------------------
     def refresh(self, alloc_id: str, jobs: list[TrackedJob]) -> None:
         """One squeue of the allocation's steps; exit codes; final states of those ended."""
-        read = self.shared.read
+        read = self.shared.files.read
         # a gated step waiting at its gate is followed through its files alone
         steps = self.shared.jobs.squeue_steps(alloc_id) if any(
             j.warm is None or not j.warm.launched_early for j in jobs) else {}
@@ -140,9 +134,8 @@ class AllocationSteps:
             self._finalize(ended)
 
     def _hold_at_gate(self, job: TrackedJob, now: float) -> None:
-        """A gated step before its gate opens shows as pending (the monitor's timeout
-        starts when it runs); ranks that never get ready within the monitor timeout
-        (e.g. an import that hangs) end it."""
+        """A gated step before its gate opens shows as pending; ranks not ready within
+        the monitor timeout (e.g. an import that hangs) end it."""
         assert job.warm is not None
         limit = job.handle.spec.monitor_timeout_seconds
         if not job.warm.ready and job.launched_at and now - job.launched_at > limit:
@@ -184,21 +177,18 @@ class AllocationSteps:
                 continue
             job.state = exit_code_state(job, code)
 
-    # -- cancel -----------------------------------------------------------------------
     def cancel_ids(self, job: TrackedJob) -> list[str]:
         """The step for scancel; its srun (also one still waiting for its step) gets SIGTERM."""
         assert job.alloc is not None
         self._step_id(job, job.alloc.job_id)
-        pid = self.shared.read(job.files.srun_pid).strip()
+        pid = self.shared.files.read(job.files.srun_pid).strip()
         if pid.isdigit():
             self.shared.shell.run(["kill", "-TERM", pid], timeout=30)
         return [job.step_id] if job.step_id else []
 
     def stop_containers(self, jobs: list[TrackedJob]) -> None:
-        """Steps wrapped in a docker/podman run: SIGTERM first, so the wrapper removes its
-        container. A cancelled step (``scancel <alloc>.<step>``, or srun killed) gets
-        SIGKILL at once, which would leave the container running in the engine's daemon.
-        Waits (up to ``CONTAINER_STOP_WAIT`` s) for the steps' exit codes."""
+        """SIGTERM to steps wrapped in a docker/podman run, so the wrapper removes its
+        container (a plain cancel is SIGKILL); waits up to ``CONTAINER_STOP_WAIT`` s."""
         steps = []
         for job in jobs:
             if not (job.is_step and self.wraps(job.handle.spec) and job.alloc is not None
@@ -212,5 +202,5 @@ class AllocationSteps:
         self.shared.jobs.run(["scancel", "--signal=TERM", *(j.step_id or "" for j in steps)])
         end = time.monotonic() + CONTAINER_STOP_WAIT
         while time.monotonic() < end and any(
-                not self.shared.read(j.files.exit_code).strip() for j in steps):
+                not self.shared.files.read(j.files.exit_code).strip() for j in steps):
             time.sleep(0.2)

@@ -1,8 +1,5 @@
-"""What the Slurm executor tracks per batch, and how end states are derived.
-
-Pure helpers (no scheduler calls): the executor feeds them squeue/sacct rows
-and exit codes; the tests read them directly.
-"""
+"""What the Slurm executor tracks per batch, and how end states are derived (pure:
+squeue/sacct rows and exit codes in)."""
 
 from __future__ import annotations
 
@@ -40,20 +37,13 @@ class WalltimePolicy:
 
 
 class TrackedJob(FollowsState):
-    """One submitted batch and what the executor knows about it. Its phase (``life``,
-    shared with the warm pool's WarmJob) follows every change of ``state``."""
+    """One submitted batch and what the executor knows about it (``life``: shared with
+    the warm pool's WarmJob)."""
 
-    def __init__(
-        self,
-        handle: JobHandle,
-        opts: SlurmOptions,
-        *,
-        alloc: AllocationState | None = None,  # set for steps
-        share: StepShare | None = None,
-        state: JobState | None = None,
-        step_id: str | None = None,
-        life: Lifecycle | None = None,
-    ) -> None:
+    def __init__(self, handle: JobHandle, opts: SlurmOptions, *,
+                 alloc: AllocationState | None = None, share: StepShare | None = None,
+                 state: JobState | None = None, step_id: str | None = None,
+                 life: Lifecycle | None = None) -> None:  # ``alloc``: set for steps
         self.handle, self.opts, self.alloc, self.share = handle, opts, alloc, share
         self.life = life or Lifecycle(Phase.SUBMITTED)
         self._state = JobState(status=JobStatus.PENDING)

@@ -133,7 +133,7 @@ class WarmBatches:
                 pool = self.pools[job.alloc.job_id]
                 if pool.ranks_exited(warm):  # its state still comes from srun and sacct
                     pool.release(warm)
-                elif self.shared.read(job.files.exit_code).strip() == "0":
+                elif self.shared.files.read(job.files.exit_code).strip() == "0":
                     # a step of the pool that srun says succeeded: its nodes are needed
                     # now, not after the next squeue and sacct (a failure still goes that way)
                     job.state = JobState(status=JobStatus.COMPLETED, exit_code=0,

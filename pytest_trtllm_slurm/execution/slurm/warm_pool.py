@@ -39,7 +39,6 @@ from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.execution.slurm.placement import (
     BestFit,
     Placement,
-    Placer,
     Request,
     give_back,
     take,
@@ -155,27 +154,18 @@ class WarmJob(FollowsState):
 class AgentPool:
     """The agents of one allocation and this run's batches in it."""
 
-    def __init__(
-        self,
-        shell: Shell,
-        alloc: AllocationState,
-        *,
-        gres_style: str = "gres",
-        gres_type: str | None = None,
-        warn: Callable[[str], None] | None = None,
-        placer: Placer | None = None,
-        list_steps: Callable[[str], dict[str, StepRow] | None] | None = None,
-        early: EarlySessions | None = None,
-        files: SmallFiles | None = None,
-        notes: Callable[[str, Delivery], list[FileOp]] | None = None,
-    ) -> None:
+    def __init__(self, shell: Shell, alloc: AllocationState, *, gres_style: str = "gres",
+                 gres_type: str | None = None, warn: Callable[[str], None] | None = None,
+                 list_steps: Callable[[str], dict[str, StepRow] | None] | None = None,
+                 early: EarlySessions | None = None, files: SmallFiles | None = None,
+                 notes: Callable[[str, Delivery], list[FileOp]] | None = None) -> None:
         self.shell = shell
         # written ahead of a batch's request in its round trip (its run-registry note)
         self.notes = notes or (lambda job_id, sent: [])
         self.files = files or SmallFiles(shell)  # batches' pids and exit codes
         self.early = early or EarlySessions()  # sessions the run started before it collected
         self.list_steps = list_steps  # the scheduler's running steps of an allocation
-        self.placer: Placer = placer or BestFit()
+        self.placer = BestFit()
         self.alloc = alloc
         self.gres_style = gres_style
         self.gres_type = gres_type
@@ -761,12 +751,9 @@ def agents_alive(shell: Shell, agent_dirs: list[str]) -> list[bool]:
     looks = [op for d in agent_dirs for op in (file_ops.read(Agent(d).heartbeat),
                                               file_ops.read(Agent(d).exit_code, 64))]
     raw = run_ops(shell, looks)
-    alive = []
-    for beat_raw, code in zip(raw[::2], raw[1::2], strict=True):
-        beat = heartbeat_of(beat_raw)
-        alive.append(beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE
-                     and not code.strip())
-    return alive
+    beats = [heartbeat_of(b) for b in raw[::2]]
+    return [beat is not None and time.time() - beat.get("time", 0) < HEARTBEAT_STALE
+            and not code.strip() for beat, code in zip(beats, raw[1::2], strict=True)]
 
 
 ERROR_MARKS = ("error", "Error", "Traceback", "Killed", "killed", "CANCELLED")
