@@ -197,22 +197,15 @@ class AllocationRequest:
 
 def parse_gpu_processes(stdout: str) -> list[str]:
     """Non-empty lines of ``srun --label nvidia-smi --query-compute-apps ...``."""
-    lines = []
-    for line in stdout.splitlines():
-        body = re.sub(r"^\s*\d+:\s*", "", line).strip()
-        if body and "no running processes" not in body.lower():
-            lines.append(line.strip())
-    return lines
+    bodies = [(line.strip(), re.sub(r"^\s*\d+:\s*", "", line).strip())
+              for line in stdout.splitlines()]
+    return [line for line, body in bodies if body and "no running processes" not in body.lower()]
 
 
 def parse_tres(text: str) -> dict[str, str]:
     """``cpu=8,mem=8000M,node=2,gres/gpu=8`` -> dict."""
-    out = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
+    pairs = (item.partition("=") for item in text.split(","))
+    return {key.strip(): value.strip() for key, sep, value in pairs if sep}
 
 
 def _mem_mb(text: str) -> int | None:
@@ -310,9 +303,7 @@ class AllocationManager:
     def holding_lock(self) -> Iterator[None]:
         """The state file's lock (``StateStore.locked``: waiting lines, then an error
         naming its holder after ``_lock_timeout`` seconds)."""
-        me = self.runs.me
-        holder = {"pid": me.pid, "host": me.host, "run_id": me.run_id,
-                  "since": datetime.now().strftime("%H:%M:%S")}
+        holder = {**self.runs.holder(), "since": datetime.now().strftime("%H:%M:%S")}
         with self.store.locked(self._lock_timeout, holder, self.warn):
             yield
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest_trtllm_slurm.execution.slurm.discovery as slurm_discovery
 from pytest_trtllm_slurm.execution.slurm.parse import parse_scontrol_config
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
-from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
+from pytest_trtllm_slurm.transport.shell import Shell
 
 
 class SlurmClient:
@@ -15,16 +15,14 @@ class SlurmClient:
         self.shell = shell
         self.timeout = timeout
 
-    def _run(self, argv: list[str], *, timeout: float | None = None) -> CommandResult:
-        return self.shell.run(argv, timeout=self.timeout if timeout is None else timeout)
-
     def tools_found(self) -> bool:
         """True when the Slurm client commands exist on the host (they may still fail)."""
-        return not slurm_discovery.tools_missing(self._run(["sinfo", "--version"]))
+        res = self.shell.run(["sinfo", "--version"], timeout=self.timeout)
+        return not slurm_discovery.tools_missing(res)
 
     def cluster_name(self) -> str | None:
         """ClusterName from ``scontrol show config``; None when Slurm does not answer."""
-        res = self._run(["scontrol", "show", "config"])
+        res = self.shell.run(["scontrol", "show", "config"], timeout=self.timeout)
         return parse_scontrol_config(res.stdout).get("ClusterName") if res.ok else None
 
     def discover(self, partitions: list[str] | None = None) -> SlurmEnv:

@@ -20,12 +20,9 @@ def own_allocations(jobs: SlurmJobs, user: str, partition: str | None,
     res = jobs.run(argv)
     if not res.ok:
         raise SchedulerError(res)
-    found = []
-    for line in res.stdout.splitlines():
-        cols = line.strip().split("|")
-        if len(cols) >= 3 and cols[1].endswith(NAME_SUFFIX) and cols[0] != exclude:
-            found.append((cols[0], cols[1], cols[2]))
-    return found
+    rows = [line.strip().split("|") for line in res.stdout.splitlines()]
+    return [(cols[0], cols[1], cols[2]) for cols in rows
+            if len(cols) >= 3 and cols[1].endswith(NAME_SUFFIX) and cols[0] != exclude]
 
 
 def blocker_note(jobs: SlurmJobs, user: str, partition: str | None, *, one_shot: bool,

@@ -129,7 +129,8 @@ class RunRegistry:
             self.shell.mkdir(self.folder, private=True)
             self._made = True
 
-    def _holder(self) -> dict[str, object]:
+    def holder(self) -> dict[str, object]:
+        """This run as a lock's holder record names it."""
         me = self.me
         return {"pid": me.pid, "host": me.host, "run_id": me.run_id, "since": me.began}
 
@@ -139,7 +140,7 @@ class RunRegistry:
         and while a run checks for users before it cancels an allocation."""
         self.make_folder()
         lock = ShellLock(self.shell, Runs(self.folder).lock, max_hold=SHORT_LOCK_WAIT + 60)
-        if not lock.acquire(SHORT_LOCK_WAIT, self._holder()):
+        if not lock.acquire(SHORT_LOCK_WAIT, self.holder()):
             raise ExecutionError(f"another run held {lock.where} for more than "
                                  f"{SHORT_LOCK_WAIT:.0f} s ({lock.describe()})")
         try:
@@ -155,7 +156,7 @@ class RunRegistry:
         self.make_folder()
         lease = self._lease or ShellLock(self.shell, Runs(self.folder).lease(self.me.run_id),
                                          keep=True)
-        if not lease.acquire(60, self._holder()):
+        if not lease.acquire(60, self.holder()):
             raise ExecutionError(f"could not take this run's own lock {lease.where}")
         self._lease = lease
 

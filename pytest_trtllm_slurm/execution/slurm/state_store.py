@@ -77,17 +77,13 @@ class StateStore:
         self.delete()
         return None
 
-    def lock_file(self) -> ShellLock:
-        return ShellLock(self.shell, lock_of(self.path))
-
     @contextlib.contextmanager
     def locked(self, timeout: float, holder: dict[str, object], warn: Warn) -> Iterator[None]:
         """Hold the lock (waiting at most ``timeout`` seconds, a line every SAY_EVERY
         seconds naming its holder; ExecutionError naming the lock and its holder after)."""
         self._make_folder()
-        lock = self.lock_file()
-        # a holder that lost its connection without closing it lets go after this long
-        lock.max_hold = timeout + 60
+        # a holder that lost its connection without closing it lets go after max_hold
+        lock = ShellLock(self.shell, lock_of(self.path), max_hold=timeout + 60)
         since, say_at = str(holder.get("since", "")), [5.0]
 
         def waiting(seconds: float) -> None:
