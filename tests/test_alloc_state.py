@@ -97,8 +97,8 @@ def test_a_state_file_naming_another_users_job_is_not_used(own, devcluster: dict
                  "-n1", "--mem=50", "-t", "5", "-J", "acct_b-trtllm.persistent", "--chdir=/tmp",
                  "-o", "/dev/null", "--wrap", "sleep 300"]).stdout.strip().split(";")[0]
     try:  # (running or pending: either way it is in the queue, and not ours)
-        mgr.state_path.parent.mkdir(parents=True)
-        (mgr.state_path.parent / STATE).write_text(json.dumps({
+        Path(mgr.store.folder).mkdir(parents=True)
+        (Path(mgr.store.folder) / STATE).write_text(json.dumps({
             "job_id": theirs, "job_name": "acct_b-trtllm.persistent", "partition": "batch",
             "account": "acct_a", "nodes": 1, "gpus_per_node": 4, "nodelist": "g1"}))
         state = mgr.ensure()
@@ -107,9 +107,9 @@ def test_a_state_file_naming_another_users_job_is_not_used(own, devcluster: dict
         assert (f"names job {theirs}, which is not this checkout's allocation (it belongs to "
                 "user testuser): not used, not cancelled") in text, text
         assert squeue_state(theirs) is not None  # theirs still runs
-        assert list(mgr.state_path.parent.glob(f"{STATE}.foreign-*"))
+        assert list(Path(mgr.store.folder).glob(f"{STATE}.foreign-*"))
         # nor does a release cancel it (ours, now without its state file, goes)
-        (mgr.state_path.parent / STATE).write_text(json.dumps({"job_id": theirs, "nodes": 1}))
+        (Path(mgr.store.folder) / STATE).write_text(json.dumps({"job_id": theirs, "nodes": 1}))
         said = mgr.release()
         assert f"State file named job {theirs}, which is not this checkout's allocation" in said
         assert f"Orphaned allocation {state.job_id} released." in said
@@ -129,10 +129,10 @@ def test_replacing_never_cancels_an_allocation_a_live_run_uses(own, tmp_path: Pa
         record = RunRecord(run_id="run-a", pid=run_a.pid, host=socket.gethostname(),
                            started=process_start(run_a.pid), allocation=state.job_id)
         getattr(mgr, "close", lambda: None)()  # (this process no longer uses it: only A)
-        (mgr.state_path.parent / ".runs").mkdir(parents=True, exist_ok=True)
-        (mgr.state_path.parent / ".runs" / "run-a.json").write_text(record.model_dump_json())
+        (Path(mgr.store.folder) / ".runs").mkdir(parents=True, exist_ok=True)
+        (Path(mgr.store.folder) / ".runs" / "run-a.json").write_text(record.model_dump_json())
         bigger: list[str] = []
-        b = AllocationManager(LocalShell(), rootdir=mgr.state_path.parent.parent,
+        b = AllocationManager(LocalShell(), rootdir=Path(mgr.store.folder).parent,
                               request=AllocationRequest(partition="batch", account="acct_a",
                                                         nodes=2, time_limit="15"),
                               user="root", warn=bigger.append, wait_seconds=20)

@@ -230,7 +230,6 @@ class AllocationManager:
         self.agents_dir = agents_dir or str(root.agents)
         self.request = request
         self.jobs = SlurmJobs(shell)
-        self.state_path = root.state
         self.store = store or StateStore(shell, root.dir, paths.STATE_NAME, private=False)
         self.salloc_log = root.salloc_log
         # another run may hold the lock while it allocates (with pyxis: sets up an image)
