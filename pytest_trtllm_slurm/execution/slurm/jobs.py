@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
 from pytest_trtllm_slurm.planning.durations import parse_duration  # noqa: F401  (re-exported)
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 
@@ -141,14 +142,9 @@ def parse_squeue_jobs(stdout: str) -> dict[str, QueueRow]:
 
 def parse_squeue_steps(stdout: str) -> dict[str, StepRow]:
     """``squeue -h -s -o '%i|%j|%N'`` rows keyed by ``<job>.<step>``."""
-    rows: dict[str, StepRow] = {}
-    for line in stdout.splitlines():
-        cols = line.strip().split("|")
-        if len(cols) < 2 or "." not in cols[0]:
-            continue
-        rows[cols[0].strip()] = StepRow(cols[0].strip(), cols[1], _none(cols[2]) if len(cols) > 2
-                                        else None)
-    return rows
+    rows = [line.strip().split("|") + [""] for line in stdout.splitlines()]
+    return {cols[0].strip(): StepRow(cols[0].strip(), cols[1], _none(cols[2]))
+            for cols in rows if len(cols) >= 3 and "." in cols[0]}
 
 
 def parse_sacct(stdout: str, *, steps: bool = False) -> dict[str, AcctRow]:
@@ -173,8 +169,6 @@ def parse_sacct(stdout: str, *, steps: bool = False) -> dict[str, AcctRow]:
 
 def parse_scontrol_job(stdout: str) -> AcctRow | None:
     """``scontrol show job -o ID`` -> AcctRow (JobState, ExitCode, NodeList, Reason)."""
-    from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
-
     for line in stdout.splitlines():
         rec = parse_key_values(line)
         if "JobId" in rec and "JobState" in rec:
