@@ -154,8 +154,13 @@ class ShellLock:
         return _record(self.shell.read_from(holder_of(self.path), 0, 1 << 14))
 
     def describe(self) -> str:
-        """Who holds it, for messages."""
-        return describe_holder(self.holder())
+        """``held by pid P on H since T, run R`` (for messages)."""
+        info = self.holder()
+        try:
+            return (f"held by pid {info['pid']} on {info['host']} since {info['since']}, "
+                    f"run {info['run_id']}") if info else "its holder is not recorded"
+        except KeyError:
+            return "its holder is not recorded"
 
     def _run_holder(self, hold: _Hold, argv: list[str]) -> None:
         def produce(stdin: IO[bytes]) -> None:
@@ -205,15 +210,6 @@ def _record(raw: bytes) -> dict[str, object] | None:
     except ValueError:
         return None
     return found if isinstance(found, dict) else None
-
-
-def describe_holder(info: dict[str, object] | None) -> str:
-    """``held by pid P on H since T, run R`` from a holder record (messages)."""
-    try:
-        return (f"held by pid {info['pid']} on {info['host']} since {info['since']}, "
-                f"run {info['run_id']}") if info else "its holder is not recorded"
-    except KeyError:
-        return "its holder is not recorded"
 
 
 def hold_stdin(shell: Shell, argv: list[str],
