@@ -102,10 +102,6 @@ class Node:
     session_checked: float = 0.0  # when the session's exit code may be looked at again
     session_ended: str | None = None  # the session dir whose exit code appeared
 
-    @property
-    def free(self) -> int:
-        return self.gpus - self.used
-
 
 @dataclass(frozen=True)
 class Delivery:
