@@ -40,10 +40,8 @@ class ContainerSetup(BaseModel):
 
 def setup_mounts(repo: str, extra: Sequence[str] = (), models_root: str | None = None
                  ) -> list[str]:
-    """What the setup steps mount: the repo (the install step runs there, e.g. ``pip install
-    -e .``), the cluster's mounts, the models root read-only, each container path once (the
-    cluster's mounts may hold the repo). ValueError for a mount pyxis cannot express (a
-    relative path, a ',' in a path)."""
+    """What the setup steps mount: the repo (the install step runs there), the cluster's
+    mounts, the models root read-only, each path once; ValueError for what pyxis cannot."""
     out = list(with_mounts([f"{repo}:{repo}"], [
         *extra, *([f"{models_root}:{models_root}:ro"] if models_root else [])]))
     for mount in out:

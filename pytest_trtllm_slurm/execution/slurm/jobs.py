@@ -289,10 +289,8 @@ class SlurmJobs:
         return rows
 
     def failed_steps(self, job_ids: Iterable[str]) -> dict[str, AcctRow]:
-        """job id -> the step that explains its failure: the first OUT_OF_MEMORY step (a
-        task OOM-killed inside ``srun`` marks the step, the job only says FAILED), else
-        the first step a signal ended (a SIGSEGV in ``srun`` leaves the job FAILED with
-        exit code 11, the step ``CANCELLED 0:11``)."""
+        """job id -> the step that explains its failure (a FAILED job's first OUT_OF_MEMORY
+        step, else its first step a signal ended: the job alone does not say)."""
         oom: dict[str, AcctRow] = {}
         signalled: dict[str, AcctRow] = {}
         for step_id, row in self.sacct(job_ids, steps=True).items():
@@ -304,9 +302,8 @@ class SlurmJobs:
         return {**signalled, **oom}
 
     def ended(self, job_id: str) -> tuple[AcctRow, float | None] | None:
-        """A job that is no longer running: its final row and end time (epoch s), from
-        slurmctld (``scontrol``: no accounting lag), else sacct once slurmctld forgot it
-        (MinJobAge); None while the scheduler says it still runs."""
+        """A job's final row and end time (epoch s) from scontrol, else sacct once slurmctld
+        forgot it; None while it still runs."""
         row: AcctRow | None = None
         end: float | None = None
         res = self.run(["scontrol", "show", "job", "-o", job_id])

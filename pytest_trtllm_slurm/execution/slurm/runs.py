@@ -94,9 +94,8 @@ def pid_alive(pid: int, started: str) -> bool:
 
 
 class RunRegistry:
-    """The registry folder of one target (the local cluster, or one remote cluster), on
-    ``shell``'s host. ``work_root``: a local folder to create git-ignored first
-    (``work_dirs``, see work_root)."""
+    """The registry folder of one target on ``shell``'s host (``work_root``: a local folder
+    to create git-ignored first)."""
 
     def __init__(self, shell: Shell, folder: str | Path, *,
                  work_root: Path | None = None) -> None:

@@ -91,9 +91,8 @@ class ShellLock:
     def acquire(self, timeout: float, info: dict[str, object] | None = None, *,
                 waiting: Callable[[float], None] | None = None,
                 then: list[str] | None = None) -> bool:
-        """Take the lock within ``timeout`` seconds (False when another holds it that long).
-        ``waiting(seconds)`` is called about once a second while it waits. ``then``: a
-        command run there once the lock is held, in the same round trip (``output()``)."""
+        """Take the lock within ``timeout`` s (False: another held it); ``waiting`` is called
+        about once a second; ``then``: a command run once held (``output()``)."""
         if self.held:
             raise RuntimeError(f"{self.where} is already held by this process")
         hold = self._hold = _Hold(token=secrets.token_hex(8))

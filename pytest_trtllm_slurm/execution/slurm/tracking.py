@@ -27,9 +27,8 @@ from pytest_trtllm_slurm.planning.models import Launch
 
 @dataclass(frozen=True)
 class WalltimePolicy:
-    """Opt-in (--trtllm-negotiate-walltime): a job pending longer than ``pending_after``
-    whose estimated start is further than ``far_start`` (or unknown) gets the shorter
-    ``new_limit`` (scontrol update; never a longer one), once, and the run is told."""
+    """--trtllm-negotiate-walltime: a job pending over ``pending_after`` s whose start is
+    over ``far_start`` s away (or unknown) gets the shorter ``new_limit`` once, and is told."""
 
     pending_after: float = 30.0
     far_start: float = 600.0
