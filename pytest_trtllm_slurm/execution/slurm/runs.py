@@ -231,12 +231,20 @@ class RunRegistry:
     def others(self) -> list[tuple[RunRecord, bool, str]]:
         """Every other run's record, live or not (none when they cannot be told apart:
         a live run must never be taken for a dead one)."""
-        res = self.shell.run(["sh", "-c", _LIST, "sh", self.folder], timeout=60)
+        res = self.shell.run(self.list_argv(), timeout=60)
         if not res.ok:
             log.warning("run registry %s could not be listed: %s", self.where, res.describe())
             return []
-        found: list[tuple[RunRecord, bool, str]] = []  # (record, alive, path)
-        for line in res.stdout.splitlines():
+        return self.parse_listing(res.stdout)
+
+    def list_argv(self) -> list[str]:
+        """The listing's command (to run alone, or with another look in one round trip)."""
+        return ["sh", "-c", _LIST, "sh", self.folder]
+
+    def parse_listing(self, stdout: str) -> list[tuple[RunRecord, bool, str]]:
+        """(record, alive, path) of every other run, from the listing's output."""
+        found: list[tuple[RunRecord, bool, str]] = []
+        for line in stdout.splitlines():
             name, _, rest = line.partition("\t")
             state, _, text = rest.partition("\t")
             if name == name_of(self.path):
