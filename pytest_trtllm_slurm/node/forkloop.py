@@ -1,17 +1,10 @@
-"""The engine of the warm workers (target side, standard library only).
+"""The engine of the warm workers (target side, stdlib only): a mailbox folder.
 
-A directory is the mailbox: the controller drops requests into ``<root>/inbox``
-as JSON files (written to a temporary name, then renamed), ``<name>.cancel``
-stops request ``name`` and ``stop`` ends the loop once nothing runs. Each
-request runs in a forked child in its own process group, so a cancel kills the
-test and everything it started; the child's exit status is written atomically
-to the request's ``exit_path``. Files rather than sockets: the controller may
-be on the other side of SSH, and a shared file system is what every Slurm
-cluster gives both sides.
-
-Only this user may write a mailbox: its folders are made 0700, and a file that is not
-a regular file of ours or that group or others may write is refused (logged, removed,
-never run): see ``files.why_untrusted`` and ``files.make_private_dirs``.
+Requests are JSON files renamed into ``<root>/inbox``; ``<name>.cancel`` stops one and
+``stop`` ends the loop once nothing runs. Each runs in a forked child in its own process
+group (a cancel kills all it started); its exit status goes atomically to ``exit_path``.
+Files, not sockets: a shared file system is what both sides of SSH have. A request that
+is not our own regular file is refused unread (``files.open_trusted``).
 """
 
 from __future__ import annotations
@@ -228,9 +221,9 @@ class ForkLoop:
         started = False
         for request in list(self.pending):
             try:
-                pid = self.start(request) if "exit_path" in request else None
                 if "exit_path" not in request:
                     raise ValueError("no exit_path")
+                pid = self.start(request)
             except Exception as exc:  # noqa: BLE001 - a bad request must not end the loop
                 print(f"[trtllm-slurm] request {request.get('name')} refused: {exc!r}",
                       file=sys.stderr, flush=True)

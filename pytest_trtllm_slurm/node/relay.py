@@ -297,9 +297,10 @@ def _size(request):
         return {"size": 0, "absent": True}
 
 
-def _why_untrusted(st, directory):
+def why_untrusted(st, directory):
     # type: (os.stat_result, bool) -> Optional[str]
-    """As node/files.why_untrusted (not importable here: this file travels alone)."""
+    """Why a file (or folder) with this lstat/fstat may not be trusted; None if it may
+    (node/files imports it; this file travels alone)."""
     kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link"
@@ -316,7 +317,7 @@ def _refuse_untrusted_dir(folder):
     # type: (str) -> None
     """OSError(EPERM) naming ``folder`` unless it is a real folder of ours that nobody
     else may write."""
-    why = _why_untrusted(os.lstat(folder), True)
+    why = why_untrusted(os.lstat(folder), True)
     if why is not None:
         raise OSError(errno.EPERM, f"{folder}: {why}; refusing to use it (someone else could put "
                       "files there or swap ours): remove it and run again")
