@@ -59,10 +59,6 @@ class _Record(BaseModel):
 
     v: Literal[RECORD_VERSION] = RECORD_VERSION  # type: ignore[valid-type]
 
-    def named_tests(self) -> list[str]:
-        """The node ids this record is about (each must be a test of the batch)."""
-        return []
-
 
 MODELS: dict[str, type[_Record]] = {}  # record type -> its model
 _M = TypeVar("_M", bound=_Record)
@@ -91,17 +87,11 @@ class StartRecord(_Record):
     nodeid: str
     location: list[Any] = Field(default_factory=list)
 
-    def named_tests(self) -> list[str]:
-        return [self.nodeid]
-
 
 @_shape(node_records.FinishRecord)
 class FinishRecord(_Record):
     type: Literal["finish"]
     nodeid: str
-
-    def named_tests(self) -> list[str]:
-        return [self.nodeid]
 
 
 @_shape(node_records.DoneRecord)
@@ -110,9 +100,6 @@ class DoneRecord(_Record):
 
     type: Literal["done"]
     nodeid: str
-
-    def named_tests(self) -> list[str]:
-        return [self.nodeid]
 
 
 class _Kwargs(BaseModel):
@@ -221,9 +208,6 @@ class ReportRecord(_Record):
     type: Literal["report"]
     data: ReportData
 
-    def named_tests(self) -> list[str]:
-        return [self.data.nodeid]
-
 
 @_shape(node_records.ItemRecord)
 class ItemRecord(_Record):
@@ -235,9 +219,6 @@ class ItemRecord(_Record):
     reports: list[ReportData] = Field(default_factory=list)
     finish: Annotated[bool, Strict()] = False
     done: Annotated[bool, Strict()] = False
-
-    def named_tests(self) -> list[str]:
-        return [self.nodeid, *(report.nodeid for report in self.reports)]
 
 
 class CollectErrorData(BaseModel):
@@ -259,9 +240,6 @@ class MissingRecord(_Record):
     nodeids: list[str]
     rootdir: str = "?"
 
-    def named_tests(self) -> list[str]:
-        return list(self.nodeids)
-
 
 @_shape(node_records.WarningRecord)
 class WarningRecord(_Record):
@@ -273,9 +251,6 @@ class WarningRecord(_Record):
     filename: str = ""
     lineno: int | None = None
 
-    def named_tests(self) -> list[str]:
-        return [self.nodeid] if self.when == "runtest" else []
-
 
 @_shape(node_records.XmlAttributeRecord)
 class XmlAttributeRecord(_Record):
@@ -283,9 +258,6 @@ class XmlAttributeRecord(_Record):
     nodeid: str
     name: str = Field(pattern=XML_NAME)  # pytest's junit writer puts it in unescaped
     value: str
-
-    def named_tests(self) -> list[str]:
-        return [self.nodeid]
 
 
 @_shape(node_records.SuitePropertyRecord)
@@ -347,7 +319,7 @@ def parse_record(data: dict[str, Any], batch_nodeids: frozenset[str] | set[str])
         _refuse_known(data)
         raise BadRecord(f"unreadable {data.get('type')!r} record ({type(exc).__name__})",
                         _Line(data)) from None
-    for nodeid in record.named_tests():
+    for nodeid in named_tests(data):
         if nodeid not in batch_nodeids:
             raise BadRecord(f"a record for {nodeid!r}, which is not a test of this batch",
                             _Line(data))
@@ -550,8 +522,7 @@ _ANY_TEST = _AnyTest()
 
 
 def named_tests(record: dict[str, Any]) -> list[str]:
-    """The node ids a checked record is about (each must be a test of the batch): the
-    models' ``named_tests``, read from the dict."""
+    """The node ids a checked record is about (each must be a test of the batch)."""
     kind = record["type"]
     if kind == "item":
         return [record["nodeid"], *(report["nodeid"] for report in record.get("reports", ()))]
