@@ -1,8 +1,6 @@
-"""The collect-only record (``--trtllm-collect=target``; stdlib + pytest): what the target
-collected with the user's arguments and the conftest's options, for a controller that
-cannot import the suite. ``collection.json``: per selected item in order, its key, node id,
-location, markers and keywords; the deselected items; the failed or skipped collectors;
-and where it ran.
+"""The collect-only record (``--trtllm-collect=target``): ``collection.json``, what the target
+collected (selected and deselected items, failed collectors, where it ran), for a
+controller that cannot import the suite.
 """
 
 from __future__ import annotations

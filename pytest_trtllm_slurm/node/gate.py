@@ -1,10 +1,8 @@
 """The start gate of a step launched before its GPUs are free (target side).
 
-Why: a multi-node MPI batch's ranks spend seconds importing the suite. With warm workers
-the step starts early with ``TRTLLM_SLURM_GATE=DIR``: each rank collects and writes
-``DIR/ready.<rank>`` (rank 0 ``DIR/ready`` once all have), waits for ``DIR/open`` (written
-when the nodes are free) and writes ``DIR/done.<rank>`` as it exits, so the nodes go to the
-next batch at once. ``wait_at_gate`` is stdlib only; ``Gate`` is its pytest face.
+A multi-node MPI batch's ranks spend seconds importing the suite, so with warm workers the
+step starts early with ``TRTLLM_SLURM_GATE=DIR``: each rank writes ``ready.<rank>`` (rank 0
+``ready`` once all have), waits for ``open`` and writes ``done.<rank>`` as it exits.
 """
 
 from __future__ import annotations

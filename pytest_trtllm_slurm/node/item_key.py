@@ -1,9 +1,5 @@
-"""What identifies a test on any side, whatever a hook did to its node id (one place).
-
-A key is the item's file relative to the rootdir plus the names below it
-(``accuracy/test_a.py::TestX::test_y[fp8]``): a conftest that prefixes node ids
-(TensorRT-LLM's ``--test-prefix``) changes the node id, not the names. An item collected
-elsewhere carries its key precomputed (``set_item_key``).
+"""What identifies a test on any side, whatever a hook did to its node id: its file relative
+to the rootdir plus the names below it (``accuracy/test_a.py::TestX::test_y[fp8]``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The name of every file and folder the plugin keeps: a work root, a batch, an allocation's
-state, the run registry, a warm worker (agent), its sessions and a step's start gate.
-
-One class per folder; each is generic over the path type: ``Path`` on this machine, ``str``
-(POSIX) for the cluster, so local and remote code name the same files the same way. No
-other module spells these names (tests/test_architecture.py keeps it so). Stdlib only: the
-node side (agent, session server, gate) reads the same names on the cluster.
+"""The name of every file and folder the plugin keeps, one class per folder, generic over the
+path type (``Path`` here, POSIX ``str`` on the cluster); no other module spells these names
+(tests/test_architecture.py). Stdlib only: the node side reads the same names.
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """The records of ``reports.jsonl``: every type the node writes, declared once (stdlib only).
 
-Each record is one JSON object per line with a version ``v`` and a ``type``. The
-TypedDicts below are the protocol: their names are the types' names, their keys the
-fields; the functions build them, and every producer on the node (``worker``,
-``session_server``, the case wrapper's exit-status line) writes only what these return.
-The controller checks each line against its pydantic model of the same type
-(``execution.records``, which refuses to import when a model's fields differ from the
-TypedDict's) and hands it to its ``on_<type>`` handler (``controller.record_handlers``).
-A new type is a TypedDict here, a builder, a model and a handler; a test fails when
-one of them is missing.
+The TypedDicts are the protocol (one JSON object a line, with ``v`` and ``type``) and every
+producer writes only what the builders return. ``execution.records`` checks each line
+against a model of the same fields; a new type needs a TypedDict, builder, model and handler.
 """
 
 from __future__ import annotations

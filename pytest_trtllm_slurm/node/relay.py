@@ -1,16 +1,9 @@
-"""The login node's end of the wire: one process per run, started over SSH, that runs
-the controller's commands and pushes the growth of the files it watches.
+"""The login node's end of the wire: one process per run, started over SSH on one kept
+channel, that runs the controller's commands (a new sshd session each would cost a fifth
+of a second) and pushes what watched files gain without being asked.
 
-Why: every command over SSH on its own channel is a new sshd session (PAM, the login
-shell), a fifth of a second or more each, and a file the controller polls costs a round
-trip per look. This relay is started once per run on one channel and kept: commands
-ride it as JSON lines, and the bytes appended to watched files (reports.jsonl, job logs)
-are sent as soon as they are seen, without being asked for.
-
-Stdlib only, one file, Python 3.6+ (a login node's system python3; hence type comments,
-not annotations): the controller sends this file's text as ``python3 -c`` (nothing needs
-to be installed on the login node). It ends when its stdin closes (the channel or the
-connection is gone).
+Stdlib only, one file, Python 3.6+ (type comments): the controller sends this file's text
+as ``python3 -c``. It ends when its stdin closes.
 
 Lines in (one JSON object each):
     {"op": "run", "id": N, "argv": [...], "env": {...}|null, "cwd": str|null,
@@ -57,17 +50,13 @@ import time
 from typing import IO, Any, Dict, Optional  # noqa: F401, UP035 - used by type comments
 
 VERSION = 1
-# seconds between two looks at the watched files: short after a new watch and while they
-# grow, longer while they do not (up to WATCH_MAX: the controller's own remote poll was
-# 0.2 s), so a login node's shared file system is not opened hundreds of times a second
-# by a run that waits for slow tests
+# seconds between two looks at the watched files: short while they grow, up to WATCH_MAX
 WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.2, 1.5
 PUSH_LIMIT = 1 << 20  # bytes per push line
 PUSH_WINDOW = 8 << 20  # bytes of a watched file pushed ahead of the controller's last ack
 STDIN_WINDOW = 4 << 20  # bytes of a streamed stdin the controller sends ahead of "took"
 STDIN_QUEUE = 32  # pieces (at most 256 KiB each) of a streamed stdin queued here
-# seconds between two looks at a streamed command waiting for input: one that ended (a
-# lock wait that timed out) is answered then, not when the controller ends the input
+# seconds between two looks at a streamed command waiting for input (has it ended?)
 STREAM_LOOK = 0.5
 
 
@@ -140,8 +129,8 @@ class Relay:
 
     def _queue(self, ident, piece):
         # type: (int, Optional[bytes]) -> None
-        """``piece`` of a streamed stdin (None: its end) to its command: waits while the
-        queue is full, as long as the command still reads."""
+        """``piece`` of a streamed stdin (None: its end) to its command, waiting while the
+        queue is full and the command still reads."""
         pieces = self._streams.get(ident)
         while pieces is not None:
             try:
@@ -152,7 +141,6 @@ class Relay:
 
     def _file_op(self, request):
         # type: (Dict[str, Any]) -> None
-        """One file operation, one round trip (over SFTP: open, stat, read, close...)."""
         self.send(dict(_answer(request), id=request["id"]))
 
     def _run(self, request):
@@ -201,8 +189,8 @@ class Relay:
 
     def _streamed(self, proc, pieces, timeout, ident):
         # type: (subprocess.Popen[bytes], queue.Queue[Optional[bytes]], Optional[float], int) -> Any
-        """Feed ``pieces`` to the process's stdin as they come while its output is read;
-        each piece written (or dropped) is told to the controller (``took``): its window."""
+        """Feed ``pieces`` to the process's stdin while its output is read; each piece
+        written (or dropped) is told to the controller (``took``)."""
         outputs = {}  # type: Dict[str, bytes]
 
         def drain(name, stream):
@@ -259,8 +247,7 @@ class Relay:
 
     def _push(self, path, offset, limit):
         # type: (str, int, int) -> bool
-        """Send what ``path`` has past ``offset`` (at most ``limit`` bytes); whether there
-        was anything."""
+        """Send what ``path`` has past ``offset`` (at most ``limit`` bytes); whether any."""
         try:  # open first: on NFS an open revalidates the size, a bare stat may be stale
             with open(path, "rb") as fh:
                 fh.seek(offset)
@@ -315,8 +302,7 @@ def why_untrusted(st, directory):
 
 def _refuse_untrusted_dir(folder):
     # type: (str) -> None
-    """OSError(EPERM) naming ``folder`` unless it is a real folder of ours that nobody
-    else may write."""
+    """OSError(EPERM) unless ``folder`` is a real folder of ours nobody else may write."""
     why = why_untrusted(os.lstat(folder), True)
     if why is not None:
         raise OSError(errno.EPERM, f"{folder}: {why}; refusing to use it (someone else could put "
@@ -325,8 +311,8 @@ def _refuse_untrusted_dir(folder):
 
 def _refuse_foreign_links(path):
     # type: (str) -> None
-    """OSError(EPERM) naming the first of ``path`` and its parents that is a symbolic
-    link owned by someone else than this user or root (as node/files.refuse_foreign_links)."""
+    """OSError(EPERM) naming the first of ``path`` and its parents that is a link owned by
+    someone else than this user or root."""
     while path:
         try:
             st = os.lstat(path)
@@ -343,9 +329,8 @@ def _refuse_foreign_links(path):
 
 def _write(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """Atomic and 0600 from its first byte, as node/files.write_atomic (not importable
-    here: this file travels alone): an unpredictable temporary name opened O_EXCL and
-    O_NOFOLLOW (a planted link is never followed), fsync, then a rename."""
+    """As node/files.write_atomic: an unpredictable temporary name opened O_EXCL and
+    O_NOFOLLOW, 0600 from the first byte, fsync, then a rename."""
     path = request["path"]
     folder, base = os.path.split(path)
     tmp = os.path.join(folder, f".{base}.{os.urandom(6).hex()}.tmp")
@@ -368,9 +353,7 @@ def _write(request):
 
 def _mkdir(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """``mkdir -p`` whose new folders are 0700 (whatever the umask). Each folder it makes,
-    or finds made meanwhile, must be a real folder of ours that nobody else may write, and
-    so must ``path`` itself when ``private`` (EPERM naming it otherwise)."""
+    """As node/files.make_dirs: ``mkdir -p`` with 0700 folders, each verified ours (EPERM)."""
     path, private = request["path"].rstrip("/") or "/", bool(request.get("private"))
     missing = []
     while path and not os.path.lexists(path):
@@ -397,11 +380,9 @@ AWAIT_LIMIT = 1 << 14  # bytes of the awaited file answered (a lock's holder rec
 
 def _await(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """Wait here until ``path`` holds ``needle`` (a lock's holder record with our token,
-    renamed into place by the holder): the controller learns it in one round trip, as
-    soon as it lands, instead of at the next look of a backing-off poll. Looks every
-    5 ms at first, up to every 0.1 s (a lock another run holds for minutes is not opened
-    hundreds of times a second); answers what the file holds when found or timed out."""
+    """Wait here until ``path`` holds ``needle`` (a lock holder's record with our token):
+    one round trip as soon as it lands. Looks every 5 ms, backing off to 0.1 s; answers
+    what the file holds when found or timed out."""
     needle = str(request["needle"]).encode()
     end = time.monotonic() + min(float(request.get("timeout") or 0), AWAIT_MAX)
     pause = 0.005
@@ -430,9 +411,8 @@ def _remove(request):
 
 def _batch(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """Several file operations in one round trip, in order, each exactly as alone (the
-    same checks: verified 0700 folders, O_EXCL|O_NOFOLLOW writes). Stops after the first
-    that fails: a later one may need it (a write into the folder a mkdir makes)."""
+    """Several file operations in one round trip, in order, each exactly as alone; stops
+    after the first that fails (a later one may need it)."""
     answers = []
     for op in request.get("ops") or []:
         if not isinstance(op, dict) or op.get("op") not in BATCHED:
@@ -462,8 +442,7 @@ def _answer(request):
 
 def one_op():
     # type: () -> None
-    """One file operation (a JSON request on stdin, its answer on stdout): what a shell
-    without a relay runs for each write and mkdir (commands.OneOpFiles)."""
+    """One file operation, JSON in on stdin and out on stdout (commands.OneOpFiles)."""
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     sys.stdout.write(json.dumps(_answer(request)) + "\n")
 
