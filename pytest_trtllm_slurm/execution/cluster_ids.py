@@ -1,6 +1,5 @@
-"""Job ids that name their cluster (``NAME:ID``), for a run that spans several Slurm
-clusters: each numbers its jobs on its own, while the controller keys them by id (and the
-messages then say where a job ran). The wrapped executor still sees its own ids.
+"""Job ids that name their cluster (``NAME:ID``) when a run spans several Slurm clusters,
+each numbering its jobs on its own; the wrapped executor still sees its own ids.
 """
 
 from __future__ import annotations

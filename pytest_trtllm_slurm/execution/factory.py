@@ -1,7 +1,4 @@
-"""The one place executors are built, for the plugin and for ``trtllm-slurm run`` alike:
-given what a run found (``RunContext``) and the shapes of its batches, the executor
-of each target (``planning.models.target_of``), each remote cluster its own. No pytest.
-"""
+"""The one place executors are built, for the plugin and ``trtllm-slurm run``: one per target."""
 
 from __future__ import annotations
 
@@ -34,10 +31,8 @@ Warn = Callable[[str], None]
 
 def build_executors(ctx: RunContext, keys: Sequence[BatchLike], *,
                     warn: Warn) -> dict[Target, Executor]:
-    """One executor per target the ``keys`` use (``models.target_of``: a scenario, or a
-    remote cluster: each cluster its own connection, sync and allocation), plus the local
-    subprocess one (tests that run here). Several remote clusters are made ready side by
-    side (connection checks and code sync run at the same time)."""
+    """One executor per target the ``keys`` use, plus the local subprocess one; several
+    remote clusters are set up side by side."""
     executors: dict[Target, Executor] = {
         Scenario.LOCAL_DIRECT: build_executor(Scenario.LOCAL_DIRECT, ctx, [], warn=warn)}
     for scenario in (Scenario.LOCAL_DOCKER, Scenario.LOCAL_SLURM):
@@ -62,8 +57,7 @@ def _alone(target: Target, make: Callable[[], Executor]) -> Executor:
 
 
 def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn) -> Executor:
-    """The cluster's executor; one that cannot be set up (unreachable, preflight, sync)
-    stands in its place and fails that cluster's batches with the reason."""
+    """The cluster's executor, else one that fails its batches with the reason."""
     from pytest_trtllm_slurm.execution.unreachable import UnreachableCluster
 
     name = target[1] if isinstance(target, tuple) else target.value
@@ -77,8 +71,7 @@ def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn)
 
 def with_cluster_ids(executors: dict[Target, Executor],
                      ctx: RunContext) -> dict[Target, Executor]:
-    """Several Slurm clusters in one run: each one's job ids are prefixed with its name
-    (two clusters may hand out the same id); one cluster: as they are."""
+    """With several Slurm clusters, each one's job ids prefixed with its name."""
     from pytest_trtllm_slurm.execution.cluster_ids import ClusterJobIds
 
     names = {target: target[1] if isinstance(target, tuple) else ctx.local.cluster_name or "local"
@@ -105,8 +98,7 @@ def build_executor(scenario: Scenario, ctx: RunContext, keys: Sequence[BatchLike
 
 
 def local_docker_executor(ctx: RunContext, keys: Sequence[BatchLike]) -> Executor:
-    """docker or podman, whichever answered the probe (or the forced one); every image
-    must already be in the engine's store: a missing one is an error before anything runs."""
+    """docker or podman (probed or forced); a missing image is an error before any run."""
     from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor
 
     forced = ctx.settings.container_engine
@@ -130,8 +122,7 @@ def remotes_of(ctx: RunContext) -> RemoteClusters:
 
 def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                           warn: Warn) -> Executor:
-    """Connect, check, sync the code, discover the cluster's Slurm, then the same
-    SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
+    """Connect, check, sync, then a SlurmExecutor over the SSH shell with paths mapped."""
     from pytest_trtllm_slurm.execution.remote import early_start
     from pytest_trtllm_slurm.execution.remote.executor import RemoteSlurmExecutor
     from pytest_trtllm_slurm.execution.remote.workspace import preflight, sync_cluster
@@ -150,9 +141,8 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     shell = remotes.shell(cluster)  # the connection planning's discovery made, if any
     if hasattr(shell, "notify"):
         shell.notify = warn  # a reconnect after a drop is said, not silent
-    # what the early connection's thread did already: preflight, sync, early sessions;
-    # the local snapshot that proves the code unchanged since that sync is taken while
-    # the thread's last round trips run (collection is over: the code to test is known)
+    # what the early connection did already (preflight, sync, sessions); the snapshot that
+    # proves the code unchanged since is taken while its last round trips run
     with ThreadPoolExecutor(1, thread_name_prefix="code-key") as pool:
         key = (pool.submit(early_start.code_key, cluster, ctx.rootdir)
                if remotes.early.pending(cluster) and cluster.sync != "none" else None)
@@ -166,8 +156,7 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     rootdir = ctx.rootdir
     local_work_root = paths.work_root(settings.work_dir, rootdir).dir
     remote, state_dir, path_map = early_start.layout(cluster, rootdir, local_work_root)
-    # the allocation's state and the run registry live on the cluster: every machine and
-    # CI runner of the user shares them (state_store, runs)
+    # the allocation's state and the run registry live on the cluster (shared by all runners)
     runs = (early.runs if early is not None
             else RunRegistry(shell, paths.StateDir(state_dir).runs.dir))
     ensure_work_root(paths.work_root(None, rootdir).dir)  # this checkout ran (`alloc status`)
@@ -284,8 +273,8 @@ def allocation_manager(ctx: RunContext, request: AllocationRequest | None = None
 def with_containers(
     request: AllocationRequest, cluster: ClusterConfig, repo: str
 ) -> AllocationRequest:
-    """The request plus the cluster's container settings: with pyxis the allocation sets
-    up the run's images (import, mount warm-up, ``container_install_command`` in ``repo``)."""
+    """The request plus the cluster's container settings (pyxis: the allocation sets up
+    the images)."""
     from pytest_trtllm_slurm.execution.slurm.alloc_containers import setup_mounts
 
     if cluster.container_runtime != "pyxis":

@@ -1,11 +1,7 @@
-"""Which batches' files changed since the last round, from one stat of a news folder.
-
-A served batch's node side renames a notice (``node.files.announce``) into its work
-root's news folder (``paths.WorkRoot.news``) after each reports line, its pid and its exit
-code. The folder's mtime moves with every rename, so a round whose stat finds it unmoved
-reads no batch at all; when it moved, its listing names the batches with news. The
-monitor still reads every batch at a slow cadence (``CADENCE.news_net``): a lost notice
-costs latency, never a result. Files on this machine only (over SSH the relay pushes).
+"""Which batches' files changed since the last round, from one stat of a news folder: a
+served batch renames a notice into it (``node.files.announce``) after each change, so an
+unmoved mtime means no batch to read. A lost notice costs latency only (the monitor's
+safety net still reads every batch). Local files only (over SSH the relay pushes).
 """
 
 from __future__ import annotations

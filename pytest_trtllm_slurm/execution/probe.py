@@ -1,8 +1,5 @@
-"""Environment check of this machine: GPUs, a working container engine, Slurm, CPU arch.
-
-Routing decides from this (run here, in a container, or on Slurm), so each probe
-has a timeout and leaves a note saying why it came back empty: "no GPU" must be
-distinguishable from "nvidia-smi hung". Caching per run is the caller's job.
+"""Environment check of this machine (GPUs, container engine, Slurm, CPU arch) for routing;
+each probe is bounded and leaves a note saying why it came back empty.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The executor contract every scenario implements.
-
-Executors read only the JobSpec; they submit without waiting, report state for
-all their jobs in one call, and can cancel a job (never an allocation). Everything the
-controller and the planner read of an executor is here, typed, with the default of a
-target that has nothing to say (no probing for optional attributes).
+"""The executor contract every scenario implements: everything the controller and the
+planner read of an executor, typed, with defaults (no probing for optional attributes).
 """
 
 from __future__ import annotations
@@ -84,8 +80,7 @@ class Executor(ABC):
 
     def quiet(self, handles: list[JobHandle]) -> set[str]:
         """The ids among ``handles`` whose node side announces every change and announced
-        none since the last call: a monitor round may skip them (it still reads each now
-        and then, ``Monitor._tune_net``). None by default: every round reads every job."""
+        none since the last call: a monitor round may skip them."""
         return set()
 
     def prepare(self) -> None:

@@ -1,13 +1,6 @@
-"""The small files a batch's launcher writes once, by rename (its pid, its exit code),
-read from what a pushing shell sent instead of a round trip per look.
-
-Why: over SSH a batch's end was learnt by reading its exit-code file at every round, one
-round trip per batch per round at the remote cadence (0.2 s), while its report lines were
-already pushed by the login node's relay. Watched here, the exit code is pushed the moment
-the relay sees the file (and the push wakes the monitor), so a remote batch's end is seen
-as soon as a local one's. A file watched once is never watched again (a re-used path: the
-relay may still hold a push of the old file): such reads, and every read over a shell that
-does not push, go to the file itself.
+"""The small files a batch's launcher writes once by rename (its pid, its exit code), read
+from what a pushing shell sent instead of a round trip per look: a remote batch's end is
+seen as soon as a local one's. A path watched once is never watched again (a stale push).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""The records of ``reports.jsonl``, as the controller accepts them (the boundary).
+"""The records of ``reports.jsonl`` as the controller accepts them (the boundary).
 
-The node declares the record types and their fields (``node.records``: TypedDicts and the
-functions that build them, stdlib only, every record with ``v`` = ``RECORD_VERSION``; a
-record without ``v`` comes from a worker older than the version, whose records have the
-same shapes). Here each type has its pydantic model, which says how strictly a field is
-read (a model whose fields are not the TypedDict's refuses to import) and words a
-refusal. Every line the controller reads from a target's reports passes through
-``check_line`` first: the models' checks on plain dicts, decoded and checked in one pass
-(``parse_record`` gives the models themselves, for the few records read elsewhere). What
-a target writes is not trusted: a record of another version, of an unknown type, of the
-wrong shape, or naming a test that is not the batch's own is refused with a ``BadRecord``
-that says which and why, never replayed.
+``node.records`` declares the types (TypedDicts); here each has a pydantic model that words
+a refusal, and a dict check of the same fields (``check_line``: decoded and checked in one
+pass) that every line read goes through. What a target writes is not trusted: a record of
+another version or type, of the wrong shape, or naming a test not of the batch is refused
+with a ``BadRecord`` saying which and why, never replayed.
 """
 
 from __future__ import annotations
@@ -47,8 +41,7 @@ MAX_LINE = 64 << 20
 # digits and ".-_" (no ":": namespaces are not ours to add)
 XML_NAME = r"^[A-Za-z_][A-Za-z0-9._-]{0,199}$"
 
-# what a pytest report carries is handed to pytest as the target wrote it, so a field is
-# checked for the type pytest uses, not coerced ("123" is no line number, 123 no message)
+# a report's fields go to pytest as written: checked for pytest's types, never coerced
 Str = Annotated[str, Strict()]
 Int = Annotated[int, Strict()]
 Num = Annotated[float, Strict()]
@@ -65,8 +58,7 @@ _M = TypeVar("_M", bound=_Record)
 
 
 def _shape(declared: type) -> Callable[[type[_M]], type[_M]]:
-    """The model of ``declared`` (a TypedDict of ``node.records``): the same fields, and
-    the ``type`` the node writes; registered in ``MODELS``."""
+    """Registers the model of ``declared`` (``node.records``), refusing other fields."""
 
     def check(model: type[_M]) -> type[_M]:
         keys = set(declared.__required_keys__) | set(declared.__optional_keys__)  # type: ignore[attr-defined]
@@ -103,8 +95,7 @@ class DoneRecord(_Record):
 
 
 class _Kwargs(BaseModel):
-    """A dataclass of ``_pytest._code.code`` as pytest serializes it: pytest rebuilds it
-    with ``Class(**fields)``, so no other key passes either."""
+    """A dataclass of ``_pytest._code.code``, rebuilt by pytest with ``Class(**fields)``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -183,8 +174,7 @@ Longrepr = Annotated[
 
 
 class ReportData(BaseModel):
-    """The part of pytest's serialized TestReport the controller relies on, every field
-    the terminal summary and junit read typed as pytest types it."""
+    """The fields of pytest's serialized TestReport the summary and junit read."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -211,8 +201,7 @@ class ReportRecord(_Record):
 
 @_shape(node_records.ItemRecord)
 class ItemRecord(_Record):
-    """A test's reports, then its attempt's end and its protocol's end (``node.records``):
-    every report checked as a ``report`` line's is, in the one validation of the line."""
+    """A test's reports, then its attempt's end and its protocol's end."""
 
     type: Literal["item"]
     nodeid: str
@@ -303,10 +292,7 @@ class BadRecord(ValueError):
 
 
 def parse_record(data: dict[str, Any], batch_nodeids: frozenset[str] | set[str]) -> Record:
-    """``data`` (one JSON object of reports.jsonl) as a typed record of this batch.
-
-    The models check the version and the type as well: the checks that word a refusal
-    (another version, an unknown type) run only once the validation refused the record."""
+    """``data`` (one JSON object of reports.jsonl) as a typed record of this batch."""
     try:
         record = _ADAPTER.validate_python(data)
     except ValidationError as exc:
@@ -342,16 +328,8 @@ def _refuse_known(data: dict[str, Any]) -> None:
             "pytest-trtllm-slurm?)", _Line(data))
 
 
-# -- the same checks on plain dicts: what the run loop reads --------------------------------
-# The models above declare what a record may be and word a refusal. Every line the monitor
-# reads is checked against the TypedDicts below instead: field for field the models' checks
-# (``_same_keys`` refuses to import otherwise; tests/test_record_protocol.py runs both on
-# records a worker wrote and on broken ones), decoded and checked in one pass of
-# pydantic-core (``validate_json`` of the line), and the result is the dict ``json.loads``
-# makes of the line, each field as the model reads it: no model object per record (three
-# per test for the reports alone), and pytest gets each report's data as the target wrote
-# it. Extra keys: the models' "ignore" is "allow" here (the same lines pass; nothing that
-# the target wrote is dropped on the way to pytest).
+# -- the same checks on plain dicts, field for field (``_same_keys``): what the run loop
+# reads, in one pass of pydantic-core, with no model object per record; extra keys kept
 
 _List = AfterValidator(list)  # a fixed-length tuple's check, kept the JSON array it was
 _OPEN = ConfigDict(extra="allow")
@@ -460,9 +438,8 @@ _DICT_ADAPTER: TypeAdapter[dict[str, Any]] = TypeAdapter(Annotated[  # type: ign
 
 
 class RefusedLine(dict):  # type: ignore[type-arg]
-    """A line of reports.jsonl that is a JSON object but no record the controller
-    accepts, in its place among the records (as a dict: the object as read, so that the
-    monitor sees when its reports stopped as it would a record's); ``bad`` says why."""
+    """A JSON object that is no record the controller accepts, in its place among the
+    records (the object as read); ``bad`` says why."""
 
     def __init__(self, data: dict[str, Any], bad: BadRecord) -> None:
         super().__init__(data)
@@ -470,14 +447,9 @@ class RefusedLine(dict):  # type: ignore[type-arg]
 
 
 def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, Any]:
-    """One line of reports.jsonl as a checked record of ``batch`` (a plain dict), or an
-    ``UnreadableLine`` / ``RefusedLine`` saying why it is none (``batch`` None: a record
-    may name any test).
-
-    A line pydantic-core reads and accepts in one pass is a record. Any other is judged
-    as it always was: ``decode_line`` (``json.loads`` decides what is JSON), then the
-    same check of the object read (a lone surrogate escape or nesting past the fast
-    parser's limit still make a record), then the models word the refusal."""
+    """One line of reports.jsonl as a checked record of ``batch`` (a plain dict; ``batch``
+    None: any test), or an ``UnreadableLine`` / ``RefusedLine`` saying why it is none. A
+    line the one pass refuses is read again by ``json.loads`` and the models word why."""
     try:
         record = _DICT_ADAPTER.validate_json(line)
     except Exception:  # noqa: BLE001 - the slow path below says what is wrong
@@ -495,8 +467,7 @@ def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, An
 
 
 def _judged(line: bytes) -> dict[str, Any]:
-    """``check_line`` of a line the one-pass check refused: read as ``json.loads`` reads
-    it, checked again, refused in the models' words."""
+    """``check_line`` of a line the one-pass check refused."""
     data = decode_line(line)
     if type(data) is not dict:
         return data
@@ -543,9 +514,8 @@ def describe_line(line: str, why: str = "not a JSON object") -> BadRecord:
 
 
 class UnreadableLine(dict):  # type: ignore[type-arg]
-    """A line of reports.jsonl that is no JSON object, kept in its place among the
-    records (empty as a dict: a reader that does not look for it skips it); ``line`` is
-    its start, ``why`` what is wrong with it."""
+    """A line that is no JSON object, in its place among the records (an empty dict);
+    ``line`` is its start, ``why`` what is wrong with it."""
 
     def __init__(self, line: str, why: str = "not a JSON object") -> None:
         super().__init__()
@@ -555,15 +525,9 @@ class UnreadableLine(dict):  # type: ignore[type-arg]
 
 class LineReader:
     """The bytes of reports.jsonl, in the pieces they are read, as checked records
-    (``check_line``): the one way anything read from a target's reports becomes records
-    (the monitor's reads, pushed or direct, the final reads of an ended job).
-
-    Linear in what it is fed: an unfinished line is kept as its pieces, joined once its
-    end comes. A line is at most ``max_line`` bytes: a longer one is reported once as an
-    ``UnreadableLine`` (its start) and the rest of it is skipped unkept. A line that is
-    no JSON object, however it fails (bad UTF-8, nesting deep enough to raise
-    RecursionError, anything), becomes an ``UnreadableLine`` in its place, one that is no
-    record of ``batch`` a ``RefusedLine``: what a target wrote never raises out of here."""
+    (``check_line``): the one way a target's reports become records. Linear in what it is
+    fed; a line longer than ``max_line`` is one ``UnreadableLine`` and skipped unkept.
+    What a target wrote never raises out of here."""
 
     def __init__(self, max_line: int = MAX_LINE, batch: Container[str] | None = None) -> None:
         self.max_line = max_line
@@ -611,13 +575,8 @@ class LineReader:
 
 
 def decode_line(line: bytes) -> dict[str, Any]:
-    """One line as a JSON object, or an ``UnreadableLine`` saying why it is none.
-
-    pydantic-core's parser reads the bytes first (about twice as fast as ``json.loads``,
-    and the short strings every line repeats, keys and node ids, come back as one shared
-    object); a line it refuses (a lone surrogate escape, nesting past its limit, not
-    UTF-8, no JSON) is read again by ``json.loads``, which decides, so what is accepted
-    and how a refusal is worded are ``json.loads``'s."""
+    """One line as a JSON object, or an ``UnreadableLine`` saying why it is none:
+    pydantic-core's parser first (twice as fast), ``json.loads`` decides what it refuses."""
     try:
         record = from_json(line)
     except Exception:  # noqa: BLE001 - the slow path below says what is wrong
@@ -643,8 +602,8 @@ def decode_line(line: bytes) -> dict[str, Any]:
 
 
 def warning_category(qualified: str) -> type[Warning]:
-    """The Warning subclass named ``module.QualName`` among those already loaded (never an
-    import: a name in a record must not run code); UserWarning when there is none."""
+    """The loaded Warning subclass named ``module.QualName`` (never an import), else
+    UserWarning."""
     seen: set[type] = set()
     todo: list[type] = [Warning]
     while todo:
@@ -664,8 +623,7 @@ MAX_ARTEFACT = 256 << 20  # bytes of an artefact (coverage data, benchmarks.json
 
 
 def load_json(raw: bytes | str, what: str) -> Any:
-    """``raw`` (the bytes of a file a target wrote) as JSON; ``BadRecord`` (a ValueError)
-    naming ``what`` whatever is wrong, nesting deep enough to raise RecursionError too."""
+    """``raw`` (a file a target wrote) as JSON; else ``BadRecord`` naming ``what``."""
     try:
         return json.loads(raw)
     except RecursionError:
@@ -682,8 +640,7 @@ _B = TypeVar("_B", bound=BaseModel)
 
 
 def validated(model: type[_B], raw: bytes | str, what: str) -> _B:
-    """``raw`` as ``model``; ``BadRecord`` (a ValueError) with the first problem and the
-    start of the text, never another exception."""
+    """``raw`` as ``model``; else ``BadRecord`` with the first problem, nothing else."""
     data = load_json(raw, what)
     try:
         return model.model_validate(data)
@@ -751,6 +708,5 @@ class Benchmarks(RootModel[list[Benchmark]]):
 
 
 def parse_benchmarks(raw: bytes) -> list[dict[str, Any]]:
-    """The results of ``benchmarks.json`` as JSON objects, each checked; ``BadRecord``
-    otherwise."""
+    """The checked results of ``benchmarks.json``; ``BadRecord`` otherwise."""
     return [b.model_dump() for b in validated(Benchmarks, raw, BENCHMARKS_FILE).root]

@@ -1,9 +1,5 @@
-"""An executor standing for a cluster that could not be set up, in a run of several.
-
-Why: with one cluster, a connection, preflight or sync that fails stops the run before
-anything runs (a usage error). With several, the other clusters' tests should still run:
-the failed cluster's batches fail instead, each test with the cluster's name and what went
-wrong, and the summary shows them beside the others' results.
+"""An executor standing for a cluster that could not be set up, in a run of several: its
+batches fail with the reason while the other clusters' tests run.
 """
 
 from __future__ import annotations
@@ -16,8 +12,7 @@ from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 
 class UnreachableCluster(Executor):
-    """Refuses every submission with the set-up error (the run loop fails the batch's
-    tests with it); nothing is ever running, so there is nothing to poll or cancel."""
+    """Refuses every submission with the set-up error; nothing runs, nothing to poll."""
 
     def __init__(self, cluster: str, why: str) -> None:
         self.cluster = cluster

@@ -1,9 +1,4 @@
-"""The plugin's work root (``<rootdir>/work_dirs`` by default), created git-ignored.
-
-Like ``.pytest_cache``, the folder ignores itself, so ``git status`` and a code sync never
-see old logs. An existing folder is left as it is (unless reached through someone else's
-link); one the plugin creates is 0700.
-"""
+"""The plugin's work root, created git-ignored (like ``.pytest_cache``) and 0700."""
 
 from __future__ import annotations
 
