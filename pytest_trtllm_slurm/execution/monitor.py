@@ -146,7 +146,6 @@ class Monitor:
         self.poll_interval = poll_interval
         self.on_change = on_change  # told when a job's status or pending reason changes
         self.jobs: dict[str, WatchedJob] = {}
-        self.visits = 0  # jobs read, all rounds together (figures for tests, benchmarks)
         self._net: dict[int, float] = {}  # per executor: the safety net's period now
 
     def add(self, handle: JobHandle, executor: Executor,
@@ -192,7 +191,6 @@ class Monitor:
             jobs = self._with_news(group, now)
             if not jobs:
                 continue
-            self.visits += len(jobs)
             states = jobs[0].executor.poll([j.handle for j in jobs])
             netted = missed = False
             for job in jobs:

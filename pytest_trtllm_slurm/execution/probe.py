@@ -13,6 +13,7 @@ from pytest_trtllm_slurm.planning.resolve import normalize_device_type
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 __all__ = ["normalize_device_type", "parse_nvidia_smi", "probe_local_env"]
+_MACHINES = {"arm64": "aarch64", "amd64": "x86_64", "x64": "x86_64"}  # onto one name each
 
 
 def parse_nvidia_smi(text: str) -> tuple[list[str], list[int]]:
@@ -94,7 +95,8 @@ def probe_local_env(
     0.4 s): routing asks for one only when a container image is set.
     """
     shell = shell or LocalShell()
-    env = LocalEnv(arch=_canonical_machine(platform.machine()))
+    machine = platform.machine().lower()
+    env = LocalEnv(arch=_MACHINES.get(machine, machine or "x86_64"))
     probe_gpus(shell, timeout, env)
     if engines:
         probe_container_engine(shell, timeout, env)
@@ -102,12 +104,3 @@ def probe_local_env(
         env.notes.append("container: not probed (no container image asked for)")
     probe_slurm(shell, timeout, env)
     return env
-
-
-def _canonical_machine(machine: str) -> str:
-    low = machine.lower()
-    if low in ("arm64", "aarch64"):
-        return "aarch64"
-    if low in ("amd64", "x86_64", "x64"):
-        return "x86_64"
-    return low or "x86_64"

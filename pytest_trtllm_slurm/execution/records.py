@@ -508,9 +508,7 @@ def named_tests(record: dict[str, Any]) -> list[str]:
     return []
 
 
-def describe_line(line: str, why: str = "not a JSON object") -> BadRecord:
-    """A line that is not a JSON object at all (``why``: what is wrong with it)."""
-    return BadRecord(why, line)
+
 
 
 class UnreadableLine(dict):  # type: ignore[type-arg]
@@ -536,10 +534,7 @@ class LineReader:
         self._kept = 0  # bytes in _pieces
         self._skipping = False  # inside a line that was too long: dropped to its end
 
-    @property
-    def pending(self) -> int:
-        """Bytes of an unfinished line held (for tests and figures)."""
-        return self._kept
+
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
         """The records whose lines end in ``chunk``."""

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pytest_trtllm_slurm.node.paths import gpu_lock_dir, lock_base
-from pytest_trtllm_slurm.node.relay import why_untrusted
 
 LOCK_ROOT = "/tmp"  # node-local; the folder inside it is per user and verified
 PRIVATE = 0o600
@@ -26,6 +25,21 @@ _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 
 class UntrustedPath(Exception):
     """A folder or file someone else could have written: its path and why, for the log."""
+
+
+def why_untrusted(st: os.stat_result, *, directory: bool) -> str | None:
+    """Why a file (or folder) with this lstat/fstat may not be trusted; None if it may
+    (node/relay.py has a copy: it travels alone)."""
+    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not kind_ok:
+        return "it is not a " + ("folder" if directory else "regular file")
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group or others may write it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def refuse_untrusted_dir(folder: str | Path) -> None:

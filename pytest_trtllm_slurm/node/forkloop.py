@@ -49,9 +49,7 @@ def _refuse(path: Path, why: str) -> None:
 
 def redirect_output(log_path: str) -> None:
     """fd 1 and 2 (and so every child process) append to ``log_path``."""
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
+    _flush()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -64,9 +62,7 @@ def redirect_output(log_path: str) -> None:
 def spawn(run: Callable[[], int]) -> int:
     """Fork; the child becomes a process-group leader, runs ``run`` and exits with its
     code without unwinding the parent's state (no atexit, no buffered parent output)."""
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
+    _flush()
     pid = os.fork()
     if pid:
         return pid
@@ -81,10 +77,20 @@ def spawn(run: Callable[[], int]) -> int:
         traceback.print_exc()
         code = 1
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
+        _flush()
         os._exit(int(code) & 0xFF)
+
+
+def _flush() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _kill(pid: int, sig: int) -> None:
+    """Signal ``pid``'s process group; one already gone is fine."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, sig)
 
 
 def exit_code_of(status: int) -> int:
@@ -251,8 +257,7 @@ class ForkLoop:
                 break
             child = self.running.pop(pid, None)
             if child is not None:
-                with contextlib.suppress(OSError):  # the test may have left children behind
-                    os.killpg(pid, signal.SIGKILL)
+                _kill(pid, signal.SIGKILL)  # the test may have left children behind
                 write_atomic(child.exit_path, f"{exit_code_of(status)}\n")
                 announce(child.notice)
                 reaped = True
@@ -265,15 +270,13 @@ class ForkLoop:
                 write_exit(request, 128 + signal.SIGTERM)
         for child in self.running.values():
             if child.name == name and child.kill_at is None:
-                with contextlib.suppress(OSError):
-                    os.killpg(child.pid, signal.SIGTERM)
+                _kill(child.pid, signal.SIGTERM)
                 child.kill_at = time.monotonic() + KILL_GRACE
 
     def _escalate(self, now: float) -> None:
         for child in self.running.values():
             if child.kill_at is not None and now >= child.kill_at:
-                with contextlib.suppress(OSError):
-                    os.killpg(child.pid, signal.SIGKILL)
+                _kill(child.pid, signal.SIGKILL)
 
     def _beat(self) -> None:
         assert self.heartbeat is not None
@@ -284,8 +287,7 @@ class ForkLoop:
 
     def _kill_all(self) -> None:
         for child in list(self.running.values()):
-            with contextlib.suppress(OSError):
-                os.killpg(child.pid, signal.SIGKILL)
+            _kill(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + KILL_GRACE
         while self.running and time.monotonic() < deadline:
             if not self._reap():

@@ -7,7 +7,7 @@ against a model of the same fields; a new type needs a TypedDict, builder, model
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, get_args, get_type_hints
 
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
 
@@ -119,19 +119,9 @@ class SessionFinishRecord(TypedDict):
 
 
 # every record type a node writes, by its ``type``
-RECORD_TYPES: dict[str, type] = {
-    "start": StartRecord,
-    "report": ReportRecord,
-    "finish": FinishRecord,
-    "done": DoneRecord,
-    "item": ItemRecord,
-    "collect_error": CollectErrorRecord,
-    "missing": MissingRecord,
-    "warning": WarningRecord,
-    "xml_attribute": XmlAttributeRecord,
-    "suite_property": SuitePropertyRecord,
-    "session_finish": SessionFinishRecord,
-}
+RECORD_TYPES: dict[str, type] = {get_args(get_type_hints(t)["type"])[0]: t for t in (
+    StartRecord, ReportRecord, FinishRecord, DoneRecord, ItemRecord, CollectErrorRecord,
+    MissingRecord, WarningRecord, XmlAttributeRecord, SuitePropertyRecord, SessionFinishRecord)}
 SESSION_FINISH = "session_finish"  # the type whose line says the session ended normally
 
 

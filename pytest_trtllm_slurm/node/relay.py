@@ -284,10 +284,9 @@ def _size(request):
         return {"size": 0, "absent": True}
 
 
-def why_untrusted(st, directory):
+def _why_untrusted(st, directory):
     # type: (os.stat_result, bool) -> Optional[str]
-    """Why a file (or folder) with this lstat/fstat may not be trusted; None if it may
-    (node/files imports it; this file travels alone)."""
+    """As node/files.why_untrusted (this file travels alone: a copy)."""
     kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link"
@@ -303,7 +302,7 @@ def why_untrusted(st, directory):
 def _refuse_untrusted_dir(folder):
     # type: (str) -> None
     """OSError(EPERM) unless ``folder`` is a real folder of ours nobody else may write."""
-    why = why_untrusted(os.lstat(folder), True)
+    why = _why_untrusted(os.lstat(folder), True)
     if why is not None:
         raise OSError(errno.EPERM, f"{folder}: {why}; refusing to use it (someone else could put "
                       "files there or swap ours): remove it and run again")

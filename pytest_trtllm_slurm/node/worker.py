@@ -59,10 +59,12 @@ class ReportWriter:
         self.marked: MarkedLines | None = None  # pytest's terminal output, marked
         self._test: records.ItemRecord | None = None  # the running test's line, unwritten
 
-    def _bundle(self, nodeid: str) -> records.ItemRecord:
-        """The running test's line (``records.item``), begun for ``nodeid`` if need be."""
+    def _bundle(self, nodeid: str, *, unfinished: bool = False) -> records.ItemRecord:
+        """The running test's line (``records.item``), begun for ``nodeid`` if need be
+        (``unfinished``: also when its attempt ended: what follows gets its own line)."""
         bundle = self._test
-        if bundle is None or bundle["nodeid"] != nodeid or bundle["done"]:
+        if (bundle is None or bundle["nodeid"] != nodeid or bundle["done"]
+                or (unfinished and bundle["finish"])):
             self.flush()
             bundle = self._test = records.item(nodeid, [], finish=False, done=False)
         return bundle
@@ -139,22 +141,14 @@ class ReportWriter:
         """Written last, once every plugin here has seen the report (pytest's subtests
         change a verdict then, with a count kept in this process only)."""
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        bundle = self._bundle(report.nodeid)
-        if bundle["finish"]:  # a report after the attempt's end: its own line, in order
-            self.flush()
-            bundle = self._bundle(report.nodeid)
-        bundle["reports"].append(data)
+        self._bundle(report.nodeid, unfinished=True)["reports"].append(data)
         if report.when != "teardown" and (report.failed or report.sections
                                           or report.duration >= SYNC_EVERY):
             # what a hang or crash would lose goes out now; a quick quiet phase waits
             self.flush()
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        bundle = self._bundle(nodeid)
-        if bundle["finish"]:
-            self.flush()
-            bundle = self._bundle(nodeid)
-        bundle["finish"] = True
+        self._bundle(nodeid, unfinished=True)["finish"] = True
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
