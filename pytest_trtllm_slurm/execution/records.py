@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Container
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -328,111 +329,46 @@ def _refuse_known(data: dict[str, Any]) -> None:
             "pytest-trtllm-slurm?)", _Line(data))
 
 
-# -- the same checks on plain dicts, field for field (``_same_keys``): what the run loop
-# reads, in one pass of pydantic-core, with no model object per record; extra keys kept
+# -- the same checks on plain dicts, derived from the models: what the run loop reads, in
+# one pass of pydantic-core, with no model object per record; extra keys kept
 
 _List = AfterValidator(list)  # a fixed-length tuple's check, kept the JSON array it was
-_OPEN = ConfigDict(extra="allow")
-_CLOSED = ConfigDict(extra="forbid")
 
 
-def _typed(name: str, required: dict[str, Any], optional: dict[str, Any],
-           config: ConfigDict = _OPEN) -> Any:
-    """A TypedDict (functional form: a key such as "$report_type" is no identifier)."""
-    fields = {**required, **{key: NotRequired[kind] for key, kind in optional.items()}}
-    return with_config(config)(TypedDict(name, fields))  # type: ignore[operator]
+def _typed_dicts(models: dict[str, type[BaseModel]]) -> dict[str, Any]:
+    """Tag -> the TypedDict of its model (one per model): its fields by alias, each checked
+    as the model checks it (tuples kept lists), required ones first; "ignore" is "allow"."""
+    made: dict[type[BaseModel], Any] = {}
+
+    def typed(model: type[BaseModel]) -> Any:
+        if model not in made:
+            fields = {f.alias or name: (convert(f.rebuild_annotation()) if f.is_required()
+                                        else NotRequired[convert(f.rebuild_annotation())])
+                      for name, f in sorted(model.model_fields.items(),
+                                            key=lambda item: not item[1].is_required())}
+            extra = "forbid" if model.model_config.get("extra") == "forbid" else "allow"
+            made[model] = with_config(ConfigDict(extra=extra))(  # type: ignore[operator]
+                TypedDict(model.__name__, fields))  # type: ignore[operator]
+        return made[model]
+
+    def convert(kind: Any) -> Any:
+        origin, args = get_origin(kind), get_args(kind)
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return typed(kind)
+        if origin is Annotated:
+            return Annotated[(convert(args[0]), *args[1:])]
+        if origin in (Union, UnionType):
+            return Union[tuple(convert(arg) for arg in args)]  # noqa: UP007
+        if origin is list:
+            return list[convert(args[0])]  # type: ignore[misc]
+        if origin is tuple:
+            return Annotated[tuple[tuple(convert(arg) for arg in args)], _List]
+        return kind
+
+    return {tag: typed(model) for tag, model in models.items()}
 
 
-_FileLocationDict = _typed("ReprFileLocation", {"path": Str, "lineno": Int, "message": Str},
-                           {}, _CLOSED)
-_EntryDataDict = _typed("ReprEntryData", {"lines": list[Str]}, {
-    "reprfuncargs": _typed("ReprFuncArgs", {
-        "args": list[Annotated[tuple[Str, Any], _List]]}, {}, _CLOSED) | None,
-    "reprlocals": _typed("ReprLocals", {"lines": list[Str]}, {}, _CLOSED) | None,
-    "reprfileloc": _FileLocationDict | None,
-    "style": Str}, _CLOSED)
-_TracebackDict = _typed("ReprTraceback", {"reprentries": list[Annotated[
-    _typed("ReprEntry", {"type": Literal["ReprEntry"], "data": _EntryDataDict}, {}, _CLOSED)
-    | _typed("ReprEntryNative", {"type": Literal["ReprEntryNative"], "data": _typed(
-        "ReprEntryNativeData", {"lines": list[Str]}, {"style": Str}, _CLOSED)}, {}, _CLOSED),
-    Field(discriminator="type")]]}, {"extraline": Str | None, "style": Str}, _CLOSED)
-_ExceptionDict = _typed("ExceptionRepr", {
-    "reprcrash": _FileLocationDict | None, "reprtraceback": _TracebackDict}, {
-    "sections": list[Annotated[tuple[Str, Str, Str], _List]],
-    "chain": list[Annotated[tuple[_TracebackDict, _FileLocationDict | None, Str | None],
-                            _List]] | None})
-_LongreprDict = Annotated[
-    Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
-    | Annotated[tuple[Str, Int | None, Str], _List, Tag("skip")]
-    | Annotated[_ExceptionDict, Tag("exception")],
-    Discriminator(_longrepr_kind),
-]
-_ReportDict = _typed("ReportData", {
-    "nodeid": Str,
-    "when": Annotated[Str, Field(min_length=1)],
-    "outcome": Annotated[Str, Field(min_length=1)],
-    "location": Annotated[tuple[Str, Int | None, Str], _List],
-    "keywords": dict[str, Any],
-}, {
-    "$report_type": Str | None,
-    "longrepr": _LongreprDict,
-    "sections": list[Annotated[tuple[Str, Str], _List]],
-    "user_properties": list[Annotated[tuple[Str, Any], _List]],
-    "duration": Num,
-    "wasxfail": Str | None,
-})
-_V = {"v": Literal[RECORD_VERSION]}  # absent: a worker from before records had a version
-# record type -> its TypedDict, as ``MODELS`` has its model
-DICTS: dict[str, Any] = {
-    "start": _typed("StartRecord", {"type": Literal["start"], "nodeid": str},
-                    {**_V, "location": list[Any]}),
-    "finish": _typed("FinishRecord", {"type": Literal["finish"], "nodeid": str}, _V),
-    "done": _typed("DoneRecord", {"type": Literal["done"], "nodeid": str}, _V),
-    "report": _typed("ReportRecord", {"type": Literal["report"], "data": _ReportDict}, _V),
-    "item": _typed("ItemRecord", {"type": Literal["item"], "nodeid": str}, {
-        **_V, "reports": list[_ReportDict], "finish": Annotated[bool, Strict()],
-        "done": Annotated[bool, Strict()]}),
-    "collect_error": _typed("CollectErrorRecord", {
-        "type": Literal["collect_error"],
-        "data": _typed("CollectErrorData", {}, {"nodeid": Str, "longrepr": _LongreprDict}),
-    }, _V),
-    "missing": _typed("MissingRecord", {"type": Literal["missing"], "nodeids": list[str]},
-                      {**_V, "rootdir": str}),
-    "warning": _typed("WarningRecord", {"type": Literal["warning"], "when": str}, {
-        **_V, "nodeid": str, "message": str, "category": str, "filename": str,
-        "lineno": int | None}),
-    "xml_attribute": _typed("XmlAttributeRecord", {
-        "type": Literal["xml_attribute"], "nodeid": str,
-        "name": Annotated[str, Field(pattern=XML_NAME)], "value": str}, _V),
-    "suite_property": _typed("SuitePropertyRecord", {
-        "type": Literal["suite_property"], "name": str, "value": str}, _V),
-    "session_finish": _typed("SessionFinishRecord", {
-        "type": Literal["session_finish"], "exitstatus": int}, _V),
-}
-
-
-def _same_keys(model: type[BaseModel], typed: Any) -> None:
-    """``TypeError`` unless ``typed`` has the keys of ``model`` (by alias), required where
-    the model has no default."""
-    def keys(required: bool) -> set[str]:
-        return {f.alias or name for name, f in model.model_fields.items()
-                if f.is_required() is required}
-
-    if (keys(True), keys(False)) != (set(typed.__required_keys__),
-                                     set(typed.__optional_keys__)):
-        raise TypeError(f"the dict check of {model.__name__} (required "
-                        f"{sorted(typed.__required_keys__)}, optional "
-                        f"{sorted(typed.__optional_keys__)}) is not its model's (required "
-                        f"{sorted(keys(True))}, optional {sorted(keys(False))})")
-
-
-for _tag, _model in MODELS.items():
-    _same_keys(_model, DICTS[_tag])
-for _model, _typed_dict in ((ReportData, _ReportDict), (ExceptionRepr, _ExceptionDict),
-                            (ReprTraceback, _TracebackDict), (ReprEntryData, _EntryDataDict),
-                            (ReprFileLocation, _FileLocationDict)):
-    _same_keys(_model, _typed_dict)
-
+DICTS: dict[str, Any] = _typed_dicts(MODELS)
 _DICT_ADAPTER: TypeAdapter[dict[str, Any]] = TypeAdapter(Annotated[  # type: ignore[arg-type]
     Union[tuple(DICTS.values())], Field(discriminator="type")])  # noqa: UP007
 
