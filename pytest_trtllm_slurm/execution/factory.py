@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.context import RunContext
-from pytest_trtllm_slurm.execution.protocol import Executor
+from pytest_trtllm_slurm.execution.outcome import JobState
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
+from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
+from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
@@ -58,8 +61,6 @@ def _alone(target: Target, make: Callable[[], Executor]) -> Executor:
 
 def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn) -> Executor:
     """The cluster's executor, else one that fails its batches with the reason."""
-    from pytest_trtllm_slurm.execution.unreachable import UnreachableCluster
-
     name = target[1] if isinstance(target, tuple) else target.value
     try:
         return make()
@@ -72,8 +73,6 @@ def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn)
 def with_cluster_ids(executors: dict[Target, Executor],
                      ctx: RunContext) -> dict[Target, Executor]:
     """With several Slurm clusters, each one's job ids prefixed with its name."""
-    from pytest_trtllm_slurm.execution.cluster_ids import ClusterJobIds
-
     names = {target: target[1] if isinstance(target, tuple) else ctx.local.cluster_name or "local"
              for target in executors
              if isinstance(target, tuple) or target is Scenario.LOCAL_SLURM}
@@ -212,7 +211,6 @@ def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
     from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
     from pytest_trtllm_slurm.execution.slurm.runs import local_registry
-    from pytest_trtllm_slurm.transport.shell import LocalShell
 
     shell = LocalShell()
     jobs = SlurmJobs(shell)
@@ -255,7 +253,6 @@ def allocation_manager(ctx: RunContext, request: AllocationRequest | None = None
                        warn: Warn) -> AllocationManager:
     """The local Slurm's persistent allocation (state under the rootdir's work_dirs)."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
-    from pytest_trtllm_slurm.transport.shell import LocalShell
 
     cluster = local_cluster_config(ctx)
     request = request or AllocationRequest()
@@ -308,3 +305,72 @@ def walltime_policy(settings: Settings) -> WalltimePolicy | None:
     from pytest_trtllm_slurm.execution.slurm.tracking import WalltimePolicy
 
     return WalltimePolicy() if settings.negotiate_walltime else None
+
+
+class ClusterJobIds(Executor):
+    """An Executor whose handles are ``cluster:ID`` (two clusters may hand out the same
+    id); everything else is the wrapped one's."""
+
+    def __init__(self, wrapped: Executor, cluster: str) -> None:
+        self.wrapped = wrapped
+        self.cluster = cluster
+        self.shell: Shell = wrapped.shell
+        # what the controller and the packer read of it: set once when an executor is made
+        self.poll_hint, self.slurm_env = wrapped.poll_hint, wrapped.slurm_env
+        self.allocations, self.prepares = wrapped.allocations, wrapped.prepares
+        self._own: dict[str, JobHandle] = {}  # qualified id -> the wrapped executor's handle
+
+    def expect(self, tests: Mapping[str, str]) -> None:
+        self.wrapped.expect(tests)
+
+    def prepare(self) -> None:
+        self.wrapped.prepare()
+
+    def capacity(self) -> Capacity:
+        return self.wrapped.capacity()
+
+    def _qualified(self, job_id: str) -> str:
+        return f"{self.cluster}:{job_id}"
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        own = self.wrapped.submit(spec)
+        handle = own.model_copy(update={"job_id": self._qualified(own.job_id)})
+        self._own[handle.job_id] = own
+        return handle
+
+    def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
+        states = self.wrapped.poll([self._own.get(h.job_id, h) for h in handles])
+        return {self._qualified(job_id): state for job_id, state in states.items()}
+
+    def cancel(self, handle: JobHandle) -> None:
+        self.wrapped.cancel(self._own.get(handle.job_id, handle))
+
+    def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
+        return self.wrapped.rerun_command(spec, nodeid)
+
+    def close(self) -> None:
+        self.wrapped.close()
+
+
+class UnreachableCluster(Executor):
+    """Refuses every submission with the set-up error; nothing runs, nothing to poll."""
+
+    def __init__(self, cluster: str, why: str) -> None:
+        self.cluster = cluster
+        self.why = why
+        self.shell: Shell = LocalShell()  # never used: no job of it exists
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        raise ExecutionError(f"cluster {self.cluster!r} could not be set up: {self.why}")
+
+    def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
+        return {}
+
+    def cancel(self, handle: JobHandle) -> None:
+        return None
+
+    def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
+        return f"# cluster {self.cluster} could not be set up: {self.why}"
+
+    def close(self) -> None:
+        return None

@@ -32,28 +32,15 @@ class JobStatus(str, Enum):
 
 # Slurm's job states (sacct/squeue) onto ours; anything unknown and final is ERROR.
 SLURM_STATE_MAP: dict[str, JobStatus] = {
-    "PENDING": JobStatus.PENDING,
-    "CONFIGURING": JobStatus.PENDING,
-    "REQUEUED": JobStatus.PENDING,
-    "REQUEUE_HOLD": JobStatus.PENDING,
-    "REQUEUE_FED": JobStatus.PENDING,
-    "RESIZING": JobStatus.RUNNING,
-    "SUSPENDED": JobStatus.RUNNING,
-    "RUNNING": JobStatus.RUNNING,
-    "COMPLETING": JobStatus.RUNNING,
-    "STAGE_OUT": JobStatus.RUNNING,
-    "SIGNALING": JobStatus.RUNNING,
-    "COMPLETED": JobStatus.COMPLETED,
-    "FAILED": JobStatus.FAILED,
-    "BOOT_FAIL": JobStatus.NODE_FAIL,
-    "NODE_FAIL": JobStatus.NODE_FAIL,
-    "TIMEOUT": JobStatus.TIMEOUT,
-    "DEADLINE": JobStatus.TIMEOUT,
-    "OUT_OF_MEMORY": JobStatus.OUT_OF_MEMORY,
-    "CANCELLED": JobStatus.CANCELLED,
-    "PREEMPTED": JobStatus.PREEMPTED,
-    "REVOKED": JobStatus.CANCELLED,
-    "SPECIAL_EXIT": JobStatus.FAILED,
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"),
+                    JobStatus.PENDING),
+    **dict.fromkeys(("RESIZING", "SUSPENDED", "RUNNING", "COMPLETING", "STAGE_OUT",
+                     "SIGNALING"), JobStatus.RUNNING),
+    **dict.fromkeys(("FAILED", "SPECIAL_EXIT"), JobStatus.FAILED),
+    **dict.fromkeys(("BOOT_FAIL", "NODE_FAIL"), JobStatus.NODE_FAIL),
+    **dict.fromkeys(("TIMEOUT", "DEADLINE"), JobStatus.TIMEOUT),
+    **dict.fromkeys(("CANCELLED", "REVOKED"), JobStatus.CANCELLED),
+    **{state: JobStatus(state) for state in ("COMPLETED", "OUT_OF_MEMORY", "PREEMPTED")},
 }
 
 

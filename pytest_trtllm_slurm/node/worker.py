@@ -18,10 +18,7 @@ import pytest
 from pytest_trtllm_slurm.node import item_key, records
 from pytest_trtllm_slurm.node.assignment import Assignment, key_path, loads
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
-from pytest_trtllm_slurm.node.protocol import (  # noqa: F401
-    RECORD_VERSION,
-    WORKER_OUTPUTS_FLAG,
-)
+from pytest_trtllm_slurm.node.protocol import RECORD_VERSION, WORKER_OUTPUTS_FLAG  # noqa: F401
 from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
 
 WORKER_ENV = "TRTLLM_SLURM_WORKER"
@@ -322,11 +319,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.pluginmanager.register(ThreadTimeouts(writer, timeout_plugin),
                                       "trtllm-slurm-thread-timeouts")
-    from pytest_trtllm_slurm.node.artefacts import (
-        BatchArtefacts,  # coverage and benchmark data come back
-    )
+    from pytest_trtllm_slurm.node.artefacts import BatchArtefacts
 
-    config.pluginmanager.register(
+    config.pluginmanager.register(  # coverage and benchmark data come back
         BatchArtefacts(config, Path(reports).parent, enabled=writer.enabled),
         "trtllm-slurm-artefacts")
     # registered after every other plugin, so these fixtures override theirs
@@ -340,11 +335,9 @@ def pytest_configure(config: pytest.Config) -> None:
     terminal = getattr(reporter, "_tw", None)
     if terminal is not None and hasattr(terminal, "_file"):
         terminal._file = writer.marked = MarkedLines(terminal._file)
-    from pytest_trtllm_slurm.node.gate import (
-        gate_from_env,  # a step launched before its GPUs were free
-    )
+    from pytest_trtllm_slurm.node.gate import gate_from_env
 
-    gate = gate_from_env()
+    gate = gate_from_env()  # a step launched before its GPUs were free
     if gate is not None:
         config.pluginmanager.register(gate, "trtllm-slurm-gate")
     serve_dir = config.getoption("trtllm_worker_serve")
