@@ -73,10 +73,8 @@ def make_dirs(path: str | Path, *, private: bool = False) -> Path:
         missing.append(folder)
     refuse_foreign_links(target.parents if missing else (target, *target.parents))
     for folder in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):  # made meanwhile: verified below
             folder.mkdir(mode=0o700)
-        except FileExistsError:
-            pass  # made meanwhile: verified as ours below, like the ones made here
         refuse_untrusted_dir(folder)
     if private and not missing:
         refuse_untrusted_dir(target)
@@ -129,10 +127,8 @@ def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
     """``<root>/trtllm-slurm-<uid>/<job>-<node>``, made and verified ours (UntrustedPath)."""
     make_dirs(root)  # usually /tmp
     base = lock_base(root)
-    try:
+    with contextlib.suppress(FileExistsError):
         base.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     try:
         close_own_dirs([base])
     except UntrustedPath as exc:
@@ -140,10 +136,8 @@ def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
             f"the GPU lock folder {exc}. Someone may have created it to take this user's "
             "GPU locks: remove it (or have an administrator remove it) and run again") from None
     locks = gpu_lock_dir(base, job, node)
-    try:
+    with contextlib.suppress(FileExistsError):
         locks.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     close_own_dirs([locks])
     return locks
 

@@ -8,6 +8,7 @@ step starts early with ``TRTLLM_SLURM_GATE=DIR``: each rank writes ``ready.<rank
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -74,10 +75,8 @@ class Gate:
 
 
 def _touch_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the controller then waits for the step's end
         _touch(path)
-    except OSError:
-        pass  # the controller then waits for the step's end instead
 
 
 def gate_from_env() -> Gate | None:

@@ -38,6 +38,7 @@ queue of a streamed stdin here is bounded as well (``STDIN_QUEUE`` pieces).
 """
 
 import base64
+import contextlib
 import errno
 import json
 import os
@@ -109,8 +110,8 @@ class Relay:
                 threading.Thread(target=self._file_op, args=(request,), daemon=True).start()
             elif op == "watch":
                 with self._watch_lock:
-                    self._watched[str(request["path"])] = int(request.get("offset") or 0)
-                    self._acked[str(request["path"])] = int(request.get("offset") or 0)
+                    path, offset = str(request["path"]), int(request.get("offset") or 0)
+                    self._watched[path] = self._acked[path] = offset
                 self._new_watch.set()  # a new batch: look often again
             elif op == "ack":
                 with self._watch_lock:
@@ -220,10 +221,8 @@ class Relay:
                     broken = True
             if piece:
                 self.send({"took": ident, "bytes": len(piece)})
-        try:
+        with contextlib.suppress(OSError):
             stdin.close()
-        except OSError:
-            pass
         proc.wait(timeout)  # TimeoutExpired: the caller kills it
         for reader in readers:
             reader.join()
@@ -342,10 +341,8 @@ def _write(request):
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     return {}
 
@@ -363,10 +360,8 @@ def _mkdir(request):
         path = parent
     _refuse_foreign_links(path)
     for folder in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
         _refuse_untrusted_dir(folder)
     if private and not missing:
         _refuse_untrusted_dir(path)
@@ -401,10 +396,8 @@ def _await(request):
 def _remove(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
     """``rm -f``: unlink never follows a link (the link itself goes); absent is fine."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(request["path"])
-    except FileNotFoundError:
-        pass
     return {}
 
 
