@@ -6,8 +6,7 @@ from __future__ import annotations
 import errno
 import os
 
-# what one batch writes at least: its spec, node ids, job log and reports (a test's
-# captured output makes them bigger; this is the floor, not an estimate)
+# what one batch writes at least (its spec, node ids, job log and reports): a floor
 BATCH_SPACE = 256 << 10
 
 

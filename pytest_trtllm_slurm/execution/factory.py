@@ -48,15 +48,14 @@ def build_executors(ctx: RunContext, keys: Sequence[BatchLike], *,
             by_cluster.setdefault(target_of(key), []).append(key)
     # one cluster that cannot be set up stops the run; of several, only its own tests fail
     several = len(by_cluster) + (Scenario.LOCAL_SLURM in executors) > 1
-    build = partial(_one_of_several, warn=warn) if several else _alone
+    build = partial(_one_of_several, warn=warn) if several else lambda target, make: make()
     built = side_by_side({target: partial(build, target, partial(
         remote_slurm_executor, ctx, mine, warn=warn)) for target, mine in by_cluster.items()})
     executors.update(built)
     return with_cluster_ids(executors, ctx)
 
 
-def _alone(target: Target, make: Callable[[], Executor]) -> Executor:
-    return make()
+
 
 
 def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn) -> Executor:

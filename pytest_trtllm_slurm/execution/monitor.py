@@ -1,15 +1,11 @@
 """One loop that watches every active job: state, new report lines, hang, timeout.
 
-Per poll: one state query per executor for the jobs it reads, then an incremental
-read (by offset) of each job's reports.jsonl and log. Nothing is read whole. A job
-whose executor vouches it unchanged (``Executor.quiet``: its node side announces each
-change) is skipped, and read anyway now and then (the safety net: every
-``CADENCE.news_net`` s, doubled while those reads find nothing new, back when one does).
-Over a shell that pushes (SSH with its relay), those reads take the pushed bytes
-instead of a round trip each, and the wait between polls ends when a report line
-lands; a job's last read, once it has ended, always reads the file itself, one
-``READ_CHUNK`` per poll (an event each), so a big rest of a file is never one event.
-Every byte of a reports file becomes records through ``records.LineReader``.
+Per poll: one state query per executor, then an incremental read (by offset) of each job's
+reports.jsonl and log. A job its executor vouches unchanged (``Executor.quiet``) is skipped
+but read now and then (``CADENCE.news_net``, doubled while such reads find nothing). Over
+a pushing shell the reads take the pushed bytes and a report line ends the wait; an ended
+job's last reads go to the file, one ``READ_CHUNK`` an event. Every byte of a reports
+file becomes records through ``records.LineReader``.
 """
 
 from __future__ import annotations

@@ -89,11 +89,8 @@ def probe_slurm(shell: Shell, timeout: float, env: LocalEnv) -> None:
 def probe_local_env(
     shell: Shell | None = None, timeout: float = 10, *, engines: bool = True
 ) -> LocalEnv:
-    """Everything routing needs to know about this machine, each probe bounded by ``timeout``.
-
-    ``engines=False`` skips the container engines (``podman info`` alone takes about
-    0.4 s): routing asks for one only when a container image is set.
-    """
+    """Everything routing needs to know about this machine, each probe bounded by
+    ``timeout``; ``engines=False`` skips the container engines (0.4 s for podman)."""
     shell = shell or LocalShell()
     machine = platform.machine().lower()
     env = LocalEnv(arch=_MACHINES.get(machine, machine or "x86_64"))

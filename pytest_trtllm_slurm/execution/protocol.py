@@ -40,14 +40,13 @@ class Executor(ABC):
     """One target of a run (a scenario, or a remote cluster)."""
 
     shell: Shell
-    # seconds between monitor rounds this target wants (warm batches are files); None:
-    # the monitor's own pace
+    # seconds between monitor rounds this target wants; None: the monitor's own pace
     poll_hint: float | None = None
     # the target's Slurm discovery (written into job_spec.json); None: not Slurm
     slurm_env: SlurmEnv | None = None
     # the persistent allocation (--trtllm-release-allocation frees it); None: none
     allocations: PersistentAllocation | None = None
-    # whether ``prepare`` does anything: a run prepares several such targets side by side
+    # whether ``prepare`` does anything (a run prepares such targets side by side)
     prepares: bool = False
 
     @abstractmethod

@@ -35,11 +35,9 @@ from pytest_trtllm_slurm.node.paths import BENCHMARKS_FILE
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
 
 RAW_SHOWN = 500  # characters of a refused line kept in the message
-# the longest line of reports.jsonl the controller reads: a report carries the test's
-# captured output whole, as pytest's own does; a longer line refuses the batch
+# the longest line of reports.jsonl read (a report carries the test's captured output)
 MAX_LINE = 64 << 20
-# an XML name (the part junit writers do not escape): a letter or "_", then letters,
-# digits and ".-_" (no ":": namespaces are not ours to add)
+# an XML name (junit writers do not escape it), without namespaces
 XML_NAME = r"^[A-Za-z_][A-Za-z0-9._-]{0,199}$"
 
 # a report's fields go to pytest as written: checked for pytest's types, never coerced
@@ -164,8 +162,8 @@ def _longrepr_kind(value: Any) -> str:
     return _LONGREPR_KINDS.get(type(value), "other")
 
 
-# None (passed), a text, a skip's (path, lineno, reason), or an exception's repr; told
-# apart by their JSON type, so a refusal names the field that is wrong
+# None (passed), a text, a skip's (path, lineno, reason) or an exception's repr, told
+# apart by their JSON type (a refusal names the field that is wrong)
 Longrepr = Annotated[
     Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
     | Annotated[tuple[Str, Int | None, Str], Tag("skip")]

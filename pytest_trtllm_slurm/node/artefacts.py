@@ -34,7 +34,6 @@ class BatchArtefacts:
         self.work_dir = work_dir
         self.enabled = enabled  # rank 0 only, as the report writer
 
-    # -- the worker leaves judging and output files to the controller -----------------
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         cov = self._cov_plugin()
@@ -53,7 +52,6 @@ class BatchArtefacts:
         """A batch run as its own pytest: pytest-cov has combined its data by now."""
         self.write(self.work_dir, running=False)
 
-    # -- writing -----------------------------------------------------------------------
     def write(self, work_dir: Path, *, running: bool) -> None:
         """Write the artefacts into ``work_dir``; ``running``: coverage still measures."""
         if not self.enabled:

@@ -166,7 +166,6 @@ class ForkLoop:
         finally:
             self._kill_all()
 
-    # -- one round ------------------------------------------------------------
     def _read_inbox(self) -> bool:
         try:
             names = sorted(os.listdir(self.inbox))

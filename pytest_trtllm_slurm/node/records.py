@@ -12,32 +12,33 @@ from typing import Any, Literal, TypedDict, get_args, get_type_hints
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
 
 
-class StartRecord(TypedDict):
+class _Record(TypedDict):
+    v: int  # RECORD_VERSION
+
+
+class StartRecord(_Record):
     """A test's attempt started (``pytest_runtest_logstart``)."""
 
-    v: int
     type: Literal["start"]
     nodeid: str
     location: list[Any]
 
 
-class ReportRecord(TypedDict):
+class ReportRecord(_Record):
     """One phase's TestReport, as pytest's ``pytest_report_to_serializable`` made it."""
 
-    v: int
     type: Literal["report"]
     data: dict[str, Any]
 
 
-class FinishRecord(TypedDict):
+class FinishRecord(_Record):
     """A test's attempt ended (``pytest_runtest_logfinish``)."""
 
-    v: int
     type: Literal["finish"]
     nodeid: str
 
 
-class ItemRecord(TypedDict):
+class ItemRecord(_Record):
     """A test's reports and its end in one line (``start`` is its own line, written when
     the test starts: it says where a worker died): the reports pytest logged since the
     start, then ``finish`` (the attempt ended: ``pytest_runtest_logfinish``) and ``done``
@@ -45,7 +46,6 @@ class ItemRecord(TypedDict):
     ``finish`` and a ``done`` line, in that order: one JSON object to decode and check
     per test instead of five."""
 
-    v: int
     type: Literal["item"]
     nodeid: str
     reports: list[dict[str, Any]]
@@ -53,35 +53,31 @@ class ItemRecord(TypedDict):
     done: bool
 
 
-class DoneRecord(TypedDict):
+class DoneRecord(_Record):
     """The item's whole protocol returned: no further attempt of it follows."""
 
-    v: int
     type: Literal["done"]
     nodeid: str
 
 
-class CollectErrorRecord(TypedDict):
+class CollectErrorRecord(_Record):
     """A collector failed on the target (its serialized CollectReport)."""
 
-    v: int
     type: Literal["collect_error"]
     data: dict[str, Any]
 
 
-class MissingRecord(TypedDict):
+class MissingRecord(_Record):
     """Node ids of the batch the target did not collect (its code differs?)."""
 
-    v: int
     type: Literal["missing"]
     nodeids: list[str]
     rootdir: str
 
 
-class WarningRecord(TypedDict):
+class WarningRecord(_Record):
     """A warning pytest recorded on the target (``pytest_warning_recorded``)."""
 
-    v: int
     type: Literal["warning"]
     when: str
     nodeid: str
@@ -91,29 +87,26 @@ class WarningRecord(TypedDict):
     lineno: int | None
 
 
-class XmlAttributeRecord(TypedDict):
+class XmlAttributeRecord(_Record):
     """``record_xml_attribute`` of a test: the controller's junit.xml gets it."""
 
-    v: int
     type: Literal["xml_attribute"]
     nodeid: str
     name: str
     value: str
 
 
-class SuitePropertyRecord(TypedDict):
+class SuitePropertyRecord(_Record):
     """``record_testsuite_property``: the controller's junit.xml gets it."""
 
-    v: int
     type: Literal["suite_property"]
     name: str
     value: str
 
 
-class SessionFinishRecord(TypedDict):
+class SessionFinishRecord(_Record):
     """The session ended normally with this exit status (its absence means a crash)."""
 
-    v: int
     type: Literal["session_finish"]
     exitstatus: int
 

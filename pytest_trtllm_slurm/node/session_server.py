@@ -161,7 +161,6 @@ class SessionServer:
             self.writer.close()
         return status
 
-
     def _own_basetemp(self, name: str) -> None:
         """Batches side by side get their own folder below --basetemp (as xdist's workers)."""
         factory = getattr(self.config, "_tmp_path_factory", None)
@@ -169,8 +168,3 @@ class SessionServer:
         if factory is not None and given is not None:
             factory._given_basetemp = Path(given) / name
             factory._basetemp = None
-
-
-def register(config: pytest.Config, serve_dir: str, writer: Any) -> None:
-    config.pluginmanager.register(SessionServer(config, Path(serve_dir), writer),
-                                  "trtllm-slurm-session-server")

@@ -90,7 +90,6 @@ class ReportWriter:
             return
         self._file.append((_encode(record) + "\n").encode(), sync=sync)
 
-    # -- selection -------------------------------------------------------
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         """Every item, before any plugin selected: the controller's collection selects."""
         self.collected.append(item)
@@ -112,7 +111,6 @@ class ReportWriter:
         if missing:
             self.emit(records.missing(missing, str(self.config.rootpath)))
 
-    # -- events ----------------------------------------------------------
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
@@ -342,6 +340,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(gate, "trtllm-slurm-gate")
     serve_dir = config.getoption("trtllm_worker_serve")
     if serve_dir:
-        from pytest_trtllm_slurm.node.session_server import register
+        from pytest_trtllm_slurm.node.session_server import SessionServer
 
-        register(config, serve_dir, writer)
+        config.pluginmanager.register(SessionServer(config, Path(serve_dir), writer),
+                                      "trtllm-slurm-session-server")
