@@ -10,7 +10,7 @@ with a ``BadRecord`` saying which and why, never replayed.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from types import UnionType
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -305,8 +305,8 @@ def parse_record(data: dict[str, Any], batch_nodeids: Container[str] | None) -> 
         _refuse_known(data)
         raise BadRecord(f"unreadable {data.get('type')!r} record ({type(exc).__name__})",
                         _Line(data)) from None
-    for nodeid in named_tests(data) if batch_nodeids is not None else ():
-        if nodeid not in batch_nodeids:
+    for nodeid in named_tests(data):
+        if batch_nodeids is not None and nodeid not in batch_nodeids:
             raise BadRecord(f"a record for {nodeid!r}, which is not a test of this batch",
                             _Line(data))
     return record
@@ -334,7 +334,7 @@ def _refuse_known(data: dict[str, Any]) -> None:
 _List = AfterValidator(list)  # a fixed-length tuple's check, kept the JSON array it was
 
 
-def _typed_dicts(models: dict[str, type[BaseModel]]) -> dict[str, Any]:
+def _typed_dicts(models: Mapping[str, type[BaseModel]]) -> dict[str, Any]:
     """Tag -> the TypedDict of its model (one per model): its fields by alias, each checked
     as the model checks it (tuples kept lists), required ones first; "ignore" is "allow"."""
     made: dict[type[BaseModel], Any] = {}
@@ -345,7 +345,8 @@ def _typed_dicts(models: dict[str, type[BaseModel]]) -> dict[str, Any]:
                                         else NotRequired[convert(f.rebuild_annotation())])
                       for name, f in sorted(model.model_fields.items(),
                                             key=lambda item: not item[1].is_required())}
-            extra = "forbid" if model.model_config.get("extra") == "forbid" else "allow"
+            extra: Literal["forbid", "allow"] = (
+                "forbid" if model.model_config.get("extra") == "forbid" else "allow")
             made[model] = with_config(ConfigDict(extra=extra))(  # type: ignore[operator]
                 TypedDict(model.__name__, fields))  # type: ignore[operator]
         return made[model]
@@ -355,7 +356,7 @@ def _typed_dicts(models: dict[str, type[BaseModel]]) -> dict[str, Any]:
         if isinstance(kind, type) and issubclass(kind, BaseModel):
             return typed(kind)
         if origin is Annotated:
-            return Annotated[(convert(args[0]), *args[1:])]
+            return Annotated[(convert(args[0]),) + args[1:]]
         if origin in (Union, UnionType):
             return Union[tuple(convert(arg) for arg in args)]  # noqa: UP007
         if origin is list:
