@@ -270,22 +270,12 @@ Record = Annotated[
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
 
 
-class _Line:
-    """A record as the JSON text a message quotes, made only when one does."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def __str__(self) -> str:
-        return json.dumps(self.data, default=repr)
-
-
 class BadRecord(ValueError):
     """A line of reports.jsonl the controller refuses; ``raw`` is the line (shortened)."""
 
-    def __init__(self, why: str, raw: str | _Line) -> None:
+    def __init__(self, why: str, raw: str | dict[str, Any]) -> None:
         self.why = why
-        raw = str(raw)
+        raw = raw if isinstance(raw, str) else json.dumps(raw, default=repr)
         self.raw = raw if len(raw) <= RAW_SHOWN else raw[:RAW_SHOWN] + "..."
         super().__init__(f"{why}; the line: {self.raw}")
 
@@ -300,15 +290,15 @@ def parse_record(data: dict[str, Any], batch_nodeids: Container[str] | None) -> 
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "the record"
         raise BadRecord(f"malformed {data.get('type')!r} record ({where}: {first['msg']})",
-                        _Line(data)) from None
+                        data) from None
     except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
         _refuse_known(data)
         raise BadRecord(f"unreadable {data.get('type')!r} record ({type(exc).__name__})",
-                        _Line(data)) from None
+                        data) from None
     for nodeid in named_tests(data):
         if batch_nodeids is not None and nodeid not in batch_nodeids:
             raise BadRecord(f"a record for {nodeid!r}, which is not a test of this batch",
-                            _Line(data))
+                            data)
     return record
 
 
@@ -319,13 +309,13 @@ def _refuse_known(data: dict[str, Any]) -> None:
     if version != RECORD_VERSION:
         raise BadRecord(
             f"record version {version!r}, this controller reads version {RECORD_VERSION} "
-            "(does the target run another version of pytest-trtllm-slurm?)", _Line(data))
+            "(does the target run another version of pytest-trtllm-slurm?)", data)
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in MODELS:
         raise BadRecord(
             f"unknown record type {repr(kind)[:80]} (this controller reads the types "
             f"{', '.join(MODELS)}; does the target run another version of "
-            "pytest-trtllm-slurm?)", _Line(data))
+            "pytest-trtllm-slurm?)", data)
 
 
 # -- the same checks on plain dicts, derived from the models: what the run loop reads, in
@@ -398,7 +388,7 @@ def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, An
                 data = decode_line(line)  # the object as the target wrote it, for the message
                 return RefusedLine(data, BadRecord(
                     f"a record for {nodeid!r}, which is not a test of this batch",
-                    _Line(data)))
+                    data))
     return record
 
 

@@ -12,7 +12,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from pytest_trtllm_slurm.node.paths import gpu_lock_dir, lock_base
@@ -187,17 +187,13 @@ def fsync_dir(folder: Path) -> None:
 def publish(tmp: Path, path: Path, *, mode: int | None = PRIVATE) -> None:
     """Atomically make the finished file ``tmp`` (in ``path``'s folder) ``path``, as
     ``write_atomic`` does; ``tmp`` is removed when this fails."""
-    def finish(fd: int) -> None:
-        if mode is not None:
-            os.fchmod(fd, mode)
-
     try:
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _settle(fd, tmp, path, finish)
+    _settle(fd, tmp, path, mode)
 
 
 def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIVATE,
@@ -216,23 +212,20 @@ def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIV
             break
         except FileExistsError:
             continue  # 48 random bits taken: draw again
-    def fill(fd: int) -> None:
-        if mode is not None:
-            os.fchmod(fd, mode)  # exact, not masked by the umask
-        view = memoryview(blob)
-        while view:
-            view = view[os.write(fd, view):]
-
-    _settle(fd, tmp, target, fill)
+    _settle(fd, tmp, target, mode, blob)
     return target
 
 
-def _settle(fd: int, tmp: Path, target: Path, prepare: Callable[[int], None]) -> None:
-    """``prepare(fd)``, fsync, close, rename over ``target``, fsync the folder; ``tmp`` is
-    removed when any step fails."""
+def _settle(fd: int, tmp: Path, target: Path, mode: int | None, blob: bytes = b"") -> None:
+    """chmod to ``mode`` (exact, not masked by the umask; None: as it is), write ``blob``,
+    fsync, close, rename over ``target``, fsync the folder; ``tmp`` is removed on failure."""
     try:
         try:
-            prepare(fd)
+            if mode is not None:
+                os.fchmod(fd, mode)
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
