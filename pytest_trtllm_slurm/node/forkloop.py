@@ -104,9 +104,8 @@ def exit_code_of(status: int) -> int:
 class Running:
     name: str
     pid: int
-    exit_path: str
+    request: dict[str, Any]  # its exit code goes where it says (``write_exit``)
     kill_at: float | None = None
-    notice: str | None = None  # announced after its exit code (``files.announce``)
 
 
 def write_exit(request: dict[str, Any], code: int) -> None:
@@ -240,8 +239,7 @@ class ForkLoop:
             if pid is None:
                 continue  # waits; later requests may still fit (backfill)
             self.pending.remove(request)
-            self.running[pid] = Running(request["name"], pid, request["exit_path"],
-                                        notice=request.get("notice_path"))
+            self.running[pid] = Running(request["name"], pid, request)
             started = True
         return started
 
@@ -257,8 +255,7 @@ class ForkLoop:
             child = self.running.pop(pid, None)
             if child is not None:
                 _kill(pid, signal.SIGKILL)  # the test may have left children behind
-                write_atomic(child.exit_path, f"{exit_code_of(status)}\n")
-                announce(child.notice)
+                write_exit(child.request, exit_code_of(status))
                 reaped = True
         return reaped
 
