@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.node import item_key, records
+from pytest_trtllm_slurm.node.artefacts import BatchArtefacts, point_coverage_at
 from pytest_trtllm_slurm.node.assignment import Assignment, key_path, loads
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
+from pytest_trtllm_slurm.node.gate import gate_from_env, rank_and_size
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION, WORKER_OUTPUTS_FLAG  # noqa: F401
 from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
 
@@ -46,8 +48,6 @@ class ReportWriter:
         self.config = config
         self._file = ReportFile(path)
         self._last_start = time.monotonic()  # when the last test started
-        from pytest_trtllm_slurm.node.gate import rank_and_size
-
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
         self.enabled = rank_and_size()[0] == 0
         self.wanted: Assignment = []  # (controller's node id, key) of the tests to run
@@ -177,9 +177,6 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
         os.makedirs(folder, mode=0o700, exist_ok=True)  # before the suite's conftests run
     reports = getattr(early_config.known_args_namespace, "trtllm_worker_reports", None)
     if reports:
-        from pytest_trtllm_slurm.node.artefacts import point_coverage_at
-        from pytest_trtllm_slurm.node.gate import rank_and_size
-
         point_coverage_at(Path(reports).parent, rank_and_size()[0])
     return (yield)
 
@@ -317,8 +314,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.pluginmanager.register(ThreadTimeouts(writer, timeout_plugin),
                                       "trtllm-slurm-thread-timeouts")
-    from pytest_trtllm_slurm.node.artefacts import BatchArtefacts
-
     config.pluginmanager.register(  # coverage and benchmark data come back
         BatchArtefacts(config, Path(reports).parent, enabled=writer.enabled),
         "trtllm-slurm-artefacts")
@@ -333,8 +328,6 @@ def pytest_configure(config: pytest.Config) -> None:
     terminal = getattr(reporter, "_tw", None)
     if terminal is not None and hasattr(terminal, "_file"):
         terminal._file = writer.marked = MarkedLines(terminal._file)
-    from pytest_trtllm_slurm.node.gate import gate_from_env
-
     gate = gate_from_env()  # a step launched before its GPUs were free
     if gate is not None:
         config.pluginmanager.register(gate, "trtllm-slurm-gate")
