@@ -12,16 +12,9 @@ Lines in (one JSON object each):
     {"op": "stdin", "id": N, "data": base64}          a piece of a streamed stdin
     {"op": "stdin", "id": N, "eof": true}             its end (a command that ends first
                                                       is answered then; later pieces dropped)
-    {"op": "read", "id": N, "path", "offset", "limit"} / "size" / "write" (path, data
-     base64, mode: atomic) / "mkdir" (path, private): one round trip each; the answer
-     has "data" / "size" (and "absent") / nothing, or "errno" and "error"
-    {"op": "await", "id": N, "path", "needle", "timeout"}  answered with "data" (the
-     file's first 16 KiB) once they hold ``needle``, or when ``timeout`` s passed
-    {"op": "remove", "id": N, "path"}                ``rm -f``: the name goes (a link
-                                                      itself), absent is fine
-    {"op": "batch", "id": N, "ops": [{"op": ...}, ...]}  read/size/write/mkdir/remove
-     requests (no "id") done in order, one round trip: answered with "answers", one per
-     op done; it stops after the first that fails (its answer has "errno")
+    {"op": "read" | "size" | "write" | "mkdir" | "remove" | "await" | "batch", "id": N,
+     "path", ...}: one file operation (``FILE_OPS``), one round trip; the answer has its
+     result ("data", "size", "answers"...) or "errno" and "error"
     {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
     {"op": "ack", "path": str, "offset": int}        the controller has read to ``offset``
     {"op": "unwatch", "path": str}
@@ -32,9 +25,8 @@ Lines out:
     {"took": N, "bytes": int}                         a streamed stdin's piece was written
 
 Flow control, both ways: a watched file is pushed at most ``PUSH_WINDOW`` bytes ahead of
-what the controller acknowledged reading, and the controller sends a streamed stdin at
-most ``STDIN_WINDOW`` bytes ahead of what was written to the command (``took``); the
-queue of a streamed stdin here is bounded as well (``STDIN_QUEUE`` pieces).
+the controller's ack, a streamed stdin sent at most ``STDIN_WINDOW`` bytes ahead of
+``took`` (and queued here at most ``STDIN_QUEUE`` pieces).
 """
 
 import base64
@@ -266,6 +258,7 @@ class Relay:
 
 def _read(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
+    """``limit`` bytes of ``path`` from ``offset`` (none when absent)."""
     try:
         with open(request["path"], "rb") as fh:
             fh.seek(int(request["offset"]))
@@ -277,6 +270,7 @@ def _read(request):
 
 def _size(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
+    """The size of ``path``; 0 and "absent" when it is."""
     try:
         return {"size": os.stat(request["path"]).st_size}
     except FileNotFoundError:
@@ -327,8 +321,8 @@ def _refuse_foreign_links(path):
 
 def _write(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """As node/files.write_atomic: an unpredictable temporary name opened O_EXCL and
-    O_NOFOLLOW, 0600 from the first byte, fsync, then a rename."""
+    """``data`` (base64) to ``path`` as node/files.write_atomic: an unpredictable name
+    opened O_EXCL|O_NOFOLLOW, 0600 from the first byte, chmod ``mode``, fsync, rename."""
     path = request["path"]
     folder, base = os.path.split(path)
     tmp = os.path.join(folder, f".{base}.{os.urandom(6).hex()}.tmp")
@@ -349,7 +343,8 @@ def _write(request):
 
 def _mkdir(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """As node/files.make_dirs: ``mkdir -p`` with 0700 folders, each verified ours (EPERM)."""
+    """As node/files.make_dirs: ``mkdir -p`` with 0700 folders, each verified ours (EPERM),
+    and so an existing ``path`` when ``private``."""
     path, private = request["path"].rstrip("/") or "/", bool(request.get("private"))
     missing = []
     while path and not os.path.lexists(path):
@@ -395,7 +390,7 @@ def _await(request):
 
 def _remove(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """``rm -f``: unlink never follows a link (the link itself goes); absent is fine."""
+    """``rm -f`` of ``path``: a link itself goes, never what it points to; absent is fine."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(request["path"])
     return {}
@@ -403,8 +398,8 @@ def _remove(request):
 
 def _batch(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """Several file operations in one round trip, in order, each exactly as alone; stops
-    after the first that fails (a later one may need it)."""
+    """Several file operations ("ops", no "id") in one round trip, in order, each exactly
+    as alone: "answers", one per op done, stopping after the first that fails."""
     answers = []
     for op in request.get("ops") or []:
         if not isinstance(op, dict) or op.get("op") not in BATCHED:
