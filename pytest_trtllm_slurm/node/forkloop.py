@@ -93,11 +93,7 @@ def _kill(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def exit_code_of(status: int) -> int:
-    """The shell's convention: the exit code, or 128 + the signal that killed it."""
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
+
 
 
 @dataclass
@@ -255,7 +251,8 @@ class ForkLoop:
             child = self.running.pop(pid, None)
             if child is not None:
                 _kill(pid, signal.SIGKILL)  # the test may have left children behind
-                write_exit(child.request, exit_code_of(status))
+                code = os.waitstatus_to_exitcode(status)  # the shell's: 128 + a signal
+                write_exit(child.request, 128 - code if code < 0 else code)
                 reaped = True
         return reaped
 
