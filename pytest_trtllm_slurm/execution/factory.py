@@ -187,7 +187,6 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
             agents_dir=paths.WorkRoot(remote.remote_work_root).agents,
             early=ctx.early_sessions,
         )
-    kept = early
     return RemoteSlurmExecutor(
         shell,
         SlurmSettings(slurm_env=slurm_env, persistent=settings.persistent,
@@ -195,7 +194,7 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                       walltime=walltime_policy(settings), warm_workers=settings.warm_workers),
         paths=path_map,
         interpreter=sys.executable,
-        before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept),
+        before_close=None if early is None else lambda: early_start.stop_sessions(shell, early),
         allocation_manager=manager,
         warn=warn,
         runs=runs,

@@ -18,7 +18,7 @@ from typing import Any
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
-from pytest_trtllm_slurm.execution.records import LineReader, UnreadableLine
+from pytest_trtllm_slurm.execution.records import LineReader
 from pytest_trtllm_slurm.node.protocol import LOG_MARK
 from pytest_trtllm_slurm.transport.shell import PushingShell
 
@@ -95,9 +95,6 @@ class JobEvent:
     records: list[dict[str, Any]] = field(default_factory=list)
     final: JobState | None = None  # set once, when the job has ended
 
-
-__all__ = ["JobEvent", "Monitor", "UnreadableLine", "WatchedJob", "log_tail", "records_before",
-           "report_stop"]
 
 
 def report_stop(record: dict[str, Any]) -> float:

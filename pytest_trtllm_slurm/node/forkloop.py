@@ -74,8 +74,7 @@ def spawn(run: Callable[[], int]) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - the child must always exit here
-        traceback.print_exc()
-        code = 1
+        traceback.print_exc()  # and exits 1
     finally:
         _flush()
         os._exit(int(code) & 0xFF)
