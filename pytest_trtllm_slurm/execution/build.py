@@ -17,8 +17,7 @@ BUILD_LOG_LINES = 100
 
 
 def build_command(build_cmd: str | None, arch: str) -> list[str]:
-    """argv of the build: the cluster's build_cmd (a shell command the user wrote; ``{arch}``
-    is replaced by the quoted CUDA arch), by default TensorRT-LLM's wheel build."""
+    """argv of the build: ``build_cmd`` (``{arch}`` quoted) or TensorRT-LLM's wheel build."""
     text = (build_cmd or DEFAULT_BUILD_CMD).replace("{arch}", shlex.quote(arch))
     return ["bash", "-c", text]
 

@@ -13,8 +13,7 @@ V = TypeVar("V")
 
 
 class Background(Generic[V]):
-    """One step running in a daemon thread; ``done`` without waiting, ``result`` waits
-    (and raises what the step raised)."""
+    """One step in a daemon thread; ``result`` waits and raises what the step raised."""
 
     def __init__(self, step: Callable[[], V], name: str = "trtllm-cluster") -> None:
         self._step = step

@@ -34,8 +34,7 @@ Warn = Callable[[str], None]
 
 def build_executors(ctx: RunContext, keys: Sequence[BatchLike], *,
                     warn: Warn) -> dict[Target, Executor]:
-    """One executor per target the ``keys`` use, plus the local subprocess one; several
-    remote clusters are set up side by side."""
+    """One executor per target the ``keys`` use, plus the local subprocess one."""
     executors: dict[Target, Executor] = {
         Scenario.LOCAL_DIRECT: build_executor(Scenario.LOCAL_DIRECT, ctx, [], warn=warn)}
     for scenario in (Scenario.LOCAL_DOCKER, Scenario.LOCAL_SLURM):
@@ -203,8 +202,7 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
 
 def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                          warn: Warn) -> Executor:
-    """SlurmExecutor over the local shell; persistent (an allocation sized for ``keys``)
-    unless --trtllm-one-shot."""
+    """SlurmExecutor over the local shell; persistent unless --trtllm-one-shot."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
     from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
     from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
@@ -268,8 +266,7 @@ def allocation_manager(ctx: RunContext, request: AllocationRequest | None = None
 def with_containers(
     request: AllocationRequest, cluster: ClusterConfig, repo: str
 ) -> AllocationRequest:
-    """The request plus the cluster's container settings (pyxis: the allocation sets up
-    the images)."""
+    """The request plus the cluster's container settings (pyxis images)."""
     from pytest_trtllm_slurm.execution.slurm.alloc_containers import setup_mounts
 
     if cluster.container_runtime != "pyxis":
@@ -306,8 +303,7 @@ def walltime_policy(settings: Settings) -> WalltimePolicy | None:
 
 
 class ClusterJobIds(Executor):
-    """An Executor whose handles are ``cluster:ID`` (two clusters may hand out the same
-    id); everything else is the wrapped one's."""
+    """An Executor whose handles are ``cluster:ID``; all else is the wrapped one's."""
 
     def __init__(self, wrapped: Executor, cluster: str) -> None:
         self.wrapped = wrapped

@@ -67,8 +67,7 @@ class Executor(ABC):
     def close(self) -> None: ...
 
     def expect(self, tests: Mapping[str, str]) -> None:
-        """All tests the run will send here, node id -> key, before the first submit (warm
-        workers collect them at once)."""
+        """All tests the run will send here (node id -> key), before the first submit."""
         return None
 
     @property

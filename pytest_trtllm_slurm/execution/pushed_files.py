@@ -41,8 +41,7 @@ class SmallFiles:
                 self.pushing.unwatch(path)
 
     def read(self, path: str) -> str:
-        """The text of ``path`` ("" while absent): what was pushed when it is watched and
-        the pushes cover it, else the file itself."""
+        """The text of ``path`` ("" while absent): pushed when it can be, else read."""
         if not path:
             return ""
         if path in self._watched and self.pushing is not None:

@@ -364,8 +364,7 @@ _DICT_ADAPTER: TypeAdapter[dict[str, Any]] = TypeAdapter(Annotated[  # type: ign
 
 
 class RefusedLine(dict):  # type: ignore[type-arg]
-    """A JSON object that is no record the controller accepts, in its place among the
-    records (the object as read); ``bad`` says why."""
+    """A JSON object that is no accepted record, in its place; ``bad`` says why."""
 
     def __init__(self, data: dict[str, Any], bad: BadRecord) -> None:
         super().__init__(data)
@@ -431,8 +430,7 @@ def named_tests(record: dict[str, Any]) -> list[str]:
 
 
 class UnreadableLine(dict):  # type: ignore[type-arg]
-    """A line that is no JSON object, in its place among the records (an empty dict);
-    ``line`` is its start, ``why`` what is wrong with it."""
+    """A line that is no JSON object (an empty dict); ``line``: its start, ``why``."""
 
     def __init__(self, line: str, why: str = "not a JSON object") -> None:
         super().__init__()

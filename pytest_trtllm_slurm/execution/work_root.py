@@ -11,8 +11,7 @@ GITIGNORE_TEXT = "# Created by pytest-trtllm-slurm automatically.\n*\n"
 
 
 def ensure_work_root(path: Path) -> Path:
-    """Create ``path`` (and parents) if missing; a folder this call creates gets a
-    ``.gitignore`` of ``*``. Returns ``path``."""
+    """Create ``path`` if missing, with a ``.gitignore`` of ``*`` when this call made it."""
     path = Path(path)
     existed = path.is_dir()
     make_dirs(path)  # (UntrustedPath names a folder someone else made or a foreign link)

@@ -20,8 +20,7 @@ from pytest_trtllm_slurm.node.paths import COVERAGE_FILE, Batch
 
 
 def point_coverage_at(work_dir: Path, rank: int) -> None:
-    """pytest-cov's data files go into the batch's work dir; ranks other than 0 keep
-    theirs apart (only rank 0 reports)."""
+    """pytest-cov's data files go into the work dir; ranks other than 0 apart."""
     name = ".coverage" if rank == 0 else f".coverage-rank{rank}"
     os.environ["COVERAGE_FILE"] = str(work_dir / name)
 

@@ -59,8 +59,7 @@ def rel_path(path: Path, rootpath: Path) -> str:
 
 
 def _json_safe(value: Any) -> Any:
-    """A marker argument as JSON: plain values as they are, anything else as its repr (it is
-    read for sizing and ``-m``, never run)."""
+    """A marker argument as JSON (anything else as its repr: it is never run)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):

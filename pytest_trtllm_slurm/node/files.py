@@ -108,8 +108,7 @@ def tree_up_to(root: Path, top_name: str) -> list[Path]:
 
 
 def open_trusted(path: Path) -> bytes:
-    """The bytes of ``path``, checked on the open file to be a regular file only we may
-    write (UntrustedPath otherwise)."""
+    """The bytes of ``path`` if the open file is our own regular file (else UntrustedPath)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         why = why_untrusted(os.fstat(fd), directory=False)
@@ -185,8 +184,7 @@ def fsync_dir(folder: Path) -> None:
 
 
 def publish(tmp: Path, path: Path, *, mode: int | None = PRIVATE) -> None:
-    """Atomically make the finished file ``tmp`` (in ``path``'s folder) ``path``, as
-    ``write_atomic`` does; ``tmp`` is removed when this fails."""
+    """Atomically make the finished file ``tmp`` (beside ``path``) ``path``."""
     try:
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except BaseException:

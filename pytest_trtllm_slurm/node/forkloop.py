@@ -204,8 +204,7 @@ class ForkLoop:
         return found
 
     def _inbox_trusted(self) -> bool:
-        """The inbox is our own folder (made 0700 again if someone opened it up); a folder
-        that is someone else's, or a link, is never read (said once in the log)."""
+        """Whether the inbox is our own folder (made 0700 again if opened up; logged once)."""
         try:
             close_own_dirs([self.inbox])
         except (UntrustedPath, OSError) as exc:

@@ -67,8 +67,7 @@ def index(items: Iterable[pytest.Item]) -> dict[str, list[pytest.Item]]:
 
 def pick(assignment: Assignment, by_key: dict[str, list[pytest.Item]]
          ) -> tuple[list[pytest.Item], list[str]]:
-    """The assigned items in the assigned order, each shown under the controller's node id,
-    and the node ids of those not found. Two items with one key are taken in order."""
+    """The assigned items in order under the controller's ids, and the ids not found."""
     taken: dict[str, int] = {}
     items: list[pytest.Item] = []
     missing: list[str] = []

@@ -163,8 +163,7 @@ class Agent(Mailbox[P]):
 
 @dataclass(frozen=True)
 class Runs(Folder[P]):
-    """The run registry: one record and one lease per live run, a lock for the folder and
-    the remote checkout's lock."""
+    """The run registry: a record and a lease per live run, and their locks."""
 
     lock = _file(".lock")
     checkout_lock = _file(".checkout.lock")
@@ -204,8 +203,7 @@ class Checkout(Folder[P]):
 
 @dataclass(frozen=True)
 class StateDir(Folder[P]):
-    """Where the persistent allocation's state lives: ``work_dirs`` locally, the shared
-    ``.trtllm-state/<repo>`` on a remote cluster."""
+    """The persistent allocation's state: ``work_dirs``, or a cluster's ``.trtllm-state``."""
 
     state = _file(STATE_NAME)
 

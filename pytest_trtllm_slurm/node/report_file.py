@@ -53,8 +53,7 @@ class ReportFile:
         return self._fd < 0
 
     def append(self, line: bytes, *, sync: bool = False) -> None:
-        """``line`` (ending in a newline) in one write; fsynced if ``sync`` or when the
-        last fsync is ``SYNC_EVERY`` old."""
+        """``line`` in one write; fsynced if ``sync`` or the last fsync is ``SYNC_EVERY`` old."""
         os.write(self._fd, line)
         self._dirty = True
         if sync or time.monotonic() - self._synced_at >= SYNC_EVERY:

@@ -67,8 +67,7 @@ class ReportWriter:
         return bundle
 
     def flush(self, *, sync: bool = False) -> None:
-        """Write the running test's line, if it has anything, before any other record (the
-        lines keep the order of the events)."""
+        """Write the running test's line, if any, before any other record (events in order)."""
         bundle, self._test = self._test, None
         if bundle is not None and (bundle["reports"] or bundle["finish"] or bundle["done"]):
             self._write(bundle, sync)
@@ -204,8 +203,7 @@ def forward_suite_properties(config: pytest.Config, writer: ReportWriter) -> Non
 
 
 class SuiteProperties:
-    """pytest's junit writer for a session without a junit file: suite properties go to
-    the controller, test attributes too (through ``JunitRecorders``)."""
+    """pytest's junit writer for a session without a junit file: all to the controller."""
 
     def __init__(self, writer: ReportWriter, family: str) -> None:
         self.writer = writer
@@ -229,8 +227,7 @@ class _NoTestcase:
 
 
 class JunitRecorders:
-    """pytest's ``record_xml_attribute`` (wrapped: its checks stay pytest's), also sent to
-    the controller."""
+    """pytest's ``record_xml_attribute``, wrapped: also sent to the controller."""
 
     def __init__(self, writer: ReportWriter) -> None:
         self.writer = writer
