@@ -42,7 +42,7 @@ class NewsFolder:
         for name in news:  # removed before the batch is read: a later change renames anew
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.path, name))
-        # the removals move the mtime again: the next round lists once more (and finds
-        # what came meanwhile); a stamp within one clock tick of now is not trusted
+        # the removals move the mtime again (the next round lists once more); a stamp
+        # within one clock tick of now is not trusted
         self._stamp = stamp if time.time_ns() - stamp > RACY_NS else None
         return news

@@ -58,15 +58,13 @@ class JobState(BaseModel):
     nodelist: str | None = None
     reason: str | None = None  # pending reason, or why it ended
     signal: int | None = None  # the signal that killed the job's process, when one did
-    # epoch seconds: when the scheduler ended it (a failed node), reports stamped later do
-    # not count; when the scheduler last said its allocation runs (warm batches, whose
-    # processes it does not track), reports stamped later wait for the next look
+    # epoch seconds: when the scheduler ended it (reports stamped later do not count), when
+    # it last said its allocation runs (warm batches: reports stamped later wait)
     ended_at: float | None = None
     alive_at: float | None = None
 
 
-# signals a process gets from its own fault (not from a cancel, a limit or a person):
-# a CANCELLED or FAILED step ended by one of them is a crash of the test
+# signals of a process's own fault: a CANCELLED or FAILED step ended by one is a crash
 CRASH_SIGNALS = frozenset(int(s) for s in (
     _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGABRT, _signal.SIGFPE, _signal.SIGILL,
     _signal.SIGSYS, _signal.SIGTRAP))

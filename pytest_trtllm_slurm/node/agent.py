@@ -121,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     stamp = code_stamp()
 
     def before_request(request: dict[str, Any]) -> None:
-        # the plugin changed under us: start afresh (keeping the mail) once no session
-        # runs; a session forked before exec would lose the one who records its exit
+        # the plugin changed: start afresh (keeping the mail) once no session runs
         if not loop.running and code_stamp() != stamp:
             write_atomic(box.request(request['name']), json.dumps(request))
             sys.stdout.flush()

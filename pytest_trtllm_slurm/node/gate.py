@@ -61,8 +61,7 @@ class Gate:
     def __init__(self, gate: Path, max_wait: float) -> None:
         self.gate = gate
         self.max_wait = max_wait
-        # registered before the suite is imported: runs after the exit handlers of what
-        # the tests loaded (torch, mpi4py), so the GPUs are as good as free then
+        # registered before the suite is imported: runs after its exit handlers (torch...)
         rank, _ = rank_and_size()
         atexit.register(_touch_quietly, paths.Gate(gate).done_of(rank))
 

@@ -133,8 +133,7 @@ class SessionServer:
         # (node id, key) pairs; a bare list of node ids names tests by their own ids
         wanted = assignment.parse(request.get("tests", request.get("nodeids", [])))
         if not self.writer.wanted and any(key not in self.items for _, key in wanted):
-            # collected from the run's arguments, and they did not give this test here:
-            # the controller sends the batch to a session that collects it by key
+            # not collected from the run's arguments: the controller re-sends it elsewhere
             return EARLY_MISS
         for key, value in (request.get("env") or {}).items():
             os.environ[key] = value

@@ -122,8 +122,7 @@ class ReportWriter:
         now = time.monotonic()  # after a slow test, its end and this start are fsynced now
         self.emit(records.start(nodeid, location), sync=now - self._last_start >= SYNC_EVERY)
         self._last_start = now
-        # a line in the job log (progress), marked so the hang scan skips it; last, after
-        # pytest's own output (-v: the node id), so what the test prints starts a new line
+        # a marked progress line in the job log, after pytest's own (-v: the node id)
         shown = nodeid.replace("\r", "\\r").replace("\n", "\\n")
         if self.marked is not None:
             self.marked.line(f"START {shown}")
