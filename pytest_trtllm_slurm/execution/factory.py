@@ -209,7 +209,6 @@ def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     from pytest_trtllm_slurm.execution.slurm.runs import local_registry
 
     shell = LocalShell()
-    jobs = SlurmJobs(shell)
     settings = ctx.settings
     manager = None
     if settings.persistent:
@@ -234,7 +233,7 @@ def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
         allocation_manager=manager,
         runs=(manager.runs if manager
               else local_registry(shell, paths.work_root(None, ctx.rootdir).dir)),
-        jobs=jobs,
+        jobs=SlurmJobs(shell),
         warn=warn,
     )
 

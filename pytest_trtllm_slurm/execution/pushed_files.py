@@ -21,8 +21,7 @@ class SmallFiles:
         self.round_trips = 0  # reads that went to the file (figures for tests, benchmarks)
 
     def watch(self, path: str, *, wake: bool = True) -> None:
-        """Have ``path`` pushed from now on (it must not exist yet, or be written once by
-        rename). ``wake``: its arrival ends the monitor's wait (an exit code: yes)."""
+        """Have ``path`` (absent, or written once by rename) pushed; ``wake`` the monitor."""
         if self.pushing is None:
             return
         if path in self._seen:  # re-used (a retry): its pushes may be the old file's

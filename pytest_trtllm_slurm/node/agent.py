@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     stamp = code_stamp()
 
     def before_request(request: dict[str, Any]) -> None:
-        # the plugin changed: start afresh (keeping the mail) once no session runs
+        # the plugin changed: re-exec (keeping the mail) once no session's exit is pending
         if not loop.running and code_stamp() != stamp:
             write_atomic(box.request(request['name']), json.dumps(request))
             sys.stdout.flush()

@@ -168,8 +168,7 @@ def announce(notice: str | Path | None) -> None:
 
 
 def fsync_dir(folder: Path) -> None:
-    """fsync a folder so a rename in it survives a crash; skipped where the folder cannot
-    be opened or fsynced (the rename has happened by then)."""
+    """fsync a folder (a rename in it survives a crash), where it can be."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except PermissionError:

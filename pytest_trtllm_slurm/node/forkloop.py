@@ -60,8 +60,7 @@ def redirect_output(log_path: str) -> None:
 
 
 def spawn(run: Callable[[], int]) -> int:
-    """Fork; the child becomes a process-group leader, runs ``run`` and exits with its
-    code without unwinding the parent's state (no atexit, no buffered parent output)."""
+    """Fork a process-group leader that runs ``run`` and ``os._exit``s with its code."""
     _flush()
     pid = os.fork()
     if pid:

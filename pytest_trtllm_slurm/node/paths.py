@@ -108,8 +108,7 @@ class Batch(Folder[P]):
 
     @property
     def notice(self) -> P:
-        """The batch's notice in its work root's news folder (named as the work dir): its
-        node side renames it there after each change the controller reads."""
+        """The batch's notice in its work root's news folder (``files.announce``)."""
         return join(root_of(self.dir), NEWS, name_of(self.dir))
 
     def case_log(self, model: str, workflow: str) -> P:
@@ -233,8 +232,7 @@ class WorkRoot(StateDir[P]):
         return self.at(f".salloc-{run_id}")
 
     def remote_dir(self, cluster: str) -> P:
-        """This machine's folder for a remote cluster (its salloc log); the allocation's
-        state itself is on the cluster (``workspace.shared_state_dir``)."""
+        """This machine's folder for a remote cluster (its salloc log)."""
         return self.at(f".remote-{cluster}")
 
     @property

@@ -276,8 +276,7 @@ class MarkedLines:
 
 
 def drop_absent_files(config: pytest.Config) -> None:
-    """Files this side lacks leave the command line (pytest would end the session): their
-    tests are reported missing, each failing alone."""
+    """Files this side lacks leave the command line: their tests fail alone as missing."""
     here = Path(config.invocation_params.dir)
     absent = {arg for arg in config.args if not (here / key_path(str(arg))).exists()}
     for arg in sorted(absent):
