@@ -1,10 +1,9 @@
 """The engine of the warm workers (target side, stdlib only): a mailbox folder.
 
-Requests are JSON files renamed into ``<root>/inbox``; ``<name>.cancel`` stops one and
-``stop`` ends the loop once nothing runs. Each runs in a forked child in its own process
-group (a cancel kills all it started); its exit status goes atomically to ``exit_path``.
-Files, not sockets: a shared file system is what both sides of SSH have. A request that
-is not our own regular file is refused unread (``files.open_trusted``).
+Requests are JSON files renamed into ``<root>/inbox`` (``<name>.cancel`` stops one, ``stop``
+ends the loop once idle), each run in a forked child in its own process group (a cancel
+kills all it started) whose exit status goes atomically to ``exit_path``. Files, not
+sockets: both sides of SSH share a file system. Only our own regular files are read.
 """
 
 from __future__ import annotations

@@ -65,9 +65,8 @@ class Folder(Generic[P]):
 
 @dataclass(frozen=True)
 class Gate(Folder[P]):
-    """A step started before its GPUs were free waits here (node/gate.py): each rank writes
-    ``ready.<rank>``, rank 0 ``ready`` once all are, the controller ``open``; each rank
-    leaves ``done.<rank>``."""
+    """A step started before its GPUs were free waits here (node/gate.py): ``ready.<rank>``,
+    ``ready`` (all are), ``open`` (the controller's word), ``done.<rank>``."""
 
     ready = _file("ready")
     open = _file("open")

@@ -39,12 +39,9 @@ class FinishRecord(_Record):
 
 
 class ItemRecord(_Record):
-    """A test's reports and its end in one line (``start`` is its own line, written when
-    the test starts: it says where a worker died): the reports pytest logged since the
-    start, then ``finish`` (the attempt ended: ``pytest_runtest_logfinish``) and ``done``
-    (the item's whole protocol returned). The same events as ``report`` lines, then a
-    ``finish`` and a ``done`` line, in that order: one JSON object to decode and check
-    per test instead of five."""
+    """A test's reports since its ``start`` line, then ``finish`` (its attempt ended) and
+    ``done`` (its whole protocol returned): the events of ``report``, ``finish`` and
+    ``done`` lines in one JSON object to decode and check per test instead of five."""
 
     type: Literal["item"]
     nodeid: str

@@ -1,9 +1,7 @@
-"""A worker session that serves batches (``--trtllm-worker-serve DIR``; target side).
-
-Started by the node's agent once per run, it collects once, then forks one child per batch
-request: the child takes its GPUs (flock on node-local files, released with the process),
-sends its output and reports to the batch's files and runs the items. A batch pays a fork
-instead of an interpreter start, a pytest start and the suite's imports.
+"""A worker session that serves batches (``--trtllm-worker-serve DIR``; target side): started
+by the node's agent once per run, it collects once, then forks one child per batch request
+that takes its GPUs (flock on node-local files) and runs the items: a fork instead of an
+interpreter start, a pytest start and the suite's imports.
 """
 
 from __future__ import annotations
