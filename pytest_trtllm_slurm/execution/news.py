@@ -22,9 +22,8 @@ class NewsFolder:
         self.listings = 0  # (figures for tests and benchmarks)
 
     def take(self, mine: set[str]) -> set[str] | None:
-        """The names among ``mine`` (batch work dir names) with a notice since the last
-        call, their notices removed; None when the folder could not be read (then every
-        batch counts as changed). Another run's notices in the same folder stay."""
+        """The names among ``mine`` (work dir names) with a notice since the last call, their
+        notices removed (others' stay); None when the folder cannot be read (all changed)."""
         try:
             stamp = os.stat(self.path).st_mtime_ns
         except FileNotFoundError:

@@ -1,8 +1,7 @@
-"""The start gate of a step launched before its GPUs are free (target side).
-
-A multi-node MPI batch's ranks spend seconds importing the suite, so with warm workers the
-step starts early with ``TRTLLM_SLURM_GATE=DIR``: each rank writes ``ready.<rank>`` (rank 0
-``ready`` once all have), waits for ``open`` and writes ``done.<rank>`` as it exits.
+"""The start gate of a step launched before its GPUs are free (target side): a multi-node MPI
+batch's ranks import the suite meanwhile (``TRTLLM_SLURM_GATE=DIR``), each writing
+``ready.<rank>`` (rank 0 ``ready`` once all have), waiting for ``open``, and writing
+``done.<rank>`` as it exits.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""pytest-timeout's thread method in a worker: the test that ran too long is reported.
-
-``--timeout-method=thread`` ends the process with ``os._exit(1)``, a crash to the
-controller. The worker sets the timer itself: when it fires, the test's missing phases go
-to ``reports.jsonl`` as "Timeout" failures, then pytest-timeout's handler ends the process.
+"""pytest-timeout's thread method in a worker: its ``os._exit(1)`` would read as a crash, so
+the worker sets the timer itself and, when it fires, reports the test's missing phases as
+"Timeout" failures before pytest-timeout's handler ends the process.
 """
 
 from __future__ import annotations
