@@ -54,9 +54,6 @@ def build_executors(ctx: RunContext, keys: Sequence[BatchLike], *,
     return with_cluster_ids(executors, ctx)
 
 
-
-
-
 def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn) -> Executor:
     """The cluster's executor, else one that fails its batches with the reason."""
     name = target[1] if isinstance(target, tuple) else target.value

@@ -96,7 +96,6 @@ class JobEvent:
     final: JobState | None = None  # set once, when the job has ended
 
 
-
 def report_stop(record: dict[str, Any]) -> float:
     """When a test report's phase stopped; of an ``item`` line (a test's reports in one
     line), its last report's (0 for other records and for a ``stop`` that is no number:

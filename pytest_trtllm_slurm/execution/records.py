@@ -407,9 +407,6 @@ def _judged(line: bytes) -> dict[str, Any]:
     return data  # the models accept what the dicts refuse: never the case (tested)
 
 
-
-
-
 def named_tests(record: dict[str, Any]) -> list[str]:
     """The node ids a checked record is about (each must be a test of the batch)."""
     kind = record["type"]
@@ -424,9 +421,6 @@ def named_tests(record: dict[str, Any]) -> list[str]:
     if kind == "warning" and record["when"] == "runtest":
         return [record.get("nodeid", "")]
     return []
-
-
-
 
 
 class UnreadableLine(dict):  # type: ignore[type-arg]
@@ -450,7 +444,6 @@ class LineReader:
         self._pieces: list[bytes] = []  # the start of the line that has no end yet
         self._kept = 0  # bytes in _pieces
         self._skipping = False  # inside a line that was too long: dropped to its end
-
 
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:

@@ -90,9 +90,6 @@ def _kill(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-
-
-
 @dataclass
 class Running:
     name: str
