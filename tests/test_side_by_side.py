@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trtllm_slurm.execution.cluster_ids import ClusterJobIds
 from pytest_trtllm_slurm.execution.concurrent import Background, side_by_side
+from pytest_trtllm_slurm.execution.factory import ClusterJobIds
 from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec

@@ -54,7 +54,6 @@ from pytest_trtllm_slurm.execution.records import (
     BadRecord,
     RefusedLine,
     UnreadableLine,
-    describe_line,
 )
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import assignment, paths
@@ -536,7 +535,7 @@ class DispatchLoop:
                     if isinstance(raw, RefusedLine):
                         raise raw.bad
                     if isinstance(raw, UnreadableLine):
-                        raise describe_line(raw.line, raw.why)
+                        raise BadRecord(raw.why, raw.line)
                 # a plain dict: a record of the batch, checked as the reader read it
                 self.handlers.dispatch(raw, Arrival(running, ctx))
             except BadRecord as exc:

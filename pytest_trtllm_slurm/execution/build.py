@@ -1,8 +1,4 @@
-"""The build job (seed "Build on remote Slurm node"): compile once, before any test batch.
-
-It runs through the same executor and monitor as the batches, so it is a one-shot job or
-a step of the persistent allocation like them; its log is followed by offset for progress.
-"""
+"""The build job: compile once before any test batch, through the same executor and monitor."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ BUILD_LOG_LINES = 100
 
 
 def build_command(build_cmd: str | None, arch: str) -> list[str]:
-    """argv of the build: the cluster's build_cmd (a shell command the user wrote; ``{arch}``
-    is replaced by the quoted CUDA arch), by default TensorRT-LLM's wheel build."""
+    """argv of the build: ``build_cmd`` (``{arch}`` quoted) or TensorRT-LLM's wheel build."""
     text = (build_cmd or DEFAULT_BUILD_CMD).replace("{arch}", shlex.quote(arch))
     return ["bash", "-c", text]
 
@@ -34,9 +29,8 @@ def run_build(
     progress: Callable[[str], None],
     poll_interval: float = CADENCE.build,
 ) -> tuple[JobState, str, str]:
-    """Submit the build and wait for it; returns its final state, the log's last lines and
-    the log's path where the build ran.
-    Progress: each new last line of the log, at most one every few seconds."""
+    """Submit the build and wait: its final state, its log's last lines and the log's
+    path; ``progress`` gets a new last line of the log every few seconds."""
     monitor = Monitor(spec.hang_patterns, poll_interval=poll_interval)
     handle = executor.submit(spec)
     monitor.add(handle, executor)

@@ -1,9 +1,5 @@
-"""Run a few independent set-up steps side by side (one thread each).
-
-Why: a run that spans several clusters connects, checks, syncs and allocates on each of
-them; those waits are the clusters' (network, scheduler), not this machine's, so they
-overlap instead of adding up. Each step owns its own connection; nothing is shared. The
-threads are daemons: Ctrl-C in the main thread is never held up by a cluster's queue.
+"""Run a few independent set-up steps side by side, one daemon thread each: several
+clusters' connection, sync and allocation waits overlap instead of adding up.
 """
 
 from __future__ import annotations
@@ -17,8 +13,7 @@ V = TypeVar("V")
 
 
 class Background(Generic[V]):
-    """One step running in a daemon thread; ``done`` without waiting, ``result`` waits
-    (and raises what the step raised)."""
+    """One step in a daemon thread; ``result`` waits and raises what the step raised."""
 
     def __init__(self, step: Callable[[], V], name: str = "trtllm-cluster") -> None:
         self._step = step
@@ -48,9 +43,8 @@ class Background(Generic[V]):
 
 
 def side_by_side(steps: Mapping[K, Callable[[], V]]) -> dict[K, V]:
-    """Each step's result, by key, in the mapping's order. One step runs inline (no
-    thread); with several, the first failure (in the mapping's order) is raised once all
-    have ended, so no step is left running behind the caller's back."""
+    """Each step's result by key; one step runs inline. With several, the first failure
+    is raised once all have ended (none left running)."""
     if len(steps) <= 1:
         return {key: step() for key, step in steps.items()}
     running = {key: Background(step) for key, step in steps.items()}

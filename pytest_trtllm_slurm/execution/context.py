@@ -36,8 +36,7 @@ class RunContext:
 
 def discover_local(rootdir: Path, *, engines: bool = True,
                    cached: bool = False) -> tuple[LocalEnv, SlurmEnv | None]:
-    """This machine's probe and its Slurm's discovery (None: no Slurm here); ``cached``:
-    reused for a few minutes from ``work_dirs/.cache`` (``discovery_cache``)."""
+    """This machine's probe and its Slurm's discovery (``cached``: from ``.cache``)."""
     from pytest_trtllm_slurm.execution.probe import probe_local_env
 
     local = probe_local_env(engines=engines)

@@ -6,15 +6,13 @@ from __future__ import annotations
 import errno
 import os
 
-# what one batch writes at least: its spec, node ids, job log and reports (a test's
-# captured output makes them bigger; this is the floor, not an estimate)
+# what one batch writes at least (its spec, node ids, job log and reports): a floor
 BATCH_SPACE = 256 << 10
 
 
 def space_problem(path: str, need: int = BATCH_SPACE, *, failed: bool = False) -> str | None:
-    """Why ``path`` (a local directory, or the nearest one above it that exists) cannot
-    take ``need`` more bytes (``failed``: a write there just failed for want of space);
-    None when it can, or when it cannot be looked at here."""
+    """Why ``path`` (or its nearest existing parent) cannot take ``need`` more bytes
+    (``failed``: a write just failed for want of space); None if it can or is unreadable."""
     probe = os.path.abspath(path)
     while not os.path.isdir(probe):
         parent = os.path.dirname(probe)

@@ -1,12 +1,9 @@
-"""The one place executors are built, for the plugin and for ``trtllm-slurm run`` alike:
-given what a run found (``RunContext``) and the shapes of its batches, the executor
-of each target (``planning.models.target_of``), each remote cluster its own. No pytest.
-"""
+"""The one place executors are built, for the plugin and ``trtllm-slurm run``: one per target."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
@@ -15,12 +12,15 @@ from typing import TYPE_CHECKING
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.context import RunContext
-from pytest_trtllm_slurm.execution.protocol import Executor
+from pytest_trtllm_slurm.execution.outcome import JobState
+from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
+from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
+from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
@@ -34,10 +34,7 @@ Warn = Callable[[str], None]
 
 def build_executors(ctx: RunContext, keys: Sequence[BatchLike], *,
                     warn: Warn) -> dict[Target, Executor]:
-    """One executor per target the ``keys`` use (``models.target_of``: a scenario, or a
-    remote cluster: each cluster its own connection, sync and allocation), plus the local
-    subprocess one (tests that run here). Several remote clusters are made ready side by
-    side (connection checks and code sync run at the same time)."""
+    """One executor per target the ``keys`` use, plus the local subprocess one."""
     executors: dict[Target, Executor] = {
         Scenario.LOCAL_DIRECT: build_executor(Scenario.LOCAL_DIRECT, ctx, [], warn=warn)}
     for scenario in (Scenario.LOCAL_DOCKER, Scenario.LOCAL_SLURM):
@@ -50,22 +47,15 @@ def build_executors(ctx: RunContext, keys: Sequence[BatchLike], *,
             by_cluster.setdefault(target_of(key), []).append(key)
     # one cluster that cannot be set up stops the run; of several, only its own tests fail
     several = len(by_cluster) + (Scenario.LOCAL_SLURM in executors) > 1
-    build = partial(_one_of_several, warn=warn) if several else _alone
+    build = partial(_one_of_several, warn=warn) if several else lambda target, make: make()
     built = side_by_side({target: partial(build, target, partial(
         remote_slurm_executor, ctx, mine, warn=warn)) for target, mine in by_cluster.items()})
     executors.update(built)
     return with_cluster_ids(executors, ctx)
 
 
-def _alone(target: Target, make: Callable[[], Executor]) -> Executor:
-    return make()
-
-
 def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn) -> Executor:
-    """The cluster's executor; one that cannot be set up (unreachable, preflight, sync)
-    stands in its place and fails that cluster's batches with the reason."""
-    from pytest_trtllm_slurm.execution.unreachable import UnreachableCluster
-
+    """The cluster's executor, else one that fails its batches with the reason."""
     name = target[1] if isinstance(target, tuple) else target.value
     try:
         return make()
@@ -77,10 +67,7 @@ def _one_of_several(target: Target, make: Callable[[], Executor], *, warn: Warn)
 
 def with_cluster_ids(executors: dict[Target, Executor],
                      ctx: RunContext) -> dict[Target, Executor]:
-    """Several Slurm clusters in one run: each one's job ids are prefixed with its name
-    (two clusters may hand out the same id); one cluster: as they are."""
-    from pytest_trtllm_slurm.execution.cluster_ids import ClusterJobIds
-
+    """With several Slurm clusters, each one's job ids prefixed with its name."""
     names = {target: target[1] if isinstance(target, tuple) else ctx.local.cluster_name or "local"
              for target in executors
              if isinstance(target, tuple) or target is Scenario.LOCAL_SLURM}
@@ -105,8 +92,7 @@ def build_executor(scenario: Scenario, ctx: RunContext, keys: Sequence[BatchLike
 
 
 def local_docker_executor(ctx: RunContext, keys: Sequence[BatchLike]) -> Executor:
-    """docker or podman, whichever answered the probe (or the forced one); every image
-    must already be in the engine's store: a missing one is an error before anything runs."""
+    """docker or podman (probed or forced); a missing image is an error before any run."""
     from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor
 
     forced = ctx.settings.container_engine
@@ -130,8 +116,7 @@ def remotes_of(ctx: RunContext) -> RemoteClusters:
 
 def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                           warn: Warn) -> Executor:
-    """Connect, check, sync the code, discover the cluster's Slurm, then the same
-    SlurmExecutor as for a local cluster, over the SSH shell, with paths mapped."""
+    """Connect, check, sync, then a SlurmExecutor over the SSH shell with paths mapped."""
     from pytest_trtllm_slurm.execution.remote import early_start
     from pytest_trtllm_slurm.execution.remote.executor import RemoteSlurmExecutor
     from pytest_trtllm_slurm.execution.remote.workspace import preflight, sync_cluster
@@ -150,9 +135,8 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     shell = remotes.shell(cluster)  # the connection planning's discovery made, if any
     if hasattr(shell, "notify"):
         shell.notify = warn  # a reconnect after a drop is said, not silent
-    # what the early connection's thread did already: preflight, sync, early sessions;
-    # the local snapshot that proves the code unchanged since that sync is taken while
-    # the thread's last round trips run (collection is over: the code to test is known)
+    # what the early connection did already (preflight, sync, sessions); the snapshot that
+    # proves the code unchanged since is taken while its last round trips run
     with ThreadPoolExecutor(1, thread_name_prefix="code-key") as pool:
         key = (pool.submit(early_start.code_key, cluster, ctx.rootdir)
                if remotes.early.pending(cluster) and cluster.sync != "none" else None)
@@ -166,8 +150,7 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     rootdir = ctx.rootdir
     local_work_root = paths.work_root(settings.work_dir, rootdir).dir
     remote, state_dir, path_map = early_start.layout(cluster, rootdir, local_work_root)
-    # the allocation's state and the run registry live on the cluster: every machine and
-    # CI runner of the user shares them (state_store, runs)
+    # the allocation's state and the run registry live on the cluster (shared by all runners)
     runs = (early.runs if early is not None
             else RunRegistry(shell, paths.StateDir(state_dir).runs.dir))
     ensure_work_root(paths.work_root(None, rootdir).dir)  # this checkout ran (`alloc status`)
@@ -200,7 +183,6 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
             agents_dir=paths.WorkRoot(remote.remote_work_root).agents,
             early=ctx.early_sessions,
         )
-    kept = early
     return RemoteSlurmExecutor(
         shell,
         SlurmSettings(slurm_env=slurm_env, persistent=settings.persistent,
@@ -208,7 +190,7 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                       walltime=walltime_policy(settings), warm_workers=settings.warm_workers),
         paths=path_map,
         interpreter=sys.executable,
-        before_close=None if kept is None else lambda: early_start.stop_sessions(shell, kept),
+        before_close=None if early is None else lambda: early_start.stop_sessions(shell, early),
         allocation_manager=manager,
         warn=warn,
         runs=runs,
@@ -217,16 +199,13 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
 
 def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                          warn: Warn) -> Executor:
-    """SlurmExecutor over the local shell; persistent (an allocation sized for ``keys``)
-    unless --trtllm-one-shot."""
+    """SlurmExecutor over the local shell; persistent unless --trtllm-one-shot."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
     from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
     from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
     from pytest_trtllm_slurm.execution.slurm.runs import local_registry
-    from pytest_trtllm_slurm.transport.shell import LocalShell
 
     shell = LocalShell()
-    jobs = SlurmJobs(shell)
     settings = ctx.settings
     manager = None
     if settings.persistent:
@@ -251,7 +230,7 @@ def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
         allocation_manager=manager,
         runs=(manager.runs if manager
               else local_registry(shell, paths.work_root(None, ctx.rootdir).dir)),
-        jobs=jobs,
+        jobs=SlurmJobs(shell),
         warn=warn,
     )
 
@@ -266,7 +245,6 @@ def allocation_manager(ctx: RunContext, request: AllocationRequest | None = None
                        warn: Warn) -> AllocationManager:
     """The local Slurm's persistent allocation (state under the rootdir's work_dirs)."""
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
-    from pytest_trtllm_slurm.transport.shell import LocalShell
 
     cluster = local_cluster_config(ctx)
     request = request or AllocationRequest()
@@ -284,8 +262,7 @@ def allocation_manager(ctx: RunContext, request: AllocationRequest | None = None
 def with_containers(
     request: AllocationRequest, cluster: ClusterConfig, repo: str
 ) -> AllocationRequest:
-    """The request plus the cluster's container settings: with pyxis the allocation sets
-    up the run's images (import, mount warm-up, ``container_install_command`` in ``repo``)."""
+    """The request plus the cluster's container settings (pyxis images)."""
     from pytest_trtllm_slurm.execution.slurm.alloc_containers import setup_mounts
 
     if cluster.container_runtime != "pyxis":
@@ -319,3 +296,71 @@ def walltime_policy(settings: Settings) -> WalltimePolicy | None:
     from pytest_trtllm_slurm.execution.slurm.tracking import WalltimePolicy
 
     return WalltimePolicy() if settings.negotiate_walltime else None
+
+
+class ClusterJobIds(Executor):
+    """An Executor whose handles are ``cluster:ID``; all else is the wrapped one's."""
+
+    def __init__(self, wrapped: Executor, cluster: str) -> None:
+        self.wrapped = wrapped
+        self.cluster = cluster
+        self.shell: Shell = wrapped.shell
+        # what the controller and the packer read of it: set once when an executor is made
+        self.poll_hint, self.slurm_env = wrapped.poll_hint, wrapped.slurm_env
+        self.allocations, self.prepares = wrapped.allocations, wrapped.prepares
+        self._own: dict[str, JobHandle] = {}  # qualified id -> the wrapped executor's handle
+
+    def expect(self, tests: Mapping[str, str]) -> None:
+        self.wrapped.expect(tests)
+
+    def prepare(self) -> None:
+        self.wrapped.prepare()
+
+    def capacity(self) -> Capacity:
+        return self.wrapped.capacity()
+
+    def _qualified(self, job_id: str) -> str:
+        return f"{self.cluster}:{job_id}"
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        own = self.wrapped.submit(spec)
+        handle = own.model_copy(update={"job_id": self._qualified(own.job_id)})
+        self._own[handle.job_id] = own
+        return handle
+
+    def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
+        states = self.wrapped.poll([self._own.get(h.job_id, h) for h in handles])
+        return {self._qualified(job_id): state for job_id, state in states.items()}
+
+    def cancel(self, handle: JobHandle) -> None:
+        self.wrapped.cancel(self._own.get(handle.job_id, handle))
+
+    def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
+        return self.wrapped.rerun_command(spec, nodeid)
+
+    def close(self) -> None:
+        self.wrapped.close()
+
+
+class UnreachableCluster(Executor):
+    """Refuses every submission with the set-up error; nothing runs, nothing to poll."""
+
+    def __init__(self, cluster: str, why: str) -> None:
+        self.cluster = cluster
+        self.why = why
+        self.shell: Shell = LocalShell()  # never used: no job of it exists
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        raise ExecutionError(f"cluster {self.cluster!r} could not be set up: {self.why}")
+
+    def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
+        return {}
+
+    def cancel(self, handle: JobHandle) -> None:
+        return None
+
+    def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
+        return f"# cluster {self.cluster} could not be set up: {self.why}"
+
+    def close(self) -> None:
+        return None

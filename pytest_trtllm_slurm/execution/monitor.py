@@ -1,15 +1,11 @@
 """One loop that watches every active job: state, new report lines, hang, timeout.
 
-Per poll: one state query per executor for the jobs it reads, then an incremental
-read (by offset) of each job's reports.jsonl and log. Nothing is read whole. A job
-whose executor vouches it unchanged (``Executor.quiet``: its node side announces each
-change) is skipped, and read anyway now and then (the safety net: every
-``CADENCE.news_net`` s, doubled while those reads find nothing new, back when one does).
-Over a shell that pushes (SSH with its relay), those reads take the pushed bytes
-instead of a round trip each, and the wait between polls ends when a report line
-lands; a job's last read, once it has ended, always reads the file itself, one
-``READ_CHUNK`` per poll (an event each), so a big rest of a file is never one event.
-Every byte of a reports file becomes records through ``records.LineReader``.
+Per poll: one state query per executor, then an incremental read (by offset) of each job's
+reports.jsonl and log. A job its executor vouches unchanged (``Executor.quiet``) is skipped
+but read now and then (``CADENCE.news_net``, doubled while such reads find nothing). Over
+a pushing shell the reads take the pushed bytes and a report line ends the wait; an ended
+job's last reads go to the file, one ``READ_CHUNK`` an event. Every byte of a reports
+file becomes records through ``records.LineReader``.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from typing import Any
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
-from pytest_trtllm_slurm.execution.records import LineReader, UnreadableLine
+from pytest_trtllm_slurm.execution.records import LineReader
 from pytest_trtllm_slurm.node.protocol import LOG_MARK
 from pytest_trtllm_slurm.transport.shell import PushingShell
 
@@ -100,10 +96,6 @@ class JobEvent:
     final: JobState | None = None  # set once, when the job has ended
 
 
-__all__ = ["JobEvent", "Monitor", "UnreadableLine", "WatchedJob", "log_tail", "records_before",
-           "report_stop"]
-
-
 def report_stop(record: dict[str, Any]) -> float:
     """When a test report's phase stopped; of an ``item`` line (a test's reports in one
     line), its last report's (0 for other records and for a ``stop`` that is no number:
@@ -146,7 +138,6 @@ class Monitor:
         self.poll_interval = poll_interval
         self.on_change = on_change  # told when a job's status or pending reason changes
         self.jobs: dict[str, WatchedJob] = {}
-        self.visits = 0  # jobs read, all rounds together (figures for tests, benchmarks)
         self._net: dict[int, float] = {}  # per executor: the safety net's period now
 
     def add(self, handle: JobHandle, executor: Executor,
@@ -192,7 +183,6 @@ class Monitor:
             jobs = self._with_news(group, now)
             if not jobs:
                 continue
-            self.visits += len(jobs)
             states = jobs[0].executor.poll([j.handle for j in jobs])
             netted = missed = False
             for job in jobs:

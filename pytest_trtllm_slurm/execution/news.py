@@ -1,11 +1,7 @@
-"""Which batches' files changed since the last round, from one stat of a news folder.
-
-A served batch's node side renames a notice (``node.files.announce``) into its work
-root's news folder (``paths.WorkRoot.news``) after each reports line, its pid and its exit
-code. The folder's mtime moves with every rename, so a round whose stat finds it unmoved
-reads no batch at all; when it moved, its listing names the batches with news. The
-monitor still reads every batch at a slow cadence (``CADENCE.news_net``): a lost notice
-costs latency, never a result. Files on this machine only (over SSH the relay pushes).
+"""Which batches' files changed since the last round, from one stat of a news folder: a
+served batch renames a notice into it (``node.files.announce``) after each change, so an
+unmoved mtime means no batch to read. A lost notice costs latency only (the monitor's
+safety net still reads every batch). Local files only (over SSH the relay pushes).
 """
 
 from __future__ import annotations
@@ -26,9 +22,8 @@ class NewsFolder:
         self.listings = 0  # (figures for tests and benchmarks)
 
     def take(self, mine: set[str]) -> set[str] | None:
-        """The names among ``mine`` (batch work dir names) with a notice since the last
-        call, their notices removed; None when the folder could not be read (then every
-        batch counts as changed). Another run's notices in the same folder stay."""
+        """The names among ``mine`` (work dir names) with a notice since the last call, their
+        notices removed (others' stay); None when the folder cannot be read (all changed)."""
         try:
             stamp = os.stat(self.path).st_mtime_ns
         except FileNotFoundError:
@@ -46,7 +41,7 @@ class NewsFolder:
         for name in news:  # removed before the batch is read: a later change renames anew
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.path, name))
-        # the removals move the mtime again: the next round lists once more (and finds
-        # what came meanwhile); a stamp within one clock tick of now is not trusted
+        # the removals move the mtime again (the next round lists once more); a stamp
+        # within one clock tick of now is not trusted
         self._stamp = stamp if time.time_ns() - stamp > RACY_NS else None
         return news

@@ -32,28 +32,15 @@ class JobStatus(str, Enum):
 
 # Slurm's job states (sacct/squeue) onto ours; anything unknown and final is ERROR.
 SLURM_STATE_MAP: dict[str, JobStatus] = {
-    "PENDING": JobStatus.PENDING,
-    "CONFIGURING": JobStatus.PENDING,
-    "REQUEUED": JobStatus.PENDING,
-    "REQUEUE_HOLD": JobStatus.PENDING,
-    "REQUEUE_FED": JobStatus.PENDING,
-    "RESIZING": JobStatus.RUNNING,
-    "SUSPENDED": JobStatus.RUNNING,
-    "RUNNING": JobStatus.RUNNING,
-    "COMPLETING": JobStatus.RUNNING,
-    "STAGE_OUT": JobStatus.RUNNING,
-    "SIGNALING": JobStatus.RUNNING,
-    "COMPLETED": JobStatus.COMPLETED,
-    "FAILED": JobStatus.FAILED,
-    "BOOT_FAIL": JobStatus.NODE_FAIL,
-    "NODE_FAIL": JobStatus.NODE_FAIL,
-    "TIMEOUT": JobStatus.TIMEOUT,
-    "DEADLINE": JobStatus.TIMEOUT,
-    "OUT_OF_MEMORY": JobStatus.OUT_OF_MEMORY,
-    "CANCELLED": JobStatus.CANCELLED,
-    "PREEMPTED": JobStatus.PREEMPTED,
-    "REVOKED": JobStatus.CANCELLED,
-    "SPECIAL_EXIT": JobStatus.FAILED,
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"),
+                    JobStatus.PENDING),
+    **dict.fromkeys(("RESIZING", "SUSPENDED", "RUNNING", "COMPLETING", "STAGE_OUT",
+                     "SIGNALING"), JobStatus.RUNNING),
+    **dict.fromkeys(("FAILED", "SPECIAL_EXIT"), JobStatus.FAILED),
+    **dict.fromkeys(("BOOT_FAIL", "NODE_FAIL"), JobStatus.NODE_FAIL),
+    **dict.fromkeys(("TIMEOUT", "DEADLINE"), JobStatus.TIMEOUT),
+    **dict.fromkeys(("CANCELLED", "REVOKED"), JobStatus.CANCELLED),
+    **{state: JobStatus(state) for state in ("COMPLETED", "OUT_OF_MEMORY", "PREEMPTED")},
 }
 
 
@@ -71,15 +58,13 @@ class JobState(BaseModel):
     nodelist: str | None = None
     reason: str | None = None  # pending reason, or why it ended
     signal: int | None = None  # the signal that killed the job's process, when one did
-    # epoch seconds: when the scheduler ended it (a failed node), reports stamped later do
-    # not count; when the scheduler last said its allocation runs (warm batches, whose
-    # processes it does not track), reports stamped later wait for the next look
+    # epoch seconds: when the scheduler ended it (reports stamped later do not count), when
+    # it last said its allocation runs (warm batches: reports stamped later wait)
     ended_at: float | None = None
     alive_at: float | None = None
 
 
-# signals a process gets from its own fault (not from a cancel, a limit or a person):
-# a CANCELLED or FAILED step ended by one of them is a crash of the test
+# signals of a process's own fault: a CANCELLED or FAILED step ended by one is a crash
 CRASH_SIGNALS = frozenset(int(s) for s in (
     _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGABRT, _signal.SIGFPE, _signal.SIGILL,
     _signal.SIGSYS, _signal.SIGTRAP))

@@ -1,8 +1,5 @@
-"""Environment check of this machine: GPUs, a working container engine, Slurm, CPU arch.
-
-Routing decides from this (run here, in a container, or on Slurm), so each probe
-has a timeout and leaves a note saying why it came back empty: "no GPU" must be
-distinguishable from "nvidia-smi hung". Caching per run is the caller's job.
+"""Environment check of this machine (GPUs, container engine, Slurm, CPU arch) for routing;
+each probe is bounded and leaves a note saying why it came back empty.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from pytest_trtllm_slurm.planning.resolve import normalize_device_type
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 __all__ = ["normalize_device_type", "parse_nvidia_smi", "probe_local_env"]
+_MACHINES = {"arm64": "aarch64", "amd64": "x86_64", "x64": "x86_64"}  # onto one name each
 
 
 def parse_nvidia_smi(text: str) -> tuple[list[str], list[int]]:
@@ -91,13 +89,11 @@ def probe_slurm(shell: Shell, timeout: float, env: LocalEnv) -> None:
 def probe_local_env(
     shell: Shell | None = None, timeout: float = 10, *, engines: bool = True
 ) -> LocalEnv:
-    """Everything routing needs to know about this machine, each probe bounded by ``timeout``.
-
-    ``engines=False`` skips the container engines (``podman info`` alone takes about
-    0.4 s): routing asks for one only when a container image is set.
-    """
+    """Everything routing needs to know about this machine, each probe bounded by
+    ``timeout``; ``engines=False`` skips the container engines (0.4 s for podman)."""
     shell = shell or LocalShell()
-    env = LocalEnv(arch=_canonical_machine(platform.machine()))
+    machine = platform.machine().lower()
+    env = LocalEnv(arch=_MACHINES.get(machine, machine or "x86_64"))
     probe_gpus(shell, timeout, env)
     if engines:
         probe_container_engine(shell, timeout, env)
@@ -105,12 +101,3 @@ def probe_local_env(
         env.notes.append("container: not probed (no container image asked for)")
     probe_slurm(shell, timeout, env)
     return env
-
-
-def _canonical_machine(machine: str) -> str:
-    low = machine.lower()
-    if low in ("arm64", "aarch64"):
-        return "aarch64"
-    if low in ("amd64", "x86_64", "x64"):
-        return "x86_64"
-    return low or "x86_64"

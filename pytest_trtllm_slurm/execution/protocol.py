@@ -1,9 +1,5 @@
-"""The executor contract every scenario implements.
-
-Executors read only the JobSpec; they submit without waiting, report state for
-all their jobs in one call, and can cancel a job (never an allocation). Everything the
-controller and the planner read of an executor is here, typed, with the default of a
-target that has nothing to say (no probing for optional attributes).
+"""The executor contract every scenario implements: everything the controller and the
+planner read of an executor, typed, with defaults (no probing for optional attributes).
 """
 
 from __future__ import annotations
@@ -44,14 +40,13 @@ class Executor(ABC):
     """One target of a run (a scenario, or a remote cluster)."""
 
     shell: Shell
-    # seconds between monitor rounds this target wants (warm batches are files); None:
-    # the monitor's own pace
+    # seconds between monitor rounds this target wants; None: the monitor's own pace
     poll_hint: float | None = None
     # the target's Slurm discovery (written into job_spec.json); None: not Slurm
     slurm_env: SlurmEnv | None = None
     # the persistent allocation (--trtllm-release-allocation frees it); None: none
     allocations: PersistentAllocation | None = None
-    # whether ``prepare`` does anything: a run prepares several such targets side by side
+    # whether ``prepare`` does anything (a run prepares such targets side by side)
     prepares: bool = False
 
     @abstractmethod
@@ -72,8 +67,7 @@ class Executor(ABC):
     def close(self) -> None: ...
 
     def expect(self, tests: Mapping[str, str]) -> None:
-        """All tests the run will send here, node id -> key, before the first submit (warm
-        workers collect them at once)."""
+        """All tests the run will send here (node id -> key), before the first submit."""
         return None
 
     @property
@@ -84,8 +78,7 @@ class Executor(ABC):
 
     def quiet(self, handles: list[JobHandle]) -> set[str]:
         """The ids among ``handles`` whose node side announces every change and announced
-        none since the last call: a monitor round may skip them (it still reads each now
-        and then, ``Monitor._tune_net``). None by default: every round reads every job."""
+        none since the last call: a monitor round may skip them."""
         return set()
 
     def prepare(self) -> None:

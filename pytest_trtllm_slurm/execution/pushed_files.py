@@ -1,13 +1,6 @@
-"""The small files a batch's launcher writes once, by rename (its pid, its exit code),
-read from what a pushing shell sent instead of a round trip per look.
-
-Why: over SSH a batch's end was learnt by reading its exit-code file at every round, one
-round trip per batch per round at the remote cadence (0.2 s), while its report lines were
-already pushed by the login node's relay. Watched here, the exit code is pushed the moment
-the relay sees the file (and the push wakes the monitor), so a remote batch's end is seen
-as soon as a local one's. A file watched once is never watched again (a re-used path: the
-relay may still hold a push of the old file): such reads, and every read over a shell that
-does not push, go to the file itself.
+"""The small files a batch's launcher writes once by rename (its pid, its exit code), read
+from what a pushing shell sent instead of a round trip per look: a remote batch's end is
+seen as soon as a local one's. A path watched once is never watched again (a stale push).
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ class SmallFiles:
         self.round_trips = 0  # reads that went to the file (figures for tests, benchmarks)
 
     def watch(self, path: str, *, wake: bool = True) -> None:
-        """Have ``path`` pushed from now on (it must not exist yet, or be written once by
-        rename). ``wake``: its arrival ends the monitor's wait (an exit code: yes)."""
+        """Have ``path`` (absent, or written once by rename) pushed; ``wake`` the monitor."""
         if self.pushing is None:
             return
         if path in self._seen:  # re-used (a retry): its pushes may be the old file's
@@ -48,8 +40,7 @@ class SmallFiles:
                 self.pushing.unwatch(path)
 
     def read(self, path: str) -> str:
-        """The text of ``path`` ("" while absent): what was pushed when it is watched and
-        the pushes cover it, else the file itself."""
+        """The text of ``path`` ("" while absent): pushed when it can be, else read."""
         if not path:
             return ""
         if path in self._watched and self.pushing is not None:

@@ -1,23 +1,18 @@
-"""The records of ``reports.jsonl``, as the controller accepts them (the boundary).
+"""The records of ``reports.jsonl`` as the controller accepts them (the boundary).
 
-The node declares the record types and their fields (``node.records``: TypedDicts and the
-functions that build them, stdlib only, every record with ``v`` = ``RECORD_VERSION``; a
-record without ``v`` comes from a worker older than the version, whose records have the
-same shapes). Here each type has its pydantic model, which says how strictly a field is
-read (a model whose fields are not the TypedDict's refuses to import) and words a
-refusal. Every line the controller reads from a target's reports passes through
-``check_line`` first: the models' checks on plain dicts, decoded and checked in one pass
-(``parse_record`` gives the models themselves, for the few records read elsewhere). What
-a target writes is not trusted: a record of another version, of an unknown type, of the
-wrong shape, or naming a test that is not the batch's own is refused with a ``BadRecord``
-that says which and why, never replayed.
+``node.records`` declares the types (TypedDicts); here each has a pydantic model that words
+a refusal, and a dict check of the same fields (``check_line``: decoded and checked in one
+pass) that every line read goes through. What a target writes is not trusted: a record of
+another version or type, of the wrong shape, or naming a test not of the batch is refused
+with a ``BadRecord`` saying which and why, never replayed.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Container
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args
+from collections.abc import Callable, Container, Mapping
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -40,15 +35,12 @@ from pytest_trtllm_slurm.node.paths import BENCHMARKS_FILE
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
 
 RAW_SHOWN = 500  # characters of a refused line kept in the message
-# the longest line of reports.jsonl the controller reads: a report carries the test's
-# captured output whole, as pytest's own does; a longer line refuses the batch
+# the longest line of reports.jsonl read (a report carries the test's captured output)
 MAX_LINE = 64 << 20
-# an XML name (the part junit writers do not escape): a letter or "_", then letters,
-# digits and ".-_" (no ":": namespaces are not ours to add)
+# an XML name (junit writers do not escape it), without namespaces
 XML_NAME = r"^[A-Za-z_][A-Za-z0-9._-]{0,199}$"
 
-# what a pytest report carries is handed to pytest as the target wrote it, so a field is
-# checked for the type pytest uses, not coerced ("123" is no line number, 123 no message)
+# a report's fields go to pytest as written: checked for pytest's types, never coerced
 Str = Annotated[str, Strict()]
 Int = Annotated[int, Strict()]
 Num = Annotated[float, Strict()]
@@ -59,18 +51,13 @@ class _Record(BaseModel):
 
     v: Literal[RECORD_VERSION] = RECORD_VERSION  # type: ignore[valid-type]
 
-    def named_tests(self) -> list[str]:
-        """The node ids this record is about (each must be a test of the batch)."""
-        return []
-
 
 MODELS: dict[str, type[_Record]] = {}  # record type -> its model
 _M = TypeVar("_M", bound=_Record)
 
 
 def _shape(declared: type) -> Callable[[type[_M]], type[_M]]:
-    """The model of ``declared`` (a TypedDict of ``node.records``): the same fields, and
-    the ``type`` the node writes; registered in ``MODELS``."""
+    """Registers the model of ``declared`` (``node.records``), refusing other fields."""
 
     def check(model: type[_M]) -> type[_M]:
         keys = set(declared.__required_keys__) | set(declared.__optional_keys__)  # type: ignore[attr-defined]
@@ -91,17 +78,11 @@ class StartRecord(_Record):
     nodeid: str
     location: list[Any] = Field(default_factory=list)
 
-    def named_tests(self) -> list[str]:
-        return [self.nodeid]
-
 
 @_shape(node_records.FinishRecord)
 class FinishRecord(_Record):
     type: Literal["finish"]
     nodeid: str
-
-    def named_tests(self) -> list[str]:
-        return [self.nodeid]
 
 
 @_shape(node_records.DoneRecord)
@@ -111,13 +92,9 @@ class DoneRecord(_Record):
     type: Literal["done"]
     nodeid: str
 
-    def named_tests(self) -> list[str]:
-        return [self.nodeid]
-
 
 class _Kwargs(BaseModel):
-    """A dataclass of ``_pytest._code.code`` as pytest serializes it: pytest rebuilds it
-    with ``Class(**fields)``, so no other key passes either."""
+    """A dataclass of ``_pytest._code.code``, rebuilt by pytest with ``Class(**fields)``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -185,8 +162,8 @@ def _longrepr_kind(value: Any) -> str:
     return _LONGREPR_KINDS.get(type(value), "other")
 
 
-# None (passed), a text, a skip's (path, lineno, reason), or an exception's repr; told
-# apart by their JSON type, so a refusal names the field that is wrong
+# None (passed), a text, a skip's (path, lineno, reason) or an exception's repr, told
+# apart by their JSON type (a refusal names the field that is wrong)
 Longrepr = Annotated[
     Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
     | Annotated[tuple[Str, Int | None, Str], Tag("skip")]
@@ -196,8 +173,7 @@ Longrepr = Annotated[
 
 
 class ReportData(BaseModel):
-    """The part of pytest's serialized TestReport the controller relies on, every field
-    the terminal summary and junit read typed as pytest types it."""
+    """The fields of pytest's serialized TestReport the summary and junit read."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -221,23 +197,16 @@ class ReportRecord(_Record):
     type: Literal["report"]
     data: ReportData
 
-    def named_tests(self) -> list[str]:
-        return [self.data.nodeid]
-
 
 @_shape(node_records.ItemRecord)
 class ItemRecord(_Record):
-    """A test's reports, then its attempt's end and its protocol's end (``node.records``):
-    every report checked as a ``report`` line's is, in the one validation of the line."""
+    """A test's reports, then its attempt's end and its protocol's end."""
 
     type: Literal["item"]
     nodeid: str
     reports: list[ReportData] = Field(default_factory=list)
     finish: Annotated[bool, Strict()] = False
     done: Annotated[bool, Strict()] = False
-
-    def named_tests(self) -> list[str]:
-        return [self.nodeid, *(report.nodeid for report in self.reports)]
 
 
 class CollectErrorData(BaseModel):
@@ -259,9 +228,6 @@ class MissingRecord(_Record):
     nodeids: list[str]
     rootdir: str = "?"
 
-    def named_tests(self) -> list[str]:
-        return list(self.nodeids)
-
 
 @_shape(node_records.WarningRecord)
 class WarningRecord(_Record):
@@ -273,9 +239,6 @@ class WarningRecord(_Record):
     filename: str = ""
     lineno: int | None = None
 
-    def named_tests(self) -> list[str]:
-        return [self.nodeid] if self.when == "runtest" else []
-
 
 @_shape(node_records.XmlAttributeRecord)
 class XmlAttributeRecord(_Record):
@@ -283,9 +246,6 @@ class XmlAttributeRecord(_Record):
     nodeid: str
     name: str = Field(pattern=XML_NAME)  # pytest's junit writer puts it in unescaped
     value: str
-
-    def named_tests(self) -> list[str]:
-        return [self.nodeid]
 
 
 @_shape(node_records.SuitePropertyRecord)
@@ -310,31 +270,19 @@ Record = Annotated[
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
 
 
-class _Line:
-    """A record as the JSON text a message quotes, made only when one does."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def __str__(self) -> str:
-        return json.dumps(self.data, default=repr)
-
-
 class BadRecord(ValueError):
     """A line of reports.jsonl the controller refuses; ``raw`` is the line (shortened)."""
 
-    def __init__(self, why: str, raw: str | _Line) -> None:
+    def __init__(self, why: str, raw: str | dict[str, Any]) -> None:
         self.why = why
-        raw = str(raw)
+        raw = raw if isinstance(raw, str) else json.dumps(raw, default=repr)
         self.raw = raw if len(raw) <= RAW_SHOWN else raw[:RAW_SHOWN] + "..."
         super().__init__(f"{why}; the line: {self.raw}")
 
 
-def parse_record(data: dict[str, Any], batch_nodeids: frozenset[str] | set[str]) -> Record:
-    """``data`` (one JSON object of reports.jsonl) as a typed record of this batch.
-
-    The models check the version and the type as well: the checks that word a refusal
-    (another version, an unknown type) run only once the validation refused the record."""
+def parse_record(data: dict[str, Any], batch_nodeids: Container[str] | None) -> Record:
+    """``data`` (one JSON object of reports.jsonl) as a typed record of this batch (None:
+    a record may name any test)."""
     try:
         record = _ADAPTER.validate_python(data)
     except ValidationError as exc:
@@ -342,15 +290,15 @@ def parse_record(data: dict[str, Any], batch_nodeids: frozenset[str] | set[str])
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "the record"
         raise BadRecord(f"malformed {data.get('type')!r} record ({where}: {first['msg']})",
-                        _Line(data)) from None
+                        data) from None
     except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
         _refuse_known(data)
         raise BadRecord(f"unreadable {data.get('type')!r} record ({type(exc).__name__})",
-                        _Line(data)) from None
-    for nodeid in record.named_tests():
-        if nodeid not in batch_nodeids:
+                        data) from None
+    for nodeid in named_tests(data):
+        if batch_nodeids is not None and nodeid not in batch_nodeids:
             raise BadRecord(f"a record for {nodeid!r}, which is not a test of this batch",
-                            _Line(data))
+                            data)
     return record
 
 
@@ -361,136 +309,62 @@ def _refuse_known(data: dict[str, Any]) -> None:
     if version != RECORD_VERSION:
         raise BadRecord(
             f"record version {version!r}, this controller reads version {RECORD_VERSION} "
-            "(does the target run another version of pytest-trtllm-slurm?)", _Line(data))
+            "(does the target run another version of pytest-trtllm-slurm?)", data)
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in MODELS:
         raise BadRecord(
             f"unknown record type {repr(kind)[:80]} (this controller reads the types "
             f"{', '.join(MODELS)}; does the target run another version of "
-            "pytest-trtllm-slurm?)", _Line(data))
+            "pytest-trtllm-slurm?)", data)
 
 
-# -- the same checks on plain dicts: what the run loop reads --------------------------------
-# The models above declare what a record may be and word a refusal. Every line the monitor
-# reads is checked against the TypedDicts below instead: field for field the models' checks
-# (``_same_keys`` refuses to import otherwise; tests/test_record_protocol.py runs both on
-# records a worker wrote and on broken ones), decoded and checked in one pass of
-# pydantic-core (``validate_json`` of the line), and the result is the dict ``json.loads``
-# makes of the line, each field as the model reads it: no model object per record (three
-# per test for the reports alone), and pytest gets each report's data as the target wrote
-# it. Extra keys: the models' "ignore" is "allow" here (the same lines pass; nothing that
-# the target wrote is dropped on the way to pytest).
+# -- the same checks on plain dicts, derived from the models: what the run loop reads, in
+# one pass of pydantic-core, with no model object per record; extra keys kept
 
 _List = AfterValidator(list)  # a fixed-length tuple's check, kept the JSON array it was
-_OPEN = ConfigDict(extra="allow")
-_CLOSED = ConfigDict(extra="forbid")
 
 
-def _typed(name: str, required: dict[str, Any], optional: dict[str, Any],
-           config: ConfigDict = _OPEN) -> Any:
-    """A TypedDict (functional form: a key such as "$report_type" is no identifier)."""
-    fields = {**required, **{key: NotRequired[kind] for key, kind in optional.items()}}
-    return with_config(config)(TypedDict(name, fields))  # type: ignore[operator]
+def _typed_dicts(models: Mapping[str, type[BaseModel]]) -> dict[str, Any]:
+    """Tag -> the TypedDict of its model (one per model): its fields by alias, each checked
+    as the model checks it (tuples kept lists), required ones first; "ignore" is "allow"."""
+    made: dict[type[BaseModel], Any] = {}
+
+    def typed(model: type[BaseModel]) -> Any:
+        if model not in made:
+            fields = {f.alias or name: (convert(f.rebuild_annotation()) if f.is_required()
+                                        else NotRequired[convert(f.rebuild_annotation())])
+                      for name, f in sorted(model.model_fields.items(),
+                                            key=lambda item: not item[1].is_required())}
+            extra: Literal["forbid", "allow"] = (
+                "forbid" if model.model_config.get("extra") == "forbid" else "allow")
+            made[model] = with_config(ConfigDict(extra=extra))(  # type: ignore[operator]
+                TypedDict(model.__name__, fields))  # type: ignore[operator]
+        return made[model]
+
+    def convert(kind: Any) -> Any:
+        origin, args = get_origin(kind), get_args(kind)
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return typed(kind)
+        if origin is Annotated:
+            return Annotated[(convert(args[0]),) + args[1:]]
+        if origin in (Union, UnionType):
+            return Union[tuple(convert(arg) for arg in args)]  # noqa: UP007
+        if origin is list:
+            return list[convert(args[0])]  # type: ignore[misc]
+        if origin is tuple:
+            return Annotated[tuple[tuple(convert(arg) for arg in args)], _List]
+        return kind
+
+    return {tag: typed(model) for tag, model in models.items()}
 
 
-_FileLocationDict = _typed("ReprFileLocation", {"path": Str, "lineno": Int, "message": Str},
-                           {}, _CLOSED)
-_EntryDataDict = _typed("ReprEntryData", {"lines": list[Str]}, {
-    "reprfuncargs": _typed("ReprFuncArgs", {
-        "args": list[Annotated[tuple[Str, Any], _List]]}, {}, _CLOSED) | None,
-    "reprlocals": _typed("ReprLocals", {"lines": list[Str]}, {}, _CLOSED) | None,
-    "reprfileloc": _FileLocationDict | None,
-    "style": Str}, _CLOSED)
-_TracebackDict = _typed("ReprTraceback", {"reprentries": list[Annotated[
-    _typed("ReprEntry", {"type": Literal["ReprEntry"], "data": _EntryDataDict}, {}, _CLOSED)
-    | _typed("ReprEntryNative", {"type": Literal["ReprEntryNative"], "data": _typed(
-        "ReprEntryNativeData", {"lines": list[Str]}, {"style": Str}, _CLOSED)}, {}, _CLOSED),
-    Field(discriminator="type")]]}, {"extraline": Str | None, "style": Str}, _CLOSED)
-_ExceptionDict = _typed("ExceptionRepr", {
-    "reprcrash": _FileLocationDict | None, "reprtraceback": _TracebackDict}, {
-    "sections": list[Annotated[tuple[Str, Str, Str], _List]],
-    "chain": list[Annotated[tuple[_TracebackDict, _FileLocationDict | None, Str | None],
-                            _List]] | None})
-_LongreprDict = Annotated[
-    Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
-    | Annotated[tuple[Str, Int | None, Str], _List, Tag("skip")]
-    | Annotated[_ExceptionDict, Tag("exception")],
-    Discriminator(_longrepr_kind),
-]
-_ReportDict = _typed("ReportData", {
-    "nodeid": Str,
-    "when": Annotated[Str, Field(min_length=1)],
-    "outcome": Annotated[Str, Field(min_length=1)],
-    "location": Annotated[tuple[Str, Int | None, Str], _List],
-    "keywords": dict[str, Any],
-}, {
-    "$report_type": Str | None,
-    "longrepr": _LongreprDict,
-    "sections": list[Annotated[tuple[Str, Str], _List]],
-    "user_properties": list[Annotated[tuple[Str, Any], _List]],
-    "duration": Num,
-    "wasxfail": Str | None,
-})
-_V = {"v": Literal[RECORD_VERSION]}  # absent: a worker from before records had a version
-# record type -> its TypedDict, as ``MODELS`` has its model
-DICTS: dict[str, Any] = {
-    "start": _typed("StartRecord", {"type": Literal["start"], "nodeid": str},
-                    {**_V, "location": list[Any]}),
-    "finish": _typed("FinishRecord", {"type": Literal["finish"], "nodeid": str}, _V),
-    "done": _typed("DoneRecord", {"type": Literal["done"], "nodeid": str}, _V),
-    "report": _typed("ReportRecord", {"type": Literal["report"], "data": _ReportDict}, _V),
-    "item": _typed("ItemRecord", {"type": Literal["item"], "nodeid": str}, {
-        **_V, "reports": list[_ReportDict], "finish": Annotated[bool, Strict()],
-        "done": Annotated[bool, Strict()]}),
-    "collect_error": _typed("CollectErrorRecord", {
-        "type": Literal["collect_error"],
-        "data": _typed("CollectErrorData", {}, {"nodeid": Str, "longrepr": _LongreprDict}),
-    }, _V),
-    "missing": _typed("MissingRecord", {"type": Literal["missing"], "nodeids": list[str]},
-                      {**_V, "rootdir": str}),
-    "warning": _typed("WarningRecord", {"type": Literal["warning"], "when": str}, {
-        **_V, "nodeid": str, "message": str, "category": str, "filename": str,
-        "lineno": int | None}),
-    "xml_attribute": _typed("XmlAttributeRecord", {
-        "type": Literal["xml_attribute"], "nodeid": str,
-        "name": Annotated[str, Field(pattern=XML_NAME)], "value": str}, _V),
-    "suite_property": _typed("SuitePropertyRecord", {
-        "type": Literal["suite_property"], "name": str, "value": str}, _V),
-    "session_finish": _typed("SessionFinishRecord", {
-        "type": Literal["session_finish"], "exitstatus": int}, _V),
-}
-
-
-def _same_keys(model: type[BaseModel], typed: Any) -> None:
-    """``TypeError`` unless ``typed`` has the keys of ``model`` (by alias), required where
-    the model has no default."""
-    def keys(required: bool) -> set[str]:
-        return {f.alias or name for name, f in model.model_fields.items()
-                if f.is_required() is required}
-
-    if (keys(True), keys(False)) != (set(typed.__required_keys__),
-                                     set(typed.__optional_keys__)):
-        raise TypeError(f"the dict check of {model.__name__} (required "
-                        f"{sorted(typed.__required_keys__)}, optional "
-                        f"{sorted(typed.__optional_keys__)}) is not its model's (required "
-                        f"{sorted(keys(True))}, optional {sorted(keys(False))})")
-
-
-for _tag, _model in MODELS.items():
-    _same_keys(_model, DICTS[_tag])
-for _model, _typed_dict in ((ReportData, _ReportDict), (ExceptionRepr, _ExceptionDict),
-                            (ReprTraceback, _TracebackDict), (ReprEntryData, _EntryDataDict),
-                            (ReprFileLocation, _FileLocationDict)):
-    _same_keys(_model, _typed_dict)
-
+DICTS: dict[str, Any] = _typed_dicts(MODELS)
 _DICT_ADAPTER: TypeAdapter[dict[str, Any]] = TypeAdapter(Annotated[  # type: ignore[arg-type]
     Union[tuple(DICTS.values())], Field(discriminator="type")])  # noqa: UP007
 
 
 class RefusedLine(dict):  # type: ignore[type-arg]
-    """A line of reports.jsonl that is a JSON object but no record the controller
-    accepts, in its place among the records (as a dict: the object as read, so that the
-    monitor sees when its reports stopped as it would a record's); ``bad`` says why."""
+    """A JSON object that is no accepted record, in its place; ``bad`` says why."""
 
     def __init__(self, data: dict[str, Any], bad: BadRecord) -> None:
         super().__init__(data)
@@ -498,14 +372,9 @@ class RefusedLine(dict):  # type: ignore[type-arg]
 
 
 def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, Any]:
-    """One line of reports.jsonl as a checked record of ``batch`` (a plain dict), or an
-    ``UnreadableLine`` / ``RefusedLine`` saying why it is none (``batch`` None: a record
-    may name any test).
-
-    A line pydantic-core reads and accepts in one pass is a record. Any other is judged
-    as it always was: ``decode_line`` (``json.loads`` decides what is JSON), then the
-    same check of the object read (a lone surrogate escape or nesting past the fast
-    parser's limit still make a record), then the models word the refusal."""
+    """One line of reports.jsonl as a checked record of ``batch`` (a plain dict; ``batch``
+    None: any test), or an ``UnreadableLine`` / ``RefusedLine`` saying why it is none. A
+    line the one pass refuses is read again by ``json.loads`` and the models word why."""
     try:
         record = _DICT_ADAPTER.validate_json(line)
     except Exception:  # noqa: BLE001 - the slow path below says what is wrong
@@ -518,13 +387,12 @@ def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, An
                 data = decode_line(line)  # the object as the target wrote it, for the message
                 return RefusedLine(data, BadRecord(
                     f"a record for {nodeid!r}, which is not a test of this batch",
-                    _Line(data)))
+                    data))
     return record
 
 
 def _judged(line: bytes) -> dict[str, Any]:
-    """``check_line`` of a line the one-pass check refused: read as ``json.loads`` reads
-    it, checked again, refused in the models' words."""
+    """``check_line`` of a line the one-pass check refused."""
     data = decode_line(line)
     if type(data) is not dict:
         return data
@@ -533,25 +401,14 @@ def _judged(line: bytes) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
         pass
     try:
-        parse_record(data, _ANY_TEST)
+        parse_record(data, None)
     except BadRecord as bad:
         return RefusedLine(data, bad)
     return data  # the models accept what the dicts refuse: never the case (tested)
 
 
-class _AnyTest(frozenset):  # type: ignore[type-arg]
-    """Every node id: the batch is ``check_line``'s to check."""
-
-    def __contains__(self, nodeid: object) -> bool:
-        return True
-
-
-_ANY_TEST = _AnyTest()
-
-
 def named_tests(record: dict[str, Any]) -> list[str]:
-    """The node ids a checked record is about (each must be a test of the batch): the
-    models' ``named_tests``, read from the dict."""
+    """The node ids a checked record is about (each must be a test of the batch)."""
     kind = record["type"]
     if kind == "item":
         return [record["nodeid"], *(report["nodeid"] for report in record.get("reports", ()))]
@@ -566,15 +423,8 @@ def named_tests(record: dict[str, Any]) -> list[str]:
     return []
 
 
-def describe_line(line: str, why: str = "not a JSON object") -> BadRecord:
-    """A line that is not a JSON object at all (``why``: what is wrong with it)."""
-    return BadRecord(why, line)
-
-
 class UnreadableLine(dict):  # type: ignore[type-arg]
-    """A line of reports.jsonl that is no JSON object, kept in its place among the
-    records (empty as a dict: a reader that does not look for it skips it); ``line`` is
-    its start, ``why`` what is wrong with it."""
+    """A line that is no JSON object (an empty dict); ``line``: its start, ``why``."""
 
     def __init__(self, line: str, why: str = "not a JSON object") -> None:
         super().__init__()
@@ -584,15 +434,9 @@ class UnreadableLine(dict):  # type: ignore[type-arg]
 
 class LineReader:
     """The bytes of reports.jsonl, in the pieces they are read, as checked records
-    (``check_line``): the one way anything read from a target's reports becomes records
-    (the monitor's reads, pushed or direct, the final reads of an ended job).
-
-    Linear in what it is fed: an unfinished line is kept as its pieces, joined once its
-    end comes. A line is at most ``max_line`` bytes: a longer one is reported once as an
-    ``UnreadableLine`` (its start) and the rest of it is skipped unkept. A line that is
-    no JSON object, however it fails (bad UTF-8, nesting deep enough to raise
-    RecursionError, anything), becomes an ``UnreadableLine`` in its place, one that is no
-    record of ``batch`` a ``RefusedLine``: what a target wrote never raises out of here."""
+    (``check_line``): the one way a target's reports become records. Linear in what it is
+    fed; a line longer than ``max_line`` is one ``UnreadableLine`` and skipped unkept.
+    What a target wrote never raises out of here."""
 
     def __init__(self, max_line: int = MAX_LINE, batch: Container[str] | None = None) -> None:
         self.max_line = max_line
@@ -601,10 +445,6 @@ class LineReader:
         self._kept = 0  # bytes in _pieces
         self._skipping = False  # inside a line that was too long: dropped to its end
 
-    @property
-    def pending(self) -> int:
-        """Bytes of an unfinished line held (for tests and figures)."""
-        return self._kept
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
         """The records whose lines end in ``chunk``."""
@@ -640,13 +480,8 @@ class LineReader:
 
 
 def decode_line(line: bytes) -> dict[str, Any]:
-    """One line as a JSON object, or an ``UnreadableLine`` saying why it is none.
-
-    pydantic-core's parser reads the bytes first (about twice as fast as ``json.loads``,
-    and the short strings every line repeats, keys and node ids, come back as one shared
-    object); a line it refuses (a lone surrogate escape, nesting past its limit, not
-    UTF-8, no JSON) is read again by ``json.loads``, which decides, so what is accepted
-    and how a refusal is worded are ``json.loads``'s."""
+    """One line as a JSON object, or an ``UnreadableLine`` saying why it is none:
+    pydantic-core's parser first (twice as fast), ``json.loads`` decides what it refuses."""
     try:
         record = from_json(line)
     except Exception:  # noqa: BLE001 - the slow path below says what is wrong
@@ -672,8 +507,8 @@ def decode_line(line: bytes) -> dict[str, Any]:
 
 
 def warning_category(qualified: str) -> type[Warning]:
-    """The Warning subclass named ``module.QualName`` among those already loaded (never an
-    import: a name in a record must not run code); UserWarning when there is none."""
+    """The loaded Warning subclass named ``module.QualName`` (never an import), else
+    UserWarning."""
     seen: set[type] = set()
     todo: list[type] = [Warning]
     while todo:
@@ -693,8 +528,7 @@ MAX_ARTEFACT = 256 << 20  # bytes of an artefact (coverage data, benchmarks.json
 
 
 def load_json(raw: bytes | str, what: str) -> Any:
-    """``raw`` (the bytes of a file a target wrote) as JSON; ``BadRecord`` (a ValueError)
-    naming ``what`` whatever is wrong, nesting deep enough to raise RecursionError too."""
+    """``raw`` (a file a target wrote) as JSON; else ``BadRecord`` naming ``what``."""
     try:
         return json.loads(raw)
     except RecursionError:
@@ -711,8 +545,7 @@ _B = TypeVar("_B", bound=BaseModel)
 
 
 def validated(model: type[_B], raw: bytes | str, what: str) -> _B:
-    """``raw`` as ``model``; ``BadRecord`` (a ValueError) with the first problem and the
-    start of the text, never another exception."""
+    """``raw`` as ``model``; else ``BadRecord`` with the first problem, nothing else."""
     data = load_json(raw, what)
     try:
         return model.model_validate(data)
@@ -780,6 +613,5 @@ class Benchmarks(RootModel[list[Benchmark]]):
 
 
 def parse_benchmarks(raw: bytes) -> list[dict[str, Any]]:
-    """The results of ``benchmarks.json`` as JSON objects, each checked; ``BadRecord``
-    otherwise."""
+    """The checked results of ``benchmarks.json``; ``BadRecord`` otherwise."""
     return [b.model_dump() for b in validated(Benchmarks, raw, BENCHMARKS_FILE).root]

@@ -1,9 +1,4 @@
-"""The plugin's work root (``<rootdir>/work_dirs`` by default), created git-ignored.
-
-Like ``.pytest_cache``, the folder ignores itself, so ``git status`` and a code sync never
-see old logs. An existing folder is left as it is (unless reached through someone else's
-link); one the plugin creates is 0700.
-"""
+"""The plugin's work root, created git-ignored (like ``.pytest_cache``) and 0700."""
 
 from __future__ import annotations
 
@@ -16,8 +11,7 @@ GITIGNORE_TEXT = "# Created by pytest-trtllm-slurm automatically.\n*\n"
 
 
 def ensure_work_root(path: Path) -> Path:
-    """Create ``path`` (and parents) if missing; a folder this call creates gets a
-    ``.gitignore`` of ``*``. Returns ``path``."""
+    """Create ``path`` if missing, with a ``.gitignore`` of ``*`` when this call made it."""
     path = Path(path)
     existed = path.is_dir()
     make_dirs(path)  # (UntrustedPath names a folder someone else made or a foreign link)

@@ -1,9 +1,6 @@
-"""The warm worker of one node of a persistent allocation (target side).
-
-``python -m pytest_trtllm_slurm.node.agent --dir D --node N`` runs as one Slurm step per
-node for the allocation's life, with pytest and its plugins imported once; each run asks
-it (``D/inbox/<run>.json``) for a session (``node.session_server``) that collects once and
-serves the run's batches. It re-executes itself when the plugin's files changed.
+"""The warm worker of one node of a persistent allocation (target side): one Slurm step per
+node with pytest imported once, forking a ``node.session_server`` session per run; it
+re-executes itself when the plugin's files changed.
 """
 
 from __future__ import annotations
@@ -67,9 +64,8 @@ PATH_VARS = ("PATH", "LD_LIBRARY_PATH")
 
 
 def env_from_request(request: dict[str, Any]) -> dict[str, str]:
-    """The agent's environment (Slurm's view of the node) under the run's: the run's values
-    win, except the node's own (SLURM_*, visible devices) and the search-path entries a
-    TaskProlog or module system put in front (kept in front of the run's)."""
+    """The agent's environment under the run's: the run's values win, except the node's
+    own (SLURM_*, visible devices) and search-path entries put in front of them."""
     env = dict(os.environ)
     for key, value in (request.get("env") or {}).items():
         if key in NODE_VARS or key.startswith("SLURM_"):
@@ -125,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     stamp = code_stamp()
 
     def before_request(request: dict[str, Any]) -> None:
-        # the plugin changed under us: start afresh (keeping the mail) once no session
-        # runs; a session forked before exec would lose the one who records its exit
+        # the plugin changed: re-exec (keeping the mail) once no session's exit is pending
         if not loop.running and code_stamp() != stamp:
             write_atomic(box.request(request['name']), json.dumps(request))
             sys.stdout.flush()
@@ -142,9 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         loop.run()
     except SystemExit:
-        # SIGTERM: the allocation ends, and every agent of it on this node with it; an
-        # agent leaving alone (idle) keeps the folder, which another agent of the
-        # allocation (another python, other secrets) may still be taking GPUs in
+        # the allocation ends, with every agent of it here; one idle agent leaving alone
+        # keeps the folder (another of the allocation may still take GPUs in it)
         shutil.rmtree(locks, ignore_errors=True)
         raise
 

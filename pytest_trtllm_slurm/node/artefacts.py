@@ -1,9 +1,6 @@
-"""Plugin artefacts a batch hands back through its work dir (target side).
-
-What pytest-cov and pytest-benchmark gather in a dispatched test would die with its
-process: the worker writes it next to ``reports.jsonl`` (``coverage.db``,
-``benchmarks.json``) and the controller's own plugins merge, report and judge it once for
-the whole run. Standard library and pytest only; coverage only where pytest-cov runs.
+"""Plugin artefacts a batch hands back through its work dir (target side): pytest-cov's and
+pytest-benchmark's data (``coverage.db``, ``benchmarks.json``), merged and judged once by
+the controller's own plugins.
 """
 
 from __future__ import annotations
@@ -23,9 +20,7 @@ from pytest_trtllm_slurm.node.paths import COVERAGE_FILE, Batch
 
 
 def point_coverage_at(work_dir: Path, rank: int) -> None:
-    """Before pytest-cov starts (``pytest_load_initial_conftests``): its data files go into
-    the batch's work dir, not into the suite's rootdir (``COVERAGE_FILE``). Ranks other
-    than 0 (one batch run by several MPI ranks) keep theirs apart: only rank 0 reports."""
+    """pytest-cov's data files go into the work dir; ranks other than 0 apart."""
     name = ".coverage" if rank == 0 else f".coverage-rank{rank}"
     os.environ["COVERAGE_FILE"] = str(work_dir / name)
 
@@ -38,7 +33,6 @@ class BatchArtefacts:
         self.work_dir = work_dir
         self.enabled = enabled  # rank 0 only, as the report writer
 
-    # -- the worker leaves judging and output files to the controller -----------------
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         cov = self._cov_plugin()
@@ -57,10 +51,8 @@ class BatchArtefacts:
         """A batch run as its own pytest: pytest-cov has combined its data by now."""
         self.write(self.work_dir, running=False)
 
-    # -- writing -----------------------------------------------------------------------
     def write(self, work_dir: Path, *, running: bool) -> None:
-        """Write the artefacts into ``work_dir``. ``running``: coverage still measures (a
-        forked batch of a warm session, which ends without pytest-cov's own finish)."""
+        """Write the artefacts into ``work_dir``; ``running``: coverage still measures."""
         if not self.enabled:
             return
         self._write_benchmarks(work_dir)
@@ -84,9 +76,7 @@ class BatchArtefacts:
             cov.stop()
         data = cov.get_data()
         target = Batch(work_dir).coverage
-        # coverage creates its file (and sqlite's journal) by name: in a folder of an
-        # unpredictable name that only this process made (mkdtemp: O_EXCL, 0700), so no
-        # planted name or link is written through
+        # coverage creates its files by name: in a 0700 folder of an unpredictable name
         folder = Path(tempfile.mkdtemp(prefix=f".{COVERAGE_FILE}.", dir=work_dir))
         try:
             tmp = folder / COVERAGE_FILE

@@ -1,11 +1,5 @@
-"""Which tests a worker runs, and under which ids (stdlib only: anything may read it).
-
-The controller names each test twice: by the id its session shows (``item.nodeid``, after
-whatever a conftest did to it: TensorRT-LLM prefixes the stage name) and by its *key*, what
-identifies the test on any side whatever hooks did to the id (``item_key``). The worker
-collects the keys' files, picks its items by key, in the assigned order, and reports them
-under the controller's ids. The file (``--trtllm-worker-nodeids``) and a served batch's
-request hold the same list of ``[nodeid, key]`` pairs.
+"""Which tests a worker runs, and under which ids (stdlib only): ``[nodeid, key]`` pairs,
+the controller's node id (after what a conftest did to it) and the test's ``item_key``.
 """
 
 from __future__ import annotations

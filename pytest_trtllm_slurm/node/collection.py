@@ -1,8 +1,6 @@
-"""The collect-only record (``--trtllm-collect=target``; stdlib + pytest): what the target
-collected with the user's arguments and the conftest's options, for a controller that
-cannot import the suite. ``collection.json``: per selected item in order, its key, node id,
-location, markers and keywords; the deselected items; the failed or skipped collectors;
-and where it ran.
+"""The collect-only record (``--trtllm-collect=target``): ``collection.json``, what the target
+collected (selected and deselected items, failed collectors, where it ran), for a
+controller that cannot import the suite.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ def rel_path(path: Path, rootpath: Path) -> str:
 
 
 def _json_safe(value: Any) -> Any:
-    """A marker argument as JSON: plain values as they are, anything else as its repr (it is
-    read for sizing and ``-m``, never run)."""
+    """A marker argument as JSON (anything else as its repr: it is never run)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):

@@ -1,12 +1,8 @@
-"""Folders and files only this user can have written (target side, standard library only).
+"""Folders and files only this user can have written (target side, stdlib only).
 
-Why: the warm workers run whatever request is in their mailbox and take GPUs through lock
-files; whoever can write there runs code as the user or holds the user's GPUs. So folders
-are made 0700 and verified ours (not links, nobody else may write them), a request is read
-only from a regular file of ours checked on the open file (``open_trusted``), and the GPU
-lock folder's first part is verified before use (``private_lock_dir``). Every file of
-state one process writes for another goes through ``write_atomic`` (temporary file, fsync,
-rename, fsync of the folder; 0600 unless the caller says it is meant for others).
+Whoever can write a mailbox or a GPU lock folder runs code as the user or holds their GPUs:
+folders are 0700 and verified ours, requests are read only from our own regular files,
+and state files are written atomically (``write_atomic``, 0600 by default).
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from pytest_trtllm_slurm.node.paths import gpu_lock_dir, lock_base
@@ -32,7 +28,8 @@ class UntrustedPath(Exception):
 
 
 def why_untrusted(st: os.stat_result, *, directory: bool) -> str | None:
-    """Why a file (or folder) with this lstat/fstat may not be trusted; None if it may."""
+    """Why a file (or folder) with this lstat/fstat may not be trusted; None if it may
+    (node/relay.py has a copy: it travels alone)."""
     kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link"
@@ -46,8 +43,7 @@ def why_untrusted(st: os.stat_result, *, directory: bool) -> str | None:
 
 
 def refuse_untrusted_dir(folder: str | Path) -> None:
-    """UntrustedPath naming ``folder`` unless it is a real folder (not a link) of ours
-    that neither group nor others may write."""
+    """UntrustedPath unless ``folder`` is a real folder of ours nobody else may write."""
     why = why_untrusted(os.lstat(folder), directory=True)
     if why is not None:
         raise UntrustedPath(f"{folder}: {why}; refusing to use it (someone else could put "
@@ -55,8 +51,7 @@ def refuse_untrusted_dir(folder: str | Path) -> None:
 
 
 def refuse_foreign_links(folders: Iterable[Path]) -> None:
-    """UntrustedPath naming the first of ``folders`` that is a symbolic link owned by
-    someone else than this user or root (a link planted on the way to our folders)."""
+    """UntrustedPath naming the first of ``folders`` that is a link planted by someone else."""
     for folder in folders:
         try:
             st = os.lstat(folder)
@@ -68,10 +63,8 @@ def refuse_foreign_links(folders: Iterable[Path]) -> None:
 
 
 def make_dirs(path: str | Path, *, private: bool = False) -> Path:
-    """``mkdir -p`` whose new folders are 0700 (whatever the umask). Each folder it makes,
-    or finds made meanwhile by someone else, is verified (``refuse_untrusted_dir``);
-    ``private``: so is ``path`` when it already existed. Folders above the first existing
-    one are taken as they are (a home, a project's scratch folder)."""
+    """``mkdir -p`` with 0700 folders, each made (and, ``private``, an existing ``path``)
+    verified ours; folders above the first existing one are taken as they are."""
     target = Path(path)
     missing = []
     for folder in (target, *target.parents):
@@ -80,24 +73,16 @@ def make_dirs(path: str | Path, *, private: bool = False) -> Path:
         missing.append(folder)
     refuse_foreign_links(target.parents if missing else (target, *target.parents))
     for folder in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):  # made meanwhile: verified below
             folder.mkdir(mode=0o700)
-        except FileExistsError:
-            pass  # made meanwhile: verified as ours below, like the ones made here
         refuse_untrusted_dir(folder)
     if private and not missing:
         refuse_untrusted_dir(target)
     return target
 
 
-def make_private_dirs(path: str | Path) -> Path:
-    """``make_dirs(path, private=True)``: a folder only this user can have written to."""
-    return make_dirs(path, private=True)
-
-
 def close_own_dirs(folders: list[Path]) -> None:
-    """Each folder must be ours and not a link (UntrustedPath otherwise); one of ours that
-    group or others may write is made 0700."""
+    """UntrustedPath unless each folder is ours and no link; ours opened up are made 0700."""
     for folder in folders:
         st = os.lstat(folder)
         why = why_untrusted(st, directory=True)
@@ -111,8 +96,7 @@ def close_own_dirs(folders: list[Path]) -> None:
 
 
 def tree_up_to(root: Path, top_name: str) -> list[Path]:
-    """``root`` and its parents up to the first one named ``top_name`` (only ``root``
-    when none is): the folders of a mailbox tree such as ``work_dirs/.agents/...``."""
+    """``root`` and its parents up to the one named ``top_name`` (only ``root`` if none)."""
     chain = [root]
     if root.name == top_name:
         return chain
@@ -124,8 +108,7 @@ def tree_up_to(root: Path, top_name: str) -> list[Path]:
 
 
 def open_trusted(path: Path) -> bytes:
-    """The bytes of ``path`` if it is a regular file of ours that only we may write;
-    UntrustedPath (naming the file and why) otherwise. Checked on the opened file."""
+    """The bytes of ``path`` if the open file is our own regular file (else UntrustedPath)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         why = why_untrusted(os.fstat(fd), directory=False)
@@ -140,14 +123,11 @@ def open_trusted(path: Path) -> bytes:
 
 
 def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
-    """``<root>/trtllm-slurm-<uid>/<job>-<node>``: made and verified ours, 0700, not a
-    link (UntrustedPath, naming the folder and its owner, when someone else made it)."""
+    """``<root>/trtllm-slurm-<uid>/<job>-<node>``, made and verified ours (UntrustedPath)."""
     make_dirs(root)  # usually /tmp
     base = lock_base(root)
-    try:
+    with contextlib.suppress(FileExistsError):
         base.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     try:
         close_own_dirs([base])
     except UntrustedPath as exc:
@@ -155,25 +135,20 @@ def private_lock_dir(job: str, node: str, root: str = LOCK_ROOT) -> Path:
             f"the GPU lock folder {exc}. Someone may have created it to take this user's "
             "GPU locks: remove it (or have an administrator remove it) and run again") from None
     locks = gpu_lock_dir(base, job, node)
-    try:
+    with contextlib.suppress(FileExistsError):
         locks.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     close_own_dirs([locks])
     return locks
 
 
 def temp_name(path: Path) -> Path:
-    """A fresh hidden name next to ``path`` (``.NAME.<random>.tmp``): it never ends in a
-    name a reader looks for (``.json``, ``.cancel``, ``ready.<rank>``)."""
+    """``.NAME.<random>.tmp`` beside ``path``: never a name a reader looks for."""
     return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
 
 
 def announce(notice: str | Path | None) -> None:
-    """Tell the controller that a batch's files changed: an empty file renamed to
-    ``notice`` (``paths.Batch.notice``) in the run's news folder, so that one stat of that
-    folder per round says whether any batch has news, and its listing which. A hint only
-    (no fsync; the controller still reads every batch now and then): a failure is ignored."""
+    """Tell the controller a batch's files changed: an empty file renamed to ``notice`` in
+    the news folder (``execution/news.py``). A hint only: no fsync, failures ignored."""
     if not notice:
         return
     target = Path(notice)
@@ -193,10 +168,7 @@ def announce(notice: str | Path | None) -> None:
 
 
 def fsync_dir(folder: Path) -> None:
-    """fsync a folder, so that a rename in it survives a crash of the machine. Best effort
-    where it cannot be done: a folder we may write but not read (it cannot be opened)
-    and file systems that cannot fsync a folder (EINVAL and the like) are left as they
-    are; the rename itself has happened by then."""
+    """fsync a folder (a rename in it survives a crash), where it can be."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except PermissionError:
@@ -211,29 +183,21 @@ def fsync_dir(folder: Path) -> None:
 
 
 def publish(tmp: Path, path: Path, *, mode: int | None = PRIVATE) -> None:
-    """Make the finished file ``tmp`` (written by a library that wants a name of its own)
-    ``path``: chmod (unless ``mode`` is SHARED), fsync, rename over ``path``, fsync the
-    folder. ``tmp`` must be in ``path``'s folder; it is removed when this fails."""
-    def finish(fd: int) -> None:
-        if mode is not None:
-            os.fchmod(fd, mode)
-
+    """Atomically make the finished file ``tmp`` (beside ``path``) ``path``."""
     try:
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _settle(fd, tmp, path, finish)
+    _settle(fd, tmp, path, mode)
 
 
 def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIVATE,
                  parents: bool = False) -> Path:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one,
-    never a part, also after a crash: a temporary file in the same folder, fsync, rename,
-    fsync of the folder. ``mode``: 0600 by default, set before the first byte is written
-    and whatever the umask; SHARED (None) for a file meant for others (0666 less the
-    umask, as ``open()`` makes it). ``parents``: create missing folders first."""
+    """Write ``data`` to ``path`` so a reader sees the old or the whole new file, also after
+    a crash (temporary file, fsync, rename, fsync of the folder). ``mode``: exact, set
+    before the first byte; SHARED: as ``open()`` makes it. ``parents``: mkdir first."""
     target = Path(path)
     if parents:
         make_dirs(target.parent)
@@ -245,23 +209,20 @@ def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = PRIV
             break
         except FileExistsError:
             continue  # 48 random bits taken: draw again
-    def fill(fd: int) -> None:
-        if mode is not None:
-            os.fchmod(fd, mode)  # exact, not masked by the umask
-        view = memoryview(blob)
-        while view:
-            view = view[os.write(fd, view):]
-
-    _settle(fd, tmp, target, fill)
+    _settle(fd, tmp, target, mode, blob)
     return target
 
 
-def _settle(fd: int, tmp: Path, target: Path, prepare: Callable[[int], None]) -> None:
-    """The steps every atomic write ends with: ``prepare(fd)``, fsync, close, rename over
-    ``target``, fsync of the folder; ``tmp`` is removed when any of them fails."""
+def _settle(fd: int, tmp: Path, target: Path, mode: int | None, blob: bytes = b"") -> None:
+    """chmod to ``mode`` (exact, not masked by the umask; None: as it is), write ``blob``,
+    fsync, close, rename over ``target``, fsync the folder; ``tmp`` is removed on failure."""
     try:
         try:
-            prepare(fd)
+            if mode is not None:
+                os.fchmod(fd, mode)
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)

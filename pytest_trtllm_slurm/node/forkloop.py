@@ -1,17 +1,9 @@
-"""The engine of the warm workers (target side, standard library only).
+"""The engine of the warm workers (target side, stdlib only): a mailbox folder.
 
-A directory is the mailbox: the controller drops requests into ``<root>/inbox``
-as JSON files (written to a temporary name, then renamed), ``<name>.cancel``
-stops request ``name`` and ``stop`` ends the loop once nothing runs. Each
-request runs in a forked child in its own process group, so a cancel kills the
-test and everything it started; the child's exit status is written atomically
-to the request's ``exit_path``. Files rather than sockets: the controller may
-be on the other side of SSH, and a shared file system is what every Slurm
-cluster gives both sides.
-
-Only this user may write a mailbox: its folders are made 0700, and a file that is not
-a regular file of ours or that group or others may write is refused (logged, removed,
-never run): see ``files.why_untrusted`` and ``files.make_private_dirs``.
+Requests are JSON files renamed into ``<root>/inbox`` (``<name>.cancel`` stops one, ``stop``
+ends the loop once idle), each run in a forked child in its own process group (a cancel
+kills all it started) whose exit status goes atomically to ``exit_path``. Files, not
+sockets: both sides of SSH share a file system. Only our own regular files are read.
 """
 
 from __future__ import annotations
@@ -56,9 +48,7 @@ def _refuse(path: Path, why: str) -> None:
 
 def redirect_output(log_path: str) -> None:
     """fd 1 and 2 (and so every child process) append to ``log_path``."""
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
+    _flush()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -69,11 +59,8 @@ def redirect_output(log_path: str) -> None:
 
 
 def spawn(run: Callable[[], int]) -> int:
-    """Fork; the child becomes a process-group leader, runs ``run`` and exits with its
-    code without unwinding the parent's state (no atexit, no buffered parent output)."""
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
+    """Fork a process-group leader that runs ``run`` and ``os._exit``s with its code."""
+    _flush()
     pid = os.fork()
     if pid:
         return pid
@@ -85,29 +72,30 @@ def spawn(run: Callable[[], int]) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - the child must always exit here
-        traceback.print_exc()
-        code = 1
+        traceback.print_exc()  # and exits 1
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
+        _flush()
         os._exit(int(code) & 0xFF)
 
 
-def exit_code_of(status: int) -> int:
-    """The shell's convention: the exit code, or 128 + the signal that killed it."""
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
+def _flush() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _kill(pid: int, sig: int) -> None:
+    """Signal ``pid``'s process group; one already gone is fine."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, sig)
 
 
 @dataclass
 class Running:
     name: str
     pid: int
-    exit_path: str
+    request: dict[str, Any]  # its exit code goes where it says (``write_exit``)
     kill_at: float | None = None
-    notice: str | None = None  # announced after its exit code (``files.announce``)
 
 
 def write_exit(request: dict[str, Any], code: int) -> None:
@@ -167,7 +155,6 @@ class ForkLoop:
         finally:
             self._kill_all()
 
-    # -- one round ------------------------------------------------------------
     def _read_inbox(self) -> bool:
         try:
             names = sorted(os.listdir(self.inbox))
@@ -212,8 +199,7 @@ class ForkLoop:
         return found
 
     def _inbox_trusted(self) -> bool:
-        """The inbox is our own folder (made 0700 again if someone opened it up); a folder
-        that is someone else's, or a link, is never read (said once in the log)."""
+        """Whether the inbox is our own folder (made 0700 again if opened up; logged once)."""
         try:
             close_own_dirs([self.inbox])
         except (UntrustedPath, OSError) as exc:
@@ -228,9 +214,9 @@ class ForkLoop:
         started = False
         for request in list(self.pending):
             try:
-                pid = self.start(request) if "exit_path" in request else None
                 if "exit_path" not in request:
                     raise ValueError("no exit_path")
+                pid = self.start(request)
             except Exception as exc:  # noqa: BLE001 - a bad request must not end the loop
                 print(f"[trtllm-slurm] request {request.get('name')} refused: {exc!r}",
                       file=sys.stderr, flush=True)
@@ -242,8 +228,7 @@ class ForkLoop:
             if pid is None:
                 continue  # waits; later requests may still fit (backfill)
             self.pending.remove(request)
-            self.running[pid] = Running(request["name"], pid, request["exit_path"],
-                                        notice=request.get("notice_path"))
+            self.running[pid] = Running(request["name"], pid, request)
             started = True
         return started
 
@@ -258,10 +243,9 @@ class ForkLoop:
                 break
             child = self.running.pop(pid, None)
             if child is not None:
-                with contextlib.suppress(OSError):  # the test may have left children behind
-                    os.killpg(pid, signal.SIGKILL)
-                write_atomic(child.exit_path, f"{exit_code_of(status)}\n")
-                announce(child.notice)
+                _kill(pid, signal.SIGKILL)  # the test may have left children behind
+                code = os.waitstatus_to_exitcode(status)  # the shell's: 128 + a signal
+                write_exit(child.request, 128 - code if code < 0 else code)
                 reaped = True
         return reaped
 
@@ -272,15 +256,13 @@ class ForkLoop:
                 write_exit(request, 128 + signal.SIGTERM)
         for child in self.running.values():
             if child.name == name and child.kill_at is None:
-                with contextlib.suppress(OSError):
-                    os.killpg(child.pid, signal.SIGTERM)
+                _kill(child.pid, signal.SIGTERM)
                 child.kill_at = time.monotonic() + KILL_GRACE
 
     def _escalate(self, now: float) -> None:
         for child in self.running.values():
             if child.kill_at is not None and now >= child.kill_at:
-                with contextlib.suppress(OSError):
-                    os.killpg(child.pid, signal.SIGKILL)
+                _kill(child.pid, signal.SIGKILL)
 
     def _beat(self) -> None:
         assert self.heartbeat is not None
@@ -291,8 +273,7 @@ class ForkLoop:
 
     def _kill_all(self) -> None:
         for child in list(self.running.values()):
-            with contextlib.suppress(OSError):
-                os.killpg(child.pid, signal.SIGKILL)
+            _kill(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + KILL_GRACE
         while self.running and time.monotonic() < deadline:
             if not self._reap():

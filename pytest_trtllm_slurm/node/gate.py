@@ -1,15 +1,13 @@
-"""The start gate of a step launched before its GPUs are free (target side).
-
-Why: a multi-node MPI batch's ranks spend seconds importing the suite. With warm workers
-the step starts early with ``TRTLLM_SLURM_GATE=DIR``: each rank collects and writes
-``DIR/ready.<rank>`` (rank 0 ``DIR/ready`` once all have), waits for ``DIR/open`` (written
-when the nodes are free) and writes ``DIR/done.<rank>`` as it exits, so the nodes go to the
-next batch at once. ``wait_at_gate`` is stdlib only; ``Gate`` is its pytest face.
+"""The start gate of a step launched before its GPUs are free (target side): a multi-node MPI
+batch's ranks import the suite meanwhile (``TRTLLM_SLURM_GATE=DIR``), each writing
+``ready.<rank>`` (rank 0 ``ready`` once all have), waiting for ``open``, and writing
+``done.<rank>`` as it exits.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -62,8 +60,7 @@ class Gate:
     def __init__(self, gate: Path, max_wait: float) -> None:
         self.gate = gate
         self.max_wait = max_wait
-        # registered before the suite is imported: runs after the exit handlers of what
-        # the tests loaded (torch, mpi4py), so the GPUs are as good as free then
+        # registered before the suite is imported: runs after its exit handlers (torch...)
         rank, _ = rank_and_size()
         atexit.register(_touch_quietly, paths.Gate(gate).done_of(rank))
 
@@ -76,10 +73,8 @@ class Gate:
 
 
 def _touch_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the controller then waits for the step's end
         _touch(path)
-    except OSError:
-        pass  # the controller then waits for the step's end instead
 
 
 def gate_from_env() -> Gate | None:

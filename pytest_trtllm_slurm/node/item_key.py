@@ -1,9 +1,5 @@
-"""What identifies a test on any side, whatever a hook did to its node id (one place).
-
-A key is the item's file relative to the rootdir plus the names below it
-(``accuracy/test_a.py::TestX::test_y[fp8]``): a conftest that prefixes node ids
-(TensorRT-LLM's ``--test-prefix``) changes the node id, not the names. An item collected
-elsewhere carries its key precomputed (``set_item_key``).
+"""What identifies a test on any side, whatever a hook did to its node id: its file relative
+to the rootdir plus the names below it (``accuracy/test_a.py::TestX::test_y[fp8]``).
 """
 
 from __future__ import annotations
@@ -71,8 +67,7 @@ def index(items: Iterable[pytest.Item]) -> dict[str, list[pytest.Item]]:
 
 def pick(assignment: Assignment, by_key: dict[str, list[pytest.Item]]
          ) -> tuple[list[pytest.Item], list[str]]:
-    """The assigned items in the assigned order, each shown under the controller's node id,
-    and the node ids of those not found. Two items with one key are taken in order."""
+    """The assigned items in order under the controller's ids, and the ids not found."""
     taken: dict[str, int] = {}
     items: list[pytest.Item] = []
     missing: list[str] = []

@@ -1,10 +1,6 @@
-"""The name of every file and folder the plugin keeps: a work root, a batch, an allocation's
-state, the run registry, a warm worker (agent), its sessions and a step's start gate.
-
-One class per folder; each is generic over the path type: ``Path`` on this machine, ``str``
-(POSIX) for the cluster, so local and remote code name the same files the same way. No
-other module spells these names (tests/test_architecture.py keeps it so). Stdlib only: the
-node side (agent, session server, gate) reads the same names on the cluster.
+"""The name of every file and folder the plugin keeps, one class per folder, generic over the
+path type (``Path`` here, POSIX ``str`` on the cluster); no other module spells these names
+(tests/test_architecture.py). Stdlib only: the node side reads the same names.
 """
 from __future__ import annotations
 
@@ -69,9 +65,8 @@ class Folder(Generic[P]):
 
 @dataclass(frozen=True)
 class Gate(Folder[P]):
-    """A step started before its GPUs were free waits here (node/gate.py): each rank writes
-    ``ready.<rank>``, rank 0 ``ready`` once all are, the controller ``open``; each rank
-    leaves ``done.<rank>``."""
+    """A step started before its GPUs were free waits here (node/gate.py): ``ready.<rank>``,
+    ``ready`` (all are), ``open`` (the controller's word), ``done.<rank>``."""
 
     ready = _file("ready")
     open = _file("open")
@@ -112,8 +107,7 @@ class Batch(Folder[P]):
 
     @property
     def notice(self) -> P:
-        """The batch's notice in its work root's news folder (named as the work dir): its
-        node side renames it there after each change the controller reads."""
+        """The batch's notice in its work root's news folder (``files.announce``)."""
         return join(root_of(self.dir), NEWS, name_of(self.dir))
 
     def case_log(self, model: str, workflow: str) -> P:
@@ -167,8 +161,7 @@ class Agent(Mailbox[P]):
 
 @dataclass(frozen=True)
 class Runs(Folder[P]):
-    """The run registry: one record and one lease per live run, a lock for the folder and
-    the remote checkout's lock."""
+    """The run registry: a record and a lease per live run, and their locks."""
 
     lock = _file(".lock")
     checkout_lock = _file(".checkout.lock")
@@ -208,8 +201,7 @@ class Checkout(Folder[P]):
 
 @dataclass(frozen=True)
 class StateDir(Folder[P]):
-    """Where the persistent allocation's state lives: ``work_dirs`` locally, the shared
-    ``.trtllm-state/<repo>`` on a remote cluster."""
+    """The persistent allocation's state: ``work_dirs``, or a cluster's ``.trtllm-state``."""
 
     state = _file(STATE_NAME)
 
@@ -239,8 +231,7 @@ class WorkRoot(StateDir[P]):
         return self.at(f".salloc-{run_id}")
 
     def remote_dir(self, cluster: str) -> P:
-        """This machine's folder for a remote cluster (its salloc log); the allocation's
-        state itself is on the cluster (``workspace.shared_state_dir``)."""
+        """This machine's folder for a remote cluster (its salloc log)."""
         return self.at(f".remote-{cluster}")
 
     @property

@@ -1,7 +1,4 @@
-"""What the node side and the controller agree on: record version, environment variables,
-exit codes and file names. Plain constants (no pytest), so the controller and the
-executors read them without importing the node's pytest code.
-"""
+"""What the node side and the controller agree on, as plain constants (no pytest)."""
 from __future__ import annotations
 
 # reports.jsonl: the version of the records the worker writes and ``execution.records`` reads

@@ -1,57 +1,48 @@
 """The records of ``reports.jsonl``: every type the node writes, declared once (stdlib only).
 
-Each record is one JSON object per line with a version ``v`` and a ``type``. The
-TypedDicts below are the protocol: their names are the types' names, their keys the
-fields; the functions build them, and every producer on the node (``worker``,
-``session_server``, the case wrapper's exit-status line) writes only what these return.
-The controller checks each line against its pydantic model of the same type
-(``execution.records``, which refuses to import when a model's fields differ from the
-TypedDict's) and hands it to its ``on_<type>`` handler (``controller.record_handlers``).
-A new type is a TypedDict here, a builder, a model and a handler; a test fails when
-one of them is missing.
+The TypedDicts are the protocol (one JSON object a line, with ``v`` and ``type``) and every
+producer writes only what the builders return. ``execution.records`` checks each line
+against a model of the same fields; a new type needs a TypedDict, builder, model and handler.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, get_args, get_type_hints
 
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
 
 
-class StartRecord(TypedDict):
+class _Record(TypedDict):
+    v: int  # RECORD_VERSION
+
+
+class StartRecord(_Record):
     """A test's attempt started (``pytest_runtest_logstart``)."""
 
-    v: int
     type: Literal["start"]
     nodeid: str
     location: list[Any]
 
 
-class ReportRecord(TypedDict):
+class ReportRecord(_Record):
     """One phase's TestReport, as pytest's ``pytest_report_to_serializable`` made it."""
 
-    v: int
     type: Literal["report"]
     data: dict[str, Any]
 
 
-class FinishRecord(TypedDict):
+class FinishRecord(_Record):
     """A test's attempt ended (``pytest_runtest_logfinish``)."""
 
-    v: int
     type: Literal["finish"]
     nodeid: str
 
 
-class ItemRecord(TypedDict):
-    """A test's reports and its end in one line (``start`` is its own line, written when
-    the test starts: it says where a worker died): the reports pytest logged since the
-    start, then ``finish`` (the attempt ended: ``pytest_runtest_logfinish``) and ``done``
-    (the item's whole protocol returned). The same events as ``report`` lines, then a
-    ``finish`` and a ``done`` line, in that order: one JSON object to decode and check
-    per test instead of five."""
+class ItemRecord(_Record):
+    """A test's reports since its ``start`` line, then ``finish`` (its attempt ended) and
+    ``done`` (its whole protocol returned): the events of ``report``, ``finish`` and
+    ``done`` lines in one JSON object to decode and check per test instead of five."""
 
-    v: int
     type: Literal["item"]
     nodeid: str
     reports: list[dict[str, Any]]
@@ -59,35 +50,31 @@ class ItemRecord(TypedDict):
     done: bool
 
 
-class DoneRecord(TypedDict):
+class DoneRecord(_Record):
     """The item's whole protocol returned: no further attempt of it follows."""
 
-    v: int
     type: Literal["done"]
     nodeid: str
 
 
-class CollectErrorRecord(TypedDict):
+class CollectErrorRecord(_Record):
     """A collector failed on the target (its serialized CollectReport)."""
 
-    v: int
     type: Literal["collect_error"]
     data: dict[str, Any]
 
 
-class MissingRecord(TypedDict):
+class MissingRecord(_Record):
     """Node ids of the batch the target did not collect (its code differs?)."""
 
-    v: int
     type: Literal["missing"]
     nodeids: list[str]
     rootdir: str
 
 
-class WarningRecord(TypedDict):
+class WarningRecord(_Record):
     """A warning pytest recorded on the target (``pytest_warning_recorded``)."""
 
-    v: int
     type: Literal["warning"]
     when: str
     nodeid: str
@@ -97,47 +84,34 @@ class WarningRecord(TypedDict):
     lineno: int | None
 
 
-class XmlAttributeRecord(TypedDict):
+class XmlAttributeRecord(_Record):
     """``record_xml_attribute`` of a test: the controller's junit.xml gets it."""
 
-    v: int
     type: Literal["xml_attribute"]
     nodeid: str
     name: str
     value: str
 
 
-class SuitePropertyRecord(TypedDict):
+class SuitePropertyRecord(_Record):
     """``record_testsuite_property``: the controller's junit.xml gets it."""
 
-    v: int
     type: Literal["suite_property"]
     name: str
     value: str
 
 
-class SessionFinishRecord(TypedDict):
+class SessionFinishRecord(_Record):
     """The session ended normally with this exit status (its absence means a crash)."""
 
-    v: int
     type: Literal["session_finish"]
     exitstatus: int
 
 
 # every record type a node writes, by its ``type``
-RECORD_TYPES: dict[str, type] = {
-    "start": StartRecord,
-    "report": ReportRecord,
-    "finish": FinishRecord,
-    "done": DoneRecord,
-    "item": ItemRecord,
-    "collect_error": CollectErrorRecord,
-    "missing": MissingRecord,
-    "warning": WarningRecord,
-    "xml_attribute": XmlAttributeRecord,
-    "suite_property": SuitePropertyRecord,
-    "session_finish": SessionFinishRecord,
-}
+RECORD_TYPES: dict[str, type] = {get_args(get_type_hints(t)["type"])[0]: t for t in (
+    StartRecord, ReportRecord, FinishRecord, DoneRecord, ItemRecord, CollectErrorRecord,
+    MissingRecord, WarningRecord, XmlAttributeRecord, SuitePropertyRecord, SessionFinishRecord)}
 SESSION_FINISH = "session_finish"  # the type whose line says the session ended normally
 
 

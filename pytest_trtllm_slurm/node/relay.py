@@ -1,16 +1,9 @@
-"""The login node's end of the wire: one process per run, started over SSH, that runs
-the controller's commands and pushes the growth of the files it watches.
+"""The login node's end of the wire: one process per run, started over SSH on one kept
+channel, that runs the controller's commands (a new sshd session each would cost a fifth
+of a second) and pushes what watched files gain without being asked.
 
-Why: every command over SSH on its own channel is a new sshd session (PAM, the login
-shell), a fifth of a second or more each, and a file the controller polls costs a round
-trip per look. This relay is started once per run on one channel and kept: commands
-ride it as JSON lines, and the bytes appended to watched files (reports.jsonl, job logs)
-are sent as soon as they are seen, without being asked for.
-
-Stdlib only, one file, Python 3.6+ (a login node's system python3; hence type comments,
-not annotations): the controller sends this file's text as ``python3 -c`` (nothing needs
-to be installed on the login node). It ends when its stdin closes (the channel or the
-connection is gone).
+Stdlib only, one file, Python 3.6+ (type comments): the controller sends this file's text
+as ``python3 -c``. It ends when its stdin closes.
 
 Lines in (one JSON object each):
     {"op": "run", "id": N, "argv": [...], "env": {...}|null, "cwd": str|null,
@@ -19,16 +12,9 @@ Lines in (one JSON object each):
     {"op": "stdin", "id": N, "data": base64}          a piece of a streamed stdin
     {"op": "stdin", "id": N, "eof": true}             its end (a command that ends first
                                                       is answered then; later pieces dropped)
-    {"op": "read", "id": N, "path", "offset", "limit"} / "size" / "write" (path, data
-     base64, mode: atomic) / "mkdir" (path, private): one round trip each; the answer
-     has "data" / "size" (and "absent") / nothing, or "errno" and "error"
-    {"op": "await", "id": N, "path", "needle", "timeout"}  answered with "data" (the
-     file's first 16 KiB) once they hold ``needle``, or when ``timeout`` s passed
-    {"op": "remove", "id": N, "path"}                ``rm -f``: the name goes (a link
-                                                      itself), absent is fine
-    {"op": "batch", "id": N, "ops": [{"op": ...}, ...]}  read/size/write/mkdir/remove
-     requests (no "id") done in order, one round trip: answered with "answers", one per
-     op done; it stops after the first that fails (its answer has "errno")
+    {"op": "read" | "size" | "write" | "mkdir" | "remove" | "await" | "batch", "id": N,
+     "path", ...}: one file operation (``FILE_OPS``), one round trip; the answer has its
+     result ("data", "size", "answers"...) or "errno" and "error"
     {"op": "watch", "path": str, "offset": int}      push what follows ``offset``
     {"op": "ack", "path": str, "offset": int}        the controller has read to ``offset``
     {"op": "unwatch", "path": str}
@@ -39,12 +25,12 @@ Lines out:
     {"took": N, "bytes": int}                         a streamed stdin's piece was written
 
 Flow control, both ways: a watched file is pushed at most ``PUSH_WINDOW`` bytes ahead of
-what the controller acknowledged reading, and the controller sends a streamed stdin at
-most ``STDIN_WINDOW`` bytes ahead of what was written to the command (``took``); the
-queue of a streamed stdin here is bounded as well (``STDIN_QUEUE`` pieces).
+the controller's ack, a streamed stdin sent at most ``STDIN_WINDOW`` bytes ahead of
+``took`` (and queued here at most ``STDIN_QUEUE`` pieces).
 """
 
 import base64
+import contextlib
 import errno
 import json
 import os
@@ -57,17 +43,13 @@ import time
 from typing import IO, Any, Dict, Optional  # noqa: F401, UP035 - used by type comments
 
 VERSION = 1
-# seconds between two looks at the watched files: short after a new watch and while they
-# grow, longer while they do not (up to WATCH_MAX: the controller's own remote poll was
-# 0.2 s), so a login node's shared file system is not opened hundreds of times a second
-# by a run that waits for slow tests
+# seconds between two looks at the watched files: short while they grow, up to WATCH_MAX
 WATCH_MIN, WATCH_MAX, WATCH_GROWTH = 0.02, 0.2, 1.5
 PUSH_LIMIT = 1 << 20  # bytes per push line
 PUSH_WINDOW = 8 << 20  # bytes of a watched file pushed ahead of the controller's last ack
 STDIN_WINDOW = 4 << 20  # bytes of a streamed stdin the controller sends ahead of "took"
 STDIN_QUEUE = 32  # pieces (at most 256 KiB each) of a streamed stdin queued here
-# seconds between two looks at a streamed command waiting for input: one that ended (a
-# lock wait that timed out) is answered then, not when the controller ends the input
+# seconds between two looks at a streamed command waiting for input (has it ended?)
 STREAM_LOOK = 0.5
 
 
@@ -120,8 +102,8 @@ class Relay:
                 threading.Thread(target=self._file_op, args=(request,), daemon=True).start()
             elif op == "watch":
                 with self._watch_lock:
-                    self._watched[str(request["path"])] = int(request.get("offset") or 0)
-                    self._acked[str(request["path"])] = int(request.get("offset") or 0)
+                    path, offset = str(request["path"]), int(request.get("offset") or 0)
+                    self._watched[path] = self._acked[path] = offset
                 self._new_watch.set()  # a new batch: look often again
             elif op == "ack":
                 with self._watch_lock:
@@ -140,8 +122,8 @@ class Relay:
 
     def _queue(self, ident, piece):
         # type: (int, Optional[bytes]) -> None
-        """``piece`` of a streamed stdin (None: its end) to its command: waits while the
-        queue is full, as long as the command still reads."""
+        """``piece`` of a streamed stdin (None: its end) to its command, waiting while the
+        queue is full and the command still reads."""
         pieces = self._streams.get(ident)
         while pieces is not None:
             try:
@@ -152,7 +134,6 @@ class Relay:
 
     def _file_op(self, request):
         # type: (Dict[str, Any]) -> None
-        """One file operation, one round trip (over SFTP: open, stat, read, close...)."""
         self.send(dict(_answer(request), id=request["id"]))
 
     def _run(self, request):
@@ -201,8 +182,8 @@ class Relay:
 
     def _streamed(self, proc, pieces, timeout, ident):
         # type: (subprocess.Popen[bytes], queue.Queue[Optional[bytes]], Optional[float], int) -> Any
-        """Feed ``pieces`` to the process's stdin as they come while its output is read;
-        each piece written (or dropped) is told to the controller (``took``): its window."""
+        """Feed ``pieces`` to the process's stdin while its output is read; each piece
+        written (or dropped) is told to the controller (``took``)."""
         outputs = {}  # type: Dict[str, bytes]
 
         def drain(name, stream):
@@ -232,10 +213,8 @@ class Relay:
                     broken = True
             if piece:
                 self.send({"took": ident, "bytes": len(piece)})
-        try:
+        with contextlib.suppress(OSError):
             stdin.close()
-        except OSError:
-            pass
         proc.wait(timeout)  # TimeoutExpired: the caller kills it
         for reader in readers:
             reader.join()
@@ -259,8 +238,7 @@ class Relay:
 
     def _push(self, path, offset, limit):
         # type: (str, int, int) -> bool
-        """Send what ``path`` has past ``offset`` (at most ``limit`` bytes); whether there
-        was anything."""
+        """Send what ``path`` has past ``offset`` (at most ``limit`` bytes); whether any."""
         try:  # open first: on NFS an open revalidates the size, a bare stat may be stale
             with open(path, "rb") as fh:
                 fh.seek(offset)
@@ -280,6 +258,7 @@ class Relay:
 
 def _read(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
+    """``limit`` bytes of ``path`` from ``offset`` (none when absent)."""
     try:
         with open(request["path"], "rb") as fh:
             fh.seek(int(request["offset"]))
@@ -291,6 +270,7 @@ def _read(request):
 
 def _size(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
+    """The size of ``path``; 0 and "absent" when it is."""
     try:
         return {"size": os.stat(request["path"]).st_size}
     except FileNotFoundError:
@@ -299,7 +279,7 @@ def _size(request):
 
 def _why_untrusted(st, directory):
     # type: (os.stat_result, bool) -> Optional[str]
-    """As node/files.why_untrusted (not importable here: this file travels alone)."""
+    """As node/files.why_untrusted (this file travels alone: a copy)."""
     kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link"
@@ -314,8 +294,7 @@ def _why_untrusted(st, directory):
 
 def _refuse_untrusted_dir(folder):
     # type: (str) -> None
-    """OSError(EPERM) naming ``folder`` unless it is a real folder of ours that nobody
-    else may write."""
+    """OSError(EPERM) unless ``folder`` is a real folder of ours nobody else may write."""
     why = _why_untrusted(os.lstat(folder), True)
     if why is not None:
         raise OSError(errno.EPERM, f"{folder}: {why}; refusing to use it (someone else could put "
@@ -324,8 +303,8 @@ def _refuse_untrusted_dir(folder):
 
 def _refuse_foreign_links(path):
     # type: (str) -> None
-    """OSError(EPERM) naming the first of ``path`` and its parents that is a symbolic
-    link owned by someone else than this user or root (as node/files.refuse_foreign_links)."""
+    """OSError(EPERM) naming the first of ``path`` and its parents that is a link owned by
+    someone else than this user or root."""
     while path:
         try:
             st = os.lstat(path)
@@ -342,9 +321,8 @@ def _refuse_foreign_links(path):
 
 def _write(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """Atomic and 0600 from its first byte, as node/files.write_atomic (not importable
-    here: this file travels alone): an unpredictable temporary name opened O_EXCL and
-    O_NOFOLLOW (a planted link is never followed), fsync, then a rename."""
+    """``data`` (base64) to ``path`` as node/files.write_atomic: an unpredictable name
+    opened O_EXCL|O_NOFOLLOW, 0600 from the first byte, chmod ``mode``, fsync, rename."""
     path = request["path"]
     folder, base = os.path.split(path)
     tmp = os.path.join(folder, f".{base}.{os.urandom(6).hex()}.tmp")
@@ -357,19 +335,16 @@ def _write(request):
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     return {}
 
 
 def _mkdir(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """``mkdir -p`` whose new folders are 0700 (whatever the umask). Each folder it makes,
-    or finds made meanwhile, must be a real folder of ours that nobody else may write, and
-    so must ``path`` itself when ``private`` (EPERM naming it otherwise)."""
+    """As node/files.make_dirs: ``mkdir -p`` with 0700 folders, each verified ours (EPERM),
+    and so an existing ``path`` when ``private``."""
     path, private = request["path"].rstrip("/") or "/", bool(request.get("private"))
     missing = []
     while path and not os.path.lexists(path):
@@ -380,10 +355,8 @@ def _mkdir(request):
         path = parent
     _refuse_foreign_links(path)
     for folder in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
         _refuse_untrusted_dir(folder)
     if private and not missing:
         _refuse_untrusted_dir(path)
@@ -396,11 +369,9 @@ AWAIT_LIMIT = 1 << 14  # bytes of the awaited file answered (a lock's holder rec
 
 def _await(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """Wait here until ``path`` holds ``needle`` (a lock's holder record with our token,
-    renamed into place by the holder): the controller learns it in one round trip, as
-    soon as it lands, instead of at the next look of a backing-off poll. Looks every
-    5 ms at first, up to every 0.1 s (a lock another run holds for minutes is not opened
-    hundreds of times a second); answers what the file holds when found or timed out."""
+    """Wait here until ``path`` holds ``needle`` (a lock holder's record with our token):
+    one round trip as soon as it lands. Looks every 5 ms, backing off to 0.1 s; answers
+    what the file holds when found or timed out."""
     needle = str(request["needle"]).encode()
     end = time.monotonic() + min(float(request.get("timeout") or 0), AWAIT_MAX)
     pause = 0.005
@@ -419,19 +390,16 @@ def _await(request):
 
 def _remove(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """``rm -f``: unlink never follows a link (the link itself goes); absent is fine."""
-    try:
+    """``rm -f`` of ``path``: a link itself goes, never what it points to; absent is fine."""
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(request["path"])
-    except FileNotFoundError:
-        pass
     return {}
 
 
 def _batch(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """Several file operations in one round trip, in order, each exactly as alone (the
-    same checks: verified 0700 folders, O_EXCL|O_NOFOLLOW writes). Stops after the first
-    that fails: a later one may need it (a write into the folder a mkdir makes)."""
+    """Several file operations ("ops", no "id") in one round trip, in order, each exactly
+    as alone: "answers", one per op done, stopping after the first that fails."""
     answers = []
     for op in request.get("ops") or []:
         if not isinstance(op, dict) or op.get("op") not in BATCHED:
@@ -461,8 +429,7 @@ def _answer(request):
 
 def one_op():
     # type: () -> None
-    """One file operation (a JSON request on stdin, its answer on stdout): what a shell
-    without a relay runs for each write and mkdir (commands.OneOpFiles)."""
+    """One file operation, JSON in on stdin and out on stdout (commands.OneOpFiles)."""
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     sys.stdout.write(json.dumps(_answer(request)) + "\n")
 

@@ -1,22 +1,12 @@
 """reports.jsonl as the node appends to it: whole lines, flushed at once, fsynced in batches.
 
-Each line goes to the kernel with one ``write`` on an O_APPEND descriptor as soon as it is
-made, so the controller can read the file while it grows, a killed worker process (SIGKILL,
-a segfault, the OOM killer) loses nothing it wrote, and a torn last line is the only damage
-any crash can do. What ``fsync`` adds is durability against the machine itself going down
-and, on a shared file system, that the file server has the lines now rather than when the
-client's cache writes them back (seconds to tens of seconds). It costs about half a
-millisecond a line, and a test writes six lines: more than a trivial test itself. So:
-
-- a line is fsynced (with all before it) when it comes ``SYNC_EVERY`` seconds or more after
-  the last fsync, or when its writer says it must be (``append(..., sync=True)``: the worker
-  does so for a test's start when the test before it took ``SYNC_EVERY`` or longer, so a
-  slow suite fsyncs once per test, as a slow test's neighbours are then seen at once);
-- the file is always fsynced before it is closed (a session's end, a served batch's end).
-
-An OS crash or a node failure may lose what was written since the last fsync (at most
-``SYNC_EVERY`` seconds of a fast suite, or a slow test's setup report while it runs); the
-controller then treats those tests as never reported, as for any job that died.
+Each line is one ``write`` on an O_APPEND descriptor: the controller reads the file as it
+grows, a killed worker loses nothing it wrote, and a torn last line is the only damage a
+crash can do. fsync (half a millisecond a line, six lines a test) is what makes the lines
+survive the machine and reach a shared file system's server: a line is fsynced when the
+last fsync is ``SYNC_EVERY`` old or its writer asks (a test's start after a slow test),
+and the file always before it is closed. A node failure may lose the rest: those tests
+count as never reported.
 """
 
 from __future__ import annotations
@@ -42,8 +32,7 @@ class ReportFile:
 
     @staticmethod
     def _open(path: Path) -> int:
-        """Appends to ``path`` only when it is a regular file of ours that nobody else may
-        write (a link or a file someone planted is refused: UntrustedPath naming it)."""
+        """``path`` opened to append, refused (UntrustedPath) unless our own regular file."""
         make_dirs(path.parent)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
@@ -64,8 +53,7 @@ class ReportFile:
         return self._fd < 0
 
     def append(self, line: bytes, *, sync: bool = False) -> None:
-        """``line`` (ending in a newline) in one write; fsynced if ``sync`` or when the
-        last fsync is ``SYNC_EVERY`` old."""
+        """``line`` in one write; fsynced if ``sync`` or the last fsync is ``SYNC_EVERY`` old."""
         os.write(self._fd, line)
         self._dirty = True
         if sync or time.monotonic() - self._synced_at >= SYNC_EVERY:
@@ -80,8 +68,7 @@ class ReportFile:
         self._synced_at = time.monotonic()
 
     def reopen(self, path: Path, notice: str | None = None) -> None:
-        """Write to another file from now on (a served batch's own reports.jsonl);
-        ``notice``: announce each line there (``files.announce``)."""
+        """Write to another file from now on, each line announced at ``notice``."""
         self.close()
         self._fd = self._open(path)
         self._notice = notice

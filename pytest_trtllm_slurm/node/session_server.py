@@ -1,12 +1,7 @@
-"""A worker session that serves batches (``--trtllm-worker-serve DIR``; target side).
-
-Started by the node's agent once per controller run, it collects the run's tests
-once, then, instead of running them, forks one child per batch request found in
-``DIR/inbox``: the child takes its GPUs (flock on node-local lock files, so two
-runs sharing the allocation never share a GPU; the lock dies with the process),
-points CUDA_VISIBLE_DEVICES at them, sends its output to the batch's log and its
-events to the batch's reports.jsonl, runs the items and exits. The batch pays a
-fork instead of an interpreter start, a pytest start and the suite's imports.
+"""A worker session that serves batches (``--trtllm-worker-serve DIR``; target side): started
+by the node's agent once per run, it collects once, then forks one child per batch request
+that takes its GPUs (flock on node-local files) and runs the items: a fork instead of an
+interpreter start, a pytest start and the suite's imports.
 """
 
 from __future__ import annotations
@@ -63,9 +58,8 @@ class GpuLeases:
 
 
 def one_node_job_env(gpu_ids: list[str]) -> dict[str, str]:
-    """What a one-shot job of a served batch's shape (one node, one task, these GPUs)
-    shows its test; the agent's own step describes the whole allocation. SLURM_JOB_ID
-    stays the allocation's (a job of its own would have another)."""
+    """The Slurm variables a one-node, one-task job with these GPUs shows its test (the
+    agent's step describes the whole allocation); SLURM_JOB_ID stays the allocation's."""
     node = os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODENAME", "")
     env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)}
     if not os.environ.get("SLURM_JOB_ID"):  # not under Slurm (a local agent): nothing more
@@ -101,8 +95,6 @@ class SessionServer:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        # every item collected, whatever the suite's own selection kept on this side: a
-        # batch runs what the controller's collection selected
         self.items = self.writer.candidates(session)
         lock_dir = os.environ.get(GPU_LOCKS_ENV)
         self.session = session
@@ -139,8 +131,7 @@ class SessionServer:
         # (node id, key) pairs; a bare list of node ids names tests by their own ids
         wanted = assignment.parse(request.get("tests", request.get("nodeids", [])))
         if not self.writer.wanted and any(key not in self.items for _, key in wanted):
-            # collected from the run's arguments, and they did not give this test here:
-            # the controller sends the batch to a session that collects it by key
+            # not collected from the run's arguments: the controller re-sends it elsewhere
             return EARLY_MISS
         for key, value in (request.get("env") or {}).items():
             os.environ[key] = value
@@ -167,17 +158,10 @@ class SessionServer:
             self.writer.close()
         return status
 
-
     def _own_basetemp(self, name: str) -> None:
-        """A --basetemp is emptied by whoever uses it first: batches that run side by side
-        get their own folder below it (as pytest-xdist's workers do)."""
+        """Batches side by side get their own folder below --basetemp (as xdist's workers)."""
         factory = getattr(self.config, "_tmp_path_factory", None)
         given = getattr(factory, "_given_basetemp", None)
         if factory is not None and given is not None:
             factory._given_basetemp = Path(given) / name
             factory._basetemp = None
-
-
-def register(config: pytest.Config, serve_dir: str, writer: Any) -> None:
-    config.pluginmanager.register(SessionServer(config, Path(serve_dir), writer),
-                                  "trtllm-slurm-session-server")

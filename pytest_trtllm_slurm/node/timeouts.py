@@ -1,10 +1,6 @@
-"""pytest-timeout's thread method in a worker: the test that ran too long is reported.
-
-``--timeout-method=thread`` ends the process with ``os._exit(1)``, which the controller
-would take for a crash. The worker sets the timer itself (``pytest_timeout_set_timer``):
-when it fires, the test's missing phases go to ``reports.jsonl`` as "Timeout" failures,
-then pytest-timeout's handler dumps the stacks and ends the process as usual (the
-controller re-runs the batch's remaining tests). Stdlib and pytest only.
+"""pytest-timeout's thread method in a worker: its ``os._exit(1)`` would read as a crash, so
+the worker sets the timer itself and, when it fires, reports the test's missing phases as
+"Timeout" failures before pytest-timeout's handler ends the process.
 """
 
 from __future__ import annotations

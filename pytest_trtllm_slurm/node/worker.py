@@ -1,10 +1,6 @@
-"""The plugin loaded on the target (``-p pytest_trtllm_slurm.node.worker``).
-
-It narrows the session to the node ids the controller sent (in a file, never
-on a command line) and appends every event to ``reports.jsonl``: one JSON
-object per line, written with a single ``write`` at once (fsynced in batches:
-``report_file``), so the controller can read it incrementally while the batch
-runs and a torn last line is the only damage a crash can do.
+"""The plugin loaded on the target (``-p pytest_trtllm_slurm.node.worker``): it runs the node
+ids the controller sent (in a file) and appends every event to ``reports.jsonl``, one JSON
+line per write (``report_file``).
 """
 
 from __future__ import annotations
@@ -20,12 +16,11 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.node import item_key, records
+from pytest_trtllm_slurm.node.artefacts import BatchArtefacts, point_coverage_at
 from pytest_trtllm_slurm.node.assignment import Assignment, key_path, loads
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
-from pytest_trtllm_slurm.node.protocol import (  # noqa: F401
-    RECORD_VERSION,
-    WORKER_OUTPUTS_FLAG,
-)
+from pytest_trtllm_slurm.node.gate import gate_from_env, rank_and_size
+from pytest_trtllm_slurm.node.protocol import RECORD_VERSION, WORKER_OUTPUTS_FLAG  # noqa: F401
 from pytest_trtllm_slurm.node.report_file import SYNC_EVERY, ReportFile
 
 WORKER_ENV = "TRTLLM_SLURM_WORKER"
@@ -53,8 +48,6 @@ class ReportWriter:
         self.config = config
         self._file = ReportFile(path)
         self._last_start = time.monotonic()  # when the last test started
-        from pytest_trtllm_slurm.node.gate import rank_and_size
-
         # only rank 0 writes when several ranks run the same batch (launch=mpi)
         self.enabled = rank_and_size()[0] == 0
         self.wanted: Assignment = []  # (controller's node id, key) of the tests to run
@@ -63,25 +56,23 @@ class ReportWriter:
         self.marked: MarkedLines | None = None  # pytest's terminal output, marked
         self._test: records.ItemRecord | None = None  # the running test's line, unwritten
 
-    def _bundle(self, nodeid: str) -> records.ItemRecord:
-        """The running test's line (``records.item``), begun for ``nodeid`` if need be."""
+    def _bundle(self, nodeid: str, *, unfinished: bool = False) -> records.ItemRecord:
+        """The running test's line (``records.item``), begun for ``nodeid`` if need be
+        (``unfinished``: also when its attempt ended: what follows gets its own line)."""
         bundle = self._test
-        if bundle is None or bundle["nodeid"] != nodeid or bundle["done"]:
+        if (bundle is None or bundle["nodeid"] != nodeid or bundle["done"]
+                or (unfinished and bundle["finish"])):
             self.flush()
             bundle = self._test = records.item(nodeid, [], finish=False, done=False)
         return bundle
 
     def flush(self, *, sync: bool = False) -> None:
-        """Write the running test's line, if it has anything: before any other record, so
-        that lines keep the order of the events (an xml attribute before the teardown
-        report that closes its junit testcase, a warning where it came)."""
+        """Write the running test's line, if any, before any other record (events in order)."""
         bundle, self._test = self._test, None
         if bundle is not None and (bundle["reports"] or bundle["finish"] or bundle["done"]):
             self._write(bundle, sync)
 
     def reopen(self, path: Path, notice: str | None = None) -> None:
-        """Write to another file from now on (a served batch's own reports.jsonl; each
-        line announced at ``notice``)."""
         self._file.reopen(path, notice)
 
     def close(self) -> None:
@@ -89,8 +80,7 @@ class ReportWriter:
         self._file.close()
 
     def emit(self, record: Mapping[str, Any], *, sync: bool = False) -> None:
-        """One record (built by ``node.records``) as one line, after the running test's
-        line; ``sync``: on disk now (see ``report_file``)."""
+        """One record as one line, after the running test's; ``sync``: fsynced now."""
         self.flush()
         self._write(record, sync)
 
@@ -99,10 +89,8 @@ class ReportWriter:
             return
         self._file.append((_encode(record) + "\n").encode(), sync=sync)
 
-    # -- selection -------------------------------------------------------
     def pytest_itemcollected(self, item: pytest.Item) -> None:
-        """Every item collected, before any plugin selected or reordered: the worker runs
-        what the controller's collection selected, never a selection of its own."""
+        """Every item, before any plugin selected: the controller's collection selects."""
         self.collected.append(item)
 
     def candidates(self, session: pytest.Session) -> dict[str, list[pytest.Item]]:
@@ -113,9 +101,8 @@ class ReportWriter:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """After every plugin's ``pytest_collection_modifyitems`` (their markers, waives'
-        skips included, stay on the items): exactly the assigned tests, in the assigned
-        order, under the controller's node ids; a test not found fails alone."""
+        """After every plugin's ``pytest_collection_modifyitems`` (their markers stay):
+        the assigned tests in order under the controller's ids; one not found fails alone."""
         if not self.wanted:
             return
         items, missing = item_key.pick(self.wanted, self.candidates(session))
@@ -123,7 +110,6 @@ class ReportWriter:
         if missing:
             self.emit(records.missing(missing, str(self.config.rootpath)))
 
-    # -- events ----------------------------------------------------------
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
@@ -136,8 +122,7 @@ class ReportWriter:
         now = time.monotonic()  # after a slow test, its end and this start are fsynced now
         self.emit(records.start(nodeid, location), sync=now - self._last_start >= SYNC_EVERY)
         self._last_start = now
-        # a line in the job log (progress), marked so the hang scan skips it; last, after
-        # pytest's own output (-v: the node id), so what the test prints starts a new line
+        # a marked progress line in the job log, after pytest's own (-v: the node id)
         shown = nodeid.replace("\r", "\\r").replace("\n", "\\n")
         if self.marked is not None:
             self.marked.line(f"START {shown}")
@@ -146,35 +131,22 @@ class ReportWriter:
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Written last, once every plugin here has seen the report: pytest's subtests
-        fail a passing test that holds failed ``subtests`` (not unittest ``subTest``) when
-        the terminal reporter asks its status, with a count kept in this process only; the
-        controller replays that verdict as it stands."""
+        """Written last, once every plugin here has seen the report (pytest's subtests
+        change a verdict then, with a count kept in this process only)."""
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        bundle = self._bundle(report.nodeid)
-        if bundle["finish"]:  # a report after the attempt's end: its own line, in order
-            self.flush()
-            bundle = self._bundle(report.nodeid)
-        bundle["reports"].append(data)
+        self._bundle(report.nodeid, unfinished=True)["reports"].append(data)
         if report.when != "teardown" and (report.failed or report.sections
                                           or report.duration >= SYNC_EVERY):
-            # what would be lost if the rest of the test hung or crashed the worker (the
-            # failure, the captured output, a slow setup's) goes out now; a quick quiet
-            # phase waits for the test's one line
+            # what a hang or crash would lose goes out now; a quick quiet phase waits
             self.flush()
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        bundle = self._bundle(nodeid)
-        if bundle["finish"]:
-            self.flush()
-            bundle = self._bundle(nodeid)
-        bundle["finish"] = True
+        self._bundle(nodeid, unfinished=True)["finish"] = True
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-        """``done`` once the item's whole protocol returned: a plugin that runs a test
-        several times (pytest-rerunfailures) logs start..finish once per attempt, and
-        only this says that no attempt follows (pytest-xdist's runtest_protocol_complete)."""
+        """``done`` once the item's whole protocol returned: no attempt follows (a plugin
+        such as pytest-rerunfailures logs start..finish once per attempt)."""
         try:
             return (yield)
         finally:
@@ -203,19 +175,14 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
         os.makedirs(folder, mode=0o700, exist_ok=True)  # before the suite's conftests run
     reports = getattr(early_config.known_args_namespace, "trtllm_worker_reports", None)
     if reports:
-        from pytest_trtllm_slurm.node.artefacts import point_coverage_at
-        from pytest_trtllm_slurm.node.gate import rank_and_size
-
         point_coverage_at(Path(reports).parent, rank_and_size()[0])
     return (yield)
 
 
 def forward_suite_properties(config: pytest.Config, writer: ReportWriter) -> None:
-    """Each suite property also goes to the controller: the target's junit.xml is not the
-    one the user reads. Every way in goes through the junit writer's
-    ``add_global_property``: pytest's ``record_testsuite_property`` and plugins that call
-    it themselves (hypothesis records each test's statistics there). A session without a
-    junit file of its own (a warm worker's) gets ``SuiteProperties`` in its place."""
+    """Each suite property (every way in goes through the junit writer's
+    ``add_global_property``) also goes to the controller, whose junit.xml the user reads;
+    a session without a junit file (a warm worker's) gets ``SuiteProperties`` instead."""
     from _pytest.junitxml import xml_key
 
     xml = config.stash.get(xml_key, None)
@@ -235,9 +202,7 @@ def forward_suite_properties(config: pytest.Config, writer: ReportWriter) -> Non
 
 
 class SuiteProperties:
-    """What a session without a junit file offers of pytest's junit writer: suite
-    properties (sent to the controller) and per-test reporters whose attributes the
-    ``record_xml_attribute`` fixture sends (``JunitRecorders``)."""
+    """pytest's junit writer for a session without a junit file: all to the controller."""
 
     def __init__(self, writer: ReportWriter, family: str) -> None:
         self.writer = writer
@@ -261,9 +226,7 @@ class _NoTestcase:
 
 
 class JunitRecorders:
-    """pytest's ``record_xml_attribute``, also sent to the controller: the target's
-    junit.xml is not the one the user reads. It wraps pytest's own fixture, so its
-    warnings and checks stay pytest's."""
+    """pytest's ``record_xml_attribute``, wrapped: also sent to the controller."""
 
     def __init__(self, writer: ReportWriter) -> None:
         self.writer = writer
@@ -282,8 +245,7 @@ class JunitRecorders:
 
 
 class MarkedLines:
-    """pytest's own terminal output in the job log, each line starting with ``LOG_MARK``:
-    the hang scan reads only the test's own output, never a node id pytest printed."""
+    """pytest's own terminal output, each line marked (``LOG_MARK``): the hang scan skips it."""
 
     def __init__(self, file: Any) -> None:
         self._file = file
@@ -314,9 +276,7 @@ class MarkedLines:
 
 
 def drop_absent_files(config: pytest.Config) -> None:
-    """The files to collect that this side lacks leave the command line (pytest would end
-    the whole session: "file or directory not found"): their tests are reported missing,
-    each failing alone with the reason."""
+    """Files this side lacks leave the command line: their tests fail alone as missing."""
     here = Path(config.invocation_params.dir)
     absent = {arg for arg in config.args if not (here / key_path(str(arg))).exists()}
     for arg in sorted(absent):
@@ -349,11 +309,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.pluginmanager.register(ThreadTimeouts(writer, timeout_plugin),
                                       "trtllm-slurm-thread-timeouts")
-    from pytest_trtllm_slurm.node.artefacts import (
-        BatchArtefacts,  # coverage and benchmark data come back
-    )
-
-    config.pluginmanager.register(
+    config.pluginmanager.register(  # coverage and benchmark data come back
         BatchArtefacts(config, Path(reports).parent, enabled=writer.enabled),
         "trtllm-slurm-artefacts")
     # registered after every other plugin, so these fixtures override theirs
@@ -367,15 +323,12 @@ def pytest_configure(config: pytest.Config) -> None:
     terminal = getattr(reporter, "_tw", None)
     if terminal is not None and hasattr(terminal, "_file"):
         terminal._file = writer.marked = MarkedLines(terminal._file)
-    from pytest_trtllm_slurm.node.gate import (
-        gate_from_env,  # a step launched before its GPUs were free
-    )
-
-    gate = gate_from_env()
+    gate = gate_from_env()  # a step launched before its GPUs were free
     if gate is not None:
         config.pluginmanager.register(gate, "trtllm-slurm-gate")
     serve_dir = config.getoption("trtllm_worker_serve")
     if serve_dir:
-        from pytest_trtllm_slurm.node.session_server import register
+        from pytest_trtllm_slurm.node.session_server import SessionServer
 
-        register(config, serve_dir, writer)
+        config.pluginmanager.register(SessionServer(config, Path(serve_dir), writer),
+                                      "trtllm-slurm-session-server")

@@ -1,7 +1,5 @@
-"""xdist's ``worker_id`` and ``testrun_uid`` for a test dispatched from an xdist worker
-(``PYTEST_XDIST_*``, read when the fixture runs: a session's batches may come from
-different workers); without them, xdist's own. Module-level functions: pytest 10 refuses
-session-scoped fixtures defined as instance methods.
+"""xdist's ``worker_id`` and ``testrun_uid`` for a test dispatched from an xdist worker, read
+when the fixture runs (module-level: pytest 10 refuses session fixtures as methods).
 """
 
 from __future__ import annotations
