@@ -1,22 +1,10 @@
 """The controller's end of the login-node relay (``node/relay.py``): one channel per run.
 
-Why: a command on its own SSH channel is a new sshd session (PAM, the login shell), a
-fifth of a second or more each; through the relay it is one JSON line each way. The
-relay also pushes what is appended to the files the monitor watches, so the monitor
-learns of a report without a round trip and wakes as soon as one lands.
-
-What it guarantees: the pushed bytes are kept by their absolute offset in the file, so a
-reader that asks for an offset the pushes do not cover (the relay died, the reader read
-ahead through SFTP) is told ``None`` and reads the file itself: nothing is lost or read
-twice, whatever the channel does. Commands' input, output and environment never touch
-the disk (they ride the channel only).
-
-Bounded: the relay pushes a file at most ``relay.PUSH_WINDOW`` bytes ahead of what the
-reader took (acknowledged as it reads); pushed bytes held past twice that (a relay that
-does not keep the window) are dropped and the file is read itself. A streamed stdin is
-sent at most ``relay.STDIN_WINDOW`` bytes ahead of what the command was given. A line
-from the relay longer than ``MAX_MESSAGE`` ends the channel (commands fall back to SFTP
-and their own channels), and the lines are split in time linear in the bytes received.
+A command on its own channel is a new sshd session (a fifth of a second or more); here it
+is one JSON line each way, and appended bytes of watched files are pushed. Pushes are kept
+by absolute offset: an offset they do not cover answers None and the reader reads the file
+(nothing lost or read twice). Bounded: ``relay.PUSH_WINDOW`` ahead per file (dropped past
+twice that), ``relay.STDIN_WINDOW`` of streamed stdin, ``MAX_MESSAGE`` per line.
 """
 
 from __future__ import annotations
@@ -223,14 +211,18 @@ class RelayChannel:
         self._fail_pending()
 
     # -- requests -------------------------------------------------------------------
+    def _register(self) -> tuple[int, _Pending]:
+        ident, pending = next(self._ids), _Pending()
+        with self._lock:
+            self._pending[ident] = pending
+        return ident, pending
+
     def call(self, message: dict[str, Any], wait: float | None = None) -> dict[str, Any] | None:
         """Send one request and wait for its answer (None: none within ``wait`` seconds);
         RelayLost when the channel ends first."""
-        ident = next(self._ids)
-        pending = _Pending()
+        ident, pending = self._register()
         began = time.monotonic()
         with self._lock:
-            self._pending[ident] = pending
             self.requests[message["op"]] = self.requests.get(message["op"], 0) + 1
         try:
             self._send({**message, "id": ident})
@@ -247,7 +239,7 @@ class RelayChannel:
 
     def file_op(self, op: str, **fields: Any) -> dict[str, Any]:
         """A file operation in one round trip (read, size, write, mkdir); OSError as the
-        login node raised it."""
+        login node raised it (for a batch: the batch itself was refused)."""
         answer = self.call({"op": op, **fields}, FILE_OP_WAIT)
         if answer is None:
             raise RelayLost()  # stuck (a hung file system): the caller tries SFTP
@@ -259,12 +251,7 @@ class RelayChannel:
         """Several file operations in one round trip, done in order on the login node
         (``relay.BATCHED``): one answer per op done, the last with "errno" when one
         failed (the relay does none after it). RelayLost as ``file_op``."""
-        answer = self.call({"op": "batch", "ops": ops}, FILE_OP_WAIT)
-        if answer is None:
-            raise RelayLost()
-        if "errno" in answer:  # the batch itself was refused
-            raise OSError(int(answer["errno"]), str(answer.get("error", "")))
-        return list(answer.get("answers") or [])
+        return list(self.file_op("batch", ops=ops).get("answers") or [])
 
     def run(self, argv: list[str], *, timeout: float | None, input: str | None,
             env: dict[str, str] | None, cwd: str | None) -> CommandResult:
@@ -273,20 +260,15 @@ class RelayChannel:
                             "input": input, "timeout": timeout},
                            None if timeout is None else timeout + ANSWER_GRACE)
         if answer is None:
-            return CommandResult(tuple(argv), 124, "", "no answer from the relay",
-                                 timed_out=True)
-        return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
-                             str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
+            return _no_answer(argv)
+        return _result(argv, answer)
 
     def run_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                    timeout: float | None, cwd: str | None) -> tuple[CommandResult,
                                                                   BaseException | None]:
         """Run ``argv`` with ``producer(stdin)`` streaming into it (a tar or git bundle);
         also what the producer raised, if it did. RelayLost when the channel ends first."""
-        ident = next(self._ids)
-        pending = _Pending()
-        with self._lock:
-            self._pending[ident] = pending
+        ident, pending = self._register()
         error: BaseException | None = None
         try:
             self._send({"op": "run", "id": ident, "argv": list(argv), "env": None,
@@ -302,17 +284,13 @@ class RelayChannel:
             self._send({"op": "stdin", "id": ident, "eof": True})
             wait = None if timeout is None else timeout + ANSWER_GRACE
             if not pending.done.wait(wait):
-                return CommandResult(tuple(argv), 124, "", "no answer from the relay",
-                                     timed_out=True), error
+                return _no_answer(argv), error
         finally:
             with self._lock:
                 self._pending.pop(ident, None)
-        answer = pending.answer
-        if answer is None:
+        if pending.answer is None:
             raise RelayLost()
-        return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
-                             str(answer.get("err", "")),
-                             timed_out=bool(answer.get("timed_out"))), error
+        return _result(argv, pending.answer), error
 
     # -- pushed files ---------------------------------------------------------------
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
@@ -480,6 +458,15 @@ class RelayChannel:
             item.done.set()  # answer None: RelayLost
         with self._news:
             self._news.notify_all()
+
+
+def _result(argv: list[str], answer: dict[str, Any]) -> CommandResult:
+    return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
+                         str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
+
+
+def _no_answer(argv: list[str]) -> CommandResult:
+    return CommandResult(tuple(argv), 124, "", "no answer from the relay", timed_out=True)
 
 
 def _paths(message: dict[str, Any]) -> str:
