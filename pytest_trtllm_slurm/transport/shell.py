@@ -1,8 +1,5 @@
-"""Where commands run: the local machine or, later, an SSH host.
-
-Every executor talks to a Shell, so Slurm recipes are written once and run
-locally (LocalShell) or remotely (SSHShell). Commands are argv lists; nothing
-is ever joined into a shell string without shlex.quote.
+"""Where commands run: this machine (LocalShell) or an SSH host, behind one Shell protocol;
+commands are argv lists, never joined into a shell string without shlex.quote.
 """
 
 from __future__ import annotations

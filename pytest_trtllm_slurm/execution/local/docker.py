@@ -1,11 +1,8 @@
 """local_docker: run a batch in a local container (``docker run`` or ``podman run``).
 
-Like local_direct, with the worker inside the JobSpec's image (``containers.engine_run_argv``:
-host paths kept, the plugin mounted read-only). The image must already be in the engine's
-store (``--pull=never``; a missing one is a ConfigError before the first run). Each job
-gets a disjoint slice of this machine's GPUs and waits for it. Hang, timeout, cancel and
-close: ``rm -f`` (again after the client's process group is killed, for a container made
-in the race); ``remove_orphans`` removes the containers of controllers that are gone.
+The worker runs inside the JobSpec's image (``containers.engine_run_argv``), which must be
+in the engine's store (``--pull=never``); each job gets a disjoint GPU slice. Hang, timeout,
+cancel and close: ``rm -f`` (again after the client is killed); ``remove_orphans``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """What the two local executors share: a job is one client process in its own process
-group, its output appended to the job log, GPUs handed out in disjoint slices.
-
-local_direct runs the worker itself; local_docker runs the engine's client, which runs
-the container. Both wait (PENDING) while their GPU slice is taken, and both kill the
-whole group on hang, timeout or Ctrl-C.
+group (killed whole on hang, timeout or Ctrl-C), its output appended to the job log, GPUs
+handed out in disjoint slices (a job waits PENDING for its slice).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""What a remote checkout holds, read in one round trip (the code sync's first look).
-
-Why: every SSH command costs a round trip (about half a second on the dev cluster's sshd),
-so the sync asks once for all it needs to decide what to send: whether the checkout exists,
-its HEAD and branch, its refs (what a bundle may leave out), the record the last sync left
-there (``SYNC_RECORD``: the commit and each shipped untracked file's blob id) and ``git status``
-(tracked edits and files no sync put there, ``work_dirs`` left out). With the record, a sync
-with no change sends nothing.
+"""What a remote checkout holds, read in one round trip (the code sync's first look): whether
+it exists, its HEAD, branch and refs, the last sync's record (``SYNC_RECORD``) and ``git
+status``; with the record, a sync with no change sends nothing.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""A remote cluster's SSH connection opened before pytest imports the suite.
-
-Why: connecting (the SSH handshake, the login-node relay's start: a login shell and a
-python3) takes about half a second to a second, and a run has nothing else to do while
-it waits for it. Started from ``pytest_load_initial_conftests`` in a thread, it overlaps
-the import of the suite's conftests, collection and planning; ``RemoteClusters`` takes it
-on its first use of that cluster. Only for a cluster named by ``--slurm-cluster`` that
-logs in with a key and nothing typed (paramiko, ``mfa = false``): a prompt for a one-time
-code must never come from a thread in the middle of collection. A failure here is kept
-quiet: the run connects again the usual way, and reports the error then.
+"""A remote cluster's SSH connection (and relay) opened in a thread before pytest imports
+the suite, overlapping import, collection and planning; ``RemoteClusters`` takes it. Only
+for logins that need nothing typed (paramiko, ``mfa = false``); a failure stays quiet and
+the run connects again the usual way.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""remote_slurm: the same SlurmExecutor, over an SSH shell, with paths mapped.
-
-Nothing Slurm-specific lives here. A JobSpec is written by the controller with local
-paths; before submission every local path prefix (the rootdir, the work root) is
-replaced by its remote counterpart and the interpreter by the cluster's, the node-id
-file and job_spec.json are written on the cluster, and the Slurm executor runs the
-mapped spec. The monitor then reads reports and logs through the SSH shell by offset.
+"""remote_slurm: the same SlurmExecutor over an SSH shell, with the JobSpec's local path
+prefixes (rootdir, work root) and interpreter mapped to the cluster's before submission.
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
-"""Code sync to a remote checkout (seed Step 4): a snapshot commit for tracked changes, a
-tar stream for untracked files.
+"""Code sync to a remote checkout: tracked changes as a snapshot commit, untracked files as
+a tar stream; only what the remote lacks is sent.
 
-The snapshot commit is built with a private index file (``GIT_INDEX_FILE`` + ``add -u`` +
-``write-tree`` + ``commit-tree``), so the user's branch, index, working tree, stash and refs
-(remote-tracking ones included) are never touched -- even when a step fails halfway.
-
-How the snapshot travels (``via``):
-
-- ``"ssh"`` (``sync = "git"``, the default): as a git bundle over the run's own SSH
-  connection, holding only the commits the remote checkout lacks, then ``git fetch
-  <bundle>`` there. Nothing reaches origin (it may be a public fork); origin is only read,
-  to clone the remote checkout the first time (an empty repository when it cannot be).
-- ``"origin"`` (``sync = "git-origin"``, the seed's way): pushed to origin as a temp branch,
-  fetched from there, and deleted from origin again.
-
-The remote checkout uses ``checkout -B <temp branch>`` so ``git status`` there names the
-snapshot; older temp branches of the same ``<user>_<name>_`` prefix are pruned from it.
-Untracked files are listed in the run's output before they are shipped; files that look
-like secrets (secret_files.looks_secret) are never shipped, nor uncommitted changes to
-tracked ones, unless ``ship_secrets`` (``sync_secrets = true``).
-
-Only what changed since the last sync is sent: the snapshot commit is deterministic (HEAD's
-date, so the same tree on the same HEAD is the same commit), the remote checkout keeps a
-record of what was synced (``.git/trtllm-sync.json``: the commit and each untracked file's
-blob id), and one round trip (``checkout_probe.probe``) tells what is there. When the
-remote is at the snapshot and holds nothing else, no commit is sent, nothing is checked
-out and only the untracked files whose content changed are shipped (removed ones are
-removed there).
-Leftovers on the remote (edits, files a session left) are stashed, and then
-every untracked file is shipped again.
+The snapshot is built in a private index (``GIT_INDEX_FILE``), so the user's branch, index,
+working tree, stash and refs are never touched. It travels as a git bundle over the run's
+SSH connection (``via="ssh"``; origin is only read, to clone the first time) or as a temp
+branch on origin (``via="origin"``), and is checked out there with ``checkout -B``. It is
+dated as HEAD is, so the same tree gives the same commit; ``.git/trtllm-sync.json`` records
+what was synced, and ``checkout_probe.probe`` reads it in one round trip. Leftovers on the
+remote are stashed first. Secret-looking files (``secret_files``) are never shipped unless
+``ship_secrets``.
 """
 
 from __future__ import annotations
@@ -256,11 +236,9 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     if remote.record != record:
         shell.write_file(Checkout(remote_repo).record, record.model_dump_json())
     if result.withheld and say is not None:
-        shown = ", ".join(result.withheld[:LISTED_NAMES])
-        more = len(result.withheld) - LISTED_NAMES
         say(f"code sync: NOT shipped to {shell.name} ({len(result.withheld)} file(s) that look "
             f"like secrets; set sync_secrets = true in the cluster's table to ship them): "
-            f"{shown}" + (f" and {more} more" if more > 0 else ""))
+            + _listed(result.withheld))
     result.seconds = round(time.monotonic() - start, 3)
     return result
 
@@ -392,12 +370,15 @@ def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
         raise
 
 
+def _clone(shell: Shell, remote_repo: str, url: str) -> CommandResult:
+    shell.mkdir(remote_repo.rstrip("/").rsplit("/", 1)[0] or "/")
+    return shell.run([*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
+                     timeout=3600, retry_on_drop=False)
+
+
 def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> bool:
     """Clone origin (read only) for the history; False, with a warning, when it cannot."""
-    parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
-    shell.mkdir(parent)
-    res = shell.run([*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
-                    timeout=3600, retry_on_drop=False)
+    res = _clone(shell, remote_repo, url)
     if res.ok:
         return True
     msg = (f"origin ({url}) could not be cloned on {shell.name} ({res.describe()}); the whole "
@@ -455,8 +436,7 @@ def _upload(shell: Shell, local: Path, remote: str) -> None:
     argv = ["sh", "-c", 'umask 077 && cat > "$1"', "sh", remote]
     res, _ = _stream(shell, argv, produce)
     if not res.ok:
-        raise ExecutionError(f"code sync to {shell.name} failed while sending the bundle to "
-                             f"{remote}: {res.describe()}; the local repository was not changed")
+        raise _failed(shell, f"sending the bundle to {remote}", res)
 
 
 def _toplevel(path: Path) -> Path:
@@ -518,23 +498,25 @@ def _keep_head_version(git: _Git, head: str, paths: list[str], env: dict[str, st
         check="keeping changes to secret-looking files out of the snapshot")
 
 
-def _remote(shell: Shell, argv: list[str], what: str, *, timeout: float = 300,
-            retry: bool = True) -> CommandResult:
-    res = shell.run(argv, timeout=timeout, retry_on_drop=retry)
+def _remote(shell: Shell, argv: list[str], what: str) -> CommandResult:
+    res = shell.run(argv, timeout=300)
     if not res.ok:
-        raise ExecutionError(f"code sync to {shell.name} failed while {what}: {res.describe()}; "
-                             "the local repository was not changed")
+        raise _failed(shell, what, res)
     return res
+
+
+def _failed(shell: Shell, what: str, res: CommandResult) -> ExecutionError:
+    return ExecutionError(f"code sync to {shell.name} failed while {what}: {res.describe()}; "
+                          "the local repository was not changed")
 
 
 def _ensure_clone(shell: Shell, remote_repo: str, url: str) -> bool:
     if shell.exists(Checkout(remote_repo).git):
         return False
-    parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
-    shell.mkdir(parent)
-    _remote(shell, [*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
-            f"cloning {url} into {remote_repo} (is origin reachable from there?)",
-            timeout=3600, retry=False)
+    res = _clone(shell, remote_repo, url)
+    if not res.ok:
+        raise _failed(shell, f"cloning {url} into {remote_repo} (is origin reachable from "
+                      "there?)", res)
     return True
 
 
@@ -571,8 +553,7 @@ def _remote_checkout(shell: Shell, repo: str, result: SyncResult, fetch: list[st
     if res.returncode == 12:
         raise ExecutionError(f"code sync to {shell.name}: {repo} is at {res.stdout.strip()} "
                              f"after checkout, expected {result.commit}")
-    raise ExecutionError(f"code sync to {shell.name} failed while {step or what}: "
-                         f"{res.describe()}; the local repository was not changed")
+    raise _failed(shell, step or what, res)
 
 
 def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
@@ -583,9 +564,8 @@ def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
     result.untracked_files = len(names)
     if not names:
         return
-    more = len(names) - LISTED_NAMES
     say(f"code sync: shipping {len(names)} untracked file(s) to {shell.name}:{remote_repo}: "
-        + ", ".join(names[:LISTED_NAMES]) + (f" and {more} more" if more > 0 else ""))
+        + _listed(names))
     top = git.top
 
     def produce(stream: IO[bytes]) -> None:
@@ -602,6 +582,11 @@ def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
     if not res.ok:
         raise ExecutionError(f"code sync to {shell.name} failed while unpacking untracked "
                              f"files: {res.describe()}")
+
+
+def _listed(names: list[str]) -> str:
+    more = len(names) - LISTED_NAMES
+    return ", ".join(names[:LISTED_NAMES]) + (f" and {more} more" if more > 0 else "")
 
 
 def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -1,10 +1,5 @@
-"""Remote cluster preparation: preflight checks and where things live on the remote side.
-
-Preflight (seed Step 3) runs before anything is submitted so a missing directory or
-missing Slurm tools are reported once, naming the host and the fix, instead of as
-failed jobs. Code sync (seed Step 4) lives in ``remote.sync``; the build (Step 5) is
-not done here.
-"""
+"""Remote cluster preparation: preflight (a missing directory or Slurm tool reported once,
+naming the host and the fix, not as failed jobs), where things live there, the sync."""
 
 from __future__ import annotations
 
@@ -23,6 +18,7 @@ from pytest_trtllm_slurm.execution.remote.checkout_guard import checkout_claimed
 from pytest_trtllm_slurm.execution.remote.sync import (
     PreparedSync,
     SyncResult,
+    Via,
     prepare_sync,
     push_sync,
     sync_workspace,
@@ -38,7 +34,7 @@ STATE_TOOLS = ("flock",)  # the shared allocation's locks on the cluster (util-l
 _MISSING = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 
 __all__ = ["PreflightResult", "RemotePaths", "SyncResult", "preflight", "remote_paths",
-           "remote_work_dir", "shared_state_dir", "sync_cluster", "sync_workspace", "toplevel"]
+           "remote_work_dir", "shared_state_dir", "sync_cluster", "sync_workspace", "prepare_for"]
 
 
 class PreflightResult(BaseModel):
@@ -56,12 +52,7 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
     """Check the remote working directory (create it when allowed) and the Slurm tools."""
     start = time.monotonic()
     host = shell.name
-    directory = cluster.user_root_dir or cluster.remote_cwd
-    if cluster.sync != "none" and not directory:
-        raise ConfigError(
-            f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: set "
-            "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
-        )
+    directory = _root_dir(cluster)
     tools = [*SLURM_TOOLS, *STATE_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
     folder = directory or ""
     # three independent looks: side by side where the shell takes commands from several
@@ -127,6 +118,17 @@ def _slurm_version(shell: Shell, cluster: ClusterConfig) -> str:
     return match.group(1) if match else res.stdout.strip()
 
 
+def _root_dir(cluster: ClusterConfig) -> str | None:
+    """user_root_dir (else remote_cwd); ConfigError when a syncing cluster has neither."""
+    directory = cluster.user_root_dir or cluster.remote_cwd
+    if cluster.sync != "none" and not directory:
+        raise ConfigError(
+            f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: set "
+            "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
+        )
+    return directory
+
+
 class RemotePaths(NamedTuple):
     """Where the repository and the run's work dirs live on the remote side."""
 
@@ -143,13 +145,7 @@ def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
     if cluster.sync == "none":
         repo = cluster.remote_cwd or str(top)
     else:
-        base = cluster.user_root_dir or cluster.remote_cwd
-        if not base:
-            raise ConfigError(
-                f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: "
-                "set user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
-            )
-        repo = f"{base.rstrip('/')}/{top.name}"
+        repo = f"{str(_root_dir(cluster)).rstrip('/')}/{top.name}"
     root = repo if rel in ("", ".") else f"{repo}/{rel}"
     return RemotePaths(repo, join(root, WORK_DIRS))
 
@@ -182,7 +178,15 @@ def _toplevel(path: Path) -> Path:
     return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path(path).resolve()
 
 
-toplevel = _toplevel  # the repository's top folder (the early start checks its code)
+def prepare_for(cluster: ClusterConfig, local_rootdir: Path, *, user: str,
+                name: str) -> PreparedSync:
+    """The local half of ``cluster``'s sync of the repository holding ``local_rootdir``."""
+    return prepare_sync(_toplevel(local_rootdir), user=user, name=name, via=_via(cluster),
+                        ship_secrets=cluster.sync_secrets)
+
+
+def _via(cluster: ClusterConfig) -> Via:
+    return "origin" if cluster.sync == "git-origin" else "ssh"
 
 
 def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,
@@ -196,15 +200,11 @@ def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, n
         return None
     paths = remote_paths(cluster, local_rootdir)
     who = user or cluster.user or getattr(getattr(shell, "target", None), "user", None) or "user"
-    def prepare() -> PreparedSync:
-        return prepare_sync(_toplevel(local_rootdir), user=who, name=name,
-                            via="origin" if cluster.sync == "git-origin" else "ssh",
-                            ship_secrets=cluster.sync_secrets)
-
     if runs is None:
         return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who,
-                              name=name, via="origin" if cluster.sync == "git-origin" else "ssh",
-                              ship_secrets=cluster.sync_secrets, say=say)
-    with checkout_claimed(runs, paths.remote_repo, prepare) as (prepared, sharing, probed):
+                              name=name, via=_via(cluster), ship_secrets=cluster.sync_secrets,
+                              say=say)
+    with checkout_claimed(runs, paths.remote_repo, lambda: prepare_for(
+            cluster, local_rootdir, user=who, name=name)) as (prepared, sharing, probed):
         return push_sync(prepared, shell, paths.remote_repo, say=say, shared=bool(sharing),
                          probed=probed)

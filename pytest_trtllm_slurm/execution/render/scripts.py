@@ -1,11 +1,6 @@
-"""Slurm script and command rendering: pure functions (no I/O), snapshot-tested.
-
-A one-shot batch becomes an sbatch script, a batch in a persistent allocation an
-``srun --jobid=<alloc>`` step started by a detached launcher (``step.sh``). Every value
-that reaches a shell is quoted or an argv element; node ids never reach a command line
-(the worker reads ``spec.nodeids_file``). Launch ``single``: one task on the first node,
-holding all the job's nodes (a multi-node test starts its own ranks); ``mpi``: one task
-per device, ``--mpi``, an optional launcher prefix; only rank 0 writes reports.
+"""Slurm script and command rendering: pure functions (no I/O), snapshot-tested. Every value
+that reaches a shell is quoted or an argv element; node ids never reach a command line.
+Launch ``single``: one task holding all the job's nodes; ``mpi``: one task per device.
 """
 
 from __future__ import annotations

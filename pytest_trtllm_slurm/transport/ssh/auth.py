@@ -1,10 +1,8 @@
 """SSH user authentication: key/agent, then (if the cluster wants it) a one-time code.
 
-``mfa = false``: key only; a failure is a configuration problem, never an MFA prompt.
-``mfa = true``: publickey, then keyboard-interactive answered with a one-time code.
-``mfa`` unset: key first; keyboard-interactive only when the server says that is what
-it still needs. The code is fetched per login and held only in a local variable:
-it never reaches disk, logs, exceptions or repr().
+``mfa = false``: key only; ``true``: then keyboard-interactive; unset: that only when the
+server asks. The code is fetched per login, held only in a local variable: it never
+reaches disk, logs, exceptions or repr().
 """
 
 from __future__ import annotations

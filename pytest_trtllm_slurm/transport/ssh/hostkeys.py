@@ -1,10 +1,8 @@
 """Host key checking against an OpenSSH known_hosts file (StrictHostKeyChecking semantics).
 
-An unknown key is refused unless the user opted in (``accept_new_host_key = true``,
-OpenSSH's ``accept-new``); a changed or revoked key is always refused. paramiko's
-auto-add policy is never used: it would silently trust whoever answers. A host
-certificate is accepted when an ``@cert-authority`` line for the host names its CA (see
-``hostcerts``); with no such line its key is checked as a plain key, as OpenSSH does.
+An unknown key is refused unless ``accept_new_host_key = true`` (``accept-new``); a changed
+or revoked key always is; paramiko's auto-add policy is never used. A host certificate is
+accepted when an ``@cert-authority`` line names its CA (``hostcerts``).
 """
 
 from __future__ import annotations

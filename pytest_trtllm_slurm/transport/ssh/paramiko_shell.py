@@ -1,10 +1,7 @@
-"""SSHShell: the Shell protocol over one paramiko connection.
-
-Commands and file operations ride one relay channel per connection (``node/relay.py``),
-one round trip each, and it pushes the growth of watched files. Without it, a channel per
-command, SFTP for reads and the relay's code once per mkdir or write (``OneOpFiles``). A
-dropped connection is re-established with backoff on the next call; a command cut by the
-drop is re-run only when the caller allows it (``retry_on_drop``; sbatch must not be).
+"""SSHShell: the Shell protocol over one paramiko connection, commands and file operations
+on one relay channel (``node/relay.py``), else a channel per command and SFTP. A dropped
+connection is re-established with backoff; a cut command is re-run only with
+``retry_on_drop`` (sbatch must not be).
 """
 
 from __future__ import annotations

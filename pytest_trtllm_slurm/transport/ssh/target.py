@@ -1,9 +1,6 @@
-"""Where an SSH connection goes: one ``[clusters.NAME]`` table merged with ``~/.ssh/config``.
-
-Users already describe their clusters in ``~/.ssh/config`` (HostName, User, Port,
-IdentityFile, ProxyCommand, ProxyJump); the clusters file only needs ``ssh_host``.
-Values written in the clusters file win over ssh config, like ``ssh -p``/``-l``/``-i``
-win over the config file.
+"""Where an SSH connection goes: one ``[clusters.NAME]`` table merged with ``~/.ssh/config``
+(HostName, User, Port, IdentityFile, ProxyCommand, ProxyJump); values in the clusters file
+win, as ``ssh -p``/``-l``/``-i`` win over the config file.
 """
 
 from __future__ import annotations
