@@ -53,13 +53,9 @@ class LocalProcessExecutor(Executor):
         """Start ``job`` (its GPUs are taken already): call ``_spawn``."""
         raise NotImplementedError
 
-    def _exit_state(self, code: int) -> JobState:
-        """What a client exit code means."""
-        if code == 0:
-            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist="localhost")
-        reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else None
-        return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost",
-                        reason=reason)
+    def _exit_reason(self, code: int) -> str | None:
+        """Why a client's nonzero exit code failed the job (None: the code says it)."""
+        return f"killed by signal {signal.Signals(-code).name}" if code < 0 else None
 
     # -- shared -----------------------------------------------------------------
     def _try_start(self, job_id: str) -> None:
@@ -81,16 +77,9 @@ class LocalProcessExecutor(Executor):
         if banner:
             job.log.write(banner.encode())
             job.log.flush()
-        job.proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=job.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            pass_fds=tuple(pass_fds),
-        )
+        job.proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                                    stdout=job.log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, pass_fds=tuple(pass_fds))
 
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         states: dict[str, JobState] = {}
@@ -113,7 +102,10 @@ class LocalProcessExecutor(Executor):
             return JobState(status=JobStatus.RUNNING, nodelist="localhost")
         if job.cancelled:
             return JobState(status=JobStatus.CANCELLED, exit_code=code, nodelist="localhost")
-        return self._exit_state(code)
+        if code == 0:
+            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist="localhost")
+        return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost",
+                        reason=self._exit_reason(code))
 
     def _release(self, job: LocalJob) -> None:
         if job.log is not None:

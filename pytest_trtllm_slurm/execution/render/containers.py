@@ -49,13 +49,17 @@ def env_file_text(env: Mapping[str, str]) -> str:
     no expansion). A value with a newline cannot be written there: ValueError naming it."""
     lines = []
     for name, value in sorted(env.items()):
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        _check_name(name)
         if "\n" in value or "\r" in value or "\0" in value:
             raise ValueError(f"environment variable {name}: its value holds a line break or "
                              "NUL, which an engine's --env-file cannot carry; remove it")
         lines.append(f"{name}={value}\n")
     return "".join(lines)
+
+
+def _check_name(name: str) -> None:
+    if not _ENV_NAME.match(name):
+        raise ValueError(f"environment variable name {name!r} is not a valid name")
 
 
 def plugin_dir() -> str:
@@ -147,8 +151,7 @@ def container_env(
     first, and LLM_MODELS_ROOT = the models root unless the spec sets it."""
     env = dict(spec.env)
     for name in env:
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        _check_name(name)
     if include_plugin:
         old = env.get("PYTHONPATH")
         env["PYTHONPATH"] = PLUGIN_ROOT + (f":{old}" if old else "")
@@ -284,12 +287,8 @@ def engine_run_argv(
     No value on the command line: ``-e NAME`` (from the engine's environment), and the
     names the CLI reads itself (``client_sensitive``) from ``env_file`` (a pipe)."""
     img = positional_image(image or spec.container_image, spec.name)
-    argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never"]
-    for key, value in sorted((labels or {}).items()):
-        argv += ["--label", f"{key}={value}"]
-    if network:
-        argv.append(f"--network={network}")
-    argv += list(run_flags)
+    argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never",
+            *_run_options(labels, network, run_flags)]
     argv += gpu_flags(engine, gpu_ids, all_gpus)
     if user:
         argv += ["--user", user]
@@ -308,6 +307,14 @@ def engine_run_argv(
             argv += ["-e", name]
     argv.append(img)
     return argv + in_container_argv(spec.command if command is None else command, python)
+
+
+def _run_options(labels: Mapping[str, str] | None, network: str | None,
+                 run_flags: Sequence[str]) -> list[str]:
+    """The labels, network and flags of a ``run``, in that order."""
+    out = [arg for key, value in sorted((labels or {}).items())
+           for arg in ("--label", f"{key}={value}")]
+    return out + ([f"--network={network}"] if network else []) + list(run_flags)
 
 
 _WRAPPER = r"""# pytest-trtllm-slurm: one Slurm task run in a docker/podman container
@@ -378,20 +385,14 @@ def wrap_in_container(
     cancelled (the engine's daemon would keep it running)."""
     cli = list(cli or [runtime])
     image = positional_image(image, name_prefix)
-    run = ["--rm", "--pull=never"]
-    for key, value in sorted((labels or {}).items()):
-        run += ["--label", f"{key}={value}"]
-    if network:
-        run.append(f"--network={network}")
-    run += list(run_flags)
+    run = ["--rm", "--pull=never", *_run_options(labels, network, run_flags)]
     for m in mounts:
         parse_mount(m)
         run += ["-v", m]
     if workdir:
         run += ["-w", workdir]
     for name in env_names:
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        _check_name(name)
         run += ["-e", name]
     run.append(image)
     head = ["bash", script] if script else ["bash", "-c", _WRAPPER, "trtllm-container"]
