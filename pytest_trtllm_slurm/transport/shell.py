@@ -40,16 +40,9 @@ class Shell(Protocol):
 
     name: str
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout: float | None = 60,
-        input: str | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        retry_on_drop: bool = True,
-    ) -> CommandResult:
+    def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            retry_on_drop: bool = True) -> CommandResult:
         """Run argv. ``retry_on_drop=False`` marks a command that must not run twice
         (a submission): a remote shell then raises instead of re-running it after a
         dropped connection. Local shells ignore it."""
@@ -117,16 +110,8 @@ class LocalShell:
              env: dict[str, str] | None, cwd: str | None) -> CommandResult:
         full_env = {**os.environ, **env} if env else None
         try:
-            proc = subprocess.run(
-                argv,
-                input=input,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env=full_env,
-                cwd=cwd,
-                check=False,
-            )
+            proc = subprocess.run(argv, input=input, capture_output=True, text=True,
+                                  timeout=timeout, env=full_env, cwd=cwd, check=False)
         except FileNotFoundError as exc:
             return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found ({exc.strerror})")
         except subprocess.TimeoutExpired as exc:

@@ -86,21 +86,12 @@ def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -
 class ContainerExecutor(LocalProcessExecutor):
     """Runs JobSpecs in local containers (local_docker), docker or podman."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        cli: Sequence[str] | None = None,
-        engine_env: Mapping[str, str] | None = None,
-        gpu_ids: list[int] | None = None,
-        models_root: str | None = None,
-        run_flags: Sequence[str] | None = None,
-        extra_flags: Sequence[str] = (),
-        python: str = "python3",
-        network: str | None = "host",
-        user: str | None = "auto",
-        mount_plugin: bool = True,
-    ) -> None:
+    def __init__(self, engine: Engine, *, cli: Sequence[str] | None = None,
+                 engine_env: Mapping[str, str] | None = None, gpu_ids: list[int] | None = None,
+                 models_root: str | None = None, run_flags: Sequence[str] | None = None,
+                 extra_flags: Sequence[str] = (), python: str = "python3",
+                 network: str | None = "host", user: str | None = "auto",
+                 mount_plugin: bool = True) -> None:
         """
         engine: "docker" or "podman". cli: the argv prefix that reaches the engine (default
         ``[engine]``; e.g. ``["docker", "-H", "unix:///path/docker.sock"]``). engine_env:
@@ -131,9 +122,8 @@ class ContainerExecutor(LocalProcessExecutor):
         self._orphans_checked = False
 
     @classmethod
-    def from_local_env(
-        cls, local: LocalEnv, *, engine: str | None = None, **kwargs: object
-    ) -> ContainerExecutor:
+    def from_local_env(cls, local: LocalEnv, *, engine: str | None = None,
+                       **kwargs: object) -> ContainerExecutor:
         """The engine that answered the probe (docker first), or ``engine`` when forced."""
         chosen = engine or local.container_engine
         if not chosen:
@@ -160,10 +150,9 @@ class ContainerExecutor(LocalProcessExecutor):
 
     def _engine_once(self, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run(
-                [*self.cli, *args], capture_output=True, text=True, timeout=timeout,
-                stdin=subprocess.DEVNULL, env=self._env(), check=False,
-            )
+            return subprocess.run([*self.cli, *args], capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL, env=self._env(),
+                                  check=False)
         except FileNotFoundError as exc:
             return subprocess.CompletedProcess(args, 127, "", str(exc))
         except subprocess.TimeoutExpired as exc:

@@ -22,9 +22,8 @@ class PathMap:
     """Local path prefixes -> remote ones, longest first."""
 
     def __init__(self, pairs: dict[str, str], python: str) -> None:
-        self.pairs = sorted(
-            ((k.rstrip("/"), v.rstrip("/")) for k, v in pairs.items()), key=lambda kv: -len(kv[0])
-        )
+        self.pairs = sorted(((k.rstrip("/"), v.rstrip("/")) for k, v in pairs.items()),
+                            key=lambda kv: -len(kv[0]))
         self.python = python
 
     def text(self, value: str) -> str:
@@ -45,14 +44,8 @@ class PathMap:
     def spec(self, spec: JobSpec, interpreter: str) -> JobSpec:
         update: dict[str, object] = {
             name: self.text(getattr(spec, name))
-            for name in (
-                "rootdir",
-                "invocation_dir",
-                "work_dir",
-                "log_path",
-                "reports_path",
-                "nodeids_file",
-            )
+            for name in ("rootdir", "invocation_dir", "work_dir", "log_path", "reports_path",
+                         "nodeids_file")
             if getattr(spec, name)
         }
         update["command"] = self.argv(spec.command, interpreter=interpreter)

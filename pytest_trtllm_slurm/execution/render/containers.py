@@ -116,9 +116,8 @@ def _under(path: str, parent: str) -> bool:
     return p == q or q in p.parents
 
 
-def job_mounts(
-    spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
-) -> list[str]:
+def job_mounts(spec: JobSpec, *, models_root: str | None = None,
+               include_plugin: bool = True) -> list[str]:
     """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike): host paths
     kept, none inside an earlier one; the JobSpec's own mounts last, as given, each
     container path once."""
@@ -144,9 +143,8 @@ def job_mounts(
     return out
 
 
-def container_env(
-    spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
-) -> dict[str, str]:
+def container_env(spec: JobSpec, *, models_root: str | None = None,
+                  include_plugin: bool = True) -> dict[str, str]:
     """The job's environment inside a container: spec.env, PYTHONPATH with the plugin root
     first, and LLM_MODELS_ROOT = the models root unless the spec sets it."""
     env = dict(spec.env)
@@ -176,17 +174,10 @@ def workdir_of(spec: JobSpec) -> str:
 # --------------------------------------------------------------------------- pyxis
 
 
-def pyxis_args(
-    spec: JobSpec,
-    container_name: str,
-    *,
-    writable: bool = False,
-    mounts: Sequence[str] | None = None,
-    workdir: str | None = None,
-    image: str | None = None,
-    env_names: Sequence[str] | None = None,
-    models_root: str | None = None,
-) -> list[str]:
+def pyxis_args(spec: JobSpec, container_name: str, *, writable: bool = False,
+               mounts: Sequence[str] | None = None, workdir: str | None = None,
+               image: str | None = None, env_names: Sequence[str] | None = None,
+               models_root: str | None = None) -> list[str]:
     """pyxis flags for one srun of ``spec``, the image in enroot's form. ``env_names``
     None: those of ``container_env(spec)`` (pyxis lets the image's values win unless a name
     is in --container-env); the caller exports ``container_env(spec)`` before srun."""
@@ -207,15 +198,9 @@ def pyxis_args(
     return out
 
 
-def pyxis_setup_argvs(
-    job_id: str,
-    nodes: int,
-    image: str,
-    container_name: str,
-    mounts: Sequence[str] = (),
-    install_command: str | None = None,
-    workdir: str | None = None,
-) -> list[list[str]]:
+def pyxis_setup_argvs(job_id: str, nodes: int, image: str, container_name: str,
+                      mounts: Sequence[str] = (), install_command: str | None = None,
+                      workdir: str | None = None) -> list[list[str]]:
     """The setup steps of a persistent allocation, one task per node each: import the
     image as ``container_name`` (pyxis skips an existing one), ``ls`` every mount target
     (NFS/Lustre metadata cached), then ``install_command`` with ``--container-writable``
@@ -264,25 +249,13 @@ def gpu_flags(engine: Engine, gpu_ids: Sequence[int] | None, all_gpus: bool = Fa
     return out
 
 
-def engine_run_argv(
-    engine: Engine,
-    spec: JobSpec,
-    *,
-    name: str,
-    cli: Sequence[str] | None = None,
-    image: str | None = None,
-    run_flags: Sequence[str] = (),
-    gpu_ids: Sequence[int] | None = None,
-    all_gpus: bool = False,
-    mounts: Sequence[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    env_file: str | None = None,
-    network: str | None = "host",
-    user: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    python: str = "python3",
-    command: Sequence[str] | None = None,
-) -> list[str]:
+def engine_run_argv(engine: Engine, spec: JobSpec, *, name: str, cli: Sequence[str] | None = None,
+                    image: str | None = None, run_flags: Sequence[str] = (),
+                    gpu_ids: Sequence[int] | None = None, all_gpus: bool = False,
+                    mounts: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                    env_file: str | None = None, network: str | None = "host",
+                    user: str | None = None, labels: Mapping[str, str] | None = None,
+                    python: str = "python3", command: Sequence[str] | None = None) -> list[str]:
     """``<engine> run --rm --name NAME --pull=never ... IMAGE <worker argv>`` for one batch.
     No value on the command line: ``-e NAME`` (from the engine's environment), and the
     names the CLI reads itself (``client_sensitive``) from ``env_file`` (a pipe)."""
@@ -361,22 +334,13 @@ def wrapper_script() -> str:
     return _WRAPPER
 
 
-def wrap_in_container(
-    argv: Sequence[str],
-    runtime: Engine,
-    image: str,
-    *,
-    name_prefix: str = "trtllm",
-    cli: Sequence[str] | None = None,
-    mounts: Sequence[str] = (),
-    workdir: str | None = None,
-    env_names: Sequence[str] = (),
-    gpus: bool = False,
-    run_flags: Sequence[str] = (),
-    network: str | None = "host",
-    labels: Mapping[str, str] | None = None,
-    script: str | None = None,
-) -> list[str]:
+def wrap_in_container(argv: Sequence[str], runtime: Engine, image: str, *,
+                      name_prefix: str = "trtllm", cli: Sequence[str] | None = None,
+                      mounts: Sequence[str] = (), workdir: str | None = None,
+                      env_names: Sequence[str] = (), gpus: bool = False,
+                      run_flags: Sequence[str] = (), network: str | None = "host",
+                      labels: Mapping[str, str] | None = None,
+                      script: str | None = None) -> list[str]:
     """A Slurm task ``argv`` run inside ``image`` with docker or podman: an argv for srun
     (``bash -c WRAPPER ...``, or ``bash SCRIPT ...`` with ``script`` holding
     ``wrapper_script()``). The wrapper (``_WRAPPER``, commented) names the container per

@@ -76,12 +76,8 @@ def options_for(spec: JobSpec, *, launcher_prefix: Sequence[str] = ()) -> SlurmO
         "gpus-per-node"
     )
     mpi = env.pmix.preferred if env is not None else None
-    return SlurmOptions(
-        gres_style=style,
-        gres_type=part.gpu_type if part is not None else None,
-        mpi=mpi,
-        launcher_prefix=tuple(launcher_prefix),
-    )
+    return SlurmOptions(gres_style=style, gres_type=part.gpu_type if part is not None else None,
+                        mpi=mpi, launcher_prefix=tuple(launcher_prefix))
 
 
 def gpu_flag(count: int, style: GresStyle, gres_type: str | None = None) -> str | None:
@@ -220,15 +216,9 @@ def srun_in_job(spec: JobSpec, opts: SlurmOptions) -> list[str]:
     return argv + _payload(spec, opts)
 
 
-def render_sbatch(
-    spec: JobSpec,
-    *,
-    gres_style: GresStyle = "gpus-per-node",
-    mpi: str | None = None,
-    launcher_prefix: Sequence[str] = (),
-    gres_type: str | None = None,
-    container: ContainerOptions | None = None,
-) -> str:
+def render_sbatch(spec: JobSpec, *, gres_style: GresStyle = "gpus-per-node",
+                  mpi: str | None = None, launcher_prefix: Sequence[str] = (),
+                  gres_type: str | None = None, container: ContainerOptions | None = None) -> str:
     """The one-shot sbatch script of a batch (stdout and stderr both go to spec.log_path,
     so the log tail and hang patterns see both)."""
     opts = SlurmOptions(gres_style, gres_type, mpi, tuple(launcher_prefix), container)
@@ -258,18 +248,11 @@ def render_sbatch(
     return "\n".join(lines)
 
 
-def render_step_command(
-    spec: JobSpec,
-    alloc_job_id: str,
-    *,
-    gres_style: GresStyle = "gpus-per-node",
-    mpi: str | None = None,
-    launcher_prefix: Sequence[str] = (),
-    gres_type: str | None = None,
-    share: StepShare | None = None,
-    stepid_path: str | None = None,
-    container: ContainerOptions | None = None,
-) -> list[str]:
+def render_step_command(spec: JobSpec, alloc_job_id: str, *,
+                        gres_style: GresStyle = "gpus-per-node", mpi: str | None = None,
+                        launcher_prefix: Sequence[str] = (), gres_type: str | None = None,
+                        share: StepShare | None = None, stepid_path: str | None = None,
+                        container: ContainerOptions | None = None) -> list[str]:
     """argv of one batch as a step of the persistent allocation ``alloc_job_id``: always
     ``-N`` (else srun takes one node), ``--exact`` and a memory share so steps run side by
     side; with ``stepid_path`` rank 0 records ``$SLURM_STEP_ID`` (a hang cancels just it)."""
@@ -314,15 +297,8 @@ STEP_WRAPPER = (
 )
 
 
-def render_step_launcher(
-    step_argv: Sequence[str],
-    *,
-    log_path: str,
-    pid_path: str,
-    exit_path: str,
-    cwd: str,
-    env: dict[str, str] | None = None,
-) -> str:
+def render_step_launcher(step_argv: Sequence[str], *, log_path: str, pid_path: str, exit_path: str,
+                         cwd: str, env: dict[str, str] | None = None) -> str:
     """``step.sh``, run detached (setsid) so the step survives the controller: srun in the
     background, its pid recorded (to cancel a step still waiting), the exit code written
     atomically; inherited SLURM_* (but SLURM_CONF) dropped so they cannot change the
@@ -376,9 +352,7 @@ def render_rerun_step(spec: JobSpec, nodeid: str, alloc_job_id: str, opts: Slurm
                       share: StepShare | None = None) -> str:
     """A copy-pasteable ``srun --jobid=<alloc>`` that re-runs ``nodeid`` as a step."""
     inner = spec.model_copy(update={"command": rerun_argv(spec, nodeid)})
-    argv = render_step_command(
-        inner, alloc_job_id, gres_style=opts.gres_style, mpi=opts.mpi,
-        launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=share,
-        container=opts.container,
-    )
+    argv = render_step_command(inner, alloc_job_id, gres_style=opts.gres_style, mpi=opts.mpi,
+                               launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type,
+                               share=share, container=opts.container)
     return f"cd {_q(workdir_of(spec))} && " + shell_join(argv)

@@ -108,9 +108,7 @@ def load_keys(target: SSHTarget) -> list[tuple[str, paramiko.PKey]]:
     for path in target.identity_files:
         if not os.path.isfile(path):
             if target.identity_file_explicit:
-                raise ConfigError(
-                    f"identity_file {path} in {target.where} does not exist"
-                )
+                raise ConfigError(f"identity_file {path} in {target.where} does not exist")
             log.debug("ssh: identity file %s not found; skipped", path)
             continue
         _load_file(path, keys)

@@ -18,11 +18,7 @@ from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.safe_values import control_chars
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
-from pytest_trtllm_slurm.transport.ssh.commands import (
-    OneOpFiles,
-    piped_env_command,
-    remote_command,
-)
+from pytest_trtllm_slurm.transport.ssh.commands import OneOpFiles, piped_env_command, remote_command
 from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
 from pytest_trtllm_slurm.transport.ssh.control_path import (
     LEGACY_CONTROL_PATH,

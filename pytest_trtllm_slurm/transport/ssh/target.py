@@ -60,9 +60,8 @@ class SSHTarget(BaseModel):
         return f"[clusters.{self.cluster}] in the clusters file" if self.cluster else "ssh config"
 
     @classmethod
-    def from_cluster(
-        cls, cluster: ClusterConfig, *, ssh_config_path: str | Path | None = None
-    ) -> SSHTarget:
+    def from_cluster(cls, cluster: ClusterConfig, *,
+                     ssh_config_path: str | Path | None = None) -> SSHTarget:
         """Resolve ``cluster`` (needs ``ssh_host``) against ssh config (default ~/.ssh/config)."""
         if not cluster.ssh_host:
             raise ConfigError(
@@ -81,24 +80,18 @@ class SSHTarget(BaseModel):
         _check(hostname, host_problem, f"HostName of {cluster.ssh_host} in ssh config")
         _check(user, user_problem, f"the SSH user of {where} (user, ssh config User or "
                "your login name)", fix=f"set user = \"NAME\" in {where}")
-        return cls(
-            cluster=cluster.name,
-            alias=cluster.ssh_host,
-            hostname=hostname,
-            port=cluster.ssh_port or int(found.get("port", 22)),
-            user=user,
-            identity_files=tuple(os.path.expanduser(p) for p in ids),
-            identity_file_explicit=explicit_id,
-            identities_only=found.get("identitiesonly", "no").lower() == "yes",
-            known_hosts=os.path.expanduser(known),
-            accept_new_host_key=cluster.accept_new_host_key,
-            mfa=cluster.mfa,
-            otp_command=cluster.otp_command,
-            proxy_command=_unless_none(found.get("proxycommand")),
-            proxy_jump=_unless_none(found.get("proxyjump")),
-            connect_timeout=float(found.get("connecttimeout", 15)),
-            ssh_config_path=str(ssh_config_path) if ssh_config_path else None,
-        )
+        return cls(cluster=cluster.name, alias=cluster.ssh_host, hostname=hostname,
+                   port=cluster.ssh_port or int(found.get("port", 22)), user=user,
+                   identity_files=tuple(os.path.expanduser(p) for p in ids),
+                   identity_file_explicit=explicit_id,
+                   identities_only=found.get("identitiesonly", "no").lower() == "yes",
+                   known_hosts=os.path.expanduser(known),
+                   accept_new_host_key=cluster.accept_new_host_key, mfa=cluster.mfa,
+                   otp_command=cluster.otp_command,
+                   proxy_command=_unless_none(found.get("proxycommand")),
+                   proxy_jump=_unless_none(found.get("proxyjump")),
+                   connect_timeout=float(found.get("connecttimeout", 15)),
+                   ssh_config_path=str(ssh_config_path) if ssh_config_path else None)
 
     def jump_hosts(self) -> list[SSHTarget]:
         """The ProxyJump chain, first hop first; each hop resolved through ssh config too."""
