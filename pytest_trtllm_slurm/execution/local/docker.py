@@ -63,11 +63,9 @@ def has_cap_sys_resource() -> bool:
 
 
 def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -> list[str]:
-    """The resource flags TensorRT-LLM's images want (``ContainerExecutor(run_flags=)``
-    replaces them). Without CAP_SYS_RESOURCE (some VMs and CI sandboxes: setrlimit fails
-    and the container does not start) no ``memlock=-1``, and podman gets explicit
-    ``nofile``/``nproc`` at the host's hard limits (it would ask for 1048576 open files,
-    and any ``--ulimit`` replaces containers.conf's defaults)."""
+    """The resource flags TensorRT-LLM's images want. Without CAP_SYS_RESOURCE (setrlimit
+    fails) no ``memlock=-1``, and podman gets ``nofile``/``nproc`` at the host's hard
+    limits (any ``--ulimit`` replaces containers.conf's defaults)."""
     if can_raise_limits is None:
         can_raise_limits = has_cap_sys_resource()
     if can_raise_limits:
@@ -92,16 +90,10 @@ class ContainerExecutor(LocalProcessExecutor):
                  extra_flags: Sequence[str] = (), python: str = "python3",
                  network: str | None = "host", user: str | None = "auto",
                  mount_plugin: bool = True) -> None:
-        """
-        engine: "docker" or "podman". cli: the argv prefix that reaches the engine (default
-        ``[engine]``; e.g. ``["docker", "-H", "unix:///path/docker.sock"]``). engine_env:
-        extra environment for the engine CLI (DOCKER_HOST, CONTAINERS_CONF, ...).
-        gpu_ids: this machine's GPUs (none: no GPU flags). run_flags: replaces
-        ``default_run_flags(engine)``; extra_flags are appended. python: the image's
-        interpreter. user: "auto" runs docker containers as the caller's uid:gid when that
-        is not root (files in the work dir stay readable; rootless podman maps root to the
-        caller already), None the image's user, else the ``--user`` value.
-        """
+        """``cli``: the argv prefix reaching the engine (default ``[engine]``); ``engine_env``:
+        extra environment for it; ``run_flags`` replaces ``default_run_flags(engine)``,
+        ``extra_flags`` are appended; ``user="auto"``: docker runs as the caller's uid:gid
+        unless root (rootless podman maps root already), None: the image's user."""
         if engine not in ENGINES:
             raise ConfigError(f"container engine {engine!r}: expected one of {', '.join(ENGINES)}")
         self.engine: Engine = engine

@@ -34,11 +34,9 @@ _BOTH = 'sh -c "$1" sh "$2"; printf "\\036\\n"; shift 2; exec "$@"'
 def checkout_claimed(runs: RunRegistry, checkout: str,
                      prepare: Callable[[], PreparedSync]
                      ) -> Iterator[tuple[PreparedSync, list[RunRecord], RemoteCheckout]]:
-    """Hold the checkout's lock while the caller syncs into ``checkout``; yields what
-    ``prepare()`` made (run while the lock and this run's own lease are being taken), the
-    live runs that test the same code there (the sync must not disturb them) and what the
-    checkout holds now. ExecutionError when a live run tests other code there; once the
-    sync is done this run's record names the checkout and its code."""
+    """Hold the checkout's lock while the caller syncs; yields ``prepare()``'s result, the live
+    runs testing the same code there (not to be disturbed) and what the checkout holds now.
+    ExecutionError when a live run tests other code there."""
     runs.make_folder()
     runs.start_lease()
     lock = ShellLock(runs.shell, Runs(runs.folder).checkout_lock, max_hold=SYNC_LOCK_WAIT + 60)

@@ -160,11 +160,8 @@ class _Git:
 def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: str,
                    name: str, now: datetime | None = None, via: Via = "ssh",
                    ship_secrets: bool = False, say: Say | None = None) -> SyncResult:
-    """Make ``remote_repo`` (on ``shell``) match the local working tree: tracked changes as
-    a snapshot commit (``via`` the SSH connection, or through origin), untracked (not
-    ignored) files as a tar stream; only what the remote lacks is sent. ``say`` gets the
-    lines a user should see (the untracked files before they are shipped, what was
-    withheld)."""
+    """Make ``remote_repo`` (on ``shell``) match the local working tree, sending only what it
+    lacks; ``say`` gets the lines a user should see (untracked files shipped, withheld)."""
     # the look at the remote (one round trip) overlaps the local snapshot
     with ThreadPoolExecutor(1, thread_name_prefix="sync-probe") as pool:
         probing = pool.submit(probe, shell, remote_repo)
@@ -598,9 +595,8 @@ def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
 class _Counted:
     """A binary stream that counts what is written through it (what a sync sent)."""
 
-    def __init__(self, inner: IO[bytes]) -> None:
-        self.inner = inner
-        self.count = 0
+    inner: IO[bytes]
+    count = 0
 
     def write(self, data: bytes) -> int:
         self.count += len(data)
@@ -615,16 +611,16 @@ def _stream(shell: Shell, argv: list[str],
             produce: Callable[[IO[bytes]], None]) -> tuple[CommandResult, int]:
     """Run argv with produce() writing its stdin (SSH shells stream over the channel); the
     result and the bytes sent."""
-    counted: list[_Counted] = []
+    counted = _Counted()
 
     def counting(stream: IO[bytes]) -> None:
-        counted.append(_Counted(stream))
-        produce(counted[0])  # type: ignore[arg-type]
+        counted.inner = stream
+        produce(counted)  # type: ignore[arg-type]
 
     runner = getattr(shell, "run_stdin_stream", None)
     if runner is not None:
         res: CommandResult = runner(argv, counting, timeout=1800)
-        return res, counted[0].count if counted else 0
+        return res, counted.count
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)  # LocalShell: the same machine
     assert proc.stdin is not None
@@ -634,4 +630,4 @@ def _stream(shell: Shell, argv: list[str],
         proc.stdin.close()
     out, err = proc.communicate(timeout=1800)
     return (CommandResult(tuple(argv), proc.returncode, out.decode(errors="replace"),
-                          err.decode(errors="replace")), counted[0].count if counted else 0)
+                          err.decode(errors="replace")), counted.count)

@@ -151,11 +151,9 @@ def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
 
 
 def shared_state_dir(cluster: ClusterConfig, paths: RemotePaths) -> str:
-    """The private folder on the cluster that holds the persistent allocation's state and
-    the run registry, shared by every machine of the user that tests this repository there:
-    ``<user_root_dir>/.trtllm-state/<repo>`` (beside the checkout, not in it: the first
-    clone, a stash or a cleaned work_dirs never touch it); with ``sync = "none"`` the
-    repository's own ``work_dirs/.trtllm-state``."""
+    """The cluster's private folder for the persistent allocation's state and the run registry:
+    ``<user_root_dir>/.trtllm-state/<repo>``, beside the checkout (a clone, stash or clean
+    never touch it); with ``sync = "none"`` the repository's ``work_dirs/.trtllm-state``."""
     base = (cluster.user_root_dir or cluster.remote_cwd or "").rstrip("/")
     root = root_of(paths.remote_work_root)
     if cluster.sync != "none" and base and root.startswith(base + "/"):
@@ -192,10 +190,8 @@ def _via(cluster: ClusterConfig) -> Via:
 def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,
                  user: str | None = None, say: Callable[[str], None] | None = None,
                  runs: RunRegistry | None = None) -> SyncResult | None:
-    """Seed Step 4 for a cluster: nothing for ``sync = "none"``, else sync_workspace over
-    the SSH connection (``"git"``) or through origin (``"git-origin"``). With ``runs`` (the
-    cluster's run registry) the checkout is claimed first (``checkout_guard``): a live run
-    testing other code there stops this one before anything is sent."""
+    """Sync a cluster's checkout (nothing for ``sync = "none"``). With ``runs`` the checkout is
+    claimed first (``checkout_guard``): a live run testing other code there stops this one."""
     if cluster.sync == "none":
         return None
     paths = remote_paths(cluster, local_rootdir)

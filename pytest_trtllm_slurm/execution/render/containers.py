@@ -201,10 +201,9 @@ def pyxis_args(spec: JobSpec, container_name: str, *, writable: bool = False,
 def pyxis_setup_argvs(job_id: str, nodes: int, image: str, container_name: str,
                       mounts: Sequence[str] = (), install_command: str | None = None,
                       workdir: str | None = None) -> list[list[str]]:
-    """The setup steps of a persistent allocation, one task per node each: import the
-    image as ``container_name`` (pyxis skips an existing one), ``ls`` every mount target
-    (NFS/Lustre metadata cached), then ``install_command`` with ``--container-writable``
-    so what it installs persists in the named container."""
+    """A persistent allocation's setup steps, one task per node each: import the image as
+    ``container_name``, ``ls`` every mount target (metadata cached), then ``install_command``
+    with ``--container-writable`` (it persists in the named container)."""
     base = ["srun", f"--jobid={job_id}", "-N", str(nodes), "--ntasks-per-node=1", "--overlap"]
     steps = [base + [f"--container-image={enroot_uri(image)}",
                      f"--container-name={container_name}", "true"]]
@@ -341,12 +340,9 @@ def wrap_in_container(argv: Sequence[str], runtime: Engine, image: str, *,
                       run_flags: Sequence[str] = (), network: str | None = "host",
                       labels: Mapping[str, str] | None = None,
                       script: str | None = None) -> list[str]:
-    """A Slurm task ``argv`` run inside ``image`` with docker or podman: an argv for srun
-    (``bash -c WRAPPER ...``, or ``bash SCRIPT ...`` with ``script`` holding
-    ``wrapper_script()``). The wrapper (``_WRAPPER``, commented) names the container per
-    task, passes the step's GPUs, runs docker as the task's uid, passes ``CENV_PREFIX``
-    names through ``--env-file`` and removes the container when the step ends or is
-    cancelled (the engine's daemon would keep it running)."""
+    """A Slurm task ``argv`` run inside ``image`` with docker or podman (``bash -c WRAPPER``,
+    or ``bash SCRIPT`` holding ``wrapper_script()``); the commented ``_WRAPPER`` names the
+    container per task and removes it when the step ends or is cancelled."""
     cli = list(cli or [runtime])
     image = positional_image(image, name_prefix)
     run = ["--rm", "--pull=never", *_run_options(labels, network, run_flags)]

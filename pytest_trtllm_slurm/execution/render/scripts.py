@@ -299,11 +299,9 @@ STEP_WRAPPER = (
 
 def render_step_launcher(step_argv: Sequence[str], *, log_path: str, pid_path: str, exit_path: str,
                          cwd: str, env: dict[str, str] | None = None) -> str:
-    """``step.sh``, run detached (setsid) so the step survives the controller: srun in the
-    background, its pid recorded (to cancel a step still waiting), the exit code written
-    atomically; inherited SLURM_* (but SLURM_CONF) dropped so they cannot change the
-    step's shape. Of ``env`` only ``shown_env``'s values are written; ``hidden_env``'s
-    are named and come from the environment the caller starts the launcher with."""
+    """``step.sh``, run detached (setsid): srun in the background, its pid recorded, the exit
+    code written atomically, inherited SLURM_* (but SLURM_CONF) dropped. Of ``env`` only
+    ``shown_env``'s values are written; ``hidden_env``'s come from the caller's environment."""
     # the exit code through a temporary file of an unpredictable name that mktemp creates
     # (O_EXCL, 0600), renamed over the name the controller reads
     exit_tmp = _q(exit_path + ".XXXXXXXX")

@@ -34,7 +34,7 @@ from pytest_trtllm_slurm.transport.ssh.connect import (
     SSHConnectionLost,
     connect,
 )
-from pytest_trtllm_slurm.transport.ssh.relay_client import RelayChannel, RelayLost, started_in
+from pytest_trtllm_slurm.transport.ssh.relay_client import RelayChannel, RelayLost
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,8 @@ class SSHShell(OneOpFiles):
             self.relay_starts += 1
             since = time.monotonic()
             relay = RelayChannel.start(conn.transport, self.relay_python)
-            log.debug("ssh: relay on %s %s", self.target.display, started_in(relay, since))
+            log.debug("ssh: relay on %s " + ("started in %.3f s" if relay else
+                      "not available (%.3f s)"), self.target.display, time.monotonic() - since)
             with self._watch_lock:
                 watches = [(path, offset, wake) for path, (offset, wake)
                            in self._later_watches.items()]

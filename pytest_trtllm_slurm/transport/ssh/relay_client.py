@@ -515,8 +515,3 @@ class _StdinWriter:
     def flush(self) -> None:
         pass
 
-
-def started_in(relay: RelayChannel | None, since: float) -> str:
-    """A log line's words for a relay start attempt."""
-    took = time.monotonic() - since
-    return f"started in {took:.3f} s" if relay else f"not available ({took:.3f} s)"
