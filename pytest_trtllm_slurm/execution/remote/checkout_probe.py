@@ -97,7 +97,6 @@ def parse_probe(stdout: str) -> RemoteCheckout:
         return RemoteCheckout(present=True, untrusted=(lines[1:2] or ["?"])[0] or "?")
     if not lines or lines[0] != "present" or len(lines) < 6:
         return RemoteCheckout(present=False)
-    record = None
     try:
         record = SyncRecord.model_validate(json.loads(lines[4])) if lines[4] else None
     except (ValueError, ValidationError):

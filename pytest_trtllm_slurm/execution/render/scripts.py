@@ -195,8 +195,7 @@ def sbatch_directives(spec: JobSpec, opts: SlurmOptions) -> list[str]:
     out += ["-N", str(spec.node_count), f"--ntasks-per-node={per_node}"]
     if spec.launch is Launch.MPI:
         out.append(f"--ntasks={ntasks}")
-    flag = gpu_flag(spec.devices_per_node, opts.gres_style, opts.gres_type)
-    if flag:
+    if flag := gpu_flag(spec.devices_per_node, opts.gres_style, opts.gres_type):
         out.append(flag)
     if spec.time_limit:
         out += ["-t", spec.time_limit]
@@ -222,17 +221,13 @@ def render_sbatch(spec: JobSpec, *, gres_style: GresStyle = "gpus-per-node",
     """The one-shot sbatch script of a batch (stdout and stderr both go to spec.log_path,
     so the log tail and hang patterns see both)."""
     opts = SlurmOptions(gres_style, gres_type, mpi, tuple(launcher_prefix), container)
-    directives = sbatch_directives(spec, opts)
+    directives = iter(sbatch_directives(spec, opts))
     lines = ["#!/bin/bash"]
-    i = 0
-    while i < len(directives):
-        flag = directives[i]
-        if flag.startswith("-") and not flag.startswith("--") and i + 1 < len(directives):
-            lines.append(_directive(flag, directives[i + 1]))
-            i += 2
+    for flag in directives:  # a short option always comes with its value
+        if flag.startswith("-") and not flag.startswith("--"):
+            lines.append(_directive(flag, next(directives)))
         else:
             lines.append(_directive(shlex.quote(flag)))
-            i += 1
     log = _slurm_path(spec.log_path)
     lines += [
         _directive("-o", log),
@@ -267,8 +262,7 @@ def render_step_command(spec: JobSpec, alloc_job_id: str, *,
     mem = spec.mem_mb or share.mem_mb
     if mem:
         argv.append(f"--mem={mem}M")
-    flag = gpu_flag(spec.devices_per_node, opts.gres_style, opts.gres_type)
-    if flag:
+    if flag := gpu_flag(spec.devices_per_node, opts.gres_style, opts.gres_type):
         argv.append(flag)
     if share.overlap:
         argv.append("--overlap")
