@@ -212,21 +212,23 @@ class ContainerExecutor(LocalProcessExecutor):
         all_gpus = bool(gpus) and sorted(gpus) == sorted(self._all_gpus)
         return engine_run_argv(
             self.engine, spec, name=name, cli=self.cli, run_flags=self.run_flags,
-            gpu_ids=list(gpus), all_gpus=all_gpus,
-            mounts=job_mounts(spec, models_root=self.models_root,
-                              include_plugin=self.mount_plugin),
-            env=container_env(spec, models_root=self.models_root,
-                              include_plugin=self.mount_plugin),
-            env_file=env_file, network=self.network, user=self.user, python=self.python,
-            command=command, labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name},
-        )
+            gpu_ids=list(gpus), all_gpus=all_gpus, mounts=self._mounts(spec),
+            env=self._container_env(spec), env_file=env_file, network=self.network,
+            user=self.user, python=self.python, command=command,
+            labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name})
+
+    def _mounts(self, spec: JobSpec) -> list[str]:
+        return job_mounts(spec, models_root=self.models_root, include_plugin=self.mount_plugin)
+
+    def _container_env(self, spec: JobSpec) -> dict[str, str]:
+        return container_env(spec, models_root=self.models_root,
+                             include_plugin=self.mount_plugin)
 
     def _launch(self, job: LocalJob) -> None:
         """Values reach the engine through its environment (``-e NAME``) and, for the names
         its CLI reads itself, a pipe given as ``--env-file /dev/fd/N``: none is in ``ps``
         (the command line) or on disk."""
-        job_env = container_env(job.spec, models_root=self.models_root,
-                                include_plugin=self.mount_plugin)
+        job_env = self._container_env(job.spec)
         in_file = {k: v for k, v in job_env.items() if client_sensitive(k)}
         env = self._env({k: v for k, v in job_env.items() if not client_sensitive(k)})
         banner = (f"[trtllm-slurm] container {job.name}: {self.engine} "
@@ -270,15 +272,10 @@ class ContainerExecutor(LocalProcessExecutor):
         argv = engine_run_argv(
             self.engine, spec, name=safe_name(f"trtllm-rerun-{spec.name}", 50), cli=self.cli,
             run_flags=self.run_flags, all_gpus=bool(self._all_gpus and spec.total_devices),
-            mounts=job_mounts(spec, models_root=self.models_root,
-                              include_plugin=self.mount_plugin),
-            env={}, network=self.network, user=self.user, python=self.python, command=command,
-        )
-        env = container_env(spec, models_root=self.models_root,
-                            include_plugin=self.mount_plugin)
-        flags: list[str] = []
-        for key, value in sorted(env.items()):
-            flags += ["-e", key if is_secret(key, value) else f"{key}={value}"]
+            mounts=self._mounts(spec), env={}, network=self.network, user=self.user,
+            python=self.python, command=command)
+        flags = [arg for key, value in sorted(self._container_env(spec).items())
+                 for arg in ("-e", key if is_secret(key, value) else f"{key}={value}")]
         image_at = argv.index(spec.container_image or "")
         argv[image_at:image_at] = flags
         return f"cd {shell_word(workdir_of(spec))} && {shell_join(argv)}"

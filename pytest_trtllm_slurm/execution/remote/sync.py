@@ -60,7 +60,6 @@ class SyncResult(BaseModel):
     remote_repo: str
     via: Via = "ssh"
     cloned: bool = False
-    untracked_files: int = 0
     untracked: list[str] = Field(default_factory=list)  # shipped, relative to the repo top
     withheld: list[str] = Field(default_factory=list)  # looked like secrets: not shipped
     bundle_bytes: int = 0  # via ssh: the bundle's size (0: the remote had the commit)
@@ -558,7 +557,6 @@ def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
     """Untracked files (the ones the remote lacks or has another version of) as one tar
     stream into ``tar -x`` on the remote side, listed through ``say`` first."""
     result.untracked = names
-    result.untracked_files = len(names)
     if not names:
         return
     say(f"code sync: shipping {len(names)} untracked file(s) to {shell.name}:{remote_repo}: "
