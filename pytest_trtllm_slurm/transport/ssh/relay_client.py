@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Annotated, Any
 
 import paramiko
@@ -28,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 from pytest_trtllm_slurm.node import relay as relay_source
 from pytest_trtllm_slurm.planning.masking import mask_text
 from pytest_trtllm_slurm.transport.shell import CommandResult
-from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+from pytest_trtllm_slurm.transport.ssh.commands import _relay_source, remote_command
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +74,9 @@ class RelayAnswer(FileAnswer):
 # shim or module to resolve), else the login node's python3; $2 names the relay in ps
 _START = ('command -v "$0" >/dev/null 2>&1 && exec "$0" -u -c "$1" "$2"; '
           'exec python3 -u -c "$1" "$2"')
-# the quick start: the first of the given absolute interpreters that exists, isolated and
-# without site (-I -S: no site-packages' .pth files, no PYTHON* variables: the relay is
-# stdlib only), not what PATH names: a PATH set by the login shell's rc files often leads
-# to a shim (pyenv, asdf: a shell script and a second process per start, measured 0.5 s
-# here) or a module's wrapper. None there: exit 127, and the client starts the relay the
-# plain way (``_START``)
+# the quick start: the first given absolute interpreter that exists, with -I -S (the relay
+# is stdlib only), not what PATH names (often a shim: a second process per start); none
+# there: exit 127, and the plain start (``_START``)
 _QUICK = ('src=$1; shift; for p in "$@"; do [ -f "$p" ] && [ -x "$p" ] && '
           'exec "$p" -I -S -u -c "$src" "$0"; done; exit 127')
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
@@ -91,11 +87,6 @@ def relay_tag(pid: int | None = None) -> str:
     return f"trtllm-relay:{os.getpid() if pid is None else pid}"
 
 
-def relay_argv(python: str) -> list[str]:
-    """The command that starts the relay: its source on the command line, nothing installed."""
-    return ["sh", "-c", _START, python, Path(relay_source.__file__).read_text(), relay_tag()]
-
-
 def quick_candidates(python: str) -> list[str]:
     """The interpreters the quick start tries, in order: the cluster's own when it is an
     absolute path, and the system's python3 when the cluster names none (``python3``)."""
@@ -103,15 +94,6 @@ def quick_candidates(python: str) -> list[str]:
     if python in ("python3", "python"):
         found += SYSTEM_PYTHONS
     return found
-
-
-def quick_argv(python: str) -> list[str] | None:
-    """The quick start's command (None: no absolute interpreter to try)."""
-    candidates = quick_candidates(python)
-    if not candidates:
-        return None
-    return ["sh", "-c", _QUICK, relay_tag(), Path(relay_source.__file__).read_text(),
-            *candidates]
 
 
 @dataclass
@@ -160,15 +142,17 @@ class RelayChannel:
               ready_timeout: float = READY_TIMEOUT, *, quick: bool = True) -> RelayChannel | None:
         """A relay on a new channel of ``transport``; None when it does not come up (no
         python3 on the login node, a restricted shell): the caller runs each command on its
-        own channel. ``quick``: an absolute interpreter first (``quick_argv``), the plain
-        start when that one does not come up."""
-        argv = quick_argv(python) if quick else None
-        if argv is not None:
-            relay = cls._start(transport, argv, ready_timeout)
+        own channel. ``quick``: an absolute interpreter first (``_QUICK``), the plain start
+        when that one does not come up. The relay's source rides the command line."""
+        candidates = quick_candidates(python) if quick else []
+        if candidates:
+            relay = cls._start(transport, ["sh", "-c", _QUICK, relay_tag(), _relay_source(),
+                                           *candidates], ready_timeout)
             if relay is not None:
                 return relay
             log.debug("ssh relay: the quick start did not come up; starting it through PATH")
-        return cls._start(transport, relay_argv(python), ready_timeout)
+        return cls._start(transport, ["sh", "-c", _START, python, _relay_source(), relay_tag()],
+                          ready_timeout)
 
     @classmethod
     def _start(cls, transport: paramiko.Transport, argv: list[str],
