@@ -127,7 +127,6 @@ class ContainerExecutor(LocalProcessExecutor):
         gpu_ids = kwargs.pop("gpu_ids", None) or list(range(local.gpu_count))
         return cls(chosen, gpu_ids=gpu_ids, **kwargs)  # type: ignore[arg-type]
 
-    # -- engine calls ---------------------------------------------------------
     def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, **self.engine_env, **(extra or {})}
 
@@ -187,7 +186,6 @@ class ContainerExecutor(LocalProcessExecutor):
             self._remove(name)
         return dead
 
-    # -- Executor protocol ----------------------------------------------------
     def submit(self, spec: JobSpec) -> JobHandle:
         if not spec.container_image:
             raise ConfigError(

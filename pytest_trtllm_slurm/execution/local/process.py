@@ -48,7 +48,6 @@ class LocalProcessExecutor(Executor):
         """This machine's GPUs (a CPU-only batch runs one at a time)."""
         return Capacity(local_gpus=len(self._all_gpus))
 
-    # -- hooks ----------------------------------------------------------------
     def _launch(self, job: LocalJob) -> None:
         """Start ``job`` (its GPUs are taken already): call ``_spawn``."""
         raise NotImplementedError
@@ -57,7 +56,6 @@ class LocalProcessExecutor(Executor):
         """Why a client's nonzero exit code failed the job (None: the code says it)."""
         return f"killed by signal {signal.Signals(-code).name}" if code < 0 else None
 
-    # -- shared -----------------------------------------------------------------
     def _try_start(self, job_id: str) -> None:
         job = self._jobs[job_id]
         if job.proc is not None or job.cancelled:

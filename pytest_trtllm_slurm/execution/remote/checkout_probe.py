@@ -30,10 +30,8 @@ bad=$(find "$repo" -maxdepth 0 \( ! -user "$uid" -o -perm -020 -o -perm -002 \) 
 if [ -n "$bad" ]; then printf '%s\n' "$bad"; exit 13; fi
 """
 
-# one round trip: is there a checkout, is it safe to run git in (``VERIFY``: an unsafe one
-# says "untrusted" and the first bad path, and no git runs there), its HEAD and branch, its
-# refs, the sync record and what differs from HEAD (tracked edits and untracked files,
-# work_dirs left out). A sync with no change needs nothing more.
+# one round trip: the checkout's presence, its trust (``VERIFY``: "untrusted" and the first
+# bad path, no git run there), HEAD, branch, refs, the sync record and ``git status``
 _PROBE = r"""
 repo=$1
 [ -d "$repo/.git" ] || { echo missing; exit 0; }

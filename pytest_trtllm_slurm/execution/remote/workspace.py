@@ -55,9 +55,7 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
     directory = _root_dir(cluster)
     tools = [*SLURM_TOOLS, *STATE_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
     folder = directory or ""
-    # three independent looks: side by side where the shell takes commands from several
-    # threads (the relay: one round trip's wait instead of three); a failure is said in
-    # the same order as one after the other
+    # three independent looks, side by side where the shell allows (failures said in order)
     steps: dict[str, Callable[[], object]] = {
         "dir": lambda: bool(folder) and _ensure_dir(shell, cluster, folder, create_dirs),
         "version": lambda: _slurm_version(shell, cluster),

@@ -83,9 +83,6 @@ def container_name_for(image: str, *, account: str | None = None, salt: str = ""
     return safe_name(f"{account or 'trtllm'}-{safe_name(last, 32)}-{digest}")
 
 
-# --------------------------------------------------------------------------- mounts / env
-
-
 def parse_mount(text: str) -> tuple[str, str, str]:
     """``SRC[:DST[:FLAGS]]`` -> (src, dst, flags); DST defaults to SRC."""
     problem = mount_problem(text)
@@ -171,9 +168,6 @@ def workdir_of(spec: JobSpec) -> str:
     return spec.invocation_dir or spec.rootdir
 
 
-# --------------------------------------------------------------------------- pyxis
-
-
 def pyxis_args(spec: JobSpec, container_name: str, *, writable: bool = False,
                mounts: Sequence[str] | None = None, workdir: str | None = None,
                image: str | None = None, env_names: Sequence[str] | None = None,
@@ -218,9 +212,6 @@ def pyxis_setup_argvs(job_id: str, nodes: int, image: str, container_name: str,
         steps.append(base + [f"--container-name={container_name}", "--container-writable",
                              *mounted, *wd, "sh", "-c", install_command])
     return steps
-
-
-# --------------------------------------------------------------------------- docker / podman
 
 
 def positional_image(image: str | None, what: str) -> str:

@@ -279,9 +279,8 @@ def render_step_command(spec: JobSpec, alloc_job_id: str, *,
     return argv + payload
 
 
-# In a step the SLURM_JOB_* variables describe the persistent allocation; a test sees
-# what a one-shot job of its own shape would show (the step's nodes), and rank 0
-# records $SLURM_STEP_ID so a hang cancels exactly this step.
+# a test in a step sees the SLURM_JOB_* of a one-shot job of its shape (the step's, not the
+# allocation's); rank 0 records $SLURM_STEP_ID so a hang cancels exactly this step
 STEP_WRAPPER = (
     'export SLURM_JOB_NUM_NODES="$SLURM_STEP_NUM_NODES" SLURM_NNODES="$SLURM_STEP_NUM_NODES"'
     ' SLURM_JOB_NODELIST="$SLURM_STEP_NODELIST" SLURM_NODELIST="$SLURM_STEP_NODELIST"'

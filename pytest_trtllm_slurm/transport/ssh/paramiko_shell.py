@@ -90,7 +90,6 @@ class SSHShell(OneOpFiles):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- connection ---------------------------------------------------------------
     def connect(self) -> None:
         """Connect now (first call) so configuration problems surface before any work."""
         self._connection()
@@ -169,7 +168,6 @@ class SSHShell(OneOpFiles):
             log.debug("ssh: a command on an ended connection to %s stopped",
                       self.target.display)
 
-    # -- the relay ----------------------------------------------------------------
     def _start_relay_soon(self, conn: Connection) -> None:
         """Start the relay now, while the caller gets on with what needs no command."""
         if self.use_relay:
@@ -266,7 +264,6 @@ class SSHShell(OneOpFiles):
         else:
             time.sleep(timeout)
 
-    # -- commands -----------------------------------------------------------------
     def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None,
             retry_on_drop: bool = True) -> CommandResult:
@@ -405,7 +402,6 @@ class SSHShell(OneOpFiles):
                                  f"{self.target.display} failed: {error}")
         return result
 
-    # -- files (the relay, else SFTP reads) ------------------------------------------------
     def _file_relay(self) -> RelayChannel | None:
         return self._relay_on(self._connection()) if self.use_relay else None
 

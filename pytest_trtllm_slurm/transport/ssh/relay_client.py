@@ -194,7 +194,6 @@ class RelayChannel:
             pass
         self._fail_pending()
 
-    # -- requests -------------------------------------------------------------------
     def _register(self) -> tuple[int, _Pending]:
         ident, pending = next(self._ids), _Pending()
         with self._lock:
@@ -276,7 +275,6 @@ class RelayChannel:
             raise RelayLost()
         return _result(argv, pending.answer), error
 
-    # -- pushed files ---------------------------------------------------------------
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
         """Push what ``path`` gets from ``offset`` on (again, if it was watched); ``wake``:
         its pushes end a wait_news early."""
@@ -325,7 +323,6 @@ class RelayChannel:
         with self._news:
             self._news.wait(timeout)
 
-    # -- the channel ----------------------------------------------------------------
     def _send(self, message: dict[str, Any]) -> None:
         line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
         try:
