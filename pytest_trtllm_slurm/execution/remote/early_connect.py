@@ -88,17 +88,15 @@ class EarlyConnections:
         """End the connections no one took, and stop the early sessions (and end the run's
         record) of every cluster the run dispatched nothing to: left alone, those sessions
         would hold their node's memory until their idle exit."""
-        while self._early:
-            _, early = self._early.popitem()
-            early.thread.join()
-            for shell in early.shell:
-                _undo(early, shell)
-                shell.close()
-        while self._taken:  # taken by planning (discovery), but nothing was dispatched there
-            _, early = self._taken.popitem()
-            early.thread.join()
-            for shell in early.shell:  # still open: the run's RemoteClusters closes it later
-                _undo(early, shell)
+        # a taken one was used by planning (discovery) only: RemoteClusters closes it later
+        for pending, close in ((self._early, True), (self._taken, False)):
+            while pending:
+                _, early = pending.popitem()
+                early.thread.join()
+                for shell in early.shell:
+                    _undo(early, shell)
+                    if close:
+                        shell.close()
 
 
 def _connect(early: _Early) -> None:
