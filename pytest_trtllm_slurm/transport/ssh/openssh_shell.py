@@ -191,11 +191,9 @@ class OpenSSHShell(OneOpFiles):
         return CommandResult(tuple(argv), rc, out.decode(errors="replace"),
                              err.decode(errors="replace"), timed_out=timed_out)
 
-    def _sh(self, script: str, args: Sequence[str], *, stdin: bytes | None = None
-            ) -> tuple[int, bytes, bytes]:
+    def _sh(self, script: str, args: Sequence[str]) -> tuple[int, bytes, bytes]:
         sh = ["sh", "-c", script, "sh", *args]
-        rc, out, err, timed_out = self._ssh(remote_command(sh), stdin=stdin, timeout=120,
-                                            shown=sh)
+        rc, out, err, timed_out = self._ssh(remote_command(sh), timeout=120, shown=sh)
         if timed_out or rc == 255:
             raise SSHConnectionLost(f"ssh to {self.target.alias} failed: "
                                     f"{err.decode(errors='replace').strip() or 'timed out'}")
