@@ -92,16 +92,9 @@ class LocalShell:
     name = "localhost"
     parallel_safe = True  # run() may be called from several threads at once
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout: float | None = 60,
-        input: str | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        retry_on_drop: bool = True,  # nothing drops locally
-    ) -> CommandResult:
+    def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            retry_on_drop: bool = True) -> CommandResult:  # (nothing drops locally)
         with timed_command(self.name, argv) as outcome:
             outcome.append(self._run(argv, timeout=timeout, input=input, env=env, cwd=cwd))
         return outcome[0]

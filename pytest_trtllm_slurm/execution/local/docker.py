@@ -75,8 +75,8 @@ def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
         nofile = 1048576 if nofile == resource.RLIM_INFINITY else nofile
-        nproc = PODMAN_NPROC_CEILING if nproc == resource.RLIM_INFINITY else nproc
-        nproc = min(nproc, PODMAN_NPROC_CEILING)
+        nproc = (PODMAN_NPROC_CEILING if nproc == resource.RLIM_INFINITY
+                 else min(nproc, PODMAN_NPROC_CEILING))
         flags += ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
     return flags
 
