@@ -122,8 +122,7 @@ class ContainerExecutor(LocalProcessExecutor):
             notes = "; ".join(n for n in local.notes if n.startswith("container")) or "none"
             raise ConfigError(
                 "local_docker needs a container engine, and neither docker nor podman answers "
-                f"here ({notes}); start one, or choose another scenario"
-            )
+                f"here ({notes}); start one, or choose another scenario")
         gpu_ids = kwargs.pop("gpu_ids", None) or list(range(local.gpu_count))
         return cls(chosen, gpu_ids=gpu_ids, **kwargs)  # type: ignore[arg-type]
 
@@ -165,8 +164,7 @@ class ContainerExecutor(LocalProcessExecutor):
                 f"container image {image!r} is not in {self.engine}'s local image store "
                 f"({shlex.join(self.cli)}: {detail})."
                 f" Images are never pulled: `{self.engine} pull {image}` (or load/build it) "
-                "first, or choose another image with --trtllm-container-image"
-            )
+                "first, or choose another image with --trtllm-container-image")
         self._images_ok.add(image)
 
     def remove_orphans(self) -> list[str]:
@@ -190,8 +188,7 @@ class ContainerExecutor(LocalProcessExecutor):
         if not spec.container_image:
             raise ConfigError(
                 f"batch {spec.name!r} is routed to local_docker but has no container image; "
-                "set --trtllm-container-image (or container_image in the clusters file)"
-            )
+                "set --trtllm-container-image (or container_image in the clusters file)")
         self.check_image(spec.container_image)
         if not self._orphans_checked:
             self._orphans_checked = True

@@ -84,5 +84,4 @@ def conflict_message(host: str, checkout: str, other: RunRecord, prepared: Prepa
         f"; {other.code_note or 'its code'}). This run has {prepared.describe()}; syncing it "
         "now would change the files under that run's tests, so nothing was synced. Wait for "
         "that run to finish, or give this run its own checkout: point user_root_dir of the "
-        "cluster's table at another folder (for example one per CI job)"
-    )
+        "cluster's table at another folder (for example one per CI job)")

@@ -151,8 +151,7 @@ class _Git:
                 f"code sync failed while {check}: `git {_masked(args)}` exit code "
                 f"{proc.returncode}: {_masked([detail[-1]]) if detail else ''}; the local "
                 "repository was "
-                "not changed"
-            )
+                "not changed")
         return proc
 
 

@@ -72,8 +72,7 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
         raise ExecutionError(
             f"{host}: required commands are missing from the PATH of a non-interactive SSH "
             f"shell: {', '.join(missing) or res.describe()}. Fix: install them or add them to "
-            "PATH in the shell start-up file read by non-interactive logins (e.g. ~/.bashrc)"
-        )
+            "PATH in the shell start-up file read by non-interactive logins (e.g. ~/.bashrc)")
     return PreflightResult(host=host, remote_dir=directory, created_dir=created,
                            slurm_version=version, tools_checked=tools,
                            seconds=round(time.monotonic() - start, 3))
@@ -87,16 +86,14 @@ def _ensure_dir(shell: Shell, cluster: ClusterConfig, directory: str, create: bo
         raise ExecutionError(
             f"{shell.name}: the remote directory {directory} ({key} of [clusters.{cluster.name}]) "
             f"does not exist. Fix: create it (ssh {shell.name} mkdir -p {directory}) or correct "
-            f"{key}"
-        )
+            f"{key}")
     try:
         shell.mkdir(directory)
     except (ExecutionError, OSError) as exc:
         raise ExecutionError(
             f"{shell.name}: the remote directory {directory} ({key} of [clusters.{cluster.name}]) "
             f"does not exist and cannot be created ({exc}). Fix: correct {key} or create it "
-            "with the right permissions"
-        ) from None
+            "with the right permissions") from None
     return True
 
 
@@ -107,8 +104,7 @@ def _slurm_version(shell: Shell, cluster: ClusterConfig) -> str:
             f"{shell.name}: Slurm's `sinfo` is not found in a non-interactive SSH shell. Fix: "
             "make the Slurm client tools available there (PATH or `module load slurm` in "
             "~/.bashrc), or point ssh_host of "
-            f"[clusters.{cluster.name}] at the cluster's login node"
-        )
+            f"[clusters.{cluster.name}] at the cluster's login node")
     if not res.ok:
         raise ExecutionError(f"{shell.name}: Slurm does not answer: {res.describe()}. Fix: check "
                              "that the controller is reachable from the login node (sinfo)")
@@ -122,8 +118,7 @@ def _root_dir(cluster: ClusterConfig) -> str | None:
     if cluster.sync != "none" and not directory:
         raise ConfigError(
             f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: set "
-            "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
-        )
+            "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)")
     return directory
 
 

@@ -103,8 +103,7 @@ def _mount(src: str, dst: str | None = None, flags: str = "") -> str:
             raise ValueError(
                 f"path {path!r} cannot be mounted into a container: it contains ':' or ',' "
                 "(the separators of docker -v and pyxis --container-mounts) or a line break; "
-                "use another path"
-            )
+                "use another path")
     return f"{src}:{dst}" + (f":{flags}" if flags else "")
 
 

@@ -73,8 +73,7 @@ def options_for(spec: JobSpec, *, launcher_prefix: Sequence[str] = ()) -> SlurmO
     if part is None and env is not None:
         part = next((p for p in env.partitions if p.default), None)
     style: GresStyle = "gres" if part is not None and (part.requires_gres or part.gpu_type) else (
-        "gpus-per-node"
-    )
+        "gpus-per-node")
     mpi = env.pmix.preferred if env is not None else None
     return SlurmOptions(gres_style=style, gres_type=part.gpu_type if part is not None else None,
                         mpi=mpi, launcher_prefix=tuple(launcher_prefix))
@@ -286,8 +285,7 @@ STEP_WRAPPER = (
     ' SLURM_JOB_NODELIST="$SLURM_STEP_NODELIST" SLURM_NODELIST="$SLURM_STEP_NODELIST"'
     ' SLURM_NTASKS="$SLURM_STEP_NUM_TASKS" SLURM_NPROCS="$SLURM_STEP_NUM_TASKS"'
     ' SLURM_TASKS_PER_NODE="$SLURM_STEP_TASKS_PER_NODE"; '
-    '[ "${SLURM_PROCID:-0}" != 0 ] || echo "$SLURM_STEP_ID" > "$1"; shift; exec "$@"'
-)
+    '[ "${SLURM_PROCID:-0}" != 0 ] || echo "$SLURM_STEP_ID" > "$1"; shift; exec "$@"')
 
 
 def render_step_launcher(step_argv: Sequence[str], *, log_path: str, pid_path: str, exit_path: str,

@@ -89,8 +89,7 @@ def _open_socket(target: SSHTarget, via: Any, jumps: list[paramiko.Transport]) -
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SSHConnectError(
                 f"the jump host {jumps[-1].getpeername()[0]} could not open a connection to "
-                f"{where}: {exc or type(exc).__name__}"
-            ) from None
+                f"{where}: {exc or type(exc).__name__}") from None
     if target.proxy_command:
         try:
             return paramiko.ProxyCommand(target.proxy_command)
@@ -133,8 +132,7 @@ def _login(target: SSHTarget, sock: Any, otp_provider: OtpProvider) -> paramiko.
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SSHConnectError(
                 f"SSH handshake with {target.hostname} port {target.port} failed: "
-                f"{exc or type(exc).__name__}"
-            ) from None
+                f"{exc or type(exc).__name__}") from None
         verify_host_key(target, transport.get_remote_server_key())
         authenticate(transport, target, otp_provider)
     except (paramiko.SSHException, OSError, EOFError) as exc:

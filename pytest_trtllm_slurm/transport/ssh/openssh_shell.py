@@ -127,8 +127,7 @@ class OpenSSHShell(OneOpFiles):
             f"    mkdir -p -m 700 {folder} && ssh -fNM -o ControlMaster=auto "
             f"-o ControlPath={shlex.quote(cp)} -o ControlPersist=24h "
             f"{port}{self.target.user}@{self.target.alias}\n"
-            "then run again. Or use transport = \"paramiko\" (keys, mfa, otp_command)."
-        )
+            "then run again. Or use transport = \"paramiko\" (keys, mfa, otp_command).")
 
     def _expanded(self, control_path: str | None) -> str | None:
         """The socket path ssh would use (``%`` tokens and ``~`` expanded, as ``ssh -G``
@@ -175,8 +174,7 @@ class OpenSSHShell(OneOpFiles):
                     raise SSHConnectionLost(
                         f"ssh to {self.target.alias} failed while `{shlex.join(argv)}` ran "
                         f"({text.strip().splitlines()[-1] if text.strip() else 'exit 255'}); "
-                        "not run again (it may have taken effect)"
-                    )
+                        "not run again (it may have taken effect)")
                 if attempt == 0:
                     continue
             return CommandResult(tuple(argv), rc, out.decode(errors="replace"), text,

@@ -150,8 +150,7 @@ class SSHShell(OneOpFiles):
             return conn
         raise SSHConnectError(
             f"the SSH connection to {self.target.display} dropped and could not be "
-            f"re-established after {len(self._backoff) + 1} attempts: {last}"
-        )
+            f"re-established after {len(self._backoff) + 1} attempts: {last}")
 
     def _dropped(self, conn: Connection) -> None:
         """``conn`` ended under a command. Said once, and only when it was the live

@@ -66,8 +66,7 @@ class SSHTarget(BaseModel):
         if not cluster.ssh_host:
             raise ConfigError(
                 f"[clusters.{cluster.name}] has no ssh_host: set ssh_host = \"login.example\" "
-                "(a host name or an alias from ~/.ssh/config) to run on it over SSH"
-            )
+                "(a host name or an alias from ~/.ssh/config) to run on it over SSH")
         found = lookup_ssh_config(cluster.ssh_host, ssh_config_path)
         explicit_id = cluster.identity_file is not None
         ids = [cluster.identity_file] if cluster.identity_file else found.get("identityfile", [])
@@ -119,9 +118,7 @@ class SSHTarget(BaseModel):
                         "proxy_command": None,
                         "proxy_jump": None,
                         "mfa": None,
-                    }
-                )
-            )
+                    }))
         return hops
 
 
