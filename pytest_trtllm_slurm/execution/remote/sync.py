@@ -150,8 +150,7 @@ class _Git:
             raise ExecutionError(
                 f"code sync failed while {check}: `git {_masked(args)}` exit code "
                 f"{proc.returncode}: {_masked([detail[-1]]) if detail else ''}; the local "
-                "repository was "
-                "not changed")
+                "repository was not changed")
         return proc
 
 
