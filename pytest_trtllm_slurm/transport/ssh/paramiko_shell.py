@@ -460,8 +460,6 @@ class SSHShell(OneOpFiles):
         """``path``'s first 16 KiB once they hold ``needle``, waited for on the login
         node (one round trip, at most ``timeout`` s; what it holds then, found or not).
         None without a relay: the caller looks itself, as often as it likes."""
-        if not self.use_relay:
-            return None
         answer = self._relayed_file_op("await", path=path, needle=needle, timeout=timeout)
         return None if answer is None else base64.b64decode(answer["data"])
 
