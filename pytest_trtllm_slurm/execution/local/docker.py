@@ -246,7 +246,12 @@ class ContainerExecutor(LocalProcessExecutor):
         threading.Thread(target=_write_and_close, args=(write_fd, text), daemon=True).start()
 
     def _exit_reason(self, code: int) -> str | None:
-        return _exit_reason(self.engine, code)
+        if code < 0:
+            return f"the {self.engine} client was killed by signal {signal.Signals(-code).name}"
+        return {125: f"{self.engine} could not start the container (exit 125; see the job log)",
+                126: "the command in the container could not be executed (exit 126)",
+                127: "the command was not found in the container image (exit 127)",
+                137: "killed by SIGKILL (exit 137; out of memory?)"}.get(code)
 
     def cancel(self, handle: JobHandle) -> None:
         """Kill and remove the container, then stop the engine client."""
@@ -289,20 +294,6 @@ class ContainerExecutor(LocalProcessExecutor):
         res = self._engine("ps", "-a", "--filter", f"label={OWNER_LABEL}={self.owner}",
                            "--format", "{{.Names}}")
         return res.stdout.split() if res.returncode == 0 else []
-
-
-def _exit_reason(engine: str, code: int) -> str | None:
-    if code == 125:
-        return f"{engine} could not start the container (exit 125; see the job log)"
-    if code == 126:
-        return "the command in the container could not be executed (exit 126)"
-    if code == 127:
-        return "the command was not found in the container image (exit 127)"
-    if code == 137:
-        return "killed by SIGKILL (exit 137; out of memory?)"
-    if code < 0:
-        return f"the {engine} client was killed by signal {signal.Signals(-code).name}"
-    return None
 
 
 def _write_and_close(fd: int, data: bytes) -> None:

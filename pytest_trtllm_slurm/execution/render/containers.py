@@ -232,10 +232,7 @@ def gpu_flags(engine: Engine, gpu_ids: Sequence[int] | None, all_gpus: bool = Fa
         return []
     if engine == "docker":
         return ["--gpus", '"device=' + ",".join(map(str, gpu_ids)) + '"']
-    out: list[str] = []
-    for i in gpu_ids:
-        out += ["--device", f"nvidia.com/gpu={i}"]
-    return out
+    return [arg for i in gpu_ids for arg in ("--device", f"nvidia.com/gpu={i}")]
 
 
 def engine_run_argv(engine: Engine, spec: JobSpec, *, name: str, cli: Sequence[str] | None = None,

@@ -72,8 +72,8 @@ def options_for(spec: JobSpec, *, launcher_prefix: Sequence[str] = ()) -> SlurmO
     part = env.partition_named(spec.partition) if env else None
     if part is None and env is not None:
         part = next((p for p in env.partitions if p.default), None)
-    style: GresStyle = "gres" if part is not None and (part.requires_gres or part.gpu_type) else (
-        "gpus-per-node")
+    gres = part is not None and (part.requires_gres or part.gpu_type)
+    style: GresStyle = "gres" if gres else "gpus-per-node"
     mpi = env.pmix.preferred if env is not None else None
     return SlurmOptions(gres_style=style, gres_type=part.gpu_type if part is not None else None,
                         mpi=mpi, launcher_prefix=tuple(launcher_prefix))
