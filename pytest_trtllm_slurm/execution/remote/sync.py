@@ -70,6 +70,10 @@ class SyncResult(BaseModel):
     seconds: float = 0.0
     warnings: list[str] = Field(default_factory=list)
 
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        log.warning("code sync: %s", message)
+
 
 @dataclass
 class PreparedSync:
@@ -288,8 +292,7 @@ def _stash_leftovers(shell: Shell, repo: str, result: SyncResult) -> None:
                        "--quiet", "-m", f"auto-stash before remote sync {result.branch}", "--",
                        ".", STASH_EXCLUDE], timeout=300)
     if not stash.ok:
-        result.warnings.append(f"remote leftovers could not be stashed: {stash.describe()}")
-        log.warning("code sync: %s", result.warnings[-1])
+        result.warn(f"remote leftovers could not be stashed: {stash.describe()}")
     else:
         result.stashed = True
 
@@ -335,10 +338,8 @@ def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
         deleted = git("push", "--quiet", "--no-progress", push_url, "--delete", branch,
                       timeout=300)
         if deleted.returncode != 0:
-            msg = (f"temp branch {branch} could not be deleted on origin: "
-                   f"{deleted.stderr.strip()}; delete it by hand")
-            result.warnings.append(msg)
-            log.warning("code sync: %s", msg)
+            result.warn(f"temp branch {branch} could not be deleted on origin: "
+                        f"{deleted.stderr.strip()}; delete it by hand")
 
 
 def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
@@ -375,10 +376,8 @@ def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> 
     res = _clone(shell, remote_repo, url)
     if res.ok:
         return True
-    msg = (f"origin ({url}) could not be cloned on {shell.name} ({res.describe()}); the whole "
-           "history is sent over SSH instead")
-    result.warnings.append(msg)
-    log.warning("code sync: %s", msg)
+    result.warn(f"origin ({url}) could not be cloned on {shell.name} ({res.describe()}); the "
+                "whole history is sent over SSH instead")
     shell.run(["rm", "-rf", "--", remote_repo], timeout=300)  # a half-made clone
     return False
 
