@@ -142,7 +142,7 @@ def test_sync_tracked_and_untracked_local_repo_untouched(repos: dict[str, Path],
     before = snapshot(local)
     remote = repos["remote_root"] / "proj"
     result = sync_workspace(local, ssh_shell, str(remote), user="root", name="my model/v1")
-    assert result.cloned and result.untracked_files == 3 and not result.warnings
+    assert result.cloned and len(result.untracked) == 3 and not result.warnings
     assert result.branch.startswith("root_my_model_v1_") and len(result.branch) == len(
         "root_my_model_v1_") + 14
     # tracked changes (staged, unstaged, new, deleted) and untracked files all took effect

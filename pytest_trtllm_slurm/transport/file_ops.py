@@ -1,13 +1,6 @@
 """Several file operations on a Shell's host in one round trip where the shell can carry
-them together (the SSH relay's ``batch``), one by one otherwise.
-
-Why: a served batch's request is a few folders, files and removals on the login node,
-each depending on the one before (a write into the folder a mkdir makes); over SSH each
-was a round trip on the critical path between the run's start and its first test. Done
-as one relay message they cost one. Each operation is the same as alone (``Shell.mkdir``'s
-verified 0700 folders, ``write_file``'s O_EXCL|O_NOFOLLOW atomic 0600 files): only the
-number of messages changes. On this machine's files (``LocalShell``) they run exactly as
-the single calls did.
+them together (the SSH relay's ``batch``), one by one otherwise: a served batch's folders,
+files and removals on the login node cost one message, each op exactly as alone.
 """
 
 from __future__ import annotations

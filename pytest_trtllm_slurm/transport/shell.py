@@ -1,8 +1,5 @@
-"""Where commands run: the local machine or, later, an SSH host.
-
-Every executor talks to a Shell, so Slurm recipes are written once and run
-locally (LocalShell) or remotely (SSHShell). Commands are argv lists; nothing
-is ever joined into a shell string without shlex.quote.
+"""Where commands run: this machine (LocalShell) or an SSH host, behind one Shell protocol;
+commands are argv lists, never joined into a shell string without shlex.quote.
 """
 
 from __future__ import annotations
@@ -43,16 +40,9 @@ class Shell(Protocol):
 
     name: str
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout: float | None = 60,
-        input: str | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        retry_on_drop: bool = True,
-    ) -> CommandResult:
+    def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            retry_on_drop: bool = True) -> CommandResult:
         """Run argv. ``retry_on_drop=False`` marks a command that must not run twice
         (a submission): a remote shell then raises instead of re-running it after a
         dropped connection. Local shells ignore it."""
@@ -102,16 +92,9 @@ class LocalShell:
     name = "localhost"
     parallel_safe = True  # run() may be called from several threads at once
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout: float | None = 60,
-        input: str | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        retry_on_drop: bool = True,  # nothing drops locally
-    ) -> CommandResult:
+    def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            retry_on_drop: bool = True) -> CommandResult:  # (nothing drops locally)
         with timed_command(self.name, argv) as outcome:
             outcome.append(self._run(argv, timeout=timeout, input=input, env=env, cwd=cwd))
         return outcome[0]
@@ -120,16 +103,8 @@ class LocalShell:
              env: dict[str, str] | None, cwd: str | None) -> CommandResult:
         full_env = {**os.environ, **env} if env else None
         try:
-            proc = subprocess.run(
-                argv,
-                input=input,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env=full_env,
-                cwd=cwd,
-                check=False,
-            )
+            proc = subprocess.run(argv, input=input, capture_output=True, text=True,
+                                  timeout=timeout, env=full_env, cwd=cwd, check=False)
         except FileNotFoundError as exc:
             return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found ({exc.strerror})")
         except subprocess.TimeoutExpired as exc:

@@ -1,8 +1,5 @@
-"""local_direct: run a batch as a subprocess of this machine (the embedded default).
-
-Each job gets its own process group so a hang, a timeout or Ctrl-C kills the
-whole tree. When the machine has GPUs, concurrent jobs get disjoint
-CUDA_VISIBLE_DEVICES slices; a job waits (PENDING) until its slice is free.
+"""local_direct: run a batch as a subprocess of this machine (the embedded default), in its
+own process group, with a disjoint CUDA_VISIBLE_DEVICES slice when there are GPUs.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """local_docker: run a batch in a local container (``docker run`` or ``podman run``).
 
-Like local_direct, with the worker inside the JobSpec's image (``containers.engine_run_argv``:
-host paths kept, the plugin mounted read-only). The image must already be in the engine's
-store (``--pull=never``; a missing one is a ConfigError before the first run). Each job
-gets a disjoint slice of this machine's GPUs and waits for it. Hang, timeout, cancel and
-close: ``rm -f`` (again after the client's process group is killed, for a container made
-in the race); ``remove_orphans`` removes the containers of controllers that are gone.
+The worker runs inside the JobSpec's image (``containers.engine_run_argv``), which must be
+in the engine's store (``--pull=never``); each job gets a disjoint GPU slice. Hang, timeout,
+cancel and close: ``rm -f`` (again after the client is killed); ``remove_orphans``.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from typing import Literal
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.local.process import LocalJob, LocalProcessExecutor
-from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.containers import (
     JOB_LABEL,
@@ -67,11 +63,9 @@ def has_cap_sys_resource() -> bool:
 
 
 def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -> list[str]:
-    """The resource flags TensorRT-LLM's images want (``ContainerExecutor(run_flags=)``
-    replaces them). Without CAP_SYS_RESOURCE (some VMs and CI sandboxes: setrlimit fails
-    and the container does not start) no ``memlock=-1``, and podman gets explicit
-    ``nofile``/``nproc`` at the host's hard limits (it would ask for 1048576 open files,
-    and any ``--ulimit`` replaces containers.conf's defaults)."""
+    """The resource flags TensorRT-LLM's images want. Without CAP_SYS_RESOURCE (setrlimit
+    fails) no ``memlock=-1``, and podman gets ``nofile``/``nproc`` at the host's hard
+    limits (any ``--ulimit`` replaces containers.conf's defaults)."""
     if can_raise_limits is None:
         can_raise_limits = has_cap_sys_resource()
     if can_raise_limits:
@@ -81,8 +75,8 @@ def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
         nofile = 1048576 if nofile == resource.RLIM_INFINITY else nofile
-        nproc = PODMAN_NPROC_CEILING if nproc == resource.RLIM_INFINITY else nproc
-        nproc = min(nproc, PODMAN_NPROC_CEILING)
+        nproc = (PODMAN_NPROC_CEILING if nproc == resource.RLIM_INFINITY
+                 else min(nproc, PODMAN_NPROC_CEILING))
         flags += ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
     return flags
 
@@ -90,31 +84,16 @@ def default_run_flags(engine: Engine, *, can_raise_limits: bool | None = None) -
 class ContainerExecutor(LocalProcessExecutor):
     """Runs JobSpecs in local containers (local_docker), docker or podman."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        cli: Sequence[str] | None = None,
-        engine_env: Mapping[str, str] | None = None,
-        gpu_ids: list[int] | None = None,
-        models_root: str | None = None,
-        run_flags: Sequence[str] | None = None,
-        extra_flags: Sequence[str] = (),
-        python: str = "python3",
-        network: str | None = "host",
-        user: str | None = "auto",
-        mount_plugin: bool = True,
-    ) -> None:
-        """
-        engine: "docker" or "podman". cli: the argv prefix that reaches the engine (default
-        ``[engine]``; e.g. ``["docker", "-H", "unix:///path/docker.sock"]``). engine_env:
-        extra environment for the engine CLI (DOCKER_HOST, CONTAINERS_CONF, ...).
-        gpu_ids: this machine's GPUs (none: no GPU flags). run_flags: replaces
-        ``default_run_flags(engine)``; extra_flags are appended. python: the image's
-        interpreter. user: "auto" runs docker containers as the caller's uid:gid when that
-        is not root (files in the work dir stay readable; rootless podman maps root to the
-        caller already), None the image's user, else the ``--user`` value.
-        """
+    def __init__(self, engine: Engine, *, cli: Sequence[str] | None = None,
+                 engine_env: Mapping[str, str] | None = None, gpu_ids: list[int] | None = None,
+                 models_root: str | None = None, run_flags: Sequence[str] | None = None,
+                 extra_flags: Sequence[str] = (), python: str = "python3",
+                 network: str | None = "host", user: str | None = "auto",
+                 mount_plugin: bool = True) -> None:
+        """``cli``: the argv prefix reaching the engine (default ``[engine]``); ``engine_env``:
+        extra environment for it; ``run_flags`` replaces ``default_run_flags(engine)``,
+        ``extra_flags`` are appended; ``user="auto"``: docker runs as the caller's uid:gid
+        unless root (rootless podman maps root already), None: the image's user."""
         if engine not in ENGINES:
             raise ConfigError(f"container engine {engine!r}: expected one of {', '.join(ENGINES)}")
         self.engine: Engine = engine
@@ -135,23 +114,18 @@ class ContainerExecutor(LocalProcessExecutor):
         self._orphans_checked = False
 
     @classmethod
-    def from_local_env(
-        cls, local: LocalEnv, *, engine: str | None = None, **kwargs: object
-    ) -> ContainerExecutor:
+    def from_local_env(cls, local: LocalEnv, *, engine: str | None = None,
+                       **kwargs: object) -> ContainerExecutor:
         """The engine that answered the probe (docker first), or ``engine`` when forced."""
         chosen = engine or local.container_engine
         if not chosen:
             notes = "; ".join(n for n in local.notes if n.startswith("container")) or "none"
             raise ConfigError(
                 "local_docker needs a container engine, and neither docker nor podman answers "
-                f"here ({notes}); start one, or choose another scenario"
-            )
-        if chosen not in ENGINES:
-            raise ConfigError(f"container engine {chosen!r}: expected one of {', '.join(ENGINES)}")
+                f"here ({notes}); start one, or choose another scenario")
         gpu_ids = kwargs.pop("gpu_ids", None) or list(range(local.gpu_count))
         return cls(chosen, gpu_ids=gpu_ids, **kwargs)  # type: ignore[arg-type]
 
-    # -- engine calls ---------------------------------------------------------
     def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, **self.engine_env, **(extra or {})}
 
@@ -166,10 +140,9 @@ class ContainerExecutor(LocalProcessExecutor):
 
     def _engine_once(self, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run(
-                [*self.cli, *args], capture_output=True, text=True, timeout=timeout,
-                stdin=subprocess.DEVNULL, env=self._env(), check=False,
-            )
+            return subprocess.run([*self.cli, *args], capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL, env=self._env(),
+                                  check=False)
         except FileNotFoundError as exc:
             return subprocess.CompletedProcess(args, 127, "", str(exc))
         except subprocess.TimeoutExpired as exc:
@@ -191,8 +164,7 @@ class ContainerExecutor(LocalProcessExecutor):
                 f"container image {image!r} is not in {self.engine}'s local image store "
                 f"({shlex.join(self.cli)}: {detail})."
                 f" Images are never pulled: `{self.engine} pull {image}` (or load/build it) "
-                "first, or choose another image with --trtllm-container-image"
-            )
+                "first, or choose another image with --trtllm-container-image")
         self._images_ok.add(image)
 
     def remove_orphans(self) -> list[str]:
@@ -212,13 +184,11 @@ class ContainerExecutor(LocalProcessExecutor):
             self._remove(name)
         return dead
 
-    # -- Executor protocol ----------------------------------------------------
     def submit(self, spec: JobSpec) -> JobHandle:
         if not spec.container_image:
             raise ConfigError(
                 f"batch {spec.name!r} is routed to local_docker but has no container image; "
-                "set --trtllm-container-image (or container_image in the clusters file)"
-            )
+                "set --trtllm-container-image (or container_image in the clusters file)")
         self.check_image(spec.container_image)
         if not self._orphans_checked:
             self._orphans_checked = True
@@ -237,21 +207,23 @@ class ContainerExecutor(LocalProcessExecutor):
         all_gpus = bool(gpus) and sorted(gpus) == sorted(self._all_gpus)
         return engine_run_argv(
             self.engine, spec, name=name, cli=self.cli, run_flags=self.run_flags,
-            gpu_ids=list(gpus), all_gpus=all_gpus,
-            mounts=job_mounts(spec, models_root=self.models_root,
-                              include_plugin=self.mount_plugin),
-            env=container_env(spec, models_root=self.models_root,
-                              include_plugin=self.mount_plugin),
-            env_file=env_file, network=self.network, user=self.user, python=self.python,
-            command=command, labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name},
-        )
+            gpu_ids=list(gpus), all_gpus=all_gpus, mounts=self._mounts(spec),
+            env=self._container_env(spec), env_file=env_file, network=self.network,
+            user=self.user, python=self.python, command=command,
+            labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name})
+
+    def _mounts(self, spec: JobSpec) -> list[str]:
+        return job_mounts(spec, models_root=self.models_root, include_plugin=self.mount_plugin)
+
+    def _container_env(self, spec: JobSpec) -> dict[str, str]:
+        return container_env(spec, models_root=self.models_root,
+                             include_plugin=self.mount_plugin)
 
     def _launch(self, job: LocalJob) -> None:
         """Values reach the engine through its environment (``-e NAME``) and, for the names
         its CLI reads itself, a pipe given as ``--env-file /dev/fd/N``: none is in ``ps``
         (the command line) or on disk."""
-        job_env = container_env(job.spec, models_root=self.models_root,
-                                include_plugin=self.mount_plugin)
+        job_env = self._container_env(job.spec)
         in_file = {k: v for k, v in job_env.items() if client_sensitive(k)}
         env = self._env({k: v for k, v in job_env.items() if not client_sensitive(k)})
         banner = (f"[trtllm-slurm] container {job.name}: {self.engine} "
@@ -273,11 +245,13 @@ class ContainerExecutor(LocalProcessExecutor):
             os.close(read_fd)
         threading.Thread(target=_write_and_close, args=(write_fd, text), daemon=True).start()
 
-    def _exit_state(self, code: int) -> JobState:
-        if code == 0:
-            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist="localhost")
-        return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost",
-                        reason=_exit_reason(self.engine, code))
+    def _exit_reason(self, code: int) -> str | None:
+        if code < 0:
+            return f"the {self.engine} client was killed by signal {signal.Signals(-code).name}"
+        return {125: f"{self.engine} could not start the container (exit 125; see the job log)",
+                126: "the command in the container could not be executed (exit 126)",
+                127: "the command was not found in the container image (exit 127)",
+                137: "killed by SIGKILL (exit 137; out of memory?)"}.get(code)
 
     def cancel(self, handle: JobHandle) -> None:
         """Kill and remove the container, then stop the engine client."""
@@ -298,15 +272,10 @@ class ContainerExecutor(LocalProcessExecutor):
         argv = engine_run_argv(
             self.engine, spec, name=safe_name(f"trtllm-rerun-{spec.name}", 50), cli=self.cli,
             run_flags=self.run_flags, all_gpus=bool(self._all_gpus and spec.total_devices),
-            mounts=job_mounts(spec, models_root=self.models_root,
-                              include_plugin=self.mount_plugin),
-            env={}, network=self.network, user=self.user, python=self.python, command=command,
-        )
-        env = container_env(spec, models_root=self.models_root,
-                            include_plugin=self.mount_plugin)
-        flags: list[str] = []
-        for key, value in sorted(env.items()):
-            flags += ["-e", key if is_secret(key, value) else f"{key}={value}"]
+            mounts=self._mounts(spec), env={}, network=self.network, user=self.user,
+            python=self.python, command=command)
+        flags = [arg for key, value in sorted(self._container_env(spec).items())
+                 for arg in ("-e", key if is_secret(key, value) else f"{key}={value}")]
         image_at = argv.index(spec.container_image or "")
         argv[image_at:image_at] = flags
         return f"cd {shell_word(workdir_of(spec))} && {shell_join(argv)}"
@@ -325,20 +294,6 @@ class ContainerExecutor(LocalProcessExecutor):
         res = self._engine("ps", "-a", "--filter", f"label={OWNER_LABEL}={self.owner}",
                            "--format", "{{.Names}}")
         return res.stdout.split() if res.returncode == 0 else []
-
-
-def _exit_reason(engine: str, code: int) -> str | None:
-    if code == 125:
-        return f"{engine} could not start the container (exit 125; see the job log)"
-    if code == 126:
-        return "the command in the container could not be executed (exit 126)"
-    if code == 127:
-        return "the command was not found in the container image (exit 127)"
-    if code == 137:
-        return "killed by SIGKILL (exit 137; out of memory?)"
-    if code < 0:
-        return f"the {engine} client was killed by signal {signal.Signals(-code).name}"
-    return None
 
 
 def _write_and_close(fd: int, data: bytes) -> None:

@@ -1,9 +1,6 @@
 """What the two local executors share: a job is one client process in its own process
-group, its output appended to the job log, GPUs handed out in disjoint slices.
-
-local_direct runs the worker itself; local_docker runs the engine's client, which runs
-the container. Both wait (PENDING) while their GPU slice is taken, and both kill the
-whole group on hang, timeout or Ctrl-C.
+group (killed whole on hang, timeout or Ctrl-C), its output appended to the job log, GPUs
+handed out in disjoint slices (a job waits PENDING for its slice).
 """
 
 from __future__ import annotations
@@ -51,20 +48,14 @@ class LocalProcessExecutor(Executor):
         """This machine's GPUs (a CPU-only batch runs one at a time)."""
         return Capacity(local_gpus=len(self._all_gpus))
 
-    # -- hooks ----------------------------------------------------------------
     def _launch(self, job: LocalJob) -> None:
         """Start ``job`` (its GPUs are taken already): call ``_spawn``."""
         raise NotImplementedError
 
-    def _exit_state(self, code: int) -> JobState:
-        """What a client exit code means."""
-        if code == 0:
-            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist="localhost")
-        reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else None
-        return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost",
-                        reason=reason)
+    def _exit_reason(self, code: int) -> str | None:
+        """Why a client's nonzero exit code failed the job (None: the code says it)."""
+        return f"killed by signal {signal.Signals(-code).name}" if code < 0 else None
 
-    # -- shared -----------------------------------------------------------------
     def _try_start(self, job_id: str) -> None:
         job = self._jobs[job_id]
         if job.proc is not None or job.cancelled:
@@ -84,16 +75,9 @@ class LocalProcessExecutor(Executor):
         if banner:
             job.log.write(banner.encode())
             job.log.flush()
-        job.proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=job.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            pass_fds=tuple(pass_fds),
-        )
+        job.proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                                    stdout=job.log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, pass_fds=tuple(pass_fds))
 
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         states: dict[str, JobState] = {}
@@ -116,7 +100,10 @@ class LocalProcessExecutor(Executor):
             return JobState(status=JobStatus.RUNNING, nodelist="localhost")
         if job.cancelled:
             return JobState(status=JobStatus.CANCELLED, exit_code=code, nodelist="localhost")
-        return self._exit_state(code)
+        if code == 0:
+            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist="localhost")
+        return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost",
+                        reason=self._exit_reason(code))
 
     def _release(self, job: LocalJob) -> None:
         if job.log is not None:

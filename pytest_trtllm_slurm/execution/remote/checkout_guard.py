@@ -1,20 +1,9 @@
 """One remote checkout, several runs at once: they may share it only while they test the
-same code.
+same code (the sync rewrites it in place; a per-run copy would cost a clone and a rebuild).
 
-Why: the code sync rewrites the remote checkout in place, so a second run (another
-terminal, another machine, another CI job of the same user) syncing other code would change
-the files under the tests the first run is still running. What a user expects: two runs
-of the same code simply share the checkout (nothing is re-sent, nothing is stashed under
-the other run), and a run of other code stops before it touches anything, with an error
-that names the checkout, the run using it and how to proceed. A per-run copy of the
-checkout was not chosen: a TensorRT-LLM checkout is gigabytes and its build
-(``build_project``) lives in it, so a silent copy would cost a clone and a rebuild per run.
-
-Each run's record in the cluster's run registry (``runs``) names the checkout and
-a key of the code it synced there (the snapshot's tree and the untracked files' content);
-a run is live while it holds its lock there, so a crashed run never blocks the checkout.
-The check and the sync happen under one lock on the cluster, so two runs starting at the
-same moment cannot both pass the check and then both sync.
+Each run's record in the cluster's run registry names the checkout and its code's key; a
+run is live while it holds its lock, so a crashed run never blocks. The check and the sync
+happen under one lock on the cluster, so two runs cannot both pass and both sync.
 """
 
 from __future__ import annotations
@@ -45,11 +34,9 @@ _BOTH = 'sh -c "$1" sh "$2"; printf "\\036\\n"; shift 2; exec "$@"'
 def checkout_claimed(runs: RunRegistry, checkout: str,
                      prepare: Callable[[], PreparedSync]
                      ) -> Iterator[tuple[PreparedSync, list[RunRecord], RemoteCheckout]]:
-    """Hold the checkout's lock while the caller syncs into ``checkout``; yields what
-    ``prepare()`` made (run while the lock and this run's own lease are being taken), the
-    live runs that test the same code there (the sync must not disturb them) and what the
-    checkout holds now. ExecutionError when a live run tests other code there; once the
-    sync is done this run's record names the checkout and its code."""
+    """Hold the checkout's lock while the caller syncs; yields ``prepare()``'s result, the live
+    runs testing the same code there (not to be disturbed) and what the checkout holds now.
+    ExecutionError when a live run tests other code there."""
     runs.make_folder()
     runs.start_lease()
     lock = ShellLock(runs.shell, Runs(runs.folder).checkout_lock, max_hold=SYNC_LOCK_WAIT + 60)
@@ -97,5 +84,4 @@ def conflict_message(host: str, checkout: str, other: RunRecord, prepared: Prepa
         f"; {other.code_note or 'its code'}). This run has {prepared.describe()}; syncing it "
         "now would change the files under that run's tests, so nothing was synced. Wait for "
         "that run to finish, or give this run its own checkout: point user_root_dir of the "
-        "cluster's table at another folder (for example one per CI job)"
-    )
+        "cluster's table at another folder (for example one per CI job)")

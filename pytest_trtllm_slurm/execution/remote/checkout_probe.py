@@ -1,11 +1,6 @@
-"""What a remote checkout holds, read in one round trip (the code sync's first look).
-
-Why: every SSH command costs a round trip (about half a second on the dev cluster's sshd),
-so the sync asks once for all it needs to decide what to send: whether the checkout exists,
-its HEAD and branch, its refs (what a bundle may leave out), the record the last sync left
-there (``SYNC_RECORD``: the commit and each shipped untracked file's blob id) and ``git status``
-(tracked edits and files no sync put there, ``work_dirs`` left out). With the record, a sync
-with no change sends nothing.
+"""What a remote checkout holds, read in one round trip (the code sync's first look): whether
+it exists, its HEAD, branch and refs, the last sync's record (``SYNC_RECORD``) and ``git
+status``; with the record, a sync with no change sends nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +30,8 @@ bad=$(find "$repo" -maxdepth 0 \( ! -user "$uid" -o -perm -020 -o -perm -002 \) 
 if [ -n "$bad" ]; then printf '%s\n' "$bad"; exit 13; fi
 """
 
-# one round trip: is there a checkout, is it safe to run git in (``VERIFY``: an unsafe one
-# says "untrusted" and the first bad path, and no git runs there), its HEAD and branch, its
-# refs, the sync record and what differs from HEAD (tracked edits and untracked files,
-# work_dirs left out). A sync with no change needs nothing more.
+# one round trip: the checkout's presence, its trust (``VERIFY``: "untrusted" and the first
+# bad path, no git run there), HEAD, branch, refs, the sync record and ``git status``
 _PROBE = r"""
 repo=$1
 [ -d "$repo/.git" ] || { echo missing; exit 0; }
@@ -102,7 +95,6 @@ def parse_probe(stdout: str) -> RemoteCheckout:
         return RemoteCheckout(present=True, untrusted=(lines[1:2] or ["?"])[0] or "?")
     if not lines or lines[0] != "present" or len(lines) < 6:
         return RemoteCheckout(present=False)
-    record = None
     try:
         record = SyncRecord.model_validate(json.loads(lines[4])) if lines[4] else None
     except (ValueError, ValidationError):

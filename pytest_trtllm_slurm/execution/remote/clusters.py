@@ -1,10 +1,7 @@
 """The run's remote clusters: one SSH connection each, and what discovery found there.
 
-Planning needs a remote cluster's partitions, GPUs per node and type to size a test
-(``skip_less_mpi_world_size(8)`` on 4-GPU nodes is 2 nodes x 4); the executor needs the
-same connection to sync and submit. Both go through one ``RemoteClusters`` so a cluster
-is connected once per run (one one-time code with MFA) and discovered once, the
-discovery cached on disk like the local one (``discovery_cache``), keyed by cluster.
+Planning (sizing tests) and the executor (sync, submit) share one ``RemoteClusters``, so a
+cluster is connected once per run (one one-time code with MFA) and discovered once.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""A remote cluster's SSH connection opened before pytest imports the suite.
-
-Why: connecting (the SSH handshake, the login-node relay's start: a login shell and a
-python3) takes about half a second to a second, and a run has nothing else to do while
-it waits for it. Started from ``pytest_load_initial_conftests`` in a thread, it overlaps
-the import of the suite's conftests, collection and planning; ``RemoteClusters`` takes it
-on its first use of that cluster. Only for a cluster named by ``--slurm-cluster`` that
-logs in with a key and nothing typed (paramiko, ``mfa = false``): a prompt for a one-time
-code must never come from a thread in the middle of collection. A failure here is kept
-quiet: the run connects again the usual way, and reports the error then.
+"""A remote cluster's SSH connection (and relay) opened in a thread before pytest imports
+the suite, overlapping import, collection and planning; ``RemoteClusters`` takes it. Only
+for logins that need nothing typed (paramiko, ``mfa = false``); a failure stays quiet and
+the run connects again the usual way.
 """
 
 from __future__ import annotations
@@ -94,17 +88,15 @@ class EarlyConnections:
         """End the connections no one took, and stop the early sessions (and end the run's
         record) of every cluster the run dispatched nothing to: left alone, those sessions
         would hold their node's memory until their idle exit."""
-        while self._early:
-            _, early = self._early.popitem()
-            early.thread.join()
-            for shell in early.shell:
-                _undo(early, shell)
-                shell.close()
-        while self._taken:  # taken by planning (discovery), but nothing was dispatched there
-            _, early = self._taken.popitem()
-            early.thread.join()
-            for shell in early.shell:  # still open: the run's RemoteClusters closes it later
-                _undo(early, shell)
+        # a taken one was used by planning (discovery) only: RemoteClusters closes it later
+        for pending, close in ((self._early, True), (self._taken, False)):
+            while pending:
+                _, early = pending.popitem()
+                early.thread.join()
+                for shell in early.shell:
+                    _undo(early, shell)
+                    if close:
+                        shell.close()
 
 
 def _connect(early: _Early) -> None:

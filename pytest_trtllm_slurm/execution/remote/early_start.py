@@ -1,14 +1,9 @@
 """A remote cluster's sync and warm-worker sessions, from the early connection's thread.
 
-Why: locally a warm run's sessions import the suite while the controller does
-(``controller.warm_start``). Over SSH they could not: a session must never import code older
-than what the run syncs, and the sync came after collection. Here, on the connection opened
-while pytest imports the suite (``early_connect``), the code is synced first, then one
-session is asked of each live agent of the cluster's persistent allocation (its state lives
-on the cluster), exactly as locally. The executor takes what was done (``EarlyRemote``): the
-same run registry (lease, checkout claim); no second sync when the local code is still the
-synced code; when it changed meanwhile, the early sessions are stopped (they imported the
-older code) and it syncs again.
+A session must never import code older than what the run syncs, so the code is synced
+first, then one session is asked of each live agent of the persistent allocation. The
+executor takes what was done (``EarlyRemote``); when the local code changed meanwhile the
+early sessions are stopped and it syncs again.
 """
 
 from __future__ import annotations
@@ -24,14 +19,13 @@ from pathlib import Path
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.records import load_json
 from pytest_trtllm_slurm.execution.remote.executor import PathMap
-from pytest_trtllm_slurm.execution.remote.sync import prepare_sync
 from pytest_trtllm_slurm.execution.remote.workspace import (
     RemotePaths,
     preflight,
+    prepare_for,
     remote_paths,
     shared_state_dir,
     sync_cluster,
-    toplevel,
 )
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
@@ -155,9 +149,7 @@ def code_key(cluster: ClusterConfig, rootdir: Path) -> str | None:
     Local git only (a snapshot into a private index): nothing is sent."""
     if cluster.sync == "none":
         return None
-    return prepare_sync(toplevel(rootdir), user="early", name="check",
-                        via="origin" if cluster.sync == "git-origin" else "ssh",
-                        ship_secrets=cluster.sync_secrets).key
+    return prepare_for(cluster, rootdir, user="early", name="check").key
 
 
 def still_current(early: EarlyRemote, cluster: ClusterConfig, rootdir: Path,

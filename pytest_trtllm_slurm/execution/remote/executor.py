@@ -1,10 +1,5 @@
-"""remote_slurm: the same SlurmExecutor, over an SSH shell, with paths mapped.
-
-Nothing Slurm-specific lives here. A JobSpec is written by the controller with local
-paths; before submission every local path prefix (the rootdir, the work root) is
-replaced by its remote counterpart and the interpreter by the cluster's, the node-id
-file and job_spec.json are written on the cluster, and the Slurm executor runs the
-mapped spec. The monitor then reads reports and logs through the SSH shell by offset.
+"""remote_slurm: the same SlurmExecutor over an SSH shell, with the JobSpec's local path
+prefixes (rootdir, work root) and interpreter mapped to the cluster's before submission.
 """
 
 from __future__ import annotations
@@ -27,9 +22,8 @@ class PathMap:
     """Local path prefixes -> remote ones, longest first."""
 
     def __init__(self, pairs: dict[str, str], python: str) -> None:
-        self.pairs = sorted(
-            ((k.rstrip("/"), v.rstrip("/")) for k, v in pairs.items()), key=lambda kv: -len(kv[0])
-        )
+        self.pairs = sorted(((k.rstrip("/"), v.rstrip("/")) for k, v in pairs.items()),
+                            key=lambda kv: -len(kv[0]))
         self.python = python
 
     def text(self, value: str) -> str:
@@ -50,14 +44,8 @@ class PathMap:
     def spec(self, spec: JobSpec, interpreter: str) -> JobSpec:
         update: dict[str, object] = {
             name: self.text(getattr(spec, name))
-            for name in (
-                "rootdir",
-                "invocation_dir",
-                "work_dir",
-                "log_path",
-                "reports_path",
-                "nodeids_file",
-            )
+            for name in ("rootdir", "invocation_dir", "work_dir", "log_path", "reports_path",
+                         "nodeids_file")
             if getattr(spec, name)
         }
         update["command"] = self.argv(spec.command, interpreter=interpreter)

@@ -1,9 +1,6 @@
-"""Which files look like secrets, so code sync never ships them unless asked.
-
-Matched on the file's name (case-insensitive) and on a few folders that hold only
-credentials (``.ssh``, ``.aws``, ``.gnupg``...). A false positive costs a file the user can
-ship on purpose (``sync_secrets = true``); a false negative leaks a key, so the list errs on
-the side of withholding.
+"""Which files look like secrets (by name, and a few credential folders such as ``.ssh``),
+so code sync never ships them unless ``sync_secrets = true``: the list errs on the side of
+withholding (a false negative leaks a key).
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
-"""Code sync to a remote checkout (seed Step 4): a snapshot commit for tracked changes, a
-tar stream for untracked files.
+"""Code sync to a remote checkout: tracked changes as a snapshot commit, untracked files as
+a tar stream; only what the remote lacks is sent.
 
-The snapshot commit is built with a private index file (``GIT_INDEX_FILE`` + ``add -u`` +
-``write-tree`` + ``commit-tree``), so the user's branch, index, working tree, stash and refs
-(remote-tracking ones included) are never touched -- even when a step fails halfway.
-
-How the snapshot travels (``via``):
-
-- ``"ssh"`` (``sync = "git"``, the default): as a git bundle over the run's own SSH
-  connection, holding only the commits the remote checkout lacks, then ``git fetch
-  <bundle>`` there. Nothing reaches origin (it may be a public fork); origin is only read,
-  to clone the remote checkout the first time (an empty repository when it cannot be).
-- ``"origin"`` (``sync = "git-origin"``, the seed's way): pushed to origin as a temp branch,
-  fetched from there, and deleted from origin again.
-
-The remote checkout uses ``checkout -B <temp branch>`` so ``git status`` there names the
-snapshot; older temp branches of the same ``<user>_<name>_`` prefix are pruned from it.
-Untracked files are listed in the run's output before they are shipped; files that look
-like secrets (secret_files.looks_secret) are never shipped, nor uncommitted changes to
-tracked ones, unless ``ship_secrets`` (``sync_secrets = true``).
-
-Only what changed since the last sync is sent: the snapshot commit is deterministic (HEAD's
-date, so the same tree on the same HEAD is the same commit), the remote checkout keeps a
-record of what was synced (``.git/trtllm-sync.json``: the commit and each untracked file's
-blob id), and one round trip (``checkout_probe.probe``) tells what is there. When the
-remote is at the snapshot and holds nothing else, no commit is sent, nothing is checked
-out and only the untracked files whose content changed are shipped (removed ones are
-removed there).
-Leftovers on the remote (edits, files a session left) are stashed, and then
-every untracked file is shipped again.
+The snapshot is built in a private index (``GIT_INDEX_FILE``), so the user's branch, index,
+working tree, stash and refs are never touched. It travels as a git bundle over the run's
+SSH connection (``via="ssh"``; origin is only read, to clone the first time) or as a temp
+branch on origin (``via="origin"``), and is checked out there with ``checkout -B``. It is
+dated as HEAD is, so the same tree gives the same commit; ``.git/trtllm-sync.json`` records
+what was synced, and ``checkout_probe.probe`` reads it in one round trip. Leftovers on the
+remote are stashed first. Secret-looking files (``secret_files``) are never shipped unless
+``ship_secrets``.
 """
 
 from __future__ import annotations
@@ -80,7 +60,6 @@ class SyncResult(BaseModel):
     remote_repo: str
     via: Via = "ssh"
     cloned: bool = False
-    untracked_files: int = 0
     untracked: list[str] = Field(default_factory=list)  # shipped, relative to the repo top
     withheld: list[str] = Field(default_factory=list)  # looked like secrets: not shipped
     bundle_bytes: int = 0  # via ssh: the bundle's size (0: the remote had the commit)
@@ -90,6 +69,10 @@ class SyncResult(BaseModel):
     removed: list[str] = Field(default_factory=list)  # untracked files gone here, removed there
     seconds: float = 0.0
     warnings: list[str] = Field(default_factory=list)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        log.warning("code sync: %s", message)
 
 
 @dataclass
@@ -171,20 +154,15 @@ class _Git:
             raise ExecutionError(
                 f"code sync failed while {check}: `git {_masked(args)}` exit code "
                 f"{proc.returncode}: {_masked([detail[-1]]) if detail else ''}; the local "
-                "repository was "
-                "not changed"
-            )
+                "repository was not changed")
         return proc
 
 
 def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: str,
                    name: str, now: datetime | None = None, via: Via = "ssh",
                    ship_secrets: bool = False, say: Say | None = None) -> SyncResult:
-    """Make ``remote_repo`` (on ``shell``) match the local working tree: tracked changes as
-    a snapshot commit (``via`` the SSH connection, or through origin), untracked (not
-    ignored) files as a tar stream; only what the remote lacks is sent. ``say`` gets the
-    lines a user should see (the untracked files before they are shipped, what was
-    withheld)."""
+    """Make ``remote_repo`` (on ``shell``) match the local working tree, sending only what it
+    lacks; ``say`` gets the lines a user should see (untracked files shipped, withheld)."""
     # the look at the remote (one round trip) overlaps the local snapshot
     with ThreadPoolExecutor(1, thread_name_prefix="sync-probe") as pool:
         probing = pool.submit(probe, shell, remote_repo)
@@ -256,11 +234,9 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     if remote.record != record:
         shell.write_file(Checkout(remote_repo).record, record.model_dump_json())
     if result.withheld and say is not None:
-        shown = ", ".join(result.withheld[:LISTED_NAMES])
-        more = len(result.withheld) - LISTED_NAMES
         say(f"code sync: NOT shipped to {shell.name} ({len(result.withheld)} file(s) that look "
             f"like secrets; set sync_secrets = true in the cluster's table to ship them): "
-            f"{shown}" + (f" and {more} more" if more > 0 else ""))
+            + _listed(result.withheld))
     result.seconds = round(time.monotonic() - start, 3)
     return result
 
@@ -316,8 +292,7 @@ def _stash_leftovers(shell: Shell, repo: str, result: SyncResult) -> None:
                        "--quiet", "-m", f"auto-stash before remote sync {result.branch}", "--",
                        ".", STASH_EXCLUDE], timeout=300)
     if not stash.ok:
-        result.warnings.append(f"remote leftovers could not be stashed: {stash.describe()}")
-        log.warning("code sync: %s", result.warnings[-1])
+        result.warn(f"remote leftovers could not be stashed: {stash.describe()}")
     else:
         result.stashed = True
 
@@ -363,10 +338,8 @@ def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
         deleted = git("push", "--quiet", "--no-progress", push_url, "--delete", branch,
                       timeout=300)
         if deleted.returncode != 0:
-            msg = (f"temp branch {branch} could not be deleted on origin: "
-                   f"{deleted.stderr.strip()}; delete it by hand")
-            result.warnings.append(msg)
-            log.warning("code sync: %s", msg)
+            result.warn(f"temp branch {branch} could not be deleted on origin: "
+                        f"{deleted.stderr.strip()}; delete it by hand")
 
 
 def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
@@ -392,18 +365,19 @@ def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
         raise
 
 
+def _clone(shell: Shell, remote_repo: str, url: str) -> CommandResult:
+    shell.mkdir(remote_repo.rstrip("/").rsplit("/", 1)[0] or "/")
+    return shell.run([*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
+                     timeout=3600, retry_on_drop=False)
+
+
 def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> bool:
     """Clone origin (read only) for the history; False, with a warning, when it cannot."""
-    parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
-    shell.mkdir(parent)
-    res = shell.run([*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
-                    timeout=3600, retry_on_drop=False)
+    res = _clone(shell, remote_repo, url)
     if res.ok:
         return True
-    msg = (f"origin ({url}) could not be cloned on {shell.name} ({res.describe()}); the whole "
-           "history is sent over SSH instead")
-    result.warnings.append(msg)
-    log.warning("code sync: %s", msg)
+    result.warn(f"origin ({url}) could not be cloned on {shell.name} ({res.describe()}); the "
+                "whole history is sent over SSH instead")
     shell.run(["rm", "-rf", "--", remote_repo], timeout=300)  # a half-made clone
     return False
 
@@ -455,8 +429,7 @@ def _upload(shell: Shell, local: Path, remote: str) -> None:
     argv = ["sh", "-c", 'umask 077 && cat > "$1"', "sh", remote]
     res, _ = _stream(shell, argv, produce)
     if not res.ok:
-        raise ExecutionError(f"code sync to {shell.name} failed while sending the bundle to "
-                             f"{remote}: {res.describe()}; the local repository was not changed")
+        raise _failed(shell, f"sending the bundle to {remote}", res)
 
 
 def _toplevel(path: Path) -> Path:
@@ -518,23 +491,25 @@ def _keep_head_version(git: _Git, head: str, paths: list[str], env: dict[str, st
         check="keeping changes to secret-looking files out of the snapshot")
 
 
-def _remote(shell: Shell, argv: list[str], what: str, *, timeout: float = 300,
-            retry: bool = True) -> CommandResult:
-    res = shell.run(argv, timeout=timeout, retry_on_drop=retry)
+def _remote(shell: Shell, argv: list[str], what: str) -> CommandResult:
+    res = shell.run(argv, timeout=300)
     if not res.ok:
-        raise ExecutionError(f"code sync to {shell.name} failed while {what}: {res.describe()}; "
-                             "the local repository was not changed")
+        raise _failed(shell, what, res)
     return res
+
+
+def _failed(shell: Shell, what: str, res: CommandResult) -> ExecutionError:
+    return ExecutionError(f"code sync to {shell.name} failed while {what}: {res.describe()}; "
+                          "the local repository was not changed")
 
 
 def _ensure_clone(shell: Shell, remote_repo: str, url: str) -> bool:
     if shell.exists(Checkout(remote_repo).git):
         return False
-    parent = remote_repo.rstrip("/").rsplit("/", 1)[0] or "/"
-    shell.mkdir(parent)
-    _remote(shell, [*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
-            f"cloning {url} into {remote_repo} (is origin reachable from there?)",
-            timeout=3600, retry=False)
+    res = _clone(shell, remote_repo, url)
+    if not res.ok:
+        raise _failed(shell, f"cloning {url} into {remote_repo} (is origin reachable from "
+                      "there?)", res)
     return True
 
 
@@ -571,8 +546,7 @@ def _remote_checkout(shell: Shell, repo: str, result: SyncResult, fetch: list[st
     if res.returncode == 12:
         raise ExecutionError(f"code sync to {shell.name}: {repo} is at {res.stdout.strip()} "
                              f"after checkout, expected {result.commit}")
-    raise ExecutionError(f"code sync to {shell.name} failed while {step or what}: "
-                         f"{res.describe()}; the local repository was not changed")
+    raise _failed(shell, step or what, res)
 
 
 def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
@@ -580,12 +554,10 @@ def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
     """Untracked files (the ones the remote lacks or has another version of) as one tar
     stream into ``tar -x`` on the remote side, listed through ``say`` first."""
     result.untracked = names
-    result.untracked_files = len(names)
     if not names:
         return
-    more = len(names) - LISTED_NAMES
     say(f"code sync: shipping {len(names)} untracked file(s) to {shell.name}:{remote_repo}: "
-        + ", ".join(names[:LISTED_NAMES]) + (f" and {more} more" if more > 0 else ""))
+        + _listed(names))
     top = git.top
 
     def produce(stream: IO[bytes]) -> None:
@@ -604,6 +576,11 @@ def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
                              f"files: {res.describe()}")
 
 
+def _listed(names: list[str]) -> str:
+    more = len(names) - LISTED_NAMES
+    return ", ".join(names[:LISTED_NAMES]) + (f" and {more} more" if more > 0 else "")
+
+
 def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
@@ -613,9 +590,8 @@ def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
 class _Counted:
     """A binary stream that counts what is written through it (what a sync sent)."""
 
-    def __init__(self, inner: IO[bytes]) -> None:
-        self.inner = inner
-        self.count = 0
+    inner: IO[bytes]
+    count = 0
 
     def write(self, data: bytes) -> int:
         self.count += len(data)
@@ -630,16 +606,16 @@ def _stream(shell: Shell, argv: list[str],
             produce: Callable[[IO[bytes]], None]) -> tuple[CommandResult, int]:
     """Run argv with produce() writing its stdin (SSH shells stream over the channel); the
     result and the bytes sent."""
-    counted: list[_Counted] = []
+    counted = _Counted()
 
     def counting(stream: IO[bytes]) -> None:
-        counted.append(_Counted(stream))
-        produce(counted[0])  # type: ignore[arg-type]
+        counted.inner = stream
+        produce(counted)  # type: ignore[arg-type]
 
     runner = getattr(shell, "run_stdin_stream", None)
     if runner is not None:
         res: CommandResult = runner(argv, counting, timeout=1800)
-        return res, counted[0].count if counted else 0
+        return res, counted.count
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)  # LocalShell: the same machine
     assert proc.stdin is not None
@@ -649,4 +625,4 @@ def _stream(shell: Shell, argv: list[str],
         proc.stdin.close()
     out, err = proc.communicate(timeout=1800)
     return (CommandResult(tuple(argv), proc.returncode, out.decode(errors="replace"),
-                          err.decode(errors="replace")), counted[0].count if counted else 0)
+                          err.decode(errors="replace")), counted.count)

@@ -1,10 +1,5 @@
-"""Remote cluster preparation: preflight checks and where things live on the remote side.
-
-Preflight (seed Step 3) runs before anything is submitted so a missing directory or
-missing Slurm tools are reported once, naming the host and the fix, instead of as
-failed jobs. Code sync (seed Step 4) lives in ``remote.sync``; the build (Step 5) is
-not done here.
-"""
+"""Remote cluster preparation: preflight (a missing directory or Slurm tool reported once,
+naming the host and the fix, not as failed jobs), where things live there, the sync."""
 
 from __future__ import annotations
 
@@ -23,6 +18,7 @@ from pytest_trtllm_slurm.execution.remote.checkout_guard import checkout_claimed
 from pytest_trtllm_slurm.execution.remote.sync import (
     PreparedSync,
     SyncResult,
+    Via,
     prepare_sync,
     push_sync,
     sync_workspace,
@@ -38,7 +34,7 @@ STATE_TOOLS = ("flock",)  # the shared allocation's locks on the cluster (util-l
 _MISSING = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 
 __all__ = ["PreflightResult", "RemotePaths", "SyncResult", "preflight", "remote_paths",
-           "remote_work_dir", "shared_state_dir", "sync_cluster", "sync_workspace", "toplevel"]
+           "remote_work_dir", "shared_state_dir", "sync_cluster", "sync_workspace", "prepare_for"]
 
 
 class PreflightResult(BaseModel):
@@ -56,17 +52,10 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
     """Check the remote working directory (create it when allowed) and the Slurm tools."""
     start = time.monotonic()
     host = shell.name
-    directory = cluster.user_root_dir or cluster.remote_cwd
-    if cluster.sync != "none" and not directory:
-        raise ConfigError(
-            f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: set "
-            "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
-        )
+    directory = _root_dir(cluster)
     tools = [*SLURM_TOOLS, *STATE_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
     folder = directory or ""
-    # three independent looks: side by side where the shell takes commands from several
-    # threads (the relay: one round trip's wait instead of three); a failure is said in
-    # the same order as one after the other
+    # three independent looks, side by side where the shell allows (failures said in order)
     steps: dict[str, Callable[[], object]] = {
         "dir": lambda: bool(folder) and _ensure_dir(shell, cluster, folder, create_dirs),
         "version": lambda: _slurm_version(shell, cluster),
@@ -83,8 +72,7 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
         raise ExecutionError(
             f"{host}: required commands are missing from the PATH of a non-interactive SSH "
             f"shell: {', '.join(missing) or res.describe()}. Fix: install them or add them to "
-            "PATH in the shell start-up file read by non-interactive logins (e.g. ~/.bashrc)"
-        )
+            "PATH in the shell start-up file read by non-interactive logins (e.g. ~/.bashrc)")
     return PreflightResult(host=host, remote_dir=directory, created_dir=created,
                            slurm_version=version, tools_checked=tools,
                            seconds=round(time.monotonic() - start, 3))
@@ -98,16 +86,14 @@ def _ensure_dir(shell: Shell, cluster: ClusterConfig, directory: str, create: bo
         raise ExecutionError(
             f"{shell.name}: the remote directory {directory} ({key} of [clusters.{cluster.name}]) "
             f"does not exist. Fix: create it (ssh {shell.name} mkdir -p {directory}) or correct "
-            f"{key}"
-        )
+            f"{key}")
     try:
         shell.mkdir(directory)
     except (ExecutionError, OSError) as exc:
         raise ExecutionError(
             f"{shell.name}: the remote directory {directory} ({key} of [clusters.{cluster.name}]) "
             f"does not exist and cannot be created ({exc}). Fix: correct {key} or create it "
-            "with the right permissions"
-        ) from None
+            "with the right permissions") from None
     return True
 
 
@@ -118,13 +104,22 @@ def _slurm_version(shell: Shell, cluster: ClusterConfig) -> str:
             f"{shell.name}: Slurm's `sinfo` is not found in a non-interactive SSH shell. Fix: "
             "make the Slurm client tools available there (PATH or `module load slurm` in "
             "~/.bashrc), or point ssh_host of "
-            f"[clusters.{cluster.name}] at the cluster's login node"
-        )
+            f"[clusters.{cluster.name}] at the cluster's login node")
     if not res.ok:
         raise ExecutionError(f"{shell.name}: Slurm does not answer: {res.describe()}. Fix: check "
                              "that the controller is reachable from the login node (sinfo)")
     match = re.search(r"(\d+\.\d+(?:\.\d+)?)", res.stdout)
     return match.group(1) if match else res.stdout.strip()
+
+
+def _root_dir(cluster: ClusterConfig) -> str | None:
+    """user_root_dir (else remote_cwd); ConfigError when a syncing cluster has neither."""
+    directory = cluster.user_root_dir or cluster.remote_cwd
+    if cluster.sync != "none" and not directory:
+        raise ConfigError(
+            f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: set "
+            "user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)")
+    return directory
 
 
 class RemotePaths(NamedTuple):
@@ -143,23 +138,15 @@ def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
     if cluster.sync == "none":
         repo = cluster.remote_cwd or str(top)
     else:
-        base = cluster.user_root_dir or cluster.remote_cwd
-        if not base:
-            raise ConfigError(
-                f"[clusters.{cluster.name}] has sync = \"{cluster.sync}\" but no user_root_dir: "
-                "set user_root_dir = \"/path/on/the/cluster\" (the repository is cloned under it)"
-            )
-        repo = f"{base.rstrip('/')}/{top.name}"
+        repo = f"{str(_root_dir(cluster)).rstrip('/')}/{top.name}"
     root = repo if rel in ("", ".") else f"{repo}/{rel}"
     return RemotePaths(repo, join(root, WORK_DIRS))
 
 
 def shared_state_dir(cluster: ClusterConfig, paths: RemotePaths) -> str:
-    """The private folder on the cluster that holds the persistent allocation's state and
-    the run registry, shared by every machine of the user that tests this repository there:
-    ``<user_root_dir>/.trtllm-state/<repo>`` (beside the checkout, not in it: the first
-    clone, a stash or a cleaned work_dirs never touch it); with ``sync = "none"`` the
-    repository's own ``work_dirs/.trtllm-state``."""
+    """The cluster's private folder for the persistent allocation's state and the run registry:
+    ``<user_root_dir>/.trtllm-state/<repo>``, beside the checkout (a clone, stash or clean
+    never touch it); with ``sync = "none"`` the repository's ``work_dirs/.trtllm-state``."""
     base = (cluster.user_root_dir or cluster.remote_cwd or "").rstrip("/")
     root = root_of(paths.remote_work_root)
     if cluster.sync != "none" and base and root.startswith(base + "/"):
@@ -182,29 +169,31 @@ def _toplevel(path: Path) -> Path:
     return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path(path).resolve()
 
 
-toplevel = _toplevel  # the repository's top folder (the early start checks its code)
+def prepare_for(cluster: ClusterConfig, local_rootdir: Path, *, user: str,
+                name: str) -> PreparedSync:
+    """The local half of ``cluster``'s sync of the repository holding ``local_rootdir``."""
+    return prepare_sync(_toplevel(local_rootdir), user=user, name=name, via=_via(cluster),
+                        ship_secrets=cluster.sync_secrets)
+
+
+def _via(cluster: ClusterConfig) -> Via:
+    return "origin" if cluster.sync == "git-origin" else "ssh"
 
 
 def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,
                  user: str | None = None, say: Callable[[str], None] | None = None,
                  runs: RunRegistry | None = None) -> SyncResult | None:
-    """Seed Step 4 for a cluster: nothing for ``sync = "none"``, else sync_workspace over
-    the SSH connection (``"git"``) or through origin (``"git-origin"``). With ``runs`` (the
-    cluster's run registry) the checkout is claimed first (``checkout_guard``): a live run
-    testing other code there stops this one before anything is sent."""
+    """Sync a cluster's checkout (nothing for ``sync = "none"``). With ``runs`` the checkout is
+    claimed first (``checkout_guard``): a live run testing other code there stops this one."""
     if cluster.sync == "none":
         return None
     paths = remote_paths(cluster, local_rootdir)
     who = user or cluster.user or getattr(getattr(shell, "target", None), "user", None) or "user"
-    def prepare() -> PreparedSync:
-        return prepare_sync(_toplevel(local_rootdir), user=who, name=name,
-                            via="origin" if cluster.sync == "git-origin" else "ssh",
-                            ship_secrets=cluster.sync_secrets)
-
     if runs is None:
         return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who,
-                              name=name, via="origin" if cluster.sync == "git-origin" else "ssh",
-                              ship_secrets=cluster.sync_secrets, say=say)
-    with checkout_claimed(runs, paths.remote_repo, prepare) as (prepared, sharing, probed):
+                              name=name, via=_via(cluster), ship_secrets=cluster.sync_secrets,
+                              say=say)
+    with checkout_claimed(runs, paths.remote_repo, lambda: prepare_for(
+            cluster, local_rootdir, user=who, name=name)) as (prepared, sharing, probed):
         return push_sync(prepared, shell, paths.remote_repo, say=say, shared=bool(sharing),
                          probed=probed)

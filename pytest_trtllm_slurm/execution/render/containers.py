@@ -49,13 +49,17 @@ def env_file_text(env: Mapping[str, str]) -> str:
     no expansion). A value with a newline cannot be written there: ValueError naming it."""
     lines = []
     for name, value in sorted(env.items()):
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        _check_name(name)
         if "\n" in value or "\r" in value or "\0" in value:
             raise ValueError(f"environment variable {name}: its value holds a line break or "
                              "NUL, which an engine's --env-file cannot carry; remove it")
         lines.append(f"{name}={value}\n")
     return "".join(lines)
+
+
+def _check_name(name: str) -> None:
+    if not _ENV_NAME.match(name):
+        raise ValueError(f"environment variable name {name!r} is not a valid name")
 
 
 def plugin_dir() -> str:
@@ -79,9 +83,6 @@ def container_name_for(image: str, *, account: str | None = None, salt: str = ""
     return safe_name(f"{account or 'trtllm'}-{safe_name(last, 32)}-{digest}")
 
 
-# --------------------------------------------------------------------------- mounts / env
-
-
 def parse_mount(text: str) -> tuple[str, str, str]:
     """``SRC[:DST[:FLAGS]]`` -> (src, dst, flags); DST defaults to SRC."""
     problem = mount_problem(text)
@@ -102,8 +103,7 @@ def _mount(src: str, dst: str | None = None, flags: str = "") -> str:
             raise ValueError(
                 f"path {path!r} cannot be mounted into a container: it contains ':' or ',' "
                 "(the separators of docker -v and pyxis --container-mounts) or a line break; "
-                "use another path"
-            )
+                "use another path")
     return f"{src}:{dst}" + (f":{flags}" if flags else "")
 
 
@@ -112,9 +112,8 @@ def _under(path: str, parent: str) -> bool:
     return p == q or q in p.parents
 
 
-def job_mounts(
-    spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
-) -> list[str]:
+def job_mounts(spec: JobSpec, *, models_root: str | None = None,
+               include_plugin: bool = True) -> list[str]:
     """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike): host paths
     kept, none inside an earlier one; the JobSpec's own mounts last, as given, each
     container path once."""
@@ -140,15 +139,13 @@ def job_mounts(
     return out
 
 
-def container_env(
-    spec: JobSpec, *, models_root: str | None = None, include_plugin: bool = True
-) -> dict[str, str]:
+def container_env(spec: JobSpec, *, models_root: str | None = None,
+                  include_plugin: bool = True) -> dict[str, str]:
     """The job's environment inside a container: spec.env, PYTHONPATH with the plugin root
     first, and LLM_MODELS_ROOT = the models root unless the spec sets it."""
     env = dict(spec.env)
     for name in env:
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        _check_name(name)
     if include_plugin:
         old = env.get("PYTHONPATH")
         env["PYTHONPATH"] = PLUGIN_ROOT + (f":{old}" if old else "")
@@ -170,20 +167,10 @@ def workdir_of(spec: JobSpec) -> str:
     return spec.invocation_dir or spec.rootdir
 
 
-# --------------------------------------------------------------------------- pyxis
-
-
-def pyxis_args(
-    spec: JobSpec,
-    container_name: str,
-    *,
-    writable: bool = False,
-    mounts: Sequence[str] | None = None,
-    workdir: str | None = None,
-    image: str | None = None,
-    env_names: Sequence[str] | None = None,
-    models_root: str | None = None,
-) -> list[str]:
+def pyxis_args(spec: JobSpec, container_name: str, *, writable: bool = False,
+               mounts: Sequence[str] | None = None, workdir: str | None = None,
+               image: str | None = None, env_names: Sequence[str] | None = None,
+               models_root: str | None = None) -> list[str]:
     """pyxis flags for one srun of ``spec``, the image in enroot's form. ``env_names``
     None: those of ``container_env(spec)`` (pyxis lets the image's values win unless a name
     is in --container-env); the caller exports ``container_env(spec)`` before srun."""
@@ -204,19 +191,12 @@ def pyxis_args(
     return out
 
 
-def pyxis_setup_argvs(
-    job_id: str,
-    nodes: int,
-    image: str,
-    container_name: str,
-    mounts: Sequence[str] = (),
-    install_command: str | None = None,
-    workdir: str | None = None,
-) -> list[list[str]]:
-    """The setup steps of a persistent allocation, one task per node each: import the
-    image as ``container_name`` (pyxis skips an existing one), ``ls`` every mount target
-    (NFS/Lustre metadata cached), then ``install_command`` with ``--container-writable``
-    so what it installs persists in the named container."""
+def pyxis_setup_argvs(job_id: str, nodes: int, image: str, container_name: str,
+                      mounts: Sequence[str] = (), install_command: str | None = None,
+                      workdir: str | None = None) -> list[list[str]]:
+    """A persistent allocation's setup steps, one task per node each: import the image as
+    ``container_name``, ``ls`` every mount target (metadata cached), then ``install_command``
+    with ``--container-writable`` (it persists in the named container)."""
     base = ["srun", f"--jobid={job_id}", "-N", str(nodes), "--ntasks-per-node=1", "--overlap"]
     steps = [base + [f"--container-image={enroot_uri(image)}",
                      f"--container-name={container_name}", "true"]]
@@ -231,9 +211,6 @@ def pyxis_setup_argvs(
         steps.append(base + [f"--container-name={container_name}", "--container-writable",
                              *mounted, *wd, "sh", "-c", install_command])
     return steps
-
-
-# --------------------------------------------------------------------------- docker / podman
 
 
 def positional_image(image: str | None, what: str) -> str:
@@ -255,41 +232,22 @@ def gpu_flags(engine: Engine, gpu_ids: Sequence[int] | None, all_gpus: bool = Fa
         return []
     if engine == "docker":
         return ["--gpus", '"device=' + ",".join(map(str, gpu_ids)) + '"']
-    out: list[str] = []
-    for i in gpu_ids:
-        out += ["--device", f"nvidia.com/gpu={i}"]
-    return out
+    return [arg for i in gpu_ids for arg in ("--device", f"nvidia.com/gpu={i}")]
 
 
-def engine_run_argv(
-    engine: Engine,
-    spec: JobSpec,
-    *,
-    name: str,
-    cli: Sequence[str] | None = None,
-    image: str | None = None,
-    run_flags: Sequence[str] = (),
-    gpu_ids: Sequence[int] | None = None,
-    all_gpus: bool = False,
-    mounts: Sequence[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    env_file: str | None = None,
-    network: str | None = "host",
-    user: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    python: str = "python3",
-    command: Sequence[str] | None = None,
-) -> list[str]:
+def engine_run_argv(engine: Engine, spec: JobSpec, *, name: str, cli: Sequence[str] | None = None,
+                    image: str | None = None, run_flags: Sequence[str] = (),
+                    gpu_ids: Sequence[int] | None = None, all_gpus: bool = False,
+                    mounts: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                    env_file: str | None = None, network: str | None = "host",
+                    user: str | None = None, labels: Mapping[str, str] | None = None,
+                    python: str = "python3", command: Sequence[str] | None = None) -> list[str]:
     """``<engine> run --rm --name NAME --pull=never ... IMAGE <worker argv>`` for one batch.
     No value on the command line: ``-e NAME`` (from the engine's environment), and the
     names the CLI reads itself (``client_sensitive``) from ``env_file`` (a pipe)."""
     img = positional_image(image or spec.container_image, spec.name)
-    argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never"]
-    for key, value in sorted((labels or {}).items()):
-        argv += ["--label", f"{key}={value}"]
-    if network:
-        argv.append(f"--network={network}")
-    argv += list(run_flags)
+    argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never",
+            *_run_options(labels, network, run_flags)]
     argv += gpu_flags(engine, gpu_ids, all_gpus)
     if user:
         argv += ["--user", user]
@@ -308,6 +266,14 @@ def engine_run_argv(
             argv += ["-e", name]
     argv.append(img)
     return argv + in_container_argv(spec.command if command is None else command, python)
+
+
+def _run_options(labels: Mapping[str, str] | None, network: str | None,
+                 run_flags: Sequence[str]) -> list[str]:
+    """The labels, network and flags of a ``run``, in that order."""
+    out = [arg for key, value in sorted((labels or {}).items())
+           for arg in ("--label", f"{key}={value}")]
+    return out + ([f"--network={network}"] if network else []) + list(run_flags)
 
 
 _WRAPPER = r"""# pytest-trtllm-slurm: one Slurm task run in a docker/podman container
@@ -354,44 +320,26 @@ def wrapper_script() -> str:
     return _WRAPPER
 
 
-def wrap_in_container(
-    argv: Sequence[str],
-    runtime: Engine,
-    image: str,
-    *,
-    name_prefix: str = "trtllm",
-    cli: Sequence[str] | None = None,
-    mounts: Sequence[str] = (),
-    workdir: str | None = None,
-    env_names: Sequence[str] = (),
-    gpus: bool = False,
-    run_flags: Sequence[str] = (),
-    network: str | None = "host",
-    labels: Mapping[str, str] | None = None,
-    script: str | None = None,
-) -> list[str]:
-    """A Slurm task ``argv`` run inside ``image`` with docker or podman: an argv for srun
-    (``bash -c WRAPPER ...``, or ``bash SCRIPT ...`` with ``script`` holding
-    ``wrapper_script()``). The wrapper (``_WRAPPER``, commented) names the container per
-    task, passes the step's GPUs, runs docker as the task's uid, passes ``CENV_PREFIX``
-    names through ``--env-file`` and removes the container when the step ends or is
-    cancelled (the engine's daemon would keep it running)."""
+def wrap_in_container(argv: Sequence[str], runtime: Engine, image: str, *,
+                      name_prefix: str = "trtllm", cli: Sequence[str] | None = None,
+                      mounts: Sequence[str] = (), workdir: str | None = None,
+                      env_names: Sequence[str] = (), gpus: bool = False,
+                      run_flags: Sequence[str] = (), network: str | None = "host",
+                      labels: Mapping[str, str] | None = None,
+                      script: str | None = None) -> list[str]:
+    """A Slurm task ``argv`` run inside ``image`` with docker or podman (``bash -c WRAPPER``,
+    or ``bash SCRIPT`` holding ``wrapper_script()``); the commented ``_WRAPPER`` names the
+    container per task and removes it when the step ends or is cancelled."""
     cli = list(cli or [runtime])
     image = positional_image(image, name_prefix)
-    run = ["--rm", "--pull=never"]
-    for key, value in sorted((labels or {}).items()):
-        run += ["--label", f"{key}={value}"]
-    if network:
-        run.append(f"--network={network}")
-    run += list(run_flags)
+    run = ["--rm", "--pull=never", *_run_options(labels, network, run_flags)]
     for m in mounts:
         parse_mount(m)
         run += ["-v", m]
     if workdir:
         run += ["-w", workdir]
     for name in env_names:
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a valid name")
+        _check_name(name)
         run += ["-e", name]
     run.append(image)
     head = ["bash", script] if script else ["bash", "-c", _WRAPPER, "trtllm-container"]

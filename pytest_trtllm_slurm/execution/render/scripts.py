@@ -1,11 +1,6 @@
-"""Slurm script and command rendering: pure functions (no I/O), snapshot-tested.
-
-A one-shot batch becomes an sbatch script, a batch in a persistent allocation an
-``srun --jobid=<alloc>`` step started by a detached launcher (``step.sh``). Every value
-that reaches a shell is quoted or an argv element; node ids never reach a command line
-(the worker reads ``spec.nodeids_file``). Launch ``single``: one task on the first node,
-holding all the job's nodes (a multi-node test starts its own ranks); ``mpi``: one task
-per device, ``--mpi``, an optional launcher prefix; only rank 0 writes reports.
+"""Slurm script and command rendering: pure functions (no I/O), snapshot-tested. Every value
+that reaches a shell is quoted or an argv element; node ids never reach a command line.
+Launch ``single``: one task holding all the job's nodes; ``mpi``: one task per device.
 """
 
 from __future__ import annotations
@@ -77,16 +72,11 @@ def options_for(spec: JobSpec, *, launcher_prefix: Sequence[str] = ()) -> SlurmO
     part = env.partition_named(spec.partition) if env else None
     if part is None and env is not None:
         part = next((p for p in env.partitions if p.default), None)
-    style: GresStyle = "gres" if part is not None and (part.requires_gres or part.gpu_type) else (
-        "gpus-per-node"
-    )
+    gres = part is not None and (part.requires_gres or part.gpu_type)
+    style: GresStyle = "gres" if gres else "gpus-per-node"
     mpi = env.pmix.preferred if env is not None else None
-    return SlurmOptions(
-        gres_style=style,
-        gres_type=part.gpu_type if part is not None else None,
-        mpi=mpi,
-        launcher_prefix=tuple(launcher_prefix),
-    )
+    return SlurmOptions(gres_style=style, gres_type=part.gpu_type if part is not None else None,
+                        mpi=mpi, launcher_prefix=tuple(launcher_prefix))
 
 
 def gpu_flag(count: int, style: GresStyle, gres_type: str | None = None) -> str | None:
@@ -204,8 +194,7 @@ def sbatch_directives(spec: JobSpec, opts: SlurmOptions) -> list[str]:
     out += ["-N", str(spec.node_count), f"--ntasks-per-node={per_node}"]
     if spec.launch is Launch.MPI:
         out.append(f"--ntasks={ntasks}")
-    flag = gpu_flag(spec.devices_per_node, opts.gres_style, opts.gres_type)
-    if flag:
+    if flag := gpu_flag(spec.devices_per_node, opts.gres_style, opts.gres_type):
         out.append(flag)
     if spec.time_limit:
         out += ["-t", spec.time_limit]
@@ -225,29 +214,19 @@ def srun_in_job(spec: JobSpec, opts: SlurmOptions) -> list[str]:
     return argv + _payload(spec, opts)
 
 
-def render_sbatch(
-    spec: JobSpec,
-    *,
-    gres_style: GresStyle = "gpus-per-node",
-    mpi: str | None = None,
-    launcher_prefix: Sequence[str] = (),
-    gres_type: str | None = None,
-    container: ContainerOptions | None = None,
-) -> str:
+def render_sbatch(spec: JobSpec, *, gres_style: GresStyle = "gpus-per-node",
+                  mpi: str | None = None, launcher_prefix: Sequence[str] = (),
+                  gres_type: str | None = None, container: ContainerOptions | None = None) -> str:
     """The one-shot sbatch script of a batch (stdout and stderr both go to spec.log_path,
     so the log tail and hang patterns see both)."""
     opts = SlurmOptions(gres_style, gres_type, mpi, tuple(launcher_prefix), container)
-    directives = sbatch_directives(spec, opts)
+    directives = iter(sbatch_directives(spec, opts))
     lines = ["#!/bin/bash"]
-    i = 0
-    while i < len(directives):
-        flag = directives[i]
-        if flag.startswith("-") and not flag.startswith("--") and i + 1 < len(directives):
-            lines.append(_directive(flag, directives[i + 1]))
-            i += 2
+    for flag in directives:  # a short option always comes with its value
+        if flag.startswith("-") and not flag.startswith("--"):
+            lines.append(_directive(flag, next(directives)))
         else:
             lines.append(_directive(shlex.quote(flag)))
-            i += 1
     log = _slurm_path(spec.log_path)
     lines += [
         _directive("-o", log),
@@ -263,18 +242,11 @@ def render_sbatch(
     return "\n".join(lines)
 
 
-def render_step_command(
-    spec: JobSpec,
-    alloc_job_id: str,
-    *,
-    gres_style: GresStyle = "gpus-per-node",
-    mpi: str | None = None,
-    launcher_prefix: Sequence[str] = (),
-    gres_type: str | None = None,
-    share: StepShare | None = None,
-    stepid_path: str | None = None,
-    container: ContainerOptions | None = None,
-) -> list[str]:
+def render_step_command(spec: JobSpec, alloc_job_id: str, *,
+                        gres_style: GresStyle = "gpus-per-node", mpi: str | None = None,
+                        launcher_prefix: Sequence[str] = (), gres_type: str | None = None,
+                        share: StepShare | None = None, stepid_path: str | None = None,
+                        container: ContainerOptions | None = None) -> list[str]:
     """argv of one batch as a step of the persistent allocation ``alloc_job_id``: always
     ``-N`` (else srun takes one node), ``--exact`` and a memory share so steps run side by
     side; with ``stepid_path`` rank 0 records ``$SLURM_STEP_ID`` (a hang cancels just it)."""
@@ -289,8 +261,7 @@ def render_step_command(
     mem = spec.mem_mb or share.mem_mb
     if mem:
         argv.append(f"--mem={mem}M")
-    flag = gpu_flag(spec.devices_per_node, opts.gres_style, opts.gres_type)
-    if flag:
+    if flag := gpu_flag(spec.devices_per_node, opts.gres_style, opts.gres_type):
         argv.append(flag)
     if share.overlap:
         argv.append("--overlap")
@@ -307,32 +278,21 @@ def render_step_command(
     return argv + payload
 
 
-# In a step the SLURM_JOB_* variables describe the persistent allocation; a test sees
-# what a one-shot job of its own shape would show (the step's nodes), and rank 0
-# records $SLURM_STEP_ID so a hang cancels exactly this step.
+# a test in a step sees the SLURM_JOB_* of a one-shot job of its shape (the step's, not the
+# allocation's); rank 0 records $SLURM_STEP_ID so a hang cancels exactly this step
 STEP_WRAPPER = (
     'export SLURM_JOB_NUM_NODES="$SLURM_STEP_NUM_NODES" SLURM_NNODES="$SLURM_STEP_NUM_NODES"'
     ' SLURM_JOB_NODELIST="$SLURM_STEP_NODELIST" SLURM_NODELIST="$SLURM_STEP_NODELIST"'
     ' SLURM_NTASKS="$SLURM_STEP_NUM_TASKS" SLURM_NPROCS="$SLURM_STEP_NUM_TASKS"'
     ' SLURM_TASKS_PER_NODE="$SLURM_STEP_TASKS_PER_NODE"; '
-    '[ "${SLURM_PROCID:-0}" != 0 ] || echo "$SLURM_STEP_ID" > "$1"; shift; exec "$@"'
-)
+    '[ "${SLURM_PROCID:-0}" != 0 ] || echo "$SLURM_STEP_ID" > "$1"; shift; exec "$@"')
 
 
-def render_step_launcher(
-    step_argv: Sequence[str],
-    *,
-    log_path: str,
-    pid_path: str,
-    exit_path: str,
-    cwd: str,
-    env: dict[str, str] | None = None,
-) -> str:
-    """``step.sh``, run detached (setsid) so the step survives the controller: srun in the
-    background, its pid recorded (to cancel a step still waiting), the exit code written
-    atomically; inherited SLURM_* (but SLURM_CONF) dropped so they cannot change the
-    step's shape. Of ``env`` only ``shown_env``'s values are written; ``hidden_env``'s
-    are named and come from the environment the caller starts the launcher with."""
+def render_step_launcher(step_argv: Sequence[str], *, log_path: str, pid_path: str, exit_path: str,
+                         cwd: str, env: dict[str, str] | None = None) -> str:
+    """``step.sh``, run detached (setsid): srun in the background, its pid recorded, the exit
+    code written atomically, inherited SLURM_* (but SLURM_CONF) dropped. Of ``env`` only
+    ``shown_env``'s values are written; ``hidden_env``'s come from the caller's environment."""
     # the exit code through a temporary file of an unpredictable name that mktemp creates
     # (O_EXCL, 0600), renamed over the name the controller reads
     exit_tmp = _q(exit_path + ".XXXXXXXX")
@@ -381,9 +341,7 @@ def render_rerun_step(spec: JobSpec, nodeid: str, alloc_job_id: str, opts: Slurm
                       share: StepShare | None = None) -> str:
     """A copy-pasteable ``srun --jobid=<alloc>`` that re-runs ``nodeid`` as a step."""
     inner = spec.model_copy(update={"command": rerun_argv(spec, nodeid)})
-    argv = render_step_command(
-        inner, alloc_job_id, gres_style=opts.gres_style, mpi=opts.mpi,
-        launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type, share=share,
-        container=opts.container,
-    )
+    argv = render_step_command(inner, alloc_job_id, gres_style=opts.gres_style, mpi=opts.mpi,
+                               launcher_prefix=opts.launcher_prefix, gres_type=opts.gres_type,
+                               share=share, container=opts.container)
     return f"cd {_q(workdir_of(spec))} && " + shell_join(argv)

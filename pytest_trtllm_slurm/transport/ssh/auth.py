@@ -1,10 +1,8 @@
 """SSH user authentication: key/agent, then (if the cluster wants it) a one-time code.
 
-``mfa = false``: key only; a failure is a configuration problem, never an MFA prompt.
-``mfa = true``: publickey, then keyboard-interactive answered with a one-time code.
-``mfa`` unset: key first; keyboard-interactive only when the server says that is what
-it still needs. The code is fetched per login and held only in a local variable:
-it never reaches disk, logs, exceptions or repr().
+``mfa = false``: key only; ``true``: then keyboard-interactive; unset: that only when the
+server asks. The code is fetched per login, held only in a local variable: it never
+reaches disk, logs, exceptions or repr().
 """
 
 from __future__ import annotations
@@ -75,8 +73,7 @@ def default_otp_provider(target: SSHTarget, held: HeldCode | None = None) -> One
     raise ConfigError(
         f"{target.display} asks for a one-time code (keyboard-interactive) and none is "
         f"available (no terminal to prompt on). Supply it with {OTP_ENV}=<code> for this run, "
-        f"or set otp_command = \"<command printing the current code>\" in {target.where}"
-    )
+        f"or set otp_command = \"<command printing the current code>\" in {target.where}")
 
 
 def otp_provider(held: HeldCode | None) -> OtpProvider:
@@ -99,8 +96,7 @@ def run_otp_command(target: SSHTarget) -> str:
         why = f"exit code {proc.returncode}" if proc.returncode else "printed nothing"
         raise ConfigError(
             f"otp_command of {target.where} failed ({why}); it must print the current "
-            "one-time code on stdout and exit 0"
-        )
+            "one-time code on stdout and exit 0")
     return code
 
 
@@ -110,9 +106,7 @@ def load_keys(target: SSHTarget) -> list[tuple[str, paramiko.PKey]]:
     for path in target.identity_files:
         if not os.path.isfile(path):
             if target.identity_file_explicit:
-                raise ConfigError(
-                    f"identity_file {path} in {target.where} does not exist"
-                )
+                raise ConfigError(f"identity_file {path} in {target.where} does not exist")
             log.debug("ssh: identity file %s not found; skipped", path)
             continue
         _load_file(path, keys)
@@ -184,14 +178,12 @@ def _second_step(transport: paramiko.Transport, target: SSHTarget, otp_provider:
         if KI not in remaining:
             raise ConfigError(
                 f"{target.display} accepted the key but then asks for {remaining}, which is "
-                "not supported (only keyboard-interactive one-time codes are)"
-            )
+                "not supported (only keyboard-interactive one-time codes are)")
         if target.mfa is False:
             raise ConfigError(
                 f"configuration problem: {target.display} accepted the key and then asks for "
                 f"a one-time code (keyboard-interactive), but mfa = false in {target.where}. "
-                "Set mfa = true (or remove the mfa line) for this cluster"
-            )
+                "Set mfa = true (or remove the mfa line) for this cluster")
         return _keyboard_interactive(transport, target, otp_provider)
     wants_code = allowed == [KI] if target.mfa is None else (target.mfa and KI in allowed)
     if wants_code:
@@ -201,8 +193,7 @@ def _second_step(transport: paramiko.Transport, target: SSHTarget, otp_provider:
         f"tried: {tried}; the server offers {allowed or 'nothing more'}). Check user, "
         f"identity_file and ssh_host in {target.where} (or ~/.ssh/config), that the public "
         "key is in the cluster's authorized_keys, or load the key into ssh-agent"
-        + ("; mfa = false, so no one-time code is tried" if target.mfa is False else "")
-    )
+        + ("; mfa = false, so no one-time code is tried" if target.mfa is False else ""))
 
 
 def _keyboard_interactive(transport: paramiko.Transport, target: SSHTarget,
@@ -226,8 +217,7 @@ def _keyboard_interactive(transport: paramiko.Transport, target: SSHTarget,
             raise ConfigError(
                 f"{target.display} refused the one-time code from {source} "
                 "(keyboard-interactive). Supply a current code: "
-                f"{OTP_ENV}=<code>, otp_command in {target.where}, or a terminal prompt"
-            ) from None
+                f"{OTP_ENV}=<code>, otp_command in {target.where}, or a terminal prompt") from None
         finally:
             del code, handler
             if getattr(transport, "auth_handler", None) is not None:  # drop paramiko's ref too
@@ -236,5 +226,4 @@ def _keyboard_interactive(transport: paramiko.Transport, target: SSHTarget,
             log.debug("ssh: %s accepted the one-time code from %s", target.display, source)
             return
         raise ConfigError(
-            f"{target.display} still asks for more after the one-time code; not supported"
-        )
+            f"{target.display} still asks for more after the one-time code; not supported")

@@ -14,7 +14,7 @@ from typing import Any
 
 import paramiko
 
-from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, authenticate
 from pytest_trtllm_slurm.transport.ssh.hostcerts import CERT_SUFFIX
 from pytest_trtllm_slurm.transport.ssh.hostkeys import known_hosts_for, verify_host_key
@@ -28,11 +28,8 @@ class SSHConnectError(ExecutionError):
 
 
 class SSHConnectionLost(ExecutionError):
-    """The connection dropped while a command that must not be repeated was running.
-
-    The command may or may not have taken effect (a job may have been submitted):
-    the caller finds out (e.g. by job name) instead of running it again.
-    """
+    """The connection dropped under a command that must not be repeated: it may have taken
+    effect (a job submitted); the caller finds out (e.g. by job name) instead of re-running."""
 
 
 @dataclass
@@ -92,8 +89,7 @@ def _open_socket(target: SSHTarget, via: Any, jumps: list[paramiko.Transport]) -
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SSHConnectError(
                 f"the jump host {jumps[-1].getpeername()[0]} could not open a connection to "
-                f"{where}: {exc or type(exc).__name__}"
-            ) from None
+                f"{where}: {exc or type(exc).__name__}") from None
     if target.proxy_command:
         try:
             return paramiko.ProxyCommand(target.proxy_command)
@@ -136,13 +132,9 @@ def _login(target: SSHTarget, sock: Any, otp_provider: OtpProvider) -> paramiko.
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SSHConnectError(
                 f"SSH handshake with {target.hostname} port {target.port} failed: "
-                f"{exc or type(exc).__name__}"
-            ) from None
+                f"{exc or type(exc).__name__}") from None
         verify_host_key(target, transport.get_remote_server_key())
         authenticate(transport, target, otp_provider)
-    except ConfigError:
-        transport.close()
-        raise
     except (paramiko.SSHException, OSError, EOFError) as exc:
         transport.close()
         raise SSHConnectError(

@@ -1,11 +1,8 @@
 """Which ControlMaster socket may be trusted, and where a new one should live.
 
-``ssh`` connects to whatever socket sits at a ControlPath, whoever made it. Another local
-user who listens there first sees every command and its stdin (job scripts, code bundles)
-and forges every answer. So a socket is used only when it is a socket owned by this user,
-and every folder above it is one that nobody else can use to swap it: owned by this user
-(or root) and writable by nobody else, unless it is a sticky folder owned by root such as
-``/tmp`` (there only an entry's owner may remove or rename it, so our socket stays ours).
+``ssh`` uses whatever socket sits at a ControlPath; whoever made it sees every command and
+forges every answer. So a socket is used only when it is ours and every folder above it is
+ours (or root's) and writable by nobody else, or a root-owned sticky folder such as /tmp.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """OpenSSH host certificates, checked against ``@cert-authority`` lines of known_hosts.
 
-A cluster that signs its host keys with a CA lists only the CA in known_hosts
-(``@cert-authority *.cluster.example ssh-ed25519 AAAA...``). paramiko negotiates the
-certificate and verifies the key exchange with the key inside it, but checks nothing
-about the certificate itself. This module does what OpenSSH's ``check_host_cert`` does:
-the certificate is a *host* certificate, signed by a CA that known_hosts trusts for this
-host (and that is not @revoked), valid now, naming this host among its principals (or
-naming none), with no critical option it does not understand.
+paramiko verifies the key exchange with the certificate's key but checks nothing about the
+certificate, so this does what OpenSSH's ``check_host_cert`` does: a *host* certificate,
+signed by a CA known_hosts trusts for this host (not @revoked), valid now, naming this host
+among its principals (or none), with no critical option it does not understand.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Host key checking against an OpenSSH known_hosts file (StrictHostKeyChecking semantics).
 
-An unknown key is refused unless the user opted in (``accept_new_host_key = true``,
-OpenSSH's ``accept-new``); a changed or revoked key is always refused. paramiko's
-auto-add policy is never used: it would silently trust whoever answers. A host
-certificate is accepted when an ``@cert-authority`` line for the host names its CA (see
-``hostcerts``); with no such line its key is checked as a plain key, as OpenSSH does.
+An unknown key is refused unless ``accept_new_host_key = true`` (``accept-new``); a changed
+or revoked key always is; paramiko's auto-add policy is never used. A host certificate is
+accepted when an ``@cert-authority`` line names its CA (``hostcerts``).
 """
 
 from __future__ import annotations
@@ -112,8 +110,7 @@ def verify_host_key(target: SSHTarget, key: paramiko.PKey) -> None:
     if any(k == key for k in revoked):
         raise ConfigError(
             f"the SSH host key of {where} ({key.get_name()} {fp}) is marked @revoked in "
-            f"{target.known_hosts}; refusing to connect"
-        )
+            f"{target.known_hosts}; refusing to connect")
     if any(k == key for k in recorded):
         return
     same_type = [k for k in recorded if k.get_name() == key.get_name()]
@@ -124,21 +121,18 @@ def verify_host_key(target: SSHTarget, key: paramiko.PKey) -> None:
             "Someone may be intercepting the connection, or the host was reinstalled. "
             "Refusing to connect (accept_new_host_key never overrides a changed key). If the "
             f"change is expected, remove the old entry: ssh-keygen -R '{name}' -f "
-            f"{target.known_hosts}"
-        )
+            f"{target.known_hosts}")
     if not target.accept_new_host_key:
         others = (
             f" (it records only {', '.join(sorted({k.get_name() for k in recorded}))} keys "
-            "for this host)" if recorded else ""
-        )
+            "for this host)" if recorded else "")
         raise ConfigError(
             f"the SSH host key of {where} is not known: {key.get_name()} {fp} is not in "
             f"{target.known_hosts}{others}. Check the fingerprint with the cluster's "
             f"administrators, then either record it (run `ssh -p {target.port} "
             f"{target.user}@{target.hostname}` once and answer yes), or set "
             f"accept_new_host_key = true in {target.where} to accept and record a new key "
-            "on first use"
-        )
+            "on first use")
     add_known_host(target.known_hosts, name, key)
     log.warning("added the SSH host key of %s (%s %s) to %s", where, key.get_name(), fp,
                 target.known_hosts)

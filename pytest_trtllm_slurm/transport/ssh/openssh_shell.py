@@ -18,11 +18,7 @@ from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.safe_values import control_chars
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.shell import CommandResult
-from pytest_trtllm_slurm.transport.ssh.commands import (
-    OneOpFiles,
-    piped_env_command,
-    remote_command,
-)
+from pytest_trtllm_slurm.transport.ssh.commands import OneOpFiles, piped_env_command, remote_command
 from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
 from pytest_trtllm_slurm.transport.ssh.control_path import (
     LEGACY_CONTROL_PATH,
@@ -131,8 +127,7 @@ class OpenSSHShell(OneOpFiles):
             f"    mkdir -p -m 700 {folder} && ssh -fNM -o ControlMaster=auto "
             f"-o ControlPath={shlex.quote(cp)} -o ControlPersist=24h "
             f"{port}{self.target.user}@{self.target.alias}\n"
-            "then run again. Or use transport = \"paramiko\" (keys, mfa, otp_command)."
-        )
+            "then run again. Or use transport = \"paramiko\" (keys, mfa, otp_command).")
 
     def _expanded(self, control_path: str | None) -> str | None:
         """The socket path ssh would use (``%`` tokens and ``~`` expanded, as ``ssh -G``
@@ -154,41 +149,10 @@ class OpenSSHShell(OneOpFiles):
         # "--" before the host: nothing after it is read as an option of ssh
         argv = [*self._base(self._control_path), "--", self.target.alias, command]
         with timed_command(f"ssh {self.name}", shown or ["ssh"]) as outcome:
-            rc, out, err, timed_out = self._popen(argv, stdin, timeout, producer)
+            rc, out, err, timed_out = _popen(argv, stdin, timeout, producer)
             outcome.append(CommandResult(tuple(argv), rc, "", err.decode(errors="replace"),
                                          timed_out=timed_out))
         return rc, out, err, timed_out
-
-    @staticmethod
-    def _popen(argv: list[str], stdin: bytes | None, timeout: float | None,
-               producer: Callable[[IO[bytes]], Any] | None) -> tuple[int, bytes, bytes, bool]:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        feeder = None
-        if producer is not None:
-            def feed() -> None:
-                assert proc.stdin is not None
-                try:
-                    producer(proc.stdin)
-                except (BrokenPipeError, OSError):
-                    pass
-                finally:
-                    try:
-                        proc.stdin.close()
-                    except OSError:
-                        pass
-            feeder = threading.Thread(target=feed, daemon=True)
-            feeder.start()
-            stdin = None
-        if feeder is not None:  # (communicate() would close stdin under the producer)
-            return _streamed(proc, feeder, timeout)
-        try:
-            out, err = proc.communicate(stdin, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            return 124, out, err, True
-        return proc.returncode, out, err, False
 
     def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None,
@@ -210,8 +174,7 @@ class OpenSSHShell(OneOpFiles):
                     raise SSHConnectionLost(
                         f"ssh to {self.target.alias} failed while `{shlex.join(argv)}` ran "
                         f"({text.strip().splitlines()[-1] if text.strip() else 'exit 255'}); "
-                        "not run again (it may have taken effect)"
-                    )
+                        "not run again (it may have taken effect)")
                 if attempt == 0:
                     continue
             return CommandResult(tuple(argv), rc, out.decode(errors="replace"), text,
@@ -226,11 +189,9 @@ class OpenSSHShell(OneOpFiles):
         return CommandResult(tuple(argv), rc, out.decode(errors="replace"),
                              err.decode(errors="replace"), timed_out=timed_out)
 
-    def _sh(self, script: str, args: Sequence[str], *, stdin: bytes | None = None
-            ) -> tuple[int, bytes, bytes]:
+    def _sh(self, script: str, args: Sequence[str]) -> tuple[int, bytes, bytes]:
         sh = ["sh", "-c", script, "sh", *args]
-        rc, out, err, timed_out = self._ssh(remote_command(sh), stdin=stdin, timeout=120,
-                                            shown=sh)
+        rc, out, err, timed_out = self._ssh(remote_command(sh), timeout=120, shown=sh)
         if timed_out or rc == 255:
             raise SSHConnectionLost(f"ssh to {self.target.alias} failed: "
                                     f"{err.decode(errors='replace').strip() or 'timed out'}")
@@ -253,21 +214,37 @@ class OpenSSHShell(OneOpFiles):
         return rc, out.decode(errors="replace"), err.decode(errors="replace"), timed_out
 
 
-def _streamed(proc: subprocess.Popen[bytes], feeder: threading.Thread,
-              timeout: float | None) -> tuple[int, bytes, bytes, bool]:
-    """Wait for ``proc`` while its producer still writes stdin: stdout and stderr are read by
-    threads (a full pipe never stalls it), stdin is left to the producer to close."""
+def _popen(argv: list[str], stdin: bytes | None, timeout: float | None,
+           producer: Callable[[IO[bytes]], Any] | None) -> tuple[int, bytes, bytes, bool]:
+    """Run ``argv`` with ``producer`` (else ``stdin``) writing its stdin from a thread while
+    threads read stdout and stderr (a full pipe never stalls it)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    write = producer or (lambda fh: fh.write(stdin or b""))
     out, err = bytearray(), bytearray()
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        try:
+            write(proc.stdin)
+        except OSError:  # (BrokenPipeError too: the command stopped reading)
+            pass
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
 
     def drain(stream: IO[bytes] | None, into: bytearray) -> None:
         if stream is not None:
             for chunk in iter(lambda: stream.read1(1 << 16), b""):  # type: ignore[attr-defined]
                 into.extend(chunk)
 
-    readers = [threading.Thread(target=drain, args=(proc.stdout, out), daemon=True),
+    threads = [threading.Thread(target=feed, daemon=True),
+               threading.Thread(target=drain, args=(proc.stdout, out), daemon=True),
                threading.Thread(target=drain, args=(proc.stderr, err), daemon=True)]
-    for reader in readers:
-        reader.start()
+    for thread in threads:
+        thread.start()
     timed_out = False
     try:
         proc.wait(timeout=timeout)
@@ -275,7 +252,6 @@ def _streamed(proc: subprocess.Popen[bytes], feeder: threading.Thread,
         proc.kill()
         proc.wait()
         timed_out = True
-    for reader in readers:
-        reader.join(timeout=30)
-    feeder.join(timeout=30)
+    for thread in threads:
+        thread.join(timeout=30)
     return (124 if timed_out else proc.returncode), bytes(out), bytes(err), timed_out

@@ -1,10 +1,7 @@
-"""SSHShell: the Shell protocol over one paramiko connection.
-
-Commands and file operations ride one relay channel per connection (``node/relay.py``),
-one round trip each, and it pushes the growth of watched files. Without it, a channel per
-command, SFTP for reads and the relay's code once per mkdir or write (``OneOpFiles``). A
-dropped connection is re-established with backoff on the next call; a command cut by the
-drop is re-run only when the caller allows it (``retry_on_drop``; sbatch must not be).
+"""SSHShell: the Shell protocol over one paramiko connection, commands and file operations
+on one relay channel (``node/relay.py``), else a channel per command and SFTP. A dropped
+connection is re-established with backoff; a cut command is re-run only with
+``retry_on_drop`` (sbatch must not be).
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ from pytest_trtllm_slurm.transport.ssh.connect import (
     SSHConnectionLost,
     connect,
 )
-from pytest_trtllm_slurm.transport.ssh.relay_client import RelayChannel, RelayLost, started_in
+from pytest_trtllm_slurm.transport.ssh.relay_client import RelayChannel, RelayLost
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 log = logging.getLogger(__name__)
@@ -93,7 +90,6 @@ class SSHShell(OneOpFiles):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- connection ---------------------------------------------------------------
     def connect(self) -> None:
         """Connect now (first call) so configuration problems surface before any work."""
         self._connection()
@@ -154,8 +150,7 @@ class SSHShell(OneOpFiles):
             return conn
         raise SSHConnectError(
             f"the SSH connection to {self.target.display} dropped and could not be "
-            f"re-established after {len(self._backoff) + 1} attempts: {last}"
-        )
+            f"re-established after {len(self._backoff) + 1} attempts: {last}")
 
     def _dropped(self, conn: Connection) -> None:
         """``conn`` ended under a command. Said once, and only when it was the live
@@ -172,7 +167,6 @@ class SSHShell(OneOpFiles):
             log.debug("ssh: a command on an ended connection to %s stopped",
                       self.target.display)
 
-    # -- the relay ----------------------------------------------------------------
     def _start_relay_soon(self, conn: Connection) -> None:
         """Start the relay now, while the caller gets on with what needs no command."""
         if self.use_relay:
@@ -194,7 +188,8 @@ class SSHShell(OneOpFiles):
             self.relay_starts += 1
             since = time.monotonic()
             relay = RelayChannel.start(conn.transport, self.relay_python)
-            log.debug("ssh: relay on %s %s", self.target.display, started_in(relay, since))
+            log.debug("ssh: relay on %s " + ("started in %.3f s" if relay else
+                      "not available (%.3f s)"), self.target.display, time.monotonic() - since)
             with self._watch_lock:
                 watches = [(path, offset, wake) for path, (offset, wake)
                            in self._later_watches.items()]
@@ -268,7 +263,6 @@ class SSHShell(OneOpFiles):
         else:
             time.sleep(timeout)
 
-    # -- commands -----------------------------------------------------------------
     def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None,
             retry_on_drop: bool = True) -> CommandResult:
@@ -305,11 +299,9 @@ class SSHShell(OneOpFiles):
                     if not conn.active:
                         self._dropped(conn)
                     if not retry_on_drop:
-                        raise SSHConnectionLost(
-                            f"the SSH connection to {self.target.display} dropped while "
-                            f"`{shlex.join(argv)}` was running; it was not run again (it may "
-                            "have taken effect). The connection is re-established on the "
-                            "next call") from None
+                        raise self._lost(argv, "it was not run again (it may have taken "
+                                         "effect). The connection is re-established on the "
+                                         "next call") from None
                     log.warning("ssh: re-running `%s` after the relay's channel ended",
                                 shlex.join(argv))
                     continue
@@ -329,13 +321,8 @@ class SSHShell(OneOpFiles):
                 except RelayLost:
                     if not conn.active:
                         self._dropped(conn)
-                    raise SSHConnectionLost(
-                        f"the SSH connection to {self.target.display} dropped while "
-                        f"`{shlex.join(argv)}` was running; it was not run again") from None
-                if error is not None and result.returncode == 0:
-                    raise ExecutionError(f"sending input to `{shlex.join(argv)}` on "
-                                         f"{self.target.display} failed: {error}")
-                outcome.append(result)
+                    raise self._lost(argv, "it was not run again") from None
+                outcome.append(self._fed(result, error))
             return result
         return self._exec(argv, remote_command(argv, cwd=cwd), timeout, False, producer)
 
@@ -364,11 +351,8 @@ class SSHShell(OneOpFiles):
                 self._dropped(conn)
                 if not retry_on_drop or attempt == 2:
                     again = "it was not run again" if not retry_on_drop else "gave up after 3 tries"
-                    raise SSHConnectionLost(
-                        f"the SSH connection to {self.target.display} dropped while "
-                        f"`{shlex.join(argv)}` was running; {again} (it may have taken "
-                        "effect). The connection is re-established on the next call"
-                    ) from None
+                    raise self._lost(argv, f"{again} (it may have taken effect). The "
+                                     "connection is re-established on the next call") from None
                 log.warning("ssh: re-running `%s` after the connection dropped", shlex.join(argv))
             finally:
                 chan.close()
@@ -403,24 +387,38 @@ class SSHShell(OneOpFiles):
         if status == -1 and not conn.transport.is_active():
             raise _Dropped()
         feeder.join()
-        if feeder.error is not None and status == 0:
-            raise ExecutionError(f"sending input to `{shlex.join(argv)}` on "
-                                 f"{self.target.display} failed: {feeder.error}")
-        return CommandResult(tuple(argv), status, out.decode(errors="replace"),
-                             err.decode(errors="replace"))
+        return self._fed(CommandResult(tuple(argv), status, out.decode(errors="replace"),
+                                       err.decode(errors="replace")), feeder.error)
 
-    # -- files (the relay, else SFTP reads) ------------------------------------------------
+    def _lost(self, argv: Sequence[str], again: str) -> SSHConnectionLost:
+        return SSHConnectionLost(f"the SSH connection to {self.target.display} dropped while "
+                                 f"`{shlex.join(argv)}` was running; {again}")
+
+    def _fed(self, result: CommandResult, error: BaseException | None) -> CommandResult:
+        """``result``, or the error of feeding its input when the command still succeeded."""
+        if error is not None and result.returncode == 0:
+            raise ExecutionError(f"sending input to `{shlex.join(result.argv)}` on "
+                                 f"{self.target.display} failed: {error}")
+        return result
+
+    def _file_relay(self) -> RelayChannel | None:
+        return self._relay_on(self._connection()) if self.use_relay else None
+
     def _relayed_file_op(self, op: str, **fields: Any) -> dict[str, Any] | None:
         """``op`` through the relay in one round trip; None: no relay or it ended (file
         operations are idempotent: the caller does it over SFTP)."""
-        relay = self._relay_on(self._connection()) if self.use_relay else None
+        relay = self._file_relay()
         if relay is None:
             return None
         try:
             return relay.file_op(op, **fields)
         except RelayLost:
             return None
-
+        except OSError as exc:
+            if op not in ("mkdir", "write"):
+                raise
+            raise file_op_error(op, fields["path"], self.target.display,
+                                exc.strerror or str(exc)) from None
 
     def _sftp(self, op: Callable[[paramiko.SFTPClient], T]) -> T:
         """Run an idempotent SFTP operation, reconnecting (and repeating it) on a drop."""
@@ -462,66 +460,47 @@ class SSHShell(OneOpFiles):
         """``path``'s first 16 KiB once they hold ``needle``, waited for on the login
         node (one round trip, at most ``timeout`` s; what it holds then, found or not).
         None without a relay: the caller looks itself, as often as it likes."""
-        if not self.use_relay:
-            return None
         answer = self._relayed_file_op("await", path=path, needle=needle, timeout=timeout)
         return None if answer is None else base64.b64decode(answer["data"])
 
-    def size(self, path: str) -> int:
+    def _stat_size(self, path: str) -> int | None:
+        """Size of ``path``; None when it is absent."""
         answer = self._relayed_file_op("size", path=path)
         if answer is not None:
-            return int(answer["size"])
+            return None if answer.get("absent") else int(answer["size"])
 
-        def op(sftp: paramiko.SFTPClient) -> int:
+        def op(sftp: paramiko.SFTPClient) -> int | None:
             try:
                 return int(sftp.stat(path).st_size or 0)
             except FileNotFoundError:
-                return 0
+                return None
 
         return self._sftp(op)
+
+    def size(self, path: str) -> int:
+        return self._stat_size(path) or 0
 
     def exists(self, path: str) -> bool:
-        answer = self._relayed_file_op("size", path=path)
-        if answer is not None:
-            return not answer.get("absent")
-
-        def op(sftp: paramiko.SFTPClient) -> bool:
-            try:
-                sftp.stat(path)
-                return True
-            except FileNotFoundError:
-                return False
-
-        return self._sftp(op)
+        return self._stat_size(path) is not None
 
     def mkdir(self, path: str, *, private: bool = False) -> None:
         """``mkdir -p`` whose new folders are 0700, each verified ours (node/relay.py)."""
-        try:
-            if self._relayed_file_op("mkdir", path=path, private=private) is not None:
-                return
-        except OSError as exc:
-            raise file_op_error("mkdir", path, self.target.display,
-                                exc.strerror or str(exc)) from None
-        self._file_op("mkdir", path, private=private)
+        if self._relayed_file_op("mkdir", path=path, private=private) is None:
+            self._file_op("mkdir", path, private=private)
 
     def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
         """Atomic: a 0600 temp file of an unpredictable name next to ``path``, created
         exclusively (a planted name or link is refused), then posix-rename over it."""
         blob = data.encode() if isinstance(data, str) else data
         encoded = base64.b64encode(blob).decode("ascii")
-        try:
-            if self._relayed_file_op("write", path=path, mode=mode, data=encoded) is not None:
-                return
-        except OSError as exc:
-            raise file_op_error("write", path, self.target.display,
-                                exc.strerror or str(exc)) from None
-        self._file_op("write", path, mode=mode, data=encoded)
+        if self._relayed_file_op("write", path=path, mode=mode, data=encoded) is None:
+            self._file_op("write", path, mode=mode, data=encoded)
 
     def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
         """``ops`` in one relay round trip, done in order on the login node (each exactly
         as alone); None without a relay or when it ended under them (the caller does them
         one by one: each is idempotent). A failed op raises as it would alone."""
-        relay = self._relay_on(self._connection()) if self.use_relay else None
+        relay = self._file_relay()
         if relay is None:
             return None
         try:

@@ -1,22 +1,10 @@
 """The controller's end of the login-node relay (``node/relay.py``): one channel per run.
 
-Why: a command on its own SSH channel is a new sshd session (PAM, the login shell), a
-fifth of a second or more each; through the relay it is one JSON line each way. The
-relay also pushes what is appended to the files the monitor watches, so the monitor
-learns of a report without a round trip and wakes as soon as one lands.
-
-What it guarantees: the pushed bytes are kept by their absolute offset in the file, so a
-reader that asks for an offset the pushes do not cover (the relay died, the reader read
-ahead through SFTP) is told ``None`` and reads the file itself: nothing is lost or read
-twice, whatever the channel does. Commands' input, output and environment never touch
-the disk (they ride the channel only).
-
-Bounded: the relay pushes a file at most ``relay.PUSH_WINDOW`` bytes ahead of what the
-reader took (acknowledged as it reads); pushed bytes held past twice that (a relay that
-does not keep the window) are dropped and the file is read itself. A streamed stdin is
-sent at most ``relay.STDIN_WINDOW`` bytes ahead of what the command was given. A line
-from the relay longer than ``MAX_MESSAGE`` ends the channel (commands fall back to SFTP
-and their own channels), and the lines are split in time linear in the bytes received.
+A command on its own channel is a new sshd session (a fifth of a second or more); here it
+is one JSON line each way, and appended bytes of watched files are pushed. Pushes are kept
+by absolute offset: an offset they do not cover answers None and the reader reads the file
+(nothing lost or read twice). Bounded: ``relay.PUSH_WINDOW`` ahead per file (dropped past
+twice that), ``relay.STDIN_WINDOW`` of streamed stdin, ``MAX_MESSAGE`` per line.
 """
 
 from __future__ import annotations
@@ -31,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Annotated, Any
 
 import paramiko
@@ -40,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 from pytest_trtllm_slurm.node import relay as relay_source
 from pytest_trtllm_slurm.planning.masking import mask_text
 from pytest_trtllm_slurm.transport.shell import CommandResult
-from pytest_trtllm_slurm.transport.ssh.commands import remote_command
+from pytest_trtllm_slurm.transport.ssh.commands import _relay_source, remote_command
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +74,9 @@ class RelayAnswer(FileAnswer):
 # shim or module to resolve), else the login node's python3; $2 names the relay in ps
 _START = ('command -v "$0" >/dev/null 2>&1 && exec "$0" -u -c "$1" "$2"; '
           'exec python3 -u -c "$1" "$2"')
-# the quick start: the first of the given absolute interpreters that exists, isolated and
-# without site (-I -S: no site-packages' .pth files, no PYTHON* variables: the relay is
-# stdlib only), not what PATH names: a PATH set by the login shell's rc files often leads
-# to a shim (pyenv, asdf: a shell script and a second process per start, measured 0.5 s
-# here) or a module's wrapper. None there: exit 127, and the client starts the relay the
-# plain way (``_START``)
+# the quick start: the first given absolute interpreter that exists, with -I -S (the relay
+# is stdlib only), not what PATH names (often a shim: a second process per start); none
+# there: exit 127, and the plain start (``_START``)
 _QUICK = ('src=$1; shift; for p in "$@"; do [ -f "$p" ] && [ -x "$p" ] && '
           'exec "$p" -I -S -u -c "$src" "$0"; done; exit 127')
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
@@ -103,11 +87,6 @@ def relay_tag(pid: int | None = None) -> str:
     return f"trtllm-relay:{os.getpid() if pid is None else pid}"
 
 
-def relay_argv(python: str) -> list[str]:
-    """The command that starts the relay: its source on the command line, nothing installed."""
-    return ["sh", "-c", _START, python, Path(relay_source.__file__).read_text(), relay_tag()]
-
-
 def quick_candidates(python: str) -> list[str]:
     """The interpreters the quick start tries, in order: the cluster's own when it is an
     absolute path, and the system's python3 when the cluster names none (``python3``)."""
@@ -115,15 +94,6 @@ def quick_candidates(python: str) -> list[str]:
     if python in ("python3", "python"):
         found += SYSTEM_PYTHONS
     return found
-
-
-def quick_argv(python: str) -> list[str] | None:
-    """The quick start's command (None: no absolute interpreter to try)."""
-    candidates = quick_candidates(python)
-    if not candidates:
-        return None
-    return ["sh", "-c", _QUICK, relay_tag(), Path(relay_source.__file__).read_text(),
-            *candidates]
 
 
 @dataclass
@@ -172,15 +142,17 @@ class RelayChannel:
               ready_timeout: float = READY_TIMEOUT, *, quick: bool = True) -> RelayChannel | None:
         """A relay on a new channel of ``transport``; None when it does not come up (no
         python3 on the login node, a restricted shell): the caller runs each command on its
-        own channel. ``quick``: an absolute interpreter first (``quick_argv``), the plain
-        start when that one does not come up."""
-        argv = quick_argv(python) if quick else None
-        if argv is not None:
-            relay = cls._start(transport, argv, ready_timeout)
+        own channel. ``quick``: an absolute interpreter first (``_QUICK``), the plain start
+        when that one does not come up. The relay's source rides the command line."""
+        candidates = quick_candidates(python) if quick else []
+        if candidates:
+            relay = cls._start(transport, ["sh", "-c", _QUICK, relay_tag(), _relay_source(),
+                                           *candidates], ready_timeout)
             if relay is not None:
                 return relay
             log.debug("ssh relay: the quick start did not come up; starting it through PATH")
-        return cls._start(transport, relay_argv(python), ready_timeout)
+        return cls._start(transport, ["sh", "-c", _START, python, _relay_source(), relay_tag()],
+                          ready_timeout)
 
     @classmethod
     def _start(cls, transport: paramiko.Transport, argv: list[str],
@@ -222,15 +194,18 @@ class RelayChannel:
             pass
         self._fail_pending()
 
-    # -- requests -------------------------------------------------------------------
+    def _register(self) -> tuple[int, _Pending]:
+        ident, pending = next(self._ids), _Pending()
+        with self._lock:
+            self._pending[ident] = pending
+        return ident, pending
+
     def call(self, message: dict[str, Any], wait: float | None = None) -> dict[str, Any] | None:
         """Send one request and wait for its answer (None: none within ``wait`` seconds);
         RelayLost when the channel ends first."""
-        ident = next(self._ids)
-        pending = _Pending()
+        ident, pending = self._register()
         began = time.monotonic()
         with self._lock:
-            self._pending[ident] = pending
             self.requests[message["op"]] = self.requests.get(message["op"], 0) + 1
         try:
             self._send({**message, "id": ident})
@@ -247,7 +222,7 @@ class RelayChannel:
 
     def file_op(self, op: str, **fields: Any) -> dict[str, Any]:
         """A file operation in one round trip (read, size, write, mkdir); OSError as the
-        login node raised it."""
+        login node raised it (for a batch: the batch itself was refused)."""
         answer = self.call({"op": op, **fields}, FILE_OP_WAIT)
         if answer is None:
             raise RelayLost()  # stuck (a hung file system): the caller tries SFTP
@@ -259,12 +234,7 @@ class RelayChannel:
         """Several file operations in one round trip, done in order on the login node
         (``relay.BATCHED``): one answer per op done, the last with "errno" when one
         failed (the relay does none after it). RelayLost as ``file_op``."""
-        answer = self.call({"op": "batch", "ops": ops}, FILE_OP_WAIT)
-        if answer is None:
-            raise RelayLost()
-        if "errno" in answer:  # the batch itself was refused
-            raise OSError(int(answer["errno"]), str(answer.get("error", "")))
-        return list(answer.get("answers") or [])
+        return list(self.file_op("batch", ops=ops).get("answers") or [])
 
     def run(self, argv: list[str], *, timeout: float | None, input: str | None,
             env: dict[str, str] | None, cwd: str | None) -> CommandResult:
@@ -273,20 +243,15 @@ class RelayChannel:
                             "input": input, "timeout": timeout},
                            None if timeout is None else timeout + ANSWER_GRACE)
         if answer is None:
-            return CommandResult(tuple(argv), 124, "", "no answer from the relay",
-                                 timed_out=True)
-        return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
-                             str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
+            return _no_answer(argv)
+        return _result(argv, answer)
 
     def run_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                    timeout: float | None, cwd: str | None) -> tuple[CommandResult,
                                                                   BaseException | None]:
         """Run ``argv`` with ``producer(stdin)`` streaming into it (a tar or git bundle);
         also what the producer raised, if it did. RelayLost when the channel ends first."""
-        ident = next(self._ids)
-        pending = _Pending()
-        with self._lock:
-            self._pending[ident] = pending
+        ident, pending = self._register()
         error: BaseException | None = None
         try:
             self._send({"op": "run", "id": ident, "argv": list(argv), "env": None,
@@ -302,19 +267,14 @@ class RelayChannel:
             self._send({"op": "stdin", "id": ident, "eof": True})
             wait = None if timeout is None else timeout + ANSWER_GRACE
             if not pending.done.wait(wait):
-                return CommandResult(tuple(argv), 124, "", "no answer from the relay",
-                                     timed_out=True), error
+                return _no_answer(argv), error
         finally:
             with self._lock:
                 self._pending.pop(ident, None)
-        answer = pending.answer
-        if answer is None:
+        if pending.answer is None:
             raise RelayLost()
-        return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
-                             str(answer.get("err", "")),
-                             timed_out=bool(answer.get("timed_out"))), error
+        return _result(argv, pending.answer), error
 
-    # -- pushed files ---------------------------------------------------------------
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
         """Push what ``path`` gets from ``offset`` on (again, if it was watched); ``wake``:
         its pushes end a wait_news early."""
@@ -363,7 +323,6 @@ class RelayChannel:
         with self._news:
             self._news.wait(timeout)
 
-    # -- the channel ----------------------------------------------------------------
     def _send(self, message: dict[str, Any]) -> None:
         line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
         try:
@@ -482,6 +441,15 @@ class RelayChannel:
             self._news.notify_all()
 
 
+def _result(argv: list[str], answer: dict[str, Any]) -> CommandResult:
+    return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
+                         str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
+
+
+def _no_answer(argv: list[str]) -> CommandResult:
+    return CommandResult(tuple(argv), 124, "", "no answer from the relay", timed_out=True)
+
+
 def _paths(message: dict[str, Any]) -> str:
     """What a request's debug line names: its path, or a batch's ops and paths."""
     if message["op"] == "batch":
@@ -528,8 +496,3 @@ class _StdinWriter:
     def flush(self) -> None:
         pass
 
-
-def started_in(relay: RelayChannel | None, since: float) -> str:
-    """A log line's words for a relay start attempt."""
-    took = time.monotonic() - since
-    return f"started in {took:.3f} s" if relay else f"not available ({took:.3f} s)"

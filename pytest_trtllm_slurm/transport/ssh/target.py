@@ -1,9 +1,6 @@
-"""Where an SSH connection goes: one ``[clusters.NAME]`` table merged with ``~/.ssh/config``.
-
-Users already describe their clusters in ``~/.ssh/config`` (HostName, User, Port,
-IdentityFile, ProxyCommand, ProxyJump); the clusters file only needs ``ssh_host``.
-Values written in the clusters file win over ssh config, like ``ssh -p``/``-l``/``-i``
-win over the config file.
+"""Where an SSH connection goes: one ``[clusters.NAME]`` table merged with ``~/.ssh/config``
+(HostName, User, Port, IdentityFile, ProxyCommand, ProxyJump); values in the clusters file
+win, as ``ssh -p``/``-l``/``-i`` win over the config file.
 """
 
 from __future__ import annotations
@@ -63,15 +60,13 @@ class SSHTarget(BaseModel):
         return f"[clusters.{self.cluster}] in the clusters file" if self.cluster else "ssh config"
 
     @classmethod
-    def from_cluster(
-        cls, cluster: ClusterConfig, *, ssh_config_path: str | Path | None = None
-    ) -> SSHTarget:
+    def from_cluster(cls, cluster: ClusterConfig, *,
+                     ssh_config_path: str | Path | None = None) -> SSHTarget:
         """Resolve ``cluster`` (needs ``ssh_host``) against ssh config (default ~/.ssh/config)."""
         if not cluster.ssh_host:
             raise ConfigError(
                 f"[clusters.{cluster.name}] has no ssh_host: set ssh_host = \"login.example\" "
-                "(a host name or an alias from ~/.ssh/config) to run on it over SSH"
-            )
+                "(a host name or an alias from ~/.ssh/config) to run on it over SSH")
         found = lookup_ssh_config(cluster.ssh_host, ssh_config_path)
         explicit_id = cluster.identity_file is not None
         ids = [cluster.identity_file] if cluster.identity_file else found.get("identityfile", [])
@@ -84,24 +79,18 @@ class SSHTarget(BaseModel):
         _check(hostname, host_problem, f"HostName of {cluster.ssh_host} in ssh config")
         _check(user, user_problem, f"the SSH user of {where} (user, ssh config User or "
                "your login name)", fix=f"set user = \"NAME\" in {where}")
-        return cls(
-            cluster=cluster.name,
-            alias=cluster.ssh_host,
-            hostname=hostname,
-            port=cluster.ssh_port or int(found.get("port", 22)),
-            user=user,
-            identity_files=tuple(os.path.expanduser(p) for p in ids),
-            identity_file_explicit=explicit_id,
-            identities_only=found.get("identitiesonly", "no").lower() == "yes",
-            known_hosts=os.path.expanduser(known),
-            accept_new_host_key=cluster.accept_new_host_key,
-            mfa=cluster.mfa,
-            otp_command=cluster.otp_command,
-            proxy_command=_unless_none(found.get("proxycommand")),
-            proxy_jump=_unless_none(found.get("proxyjump")),
-            connect_timeout=float(found.get("connecttimeout", 15)),
-            ssh_config_path=str(ssh_config_path) if ssh_config_path else None,
-        )
+        return cls(cluster=cluster.name, alias=cluster.ssh_host, hostname=hostname,
+                   port=cluster.ssh_port or int(found.get("port", 22)), user=user,
+                   identity_files=tuple(os.path.expanduser(p) for p in ids),
+                   identity_file_explicit=explicit_id,
+                   identities_only=found.get("identitiesonly", "no").lower() == "yes",
+                   known_hosts=os.path.expanduser(known),
+                   accept_new_host_key=cluster.accept_new_host_key, mfa=cluster.mfa,
+                   otp_command=cluster.otp_command,
+                   proxy_command=_unless_none(found.get("proxycommand")),
+                   proxy_jump=_unless_none(found.get("proxyjump")),
+                   connect_timeout=float(found.get("connecttimeout", 15)),
+                   ssh_config_path=str(ssh_config_path) if ssh_config_path else None)
 
     def jump_hosts(self) -> list[SSHTarget]:
         """The ProxyJump chain, first hop first; each hop resolved through ssh config too."""
@@ -129,9 +118,7 @@ class SSHTarget(BaseModel):
                         "proxy_command": None,
                         "proxy_jump": None,
                         "mfa": None,
-                    }
-                )
-            )
+                    }))
         return hops
 
 
