@@ -123,9 +123,6 @@ class CaseCollector:
             close_executors(ctx)
 
 
-# --------------------------------------------------------------------------- file and items
-
-
 class CaseFile(pytest.File):
     """One YAML case file: ``cases:`` (a list, or a mapping name -> case) and ``defaults:``."""
 

@@ -32,8 +32,6 @@ from pytest_trtllm_slurm.planning.fields import (
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement
 
-# --------------------------------------------------------------------------- vocabulary
-
 
 class Workflow(str, Enum):
     PYTEST = "pytest"
@@ -78,8 +76,6 @@ CASE_WRAPPER = (
     '>> "$' + REPORTS_ENV + '"; fi; '
     'exit "$rc"'
 )
-
-# --------------------------------------------------------------------------- inputs
 
 
 class CaseInput(BaseModel):
@@ -159,9 +155,6 @@ def parse_custom_env(items: Iterable[str]) -> dict[str, str]:
     return env
 
 
-# --------------------------------------------------------------------------- classification
-
-
 class Classified(BaseModel):
     workflow: Workflow
     command: str  # the shell command line that runs in the job
@@ -199,9 +192,6 @@ def classify(inp: CaseInput, *, base: Path | None = None) -> Classified:
     if inp.eval_cmd:
         return Classified(workflow=Workflow.EVAL, command=inp.eval_cmd.strip())
     return Classified(workflow=Workflow.PYTEST, command=(inp.test_cmd or "").strip())
-
-
-# --------------------------------------------------------------------------- devices
 
 
 class TestDevices(BaseModel):
@@ -341,9 +331,6 @@ def model_name_of(workflow: Workflow, command: str, given: str | None = None) ->
     return (clean or workflow.value)[:60]
 
 
-# --------------------------------------------------------------------------- job spec
-
-
 def case_argv(command: str) -> list[str]:
     """The job's argv for a case command line (never joined into a larger shell string)."""
     return ["bash", "-c", CASE_WRAPPER, WRAPPER_NAME, command]
@@ -370,8 +357,6 @@ def timeout_seconds(text: str | None, default: int) -> int:
         raise ConfigError(f"monitor timeout {text!r}: expected a positive duration")
     return seconds
 
-
-# --------------------------------------------------------------------------- verdict
 
 _PYTEST_ERROR_CODES = {
     2: "pytest was interrupted (or collection failed: check the first lines for ImportError)",
@@ -438,9 +423,6 @@ def decide_status(
     if workflow == Workflow.PYTEST.value and exit_code in _PYTEST_ERROR_CODES:
         return CaseStatus.ERROR, [f"ERROR: {detail}: {_PYTEST_ERROR_CODES[exit_code]}", *errors]
     return CaseStatus.FAILED, [f"FAILED: {detail}", *errors]
-
-
-# --------------------------------------------------------------------------- result
 
 
 class CaseDevices(BaseModel):

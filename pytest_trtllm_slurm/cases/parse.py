@@ -206,7 +206,6 @@ class LogScan:
         self._close_block()
         return self
 
-    # -- views ---------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """Named numbers for checks and junit properties."""
         out: dict[str, float] = {}
@@ -278,8 +277,6 @@ def _feed_piece(scan: LogScan, piece: bytes) -> None:
         if part or len(parts) == 1:
             scan.feed(part)
 
-
-# --------------------------------------------------------------------------- metric checks
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,

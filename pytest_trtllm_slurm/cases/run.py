@@ -97,8 +97,6 @@ def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, 
                        rootdir=rootdir, warn=warn, say=say, remote_env=remote_env)
 
 
-# --------------------------------------------------------------------------- collection
-
 def pytest_args_of(command: str) -> list[str] | None:
     """Arguments of the first ``pytest`` / ``python -m pytest`` in a shell command line."""
     try:
@@ -155,9 +153,6 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
                        device_type=row.get("device_type"), source=source)
 
 
-# --------------------------------------------------------------------------- executors
-
-
 def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
     """The executor of ``spec``'s target (its scenario; a remote cluster its own), built
     by the plugin's factory (``execution.factory``), one per target and context."""
@@ -175,9 +170,6 @@ def close_executors(ctx: CaseContext) -> None:
     ctx.executors.clear()
     if ctx.remote_env is not None:
         ctx.remote_env.close()
-
-
-# --------------------------------------------------------------------------- prepare
 
 
 @dataclass
@@ -281,9 +273,6 @@ def prepare_case(
     )
     prepared.spec.write()
     return prepared
-
-
-# --------------------------------------------------------------------------- run
 
 
 def run_spec(
@@ -448,9 +437,6 @@ def run_case(inp: CaseInput, ctx: CaseContext, *,
                           per_node=spec.devices_per_node, nodes=spec.node_count,
                           source=prepared.devices.source)
     return run_spec(spec, ctx, devices=devices, notes=prepared.notes, checks=checks)
-
-
-# --------------------------------------------------------------------------- re-run
 
 
 def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None) -> JobSpec:

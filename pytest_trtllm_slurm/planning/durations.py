@@ -47,9 +47,6 @@ def _seconds(days: int, hours: int, minutes: int, seconds: int) -> int:
     return days * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
-# --------------------------------------------------------------------------- user input
-
-
 def _user_clock(parsed: Parsed) -> int | None:
     """``MM:SS``, ``HH:MM:SS`` (hours unbounded) or ``D-HH:MM:SS``; every field after the
     first is one or two digits and below 60 (hours below 24 after a day)."""
@@ -80,9 +77,6 @@ def parse_time_limit(text: str, *, what: str = "time limit") -> int:
     if seconds is None:
         raise ConfigError(f"{what}: found {text!r}; expected a duration such as {TIME_FORMATS}")
     return seconds
-
-
-# --------------------------------------------------------------------------- scheduler output
 
 
 def parse_duration(text: str | None) -> int | None:

@@ -43,7 +43,6 @@ from pytest_trtllm_slurm.planning.perf_sanity import PerfSources, perf_id, perf_
 from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem
 from pytest_trtllm_slurm.planning.settings import Settings
 
-# --------------------------------------------------------------------------- commands
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
 
@@ -100,9 +99,6 @@ def parse_eval_command(cmd: str) -> tuple[int, int]:
     """(tp_size, pp_size) of the last ``trtllm-eval`` in ``cmd``; each defaults to 1."""
     args = _last_invocation(cmd, "trtllm-eval")
     return _int_flag(args, "--tp_size", cmd), _int_flag(args, "--pp_size", cmd)
-
-
-# --------------------------------------------------------------------------- markers
 
 
 class MarkLike(Protocol):
@@ -257,9 +253,6 @@ def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
             "nodes == ceil(devices / devices_per_node) and devices_per_node <= devices"
         )
     return total, per_node
-
-
-# --------------------------------------------------------------------------- the requirement
 
 
 def requirement_from_marks(

@@ -47,9 +47,6 @@ def normalize_device_type(name: str | None) -> str | None:
     return "".join(picked)
 
 
-# --------------------------------------------------------------------------- image
-
-
 def read_image_tags(path: Path) -> dict[str, str]:
     """``KEY=VALUE`` lines (``#`` comments, optional ``export``, optional quotes) -> dict."""
     out: dict[str, str] = {}
@@ -121,9 +118,6 @@ def enroot_uri(image: str) -> str:
     if "." in host or ":" in host or host == "localhost":
         return f"{scheme}{host}#{path}"
     return image
-
-
-# --------------------------------------------------------------------------- names
 
 
 def build_arch(device_type: str | None) -> str:

@@ -111,8 +111,6 @@ class Rendering:
     considered: int = 0  # blocks of the asked contexts whose terms agree
 
 
-# --------------------------------------------------------------------------- reading
-
 _TIMEOUT = re.compile(r"\s+TIMEOUT\s*\(\s*(\d+)\s*\)")
 _ISOLATION = re.compile(r"\s+ISOLATION\b")
 
@@ -230,9 +228,6 @@ def parse_terms(items: Iterable[str]) -> dict[str, str]:
                               "words, e.g. stage=pre_merge backend=pytorch")
         terms[key] = value
     return terms
-
-
-# --------------------------------------------------------------------------- selecting
 
 
 def terms_agree(block: Block, wanted: Mapping[str, str]) -> bool:
