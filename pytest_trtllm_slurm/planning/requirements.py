@@ -43,7 +43,6 @@ from pytest_trtllm_slurm.planning.perf_sanity import PerfSources, perf_id, perf_
 from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem
 from pytest_trtllm_slurm.planning.settings import Settings
 
-
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
 
 

@@ -190,7 +190,8 @@ def route(
             return decision  # an explicit partition means this cluster, served or not
         local_miss = decision
     wanted = router.wanted
-    if wanted and not _same_type(local.device_type, wanted) and not router._has_type(slurm_env, router._local_cfg()):
+    if (wanted and not _same_type(local.device_type, wanted)
+            and not router._has_type(slurm_env, router._local_cfg())):
         return router.remote_by_type()
     remote = router.remote_auto()
     return local_miss if remote.scenario is None and local_miss else remote
