@@ -264,12 +264,6 @@ def scan_log(
     return scan.finish()
 
 
-def scan_text(text: str, **kwargs: Any) -> LogScan:
-    """``scan_log`` over a string (tests, small logs)."""
-    data = text.encode()
-    return scan_log(lambda offset, limit: data[offset:offset + limit], **kwargs)
-
-
 def _feed_piece(scan: LogScan, piece: bytes) -> None:
     text = piece.decode("utf-8", "replace")
     parts = text.split("\r")  # progress bars rewrite the line: keep each state

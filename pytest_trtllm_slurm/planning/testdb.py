@@ -32,16 +32,6 @@ class Entry:
     isolation: bool = False  # ``ISOLATION``: read, not applied (docs/test-db.md)
     unsupported: str | None = None  # why the entry cannot be selected (``-k``)
 
-    def selects(self, nodeid: str) -> bool:
-        """Does this entry select ``nodeid``: the same id, its parametrizations, or a
-        test of the file or folder it names (as pytest reads such an argument)."""
-        if self.unsupported:
-            return False
-        test = self.test
-        if nodeid == test or nodeid.startswith((test + "[", test + "::")):
-            return True
-        return "::" not in test and nodeid.startswith(test.rstrip("/") + "/")
-
 
 @dataclass(frozen=True)
 class Block:
