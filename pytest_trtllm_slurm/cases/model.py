@@ -258,16 +258,15 @@ def derive_devices(
         return DeviceCounts(required=inp.required_devices if inp.required_devices is not None
                             else total_x, total=total_x, per_node=per_node_x or None,
                             source="explicit")
-    per_node: int | None
-    yaml_per_node: int | None = None
+    cap: int | None = None  # the source's devices per node (None: all on one node)
+    spread = False  # ranks spread as the target's nodes allow
+    device_type = None
     if workflow is Workflow.BENCH:
         tp, pp = req.parse_bench_command(command)
         required, source = tp * pp, f"trtllm-bench --tp {tp} --pp {pp}"
-        policy = "same"
     elif workflow is Workflow.EVAL:
         tp, pp = req.parse_eval_command(command)
         required, source = tp * pp, f"trtllm-eval --tp_size {tp} --pp_size {pp}"
-        policy = "same"
     elif workflow is Workflow.PYTEST and inp.perf_config_yaml:
         label = perf_label(command)
         if label is None:
@@ -276,31 +275,24 @@ def derive_devices(
                               "test_e2e[<prefix>-<config>[-<server>]]")
         path = Path(inp.perf_config_yaml).expanduser()
         case = perf.parse_perf_case(label, f"test_e2e[{label}]")
-        required, yaml_per_node = perf.perf_requirement(case, perf.load_perf_yaml(path), path,
-                                                        f"test_e2e[{label}]")
-        source, policy = f"perf_yaml:{path}", "yaml"
+        required, cap = perf.perf_requirement(case, perf.load_perf_yaml(path), path,
+                                              f"test_e2e[{label}]")
+        source = f"perf_yaml:{path}"
     elif workflow is Workflow.PYTEST and collected is not None:
         if collected.source == "default":  # no device marker: the seed's default
-            required, source, policy = 1, "default (no device marker on the test)", "same"
+            required, source = 1, "default (no device marker on the test)"
         else:
             required, source = collected.total, f"{collected.source} (collected)"
-            policy = "collected"
+            cap, device_type = collected.per_node, collected.device_type
+            spread = cap is None  # skip_less_mpi_world_size
     else:
-        required, source, policy = 1, "default", "same"
+        required, source = 1, "default"
     if inp.required_devices is not None:
-        required, source, policy = inp.required_devices, "explicit", "same"
+        required, source = inp.required_devices, "explicit"
+        cap, spread, device_type = None, False, None
     total = total_x if total_x is not None else required
-    if per_node_x is not None:
-        per_node = per_node_x
-    elif policy == "yaml" and yaml_per_node:
-        per_node = min(yaml_per_node, total) or None
-    elif policy == "collected" and collected is not None and collected.per_node is None:
-        per_node = None  # skip_less_mpi_world_size: ranks spread as the target's nodes allow
-    elif policy == "collected" and collected is not None:
-        per_node = min(collected.per_node or total, total) or None
-    else:
-        per_node = total or None  # single node: every device on it
-    device_type = collected.device_type if policy == "collected" and collected else None
+    per_node = per_node_x if per_node_x is not None else (
+        None if spread else min(cap or total, total) or None)
     return DeviceCounts(required=required, total=total, per_node=per_node, source=source,
                         device_type=device_type)
 
