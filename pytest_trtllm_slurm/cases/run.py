@@ -28,8 +28,6 @@ from pytest_trtllm_slurm.cases.model import (
     CaseInput,
     CaseResult,
     CaseStatus,
-    Classified,
-    DeviceCounts,
     TestDevices,
     Workflow,
     case_argv,
@@ -176,9 +174,7 @@ def close_executors(ctx: CaseContext) -> None:
 class PreparedCase:
     """A case ready to submit (``spec``), or refused before submission (``refused``)."""
 
-    inp: CaseInput
-    classified: Classified
-    devices: DeviceCounts
+    devices: CaseDevices
     spec: JobSpec | None = None
     refused: CaseResult | None = None
     notes: list[str] = field(default_factory=list)
@@ -208,10 +204,8 @@ def prepare_case(
         and (inp.total_required_devices is None or inp.required_devices_per_node is None)
     )
     if needs_collection:
-        if collect is None:
-            collected = collect_test_devices(command, ctx.rootdir, say=ctx.say)
-        else:
-            collected = collect(command, ctx.rootdir)
+        collected = (collect(command, ctx.rootdir) if collect else
+                     collect_test_devices(command, ctx.rootdir, say=ctx.say))
         if collected is None:
             notes.append("device count: the test command was not collected; using 1")
     devices = derive_devices(workflow, command, inp, collected=collected)
@@ -222,7 +216,6 @@ def prepare_case(
     run_settings = settings.model_copy(update=update) if update else settings
     model = model_name_of(workflow, command, inp.model_name or inp.name)
     work_dir = _new_work_dir(ctx.work_root, f"{model}_{workflow.value}")
-    prepared = PreparedCase(inp, classified, devices, notes=notes)
     decision = routing.route(req, settings=run_settings, local=ctx.local, clusters=ctx.clusters,
                              slurm_env=ctx.slurm_env, partition=inp.partition,
                              remote_env=ctx.remote_env)
@@ -230,6 +223,7 @@ def prepare_case(
     case_devices = CaseDevices(required=devices.required, total=req.total, per_node=per_node,
                                nodes=req.nodes(decision.target_gpus_per_node),
                                source=devices.source)
+    prepared = PreparedCase(case_devices, notes=notes)
     if decision.scenario is None:
         result = CaseResult(
             status=CaseStatus.ERROR, workflow=workflow.value, command=command,
@@ -432,11 +426,8 @@ def run_case(inp: CaseInput, ctx: CaseContext, *,
     if prepared.refused is not None:
         return prepared.refused
     assert prepared.spec is not None
-    spec = prepared.spec
-    devices = CaseDevices(required=prepared.devices.required, total=spec.total_devices,
-                          per_node=spec.devices_per_node, nodes=spec.node_count,
-                          source=prepared.devices.source)
-    return run_spec(spec, ctx, devices=devices, notes=prepared.notes, checks=checks)
+    return run_spec(prepared.spec, ctx, devices=prepared.devices, notes=prepared.notes,
+                    checks=checks)
 
 
 def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None) -> JobSpec:
