@@ -13,7 +13,7 @@ from pytest_trtllm_slurm.controller.output_dirs import (
     mirror,
     worker_tokens,
 )
-from pytest_trtllm_slurm.planning.durations import STARTUP_SECONDS, batch_walltime
+from pytest_trtllm_slurm.planning.walltime import STARTUP_SECONDS, batch_walltime
 from pytest_trtllm_slurm.transport.shell import LocalShell
 
 

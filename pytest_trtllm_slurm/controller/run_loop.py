@@ -62,17 +62,13 @@ from pytest_trtllm_slurm.node.assignment import key_path
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.item_key import item_key
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
-from pytest_trtllm_slurm.planning.durations import (
-    Walltime,
-    batch_walltime,
-    format_slurm_time,
-    parse_duration,
-)
+from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_duration
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Target, target_name, target_of
 from pytest_trtllm_slurm.planning.packing import pools_from_capacities
 from pytest_trtllm_slurm.planning.resolve import build_arch
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
+from pytest_trtllm_slurm.planning.walltime import Walltime, batch_walltime
 
 # statuses after which the tests that had not started yet run again in a new job
 # (the test that was running when it happened takes the status; the others did nothing wrong)
