@@ -156,12 +156,11 @@ class LogScan:
         if len(self.head) < HEAD_LINES:
             self.head.append(line)
         self.tail.append(line)
-        for pattern in self.success:
-            if pattern.pattern not in self.success_hits and pattern.search(line):
-                self.success_hits[pattern.pattern] = PatternHit(pattern.pattern, self.lines, line)
-        for pattern in self.failure:
-            if pattern.pattern not in self.failure_hits and pattern.search(line):
-                self.failure_hits[pattern.pattern] = PatternHit(pattern.pattern, self.lines, line)
+        for patterns, hits in ((self.success, self.success_hits),
+                               (self.failure, self.failure_hits)):
+            for pattern in patterns:
+                if pattern.pattern not in hits and pattern.search(line):
+                    hits[pattern.pattern] = PatternHit(pattern.pattern, self.lines, line)
         if self.oom is None and _OOM.search(line):
             self.oom = PatternHit("out of memory", self.lines, line)
         summary = parse_pytest_summary(line)

@@ -349,8 +349,18 @@ class _Router:
         key = cfg.name or name
         named = cfg.model_copy(update={"name": key})
         env = self._discovered(named) if self._needs_discovery(named, partition=True) else None
-        if env is not None:
-            return self._remote_sized(key, cfg, env)
+        if env is not None:  # routed like the local Slurm, on what discovery found there
+            part_name = self._choose(env, cfg)
+            part = env.partition_named(part_name)
+            if part is None:
+                return self.unsatisfied(f"no partition of cluster {key!r} "
+                                        f"({_describe_partitions(env)}) can")
+            if not self._serves(part):
+                return self.unsatisfied(f"partition {part_name!r} of cluster {key!r} "
+                                        f"({_describe_partitions(env, part_name)}) cannot")
+            return RouteDecision(scenario=Scenario.REMOTE_SLURM, cluster=key, partition=part_name,
+                                 account=resolve_account(self.settings.account, cfg, env),
+                                 target_gpus_per_node=part.gpus_per_node or None)
         if not self._cluster_fits(cfg):
             return self.unsatisfied(
                 f"cluster {key!r} ({cfg.device_type or '?'}, "
@@ -360,20 +370,6 @@ class _Router:
                              partition=self.explicit_partition or cfg.partition,
                              account=self.settings.account or cfg.account,
                              target_gpus_per_node=cfg.gpus_per_node)
-
-    def _remote_sized(self, key: str, cfg: ClusterConfig, env: SlurmEnv) -> RouteDecision:
-        """A remote cluster routed like the local Slurm, on what discovery found there."""
-        name = self._choose(env, cfg)
-        part = env.partition_named(name)
-        if part is None:
-            return self.unsatisfied(f"no partition of cluster {key!r} "
-                                    f"({_describe_partitions(env)}) can")
-        if not self._serves(part):
-            return self.unsatisfied(f"partition {name!r} of cluster {key!r} "
-                                    f"({_describe_partitions(env, name)}) cannot")
-        return RouteDecision(scenario=Scenario.REMOTE_SLURM, cluster=key, partition=name,
-                             account=resolve_account(self.settings.account, cfg, env),
-                             target_gpus_per_node=part.gpus_per_node or None)
 
     def _offers_type(self, cfg: ClusterConfig) -> bool:
         """The clusters file's device_type, else (with discovery) a partition's GPU type."""
