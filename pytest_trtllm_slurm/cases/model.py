@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.outcome import JobStatus
 from pytest_trtllm_slurm.node import records
-from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
+from pytest_trtllm_slurm.planning.durations import parse_time_limit
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
     Env,
@@ -333,12 +333,6 @@ def case_command_of(argv: list[str]) -> str:
     if len(argv) == 5 and argv[:2] == ["bash", "-c"] and argv[3] == WRAPPER_NAME:
         return argv[4]
     return shlex.join(argv)
-
-
-def normalize_time(text: str | None, what: str) -> str | None:
-    if text is None:
-        return None
-    return format_slurm_time(parse_time_limit(str(text), what=what))
 
 
 def timeout_seconds(text: str | None, default: int) -> int:

@@ -36,7 +36,6 @@ from pytest_trtllm_slurm.cases.model import (
     decide_status,
     derive_devices,
     model_name_of,
-    normalize_time,
     timeout_seconds,
 )
 from pytest_trtllm_slurm.cases.parse import HEAD_LINES, MetricCheck, scan_log
@@ -50,6 +49,7 @@ from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.records import SESSION_FINISH
+from pytest_trtllm_slurm.planning.durations import slurm_time
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import is_masked
 from pytest_trtllm_slurm.planning.models import Scenario, target_name, target_of
@@ -254,7 +254,7 @@ def prepare_case(
         node_count=case_devices.nodes, total_devices=req.total, devices_per_node=per_node,
         device_type=device_type, cluster=decision.cluster, account=account,
         partition=decision.partition,
-        time_limit=normalize_time(inp.time_limit, "time limit") or settings.time_limit
+        time_limit=slurm_time(inp.time_limit, "time limit") or settings.time_limit
         or (table.time_limit if table else None) or DEFAULT_TIME_LIMIT,
         mem_mb=inp.mem_mb, container_image=run_settings.container_image, mounts=mounts, env=env,
         work_dir=str(work_dir), reports_path=str(reports),

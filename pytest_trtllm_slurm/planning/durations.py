@@ -101,6 +101,11 @@ def parse_duration(text: str | None) -> int | None:
     return nums[0] * 60 if len(nums) == 1 else _clock(nums)  # a bare number is minutes
 
 
+def slurm_time(text: object, what: str) -> str | None:
+    """A user's duration as ``sbatch --time`` takes it (None stays None)."""
+    return None if text is None else format_slurm_time(parse_time_limit(str(text), what=what))
+
+
 def format_slurm_time(seconds: int) -> str:
     """``D-HH:MM:SS`` (a day or more) or ``HH:MM:SS``: what ``sbatch --time`` takes."""
     if seconds < 0:

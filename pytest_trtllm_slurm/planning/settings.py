@@ -82,12 +82,10 @@ class ClusterConfig(BaseModel):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _normalize_time(cls, value: object) -> object:
-        from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
+        from pytest_trtllm_slurm.planning.durations import slurm_time
 
-        if value is None:
-            return None
         try:
-            return format_slurm_time(parse_time_limit(str(value), what="time_limit"))
+            return slurm_time(value, "time_limit")
         except ConfigError as exc:
             raise ValueError(str(exc)) from None  # named with the file and the cluster
 
