@@ -137,10 +137,7 @@ class ClustersFile(BaseModel):
 
     def find(self, name: str) -> ClusterConfig | None:
         """The cluster named ``name`` (case-insensitive), or None."""
-        for key, cluster in self.clusters.items():
-            if key.lower() == name.lower():
-                return cluster
-        return None
+        return next((c for key, c in self.clusters.items() if key.lower() == name.lower()), None)
 
     def table_of(self, scenario: Scenario | None, cluster: str | None,
                  local_name: str | None) -> ClusterConfig | None:
@@ -184,11 +181,8 @@ def no_clusters() -> ClustersFile:
 def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:
     """Load and validate the clusters file; an absent default file means no clusters."""
     if path is None:
-        for candidate in default_clusters_paths(rootdir):
-            if candidate.is_file():
-                path = candidate
-                break
-        else:
+        path = next((p for p in default_clusters_paths(rootdir) if p.is_file()), None)
+        if path is None:
             return no_clusters()
     elif not path.is_file():
         raise ConfigError(f"clusters file {path} (--trtllm-config) does not exist")
