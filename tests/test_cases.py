@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ from pytest_trtllm_slurm.cases.model import (
     model_name_of,
     parse_custom_env,
 )
-from pytest_trtllm_slurm.cases.parse import MetricCheck, parse_accuracy, scan_text
+from pytest_trtllm_slurm.cases.parse import LogScan, MetricCheck, parse_accuracy, scan_log
 from pytest_trtllm_slurm.cases.run import (
     CaseContext,
     prepare_case,
@@ -53,6 +54,12 @@ def run_fake(tool: str, *args: str, **env: str) -> str:
     proc = subprocess.run([str(FAKES / tool), *args], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=30, check=False)
     return proc.stdout
+
+
+def scan_text(text: str, **kwargs: Any) -> LogScan:
+    """``scan_log`` over a string."""
+    data = text.encode()
+    return scan_log(lambda offset, limit: data[offset:offset + limit], **kwargs)
 
 
 # --------------------------------------------------------------------------- classification

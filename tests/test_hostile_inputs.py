@@ -196,7 +196,7 @@ def _paths_in(box: Sandbox, name: str) -> tuple[str, str]:
     (safe_values.user_problem, ["alice", "a.b-c", "svc$", "a@corp"], ["", "-l", "a b", "a;b"]),
     (safe_values.argument_problem, ["nvcr.io/nv/img:1", "img with space"],
      ["", "--privileged", "-v/:/x", "img\n-x"]),
-    (safe_values.job_name_problem, ["acct.$(x) `y`;z 'q'", "a/b"], ["", "-x", "a\rb", "a\x00"]),
+    (safe_values.argument_problem, ["acct.$(x) `y`;z 'q'", "a/b"], ["", "-x", "a\rb", "a\x00"]),
 ])
 def test_safe_value_rules(check, good, bad) -> None:
     """The rules in words (docs/security-model.md): each good value passes, each bad one gets a reason."""

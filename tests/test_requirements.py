@@ -636,7 +636,7 @@ def test_perf_label(nodeid: str, params: dict[str, Any] | None, label: str | Non
     ],
 )
 def test_name_as_written_undoes_pytest_renaming(nodeid: str, written: str) -> None:
-    from pytest_trtllm_slurm.planning.perf_sanity import name_as_written
+    from pytest_trtllm_slurm.planning.perf_sanity import perf_id
 
-    assert name_as_written(perf_item(nodeid, {"perf_sanity_test_case": LONG})) == written
-    assert name_as_written(perf_item("t.py::test_x[a]")) == "t.py::test_x[a]"
+    assert perf_id(perf_item(nodeid, {"perf_sanity_test_case": LONG}))[1] == written
+    assert perf_id(perf_item("t.py::test_x[a]"))[1] == "t.py::test_x[a]"

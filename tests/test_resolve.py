@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,9 @@ from pytest_trtllm_slurm.planning.models import DeviceRequirement
 from pytest_trtllm_slurm.planning.resolve import (
     build_arch,
     enroot_uri,
-    job_name,
     read_image_tags,
     resolve_container_image,
     target_arch,
-    work_dir,
 )
 from pytest_trtllm_slurm.planning.routing import resolve_account, select_partition
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
@@ -225,19 +222,3 @@ def test_enroot_uri(image: str, expected: str) -> None:
 )
 def test_build_arch(device_type, expected) -> None:
     assert build_arch(device_type) == expected
-
-
-def test_job_name() -> None:
-    assert job_name("acct_a", "pytest") == "acct_a.pytest"
-    assert job_name("acct_a", "test x[1 2]/$y") == "acct_a.test_x_1_2_y"
-    assert job_name(None, "bench") == "bench"
-
-
-def test_work_dir() -> None:
-    now = datetime(2025, 1, 2, 3, 4, 5)
-    assert work_dir(Path("/repo"), "llama_7b", now=now) == Path(
-        "/repo/work_dirs/llama_7b_20250102_030405"
-    )
-    assert work_dir(Path("/repo"), "a b", root="/scratch/runs", now=now) == Path(
-        "/scratch/runs/a_b_20250102_030405"
-    )

@@ -32,12 +32,6 @@ _WORKFLOW_KEYS = {"pytest": "test_cmd", "test": "test_cmd", "bench": "bench_cmd"
                   "eval": "eval_cmd", "custom": "custom_cmd"}
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    """Effective when this module is loaded at start-up (``-p pytest_trtllm_slurm.cases.items``
-    or from the plugin's own pytest_addoption)."""
-    add_options(parser)
-
-
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("trtllm-slurm")
     try:
@@ -48,10 +42,6 @@ def add_options(parser: pytest.Parser) -> None:
         pass  # registered already
     parser.addini(INI, "fnmatch patterns (relative to the rootdir) of YAML case files to "
                   f"collect, e.g. cases/*.yaml (env {ENV_FILES})", type="linelist", default=[])
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    register_if_wanted(config)
 
 
 def register_if_wanted(config: pytest.Config) -> None:
@@ -69,6 +59,12 @@ def register_if_wanted(config: pytest.Config) -> None:
         return
     collector = CaseCollector(config, explicit, patterns)
     config.pluginmanager.register(collector, PLUGIN_NAME)
+
+
+# the hooks when this module is loaded at start-up (``-p pytest_trtllm_slurm.cases.items``);
+# the plugin calls both itself otherwise
+pytest_addoption = add_options
+pytest_configure = register_if_wanted
 
 
 class CaseCollector:
@@ -121,9 +117,6 @@ class CaseCollector:
             from pytest_trtllm_slurm.cases.run import close_executors
 
             close_executors(ctx)
-
-
-# --------------------------------------------------------------------------- file and items
 
 
 class CaseFile(pytest.File):

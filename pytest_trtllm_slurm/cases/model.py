@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.outcome import JobStatus
 from pytest_trtllm_slurm.node import records
-from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
+from pytest_trtllm_slurm.planning.durations import parse_time_limit
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
     Env,
@@ -31,8 +31,6 @@ from pytest_trtllm_slurm.planning.fields import (
     validation_message,
 )
 from pytest_trtllm_slurm.planning.models import DeviceRequirement
-
-# --------------------------------------------------------------------------- vocabulary
 
 
 class Workflow(str, Enum):
@@ -78,8 +76,6 @@ CASE_WRAPPER = (
     '>> "$' + REPORTS_ENV + '"; fi; '
     'exit "$rc"'
 )
-
-# --------------------------------------------------------------------------- inputs
 
 
 class CaseInput(BaseModel):
@@ -159,9 +155,6 @@ def parse_custom_env(items: Iterable[str]) -> dict[str, str]:
     return env
 
 
-# --------------------------------------------------------------------------- classification
-
-
 class Classified(BaseModel):
     workflow: Workflow
     command: str  # the shell command line that runs in the job
@@ -199,9 +192,6 @@ def classify(inp: CaseInput, *, base: Path | None = None) -> Classified:
     if inp.eval_cmd:
         return Classified(workflow=Workflow.EVAL, command=inp.eval_cmd.strip())
     return Classified(workflow=Workflow.PYTEST, command=(inp.test_cmd or "").strip())
-
-
-# --------------------------------------------------------------------------- devices
 
 
 class TestDevices(BaseModel):
@@ -268,16 +258,15 @@ def derive_devices(
         return DeviceCounts(required=inp.required_devices if inp.required_devices is not None
                             else total_x, total=total_x, per_node=per_node_x or None,
                             source="explicit")
-    per_node: int | None
-    yaml_per_node: int | None = None
+    cap: int | None = None  # the source's devices per node (None: all on one node)
+    spread = False  # ranks spread as the target's nodes allow
+    device_type = None
     if workflow is Workflow.BENCH:
         tp, pp = req.parse_bench_command(command)
         required, source = tp * pp, f"trtllm-bench --tp {tp} --pp {pp}"
-        policy = "same"
     elif workflow is Workflow.EVAL:
         tp, pp = req.parse_eval_command(command)
         required, source = tp * pp, f"trtllm-eval --tp_size {tp} --pp_size {pp}"
-        policy = "same"
     elif workflow is Workflow.PYTEST and inp.perf_config_yaml:
         label = perf_label(command)
         if label is None:
@@ -286,31 +275,24 @@ def derive_devices(
                               "test_e2e[<prefix>-<config>[-<server>]]")
         path = Path(inp.perf_config_yaml).expanduser()
         case = perf.parse_perf_case(label, f"test_e2e[{label}]")
-        required, yaml_per_node = perf.perf_requirement(case, perf.load_perf_yaml(path), path,
-                                                        f"test_e2e[{label}]")
-        source, policy = f"perf_yaml:{path}", "yaml"
+        required, cap = perf.perf_requirement(case, perf.load_perf_yaml(path), path,
+                                              f"test_e2e[{label}]")
+        source = f"perf_yaml:{path}"
     elif workflow is Workflow.PYTEST and collected is not None:
         if collected.source == "default":  # no device marker: the seed's default
-            required, source, policy = 1, "default (no device marker on the test)", "same"
+            required, source = 1, "default (no device marker on the test)"
         else:
             required, source = collected.total, f"{collected.source} (collected)"
-            policy = "collected"
+            cap, device_type = collected.per_node, collected.device_type
+            spread = cap is None  # skip_less_mpi_world_size
     else:
-        required, source, policy = 1, "default", "same"
+        required, source = 1, "default"
     if inp.required_devices is not None:
-        required, source, policy = inp.required_devices, "explicit", "same"
+        required, source = inp.required_devices, "explicit"
+        cap, spread, device_type = None, False, None
     total = total_x if total_x is not None else required
-    if per_node_x is not None:
-        per_node = per_node_x
-    elif policy == "yaml" and yaml_per_node:
-        per_node = min(yaml_per_node, total) or None
-    elif policy == "collected" and collected is not None and collected.per_node is None:
-        per_node = None  # skip_less_mpi_world_size: ranks spread as the target's nodes allow
-    elif policy == "collected" and collected is not None:
-        per_node = min(collected.per_node or total, total) or None
-    else:
-        per_node = total or None  # single node: every device on it
-    device_type = collected.device_type if policy == "collected" and collected else None
+    per_node = per_node_x if per_node_x is not None else (
+        None if spread else min(cap or total, total) or None)
     return DeviceCounts(required=required, total=total, per_node=per_node, source=source,
                         device_type=device_type)
 
@@ -341,9 +323,6 @@ def model_name_of(workflow: Workflow, command: str, given: str | None = None) ->
     return (clean or workflow.value)[:60]
 
 
-# --------------------------------------------------------------------------- job spec
-
-
 def case_argv(command: str) -> list[str]:
     """The job's argv for a case command line (never joined into a larger shell string)."""
     return ["bash", "-c", CASE_WRAPPER, WRAPPER_NAME, command]
@@ -356,12 +335,6 @@ def case_command_of(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
-def normalize_time(text: str | None, what: str) -> str | None:
-    if text is None:
-        return None
-    return format_slurm_time(parse_time_limit(str(text), what=what))
-
-
 def timeout_seconds(text: str | None, default: int) -> int:
     if text is None:
         return default
@@ -370,8 +343,6 @@ def timeout_seconds(text: str | None, default: int) -> int:
         raise ConfigError(f"monitor timeout {text!r}: expected a positive duration")
     return seconds
 
-
-# --------------------------------------------------------------------------- verdict
 
 _PYTEST_ERROR_CODES = {
     2: "pytest was interrupted (or collection failed: check the first lines for ImportError)",
@@ -438,9 +409,6 @@ def decide_status(
     if workflow == Workflow.PYTEST.value and exit_code in _PYTEST_ERROR_CODES:
         return CaseStatus.ERROR, [f"ERROR: {detail}: {_PYTEST_ERROR_CODES[exit_code]}", *errors]
     return CaseStatus.FAILED, [f"FAILED: {detail}", *errors]
-
-
-# --------------------------------------------------------------------------- result
 
 
 class CaseDevices(BaseModel):

@@ -156,12 +156,11 @@ class LogScan:
         if len(self.head) < HEAD_LINES:
             self.head.append(line)
         self.tail.append(line)
-        for pattern in self.success:
-            if pattern.pattern not in self.success_hits and pattern.search(line):
-                self.success_hits[pattern.pattern] = PatternHit(pattern.pattern, self.lines, line)
-        for pattern in self.failure:
-            if pattern.pattern not in self.failure_hits and pattern.search(line):
-                self.failure_hits[pattern.pattern] = PatternHit(pattern.pattern, self.lines, line)
+        for patterns, hits in ((self.success, self.success_hits),
+                               (self.failure, self.failure_hits)):
+            for pattern in patterns:
+                if pattern.pattern not in hits and pattern.search(line):
+                    hits[pattern.pattern] = PatternHit(pattern.pattern, self.lines, line)
         if self.oom is None and _OOM.search(line):
             self.oom = PatternHit("out of memory", self.lines, line)
         summary = parse_pytest_summary(line)
@@ -206,7 +205,6 @@ class LogScan:
         self._close_block()
         return self
 
-    # -- views ---------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """Named numbers for checks and junit properties."""
         out: dict[str, float] = {}
@@ -265,12 +263,6 @@ def scan_log(
     return scan.finish()
 
 
-def scan_text(text: str, **kwargs: Any) -> LogScan:
-    """``scan_log`` over a string (tests, small logs)."""
-    data = text.encode()
-    return scan_log(lambda offset, limit: data[offset:offset + limit], **kwargs)
-
-
 def _feed_piece(scan: LogScan, piece: bytes) -> None:
     text = piece.decode("utf-8", "replace")
     parts = text.split("\r")  # progress bars rewrite the line: keep each state
@@ -278,8 +270,6 @@ def _feed_piece(scan: LogScan, piece: bytes) -> None:
         if part or len(parts) == 1:
             scan.feed(part)
 
-
-# --------------------------------------------------------------------------- metric checks
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,

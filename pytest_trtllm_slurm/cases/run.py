@@ -28,8 +28,6 @@ from pytest_trtllm_slurm.cases.model import (
     CaseInput,
     CaseResult,
     CaseStatus,
-    Classified,
-    DeviceCounts,
     TestDevices,
     Workflow,
     case_argv,
@@ -38,7 +36,6 @@ from pytest_trtllm_slurm.cases.model import (
     decide_status,
     derive_devices,
     model_name_of,
-    normalize_time,
     timeout_seconds,
 )
 from pytest_trtllm_slurm.cases.parse import HEAD_LINES, MetricCheck, scan_log
@@ -52,6 +49,7 @@ from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.records import SESSION_FINISH
+from pytest_trtllm_slurm.planning.durations import slurm_time
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import is_masked
 from pytest_trtllm_slurm.planning.models import Scenario, target_name, target_of
@@ -96,8 +94,6 @@ def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, 
     return CaseContext(settings=settings, clusters=clusters, local=local, slurm_env=slurm_env,
                        rootdir=rootdir, warn=warn, say=say, remote_env=remote_env)
 
-
-# --------------------------------------------------------------------------- collection
 
 def pytest_args_of(command: str) -> list[str] | None:
     """Arguments of the first ``pytest`` / ``python -m pytest`` in a shell command line."""
@@ -155,9 +151,6 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
                        device_type=row.get("device_type"), source=source)
 
 
-# --------------------------------------------------------------------------- executors
-
-
 def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
     """The executor of ``spec``'s target (its scenario; a remote cluster its own), built
     by the plugin's factory (``execution.factory``), one per target and context."""
@@ -177,16 +170,11 @@ def close_executors(ctx: CaseContext) -> None:
         ctx.remote_env.close()
 
 
-# --------------------------------------------------------------------------- prepare
-
-
 @dataclass
 class PreparedCase:
     """A case ready to submit (``spec``), or refused before submission (``refused``)."""
 
-    inp: CaseInput
-    classified: Classified
-    devices: DeviceCounts
+    devices: CaseDevices
     spec: JobSpec | None = None
     refused: CaseResult | None = None
     notes: list[str] = field(default_factory=list)
@@ -216,10 +204,8 @@ def prepare_case(
         and (inp.total_required_devices is None or inp.required_devices_per_node is None)
     )
     if needs_collection:
-        if collect is None:
-            collected = collect_test_devices(command, ctx.rootdir, say=ctx.say)
-        else:
-            collected = collect(command, ctx.rootdir)
+        collected = (collect(command, ctx.rootdir) if collect else
+                     collect_test_devices(command, ctx.rootdir, say=ctx.say))
         if collected is None:
             notes.append("device count: the test command was not collected; using 1")
     devices = derive_devices(workflow, command, inp, collected=collected)
@@ -230,7 +216,6 @@ def prepare_case(
     run_settings = settings.model_copy(update=update) if update else settings
     model = model_name_of(workflow, command, inp.model_name or inp.name)
     work_dir = _new_work_dir(ctx.work_root, f"{model}_{workflow.value}")
-    prepared = PreparedCase(inp, classified, devices, notes=notes)
     decision = routing.route(req, settings=run_settings, local=ctx.local, clusters=ctx.clusters,
                              slurm_env=ctx.slurm_env, partition=inp.partition,
                              remote_env=ctx.remote_env)
@@ -238,6 +223,7 @@ def prepare_case(
     case_devices = CaseDevices(required=devices.required, total=req.total, per_node=per_node,
                                nodes=req.nodes(decision.target_gpus_per_node),
                                source=devices.source)
+    prepared = PreparedCase(case_devices, notes=notes)
     if decision.scenario is None:
         result = CaseResult(
             status=CaseStatus.ERROR, workflow=workflow.value, command=command,
@@ -268,7 +254,7 @@ def prepare_case(
         node_count=case_devices.nodes, total_devices=req.total, devices_per_node=per_node,
         device_type=device_type, cluster=decision.cluster, account=account,
         partition=decision.partition,
-        time_limit=normalize_time(inp.time_limit, "time limit") or settings.time_limit
+        time_limit=slurm_time(inp.time_limit, "time limit") or settings.time_limit
         or (table.time_limit if table else None) or DEFAULT_TIME_LIMIT,
         mem_mb=inp.mem_mb, container_image=run_settings.container_image, mounts=mounts, env=env,
         work_dir=str(work_dir), reports_path=str(reports),
@@ -281,9 +267,6 @@ def prepare_case(
     )
     prepared.spec.write()
     return prepared
-
-
-# --------------------------------------------------------------------------- run
 
 
 def run_spec(
@@ -443,14 +426,8 @@ def run_case(inp: CaseInput, ctx: CaseContext, *,
     if prepared.refused is not None:
         return prepared.refused
     assert prepared.spec is not None
-    spec = prepared.spec
-    devices = CaseDevices(required=prepared.devices.required, total=spec.total_devices,
-                          per_node=spec.devices_per_node, nodes=spec.node_count,
-                          source=prepared.devices.source)
-    return run_spec(spec, ctx, devices=devices, notes=prepared.notes, checks=checks)
-
-
-# --------------------------------------------------------------------------- re-run
+    return run_spec(prepared.spec, ctx, devices=prepared.devices, notes=prepared.notes,
+                    checks=checks)
 
 
 def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None) -> JobSpec:

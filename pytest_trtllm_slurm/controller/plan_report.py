@@ -38,7 +38,7 @@ class PlanPlugin:
         )
         from pytest_trtllm_slurm.controller.item_routes import plan_items
         from pytest_trtllm_slurm.controller.session import planning_context
-        from pytest_trtllm_slurm.planning.perf_sanity import name_as_written
+        from pytest_trtllm_slurm.planning.perf_sanity import perf_id
 
         try:
             ctx = planning_context(session.config)
@@ -55,7 +55,7 @@ class PlanPlugin:
         label = {nodeid: batch.label for batch in batches for nodeid in batch.nodeids}
         self.rows = [
             plan_row(p.item.nodeid, p.requirement, p.decision, batch=label.get(p.item.nodeid),
-                     name=name_as_written(p.item), error=p.plan.error)
+                     name=perf_id(p.item)[1], error=p.plan.error)
             for p in planned
         ]
 

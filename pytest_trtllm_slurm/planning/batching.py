@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_trtllm_slurm.planning.models import Launch, Scenario
-from pytest_trtllm_slurm.planning.packing import Estimates, Pool, pack
+from pytest_trtllm_slurm.planning.packing import Estimates, Pool, by_key, pack
 
 
 class BatchKey(BaseModel):
@@ -66,11 +66,8 @@ def make_batches(
                   expected_start=round(chunk.start, 3))
             for chunk in pack(planned, pools, estimates, fixed=parallel)
         ]
-    groups: dict[BatchKey, list[str]] = {}
-    for nodeid, key in planned:
-        groups.setdefault(key, []).append(nodeid)
     batches: list[Batch] = []
-    for key, nodeids in groups.items():
+    for key, nodeids in by_key(planned).items():
         chunks = max(1, min(len(nodeids), (parallel or {}).get(key, 1)))
         for index in range(chunks):
             batches.append(Batch(key=key, index=index, nodeids=nodeids[index::chunks]))

@@ -47,7 +47,10 @@ def _seconds(days: int, hours: int, minutes: int, seconds: int) -> int:
     return days * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
-# --------------------------------------------------------------------------- user input
+def _clock(nums: list[int]) -> int:
+    """``MM:SS`` or ``HH:MM:SS`` as numbers."""
+    hours, minutes, secs = ([0] + nums)[-3:]
+    return _seconds(0, hours, minutes, secs)
 
 
 def _user_clock(parsed: Parsed) -> int | None:
@@ -65,9 +68,7 @@ def _user_clock(parsed: Parsed) -> int | None:
             int(parsed.days), hours, minutes, secs)
     if len(nums) == 1 or any(n >= 60 for n in nums[1:]):
         return None  # a bare number: Slurm's minutes, or seconds? refused, not guessed
-    if len(nums) == 2:
-        return _seconds(0, 0, nums[0], nums[1])
-    return _seconds(0, nums[0], nums[1], nums[2])
+    return _clock(nums)
 
 
 def parse_time_limit(text: str, *, what: str = "time limit") -> int:
@@ -80,9 +81,6 @@ def parse_time_limit(text: str, *, what: str = "time limit") -> int:
     if seconds is None:
         raise ConfigError(f"{what}: found {text!r}; expected a duration such as {TIME_FORMATS}")
     return seconds
-
-
-# --------------------------------------------------------------------------- scheduler output
 
 
 def parse_duration(text: str | None) -> int | None:
@@ -100,11 +98,12 @@ def parse_duration(text: str | None) -> int | None:
     if parsed.days is not None:
         hours, minutes, secs = (nums + [0, 0])[:3]
         return _seconds(int(parsed.days), hours, minutes, secs)
-    if len(nums) == 1:
-        return _seconds(0, 0, nums[0], 0)  # a bare number is minutes
-    if len(nums) == 2:
-        return _seconds(0, 0, nums[0], nums[1])
-    return _seconds(0, nums[0], nums[1], nums[2])
+    return nums[0] * 60 if len(nums) == 1 else _clock(nums)  # a bare number is minutes
+
+
+def slurm_time(text: object, what: str) -> str | None:
+    """A user's duration as ``sbatch --time`` takes it (None stays None)."""
+    return None if text is None else format_slurm_time(parse_time_limit(str(text), what=what))
 
 
 def format_slurm_time(seconds: int) -> str:

@@ -37,8 +37,8 @@ OneOrMany = BeforeValidator(_one_or_many)
 
 OneLine = Annotated[str, _check(safe_values.line_problem)]  # paths, names, device types
 SlurmName = Annotated[str, _check(safe_values.slurm_name_problem)]  # account, partition
-JobName = Annotated[str, _check(safe_values.job_name_problem)]
 Argument = Annotated[str, _check(safe_values.argument_problem)]  # one argv word, not an option
+JobName = Argument  # a Slurm job name: any one-line text, not empty, no option
 Host = Annotated[str, _check(safe_values.host_problem)]
 User = Annotated[str, _check(safe_values.user_problem)]
 MountPath = Annotated[str, _check(safe_values.mount_path_problem)]

@@ -12,7 +12,7 @@ import heapq
 import statistics
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.models import target_of
@@ -321,8 +321,8 @@ def pack(
     other, each in its simulated submission order. ``fixed`` forces a key's chunk count."""
     estimates = estimates or Estimates()
     pools: dict[Pool, list[_Group]] = {}
-    for key, nodeids in _by_key(planned).items():
-        pool, shape = pool_of(key), _shape(key)
+    for key, nodeids in by_key(planned).items():
+        pool, shape = pool_of(key), cast(GpuShape, key)
         limit = min(len(nodeids), pool.ways(shape) if pool.fits(shape) else 1)
         pools.setdefault(pool, []).append(_Group(
             key, nodeids, estimates.for_tests(nodeids), shape.devices_per_node,
@@ -341,8 +341,8 @@ def lower_bound(
     estimates = estimates or Estimates()
     area: dict[tuple[Pool, bool], float] = {}  # (pool, CPU-only) -> seconds of full use
     bound = 0.0
-    for key, nodeids in _by_key(planned).items():
-        pool, shape = pool_of(key), _shape(key)
+    for key, nodeids in by_key(planned).items():
+        pool, shape = pool_of(key), cast(GpuShape, key)
         startup = estimates.startup_of(pool)
         durations = estimates.for_tests(nodeids)
         if not pool.fits(shape):  # one chunk, elsewhere
@@ -359,17 +359,12 @@ def lower_bound(
     return bound
 
 
-def _by_key(planned: Sequence[tuple[str, K]]) -> dict[K, list[str]]:
-    by_key: dict[K, list[str]] = {}
+def by_key(planned: Sequence[tuple[str, K]]) -> dict[K, list[str]]:
+    """The node ids of each key, in order."""
+    groups: dict[K, list[str]] = {}
     for nodeid, key in planned:
-        by_key.setdefault(key, []).append(nodeid)
-    return by_key
-
-
-def _shape(key: Any) -> GpuShape:
-    if not hasattr(key, "devices_per_node") or not hasattr(key, "node_count"):
-        raise TypeError(f"a batch key needs devices_per_node and node_count: {key!r}")
-    return key  # type: ignore[no-any-return]
+        groups.setdefault(key, []).append(nodeid)
+    return groups
 
 
 # -- where a run's batches go: what each target's executor says it offers ------------------

@@ -192,9 +192,10 @@ def _load_yaml_cached(path: str, _mtime_ns: int, _size: int) -> dict[str, Any]:
     return data
 
 
-def _positive(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TestSpecError(f"{where}: found {value!r}; expected a positive integer")
+def _positive(value: Any, where: str, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "positive" if least else "non-negative"
+        raise TestSpecError(f"{where}: found {value!r}; expected a {kind} integer")
     return value
 
 
@@ -222,11 +223,7 @@ def _count(hardware: Mapping[str, Any], key: str, where: str) -> int:
     if key not in hardware:
         raise TestSpecError(f"{where}: hardware.{key} is missing; expected a non-negative "
                             "integer")
-    count = hardware[key]
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise TestSpecError(f"{where}: hardware.{key}: found {count!r}; expected a "
-                            "non-negative integer")
-    return count
+    return _positive(hardware[key], f"{where}: hardware.{key}", least=0)
 
 
 def _yaml_says_no_context(data: Mapping[str, Any]) -> bool:
@@ -320,11 +317,6 @@ def perf_id(item: Any) -> tuple[str | None, str]:
     digest = hashlib.sha256(label.encode("utf-8")).hexdigest()
     renamed = re.sub(rf"(?<![^-]){PERF_PARAM}\d+(?![^-])|{digest}", lambda _: label, ids, count=1)
     return label, f"{head}[{renamed}]"
-
-
-def name_as_written(item: Any) -> str:
-    """The node id as a test list spells it (see perf_id)."""
-    return perf_id(item)[1]
 
 
 def perf_size(label: str, nodeid: str, sources: PerfSources) -> tuple[int, int, str]:

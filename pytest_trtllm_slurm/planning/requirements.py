@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from pytest_trtllm_slurm.errors import ConfigError, TestSpecError
-from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
+from pytest_trtllm_slurm.planning.durations import slurm_time
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
     Env,
@@ -42,8 +42,6 @@ from pytest_trtllm_slurm.planning.models import DeviceRequirement, Launch
 from pytest_trtllm_slurm.planning.perf_sanity import PerfSources, perf_id, perf_size
 from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem
 from pytest_trtllm_slurm.planning.settings import Settings
-
-# --------------------------------------------------------------------------- commands
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
 
@@ -102,15 +100,11 @@ def parse_eval_command(cmd: str) -> tuple[int, int]:
     return _int_flag(args, "--tp_size", cmd), _int_flag(args, "--pp_size", cmd)
 
 
-# --------------------------------------------------------------------------- markers
-
-
 class MarkLike(Protocol):
     """What we read of a pytest Mark (so tests need no real items)."""
 
     @property
     def args(self) -> tuple[Any, ...]: ...
-
     @property
     def kwargs(self) -> Mapping[str, Any]: ...
 
@@ -168,9 +162,7 @@ class TestConfig(BaseModel):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _normalize_time(cls, value: object) -> object:
-        if value is None:
-            return None
-        return format_slurm_time(parse_time_limit(str(value), what="time_limit"))
+        return slurm_time(value, "time_limit")
 
     @property
     def has_devices(self) -> bool:
@@ -259,9 +251,6 @@ def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
     return total, per_node
 
 
-# --------------------------------------------------------------------------- the requirement
-
-
 def requirement_from_marks(
     nodeid: str,
     get_marker: MarkerLookup,
@@ -304,7 +293,7 @@ def _size(
         total = _count_arg(nodeid, device, source, "devices")
         per_node = total or None
     elif (named := _named_marker(get_marker, settings.marker_devices)) is not None:
-        source, total = named
+        total, source = named
         per_node = total or None
     elif perf_case is not None:
         sources = (perf() if callable(perf) else perf) or PerfSources()
@@ -345,14 +334,11 @@ def parse_marker_devices(items: Sequence[str], where: str) -> dict[str, int]:
 
 
 def _named_marker(get_marker: MarkerLookup,
-                  table: Mapping[str, int]) -> tuple[str, int] | None:
-    """(marker name, devices) of the table's markers the test has; the largest when it has
+                  table: Mapping[str, int]) -> tuple[int, str] | None:
+    """(devices, marker name) of the table's markers the test has; the largest when it has
     several (a class marked ``gpu2`` holding a method marked ``gpu4`` needs 4)."""
-    found = [(count, name) for name, count in table.items() if get_marker(name) is not None]
-    if not found:
-        return None
-    count, name = max(found)
-    return name, count
+    return max(((count, name) for name, count in table.items() if get_marker(name) is not None),
+               default=None)
 
 
 def launcher_for(cfg: TestConfig, cluster_launcher: Sequence[str], nodes: int) -> tuple[str, ...]:
@@ -368,11 +354,8 @@ def closest_markers(item: Any, names: frozenset[str] | None = None) -> MarkerLoo
     """``get_closest_marker`` for our marker names (and ``names``) in one walk (method >
     class > module)."""
     wanted = MARKER_NAMES | names if names else MARKER_NAMES
-    found: dict[str, MarkLike] = {}
-    for mark in item.iter_markers():
-        if mark.name in wanted and mark.name not in found:
-            found[mark.name] = mark
-    return found.get
+    marks = [mark for mark in item.iter_markers() if mark.name in wanted]
+    return {mark.name: mark for mark in reversed(marks)}.get  # the closest wins
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,9 @@ once, here, into job_spec.json, so executors never re-resolve.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from pathlib import Path
 
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.node.paths import work_root
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
 IMAGE_TAGS_FILE = Path("jenkins") / "current_image_tags.properties"
@@ -45,9 +43,6 @@ def normalize_device_type(name: str | None) -> str | None:
         if any(ch.isdigit() for ch in word):
             break
     return "".join(picked)
-
-
-# --------------------------------------------------------------------------- image
 
 
 def read_image_tags(path: Path) -> dict[str, str]:
@@ -123,30 +118,6 @@ def enroot_uri(image: str) -> str:
     return image
 
 
-# --------------------------------------------------------------------------- names
-
-
 def build_arch(device_type: str | None) -> str:
     """CUDA arch for the build (``-a``): H100/H200 90-real, Blackwell 100-real, ..."""
     return _BUILD_ARCH.get(normalize_device_type(device_type) or "", DEFAULT_BUILD_ARCH)
-
-
-def _safe_name(text: str) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
-    return cleaned or "job"
-
-
-def job_name(account: str | None, detail: str) -> str:
-    """``<account>.<detail>`` (the cluster's job-name convention); ``<detail>`` without account."""
-    detail = _safe_name(detail)
-    return f"{account}.{detail}" if account else detail
-
-
-def work_dir(
-    rootdir: Path, name: str, *, root: str | None = None, now: datetime | None = None
-) -> Path:
-    """``<rootdir>/work_dirs/<name>_<YYYYmmdd_HHMMSS>``; ``root`` (settings.work_dir) replaces
-    ``<rootdir>/work_dirs`` (the plugin's work root)."""
-    stamp = (now or datetime.now()).strftime("%Y%m%d_%H%M%S")
-    base = Path(root).expanduser() if root else work_root(None, rootdir).dir
-    return base / f"{_safe_name(name)}_{stamp}"

@@ -190,7 +190,8 @@ def route(
             return decision  # an explicit partition means this cluster, served or not
         local_miss = decision
     wanted = router.wanted
-    if wanted and not _same_type(local.device_type, wanted) and not router.local_offers_type():
+    if (wanted and not _same_type(local.device_type, wanted)
+            and not router._has_type(slurm_env, router._local_cfg())):
         return router.remote_by_type()
     remote = router.remote_auto()
     return local_miss if remote.scenario is None and local_miss else remote
@@ -200,27 +201,21 @@ def _same_type(a: str | None, b: str | None) -> bool:
     return normalize_device_type(a) == normalize_device_type(b)
 
 
+@dataclass
 class _Router:
     """The inputs of one route() call and the rules (one method each) that read them."""
 
-    def __init__(
-        self,
-        req: DeviceRequirement,
-        settings: Settings,
-        local: LocalEnv,
-        clusters: ClustersFile,
-        slurm_env: SlurmEnv | None,
-        partition: str | None,
-        remote_env: RemoteEnv | None = None,
-    ) -> None:
-        self.req = req
-        self.remote_env = remote_env
-        self.settings = settings
-        self.local = local
-        self.clusters = clusters
-        self.slurm_env = slurm_env
-        self.explicit_partition = partition
-        self.wanted = req.device_type or settings.device_type
+    req: DeviceRequirement
+    settings: Settings
+    local: LocalEnv
+    clusters: ClustersFile
+    slurm_env: SlurmEnv | None
+    explicit_partition: str | None
+    remote_env: RemoteEnv | None = None
+
+    @property
+    def wanted(self) -> str | None:
+        return self.req.device_type or self.settings.device_type
 
     def satisfied_here(self) -> bool:
         req, local = self.req, self.local
@@ -283,13 +278,12 @@ class _Router:
         return self.remote(name)
 
     def _local_cfg(self) -> ClusterConfig | None:
-        name = (self.local.cluster_name or "").lower()
-        return next((c for k, c in self.clusters.clusters.items() if k.lower() == name), None)
+        return self.clusters.find(self.local.cluster_name or "")
 
-    def local_offers_type(self) -> bool:
-        """A partition of the local Slurm (its table's, if named) has the wanted type."""
-        parts = _own_partitions(self.slurm_env, self._local_cfg()) if self.slurm_env else []
-        return any(p.gpu_type and device_type_matches(p, self.wanted) for p in parts)
+    def _has_type(self, env: SlurmEnv | None, cfg: ClusterConfig | None) -> bool:
+        """A partition of ``env`` (its table's, if named) has the wanted type."""
+        return any(p.gpu_type and device_type_matches(p, self.wanted)
+                   for p in _own_partitions(env, cfg))
 
     def local_slurm(self) -> RouteDecision:
         cfg = self._local_cfg()
@@ -338,30 +332,35 @@ class _Router:
     def _cluster_fits(self, cfg: ClusterConfig) -> bool:
         """Per-node need within the cluster's gpus_per_node (unknown: cannot rule it out)."""
         env = self._discovered(cfg) if self._needs_discovery(cfg) else None
-        if env is not None:
-            return self._remote_partition(cfg, env) is not None
+        if env is not None:  # a discovered partition must serve the test
+            try:
+                part = env.partition_named(self._choose(env, cfg))
+            except ConfigError:
+                return False
+            return part is not None and self._serves(part)
         if not self._type_ok(cfg.device_type):
             return False
         if self.req.per_node is None or cfg.gpus_per_node is None:
             return True
         return self.req.per_node <= cfg.gpus_per_node
 
-    def _remote_partition(self, cfg: ClusterConfig, env: SlurmEnv) -> str | None:
-        """The discovered partition that serves the test (None: none can)."""
-        try:
-            name = self._choose(env, cfg)
-        except ConfigError:
-            return None
-        part = env.partition_named(name)
-        return name if part is not None and self._serves(part) else None
-
     def remote(self, name: str) -> RouteDecision:
         cfg = self.clusters.get(name)  # ConfigError listing the known names
         key = cfg.name or name
         named = cfg.model_copy(update={"name": key})
         env = self._discovered(named) if self._needs_discovery(named, partition=True) else None
-        if env is not None:
-            return self._remote_sized(key, cfg, env)
+        if env is not None:  # routed like the local Slurm, on what discovery found there
+            part_name = self._choose(env, cfg)
+            part = env.partition_named(part_name)
+            if part is None:
+                return self.unsatisfied(f"no partition of cluster {key!r} "
+                                        f"({_describe_partitions(env)}) can")
+            if not self._serves(part):
+                return self.unsatisfied(f"partition {part_name!r} of cluster {key!r} "
+                                        f"({_describe_partitions(env, part_name)}) cannot")
+            return RouteDecision(scenario=Scenario.REMOTE_SLURM, cluster=key, partition=part_name,
+                                 account=resolve_account(self.settings.account, cfg, env),
+                                 target_gpus_per_node=part.gpus_per_node or None)
         if not self._cluster_fits(cfg):
             return self.unsatisfied(
                 f"cluster {key!r} ({cfg.device_type or '?'}, "
@@ -372,27 +371,11 @@ class _Router:
                              account=self.settings.account or cfg.account,
                              target_gpus_per_node=cfg.gpus_per_node)
 
-    def _remote_sized(self, key: str, cfg: ClusterConfig, env: SlurmEnv) -> RouteDecision:
-        """A remote cluster routed like the local Slurm, on what discovery found there."""
-        name = self._choose(env, cfg)
-        part = env.partition_named(name)
-        if part is None:
-            return self.unsatisfied(f"no partition of cluster {key!r} "
-                                    f"({_describe_partitions(env)}) can")
-        if not self._serves(part):
-            return self.unsatisfied(f"partition {name!r} of cluster {key!r} "
-                                    f"({_describe_partitions(env, name)}) cannot")
-        return RouteDecision(scenario=Scenario.REMOTE_SLURM, cluster=key, partition=name,
-                             account=resolve_account(self.settings.account, cfg, env),
-                             target_gpus_per_node=part.gpus_per_node or None)
-
     def _offers_type(self, cfg: ClusterConfig) -> bool:
         """The clusters file's device_type, else (with discovery) a partition's GPU type."""
         if cfg.device_type:
             return _same_type(cfg.device_type, self.wanted)
-        env = self._discovered(cfg)
-        return env is not None and any(p.gpu_type and device_type_matches(p, self.wanted)
-                                       for p in _own_partitions(env, cfg))
+        return self._has_type(self._discovered(cfg), cfg)
 
     def remote_by_type(self) -> RouteDecision:
         remote = self._remote_clusters()
@@ -531,12 +514,11 @@ def select_partition(
 ) -> str | None:
     """Partition for ``req``: explicit > cluster file > GPU type match > enough GPUs > default.
     A named one is validated, not checked to fit (the caller reports that); None: none fits."""
-    if explicit:
-        check_partition_name(explicit, slurm_env, "--slurm-partition")
-        return explicit
-    if cluster and cluster.partition:
-        check_partition_name(cluster.partition, slurm_env, "the clusters file")
-        return cluster.partition
+    named = explicit or (cluster.partition if cluster else None)
+    if named:
+        check_partition_name(named, slurm_env,
+                             "--slurm-partition" if explicit else "the clusters file")
+        return named
     if slurm_env is None or not slurm_env.partitions:
         return None
     default = slurm_env.partition_named(slurm_env.default_partition)

@@ -59,13 +59,6 @@ def slurm_name_problem(value: str) -> str | None:
     return None
 
 
-def job_name_problem(value: str) -> str | None:
-    """Problem with a Slurm job name: any printable text that is one line and no option."""
-    if not value:
-        return "is empty"
-    return line_problem(value) or _dash_problem(value)
-
-
 def argument_problem(value: str) -> str | None:
     """Problem with a value placed where a positional argument is expected (an image, a
     program): one line, not empty, not an option."""

@@ -82,12 +82,10 @@ class ClusterConfig(BaseModel):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _normalize_time(cls, value: object) -> object:
-        from pytest_trtllm_slurm.planning.durations import format_slurm_time, parse_time_limit
+        from pytest_trtllm_slurm.planning.durations import slurm_time
 
-        if value is None:
-            return None
         try:
-            return format_slurm_time(parse_time_limit(str(value), what="time_limit"))
+            return slurm_time(value, "time_limit")
         except ConfigError as exc:
             raise ValueError(str(exc)) from None  # named with the file and the cluster
 
@@ -139,10 +137,7 @@ class ClustersFile(BaseModel):
 
     def find(self, name: str) -> ClusterConfig | None:
         """The cluster named ``name`` (case-insensitive), or None."""
-        for key, cluster in self.clusters.items():
-            if key.lower() == name.lower():
-                return cluster
-        return None
+        return next((c for key, c in self.clusters.items() if key.lower() == name.lower()), None)
 
     def table_of(self, scenario: Scenario | None, cluster: str | None,
                  local_name: str | None) -> ClusterConfig | None:
@@ -186,11 +181,8 @@ def no_clusters() -> ClustersFile:
 def load_clusters_file(path: Path | None, rootdir: Path) -> ClustersFile:
     """Load and validate the clusters file; an absent default file means no clusters."""
     if path is None:
-        for candidate in default_clusters_paths(rootdir):
-            if candidate.is_file():
-                path = candidate
-                break
-        else:
+        path = next((p for p in default_clusters_paths(rootdir) if p.is_file()), None)
+        if path is None:
             return no_clusters()
     elif not path.is_file():
         raise ConfigError(f"clusters file {path} (--trtllm-config) does not exist")

@@ -32,16 +32,6 @@ class Entry:
     isolation: bool = False  # ``ISOLATION``: read, not applied (docs/test-db.md)
     unsupported: str | None = None  # why the entry cannot be selected (``-k``)
 
-    def selects(self, nodeid: str) -> bool:
-        """Does this entry select ``nodeid``: the same id, its parametrizations, or a
-        test of the file or folder it names (as pytest reads such an argument)."""
-        if self.unsupported:
-            return False
-        test = self.test
-        if nodeid == test or nodeid.startswith((test + "[", test + "::")):
-            return True
-        return "::" not in test and nodeid.startswith(test.rstrip("/") + "/")
-
 
 @dataclass(frozen=True)
 class Block:
@@ -110,8 +100,6 @@ class Rendering:
     unplaced: list[Block] = field(default_factory=list)  # terms agree, no target meets it
     considered: int = 0  # blocks of the asked contexts whose terms agree
 
-
-# --------------------------------------------------------------------------- reading
 
 _TIMEOUT = re.compile(r"\s+TIMEOUT\s*\(\s*(\d+)\s*\)")
 _ISOLATION = re.compile(r"\s+ISOLATION\b")
@@ -230,9 +218,6 @@ def parse_terms(items: Iterable[str]) -> dict[str, str]:
                               "words, e.g. stage=pre_merge backend=pytorch")
         terms[key] = value
     return terms
-
-
-# --------------------------------------------------------------------------- selecting
 
 
 def terms_agree(block: Block, wanted: Mapping[str, str]) -> bool:
