@@ -11,6 +11,7 @@ import gc
 import os
 import sys
 from collections.abc import Generator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,10 +161,7 @@ def _hint_collect_on_target(config: pytest.Config, what: str, write: Any = None)
             "needed at import?); collect the tests on the target instead: "
             "--trtllm-collect=target (ini trtllm_collect = target, env "
             "TRTLLM_SLURM_COLLECT=target); see docs/collect-on-target.md")
-    if write is not None:
-        write(text)
-    else:
-        print(text, file=sys.stderr)
+    (write or partial(print, file=sys.stderr))(text)
 
 
 @pytest.hookimpl(tryfirst=True, specname="pytest_load_initial_conftests")
@@ -245,44 +243,39 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None = None) -> None:
     from pytest_trtllm_slurm.controller.interrupts import signals_as_interrupt
-
-    with signals_as_interrupt():  # SIGTERM / SIGHUP take Ctrl-C's path below
-        _dispatch(session, items, planned)
-
-
-def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list | None) -> None:
     from pytest_trtllm_slurm.controller.item_routes import plan_items
     from pytest_trtllm_slurm.controller.run_loop import DispatchLoop
     from pytest_trtllm_slurm.controller.session import make_executors, planning_context
     from pytest_trtllm_slurm.execution.factory import build_targets
 
-    config = session.config
-    settings = options.resolve_settings(config)
-    _freeze_gc(config)
-    try:
-        ctx = planning_context(config)
-        planned = planned if planned is not None else plan_items(items, ctx)
-        keys = [p.plan.key for p in planned if p.plan.key is not None]
-        executors = make_executors(ctx, config, keys)
-    except (ConfigError, ExecutionError) as exc:
-        # nothing was dispatched yet: a bad setting, or a target that cannot be reached
-        raise pytest.UsageError(str(exc)) from None
-    work_root = paths.work_root(settings.work_dir, config.rootpath).dir
-    loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root,
-                        builds=build_targets(ctx, keys))
-    # the loop needs the plans only: each item's requirement and route decision (two
-    # models an item) are not held through the run
-    del planned, keys
-    try:
-        loop.run()
-    except KeyboardInterrupt:
-        loop.interrupt()
-        raise
-    finally:
-        for executor in executors.values():
-            executor.close()
-        if settings.release_allocation:
-            release_allocation(ctx, config, executors)
+    with signals_as_interrupt():  # SIGTERM / SIGHUP take Ctrl-C's path below
+        config = session.config
+        settings = options.resolve_settings(config)
+        _freeze_gc(config)
+        try:
+            ctx = planning_context(config)
+            planned = planned if planned is not None else plan_items(items, ctx)
+            keys = [p.plan.key for p in planned if p.plan.key is not None]
+            executors = make_executors(ctx, config, keys)
+        except (ConfigError, ExecutionError) as exc:
+            # nothing was dispatched yet: a bad setting, or a target that cannot be reached
+            raise pytest.UsageError(str(exc)) from None
+        work_root = paths.work_root(settings.work_dir, config.rootpath).dir
+        loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root,
+                            builds=build_targets(ctx, keys))
+        # the loop needs the plans only: each item's requirement and route decision (two
+        # models an item) are not held through the run
+        del planned, keys
+        try:
+            loop.run()
+        except KeyboardInterrupt:
+            loop.interrupt()
+            raise
+        finally:
+            for executor in executors.values():
+                executor.close()
+            if settings.release_allocation:
+                release_allocation(ctx, config, executors)
 
 
 def _freeze_gc(config: pytest.Config) -> None:

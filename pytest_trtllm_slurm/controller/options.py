@@ -226,66 +226,46 @@ def register_markers(config: pytest.Config) -> Settings | None:
 
 # --------------------------------------------------------------------------- raw values
 
-Source = Literal["cli", "env", "ini"]
-
-
-def _raw_cli(config: pytest.Config, opt: Opt) -> Any:
-    return config.getoption(opt.dest) if opt.flag is not None else None
-
-
-def _raw_env(environ: Mapping[str, str], opt: Opt) -> str | None:
-    value = environ.get(opt.env)
-    return value if value not in (None, "") else None
-
-
-def _raw_ini(config: pytest.Config, opt: Opt) -> Any:
+def _first(config: pytest.Config, opt: Opt, environ: Mapping[str, str]) -> tuple[Any, str | None]:
+    """The raw value of the first source that sets ``opt`` (cli, env, ini), and its name."""
+    value = config.getoption(opt.dest) if opt.flag is not None else None
+    if value is not None:
+        return value, "cli"
+    if environ.get(opt.env) not in (None, ""):
+        return environ[opt.env], "env"
     try:
         value = config.getini(opt.ini)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"ini {opt.ini}: {exc}; expected {_expected(opt)}") from None
-    return None if value in (None, "", []) else value
+    return (None, None) if value in (None, "", []) else (value, "ini")
 
 
-def _first(
-    config: pytest.Config, opt: Opt, environ: Mapping[str, str]
-) -> tuple[Any, Source | None]:
-    for source, getter in (("cli", lambda: _raw_cli(config, opt)),
-                           ("env", lambda: _raw_env(environ, opt)),
-                           ("ini", lambda: _raw_ini(config, opt))):
-        value = getter()
-        if value is not None:
-            return value, source  # type: ignore[return-value]
-    return None, None
+def _given(config: pytest.Config, name: str, environ: Mapping[str, str] | None) -> Any:
+    """Option ``name`` as its first source sets it, checked; None when none does."""
+    value, source = _first(config, BY_NAME[name], os.environ if environ is None else environ)
+    return None if value is None else coerce(BY_NAME[name], value, source or "cli")
 
 
 def remote_requested(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
     """Is dispatch on? Cheap (no pydantic, no file): an explicit remote value wins, else
     --slurm-cluster, --device-type or --trtllm-test-db on the command line."""
-    env = os.environ if environ is None else environ
-    value, source = _first(config, BY_NAME["remote"], env)
+    value = _given(config, "remote", environ)
     if value is not None:
-        return bool(coerce(BY_NAME["remote"], value, source or "cli"))
-    return any(_raw_cli(config, BY_NAME[n]) for n in ("slurm_cluster", "device_type", "test_db"))
+        return bool(value)
+    return any(config.getoption(BY_NAME[n].dest) for n in ("slurm_cluster", "device_type",
+                                                            "test_db"))
 
 
 def collect_on_target(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
     """--trtllm-collect=target on a dispatching run (a plain run collects here whatever the
     setting says: an ini shared with plain runs on GPU nodes changes nothing there)."""
-    env = os.environ if environ is None else environ
-    value, source = _first(config, BY_NAME["collect"], env)
-    if value is None or coerce(BY_NAME["collect"], value, source or "cli") != "target":
-        return False
-    return remote_requested(config, env)
+    return _given(config, "collect", environ) == "target" and remote_requested(config, environ)
 
 
 def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
     """Dispatch or a plan requested? Cheap: no file is read, no pydantic imported."""
-    env = os.environ if environ is None else environ
-    for name in ("plan", "plan_json"):
-        value, source = _first(config, BY_NAME[name], env)
-        if value is not None and coerce(BY_NAME[name], value, source or "cli"):
-            return True
-    return remote_requested(config, env)
+    return (any(_given(config, name, environ) for name in ("plan", "plan_json"))
+            or remote_requested(config, environ))
 
 
 # --------------------------------------------------------------------------- coercion

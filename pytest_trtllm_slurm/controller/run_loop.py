@@ -306,10 +306,8 @@ class DispatchLoop:
         runnable = [p for p in plans if p.skip_reason is None and p.error is None]
         for plan in plans:
             if plan.error is not None:
-                self.replayer.track(plan.item)
                 self.replayer.planning_error(plan.item, plan.error)
             elif plan.skip_reason is not None:
-                self.replayer.track(plan.item)
                 self.replayer.skip_unsatisfied(
                     plan.item, plan.skip_reason or "no target can serve this test",
                     fail=self.settings.unsatisfied == "fail")
@@ -458,10 +456,8 @@ class DispatchLoop:
         name = f"{batch.label}" + (f"-retry{attempt}" if attempt else "")
         work_dir = self._new_work_dir(name)
         files = paths.Batch(work_dir)
-        ids_file = files.nodeids
         tests = assignment.pairs(batch.nodeids, self.keys)
-        write_atomic(ids_file, assignment.dumps(tests))
-        reports = files.reports
+        write_atomic(files.nodeids, assignment.dumps(tests))
         wall = self._walltime(batch)
         spec = JobSpec(
             scenario=key.scenario,
@@ -469,9 +465,9 @@ class DispatchLoop:
             job_name=f"{key.account or 'trtllm'}.{name}",
             nodeids=batch.nodeids,
             item_keys=dict(tests),
-            nodeids_file=str(ids_file),
+            nodeids_file=str(files.nodeids),
             command=worker_command(
-                self.config, [k for _, k in tests], ids_file, reports, work_dir,
+                self.config, [k for _, k in tests], files.nodeids, files.reports, work_dir,
                 options=self.worker_options + worker_tokens(self.outputs.outputs,
                                                             str(work_dir))),
             rerun_argv=pytest_base_argv(self.config, options=self.rerun_options),
@@ -495,7 +491,7 @@ class DispatchLoop:
             env={**worker_env(self.config), **dict(key.env)},
             work_dir=str(work_dir),
             log_path=str(files.log),
-            reports_path=str(reports),
+            reports_path=str(files.reports),
             monitor_timeout_seconds=wall.monitor_seconds,
             hang_patterns=self.settings.hang_patterns,
             build_arch=build_arch(key.device_type) if key.total_devices else None,
@@ -653,9 +649,10 @@ def worker_command(
     argv += ["--junitxml", str(paths.Batch(work_dir).junit), "--continue-on-collection-errors"]
     opt = config.option
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
-    cwd = worker_cwd(config)
-    argv += sorted({_module_path(k, config.rootpath, cwd) for k in keys})
-    return argv
+    # a key's file is relative to the rootdir: as it is when the worker runs there
+    root = config.rootpath
+    relative = worker_cwd(config) == root
+    return argv + sorted({key_path(k) if relative else str(root / key_path(k)) for k in keys})
 
 
 def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
@@ -671,9 +668,3 @@ def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) ->
         options = forwarded_options(config, with_ini=False)[0]
     return argv + options
 
-
-def _module_path(key: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
-    """The file of a test's key (``node.item_key``), which is relative to the rootdir: as
-    it is when the worker runs there, else absolute."""
-    module = key_path(key)
-    return module if rootdir is None or cwd == rootdir else str(rootdir / module)
