@@ -37,9 +37,7 @@ def signals_as_interrupt() -> Iterator[None]:
         raise Terminated(f"{signal.Signals(signum).name} received: cancelling this run's "
                          "jobs (the persistent allocation stays)")
 
-    previous = {}
-    for sig in SIGNALS:
-        previous[sig] = signal.signal(sig, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
     try:
         yield
     finally:

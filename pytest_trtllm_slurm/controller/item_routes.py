@@ -60,16 +60,6 @@ def plan_item(item: pytest.Item, ctx: RunContext) -> PlannedItem:
     return PlannedItem(item, req, decision, ItemPlan(item, key, skip_reason=skip))
 
 
-def route_and_key(
-    req: DeviceRequirement, test_cfg: requirements.TestConfig, ctx: RunContext
-) -> tuple[RouteDecision, BatchKey | None]:
-    """Where a requirement goes and, when dispatched, the key of the batch it joins (None:
-    it runs here, or nothing serves it: ``decision.reason``)."""
-    route = route_item(req, test_cfg, ctx)
-    key = batch_key(route, test_cfg, ctx) if route.decision.dispatched else None
-    return route.decision, key
-
-
 def batch_image(route: Route, explicit: str | None, rootdir: Path) -> str | None:
     """The image a batch runs in. On a Slurm cluster whose table has a container_runtime
     other than "none": option/marker > clusters file > jenkins/current_image_tags.properties

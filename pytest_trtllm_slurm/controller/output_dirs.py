@@ -86,11 +86,6 @@ class OutputCollector:
     say: Callable[[str], None]
     started: float = field(default_factory=time.time)
     written: dict[str, str] = field(default_factory=dict)  # local path -> batch label
-    conflicts: list[str] = field(default_factory=list)
-
-    @property
-    def active(self) -> bool:
-        return bool(self.outputs)
 
     def owned_here(self, local: str) -> bool:
         """A file one of the controller's own writers produces (a file-valued option)."""
@@ -150,7 +145,6 @@ class OutputCollector:
             dest = f"{local}.{_SAFE_LABEL.sub('_', label)}"
             note = (f"output file conflict: {local} was written by {earlier} and by batch "
                     f"{label}; the first is kept, batch {label}'s copy is {dest}")
-            self.conflicts.append(note)
             self.say(note)
         _copy_in(shell, source, size, Path(dest))
         self.written.setdefault(local, f"batch {label}")

@@ -31,7 +31,6 @@ from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_t
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
 from pytest_trtllm_slurm.controller.run_view import RunView
-from pytest_trtllm_slurm.controller.suite_timeouts import item_timeout
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
     BUILD_LOG_LINES,
@@ -605,6 +604,20 @@ class DispatchLoop:
 
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
+
+
+def item_timeout(item: pytest.Item) -> float | None:
+    """Seconds pytest-timeout lets ``item`` run on the target (None: no limit, or no
+    pytest-timeout), so a batch's walltime counts exactly what stops its tests."""
+    plugin = item.config.pluginmanager.get_plugin("timeout")
+    read = getattr(plugin, "_get_item_settings", None)
+    if read is None:
+        return None
+    try:
+        timeout = read(item).timeout
+    except Exception:  # noqa: BLE001 - a bad marker is pytest-timeout's to report
+        return None
+    return float(timeout) if timeout and timeout > 0 else None
 
 
 def worker_cwd(config: pytest.Config) -> Path:

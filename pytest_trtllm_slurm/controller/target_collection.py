@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_trtllm_slurm.controller.forwarding import forwarded_options
-from pytest_trtllm_slurm.controller.item_routes import route_and_key
+from pytest_trtllm_slurm.controller.item_routes import batch_key
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.context import RunContext
@@ -33,6 +33,7 @@ from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, target_name, target_of
 from pytest_trtllm_slurm.planning.requirements import TestConfig
+from pytest_trtllm_slurm.planning.routing import route_item
 
 LOG_LINES = 40
 _WHERE = "--trtllm-collect (ini trtllm_collect, env TRTLLM_SLURM_COLLECT)"
@@ -100,11 +101,12 @@ def collect_key(ctx: RunContext) -> BatchKey:
     ``--slurm-cluster``, ``--trtllm-scenario``), routed as a test needing it would be."""
     req = DeviceRequirement(total=1, per_node=1, device_type=ctx.settings.device_type,
                             source="collect")
-    decision, key = route_and_key(req, TestConfig(), ctx)
+    route = route_item(req, TestConfig(), ctx)
+    key = batch_key(route, TestConfig(), ctx) if route.decision.dispatched else None
     if key is None:
         raise ConfigError(
             f"{_WHERE}=target: no target can collect the tests ("
-            f"{decision.reason or 'the run routes a one-GPU test to this machine'}); name "
+            f"{route.decision.reason or 'the run routes a one-GPU test to this machine'}); name "
             "one with --slurm-cluster NAME, --device-type TYPE or --trtllm-scenario")
     return key
 

@@ -168,11 +168,9 @@ class TestDbStage:
         return self.lines
 
 
-def register_if_wanted(config: pytest.Config, settings: Settings | None) -> None:
-    """Register the stage selection when --trtllm-test-db is given (never inside a
-    dispatched batch: the worker runs exactly the node ids it was sent)."""
-    if settings is None or not settings.test_db:
-        return
+def register_if_wanted(config: pytest.Config, settings: Settings) -> None:
+    """Register the stage selection (--trtllm-test-db given), never inside a dispatched
+    batch: the worker runs exactly the node ids it was sent."""
     if config.getoption("trtllm_worker_reports", default=None):
         return
     config.pluginmanager.register(TestDbStage(settings), "trtllm-slurm-test-db")
