@@ -1,7 +1,4 @@
-"""From collected items to ItemPlans: requirement, route, batch key per item.
-
-One call down per question: ``size_item``, ``route_item``, then the batch key here.
-"""
+"""From collected items to ItemPlans: ``size_item``, ``route_item``, then the batch key."""
 
 from __future__ import annotations
 

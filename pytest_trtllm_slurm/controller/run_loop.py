@@ -1,8 +1,6 @@
-"""The controller's run loop: submit every batch, run local tests meanwhile,
-replay what the jobs report, and give every dispatched test one outcome.
-
-pytest face: it knows items and hooks; it reaches execution only through
-JobSpecs and the Executor protocol.
+"""The controller's run loop: submit every batch, run local tests meanwhile, replay what
+the jobs report, give every dispatched test one outcome (execution only through JobSpecs
+and the Executor protocol).
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property, partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -263,10 +262,8 @@ class DispatchLoop:
                 executor.expect(tests)
 
     def _prepare(self, targets: set[Target]) -> None:
-        """Several Slurm targets (clusters): each gets its allocation now, in a thread of
-        its own, all at the same time; a target's batches are submitted once it is ready
-        (``_submit_ready``), so no cluster waits for another's queue. A failure here is
-        said and left to the submission, which reports it per batch."""
+        """Several clusters: each gets its allocation now, side by side, so none waits for
+        another's queue; a failure is said and left to its batches' submission."""
         steps = {t: executor.prepare for t in targets
                  if (executor := self.executors.get(t)) is not None and executor.prepares}
         if len(steps) < 2:
@@ -379,22 +376,14 @@ class DispatchLoop:
         env = self.executors[target_of(key)].slurm_env
         part = env.partition_named(key.partition) if env else None
         arch = build_arch(key.device_type or (part.gpu_type if part else None))
-        spec = JobSpec(
-            scenario=key.scenario,
+        spec = key_spec(
+            key, self.config.rootpath, work_dir, "build",
             workflow="build",
             name=work_dir.name,
-            job_name=f"{key.account or 'trtllm'}.build",
             command=build_command(cluster.build_cmd, arch),
-            rootdir=str(self.config.rootpath),
             invocation_dir=str(self.config.rootpath),
-            cluster=key.cluster,
-            account=key.account,
-            partition=key.partition,
             time_limit=self.settings.time_limit,
-            container_image=key.container_image,
-            work_dir=str(work_dir),
             log_path=str(paths.Batch(work_dir).build_log),
-            reports_path=str(paths.Batch(work_dir).reports),
             monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
             build_arch=arch,
         )
@@ -458,10 +447,9 @@ class DispatchLoop:
         tests = assignment.pairs(batch.nodeids, self.keys)
         write_atomic(files.nodeids, assignment.dumps(tests))
         wall = self._walltime(batch)
-        spec = JobSpec(
-            scenario=key.scenario,
+        spec = key_spec(
+            key, self.config.rootpath, work_dir, name,
             name=name,
-            job_name=f"{key.account or 'trtllm'}.{name}",
             nodeids=batch.nodeids,
             item_keys=dict(tests),
             nodeids_file=str(files.nodeids),
@@ -470,7 +458,6 @@ class DispatchLoop:
                 options=self.worker_options + worker_tokens(self.outputs.outputs,
                                                             str(work_dir))),
             rerun_argv=pytest_base_argv(self.config, options=self.rerun_options),
-            rootdir=str(self.config.rootpath),
             invocation_dir=str(worker_cwd(self.config)),
             node_count=key.node_count,
             total_devices=key.total_devices,
@@ -478,19 +465,12 @@ class DispatchLoop:
             device_type=key.device_type,
             launch=key.launch,
             launcher_prefix=list(key.launcher),
-            cluster=key.cluster,
-            account=key.account,
-            partition=key.partition,
             time_limit=(format_slurm_time(wall.time_limit) if wall.time_limit
                         else key.time_limit or self.settings.time_limit),
             mem_mb=key.mem_mb,
-            container_image=key.container_image,
             mounts=list(key.mounts),
             # unbuffered: what a test prints reaches the job log at once (hang patterns)
             env={**worker_env(self.config), **dict(key.env)},
-            work_dir=str(work_dir),
-            log_path=str(files.log),
-            reports_path=str(files.reports),
             monitor_timeout_seconds=wall.monitor_seconds,
             hang_patterns=self.settings.hang_patterns,
             build_arch=build_arch(key.device_type) if key.total_devices else None,
@@ -606,6 +586,17 @@ class DispatchLoop:
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
 
+def key_spec(key: BatchKey, rootdir: Path, work_dir: Path, job: str, **fields: Any) -> JobSpec:
+    """A JobSpec with what every job of a run takes from its key and work dir."""
+    files = paths.Batch(work_dir)
+    return JobSpec(**{
+        "scenario": key.scenario, "job_name": f"{key.account or 'trtllm'}.{job}",
+        "rootdir": str(rootdir), "cluster": key.cluster, "account": key.account,
+        "partition": key.partition, "container_image": key.container_image,
+        "work_dir": str(work_dir), "log_path": str(files.log),
+        "reports_path": str(files.reports), **fields})
+
+
 def item_timeout(item: pytest.Item) -> float | None:
     """Seconds pytest-timeout lets ``item`` run on the target (None: no limit, or no
     pytest-timeout), so a batch's walltime counts exactly what stops its tests."""
@@ -629,11 +620,9 @@ def worker_cwd(config: pytest.Config) -> Path:
 
 
 def worker_env(config: pytest.Config) -> dict[str, str]:
-    """The environment every worker gets: unbuffered output (what a test prints reaches
-    the job log at once: hang patterns), PYTEST_ADDOPTS less what the controller owns
-    (an environment variable, as it was: never argv), and, under pytest-xdist, the
-    identity of the xdist worker that dispatches (``worker_id``, ``testrun_uid`` and
-    PYTEST_XDIST_* as there)."""
+    """Every worker's environment: unbuffered output (hang patterns read the log at once),
+    PYTEST_ADDOPTS less what the controller owns (never argv), and the dispatching xdist
+    worker's PYTEST_XDIST_* identity."""
     env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": forwarded_addopts(config)}
     workerinput = getattr(config, "workerinput", None)
     if workerinput:
@@ -670,9 +659,8 @@ def worker_command(
 
 def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
     """``python -m pytest`` with the same rootdir and ini file and the user's invocation
-    less what the controller owns (``forwarding``); the ini's addopts are off here: the
-    worker gets them, with PYTEST_ADDOPTS, in its PYTEST_ADDOPTS (``worker_env``). The
-    "re-run:" line is this argv with the ini's addopts written out."""
+    less what the controller owns; the ini's addopts reach the worker in its
+    PYTEST_ADDOPTS (``worker_env``)."""
     argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         argv += ["-c", str(config.inipath)]

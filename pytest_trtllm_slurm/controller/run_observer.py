@@ -1,7 +1,5 @@
-"""What a dispatched run did, as it happens: batches (queue, start-up, tests) and tests.
-
-One record, because the status line, the timeline and the efficiency summary read the
-same observations. Times are epoch seconds, as the workers stamp their reports.
+"""What a dispatched run did: one record the status line, timeline and efficiency summary
+all read. Times are epoch seconds, as the workers stamp their reports.
 """
 
 from __future__ import annotations

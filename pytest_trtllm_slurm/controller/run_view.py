@@ -1,7 +1,5 @@
-"""What the user sees of a dispatched run besides pytest's own lines (a facade).
-
-The run loop makes a few small calls and knows nothing of how they are shown.
-"""
+"""What the user sees of a dispatched run besides pytest's own lines: a facade, so the
+run loop knows nothing of how it is shown."""
 
 from __future__ import annotations
 

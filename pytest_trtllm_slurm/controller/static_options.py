@@ -1,6 +1,4 @@
-"""The suite's own options, read from its conftests without importing them.
-
-With ``--trtllm-collect=target`` the conftests are never imported (they may need a GPU),
+"""With ``--trtllm-collect=target`` the conftests are never imported (they may need a GPU),
 yet their options are on the command line: their literal ``addoption`` calls are read
 with ``ast`` so pytest accepts them and passes them on.
 """

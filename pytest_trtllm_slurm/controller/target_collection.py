@@ -128,7 +128,12 @@ def describe(key: BatchKey, host: dict[str, str], job_id: str) -> str:
 def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
                  executor: Executor, settings_time_limit: str | None,
                  monitor_timeout: int) -> JobSpec:
-    from pytest_trtllm_slurm.controller.run_loop import pytest_base_argv, worker_cwd, worker_env
+    from pytest_trtllm_slurm.controller.run_loop import (
+        key_spec,
+        pytest_base_argv,
+        worker_cwd,
+        worker_env,
+    )
 
     ensure_work_root(work_root)
     stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
@@ -140,16 +145,12 @@ def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
              "--collect-only", "-o", f"cache_dir={Batch(work_dir).pytest_cache}"]
     here = Path(config.invocation_params.dir)
     argv += [str(here / arg) for arg in config.args]
-    return JobSpec(
-        scenario=key.scenario, workflow="collect", name=work_dir.name,
-        job_name=f"{key.account or 'trtllm'}.collect", command=argv,
-        rootdir=str(config.rootpath), invocation_dir=str(worker_cwd(config)),
+    return key_spec(
+        key, config.rootpath, work_dir, "collect", workflow="collect", name=work_dir.name,
+        command=argv, invocation_dir=str(worker_cwd(config)),
         total_devices=key.total_devices, devices_per_node=key.devices_per_node,
-        device_type=key.device_type, cluster=key.cluster, account=key.account,
-        partition=key.partition, time_limit=key.time_limit or settings_time_limit,
-        container_image=key.container_image, mounts=list(key.mounts),
-        env={**worker_env(config), **dict(key.env)}, work_dir=str(work_dir),
-        log_path=str(Batch(work_dir).log), reports_path=str(Batch(work_dir).reports),
+        device_type=key.device_type, time_limit=key.time_limit or settings_time_limit,
+        mounts=list(key.mounts), env={**worker_env(config), **dict(key.env)},
         monitor_timeout_seconds=monitor_timeout, slurm_env=executor.slurm_env,
     )
 

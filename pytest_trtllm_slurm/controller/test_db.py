@@ -1,8 +1,6 @@
-"""A test-db stage in one command (``--trtllm-test-db`` and its context and terms).
-
-After collection each test a chosen block lists gets that block's size and target as its
-``trtllm_slurm`` marker (and its TIMEOUT as ``pytest.mark.timeout``); the others are
-deselected, so one command runs the stage on every GPU type the clusters offer.
+"""A test-db stage in one command (``--trtllm-test-db``): each test a chosen block lists
+gets that block's size and target as its ``trtllm_slurm`` marker (its TIMEOUT as
+``pytest.mark.timeout``); the others are deselected.
 """
 
 from __future__ import annotations

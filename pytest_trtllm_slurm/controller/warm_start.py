@@ -1,8 +1,6 @@
-"""Start this run's warm-worker sessions before pytest imports the suite (controller).
-
-From ``pytest_load_initial_conftests`` each live agent collects the suite while the
-controller does, so the first batches find it imported. Only what is known without asking
-anyone (a local state file, fresh heartbeats); otherwise the pool starts sessions itself.
+"""Start this run's warm-worker sessions before pytest imports the suite, so the first
+batches find it imported; only from what is known without asking anyone (a local state
+file, fresh heartbeats), otherwise the pool starts sessions itself.
 """
 
 from __future__ import annotations
