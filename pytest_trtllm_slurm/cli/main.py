@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest_trtllm_slurm.transport.ssh.otp_env as otp_env
+from pytest_trtllm_slurm.cli.alloc import add_alloc_parser
+from pytest_trtllm_slurm.cli.run import add_run_parser
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.probe import probe_local_env
 from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
@@ -22,7 +24,7 @@ from pytest_trtllm_slurm.transport.shell import LocalShell
 EXIT_OK, EXIT_NO_SLURM, EXIT_PARTIAL, EXIT_CONFIG = 0, 1, 2, 4
 
 Subparsers = Any  # argparse's private _SubParsersAction
-Adder = Callable[[Subparsers], None]
+Adder = Callable[[Subparsers], object]
 
 
 # --------------------------------------------------------------------------- env
@@ -30,20 +32,16 @@ Adder = Callable[[Subparsers], None]
 
 def add_env(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
-        "env",
-        help="show what this machine and its Slurm offer",
+        "env", help="show what this machine and its Slurm offer",
         description="Probe this machine (GPUs, container engine, Slurm) and discover the local "
         "Slurm cluster (accounts, partitions, GPUs per node, arch, pmix). Exit 0: complete; "
         "1: no Slurm client tools; 2: partial (see errors).",
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--partitions", default=None, metavar="A,B",
+                   help="only these partitions (comma separated)")
     p.add_argument(
-        "--partitions", default=None, metavar="A,B", help="only these partitions (comma separated)"
-    )
-    p.add_argument(
-        "--cluster",
-        default=None,
-        metavar="NAME",
+        "--cluster", default=None, metavar="NAME",
         help="cluster to inspect: the local one, or a [clusters.NAME] of the clusters file "
         "(discovered over SSH)",
     )
@@ -52,13 +50,8 @@ def add_env(subparsers: Subparsers) -> None:
         help="clusters file (default: trtllm-slurm.toml here, then "
         "~/.config/trtllm-slurm/clusters.toml)",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=30,
-        metavar="SECONDS",
-        help="limit for each command (default 30)",
-    )
+    p.add_argument("--timeout", type=float, default=30, metavar="SECONDS",
+                   help="limit for each command (default 30)")
     p.set_defaults(handler=run_env)
 
 
@@ -161,18 +154,6 @@ def format_env_text(local: LocalEnv, slurm: SlurmEnv | None) -> str:
 
 # --------------------------------------------------------------------------- main
 
-def add_alloc(subparsers: Subparsers) -> None:
-    from pytest_trtllm_slurm.cli.alloc import add_alloc_parser
-
-    add_alloc_parser(subparsers)
-
-
-def add_run(subparsers: Subparsers) -> None:
-    from pytest_trtllm_slurm.cli.run import add_run_parser
-
-    add_run_parser(subparsers)
-
-
 def add_completion(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "completion", help="print a shell completion script",
@@ -252,7 +233,7 @@ complete -o default -F {FUNCTION} {program}
 '''
 
 
-SUBCOMMANDS: list[Adder] = [add_env, add_alloc, add_run, add_completion]
+SUBCOMMANDS: list[Adder] = [add_env, add_alloc_parser, add_run_parser, add_completion]
 
 
 def build_parser() -> argparse.ArgumentParser:
