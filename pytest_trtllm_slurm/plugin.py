@@ -167,9 +167,8 @@ def _hint_collect_on_target(config: pytest.Config, what: str, write: Any = None)
 @pytest.hookimpl(tryfirst=True, specname="pytest_load_initial_conftests")
 def pytest_load_initial_conftests_first(early_config: pytest.Config) -> None:
     """Before the suite's conftests are imported: take TRTLLM_SLURM_OTP out of the
-    environment (nothing this run starts inherits it), skip the conftests when the target
-    collects, then start this run's warm-worker sessions (a warm allocation only), so their
-    imports overlap the controller's (warm_start)."""
+    environment, skip the conftests when the target collects, start the warm-worker
+    sessions so their imports overlap the controller's."""
     options.held_code(early_config).take_from_environ()
     _skip_conftests(early_config)
     ns = early_config.known_args_namespace

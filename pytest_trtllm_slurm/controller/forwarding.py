@@ -258,9 +258,8 @@ def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
 
 
 def output_options(config: pytest.Config) -> list[OutputOption]:
-    """The output options wherever the user gave them (the ini's addopts, PYTEST_ADDOPTS,
-    the command line), the last of each flag winning as in pytest's own parse: an output
-    dir set once in ``addopts`` is a batch's own place like one typed on the command line."""
+    """The output options wherever the user gave them (addopts, PYTEST_ADDOPTS, the command
+    line), the last of each flag winning as in pytest's own parse."""
     finder = Forwarder(config)
     finder._kept([*addopts_args(config), *map(str, config.invocation_params.args)])
     return list({option.flag: option for option in finder.outputs}.values())

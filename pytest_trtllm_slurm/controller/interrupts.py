@@ -22,9 +22,8 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_as_interrupt() -> Iterator[None]:
-    """While inside: the first SIGTERM/SIGHUP raises Terminated in the main thread; later
-    ones are ignored, so the cleanup they started runs to its end. Outside the main
-    thread (no signal handlers there) this does nothing."""
+    """The first SIGTERM/SIGHUP raises Terminated; later ones are ignored, so the cleanup
+    runs to its end. Outside the main thread (no signal handlers there): nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

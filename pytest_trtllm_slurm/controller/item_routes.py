@@ -43,9 +43,8 @@ def errored_item(item: pytest.Item, message: str) -> PlannedItem:
 
 
 def plan_item(item: pytest.Item, ctx: RunContext) -> PlannedItem:
-    """Where one item goes. Its own markers or perf-sanity id unreadable (TestSpecError):
-    the item errors with the message and nothing else stops; any other ConfigError (an
-    option, the clusters file, a trtllm_slurm marker value) propagates as a usage error."""
+    """Where one item goes; its own markers or perf-sanity id unreadable: the item errors
+    (any other ConfigError is the run's usage error)."""
     try:
         sized = requirements.size_item(item, ctx.settings, ctx.perf)
     except TestSpecError as exc:

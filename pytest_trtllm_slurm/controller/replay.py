@@ -145,9 +145,8 @@ class Replayer:
         return self.progress[nodeid].finished
 
     def settle(self, nodeids: list[str]) -> None:
-        """The job ended: a test whose last attempt ended without asking for another one
-        is finished, even if the worker died before saying ``done`` (unless that attempt's
-        reports are incomplete: it is where the job died)."""
+        """The job ended: a test whose last attempt ended complete without asking for
+        another is finished, even if the worker died before saying ``done``."""
         for nodeid in nodeids:
             prog = self.progress[nodeid]
             if prog.started and not prog.attempt_open and not prog.rerun and not _cut_short(prog):

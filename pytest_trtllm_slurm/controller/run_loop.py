@@ -341,9 +341,8 @@ class DispatchLoop:
         return bool(events)
 
     def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Target, str]:
-        """Build once per target whose cluster asks for it (build_project = true), before
-        any batch, the clusters' builds side by side; returns the targets whose build
-        failed, with the log's last lines."""
+        """Build once per target whose cluster asks for it, before any batch, side by side;
+        the targets whose build failed, with the log's last lines."""
         specs = {}
         for target, cluster in self.builds.items():
             keys = [key for _, key in dispatched if target_of(key) == target]
@@ -366,13 +365,8 @@ class DispatchLoop:
                 self._say(f"build {spec.name} finished")
         return broken
 
-    def _new_work_dir(self, name: str) -> Path:
-        """Unique even across xdist workers and concurrent runs started in the same second."""
-        ensure_work_root(self.work_root)
-        return Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
-
     def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
-        work_dir = self._new_work_dir("build")
+        work_dir = new_work_dir(self.work_root, "build", self.stamp)
         env = self.executors[target_of(key)].slurm_env
         part = env.partition_named(key.partition) if env else None
         arch = build_arch(key.device_type or (part.gpu_type if part else None))
@@ -442,7 +436,7 @@ class DispatchLoop:
     def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
         key = batch.key
         name = f"{batch.label}" + (f"-retry{attempt}" if attempt else "")
-        work_dir = self._new_work_dir(name)
+        work_dir = new_work_dir(self.work_root, name, self.stamp)
         files = paths.Batch(work_dir)
         tests = assignment.pairs(batch.nodeids, self.keys)
         write_atomic(files.nodeids, assignment.dumps(tests))
@@ -586,6 +580,12 @@ class DispatchLoop:
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
 
+def new_work_dir(work_root: Path, name: str, stamp: str) -> Path:
+    """Unique even across xdist workers and concurrent runs started in the same second."""
+    ensure_work_root(work_root)
+    return Path(tempfile.mkdtemp(prefix=f"{name}_{stamp}_", dir=work_root))
+
+
 def key_spec(key: BatchKey, rootdir: Path, work_dir: Path, job: str, **fields: Any) -> JobSpec:
     """A JobSpec with what every job of a run takes from its key and work dir."""
     files = paths.Batch(work_dir)
@@ -612,9 +612,8 @@ def item_timeout(item: pytest.Item) -> float | None:
 
 
 def worker_cwd(config: pytest.Config) -> Path:
-    """Where the worker runs: where the user ran pytest (relative paths in tracebacks and
-    in the tests read the same), unless that is outside the rootdir (a remote cluster
-    has the rootdir's copy only)."""
+    """Where the user ran pytest (relative paths read the same), unless that is outside the
+    rootdir (a remote cluster has the rootdir's copy only)."""
     here = Path(config.invocation_params.dir)
     return here if here.is_relative_to(config.rootpath) else config.rootpath
 
@@ -636,9 +635,8 @@ def worker_command(
     config: pytest.Config, keys: list[str], ids_file: Path, reports: Path, work_dir: Path,
     options: list[str] | None = None,
 ) -> list[str]:
-    """argv of the worker pytest: the user's invocation (``forwarding``), the worker
-    plugin, the tests (node ids and keys: ``node.assignment``) in a file, the files of the
-    batch's keys. Never a shell string."""
+    """argv (never a shell string) of the worker pytest: the user's invocation, the worker
+    plugin, the tests in a file, the files of the batch's keys."""
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker"]
     argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]

@@ -182,9 +182,8 @@ class RunObserver:
         return list(dict.fromkeys(span.cluster for span in self.batches.values()))
 
     def measured_bound(self) -> float | None:
-        """No packing of this run's tests, at the durations they took here, ends sooner:
-        per pool, the longest test and the tests' GPU-seconds over the pool's GPUs
-        (start-up left out). A bound from measurements, never from a guess."""
+        """No packing of this run's tests at their measured durations ends sooner: the
+        longest test, and per pool the tests' GPU-seconds over its GPUs (no start-up)."""
         longest = 0.0
         area: dict[str, float] = {}
         seen = False
@@ -201,9 +200,8 @@ class RunObserver:
         return max([longest, *area.values()]) if seen else None
 
     def learnt_eta(self, now: float) -> tuple[float, int] | None:
-        """Seconds left at the pace this run's tests have kept (finished tests per second
-        since the first began), and how many finished: the estimate of a run whose plan
-        was a guess. None before any test finished."""
+        """Seconds left at the pace of this run's finished tests, and how many finished
+        (a guessed plan's estimate); None before any test finished."""
         finished = [t for t in self.tests.values() if t.finished and t.start is not None]
         if not finished:
             return None

@@ -45,9 +45,8 @@ def status_text(record: RunObserver, now: float) -> str:
 
 
 def eta_text(record: RunObserver, now: float) -> str:
-    """``ETA ~2m10s`` from the plan when it rests on earlier runs; when the plan was a
-    guess (no earlier durations), from the pace of this run's finished tests, said so,
-    and no figure at all before the first one finished."""
+    """``ETA ~2m10s`` from a plan resting on earlier runs, else from the pace of this
+    run's finished tests, said so (no figure before the first one finished)."""
     if record.guessed is None:
         eta = eta_seconds(record, now)
         return f"ETA ~{_duration(eta)}" if eta is not None else ""
@@ -61,9 +60,8 @@ def eta_text(record: RunObserver, now: float) -> str:
 
 
 def eta_seconds(record: RunObserver, now: float) -> float | None:
-    """When the packer's plan says the run ends, from now: its expected makespan less the
-    time gone, and never less than what a running batch still expects to need. Only
-    meaningful when the plan rests on earlier durations (``record.guessed`` is None)."""
+    """The plan's expected makespan less the time gone, never less than what a running
+    batch still expects to need."""
     if record.expected_makespan is None or not record.batches:
         return None
     first = min(s.submitted for s in record.batches.values())

@@ -8,7 +8,6 @@ the controller's and apply to the placeholders.
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +24,6 @@ from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.execution.monitor import Monitor, log_tail
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor
-from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.collection import COLLECTION_VERSION
 from pytest_trtllm_slurm.node.paths import COLLECTION_FILE, Batch
 from pytest_trtllm_slurm.node.paths import work_root as work_root_of
@@ -130,14 +128,13 @@ def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
                  monitor_timeout: int) -> JobSpec:
     from pytest_trtllm_slurm.controller.run_loop import (
         key_spec,
+        new_work_dir,
         pytest_base_argv,
         worker_cwd,
         worker_env,
     )
 
-    ensure_work_root(work_root)
-    stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
-    work_dir = Path(tempfile.mkdtemp(prefix=f"collect_{stamp}_", dir=work_root))
+    work_dir = new_work_dir(work_root, "collect", datetime.now().strftime("%Y%m%d_%H%M%S"))
     options = forwarded_options(config)[0]
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker",
