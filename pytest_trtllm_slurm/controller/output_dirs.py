@@ -168,18 +168,15 @@ def _copy_in(shell: Shell, source: str, size: int, dest: Path) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  PRIVATE)
     try:
-        offset = 0
-        while offset < size:
-            chunk = shell.read_from(source, offset, min(READ_CHUNK, size - offset))
-            if not chunk:
-                break
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view):]
-            offset += len(chunk)
+        with os.fdopen(fd, "wb") as out:
+            offset = 0
+            while offset < size:
+                chunk = shell.read_from(source, offset, min(READ_CHUNK, size - offset))
+                if not chunk:
+                    break
+                out.write(chunk)
+                offset += len(chunk)
     except BaseException:
-        os.close(fd)
         os.unlink(tmp)
         raise
-    os.close(fd)
     publish(tmp, dest)
