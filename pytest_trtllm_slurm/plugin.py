@@ -92,14 +92,10 @@ def pytest_configure_node(node: object) -> None:
         node.workerinput[otp_env.WORKERINPUT_KEY] = code  # type: ignore[attr-defined]
 
 
-def _is_worker(config: pytest.Config) -> bool:
-    """True inside a dispatched batch: a worker never dispatches again."""
-    return bool(config.getoption("trtllm_worker_reports", default=None)
-                or config.getoption("trtllm_worker_collect", default=None))
-
-
 def dispatch_enabled(config: pytest.Config) -> bool:
-    if _is_worker(config) or config.pluginmanager.hasplugin("dsession"):
+    if (config.getoption("trtllm_worker_reports", default=None)  # a worker never dispatches
+            or config.getoption("trtllm_worker_collect", default=None)
+            or config.pluginmanager.hasplugin("dsession")):
         return False
     # the cheap check first: a plain run imports no pydantic and reads no file
     return options.remote_requested(config) and options.resolve_settings(config).remote
