@@ -128,12 +128,9 @@ def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
             print(f"[{name}] {manager.release()}")
             continue
         infos[name] = manager.status()
-    if args.alloc_command == "release":
-        return 0
-    if getattr(args, "json", False):
-        print(json.dumps(infos, indent=2, default=str))
-        return 0
-    print("\n".join(f"[{name}] {format_status(info)}" for name, info in infos.items()))
+    if args.alloc_command == "status":
+        print(json.dumps(infos, indent=2, default=str) if getattr(args, "json", False) else
+              "\n".join(f"[{name}] {format_status(info)}" for name, info in infos.items()))
     return 0
 
 

@@ -57,9 +57,6 @@ class OutputOption:
         directory = "dir" in flag.lower() or os.path.isdir(local)
         return OutputOption(flag, os.path.normpath(local), directory)
 
-    def user_tokens(self) -> list[str]:
-        return [f"{self.flag}={self.local}"]
-
 
 def mirror(work_dir: str, local: str) -> str:
     """Where the batch in ``work_dir`` writes what the user named ``local``."""

@@ -194,7 +194,7 @@ class DispatchLoop:
         self.outputs = OutputCollector(outputs, self._say)  # the suite's own output files
         # the ini's addopts written out, and the user's output paths
         self.rerun_options = forwarded_options(self.config)[0] + [
-            t for out in outputs for t in out.user_tokens()]
+            f"{out.flag}={out.local}" for out in outputs]
         # pytest-timeout's limit of each dispatched test: they add up to a batch's walltime
         self.timeouts = {p.item.nodeid: item_timeout(p.item) for p in plans if p.key}
         self._capped: set[str] = set()  # partitions whose limit was said once
