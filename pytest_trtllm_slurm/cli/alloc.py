@@ -1,7 +1,5 @@
-"""``trtllm-slurm alloc status|release``: look at or give back the persistent allocation.
-
-The allocation outlives runs on purpose (no queue wait next time), so releasing it is an
-explicit act. Each target has its own (docs/allocations.md); ``--cluster`` picks one.
+"""``trtllm-slurm alloc status|release``: the persistent allocation outlives runs on
+purpose, so releasing it is an explicit act; ``--cluster`` picks a target's own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The user's invocation, as the worker gets it (the pytest face).
-
-Which tokens form one option is read from pytest's own parser, never from a list, so
-unknown plugins' options pass through; what the controller keeps is in docs/forwarding.md.
+"""The user's invocation as the worker gets it; which tokens form one option is read from
+pytest's own parser, so unknown plugins' options pass through (docs/forwarding.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""SIGTERM and SIGHUP do what Ctrl-C does while a run dispatches.
-
-CI ends a job with SIGTERM and a closed terminal sends SIGHUP; dying at once would leave
-the run's jobs queued, so both raise KeyboardInterrupt and take Ctrl-C's path.
+"""SIGTERM (CI) and SIGHUP (a closed terminal) take Ctrl-C's path while a run dispatches:
+dying at once would leave the run's jobs queued.
 """
 
 from __future__ import annotations

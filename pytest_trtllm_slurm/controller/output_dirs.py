@@ -1,7 +1,5 @@
-"""A suite's own output paths: one place per batch on the target, brought back after it.
-
-Dispatched as written, every batch would write the user's path (the last writer wins, or
-nothing comes back from a remote cluster); the rules are in docs/output-files-and-timeouts.md.
+"""A suite's own output paths: one place per batch on the target, brought back after it
+(as written, every batch would write the user's path); docs/output-files-and-timeouts.md.
 """
 
 from __future__ import annotations

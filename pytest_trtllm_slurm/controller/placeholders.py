@@ -1,7 +1,5 @@
-"""Placeholder items: the target's collection as local pytest items, never imported here.
-
-pytest's own collection and selection still run; a test module's children are built from
-``collection.json`` (names, markers, keywords, location) in the target's order.
+"""The target's collection as local pytest items, never imported here: pytest's own
+collection and selection still run on children built from ``collection.json``.
 """
 
 from __future__ import annotations

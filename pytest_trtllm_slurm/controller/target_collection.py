@@ -1,8 +1,5 @@
-"""Collect on the target (``--trtllm-collect=target``): one collect-only batch on a node
-of the device type the run targets, its ``collection.json`` read back and checked.
-
-The suite's own selection (test lists, waives) is thus the target's; ``-k``/``-m`` stay
-the controller's and apply to the placeholders.
+"""``--trtllm-collect=target``: one collect-only batch on a node of the device type the
+run targets, its ``collection.json`` read back and checked (``-k``/``-m`` stay here).
 """
 
 from __future__ import annotations
