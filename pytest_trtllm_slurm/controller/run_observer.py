@@ -77,7 +77,6 @@ class RunObserver:
         self.batches: dict[str, BatchSpan] = {}  # job id -> span, in submission order
         self.tests: dict[str, TestSpan] = {}  # nodeid -> its latest attempt
         self.job_of: dict[str, str] = {}  # nodeid -> job id of its latest batch
-        self.planned: list[Batch] = []
         self.pools: Callable[[BatchKey], Pool] | None = None
         self.expected_makespan: float | None = None
         self.lower_bound: float | None = None
@@ -90,7 +89,6 @@ class RunObserver:
              lower_bound: float | None, guessed: str | None = None) -> None:
         """The packer's plan; ``guessed``: why its figures are guesses (defaults stood in
         for durations or start-ups never measured), None when they come from earlier runs."""
-        self.planned = list(batches)
         self.pools = pools
         ends = [(b.expected_start or 0.0) + b.expected_seconds for b in batches
                 if b.expected_seconds is not None]

@@ -79,12 +79,9 @@ class Collection(BaseModel):
 
 
 class TargetCollection:
-    """The target's collection and where it was made (for the run's messages)."""
+    """The target's collection as the placeholders read it."""
 
-    def __init__(self, collection: Collection, where: str) -> None:
-        self.collection = collection
-        self.where = where
-        self.by_key = {item.key: item for item in collection.items}
+    def __init__(self, collection: Collection) -> None:
         self.order = {item.key: index for index, item in enumerate(collection.items)}
         # the suite's own deselection comes first, then this run's (-k, -m, ...)
         self.all_items = [*collection.deselected, *collection.items]
@@ -217,10 +214,9 @@ def collect_on_target(config: pytest.Config, ctx: RunContext,
             raise pytest.UsageError(f"{path}: collection version {collection.v}, this "
                                     f"controller reads {COLLECTION_VERSION} (update the "
                                     "plugin on one side)")
-        where = describe(key, collection.host, job_id)
-        say(f"{len(collection.items)} tests collected on {where}; the run plans and "
-            "dispatches from that collection")
-        return TargetCollection(collection, where)
+        say(f"{len(collection.items)} tests collected on {describe(key, collection.host, job_id)}"
+            "; the run plans and dispatches from that collection")
+        return TargetCollection(collection)
     finally:
         for one in executors.values():
             one.close()
