@@ -271,11 +271,19 @@ def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -
 # --------------------------------------------------------------------------- coercion
 
 
+# check -> (why a text fails it, what it expects); every other text must stay on one line
+# (it may reach an #SBATCH line or a script)
+_CHECKS: dict[str, tuple[Callable[[str], str | None], str]] = {
+    "slurm_name": (safe_values.slurm_name_problem,
+                   f"a non-empty Slurm name ({safe_values.SLURM_NAME_RULE})"),
+    "argument": (safe_values.argument_problem,
+                 "a non-empty line of text that does not start with '-'"),
+}
+
+
 def _expected(opt: Opt) -> str:
-    if opt.check == "slurm_name":
-        return f"a non-empty Slurm name ({safe_values.SLURM_NAME_RULE})"
-    if opt.check == "argument":
-        return "a non-empty line of text that does not start with '-'"
+    if opt.check:
+        return _CHECKS[opt.check][1]
     return {
         "bool": "true/false (1/0, yes/no, on/off)",
         "choice": "one of " + ", ".join(opt.choices),
@@ -323,7 +331,7 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
     text = str(value).strip()
     if not text:
         raise bad()
-    problem = _text_problem(opt, text)
+    problem = (_CHECKS[opt.check][0] if opt.check else safe_values.line_problem)(text)
     if problem:
         raise bad(f" ({problem})")
     if opt.kind == "choice":
@@ -346,16 +354,6 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
         path = Path(text).expanduser()
         return str(path if path.is_absolute() or base is None else (base / path))
     return text
-
-
-def _text_problem(opt: Opt, text: str) -> str | None:
-    """Why ``text`` cannot be used: every text must stay on one line (it may reach an
-    #SBATCH line or a script); names and positional arguments have stricter rules."""
-    if opt.check == "slurm_name":
-        return safe_values.slurm_name_problem(text)
-    if opt.check == "argument":
-        return safe_values.argument_problem(text)
-    return safe_values.line_problem(text)
 
 
 # --------------------------------------------------------------------------- settings
