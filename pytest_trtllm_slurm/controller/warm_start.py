@@ -64,7 +64,7 @@ def begin(config: pytest.Config) -> EarlyStart | None:
 
     early = config.stash[EARLY] = EarlyStart(EarlySessions(), EarlyConnections())
     try:
-        connect_early(config, read, early)  # a remote cluster's connection, while the suite imports
+        connect_early(config, read, early)  # a remote cluster's, while the suite imports
         early.started = start_early_sessions(config, read, early.sessions)
     except (ConfigError, ExecutionError, OSError):
         pass  # an optimization: the run itself reports a bad setting, once configured
