@@ -11,6 +11,7 @@ import gc
 import os
 import sys
 from collections.abc import Generator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,14 +92,10 @@ def pytest_configure_node(node: object) -> None:
         node.workerinput[otp_env.WORKERINPUT_KEY] = code  # type: ignore[attr-defined]
 
 
-def _is_worker(config: pytest.Config) -> bool:
-    """True inside a dispatched batch: a worker never dispatches again."""
-    return bool(config.getoption("trtllm_worker_reports", default=None)
-                or config.getoption("trtllm_worker_collect", default=None))
-
-
 def dispatch_enabled(config: pytest.Config) -> bool:
-    if _is_worker(config) or config.pluginmanager.hasplugin("dsession"):
+    if (config.getoption("trtllm_worker_reports", default=None)  # a worker never dispatches
+            or config.getoption("trtllm_worker_collect", default=None)
+            or config.pluginmanager.hasplugin("dsession")):
         return False
     # the cheap check first: a plain run imports no pydantic and reads no file
     return options.remote_requested(config) and options.resolve_settings(config).remote
@@ -160,18 +157,14 @@ def _hint_collect_on_target(config: pytest.Config, what: str, write: Any = None)
             "needed at import?); collect the tests on the target instead: "
             "--trtllm-collect=target (ini trtllm_collect = target, env "
             "TRTLLM_SLURM_COLLECT=target); see docs/collect-on-target.md")
-    if write is not None:
-        write(text)
-    else:
-        print(text, file=sys.stderr)
+    (write or partial(print, file=sys.stderr))(text)
 
 
 @pytest.hookimpl(tryfirst=True, specname="pytest_load_initial_conftests")
 def pytest_load_initial_conftests_first(early_config: pytest.Config) -> None:
     """Before the suite's conftests are imported: take TRTLLM_SLURM_OTP out of the
-    environment (nothing this run starts inherits it), skip the conftests when the target
-    collects, then start this run's warm-worker sessions (a warm allocation only), so their
-    imports overlap the controller's (warm_start)."""
+    environment, skip the conftests when the target collects, start the warm-worker
+    sessions so their imports overlap the controller's."""
     options.held_code(early_config).take_from_environ()
     _skip_conftests(early_config)
     ns = early_config.known_args_namespace
@@ -245,44 +238,39 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None = None) -> None:
     from pytest_trtllm_slurm.controller.interrupts import signals_as_interrupt
-
-    with signals_as_interrupt():  # SIGTERM / SIGHUP take Ctrl-C's path below
-        _dispatch(session, items, planned)
-
-
-def _dispatch(session: pytest.Session, items: list[pytest.Item], planned: list | None) -> None:
     from pytest_trtllm_slurm.controller.item_routes import plan_items
     from pytest_trtllm_slurm.controller.run_loop import DispatchLoop
     from pytest_trtllm_slurm.controller.session import make_executors, planning_context
     from pytest_trtllm_slurm.execution.factory import build_targets
 
-    config = session.config
-    settings = options.resolve_settings(config)
-    _freeze_gc(config)
-    try:
-        ctx = planning_context(config)
-        planned = planned if planned is not None else plan_items(items, ctx)
-        keys = [p.plan.key for p in planned if p.plan.key is not None]
-        executors = make_executors(ctx, config, keys)
-    except (ConfigError, ExecutionError) as exc:
-        # nothing was dispatched yet: a bad setting, or a target that cannot be reached
-        raise pytest.UsageError(str(exc)) from None
-    work_root = paths.work_root(settings.work_dir, config.rootpath).dir
-    loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root,
-                        builds=build_targets(ctx, keys))
-    # the loop needs the plans only: each item's requirement and route decision (two
-    # models an item) are not held through the run
-    del planned, keys
-    try:
-        loop.run()
-    except KeyboardInterrupt:
-        loop.interrupt()
-        raise
-    finally:
-        for executor in executors.values():
-            executor.close()
-        if settings.release_allocation:
-            release_allocation(ctx, config, executors)
+    with signals_as_interrupt():  # SIGTERM / SIGHUP take Ctrl-C's path below
+        config = session.config
+        settings = options.resolve_settings(config)
+        _freeze_gc(config)
+        try:
+            ctx = planning_context(config)
+            planned = planned if planned is not None else plan_items(items, ctx)
+            keys = [p.plan.key for p in planned if p.plan.key is not None]
+            executors = make_executors(ctx, config, keys)
+        except (ConfigError, ExecutionError) as exc:
+            # nothing was dispatched yet: a bad setting, or a target that cannot be reached
+            raise pytest.UsageError(str(exc)) from None
+        work_root = paths.work_root(settings.work_dir, config.rootpath).dir
+        loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root,
+                            builds=build_targets(ctx, keys))
+        # the loop needs the plans only: each item's requirement and route decision (two
+        # models an item) are not held through the run
+        del planned, keys
+        try:
+            loop.run()
+        except KeyboardInterrupt:
+            loop.interrupt()
+            raise
+        finally:
+            for executor in executors.values():
+                executor.close()
+            if settings.release_allocation:
+                release_allocation(ctx, config, executors)
 
 
 def _freeze_gc(config: pytest.Config) -> None:

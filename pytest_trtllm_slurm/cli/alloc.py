@@ -1,7 +1,5 @@
-"""``trtllm-slurm alloc status|release``: look at or give back the persistent allocation.
-
-The allocation outlives runs on purpose (no queue wait next time), so releasing it is an
-explicit act. Each target has its own (docs/allocations.md); ``--cluster`` picks one.
+"""``trtllm-slurm alloc status|release``: the persistent allocation outlives runs on
+purpose, so releasing it is an explicit act; ``--cluster`` picks a target's own.
 """
 
 from __future__ import annotations
@@ -48,10 +46,14 @@ def add_alloc_parser(subparsers: Any) -> argparse.ArgumentParser:
 def manager_for(rootdir: str | Path, account: str | None = None,
                 shell: Shell | None = None) -> AllocationManager:
     """An AllocationManager for status/release (the request only names the allocation)."""
-    shell = shell or LocalShell()
-    manager = AllocationManager(shell, rootdir=rootdir, request=AllocationRequest(account=account))
-    if account is None:
-        state = manager.peek_state()  # (looking changes nothing: a bad file stays)
+    return _named(AllocationManager(shell or LocalShell(), rootdir=rootdir,
+                                    request=AllocationRequest(account=account)))
+
+
+def _named(manager: AllocationManager) -> AllocationManager:
+    """Without --account, the allocation the state file names (looking changes nothing)."""
+    if manager.request.account is None:
+        state = manager.peek_state()
         if state is not None and state.account:
             manager.request.account = state.account
     return manager
@@ -92,14 +94,10 @@ def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
     shell = shell_for_cluster(cluster, otp_provider=otp_provider(held))
     shell.connect()
     state_dir = shared_state_dir(cluster, remote_paths(cluster, rootdir))
-    manager = AllocationManager(shell, rootdir=folder, request=AllocationRequest(account=account),
-                                store=StateStore(shell, state_dir, STATE_NAME),
-                                runs=RunRegistry(shell, StateDir(state_dir).runs.dir))
-    if account is None:
-        state = manager.peek_state()
-        if state is not None and state.account:
-            manager.request.account = state.account
-    return manager
+    return _named(AllocationManager(shell, rootdir=folder,
+                                    request=AllocationRequest(account=account),
+                                    store=StateStore(shell, state_dir, STATE_NAME),
+                                    runs=RunRegistry(shell, StateDir(state_dir).runs.dir)))
 
 
 def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
@@ -128,12 +126,9 @@ def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
             print(f"[{name}] {manager.release()}")
             continue
         infos[name] = manager.status()
-    if args.alloc_command == "release":
-        return 0
-    if getattr(args, "json", False):
-        print(json.dumps(infos, indent=2, default=str))
-        return 0
-    print("\n".join(f"[{name}] {format_status(info)}" for name, info in infos.items()))
+    if args.alloc_command == "status":
+        print(json.dumps(infos, indent=2, default=str) if getattr(args, "json", False) else
+              "\n".join(f"[{name}] {format_status(info)}" for name, info in infos.items()))
     return 0
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest_trtllm_slurm.transport.ssh.otp_env as otp_env
+from pytest_trtllm_slurm.cli.alloc import add_alloc_parser
+from pytest_trtllm_slurm.cli.run import add_run_parser
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.probe import probe_local_env
 from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
@@ -21,7 +24,7 @@ from pytest_trtllm_slurm.transport.shell import LocalShell
 EXIT_OK, EXIT_NO_SLURM, EXIT_PARTIAL, EXIT_CONFIG = 0, 1, 2, 4
 
 Subparsers = Any  # argparse's private _SubParsersAction
-Adder = Callable[[Subparsers], None]
+Adder = Callable[[Subparsers], object]
 
 
 # --------------------------------------------------------------------------- env
@@ -29,20 +32,16 @@ Adder = Callable[[Subparsers], None]
 
 def add_env(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
-        "env",
-        help="show what this machine and its Slurm offer",
+        "env", help="show what this machine and its Slurm offer",
         description="Probe this machine (GPUs, container engine, Slurm) and discover the local "
         "Slurm cluster (accounts, partitions, GPUs per node, arch, pmix). Exit 0: complete; "
         "1: no Slurm client tools; 2: partial (see errors).",
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--partitions", default=None, metavar="A,B",
+                   help="only these partitions (comma separated)")
     p.add_argument(
-        "--partitions", default=None, metavar="A,B", help="only these partitions (comma separated)"
-    )
-    p.add_argument(
-        "--cluster",
-        default=None,
-        metavar="NAME",
+        "--cluster", default=None, metavar="NAME",
         help="cluster to inspect: the local one, or a [clusters.NAME] of the clusters file "
         "(discovered over SSH)",
     )
@@ -51,13 +50,8 @@ def add_env(subparsers: Subparsers) -> None:
         help="clusters file (default: trtllm-slurm.toml here, then "
         "~/.config/trtllm-slurm/clusters.toml)",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=30,
-        metavar="SECONDS",
-        help="limit for each command (default 30)",
-    )
+    p.add_argument("--timeout", type=float, default=30, metavar="SECONDS",
+                   help="limit for each command (default 30)")
     p.set_defaults(handler=run_env)
 
 
@@ -160,18 +154,6 @@ def format_env_text(local: LocalEnv, slurm: SlurmEnv | None) -> str:
 
 # --------------------------------------------------------------------------- main
 
-def add_alloc(subparsers: Subparsers) -> None:
-    from pytest_trtllm_slurm.cli.alloc import add_alloc_parser
-
-    add_alloc_parser(subparsers)
-
-
-def add_run(subparsers: Subparsers) -> None:
-    from pytest_trtllm_slurm.cli.run import add_run_parser
-
-    add_run_parser(subparsers)
-
-
 def add_completion(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "completion", help="print a shell completion script",
@@ -183,13 +165,75 @@ def add_completion(subparsers: Subparsers) -> None:
 
 
 def _print_completion(args: argparse.Namespace) -> int:
-    from pytest_trtllm_slurm.cli.completion import bash_script
-
     print(bash_script(build_parser()), end="")
     return EXIT_OK
 
 
-SUBCOMMANDS: list[Adder] = [add_env, add_alloc, add_run, add_completion]
+# a static table made from the parser itself, so it never offers what the CLI lacks
+# (argcomplete would import the CLI on every <TAB>)
+FUNCTION = "_trtllm_slurm"
+
+
+def _table(parser: argparse.ArgumentParser, path: str = "",
+           out: dict[str, list[str]] | None = None,
+           choices: dict[str, list[str]] | None = None
+           ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """``words``: per subcommand path (space separated), what may come next;
+    ``choices``: per ``path|option``, the option's fixed values."""
+    out = {} if out is None else out
+    choices = {} if choices is None else choices
+    words: list[str] = []
+    for action in parser._actions:  # argparse has no public walk of its actions
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                words.append(name)
+                _table(sub, f"{path} {name}".strip(), out, choices)
+        elif not action.option_strings and action.choices:  # a positional's fixed values
+            words += [str(c) for c in action.choices]
+        elif action.option_strings:
+            words += [o for o in action.option_strings if o.startswith("--") or len(o) == 2]
+            if action.choices:
+                for option in action.option_strings:
+                    choices[f"{path}|{option}"] = [str(c) for c in action.choices]
+    out[path] = sorted(set(words))
+    return out, choices
+
+
+def bash_script(parser: argparse.ArgumentParser, program: str = "trtllm-slurm") -> str:
+    words, choices = _table(parser)
+    paths = "\n".join(f"        {shlex.quote(p)}) words={shlex.quote(' '.join(w))} ;;"
+                      for p, w in sorted(words.items()))
+    values = "\n".join(f"        {shlex.quote(k)}) values={shlex.quote(' '.join(v))} ;;"
+                       for k, v in sorted(choices.items()))
+    known = " ".join(shlex.quote(p) for p in sorted(words) if p)
+    return f'''# bash completion for {program} (generated by `{program} completion bash`)
+{FUNCTION}() {{
+    local cur prev path="" word candidate words="" values=""
+    cur="${{COMP_WORDS[COMP_CWORD]}}"
+    prev="${{COMP_WORDS[COMP_CWORD-1]}}"
+    for word in "${{COMP_WORDS[@]:1:COMP_CWORD-1}}"; do
+        candidate="${{path:+$path }}$word"
+        for known in {known}; do
+            if [ "$candidate" = "$known" ]; then path="$candidate"; break; fi
+        done
+    done
+    case "$path|$prev" in
+{values}
+    esac
+    if [ -n "$values" ]; then
+        COMPREPLY=($(compgen -W "$values" -- "$cur"))
+        return 0
+    fi
+    case "$path" in
+{paths}
+    esac
+    COMPREPLY=($(compgen -W "$words" -- "$cur"))
+}}
+complete -o default -F {FUNCTION} {program}
+'''
+
+
+SUBCOMMANDS: list[Adder] = [add_env, add_alloc_parser, add_run_parser, add_completion]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -128,27 +128,21 @@ def settings_from_args(args: argparse.Namespace, rootdir: Path,
     return options.build_settings(raw, bases={"cli": cwd, "env": cwd}, rootdir=rootdir)
 
 
+# the case inputs whose argparse dest is CaseInput's own name
+_CASE_FLAGS = ("test_cmd", "bench_cmd", "eval_cmd", "custom_cmd", "custom_script",
+               "perf_config_yaml", "model_name", "required_devices", "total_required_devices",
+               "required_devices_per_node", "mem_mb")
+
+
 def case_input_from_args(args: argparse.Namespace) -> Any:
     from pytest_trtllm_slurm.cases.model import CaseInput, parse_custom_env
 
     return CaseInput.build(
-        "trtllm-slurm run",
-        test_cmd=args.test_cmd, bench_cmd=args.bench_cmd, eval_cmd=args.eval_cmd,
-        custom_cmd=args.custom_cmd, custom_script=args.custom_script,
-        custom_env=parse_custom_env(args.custom_env),
-        perf_config_yaml=args.perf_config_yaml, model_name=args.model_name,
-        required_devices=args.required_devices,
-        total_required_devices=args.total_required_devices,
-        required_devices_per_node=args.required_devices_per_node,
-        mem_mb=args.mem_mb, monitor_timeout=args.monitor_timeout,
+        "trtllm-slurm run", **{name: getattr(args, name) for name in _CASE_FLAGS},
+        custom_env=parse_custom_env(args.custom_env), monitor_timeout=args.monitor_timeout,
         success_patterns=args.success_pattern, failure_patterns=args.failure_pattern,
         checks=args.check,
     )
-
-
-_CASE_FLAGS = ("test_cmd", "bench_cmd", "eval_cmd", "custom_cmd", "custom_script",
-               "perf_config_yaml", "model_name", "required_devices", "total_required_devices",
-               "required_devices_per_node", "mem_mb")
 
 
 # --------------------------------------------------------------------------- handler

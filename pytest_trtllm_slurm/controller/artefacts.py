@@ -1,7 +1,5 @@
-"""Bring the plugin artefacts of dispatched batches into this run (the pytest face).
-
-Coverage data becomes one more parallel data file and benchmark results join this run's
-BenchmarkSession, as pytest-xdist's controller does with its workers'.
+"""Dispatched batches' coverage data becomes one more parallel data file and their
+benchmark results join this run's BenchmarkSession, as pytest-xdist does with workers'.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Warnings this process raises again after a worker reported them (the pytest face).
-
-A once-per-process warning is replayed against the worker's test; if the terminal summary
-here imports the same code it would show twice, so an identical one is not recorded again.
+"""A once-per-process warning a worker reported is replayed; if the terminal summary here
+imports the same code it would show twice, so an identical one is not recorded again.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Is the allocation used well? A few numbers at the end of every dispatched run.
-
-A run holds GPUs for hours: how much of that time tests ran on them, and how far the
-run was from the packer's plan, is what a user and CI track. From the run record alone.
+"""Is the allocation used well? How much of the GPU time held tests ran, and how far the
+run was from the packer's plan: a few numbers at the end of every dispatched run.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The user's invocation, as the worker gets it (the pytest face).
-
-Which tokens form one option is read from pytest's own parser, never from a list, so
-unknown plugins' options pass through; what the controller keeps is in docs/forwarding.md.
+"""The user's invocation as the worker gets it; which tokens form one option is read from
+pytest's own parser, so unknown plugins' options pass through (docs/forwarding.md).
 """
 
 from __future__ import annotations
@@ -212,16 +210,19 @@ class Forwarder:
         return True
 
     def forwarded(self, *, with_ini: bool = True) -> list[str]:
-        """The options of the ini's addopts (with ``with_ini``) and of the command line;
-        PYTEST_ADDOPTS reaches the worker in its own variable (``forwarded_addopts``)."""
+        """The options of the ini's addopts (with ``with_ini``) and of the command line,
+        ``WORKER_HALF``'s and ``RESOLVED_HERE``'s; PYTEST_ADDOPTS reaches the worker in
+        its own variable (``forwarded_addopts``)."""
         ini = list(self.config.getini("addopts")) if with_ini else []
         out = self._kept([*ini, *map(str, self.config.invocation_params.args)])
-        return out + self.worker_halves() + self.resolved_here()
-
-    def forwarded_addopts(self) -> str:
-        """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's, less what the
-        controller owns; not argv, so a ``--api-token=...`` stays out of ``ps`` and files."""
-        return shlex.join(self._kept(addopts_args(self.config)))
+        option = self.config.option
+        out += [token for dest, tokens in WORKER_HALF.items() if getattr(option, dest, None)
+                for token in tokens]
+        for dest, flag in RESOLVED_HERE.items():  # of the plugins that are active
+            value = getattr(option, dest, None)
+            if flag in self.actions and value is not None:
+                out.append(f"{flag}={value}")
+        return out
 
     def _kept(self, args: list[str]) -> list[str]:
         out: list[str] = []
@@ -230,24 +231,11 @@ class Forwarder:
                 out += self.render(occurrence)
         return out
 
-    def worker_halves(self) -> list[str]:
-        """What a report writer's worker half needs besides its switch (``WORKER_HALF``)."""
-        return [token for dest, tokens in WORKER_HALF.items()
-                if getattr(self.config.option, dest, None) for token in tokens]
-
-    def resolved_here(self) -> list[str]:
-        """This run's resolved values (``RESOLVED_HERE``) of the plugins that are active."""
-        out = []
-        for dest, flag in RESOLVED_HERE.items():
-            value = getattr(self.config.option, dest, None)
-            if flag in self.actions and value is not None:
-                out.append(f"{flag}={value}")
-        return out
-
 
 def forwarded_addopts(config: pytest.Config) -> str:
-    """The worker's PYTEST_ADDOPTS (``Forwarder.forwarded_addopts``)."""
-    return Forwarder(config).forwarded_addopts()
+    """The worker's PYTEST_ADDOPTS: the ini's addopts and the user's, less what the
+    controller owns; not argv, so a ``--api-token=...`` stays out of ``ps`` and files."""
+    return shlex.join(Forwarder(config)._kept(addopts_args(config)))
 
 
 def forwarded_options(config: pytest.Config, *,
@@ -268,9 +256,8 @@ def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
 
 
 def output_options(config: pytest.Config) -> list[OutputOption]:
-    """The output options wherever the user gave them (the ini's addopts, PYTEST_ADDOPTS,
-    the command line), the last of each flag winning as in pytest's own parse: an output
-    dir set once in ``addopts`` is a batch's own place like one typed on the command line."""
+    """The output options wherever the user gave them (addopts, PYTEST_ADDOPTS, the command
+    line), the last of each flag winning as in pytest's own parse."""
     finder = Forwarder(config)
     finder._kept([*addopts_args(config), *map(str, config.invocation_params.args)])
     return list({option.flag: option for option in finder.outputs}.values())

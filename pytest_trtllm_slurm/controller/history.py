@@ -1,7 +1,5 @@
-"""Expected durations for packing, kept in pytest's cache (the pytest face).
-
-Per node id its last run's seconds, per pool the shortest start-up of a run (one that
-did not wait for resources). Without the cache provider nothing is recorded.
+"""Expected durations for packing, in pytest's cache: per node id its last seconds, per
+pool the shortest start-up. Without the cache provider nothing is recorded.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""SIGTERM and SIGHUP do what Ctrl-C does while a run dispatches.
-
-CI ends a job with SIGTERM and a closed terminal sends SIGHUP; dying at once would leave
-the run's jobs queued, so both raise KeyboardInterrupt and take Ctrl-C's path.
+"""SIGTERM (CI) and SIGHUP (a closed terminal) take Ctrl-C's path while a run dispatches:
+dying at once would leave the run's jobs queued.
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_as_interrupt() -> Iterator[None]:
-    """While inside: the first SIGTERM/SIGHUP raises Terminated in the main thread; later
-    ones are ignored, so the cleanup they started runs to its end. Outside the main
-    thread (no signal handlers there) this does nothing."""
+    """The first SIGTERM/SIGHUP raises Terminated; later ones are ignored, so the cleanup
+    runs to its end. Outside the main thread (no signal handlers there): nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -37,9 +34,7 @@ def signals_as_interrupt() -> Iterator[None]:
         raise Terminated(f"{signal.Signals(signum).name} received: cancelling this run's "
                          "jobs (the persistent allocation stays)")
 
-    previous = {}
-    for sig in SIGNALS:
-        previous[sig] = signal.signal(sig, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
     try:
         yield
     finally:

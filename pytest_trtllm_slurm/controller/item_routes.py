@@ -1,7 +1,4 @@
-"""From collected items to ItemPlans: requirement, route, batch key per item.
-
-One call down per question: ``size_item``, ``route_item``, then the batch key here.
-"""
+"""From collected items to ItemPlans: ``size_item``, ``route_item``, then the batch key."""
 
 from __future__ import annotations
 
@@ -46,9 +43,8 @@ def errored_item(item: pytest.Item, message: str) -> PlannedItem:
 
 
 def plan_item(item: pytest.Item, ctx: RunContext) -> PlannedItem:
-    """Where one item goes. Its own markers or perf-sanity id unreadable (TestSpecError):
-    the item errors with the message and nothing else stops; any other ConfigError (an
-    option, the clusters file, a trtllm_slurm marker value) propagates as a usage error."""
+    """Where one item goes; its own markers or perf-sanity id unreadable: the item errors
+    (any other ConfigError is the run's usage error)."""
     try:
         sized = requirements.size_item(item, ctx.settings, ctx.perf)
     except TestSpecError as exc:
@@ -58,16 +54,6 @@ def plan_item(item: pytest.Item, ctx: RunContext) -> PlannedItem:
     key = batch_key(route, sized.config, ctx) if decision.dispatched else None
     skip = decision.reason if decision.scenario is None else None
     return PlannedItem(item, req, decision, ItemPlan(item, key, skip_reason=skip))
-
-
-def route_and_key(
-    req: DeviceRequirement, test_cfg: requirements.TestConfig, ctx: RunContext
-) -> tuple[RouteDecision, BatchKey | None]:
-    """Where a requirement goes and, when dispatched, the key of the batch it joins (None:
-    it runs here, or nothing serves it: ``decision.reason``)."""
-    route = route_item(req, test_cfg, ctx)
-    key = batch_key(route, test_cfg, ctx) if route.decision.dispatched else None
-    return route.decision, key
 
 
 def batch_image(route: Route, explicit: str | None, rootdir: Path) -> str | None:

@@ -226,76 +226,64 @@ def register_markers(config: pytest.Config) -> Settings | None:
 
 # --------------------------------------------------------------------------- raw values
 
-Source = Literal["cli", "env", "ini"]
-
-
-def _raw_cli(config: pytest.Config, opt: Opt) -> Any:
-    return config.getoption(opt.dest) if opt.flag is not None else None
-
-
-def _raw_env(environ: Mapping[str, str], opt: Opt) -> str | None:
-    value = environ.get(opt.env)
-    return value if value not in (None, "") else None
-
-
-def _raw_ini(config: pytest.Config, opt: Opt) -> Any:
+def _first(config: pytest.Config, opt: Opt, environ: Mapping[str, str]) -> tuple[Any, str | None]:
+    """The raw value of the first source that sets ``opt`` (cli, env, ini), and its name."""
+    value = config.getoption(opt.dest) if opt.flag is not None else None
+    if value is not None:
+        return value, "cli"
+    if environ.get(opt.env) not in (None, ""):
+        return environ[opt.env], "env"
     try:
         value = config.getini(opt.ini)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"ini {opt.ini}: {exc}; expected {_expected(opt)}") from None
-    return None if value in (None, "", []) else value
+    return (None, None) if value in (None, "", []) else (value, "ini")
 
 
-def _first(
-    config: pytest.Config, opt: Opt, environ: Mapping[str, str]
-) -> tuple[Any, Source | None]:
-    for source, getter in (("cli", lambda: _raw_cli(config, opt)),
-                           ("env", lambda: _raw_env(environ, opt)),
-                           ("ini", lambda: _raw_ini(config, opt))):
-        value = getter()
-        if value is not None:
-            return value, source  # type: ignore[return-value]
-    return None, None
+def _given(config: pytest.Config, name: str, environ: Mapping[str, str] | None) -> Any:
+    """Option ``name`` as its first source sets it, checked; None when none does."""
+    value, source = _first(config, BY_NAME[name], os.environ if environ is None else environ)
+    return None if value is None else coerce(BY_NAME[name], value, source or "cli")
 
 
 def remote_requested(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
     """Is dispatch on? Cheap (no pydantic, no file): an explicit remote value wins, else
     --slurm-cluster, --device-type or --trtllm-test-db on the command line."""
-    env = os.environ if environ is None else environ
-    value, source = _first(config, BY_NAME["remote"], env)
+    value = _given(config, "remote", environ)
     if value is not None:
-        return bool(coerce(BY_NAME["remote"], value, source or "cli"))
-    return any(_raw_cli(config, BY_NAME[n]) for n in ("slurm_cluster", "device_type", "test_db"))
+        return bool(value)
+    return any(config.getoption(BY_NAME[n].dest) for n in ("slurm_cluster", "device_type",
+                                                            "test_db"))
 
 
 def collect_on_target(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
     """--trtllm-collect=target on a dispatching run (a plain run collects here whatever the
     setting says: an ini shared with plain runs on GPU nodes changes nothing there)."""
-    env = os.environ if environ is None else environ
-    value, source = _first(config, BY_NAME["collect"], env)
-    if value is None or coerce(BY_NAME["collect"], value, source or "cli") != "target":
-        return False
-    return remote_requested(config, env)
+    return _given(config, "collect", environ) == "target" and remote_requested(config, environ)
 
 
 def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
     """Dispatch or a plan requested? Cheap: no file is read, no pydantic imported."""
-    env = os.environ if environ is None else environ
-    for name in ("plan", "plan_json"):
-        value, source = _first(config, BY_NAME[name], env)
-        if value is not None and coerce(BY_NAME[name], value, source or "cli"):
-            return True
-    return remote_requested(config, env)
+    return (any(_given(config, name, environ) for name in ("plan", "plan_json"))
+            or remote_requested(config, environ))
 
 
 # --------------------------------------------------------------------------- coercion
 
 
+# check -> (why a text fails it, what it expects); every other text must stay on one line
+# (it may reach an #SBATCH line or a script)
+_CHECKS: dict[str, tuple[Callable[[str], str | None], str]] = {
+    "slurm_name": (safe_values.slurm_name_problem,
+                   f"a non-empty Slurm name ({safe_values.SLURM_NAME_RULE})"),
+    "argument": (safe_values.argument_problem,
+                 "a non-empty line of text that does not start with '-'"),
+}
+
+
 def _expected(opt: Opt) -> str:
-    if opt.check == "slurm_name":
-        return f"a non-empty Slurm name ({safe_values.SLURM_NAME_RULE})"
-    if opt.check == "argument":
-        return "a non-empty line of text that does not start with '-'"
+    if opt.check:
+        return _CHECKS[opt.check][1]
     return {
         "bool": "true/false (1/0, yes/no, on/off)",
         "choice": "one of " + ", ".join(opt.choices),
@@ -343,7 +331,7 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
     text = str(value).strip()
     if not text:
         raise bad()
-    problem = _text_problem(opt, text)
+    problem = (_CHECKS[opt.check][0] if opt.check else safe_values.line_problem)(text)
     if problem:
         raise bad(f" ({problem})")
     if opt.kind == "choice":
@@ -366,16 +354,6 @@ def coerce(opt: Opt, value: Any, source: str, base: Path | None = None) -> Any:
         path = Path(text).expanduser()
         return str(path if path.is_absolute() or base is None else (base / path))
     return text
-
-
-def _text_problem(opt: Opt, text: str) -> str | None:
-    """Why ``text`` cannot be used: every text must stay on one line (it may reach an
-    #SBATCH line or a script); names and positional arguments have stricter rules."""
-    if opt.check == "slurm_name":
-        return safe_values.slurm_name_problem(text)
-    if opt.check == "argument":
-        return safe_values.argument_problem(text)
-    return safe_values.line_problem(text)
 
 
 # --------------------------------------------------------------------------- settings

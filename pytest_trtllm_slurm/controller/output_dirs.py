@@ -1,7 +1,5 @@
-"""A suite's own output paths: one place per batch on the target, brought back after it.
-
-Dispatched as written, every batch would write the user's path (the last writer wins, or
-nothing comes back from a remote cluster); the rules are in docs/output-files-and-timeouts.md.
+"""A suite's own output paths: one place per batch on the target, brought back after it
+(as written, every batch would write the user's path); docs/output-files-and-timeouts.md.
 """
 
 from __future__ import annotations
@@ -57,9 +55,6 @@ class OutputOption:
         directory = "dir" in flag.lower() or os.path.isdir(local)
         return OutputOption(flag, os.path.normpath(local), directory)
 
-    def user_tokens(self) -> list[str]:
-        return [f"{self.flag}={self.local}"]
-
 
 def mirror(work_dir: str, local: str) -> str:
     """Where the batch in ``work_dir`` writes what the user named ``local``."""
@@ -86,11 +81,6 @@ class OutputCollector:
     say: Callable[[str], None]
     started: float = field(default_factory=time.time)
     written: dict[str, str] = field(default_factory=dict)  # local path -> batch label
-    conflicts: list[str] = field(default_factory=list)
-
-    @property
-    def active(self) -> bool:
-        return bool(self.outputs)
 
     def owned_here(self, local: str) -> bool:
         """A file one of the controller's own writers produces (a file-valued option)."""
@@ -150,7 +140,6 @@ class OutputCollector:
             dest = f"{local}.{_SAFE_LABEL.sub('_', label)}"
             note = (f"output file conflict: {local} was written by {earlier} and by batch "
                     f"{label}; the first is kept, batch {label}'s copy is {dest}")
-            self.conflicts.append(note)
             self.say(note)
         _copy_in(shell, source, size, Path(dest))
         self.written.setdefault(local, f"batch {label}")
@@ -174,18 +163,15 @@ def _copy_in(shell: Shell, source: str, size: int, dest: Path) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  PRIVATE)
     try:
-        offset = 0
-        while offset < size:
-            chunk = shell.read_from(source, offset, min(READ_CHUNK, size - offset))
-            if not chunk:
-                break
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view):]
-            offset += len(chunk)
+        with os.fdopen(fd, "wb") as out:
+            offset = 0
+            while offset < size:
+                chunk = shell.read_from(source, offset, min(READ_CHUNK, size - offset))
+                if not chunk:
+                    break
+                out.write(chunk)
+                offset += len(chunk)
     except BaseException:
-        os.close(fd)
         os.unlink(tmp)
         raise
-    os.close(fd)
     publish(tmp, dest)

@@ -1,7 +1,5 @@
-"""Placeholder items: the target's collection as local pytest items, never imported here.
-
-pytest's own collection and selection still run; a test module's children are built from
-``collection.json`` (names, markers, keywords, location) in the target's order.
+"""The target's collection as local pytest items, never imported here: pytest's own
+collection and selection still run on children built from ``collection.json``.
 """
 
 from __future__ import annotations
@@ -45,25 +43,27 @@ class PlaceholderItem(pytest.Item):
             "run here: it is dispatched (check --trtllm-scenario / trtllm_slurm(local=True))")
 
 
-class PlaceholderCollector(pytest.Collector):
-    """A class (or any collector between the file and its tests) of the target."""
+Entries = list[tuple[list[str], CollectedItem]]  # (names below the collector, item)
 
-    children: list[tuple[list[str], CollectedItem]]
+
+class _FromEntries:
+    """A collector whose children are built from the target's entries below it."""
+
+    entries: Entries
 
     def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
-        return _build(self, self.children)
+        return _build(self, self.entries)  # type: ignore[arg-type]
 
 
-class PlaceholderModule(pytest.Module):
+class PlaceholderCollector(_FromEntries, pytest.Collector):
+    """A class (or any collector between the file and its tests) of the target."""
+
+
+class PlaceholderModule(_FromEntries, pytest.Module):
     """A test file as the target collected it: nothing is imported here."""
-
-    entries: list[tuple[list[str], CollectedItem]]
 
     def _getobj(self) -> Any:
         raise RuntimeError("a placeholder module is never imported")
-
-    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
-        return _build(self, self.entries)
 
     # a placeholder module has no fixtures, setup or teardown of its own
     def _register_setup_module_fixture(self) -> None: ...
@@ -71,17 +71,11 @@ class PlaceholderModule(pytest.Module):
     def _register_setup_function_fixture(self) -> None: ...
 
 
-class PlaceholderFile(pytest.File):
+class PlaceholderFile(_FromEntries, pytest.File):
     """A non-Python file the target's conftest collected (YAML cases and the like)."""
 
-    entries: list[tuple[list[str], CollectedItem]]
 
-    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
-        return _build(self, self.entries)
-
-
-def _build(parent: pytest.Collector,
-           entries: list[tuple[list[str], CollectedItem]]) -> list[pytest.Item | pytest.Collector]:
+def _build(parent: pytest.Collector, entries: Entries) -> list[pytest.Item | pytest.Collector]:
     """Children of ``parent`` in the target's order: a test where one name is left, else a
     collector holding the entries below that name."""
     out: list[pytest.Item | pytest.Collector] = []
@@ -95,10 +89,10 @@ def _build(parent: pytest.Collector,
         group = groups.get(names[0])
         if group is None:
             group = PlaceholderCollector.from_parent(parent, name=names[0])
-            group.children = []
+            group.entries = []
             groups[names[0]] = group
             out.append(group)
-        group.children.append((names[1:], entry))
+        group.entries.append((names[1:], entry))
     return out
 
 
@@ -108,7 +102,7 @@ class PlaceholderPlugin:
     def __init__(self, collected: TargetCollection) -> None:
         self.collected = collected
 
-    def _entries(self, path: Path, rootpath: Path) -> list[tuple[list[str], CollectedItem]]:
+    def _entries(self, path: Path, rootpath: Path) -> Entries:
         rel = rel_path(path, rootpath)
         return [(e.names, e) for e in self.collected.all_items if e.file == rel]
 

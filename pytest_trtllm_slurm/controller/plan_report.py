@@ -32,10 +32,10 @@ class PlanPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         from pytest_trtllm_slurm.controller.batches import (
             batch_rows,
-            plan_estimates,
             planned_pools,
             run_batches,
         )
+        from pytest_trtllm_slurm.controller.history import History
         from pytest_trtllm_slurm.controller.item_routes import plan_items
         from pytest_trtllm_slurm.controller.session import planning_context
         from pytest_trtllm_slurm.planning.perf_sanity import perf_id
@@ -48,7 +48,8 @@ class PlanPlugin:
             pools = planned_pools(ctx, [key for _, key in dispatched])
             batches, _ = run_batches(
                 session.config, [p.item for p in planned if p.plan.key], dispatched, pools,
-                plan_estimates(session.config, dispatched, pools))
+                # earlier runs' durations, as the run reads them (History, not registered)
+                History(session.config, [n for n, _ in dispatched], pools).estimates())
         except ConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.batches = batch_rows(batches, pools)

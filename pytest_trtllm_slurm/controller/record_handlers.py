@@ -54,7 +54,7 @@ class RecordHandlers:
 
     # -- the tests' own records: replayed into the local items --------------
     def on_start(self, record: Record, came: Arrival) -> None:
-        self.replayer.start(record["nodeid"], came.ctx)
+        self.replayer.start(record["nodeid"])
 
     def on_report(self, record: Record, came: Arrival) -> None:
         self._report(record["data"], came)

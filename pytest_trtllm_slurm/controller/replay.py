@@ -1,14 +1,7 @@
-"""Replay what a worker reported into the local items (the pytest face).
-
-Records from reports.jsonl (typed and checked by ``records``) go through the item's
-own hooks (logstart / logreport per phase / logfinish), exactly as pytest-xdist's
-controller does, so terminal output, junitxml, --lf, -x and --durations behave as
-for a local run. Every report is replayed, in order, including each attempt of a
-test that a plugin runs again (pytest-rerunfailures logs start..finish per attempt);
-a test is finished once the worker says its whole protocol returned (``done``), and
-later records for it are ignored: each test ends with exactly one outcome. A test whose
-attempt ended without its teardown report (a worker that could not write its call report
-on a full disk, yet wrote the short lines after it) gets the missing phases, failed.
+"""Replay what a worker reported into the local items through their own hooks, as
+pytest-xdist's controller does, so terminal, junitxml, --lf, -x and --durations read as
+a local run. Every attempt is replayed; a test ends once, at ``done``; an attempt cut
+short (no teardown report) gets its missing phases, failed.
 """
 
 from __future__ import annotations
@@ -25,7 +18,6 @@ from pytest_trtllm_slurm.controller.echoed_warnings import note_replayed
 from pytest_trtllm_slurm.execution.records import warning_category
 
 SECTION = "trtllm-slurm"
-PHASES = ("setup", "call", "teardown")
 JUNIT_PROPERTY = "trtllm_slurm_"  # prefix of the testcase properties a dispatched test gets
 _UNSET: Any = object()
 
@@ -121,10 +113,8 @@ class Replayer:
         return self._xml
 
     def _hooks(self, item: pytest.Item, prog: TestProgress | None = _UNSET) -> Any:
-        """``item.ihook``, looked up once per folder and kept with the test's progress:
-        pytest finds the conftests that apply to the item's path at each look (the same
-        for every test of a folder), a cost a test pays once when it runs here and three
-        to five times when it is replayed."""
+        """``item.ihook``, looked up once per folder (each look finds the folder's
+        conftests again) and kept with the test's progress."""
         if prog is _UNSET:
             prog = self.progress.get(item.nodeid)
         if prog is not None and prog.hooks is not None:
@@ -141,11 +131,8 @@ class Replayer:
         return hooks
 
     def _from_serializable(self, data: dict[str, Any]) -> Any:
-        """``pytest_report_from_serializable``, as pytest-xdist's controller calls it;
-        where only pytest's own implementations answer it (the reports and subtests
-        plugins) and the data names a ``TestReport`` (not a subtest's), their answer
-        without the hook call: the same ``TestReport._from_json``, a hook call less per
-        replayed report."""
+        """``pytest_report_from_serializable``; a plain ``TestReport`` that only pytest's
+        own implementations would answer is rebuilt without the hook call."""
         if self._rebuild is _UNSET:
             self._rebuild = _direct_rebuild(self.config)
         if (self._rebuild is not None and data.get("$report_type") == "TestReport"
@@ -154,18 +141,12 @@ class Replayer:
         return self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
 
     # -- state -----------------------------------------------------------
-    def track(self, item: pytest.Item) -> None:
-        """Add an item reported without a job (an unsatisfied test)."""
-        self.items[item.nodeid] = item
-        self.progress.setdefault(item.nodeid, TestProgress())
-
     def is_finished(self, nodeid: str) -> bool:
         return self.progress[nodeid].finished
 
     def settle(self, nodeids: list[str]) -> None:
-        """The job ended: a test whose last attempt ended without asking for another one
-        is finished, even if the worker died before saying ``done`` (unless that attempt's
-        reports are incomplete: it is where the job died)."""
+        """The job ended: a test whose last attempt ended complete without asking for
+        another is finished, even if the worker died before saying ``done``."""
         for nodeid in nodeids:
             prog = self.progress[nodeid]
             if prog.started and not prog.attempt_open and not prog.rerun and not _cut_short(prog):
@@ -179,7 +160,7 @@ class Replayer:
         )
 
     # -- records (``record_handlers`` calls these, one per record type) -----
-    def start(self, nodeid: str, ctx: JobContext) -> None:
+    def start(self, nodeid: str) -> None:
         prog = self.progress.get(nodeid)
         if prog is None or prog.finished or prog.attempt_open:
             return
@@ -291,7 +272,7 @@ class Replayer:
             return
         item = self.items[nodeid]
         if not prog.attempt_open:  # not started, or between two attempts
-            self.start(nodeid, ctx or JobContext("-", "-", "-", "-"))
+            self.start(nodeid)
         done = [when for when, _ in prog.phases]
         longrepr = f"[{status}] {text}"
         if not done:
@@ -308,25 +289,27 @@ class Replayer:
 
     def skip_unsatisfied(self, item: pytest.Item, reason: str, *, fail: bool) -> None:
         """Report a test nothing can serve: skipped (as the suite would) or failed."""
-        self.start(item.nodeid, JobContext("-", "-", "-", "-"))
         if fail:
-            self._synth(item, "setup", "failed", f"[UNSATISFIED] {reason}", None)
+            self._setup_only(item, "failed", f"[UNSATISFIED] {reason}")
         else:
             path, lineno, _ = item.location
-            self._synth(
-                item, "setup", "skipped", (str(path), (lineno or 0) + 1, f"Skipped: {reason}"), None
-            )
-        self._synth(item, "teardown", "passed", None, None)
+            self._setup_only(item, "skipped",
+                             (str(path), (lineno or 0) + 1, f"Skipped: {reason}"))
         self.done(item.nodeid)
 
     def planning_error(self, item: pytest.Item, message: str) -> None:
-        """A test whose markers or perf-sanity id cannot be read: an error at setup whose
-        text is the message (no traceback: nothing of the test ran). The message leads with
-        the test's name only where pytest renamed its id (the header shows the node id)."""
-        self.start(item.nodeid, JobContext("-", "-", "-", "-"))
-        self._synth(item, "setup", "failed", message.removeprefix(f"{item.nodeid}: "), None)
-        self._synth(item, "teardown", "passed", None, None)
+        """A test whose markers or perf-sanity id cannot be read: an error at setup, no
+        traceback; the message names the test only where pytest renamed its id."""
+        self._setup_only(item, "failed", message.removeprefix(f"{item.nodeid}: "))
         self.finish(item.nodeid)
+
+    def _setup_only(self, item: pytest.Item, outcome: str, longrepr: Any) -> None:
+        """A test reported without a job: its setup report and a passed teardown."""
+        self.items[item.nodeid] = item
+        self.progress.setdefault(item.nodeid, TestProgress())
+        self.start(item.nodeid)
+        self._synth(item, "setup", outcome, longrepr, None)
+        self._synth(item, "teardown", "passed", None, None)
 
     def _synth(
         self, item: pytest.Item, when: str, outcome: str, longrepr: Any, ctx: JobContext | None
@@ -362,11 +345,8 @@ def _finished(prog: TestProgress) -> None:
 
 
 def _share_strings(report: pytest.TestReport, item: pytest.Item, prog: TestProgress) -> None:
-    """A replayed report holds the same string objects a report made here would: the
-    item's node id and location, and one copy of each keyword, phase and outcome name
-    (JSON decoding makes new strings for every line, ~1 KB an item, which the terminal's
-    statistics keep for the whole session). Values are unchanged; a location that is not
-    the item's (the target's code differs) is kept as the target wrote it."""
+    """The report holds the item's own strings and one interned copy of each keyword,
+    phase and outcome (JSON makes new ones per line, ~1 KB an item kept all session)."""
     report.nodeid = item.nodeid
     if tuple(report.location) == item.location:
         report.location = item.location

@@ -1,8 +1,6 @@
-"""The controller's run loop: submit every batch, run local tests meanwhile,
-replay what the jobs report, and give every dispatched test one outcome.
-
-pytest face: it knows items and hooks; it reaches execution only through
-JobSpecs and the Executor protocol.
+"""The controller's run loop: submit every batch, run local tests meanwhile, replay what
+the jobs report, give every dispatched test one outcome (execution only through JobSpecs
+and the Executor protocol).
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property, partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +30,6 @@ from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_t
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
 from pytest_trtllm_slurm.controller.run_view import RunView
-from pytest_trtllm_slurm.controller.suite_timeouts import item_timeout
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
     BUILD_LOG_LINES,
@@ -195,7 +193,7 @@ class DispatchLoop:
         self.outputs = OutputCollector(outputs, self._say)  # the suite's own output files
         # the ini's addopts written out, and the user's output paths
         self.rerun_options = forwarded_options(self.config)[0] + [
-            t for out in outputs for t in out.user_tokens()]
+            f"{out.flag}={out.local}" for out in outputs]
         # pytest-timeout's limit of each dispatched test: they add up to a batch's walltime
         self.timeouts = {p.item.nodeid: item_timeout(p.item) for p in plans if p.key}
         self._capped: set[str] = set()  # partitions whose limit was said once
@@ -263,10 +261,8 @@ class DispatchLoop:
                 executor.expect(tests)
 
     def _prepare(self, targets: set[Target]) -> None:
-        """Several Slurm targets (clusters): each gets its allocation now, in a thread of
-        its own, all at the same time; a target's batches are submitted once it is ready
-        (``_submit_ready``), so no cluster waits for another's queue. A failure here is
-        said and left to the submission, which reports it per batch."""
+        """Several clusters: each gets its allocation now, side by side, so none waits for
+        another's queue; a failure is said and left to its batches' submission."""
         steps = {t: executor.prepare for t in targets
                  if (executor := self.executors.get(t)) is not None and executor.prepares}
         if len(steps) < 2:
@@ -305,10 +301,8 @@ class DispatchLoop:
         runnable = [p for p in plans if p.skip_reason is None and p.error is None]
         for plan in plans:
             if plan.error is not None:
-                self.replayer.track(plan.item)
                 self.replayer.planning_error(plan.item, plan.error)
             elif plan.skip_reason is not None:
-                self.replayer.track(plan.item)
                 self.replayer.skip_unsatisfied(
                     plan.item, plan.skip_reason or "no target can serve this test",
                     fail=self.settings.unsatisfied == "fail")
@@ -346,9 +340,8 @@ class DispatchLoop:
         return bool(events)
 
     def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Target, str]:
-        """Build once per target whose cluster asks for it (build_project = true), before
-        any batch, the clusters' builds side by side; returns the targets whose build
-        failed, with the log's last lines."""
+        """Build once per target whose cluster asks for it, before any batch, side by side;
+        the targets whose build failed, with the log's last lines."""
         specs = {}
         for target, cluster in self.builds.items():
             keys = [key for _, key in dispatched if target_of(key) == target]
@@ -371,32 +364,19 @@ class DispatchLoop:
                 self._say(f"build {spec.name} finished")
         return broken
 
-    def _new_work_dir(self, name: str) -> Path:
-        """Unique even across xdist workers and concurrent runs started in the same second."""
-        ensure_work_root(self.work_root)
-        return Path(tempfile.mkdtemp(prefix=f"{name}_{self.stamp}_", dir=self.work_root))
-
     def _build_spec(self, key: BatchKey, cluster: ClusterConfig) -> JobSpec:
-        work_dir = self._new_work_dir("build")
+        work_dir = new_work_dir(self.work_root, "build", self.stamp)
         env = self.executors[target_of(key)].slurm_env
         part = env.partition_named(key.partition) if env else None
         arch = build_arch(key.device_type or (part.gpu_type if part else None))
-        spec = JobSpec(
-            scenario=key.scenario,
+        spec = key_spec(
+            key, self.config.rootpath, work_dir, "build",
             workflow="build",
             name=work_dir.name,
-            job_name=f"{key.account or 'trtllm'}.build",
             command=build_command(cluster.build_cmd, arch),
-            rootdir=str(self.config.rootpath),
             invocation_dir=str(self.config.rootpath),
-            cluster=key.cluster,
-            account=key.account,
-            partition=key.partition,
             time_limit=self.settings.time_limit,
-            container_image=key.container_image,
-            work_dir=str(work_dir),
             log_path=str(paths.Batch(work_dir).build_log),
-            reports_path=str(paths.Batch(work_dir).reports),
             monitor_timeout_seconds=self.settings.monitor_timeout_seconds,
             build_arch=arch,
         )
@@ -455,26 +435,22 @@ class DispatchLoop:
     def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
         key = batch.key
         name = f"{batch.label}" + (f"-retry{attempt}" if attempt else "")
-        work_dir = self._new_work_dir(name)
+        work_dir = new_work_dir(self.work_root, name, self.stamp)
         files = paths.Batch(work_dir)
-        ids_file = files.nodeids
         tests = assignment.pairs(batch.nodeids, self.keys)
-        write_atomic(ids_file, assignment.dumps(tests))
-        reports = files.reports
+        write_atomic(files.nodeids, assignment.dumps(tests))
         wall = self._walltime(batch)
-        spec = JobSpec(
-            scenario=key.scenario,
+        spec = key_spec(
+            key, self.config.rootpath, work_dir, name,
             name=name,
-            job_name=f"{key.account or 'trtllm'}.{name}",
             nodeids=batch.nodeids,
             item_keys=dict(tests),
-            nodeids_file=str(ids_file),
+            nodeids_file=str(files.nodeids),
             command=worker_command(
-                self.config, [k for _, k in tests], ids_file, reports, work_dir,
+                self.config, [k for _, k in tests], files.nodeids, files.reports, work_dir,
                 options=self.worker_options + worker_tokens(self.outputs.outputs,
                                                             str(work_dir))),
             rerun_argv=pytest_base_argv(self.config, options=self.rerun_options),
-            rootdir=str(self.config.rootpath),
             invocation_dir=str(worker_cwd(self.config)),
             node_count=key.node_count,
             total_devices=key.total_devices,
@@ -482,19 +458,12 @@ class DispatchLoop:
             device_type=key.device_type,
             launch=key.launch,
             launcher_prefix=list(key.launcher),
-            cluster=key.cluster,
-            account=key.account,
-            partition=key.partition,
             time_limit=(format_slurm_time(wall.time_limit) if wall.time_limit
                         else key.time_limit or self.settings.time_limit),
             mem_mb=key.mem_mb,
-            container_image=key.container_image,
             mounts=list(key.mounts),
             # unbuffered: what a test prints reaches the job log at once (hang patterns)
             env={**worker_env(self.config), **dict(key.env)},
-            work_dir=str(work_dir),
-            log_path=str(files.log),
-            reports_path=str(reports),
             monitor_timeout_seconds=wall.monitor_seconds,
             hang_patterns=self.settings.hang_patterns,
             build_arch=build_arch(key.device_type) if key.total_devices else None,
@@ -610,20 +579,48 @@ class DispatchLoop:
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
 
+def new_work_dir(work_root: Path, name: str, stamp: str) -> Path:
+    """Unique even across xdist workers and concurrent runs started in the same second."""
+    ensure_work_root(work_root)
+    return Path(tempfile.mkdtemp(prefix=f"{name}_{stamp}_", dir=work_root))
+
+
+def key_spec(key: BatchKey, rootdir: Path, work_dir: Path, job: str, **fields: Any) -> JobSpec:
+    """A JobSpec with what every job of a run takes from its key and work dir."""
+    files = paths.Batch(work_dir)
+    return JobSpec(**{
+        "scenario": key.scenario, "job_name": f"{key.account or 'trtllm'}.{job}",
+        "rootdir": str(rootdir), "cluster": key.cluster, "account": key.account,
+        "partition": key.partition, "container_image": key.container_image,
+        "work_dir": str(work_dir), "log_path": str(files.log),
+        "reports_path": str(files.reports), **fields})
+
+
+def item_timeout(item: pytest.Item) -> float | None:
+    """Seconds pytest-timeout lets ``item`` run on the target (None: no limit, or no
+    pytest-timeout), so a batch's walltime counts exactly what stops its tests."""
+    plugin = item.config.pluginmanager.get_plugin("timeout")
+    read = getattr(plugin, "_get_item_settings", None)
+    if read is None:
+        return None
+    try:
+        timeout = read(item).timeout
+    except Exception:  # noqa: BLE001 - a bad marker is pytest-timeout's to report
+        return None
+    return float(timeout) if timeout and timeout > 0 else None
+
+
 def worker_cwd(config: pytest.Config) -> Path:
-    """Where the worker runs: where the user ran pytest (relative paths in tracebacks and
-    in the tests read the same), unless that is outside the rootdir (a remote cluster
-    has the rootdir's copy only)."""
+    """Where the user ran pytest (relative paths read the same), unless that is outside the
+    rootdir (a remote cluster has the rootdir's copy only)."""
     here = Path(config.invocation_params.dir)
     return here if here.is_relative_to(config.rootpath) else config.rootpath
 
 
 def worker_env(config: pytest.Config) -> dict[str, str]:
-    """The environment every worker gets: unbuffered output (what a test prints reaches
-    the job log at once: hang patterns), PYTEST_ADDOPTS less what the controller owns
-    (an environment variable, as it was: never argv), and, under pytest-xdist, the
-    identity of the xdist worker that dispatches (``worker_id``, ``testrun_uid`` and
-    PYTEST_XDIST_* as there)."""
+    """Every worker's environment: unbuffered output (hang patterns read the log at once),
+    PYTEST_ADDOPTS less what the controller owns (never argv), and the dispatching xdist
+    worker's PYTEST_XDIST_* identity."""
     env = {"PYTHONUNBUFFERED": "1", "PYTEST_ADDOPTS": forwarded_addopts(config)}
     workerinput = getattr(config, "workerinput", None)
     if workerinput:
@@ -637,9 +634,8 @@ def worker_command(
     config: pytest.Config, keys: list[str], ids_file: Path, reports: Path, work_dir: Path,
     options: list[str] | None = None,
 ) -> list[str]:
-    """argv of the worker pytest: the user's invocation (``forwarding``), the worker
-    plugin, the tests (node ids and keys: ``node.assignment``) in a file, the files of the
-    batch's keys. Never a shell string."""
+    """argv (never a shell string) of the worker pytest: the user's invocation, the worker
+    plugin, the tests in a file, the files of the batch's keys."""
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker"]
     argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
@@ -652,16 +648,16 @@ def worker_command(
     argv += ["--junitxml", str(paths.Batch(work_dir).junit), "--continue-on-collection-errors"]
     opt = config.option
     argv += ["--capture=no" if getattr(opt, "capture", "fd") == "no" else "--capture=tee-sys"]
-    cwd = worker_cwd(config)
-    argv += sorted({_module_path(k, config.rootpath, cwd) for k in keys})
-    return argv
+    # a key's file is relative to the rootdir: as it is when the worker runs there
+    root = config.rootpath
+    relative = worker_cwd(config) == root
+    return argv + sorted({key_path(k) if relative else str(root / key_path(k)) for k in keys})
 
 
 def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
     """``python -m pytest`` with the same rootdir and ini file and the user's invocation
-    less what the controller owns (``forwarding``); the ini's addopts are off here: the
-    worker gets them, with PYTEST_ADDOPTS, in its PYTEST_ADDOPTS (``worker_env``). The
-    "re-run:" line is this argv with the ini's addopts written out."""
+    less what the controller owns; the ini's addopts reach the worker in its
+    PYTEST_ADDOPTS (``worker_env``)."""
     argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         argv += ["-c", str(config.inipath)]
@@ -670,9 +666,3 @@ def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) ->
         options = forwarded_options(config, with_ini=False)[0]
     return argv + options
 
-
-def _module_path(key: str, rootdir: Path | None = None, cwd: Path | None = None) -> str:
-    """The file of a test's key (``node.item_key``), which is relative to the rootdir: as
-    it is when the worker runs there, else absolute."""
-    module = key_path(key)
-    return module if rootdir is None or cwd == rootdir else str(rootdir / module)

@@ -1,7 +1,5 @@
-"""What a dispatched run did, as it happens: batches (queue, start-up, tests) and tests.
-
-One record, because the status line, the timeline and the efficiency summary read the
-same observations. Times are epoch seconds, as the workers stamp their reports.
+"""What a dispatched run did: one record the status line, timeline and efficiency summary
+all read. Times are epoch seconds, as the workers stamp their reports.
 """
 
 from __future__ import annotations
@@ -79,7 +77,6 @@ class RunObserver:
         self.batches: dict[str, BatchSpan] = {}  # job id -> span, in submission order
         self.tests: dict[str, TestSpan] = {}  # nodeid -> its latest attempt
         self.job_of: dict[str, str] = {}  # nodeid -> job id of its latest batch
-        self.planned: list[Batch] = []
         self.pools: Callable[[BatchKey], Pool] | None = None
         self.expected_makespan: float | None = None
         self.lower_bound: float | None = None
@@ -92,7 +89,6 @@ class RunObserver:
              lower_bound: float | None, guessed: str | None = None) -> None:
         """The packer's plan; ``guessed``: why its figures are guesses (defaults stood in
         for durations or start-ups never measured), None when they come from earlier runs."""
-        self.planned = list(batches)
         self.pools = pools
         ends = [(b.expected_start or 0.0) + b.expected_seconds for b in batches
                 if b.expected_seconds is not None]
@@ -184,9 +180,8 @@ class RunObserver:
         return list(dict.fromkeys(span.cluster for span in self.batches.values()))
 
     def measured_bound(self) -> float | None:
-        """No packing of this run's tests, at the durations they took here, ends sooner:
-        per pool, the longest test and the tests' GPU-seconds over the pool's GPUs
-        (start-up left out). A bound from measurements, never from a guess."""
+        """No packing of this run's tests at their measured durations ends sooner: the
+        longest test, and per pool the tests' GPU-seconds over its GPUs (no start-up)."""
         longest = 0.0
         area: dict[str, float] = {}
         seen = False
@@ -203,9 +198,8 @@ class RunObserver:
         return max([longest, *area.values()]) if seen else None
 
     def learnt_eta(self, now: float) -> tuple[float, int] | None:
-        """Seconds left at the pace this run's tests have kept (finished tests per second
-        since the first began), and how many finished: the estimate of a run whose plan
-        was a guess. None before any test finished."""
+        """Seconds left at the pace of this run's finished tests, and how many finished
+        (a guessed plan's estimate); None before any test finished."""
         finished = [t for t in self.tests.values() if t.finished and t.start is not None]
         if not finished:
             return None

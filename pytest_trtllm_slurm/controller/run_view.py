@@ -1,7 +1,5 @@
-"""What the user sees of a dispatched run besides pytest's own lines (a facade).
-
-The run loop makes a few small calls and knows nothing of how they are shown.
-"""
+"""What the user sees of a dispatched run besides pytest's own lines: a facade, so the
+run loop knows nothing of how it is shown."""
 
 from __future__ import annotations
 
@@ -88,7 +86,7 @@ class RunView:
         self.summary = summary_lines(eff) + cluster_lines(self.record)
         self._write_files(eff)
         if not manager.has_plugin(SUMMARY_NAME):
-            manager.register(_Summary(self), SUMMARY_NAME)
+            manager.register(self, SUMMARY_NAME)  # the run's section of the terminal summary
 
     def _write_files(self, eff: Efficiency) -> None:
         base = Path(self.config.invocation_params.dir)
@@ -108,14 +106,7 @@ class RunView:
             except OSError as exc:
                 self.files.append(f"summary JSON not written: {exc}")
 
-
-class _Summary:
-    """The run's section of pytest's terminal summary."""
-
-    def __init__(self, view: RunView) -> None:
-        self.view = view
-
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("-", "trtllm-slurm: GPU use")
-        for line in [*self.view.summary, *self.view.files]:
+        for line in [*self.summary, *self.files]:
             terminalreporter.write_line(line)

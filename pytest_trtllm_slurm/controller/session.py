@@ -1,7 +1,5 @@
-"""What a run finds once: settings, this machine's probe, Slurm discovery, clusters file.
-
-Built only when dispatch or a plan was asked for; cached on the config. The executors are
-built by ``execution.factory``, which ``trtllm-slurm run`` uses too.
+"""What a run finds once (settings, this machine's probe, Slurm discovery, clusters file),
+only when dispatch or a plan was asked for; cached on the config.
 """
 
 from __future__ import annotations

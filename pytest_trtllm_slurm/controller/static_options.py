@@ -1,6 +1,4 @@
-"""The suite's own options, read from its conftests without importing them.
-
-With ``--trtllm-collect=target`` the conftests are never imported (they may need a GPU),
+"""With ``--trtllm-collect=target`` the conftests are never imported (they may need a GPU),
 yet their options are on the command line: their literal ``addoption`` calls are read
 with ``ast`` so pytest accepts them and passes them on.
 """
@@ -8,6 +6,7 @@ with ``ast`` so pytest accepts them and passes them on.
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,13 @@ _KEPT = {"action", "nargs", "default", "dest", "help", "choices", "metavar", "co
          "required", "type"}
 
 
+@dataclass
 class StaticOption:
     """One ``addoption`` or ``addini`` call read from a conftest."""
 
-    def __init__(self, kind: str, names: list[str], kwargs: dict[str, Any]) -> None:
-        self.kind = kind  # "addoption" | "addini"
-        self.names = names
-        self.kwargs = kwargs
+    kind: str  # "addoption" | "addini"
+    names: list[str]
+    kwargs: dict[str, Any]
 
 
 def _literal(node: ast.expr) -> tuple[bool, Any]:

@@ -1,13 +1,6 @@
-"""The live status of a dispatched run: one line on a terminal, plain lines in CI.
-
-Why: a run can hold a cluster for hours; between pytest's own lines the user should see
-what is pending (and why), running and done, the tests left, the GPUs held and busy,
-and when it should end. On a terminal the line sits below pytest's output and is
-rewritten in place (pytest's own terminal writer; hidden while pytest writes, so its
-lines and progress dots stay as they are). Without a terminal (CI, a pipe) a plain
-progress line is printed at most every ``PLAIN_INTERVAL`` seconds, plus the state
-changes that matter (pending reasons are said by the run loop already; here: retries,
-abnormal job ends, failed tests).
+"""The live status of a run that holds a cluster for hours: on a terminal one line below
+pytest's output, redrawn in place and hidden while pytest writes; in CI a plain line every
+``PLAIN_INTERVAL`` seconds plus retries, abnormal job ends and failed tests.
 """
 
 from __future__ import annotations
@@ -52,9 +45,8 @@ def status_text(record: RunObserver, now: float) -> str:
 
 
 def eta_text(record: RunObserver, now: float) -> str:
-    """``ETA ~2m10s`` from the plan when it rests on earlier runs; when the plan was a
-    guess (no earlier durations), from the pace of this run's finished tests, said so,
-    and no figure at all before the first one finished."""
+    """``ETA ~2m10s`` from a plan resting on earlier runs, else from the pace of this
+    run's finished tests, said so (no figure before the first one finished)."""
     if record.guessed is None:
         eta = eta_seconds(record, now)
         return f"ETA ~{_duration(eta)}" if eta is not None else ""
@@ -68,9 +60,8 @@ def eta_text(record: RunObserver, now: float) -> str:
 
 
 def eta_seconds(record: RunObserver, now: float) -> float | None:
-    """When the packer's plan says the run ends, from now: its expected makespan less the
-    time gone, and never less than what a running batch still expects to need. Only
-    meaningful when the plan rests on earlier durations (``record.guessed`` is None)."""
+    """The plan's expected makespan less the time gone, never less than what a running
+    batch still expects to need."""
     if record.expected_makespan is None or not record.batches:
         return None
     first = min(s.submitted for s in record.batches.values())
@@ -184,10 +175,8 @@ class StatusLine:
     # -- after pytest's own writes -------------------------------------------------------
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self) -> None:
-        """Once per test, after its reports' output (a replayed test's reports and its
-        finish come together): not once per report, a hook call less per report. On a
-        terminal, the line pytest's output hid comes back as it was; its text is counted
-        again (over every test of the run) only when a redraw is due, not per test."""
+        """Once per test, not per report: the line pytest's output hid comes back as it
+        was; its text is counted again only when a redraw is due."""
         if self.tty and self.clock() - self.last < TTY_INTERVAL:
             if not self.shown and self.text:
                 self._draw(self.text)

@@ -1,14 +1,10 @@
-"""Collect on the target (``--trtllm-collect=target``): one collect-only batch on a node
-of the device type the run targets, its ``collection.json`` read back and checked.
-
-The suite's own selection (test lists, waives) is thus the target's; ``-k``/``-m`` stay
-the controller's and apply to the placeholders.
+"""``--trtllm-collect=target``: one collect-only batch on a node of the device type the
+run targets, its ``collection.json`` read back and checked (``-k``/``-m`` stay here).
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -18,14 +14,13 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_trtllm_slurm.controller.forwarding import forwarded_options
-from pytest_trtllm_slurm.controller.item_routes import route_and_key
+from pytest_trtllm_slurm.controller.item_routes import batch_key
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.context import RunContext
 from pytest_trtllm_slurm.execution.monitor import Monitor, log_tail
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor
-from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node.collection import COLLECTION_VERSION
 from pytest_trtllm_slurm.node.paths import COLLECTION_FILE, Batch
 from pytest_trtllm_slurm.node.paths import work_root as work_root_of
@@ -33,6 +28,7 @@ from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import DeviceRequirement, target_name, target_of
 from pytest_trtllm_slurm.planning.requirements import TestConfig
+from pytest_trtllm_slurm.planning.routing import route_item
 
 LOG_LINES = 40
 _WHERE = "--trtllm-collect (ini trtllm_collect, env TRTLLM_SLURM_COLLECT)"
@@ -83,12 +79,9 @@ class Collection(BaseModel):
 
 
 class TargetCollection:
-    """The target's collection and where it was made (for the run's messages)."""
+    """The target's collection as the placeholders read it."""
 
-    def __init__(self, collection: Collection, where: str) -> None:
-        self.collection = collection
-        self.where = where
-        self.by_key = {item.key: item for item in collection.items}
+    def __init__(self, collection: Collection) -> None:
         self.order = {item.key: index for index, item in enumerate(collection.items)}
         # the suite's own deselection comes first, then this run's (-k, -m, ...)
         self.all_items = [*collection.deselected, *collection.items]
@@ -100,11 +93,12 @@ def collect_key(ctx: RunContext) -> BatchKey:
     ``--slurm-cluster``, ``--trtllm-scenario``), routed as a test needing it would be."""
     req = DeviceRequirement(total=1, per_node=1, device_type=ctx.settings.device_type,
                             source="collect")
-    decision, key = route_and_key(req, TestConfig(), ctx)
+    route = route_item(req, TestConfig(), ctx)
+    key = batch_key(route, TestConfig(), ctx) if route.decision.dispatched else None
     if key is None:
         raise ConfigError(
             f"{_WHERE}=target: no target can collect the tests ("
-            f"{decision.reason or 'the run routes a one-GPU test to this machine'}); name "
+            f"{route.decision.reason or 'the run routes a one-GPU test to this machine'}); name "
             "one with --slurm-cluster NAME, --device-type TYPE or --trtllm-scenario")
     return key
 
@@ -126,11 +120,15 @@ def describe(key: BatchKey, host: dict[str, str], job_id: str) -> str:
 def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
                  executor: Executor, settings_time_limit: str | None,
                  monitor_timeout: int) -> JobSpec:
-    from pytest_trtllm_slurm.controller.run_loop import pytest_base_argv, worker_cwd, worker_env
+    from pytest_trtllm_slurm.controller.run_loop import (
+        key_spec,
+        new_work_dir,
+        pytest_base_argv,
+        worker_cwd,
+        worker_env,
+    )
 
-    ensure_work_root(work_root)
-    stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
-    work_dir = Path(tempfile.mkdtemp(prefix=f"collect_{stamp}_", dir=work_root))
+    work_dir = new_work_dir(work_root, "collect", datetime.now().strftime("%Y%m%d_%H%M%S"))
     options = forwarded_options(config)[0]
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker",
@@ -138,16 +136,12 @@ def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
              "--collect-only", "-o", f"cache_dir={Batch(work_dir).pytest_cache}"]
     here = Path(config.invocation_params.dir)
     argv += [str(here / arg) for arg in config.args]
-    return JobSpec(
-        scenario=key.scenario, workflow="collect", name=work_dir.name,
-        job_name=f"{key.account or 'trtllm'}.collect", command=argv,
-        rootdir=str(config.rootpath), invocation_dir=str(worker_cwd(config)),
+    return key_spec(
+        key, config.rootpath, work_dir, "collect", workflow="collect", name=work_dir.name,
+        command=argv, invocation_dir=str(worker_cwd(config)),
         total_devices=key.total_devices, devices_per_node=key.devices_per_node,
-        device_type=key.device_type, cluster=key.cluster, account=key.account,
-        partition=key.partition, time_limit=key.time_limit or settings_time_limit,
-        container_image=key.container_image, mounts=list(key.mounts),
-        env={**worker_env(config), **dict(key.env)}, work_dir=str(work_dir),
-        log_path=str(Batch(work_dir).log), reports_path=str(Batch(work_dir).reports),
+        device_type=key.device_type, time_limit=key.time_limit or settings_time_limit,
+        mounts=list(key.mounts), env={**worker_env(config), **dict(key.env)},
         monitor_timeout_seconds=monitor_timeout, slurm_env=executor.slurm_env,
     )
 
@@ -220,10 +214,9 @@ def collect_on_target(config: pytest.Config, ctx: RunContext,
             raise pytest.UsageError(f"{path}: collection version {collection.v}, this "
                                     f"controller reads {COLLECTION_VERSION} (update the "
                                     "plugin on one side)")
-        where = describe(key, collection.host, job_id)
-        say(f"{len(collection.items)} tests collected on {where}; the run plans and "
-            "dispatches from that collection")
-        return TargetCollection(collection, where)
+        say(f"{len(collection.items)} tests collected on {describe(key, collection.host, job_id)}"
+            "; the run plans and dispatches from that collection")
+        return TargetCollection(collection)
     finally:
         for one in executors.values():
             one.close()

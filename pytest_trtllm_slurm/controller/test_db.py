@@ -1,8 +1,6 @@
-"""A test-db stage in one command (``--trtllm-test-db`` and its context and terms).
-
-After collection each test a chosen block lists gets that block's size and target as its
-``trtllm_slurm`` marker (and its TIMEOUT as ``pytest.mark.timeout``); the others are
-deselected, so one command runs the stage on every GPU type the clusters offer.
+"""A test-db stage in one command (``--trtllm-test-db``): each test a chosen block lists
+gets that block's size and target as its ``trtllm_slurm`` marker (its TIMEOUT as
+``pytest.mark.timeout``); the others are deselected.
 """
 
 from __future__ import annotations
@@ -168,11 +166,9 @@ class TestDbStage:
         return self.lines
 
 
-def register_if_wanted(config: pytest.Config, settings: Settings | None) -> None:
-    """Register the stage selection when --trtllm-test-db is given (never inside a
-    dispatched batch: the worker runs exactly the node ids it was sent)."""
-    if settings is None or not settings.test_db:
-        return
+def register_if_wanted(config: pytest.Config, settings: Settings) -> None:
+    """Register the stage selection (--trtllm-test-db given), never inside a dispatched
+    batch: the worker runs exactly the node ids it was sent."""
     if config.getoption("trtllm_worker_reports", default=None):
         return
     config.pluginmanager.register(TestDbStage(settings), "trtllm-slurm-test-db")

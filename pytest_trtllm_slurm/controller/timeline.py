@@ -91,8 +91,7 @@ def lay_out(record: RunObserver) -> tuple[list[Laid], dict[str, int], QueueRows]
 
 def waits(span: BatchSpan, until: float) -> list[tuple[float, float, str, str]]:
     """A batch's wait from submission to running, cut where the scheduler's reason
-    changed: ``queue`` segments, and ``gate`` ones for a step launched early (its ranks
-    collect, then wait at the gate for its nodes)."""
+    changed: ``queue`` segments, ``gate`` ones for a step launched early."""
     cuts = [t for t, _ in span.reasons if span.submitted < t < until]
     bounds = [span.submitted, *cuts, until]
     out: list[tuple[float, float, str, str]] = []

@@ -1,12 +1,11 @@
-"""Start this run's warm-worker sessions before pytest imports the suite (controller).
-
-From ``pytest_load_initial_conftests`` each live agent collects the suite while the
-controller does, so the first batches find it imported. Only what is known without asking
-anyone (a local state file, fresh heartbeats); otherwise the pool starts sessions itself.
+"""Start this run's warm-worker sessions before pytest imports the suite, so the first
+batches find it imported; only from what is known without asking anyone (a local state
+file, fresh heartbeats), otherwise the pool starts sessions itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -54,8 +53,9 @@ def early_start(config: pytest.Config) -> EarlyStart | None:
 def begin(config: pytest.Config) -> EarlyStart | None:
     """Connect and start the sessions while pytest imports the suite; the EarlyStart that
     holds them (None for a plain run: nothing imported, no file read)."""
+    read = EarlyConfig(config)
     try:
-        if not options.remote_requested(EarlyConfig(config)):  # type: ignore[arg-type]
+        if not options.remote_requested(read):  # type: ignore[arg-type]
             return None
     except ConfigError:
         return None  # the run itself reports the bad setting, once configured
@@ -64,8 +64,8 @@ def begin(config: pytest.Config) -> EarlyStart | None:
 
     early = config.stash[EARLY] = EarlyStart(EarlySessions(), EarlyConnections())
     try:
-        connect_early(config, early)  # a remote cluster's connection, while the suite imports
-        early.started = start_early_sessions(config, early.sessions)
+        connect_early(config, read, early)  # a remote cluster's, while the suite imports
+        early.started = start_early_sessions(config, read, early.sessions)
     except (ConfigError, ExecutionError, OSError):
         pass  # an optimization: the run itself reports a bad setting, once configured
     return early
@@ -107,12 +107,9 @@ def run_targets(config: pytest.Config) -> list[str]:
     return targets
 
 
-def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
-    """One session per live agent of the local persistent allocation; how many. A plain
-    run (no dispatch asked for) returns at once: nothing imported, no file read."""
-    early = EarlyConfig(config)
-    if not options.remote_requested(early):  # type: ignore[arg-type]
-        return 0
+def start_early_sessions(config: pytest.Config, early: EarlyConfig,
+                         sessions: EarlySessions) -> int:
+    """One session per live agent of the local persistent allocation; how many."""
     from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
     from pytest_trtllm_slurm.execution.slurm.warm_pool import (
         agent_alive,
@@ -161,12 +158,9 @@ def start_early_sessions(config: pytest.Config, sessions: EarlySessions) -> int:
     return started
 
 
-def connect_early(config: pytest.Config, start: EarlyStart) -> bool:
+def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) -> bool:
     """Connect to the ``--slurm-cluster`` cluster in a thread while pytest imports the suite,
     then sync and start its warm sessions (``execution.remote.early_start``); whether it did."""
-    early = EarlyConfig(config)
-    if not options.remote_requested(early):  # type: ignore[arg-type]
-        return False
     settings = options.resolve_settings(early)  # type: ignore[arg-type]
     if not (settings.remote and settings.slurm_cluster):
         return False
@@ -212,7 +206,5 @@ def stop_unused_sessions(sessions: EarlySessions) -> None:
 
     shell = LocalShell()
     for sdir in sessions.drain():
-        try:
+        with contextlib.suppress(OSError):
             shell.write_file(paths.Session(sdir).stop, "")
-        except OSError:
-            pass
