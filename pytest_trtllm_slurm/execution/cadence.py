@@ -41,7 +41,9 @@ class Cadence:
     # results wait for it while others run (shown up to this late; their GPUs are
     # given back at once, from the files)
     alloc_watch: float = 2.0
-    # at least this long between two looks once the run's last batches there ended
+    # once the run's last batches there ended, the first look after their end is made at
+    # once (only it vouches for them); one that did not (the scheduler failing) is made
+    # again at most this often
     alloc_watch_gap: float = 0.5
     # AgentPool: heartbeats of the agents (their sessions' exit codes: a quarter of it)
     agent_health: float = 2.0

@@ -29,6 +29,7 @@ class AllocationWatch:
         self.ended: set[str] = set()  # allocations the scheduler ended during this run
         self._watch_at: dict[str, float] = {}  # allocation -> when to look at it next
         self._watched_at: dict[str, float] = {}  # allocation -> when it was last looked at
+        self._asked: dict[str, float] = {}  # allocation -> when (epoch) that look was asked
         self._failing: dict[str, float] = {}  # allocation -> since when squeue fails
 
     def confirmed(self, job: TrackedJob) -> bool:
@@ -41,24 +42,32 @@ class AllocationWatch:
 
     def watch(self, jobs: list[TrackedJob], now: float) -> None:
         """Every ``CADENCE.alloc_watch`` s, one look (``scontrol show job``: two slurmctld
-        RPCs, squeue takes three) at each allocation running this run's batches. Sooner
-        (``CADENCE.alloc_watch_gap``) when batches that ended wait for this look to show
-        their end and none of the run's batches there still runs (the run's last results
-        wait for nothing else); while others run, their ends share the regular look
-        (one look per ended batch would be most of a run's RPCs)."""
+        RPCs, squeue takes three) at each allocation running this run's batches. At once
+        when batches that ended wait for this look to show their end, none of the run's
+        batches there still runs (the run's last results wait for nothing else) and no
+        look was asked since the last of those ends (only such a look vouches for them);
+        a look after it that did not (the scheduler failing) is made again at most every
+        ``CADENCE.alloc_watch_gap`` s. While others run, their ends share the regular
+        look (one look per ended batch would be most of a run's RPCs)."""
         watched = {j.alloc.job_id for j in jobs if j.alloc is not None
                    and not j.state.status.finished}
-        ending = {j.alloc.job_id for j in jobs if j.alloc is not None
-                  and j.state.status.finished and not j.settled and not self.confirmed(j)}
-        for alloc_id in watched | ending:
+        ending: dict[str, float] = {}  # allocation -> its waiting batches' last end (epoch)
+        for j in jobs:
+            if j.alloc is not None and j.state.status.finished and not j.settled \
+                    and not self.confirmed(j):
+                ending[j.alloc.job_id] = max(ending.get(j.alloc.job_id, 0.0),
+                                             j.ended_wall or 0.0)
+        for alloc_id in watched | ending.keys():
             due = self._watch_at.get(alloc_id, 0.0)
             if alloc_id in ending and alloc_id not in watched:
-                due = min(due, self._watched_at.get(alloc_id, 0.0) + CADENCE.alloc_watch_gap)
+                asked = self._asked.get(alloc_id, 0.0)
+                due = min(due, now if ending[alloc_id] > asked else
+                          self._watched_at.get(alloc_id, 0.0) + CADENCE.alloc_watch_gap)
             if now < due or alloc_id in self.ended:
                 continue
             self._watched_at[alloc_id] = now
             self._watch_at[alloc_id] = now + CADENCE.alloc_watch
-            asked = time.time()
+            asked = self._asked[alloc_id] = time.time()
             try:
                 row = self.shared.jobs.scontrol_job(alloc_id)
                 self._failing.pop(alloc_id, None)
