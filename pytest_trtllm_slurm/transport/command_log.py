@@ -24,25 +24,6 @@ def masked_argv(argv: Sequence[str]) -> str:
     return shlex.join(mask_argv(argv))
 
 
-def log_command(host: str, argv: Sequence[str], seconds: float, returncode: int | None,
-                *, timed_out: bool = False, stderr: str = "") -> None:
-    """The line for one finished command: where, what, how long, how it ended."""
-    if not log.isEnabledFor(logging.DEBUG):
-        return
-    if timed_out:
-        end = "timed out"
-    elif returncode is None:
-        end = "did not finish (connection lost)"
-    else:
-        end = f"exit code {returncode}"
-    detail = ""
-    if (timed_out or returncode) and stderr.strip():
-        detail = ": " + mask_text(stderr.strip().splitlines()[-1][-_TAIL:])
-    # one line per command even for a multi-line script (``sh -c`` of a lock's holder)
-    shown = masked_argv(argv).replace("\n", "\\n")
-    log.debug("%s: `%s` %s in %.3f s%s", host, shown, end, seconds, detail)
-
-
 @contextmanager
 def timed_command(host: str, argv: Sequence[str]) -> Iterator[list]:
     """Time a command; the caller puts its CommandResult-like outcome in the yielded list
@@ -52,8 +33,21 @@ def timed_command(host: str, argv: Sequence[str]) -> Iterator[list]:
     try:
         yield outcome
     finally:
-        result = outcome[0] if outcome else None
-        log_command(host, argv, time.monotonic() - started,
-                    getattr(result, "returncode", None),
-                    timed_out=bool(getattr(result, "timed_out", False)),
-                    stderr=str(getattr(result, "stderr", "") or ""))
+        if log.isEnabledFor(logging.DEBUG):
+            result = outcome[0] if outcome else None
+            returncode = getattr(result, "returncode", None)
+            timed_out = bool(getattr(result, "timed_out", False))
+            stderr = str(getattr(result, "stderr", "") or "")
+            if timed_out:
+                end = "timed out"
+            elif returncode is None:
+                end = "did not finish (connection lost)"
+            else:
+                end = f"exit code {returncode}"
+            detail = ""
+            if (timed_out or returncode) and stderr.strip():
+                detail = ": " + mask_text(stderr.strip().splitlines()[-1][-_TAIL:])
+            # one line per command even for a multi-line script (``sh -c`` of a lock's holder)
+            shown = masked_argv(argv).replace("\n", "\\n")
+            log.debug("%s: `%s` %s in %.3f s%s", host, shown, end,
+                      time.monotonic() - started, detail)

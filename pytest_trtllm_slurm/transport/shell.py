@@ -96,22 +96,20 @@ class LocalShell:
             env: dict[str, str] | None = None, cwd: str | None = None,
             retry_on_drop: bool = True) -> CommandResult:  # (nothing drops locally)
         with timed_command(self.name, argv) as outcome:
-            outcome.append(self._run(argv, timeout=timeout, input=input, env=env, cwd=cwd))
-        return outcome[0]
-
-    def _run(self, argv: list[str], *, timeout: float | None, input: str | None,
-             env: dict[str, str] | None, cwd: str | None) -> CommandResult:
-        full_env = {**os.environ, **env} if env else None
-        try:
-            proc = subprocess.run(argv, input=input, capture_output=True, text=True,
-                                  timeout=timeout, env=full_env, cwd=cwd, check=False)
-        except FileNotFoundError as exc:
-            return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found ({exc.strerror})")
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-            return CommandResult(tuple(argv), 124, out, err, timed_out=True)
-        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+            try:
+                proc = subprocess.run(argv, input=input, capture_output=True, text=True,
+                                      timeout=timeout, env={**os.environ, **env} if env else None,
+                                      cwd=cwd, check=False)
+                result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+            except FileNotFoundError as exc:
+                result = CommandResult(tuple(argv), 127, "",
+                                       f"{argv[0]}: not found ({exc.strerror})")
+            except subprocess.TimeoutExpired as exc:
+                out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+                err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+                result = CommandResult(tuple(argv), 124, out, err, timed_out=True)
+            outcome.append(result)
+        return result
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
         try:

@@ -177,7 +177,11 @@ def prepare_sync(local_repo: Path, *, user: str, name: str, now: datetime | None
     """The local half: the snapshot commit and the untracked files to ship (with their
     blob ids); nothing is sent and the local repository is not changed."""
     start = time.monotonic()
-    git = _Git(_toplevel(local_repo))
+    top = git_top(local_repo)
+    if top is None:
+        raise ConfigError(f"code sync: {local_repo} is not inside a git repository "
+                          "(sync = \"git\" needs one; use sync = \"none\" otherwise)")
+    git = _Git(top)
     head = git("rev-parse", "--verify", "HEAD^{commit}").stdout.strip()
     if not head:
         raise ConfigError(f"code sync: {git.top} has no commit yet; commit something first")
@@ -207,7 +211,7 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     if not remote.present:
         _first_checkout(git, shell, remote_repo, prepared.fetch_url, result)
         verify_checkout(shell, remote_repo)
-    shipped = remote.record.untracked if remote.present and remote.record else {}
+    before = shipped = remote.record.untracked if remote.present and remote.record else {}
     if remote.present and remote.head == result.commit and (shared or not remote.leftovers()):
         result.unchanged = True
         result.branch = remote.branch if remote.branch != "detached" else result.branch
@@ -224,7 +228,6 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     send = [n for n, blob in prepared.untracked.items()
             if blob == "-" or shipped.get(n) != blob or n in missing]
     _send_untracked(git, shell, remote_repo, send, result, say or log.info)
-    before = remote.record.untracked if remote.present and remote.record else {}
     result.removed = sorted(n for n in before if n not in prepared.untracked)
     if result.removed and not result.stashed:  # (a stash took them already)
         shell.run(["rm", "-f", "--", *(f"{remote_repo}/{n}" for n in result.removed)],
@@ -246,15 +249,24 @@ def _first_checkout(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
     """No checkout there yet: clone origin (read only) for the history, else an empty
     repository (via ssh); via origin, origin must be cloned."""
     if result.via == "origin":
-        if not fetch_url:
-            return  # _sync_via_origin says what is missing
-        result.cloned = _ensure_clone(shell, remote_repo, fetch_url)
-    elif fetch_url and _try_clone(shell, remote_repo, fetch_url, result):
+        if not fetch_url or shell.exists(Checkout(remote_repo).git):
+            return  # (no origin: _sync_via_origin says what is missing)
+        res = _clone(shell, remote_repo, fetch_url)
+        if not res.ok:
+            raise _failed(shell, f"cloning {fetch_url} into {remote_repo} (is origin "
+                          "reachable from there?)", res)
         result.cloned = True
-    else:
-        _remote(shell, [*PRIVATE_UMASK, "git", "init", "--quiet", "--", remote_repo],
-                f"creating an empty repository at {remote_repo}")
-        result.cloned = True
+        return
+    result.cloned = True
+    if fetch_url:
+        res = _clone(shell, remote_repo, fetch_url)
+        if res.ok:
+            return
+        result.warn(f"origin ({fetch_url}) could not be cloned on {shell.name} "
+                    f"({res.describe()}); the whole history is sent over SSH instead")
+        shell.run(["rm", "-rf", "--", remote_repo], timeout=300)  # a half-made clone
+    _remote(shell, [*PRIVATE_UMASK, "git", "init", "--quiet", "--", remote_repo],
+            f"creating an empty repository at {remote_repo}")
 
 
 #: a prefix that runs a command under umask 077 (what it creates: 0700 / 0600)
@@ -327,7 +339,6 @@ def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
                           "sync = \"git\" to send it over SSH, or sync = \"none\" for a shared "
                           "file system")
     branch = result.branch
-    result.cloned = _ensure_clone(shell, remote_repo, fetch_url) or result.cloned
     git("push", "--quiet", "--no-progress", push_url, f"{result.commit}:refs/heads/{branch}",
         timeout=600,
         check=f"pushing the snapshot to origin ({without_credentials(push_url)}) as {branch}")
@@ -369,17 +380,6 @@ def _clone(shell: Shell, remote_repo: str, url: str) -> CommandResult:
     shell.mkdir(remote_repo.rstrip("/").rsplit("/", 1)[0] or "/")
     return shell.run([*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
                      timeout=3600, retry_on_drop=False)
-
-
-def _try_clone(shell: Shell, remote_repo: str, url: str, result: SyncResult) -> bool:
-    """Clone origin (read only) for the history; False, with a warning, when it cannot."""
-    res = _clone(shell, remote_repo, url)
-    if res.ok:
-        return True
-    result.warn(f"origin ({url}) could not be cloned on {shell.name} ({res.describe()}); the "
-                "whole history is sent over SSH instead")
-    shell.run(["rm", "-rf", "--", remote_repo], timeout=300)  # a half-made clone
-    return False
 
 
 def _remote_commits(git: _Git, shell: Shell, repo: str,
@@ -432,14 +432,12 @@ def _upload(shell: Shell, local: Path, remote: str) -> None:
         raise _failed(shell, f"sending the bundle to {remote}", res)
 
 
-def _toplevel(path: Path) -> Path:
+def git_top(path: Path) -> Path | None:
+    """The top of the git work tree holding ``path``; None when it is in none."""
     proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"],
                           capture_output=True, text=True, timeout=30, check=False,
                           stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise ConfigError(f"code sync: {path} is not inside a git repository "
-                          "(sync = \"git\" needs one; use sync = \"none\" otherwise)")
-    return Path(proc.stdout.strip())
+    return Path(proc.stdout.strip()) if proc.returncode == 0 else None
 
 
 def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> tuple[str, str]:
@@ -452,10 +450,8 @@ def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> t
         index = os.path.join(tmp, "index")
         env = {"GIT_INDEX_FILE": index}
         if real_index and os.path.isfile(real_index):
-            # copy2: the copy keeps the index's mtime, which git's racy-entry check needs
-            # (a file changed in the second the index was written, at the same size, is
-            # hashed again); a fresh mtime made git trust the stale stat data and ship
-            # the old content
+            # copy2 keeps the index's mtime for git's racy-entry check (else a same-size
+            # change in the second the index was written would ship the old content)
             shutil.copy2(real_index, index)
         else:
             git("read-tree", head, env=env, check="reading HEAD into a private index")
@@ -501,16 +497,6 @@ def _remote(shell: Shell, argv: list[str], what: str) -> CommandResult:
 def _failed(shell: Shell, what: str, res: CommandResult) -> ExecutionError:
     return ExecutionError(f"code sync to {shell.name} failed while {what}: {res.describe()}; "
                           "the local repository was not changed")
-
-
-def _ensure_clone(shell: Shell, remote_repo: str, url: str) -> bool:
-    if shell.exists(Checkout(remote_repo).git):
-        return False
-    res = _clone(shell, remote_repo, url)
-    if not res.ok:
-        raise _failed(shell, f"cloning {url} into {remote_repo} (is origin reachable from "
-                      "there?)", res)
-    return True
 
 
 # one round trip: fetch (when given a source and its ref), check out as the temp branch,

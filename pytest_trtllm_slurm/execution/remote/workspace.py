@@ -4,7 +4,6 @@ naming the host and the fix, not as failed jobs), where things live there, the s
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from pytest_trtllm_slurm.execution.remote.sync import (
     PreparedSync,
     SyncResult,
     Via,
+    git_top,
     prepare_sync,
     push_sync,
     sync_workspace,
@@ -133,7 +133,10 @@ def remote_paths(cluster: ClusterConfig, local_rootdir: Path) -> RemotePaths:
     """``<user_root_dir>/<repo dir name>`` and its ``work_dirs``, mirroring the local layout
     (the pytest rootdir's place inside the repository is kept). ``sync = "none"`` (shared
     file system): the repository is where it is locally, unless remote_cwd says otherwise."""
-    top = _toplevel(local_rootdir)
+    try:
+        top = (git_top(local_rootdir) or Path(local_rootdir)).resolve()
+    except OSError:  # no git here
+        top = Path(local_rootdir).resolve()
     rel = Path(local_rootdir).resolve().relative_to(top).as_posix()
     if cluster.sync == "none":
         repo = cluster.remote_cwd or str(top)
@@ -159,20 +162,10 @@ def remote_work_dir(paths: RemotePaths, local_work_dir: Path) -> str:
     return join(paths.remote_work_root, Path(local_work_dir).name)
 
 
-def _toplevel(path: Path) -> Path:
-    try:
-        proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"],
-                              capture_output=True, text=True, timeout=30, check=False,
-                              stdin=subprocess.DEVNULL)
-    except OSError:
-        return Path(path).resolve()
-    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path(path).resolve()
-
-
 def prepare_for(cluster: ClusterConfig, local_rootdir: Path, *, user: str,
                 name: str) -> PreparedSync:
     """The local half of ``cluster``'s sync of the repository holding ``local_rootdir``."""
-    return prepare_sync(_toplevel(local_rootdir), user=user, name=name, via=_via(cluster),
+    return prepare_sync(local_rootdir, user=user, name=name, via=_via(cluster),
                         ship_secrets=cluster.sync_secrets)
 
 
@@ -190,7 +183,7 @@ def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, n
     paths = remote_paths(cluster, local_rootdir)
     who = user or cluster.user or getattr(getattr(shell, "target", None), "user", None) or "user"
     if runs is None:
-        return sync_workspace(_toplevel(local_rootdir), shell, paths.remote_repo, user=who,
+        return sync_workspace(local_rootdir, shell, paths.remote_repo, user=who,
                               name=name, via=_via(cluster), ship_secrets=cluster.sync_secrets,
                               say=say)
     with checkout_claimed(runs, paths.remote_repo, lambda: prepare_for(

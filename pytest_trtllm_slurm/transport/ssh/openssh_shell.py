@@ -27,10 +27,6 @@ from pytest_trtllm_slurm.transport.ssh.control_path import (
 )
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
-#: The ControlPath an older procedure told users to start their master with: a socket
-#: there is used only when ``why_untrusted_socket`` finds it ours (control_path.py).
-TRTLLM_CONTROL_PATH = LEGACY_CONTROL_PATH
-
 _READ = 'if [ -f "$1" ]; then tail -c +"$2" "$1" | head -c "$3"; fi'
 _SIZE = 'if [ -f "$1" ]; then wc -c < "$1"; else echo 0; fi'
 _SSH_FAILURE = ("Connection closed", "Connection reset", "Broken pipe", "mux_client",
@@ -92,7 +88,7 @@ class OpenSSHShell(OneOpFiles):
         if self._control_path:
             candidates: list[str | None] = [self._control_path]
         else:
-            candidates = [None, default_control_path(), TRTLLM_CONTROL_PATH]
+            candidates = [None, default_control_path(), LEGACY_CONTROL_PATH]
         refused: list[str] = []
         checked: list[str] = []
         for path in candidates:

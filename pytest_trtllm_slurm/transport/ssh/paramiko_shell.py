@@ -269,10 +269,10 @@ class SSHShell(OneOpFiles):
         """Run argv remotely. ``retry_on_drop=False`` for commands that must not run twice
         (submissions): a drop mid-command then raises SSHConnectionLost instead."""
         command = remote_command(argv, env=env, cwd=cwd)  # also checks the env names
-        if self.use_relay:
-            result = self._run_relayed(argv, timeout, input, env, cwd, retry_on_drop)
-            if result is not None:
-                return result
+        result = self._run_relayed(argv, retry_on_drop, lambda relay: relay.run(
+            argv, timeout=timeout, input=input, env=env, cwd=cwd))
+        if result is not None:
+            return result
         data = input.encode() if input is not None else None
         if env:  # without the relay: the values through the channel, not its command
             command, ahead = piped_env_command(argv, env, cwd=cwd)
@@ -280,21 +280,29 @@ class SSHShell(OneOpFiles):
         return self._exec(argv, command, timeout, retry_on_drop,
                           (lambda fh: fh.write(data)) if data is not None else None)
 
-    def _run_relayed(self, argv: list[str], timeout: float | None, input: str | None,
-                     env: dict[str, str] | None, cwd: str | None,
-                     retry_on_drop: bool) -> CommandResult | None:
-        """``argv`` through the relay; None: no relay (the caller runs it on a channel of
+    def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
+                         timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
+        """Run argv with ``producer(stdin)`` streaming binary data into it (a tar stream).
+        Not retried on a drop: the producer may not be re-runnable."""
+        result = self._run_relayed(argv, False, lambda relay: self._fed(*relay.run_stream(
+            argv, producer, timeout=timeout, cwd=cwd)))
+        if result is not None:
+            return result
+        return self._exec(argv, remote_command(argv, cwd=cwd), timeout, False, producer)
+
+    def _run_relayed(self, argv: list[str], retry_on_drop: bool,
+                     call: Callable[[RelayChannel], CommandResult]) -> CommandResult | None:
+        """``call`` on the relay; None: no relay (the caller runs ``argv`` on a channel of
         its own). A relay that ends under a command that may run again is replaced and the
         command re-run once through the new one."""
-        for _attempt in range(2):
+        for _attempt in range(2 if self.use_relay else 0):
             conn = self._connection()
             relay = self._relay_on(conn)
             if relay is None:
                 return None
             with timed_command(f"ssh {self.name}", argv) as outcome:
                 try:
-                    outcome.append(relay.run(argv, timeout=timeout, input=input, env=env,
-                                             cwd=cwd))
+                    outcome.append(call(relay))
                 except RelayLost:
                     if not conn.active:
                         self._dropped(conn)
@@ -308,54 +316,35 @@ class SSHShell(OneOpFiles):
             return outcome[0]
         return None
 
-    def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
-                         timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
-        """Run argv with ``producer(stdin)`` streaming binary data into it (a tar stream).
-        Not retried on a drop: the producer may not be re-runnable."""
-        conn = self._connection()
-        relay = self._relay_on(conn)
-        if relay is not None:
-            with timed_command(f"ssh {self.name}", argv) as outcome:
-                try:
-                    result, error = relay.run_stream(argv, producer, timeout=timeout, cwd=cwd)
-                except RelayLost:
-                    if not conn.active:
-                        self._dropped(conn)
-                    raise self._lost(argv, "it was not run again") from None
-                outcome.append(self._fed(result, error))
-            return result
-        return self._exec(argv, remote_command(argv, cwd=cwd), timeout, False, producer)
-
     def _exec(self, argv: Sequence[str], command: str, timeout: float | None,
               retry_on_drop: bool, producer: Callable[[IO[bytes]], Any] | None) -> CommandResult:
         with timed_command(f"ssh {self.name}", argv) as outcome:
-            outcome.append(self._exec_once(argv, command, timeout, retry_on_drop, producer))
-        return outcome[0]
-
-    def _exec_once(self, argv: Sequence[str], command: str, timeout: float | None,
-                   retry_on_drop: bool, producer: Callable[[IO[bytes]], Any] | None
-                   ) -> CommandResult:
-        for attempt in range(3):
-            conn = self._connection()
-            try:
-                chan = conn.transport.open_session(timeout=30)
-            except DROP_ERRORS as exc:  # nothing was sent: always safe to try again
-                if conn.active:  # refused (e.g. sshd MaxSessions), not dropped
-                    raise SSHConnectError(f"{self.target.display} refused a new SSH channel: "
-                                          f"{exc or type(exc).__name__}") from None
-                self._dropped(conn)
-                continue
-            try:
-                return self._run_channel(conn, chan, argv, command, timeout, producer)
-            except _Dropped:
-                self._dropped(conn)
-                if not retry_on_drop or attempt == 2:
-                    again = "it was not run again" if not retry_on_drop else "gave up after 3 tries"
-                    raise self._lost(argv, f"{again} (it may have taken effect). The "
-                                     "connection is re-established on the next call") from None
-                log.warning("ssh: re-running `%s` after the connection dropped", shlex.join(argv))
-            finally:
-                chan.close()
+            for attempt in range(3):
+                conn = self._connection()
+                try:
+                    chan = conn.transport.open_session(timeout=30)
+                except DROP_ERRORS as exc:  # nothing was sent: always safe to try again
+                    if conn.active:  # refused (e.g. sshd MaxSessions), not dropped
+                        raise SSHConnectError(f"{self.target.display} refused a new SSH "
+                                              f"channel: {exc or type(exc).__name__}") from None
+                    self._dropped(conn)
+                    continue
+                try:
+                    outcome.append(self._run_channel(conn, chan, argv, command, timeout,
+                                                     producer))
+                    return outcome[0]
+                except _Dropped:
+                    self._dropped(conn)
+                    if not retry_on_drop or attempt == 2:
+                        again = ("it was not run again" if not retry_on_drop
+                                 else "gave up after 3 tries")
+                        raise self._lost(argv, f"{again} (it may have taken effect). The "
+                                         "connection is re-established on the next call"
+                                         ) from None
+                    log.warning("ssh: re-running `%s` after the connection dropped",
+                                shlex.join(argv))
+                finally:
+                    chan.close()
         raise SSHConnectError(f"could not open a channel to {self.target.display}")
 
     def _run_channel(self, conn: Connection, chan: paramiko.Channel, argv: Sequence[str],
@@ -401,13 +390,10 @@ class SSHShell(OneOpFiles):
                                  f"{self.target.display} failed: {error}")
         return result
 
-    def _file_relay(self) -> RelayChannel | None:
-        return self._relay_on(self._connection()) if self.use_relay else None
-
     def _relayed_file_op(self, op: str, **fields: Any) -> dict[str, Any] | None:
         """``op`` through the relay in one round trip; None: no relay or it ended (file
         operations are idempotent: the caller does it over SFTP)."""
-        relay = self._file_relay()
+        relay = self._relay_on(self._connection()) if self.use_relay else None
         if relay is None:
             return None
         try:
@@ -500,7 +486,7 @@ class SSHShell(OneOpFiles):
         """``ops`` in one relay round trip, done in order on the login node (each exactly
         as alone); None without a relay or when it ended under them (the caller does them
         one by one: each is idempotent). A failed op raises as it would alone."""
-        relay = self._file_relay()
+        relay = self._relay_on(self._connection()) if self.use_relay else None
         if relay is None:
             return None
         try:

@@ -138,41 +138,33 @@ class RelayChannel:
         self._reader.start()
 
     @classmethod
-    def start(cls, transport: paramiko.Transport, python: str = "python3",
-              ready_timeout: float = READY_TIMEOUT, *, quick: bool = True) -> RelayChannel | None:
+    def start(cls, transport: paramiko.Transport, python: str = "python3", *,
+              quick: bool = True) -> RelayChannel | None:
         """A relay on a new channel of ``transport``; None when it does not come up (no
         python3 on the login node, a restricted shell): the caller runs each command on its
         own channel. ``quick``: an absolute interpreter first (``_QUICK``), the plain start
         when that one does not come up. The relay's source rides the command line."""
         candidates = quick_candidates(python) if quick else []
+        starts = [["sh", "-c", _START, python, _relay_source(), relay_tag()]]
         if candidates:
-            relay = cls._start(transport, ["sh", "-c", _QUICK, relay_tag(), _relay_source(),
-                                           *candidates], ready_timeout)
-            if relay is not None:
+            starts.insert(0, ["sh", "-c", _QUICK, relay_tag(), _relay_source(), *candidates])
+        for argv in starts:
+            try:
+                chan = transport.open_session(timeout=30)
+                chan.exec_command(remote_command(argv))
+            except (EOFError, OSError, paramiko.SSHException) as exc:
+                log.debug("ssh relay: could not start: %s", exc)
+                continue
+            relay = cls(chan)
+            if relay._ready.wait(READY_TIMEOUT) and relay.alive:
                 return relay
-            log.debug("ssh relay: the quick start did not come up; starting it through PATH")
-        return cls._start(transport, ["sh", "-c", _START, python, _relay_source(), relay_tag()],
-                          ready_timeout)
-
-    @classmethod
-    def _start(cls, transport: paramiko.Transport, argv: list[str],
-               ready_timeout: float) -> RelayChannel | None:
-        try:
-            chan = transport.open_session(timeout=30)
-            chan.exec_command(remote_command(argv))
-        except (EOFError, OSError, paramiko.SSHException) as exc:
-            log.debug("ssh relay: could not start: %s", exc)
-            return None
-        relay = cls(chan)
-        if not relay._ready.wait(ready_timeout) or not relay.alive:
             err = b""
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(1 << 16)
             log.debug("ssh relay: did not come up: %s",
                       mask_text(err.decode(errors="replace")[-300:]))
             relay.close()
-            return None
-        return relay
+        return None
 
     @property
     def alive(self) -> bool:
@@ -194,21 +186,19 @@ class RelayChannel:
             pass
         self._fail_pending()
 
-    def _register(self) -> tuple[int, _Pending]:
+    def call(self, message: dict[str, Any], wait: float | None = None,
+             feed: Callable[[int, _Pending], None] | None = None) -> dict[str, Any] | None:
+        """Send one request (``feed(id, pending)`` then streams its stdin) and wait for its
+        answer (None: none within ``wait`` seconds); RelayLost when the channel ends first."""
         ident, pending = next(self._ids), _Pending()
-        with self._lock:
-            self._pending[ident] = pending
-        return ident, pending
-
-    def call(self, message: dict[str, Any], wait: float | None = None) -> dict[str, Any] | None:
-        """Send one request and wait for its answer (None: none within ``wait`` seconds);
-        RelayLost when the channel ends first."""
-        ident, pending = self._register()
         began = time.monotonic()
         with self._lock:
+            self._pending[ident] = pending
             self.requests[message["op"]] = self.requests.get(message["op"], 0) + 1
         try:
             self._send({**message, "id": ident})
+            if feed is not None:
+                feed(ident, pending)
             if not pending.done.wait(wait):
                 return None
         finally:
@@ -239,23 +229,18 @@ class RelayChannel:
     def run(self, argv: list[str], *, timeout: float | None, input: str | None,
             env: dict[str, str] | None, cwd: str | None) -> CommandResult:
         """Run ``argv`` on the login node; RelayLost when the channel ends first."""
-        answer = self.call({"op": "run", "argv": list(argv), "env": env or None, "cwd": cwd,
-                            "input": input, "timeout": timeout},
-                           None if timeout is None else timeout + ANSWER_GRACE)
-        if answer is None:
-            return _no_answer(argv)
-        return _result(argv, answer)
+        return _result(argv, self.call(
+            {"op": "run", "argv": list(argv), "env": env or None, "cwd": cwd, "input": input,
+             "timeout": timeout}, None if timeout is None else timeout + ANSWER_GRACE))
 
     def run_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                    timeout: float | None, cwd: str | None) -> tuple[CommandResult,
                                                                   BaseException | None]:
         """Run ``argv`` with ``producer(stdin)`` streaming into it (a tar or git bundle);
         also what the producer raised, if it did. RelayLost when the channel ends first."""
-        ident, pending = self._register()
-        error: BaseException | None = None
-        try:
-            self._send({"op": "run", "id": ident, "argv": list(argv), "env": None,
-                        "cwd": cwd, "input": None, "timeout": timeout, "stream": True})
+        errors: list[BaseException] = []
+
+        def feed(ident: int, pending: _Pending) -> None:
             try:
                 producer(_StdinWriter(self, ident, pending))  # type: ignore[arg-type]
             except RelayLost:
@@ -263,17 +248,13 @@ class RelayChannel:
             except CommandEnded:
                 pass  # it stopped reading: the rest is dropped, its exit code says
             except BaseException as exc:  # noqa: BLE001 - told to the caller with the result
-                error = exc
+                errors.append(exc)
             self._send({"op": "stdin", "id": ident, "eof": True})
-            wait = None if timeout is None else timeout + ANSWER_GRACE
-            if not pending.done.wait(wait):
-                return _no_answer(argv), error
-        finally:
-            with self._lock:
-                self._pending.pop(ident, None)
-        if pending.answer is None:
-            raise RelayLost()
-        return _result(argv, pending.answer), error
+
+        answer = self.call({"op": "run", "argv": list(argv), "env": None, "cwd": cwd,
+                            "input": None, "timeout": timeout, "stream": True},
+                           None if timeout is None else timeout + ANSWER_GRACE, feed)
+        return _result(argv, answer), (errors[0] if errors else None)
 
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
         """Push what ``path`` gets from ``offset`` on (again, if it was watched); ``wake``:
@@ -441,13 +422,11 @@ class RelayChannel:
             self._news.notify_all()
 
 
-def _result(argv: list[str], answer: dict[str, Any]) -> CommandResult:
+def _result(argv: list[str], answer: dict[str, Any] | None) -> CommandResult:
+    if answer is None:
+        return CommandResult(tuple(argv), 124, "", "no answer from the relay", timed_out=True)
     return CommandResult(tuple(argv), int(answer["rc"]), str(answer.get("out", "")),
                          str(answer.get("err", "")), timed_out=bool(answer.get("timed_out")))
-
-
-def _no_answer(argv: list[str]) -> CommandResult:
-    return CommandResult(tuple(argv), 124, "", "no answer from the relay", timed_out=True)
 
 
 def _paths(message: dict[str, Any]) -> str:
