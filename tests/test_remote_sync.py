@@ -25,7 +25,6 @@ from pytest_trtllm_slurm.execution.remote.sync import temp_branch_name
 from pytest_trtllm_slurm.execution.remote.workspace import (
     preflight,
     remote_paths,
-    remote_work_dir,
     sync_cluster,
     sync_workspace,
 )
@@ -356,8 +355,6 @@ def test_sync_cluster_none_and_paths(repos: dict[str, Path], ssh_shell: SSHShell
     cluster = cc(name="c", sync="git", user_root_dir="/scratch/u/")
     paths = remote_paths(cluster, local / "tests")  # pytest rootdir below the repo top
     assert paths == ("/scratch/u/proj", "/scratch/u/proj/tests/work_dirs")
-    assert remote_work_dir(paths, local / "tests" / "work_dirs" / "m_20260101_100000") == \
-        "/scratch/u/proj/tests/work_dirs/m_20260101_100000"
     with pytest.raises(ConfigError, match="user_root_dir"):
         remote_paths(cc(name="c", sync="git"), local)
     assert temp_branch_name("a.b@c", "x y", datetime(2026, 4, 30, 14, 52)) == \

@@ -90,19 +90,13 @@ def run_ops(shell: Shell, ops: Sequence[FileOp]) -> list[bytes]:
             continue
         remove_files(shell, pending)
         pending = []
-        results.append(_one(shell, op))
+        if op.op == "mkdir":
+            shell.mkdir(op.path, private=op.private)
+        elif op.op == "write":
+            shell.write_file(op.path, op.data, op.mode)
+        results.append(shell.read_from(op.path, 0, op.limit) if op.op == "read" else b"")
     remove_files(shell, pending)
     return results
-
-
-def _one(shell: Shell, op: FileOp) -> bytes:
-    if op.op == "mkdir":
-        shell.mkdir(op.path, private=op.private)
-    elif op.op == "write":
-        shell.write_file(op.path, op.data, op.mode)
-    elif op.op == "read":
-        return shell.read_from(op.path, 0, op.limit)
-    return b""  # (removals are gathered by run_ops: one ``rm -f`` for those in a row)
 
 
 def remove_files(shell: Shell, paths: Sequence[str]) -> None:

@@ -24,12 +24,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def remote_cache_key(cluster: ClusterConfig) -> str:
-    """Another name, login host, port or user misses the cache."""
-    return (f"remote|{cluster.name}|{cluster.user or ''}@{cluster.ssh_host or ''}:"
-            f"{cluster.ssh_port or ''}")
-
-
 def remote_cache_path(cache_dir: Path, name: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "x"
     return Cache(cache_dir).remote_env(safe)
@@ -103,8 +97,11 @@ class RemoteClusters:
 
         if self.cache_dir is None:
             return discover()
-        return cached_discovery(remote_cache_path(self.cache_dir, cluster.name),
-                                remote_cache_key(cluster), discover, self.ttl)
+        # another name, login host, port or user misses the cache
+        key = (f"remote|{cluster.name}|{cluster.user or ''}@{cluster.ssh_host or ''}:"
+               f"{cluster.ssh_port or ''}")
+        return cached_discovery(remote_cache_path(self.cache_dir, cluster.name), key, discover,
+                                self.ttl)
 
     def close(self) -> None:
         for shell in self._shells.values():

@@ -22,8 +22,8 @@ class _Early:
     cluster: ClusterConfig
     thread: threading.Thread
     then: Callable[[Any], Any] | None = None  # more work on the connected shell
-    shell: list[Any] = field(default_factory=list)  # the connected shell, once it is
-    done: list[Any] = field(default_factory=list)  # what ``then`` returned
+    shell: Any = None  # the connected shell, once it is
+    done: Any = None  # what ``then`` returned
     connected: threading.Event = field(default_factory=threading.Event)  # or failed to
 
 
@@ -60,7 +60,7 @@ class EarlyConnections:
         if early is None:
             return None
         early.connected.wait()
-        shell = early.shell[0] if early.shell else None
+        shell = early.shell
         if shell is not None and early.cluster != cluster:
             early.thread.join()
             _undo(early, shell)
@@ -82,7 +82,7 @@ class EarlyConnections:
         if early is None:
             return None
         early.thread.join()
-        return early.done[0] if early.done else None
+        return early.done
 
     def close_unused(self) -> None:
         """End the connections no one took, and stop the early sessions (and end the run's
@@ -93,10 +93,10 @@ class EarlyConnections:
             while pending:
                 _, early = pending.popitem()
                 early.thread.join()
-                for shell in early.shell:
-                    _undo(early, shell)
+                if early.shell is not None:
+                    _undo(early, early.shell)
                     if close:
-                        shell.close()
+                        early.shell.close()
 
 
 def _connect(early: _Early) -> None:
@@ -109,7 +109,7 @@ def _connect(early: _Early) -> None:
         relay_up = getattr(shell, "relay_up", None)
         if relay_up is not None:
             relay_up()  # its relay too: the first command finds it running
-        early.shell.append(shell)
+        early.shell = shell
     except Exception as exc:  # noqa: BLE001 - the run connects again and says why
         log.debug("ssh: early connection to %s failed: %s", early.cluster.name, exc)
         if shell is not None:
@@ -119,7 +119,7 @@ def _connect(early: _Early) -> None:
         early.connected.set()  # planning may use the connection while ``then`` runs
     if early.then is not None:
         try:
-            early.done.append(early.then(shell))
+            early.done = early.then(shell)
         except Exception as exc:  # noqa: BLE001 - the executor does it again and says why
             log.debug("ssh: early work on %s failed: %s", early.cluster.name, exc)
 
@@ -128,10 +128,10 @@ def _undo(early: _Early, shell: Any) -> None:
     """Stop the early sessions and end the run's record on the cluster (no one will)."""
     from pytest_trtllm_slurm.execution.remote import early_start
 
-    for work in early.done:
-        if isinstance(work, early_start.EarlyRemote):
-            early_start.stop_sessions(shell, work)
-            try:
-                work.runs.finish()
-            except Exception as exc:  # noqa: BLE001 - best effort at the end of a run
-                log.debug("ssh: ending the early run record failed: %s", exc)
+    work = early.done
+    if isinstance(work, early_start.EarlyRemote):
+        early_start.stop_sessions(shell, work)
+        try:
+            work.runs.finish()
+        except Exception as exc:  # noqa: BLE001 - best effort at the end of a run
+            log.debug("ssh: ending the early run record failed: %s", exc)

@@ -120,12 +120,8 @@ def _masked(words: list[str] | tuple[str, ...]) -> str:
 
 def temp_branch_name(user: str, name: str, now: datetime | None = None) -> str:
     """``<user>_<name>_<YYYYmmddHHMMSS>``, each part made git-ref safe."""
-    stamp = (now or datetime.now()).strftime("%Y%m%d%H%M%S")
-    return f"{_safe(user)}_{_safe(name)}_{stamp}"
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_-]", "_", text) or "x"
+    parts = [re.sub(r"[^A-Za-z0-9_-]", "_", text) or "x" for text in (user, name)]
+    return "_".join([*parts, (now or datetime.now()).strftime("%Y%m%d%H%M%S")])
 
 
 class _Git:
@@ -209,7 +205,7 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     if remote.untrusted:  # the probe checked it before running git there
         raise _untrusted(shell, remote_repo, remote.untrusted)
     if not remote.present:
-        _first_checkout(git, shell, remote_repo, prepared.fetch_url, result)
+        _first_checkout(shell, remote_repo, prepared.fetch_url, result)
         verify_checkout(shell, remote_repo)
     before = shipped = remote.record.untracked if remote.present and remote.record else {}
     if remote.present and remote.head == result.commit and (shared or not remote.leftovers()):
@@ -244,24 +240,22 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
     return result
 
 
-def _first_checkout(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
+def _first_checkout(shell: Shell, remote_repo: str, fetch_url: str,
                     result: SyncResult) -> None:
     """No checkout there yet: clone origin (read only) for the history, else an empty
     repository (via ssh); via origin, origin must be cloned."""
-    if result.via == "origin":
-        if not fetch_url or shell.exists(Checkout(remote_repo).git):
-            return  # (no origin: _sync_via_origin says what is missing)
-        res = _clone(shell, remote_repo, fetch_url)
-        if not res.ok:
-            raise _failed(shell, f"cloning {fetch_url} into {remote_repo} (is origin "
-                          "reachable from there?)", res)
-        result.cloned = True
-        return
+    if result.via == "origin" and (not fetch_url or shell.exists(Checkout(remote_repo).git)):
+        return  # (no origin: _sync_via_origin says what is missing)
     result.cloned = True
     if fetch_url:
-        res = _clone(shell, remote_repo, fetch_url)
+        shell.mkdir(remote_repo.rstrip("/").rsplit("/", 1)[0] or "/")
+        res = shell.run([*PRIVATE_UMASK, "git", "clone", "--quiet", "--", fetch_url,
+                         remote_repo], timeout=3600, retry_on_drop=False)
         if res.ok:
             return
+        if result.via == "origin":
+            raise _failed(shell, f"cloning {fetch_url} into {remote_repo} (is origin "
+                          "reachable from there?)", res)
         result.warn(f"origin ({fetch_url}) could not be cloned on {shell.name} "
                     f"({res.describe()}); the whole history is sent over SSH instead")
         shell.run(["rm", "-rf", "--", remote_repo], timeout=300)  # a half-made clone
@@ -366,7 +360,15 @@ def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
         bundle = _make_bundle(git, Path(tmp), result, haves)
         result.bundle_bytes = bundle.stat().st_size
         result.sent_bytes += result.bundle_bytes
-        _upload(shell, bundle, bundle_path)
+
+        def produce(stream: IO[bytes]) -> None:
+            with bundle.open("rb") as src:
+                shutil.copyfileobj(src, stream, 1 << 20)
+
+        res, _ = _stream(shell, ["sh", "-c", 'umask 077 && cat > "$1"', "sh", bundle_path],
+                         produce)  # 0600
+        if not res.ok:
+            raise _failed(shell, f"sending the bundle to {bundle_path}", res)
     try:
         _remote_checkout(shell, remote_repo, result,
                          [bundle_path, f"refs/heads/{result.branch}"],
@@ -374,12 +376,6 @@ def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
     except BaseException:  # (the checkout's own clean-up may not have run)
         shell.run(["rm", "-f", "--", bundle_path], timeout=60)
         raise
-
-
-def _clone(shell: Shell, remote_repo: str, url: str) -> CommandResult:
-    shell.mkdir(remote_repo.rstrip("/").rsplit("/", 1)[0] or "/")
-    return shell.run([*PRIVATE_UMASK, "git", "clone", "--quiet", "--", url, remote_repo],
-                     timeout=3600, retry_on_drop=False)
 
 
 def _remote_commits(git: _Git, shell: Shell, repo: str,
@@ -418,18 +414,6 @@ def _make_bundle(git: _Git, tmp: Path, result: SyncResult, haves: set[str]) -> P
     git("bundle", "create", str(bundle), "--stdin", env=env, cwd=tmp,
         input=revs, timeout=1800, check="writing the bundle")
     return bundle
-
-
-def _upload(shell: Shell, local: Path, remote: str) -> None:
-    """Stream a local file to ``remote`` (0600) over the shell."""
-    def produce(stream: IO[bytes]) -> None:
-        with local.open("rb") as src:
-            shutil.copyfileobj(src, stream, 1 << 20)
-
-    argv = ["sh", "-c", 'umask 077 && cat > "$1"', "sh", remote]
-    res, _ = _stream(shell, argv, produce)
-    if not res.ok:
-        raise _failed(shell, f"sending the bundle to {remote}", res)
 
 
 def git_top(path: Path) -> Path | None:

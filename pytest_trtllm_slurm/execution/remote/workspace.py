@@ -33,9 +33,6 @@ SYNC_TOOLS = ("git", "tar")
 STATE_TOOLS = ("flock",)  # the shared allocation's locks on the cluster (util-linux)
 _MISSING = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 
-__all__ = ["PreflightResult", "RemotePaths", "SyncResult", "preflight", "remote_paths",
-           "remote_work_dir", "shared_state_dir", "sync_cluster", "sync_workspace", "prepare_for"]
-
 
 class PreflightResult(BaseModel):
     """What the remote side looked like when the run started (recorded in the run's note)."""
@@ -155,11 +152,6 @@ def shared_state_dir(cluster: ClusterConfig, paths: RemotePaths) -> str:
     if cluster.sync != "none" and base and root.startswith(base + "/"):
         return join(base, SHARED_STATE, root[len(base) + 1:])
     return WorkRoot(paths.remote_work_root).shared_state
-
-
-def remote_work_dir(paths: RemotePaths, local_work_dir: Path) -> str:
-    """The remote twin of a local ``work_dirs/<name>_<ts>``."""
-    return join(paths.remote_work_root, Path(local_work_dir).name)
 
 
 def prepare_for(cluster: ClusterConfig, local_rootdir: Path, *, user: str,

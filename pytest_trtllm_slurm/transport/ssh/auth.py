@@ -153,21 +153,16 @@ def authenticate(transport: paramiko.Transport, target: SSHTarget,
         remaining = list(result)
         log.debug("ssh: %s accepted key %s and asks for %s", target.display, label, remaining)
         break
-    if remaining is None and allowed is None:
-        allowed = _methods_offered(transport, target)
+    if remaining is None and allowed is None:  # no key offered, or all were refused
+        try:
+            transport.auth_none(target.user)
+        except paramiko.BadAuthenticationType as exc:
+            allowed = list(exc.allowed_types)
+        except paramiko.AuthenticationException:
+            pass
         if transport.is_authenticated():
             return
     _second_step(transport, target, otp_provider, keys, remaining, allowed or [])
-
-
-def _methods_offered(transport: paramiko.Transport, target: SSHTarget) -> list[str]:
-    try:
-        transport.auth_none(target.user)
-    except paramiko.BadAuthenticationType as exc:
-        return list(exc.allowed_types)
-    except paramiko.AuthenticationException:
-        pass
-    return []
 
 
 def _second_step(transport: paramiko.Transport, target: SSHTarget, otp_provider: OtpProvider,

@@ -26,7 +26,6 @@ class HostCertificate:
     """The fields of an OpenSSH certificate that decide whether to trust it."""
 
     cert_type: int
-    key_id: str
     principals: tuple[str, ...]
     valid_after: int
     valid_before: int
@@ -63,7 +62,7 @@ def parse_certificate(blob: bytes) -> HostCertificate:
             raise ValueError(f"certificate of unsupported key type {cert_kind}")
         msg.get_int64()  # serial
         cert_type = msg.get_int()
-        key_id = msg.get_text()
+        msg.get_text()  # key id
         packed = Message(msg.get_binary())
         principals = []
         while packed.get_remainder():
@@ -77,7 +76,7 @@ def parse_certificate(blob: bytes) -> HostCertificate:
         signature = msg.get_binary()
     except (paramiko.SSHException, IndexError, UnicodeDecodeError, TypeError) as exc:
         raise ValueError(f"malformed certificate: {exc}") from None
-    return HostCertificate(cert_type, key_id, tuple(principals), valid_after, valid_before,
+    return HostCertificate(cert_type, tuple(principals), valid_after, valid_before,
                            critical, signature_key, signed, signature)
 
 

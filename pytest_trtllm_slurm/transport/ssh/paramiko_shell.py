@@ -469,19 +469,6 @@ class SSHShell(OneOpFiles):
     def exists(self, path: str) -> bool:
         return self._stat_size(path) is not None
 
-    def mkdir(self, path: str, *, private: bool = False) -> None:
-        """``mkdir -p`` whose new folders are 0700, each verified ours (node/relay.py)."""
-        if self._relayed_file_op("mkdir", path=path, private=private) is None:
-            self._file_op("mkdir", path, private=private)
-
-    def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
-        """Atomic: a 0600 temp file of an unpredictable name next to ``path``, created
-        exclusively (a planted name or link is refused), then posix-rename over it."""
-        blob = data.encode() if isinstance(data, str) else data
-        encoded = base64.b64encode(blob).decode("ascii")
-        if self._relayed_file_op("write", path=path, mode=mode, data=encoded) is None:
-            self._file_op("write", path, mode=mode, data=encoded)
-
     def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
         """``ops`` in one relay round trip, done in order on the login node (each exactly
         as alone); None without a relay or when it ended under them (the caller does them
@@ -490,7 +477,8 @@ class SSHShell(OneOpFiles):
         if relay is None:
             return None
         try:
-            answers = relay.file_ops([wire(op) for op in ops])
+            # (relay.BATCHED: one answer per op done, the last with "errno" when one failed)
+            answers = relay.file_op("batch", ops=[wire(op) for op in ops]).get("answers") or []
         except RelayLost:
             return None
         results: list[bytes] = []

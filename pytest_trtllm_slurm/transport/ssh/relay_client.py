@@ -220,12 +220,6 @@ class RelayChannel:
             raise OSError(int(answer["errno"]), str(answer.get("error", "")))
         return answer
 
-    def file_ops(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Several file operations in one round trip, done in order on the login node
-        (``relay.BATCHED``): one answer per op done, the last with "errno" when one
-        failed (the relay does none after it). RelayLost as ``file_op``."""
-        return list(self.file_op("batch", ops=ops).get("answers") or [])
-
     def run(self, argv: list[str], *, timeout: float | None, input: str | None,
             env: dict[str, str] | None, cwd: str | None) -> CommandResult:
         """Run ``argv`` on the login node; RelayLost when the channel ends first."""
