@@ -65,23 +65,20 @@ def checkout_claimed(runs: RunRegistry, checkout: str,
                                  f"{checkout} (exit status {status}): {output[-500:]}")
         users = [r for r, alive, _ in runs.parse_listing(listing)
                  if alive and r.checkout == checkout]
-        other = [r for r in users if r.code != prepared.key]
-        if other:
-            raise ExecutionError(conflict_message(runs.shell.name, checkout, other[0],
-                                                  prepared))
+        other = next((r for r in users if r.code != prepared.key), None)
+        if other is not None:
+            raise ExecutionError(
+                f"the remote checkout {runs.shell.name}:{checkout} is in use by another run "
+                f"that tests other code: run {other.run_id} (pid {other.pid} on "
+                f"{other.host}, since {other.began or '?'}; "
+                f"{other.code_note or 'its code'}). This run has {prepared.describe()}; "
+                "syncing it now would change the files under that run's tests, so nothing was "
+                "synced. Wait for that run to finish, or give this run its own checkout: point "
+                "user_root_dir of the cluster's table at another folder (for example one per "
+                "CI job)")
         yield prepared, users, parse_probe(looked)
         me.checkout, me.code, me.code_note = checkout, prepared.key, prepared.describe()
         runs.save()
     finally:
         lock.release()
 
-
-def conflict_message(host: str, checkout: str, other: RunRecord, prepared: PreparedSync) -> str:
-    """The error a run gets when another live run tests other code in its checkout."""
-    return (
-        f"the remote checkout {host}:{checkout} is in use by another run that tests other "
-        f"code: run {other.run_id} (pid {other.pid} on {other.host}, since {other.began or '?'}"
-        f"; {other.code_note or 'its code'}). This run has {prepared.describe()}; syncing it "
-        "now would change the files under that run's tests, so nothing was synced. Wait for "
-        "that run to finish, or give this run its own checkout: point user_root_dir of the "
-        "cluster's table at another folder (for example one per CI job)")

@@ -27,11 +27,6 @@ class _Early:
     connected: threading.Event = field(default_factory=threading.Event)  # or failed to
 
 
-def suitable(cluster: ClusterConfig) -> bool:
-    """A login that needs nothing typed: safe to open from a thread."""
-    return cluster.is_remote and cluster.transport == "paramiko" and cluster.mfa is False
-
-
 class EarlyConnections:
     """The early connections of one run (one object, owned by the plugin's ``EarlyStart``):
     opened before collection, taken once by ``RemoteClusters``, the rest closed at the end."""
@@ -44,7 +39,9 @@ class EarlyConnections:
     def start(self, cluster: ClusterConfig, then: Callable[[Any], Any] | None = None) -> bool:
         """Connect to ``cluster`` in a thread now (once), then run ``then(shell)`` there
         (the sync and the early sessions: ``early_start``); whether it was started."""
-        if not suitable(cluster) or cluster.name in self._early:
+        # only a login that needs nothing typed is safe to open from a thread
+        suitable = cluster.is_remote and cluster.transport == "paramiko" and cluster.mfa is False
+        if not suitable or cluster.name in self._early:
             return False
         early = _Early(cluster, threading.Thread(name=f"ssh-early-{cluster.name}", daemon=True,
                                                  target=lambda: _connect(early)), then)

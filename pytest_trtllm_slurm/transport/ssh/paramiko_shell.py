@@ -502,40 +502,30 @@ class SSHShell(OneOpFiles):
 
 
 class _Feeder:
-    """Writes stdin from a thread, so remote output is drained meanwhile (no deadlock)."""
+    """Writes stdin from a thread, so remote output is drained meanwhile (no deadlock); the
+    producer writes to it as to a binary file (``write``, ``flush``: all tarfile needs)."""
 
     def __init__(self, chan: paramiko.Channel,
                  producer: Callable[[IO[bytes]], Any] | None) -> None:
         self.error: BaseException | None = None
+        self._chan = chan
         self._thread: threading.Thread | None = None
         if producer is None:
             chan.shutdown_write()
             return
-        self._thread = threading.Thread(target=self._feed, args=(chan, producer), daemon=True)
+        self._thread = threading.Thread(target=self._feed, args=(producer,), daemon=True)
         self._thread.start()
 
-    def _feed(self, chan: paramiko.Channel, producer: Callable[[IO[bytes]], Any]) -> None:
-        stream = _ChannelWriter(chan)
+    def _feed(self, producer: Callable[[IO[bytes]], Any]) -> None:
         try:
-            producer(stream)  # type: ignore[arg-type]
+            producer(self)  # type: ignore[arg-type]
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             self.error = exc
         finally:
             try:
-                chan.shutdown_write()
+                self._chan.shutdown_write()
             except DROP_ERRORS:
                 pass
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-
-class _ChannelWriter:
-    """The minimal binary file interface tarfile and friends write to."""
-
-    def __init__(self, chan: paramiko.Channel) -> None:
-        self._chan = chan
 
     def write(self, data: bytes) -> int:
         self._chan.sendall(data)
@@ -543,6 +533,10 @@ class _ChannelWriter:
 
     def flush(self) -> None:
         pass
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=30)
 
 
 def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> bool:

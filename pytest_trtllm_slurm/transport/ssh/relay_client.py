@@ -399,14 +399,6 @@ class RelayChannel:
         with self._news:
             self._news.notify_all()
 
-    def _stdin_room(self, pending: _Pending, sent: int) -> None:
-        """Wait until less than ``STDIN_WINDOW`` of ``sent`` is unwritten by the relay (or
-        the command was answered, or the channel ended)."""
-        while (sent - pending.taken >= relay_source.STDIN_WINDOW and self.alive
-               and not pending.done.is_set()):
-            with self._news:
-                self._news.wait(0.5)
-
     def _fail_pending(self) -> None:
         with self._lock:
             pending = list(self._pending.values())
@@ -457,11 +449,16 @@ class _StdinWriter:
     def write(self, data: bytes) -> int:
         self._check()
         view = memoryview(data)
+        relay, pending = self._relay, self._pending
         for start in range(0, len(view), self.PIECE):
-            self._relay._stdin_room(self._pending, self._sent)  # the window
+            # the window: at most STDIN_WINDOW sent and not yet written by the relay
+            while (self._sent - pending.taken >= relay_source.STDIN_WINDOW and relay.alive
+                   and not pending.done.is_set()):
+                with relay._news:
+                    relay._news.wait(0.5)
             self._check()
             piece = view[start:start + self.PIECE]
-            self._relay._send({"op": "stdin", "id": self._id,
+            relay._send({"op": "stdin", "id": self._id,
                                "data": base64.b64encode(piece).decode("ascii")})
             self._sent += len(piece)
         return len(data)
