@@ -101,16 +101,15 @@ def parse_probe(stdout: str) -> RemoteCheckout:
         record = None
     found = RemoteCheckout(present=True, head=lines[1].strip(), branch=lines[2].strip(),
                            refs=lines[3].split(), record=record)
-    entries = lines[5].split("\0")
-    skip = False
+    entries = iter(lines[5].split("\0"))
     for entry in entries:
-        if skip or len(entry) < 4:
-            skip = False
+        if len(entry) < 4:
             continue
         code, path = entry[:2], entry[3:]
         if code == "??":
             found.untracked.add(path)
         else:
             found.changed.append(path)
-            skip = code[0] in "RC"  # the next entry is the rename's source
+            if code[0] in "RC":
+                next(entries, None)  # the rename's source
     return found

@@ -157,8 +157,6 @@ def still_current(early: EarlyRemote, cluster: ClusterConfig, rootdir: Path,
     """Whether the local code is still what the early thread synced (files may have changed
     while the suite was imported and collected). ``key``: ``code_key`` computed meanwhile
     (it overlaps the wait for the early thread); else computed now."""
-    if cluster.sync == "none":
-        return True
     return (key.result() if key is not None else code_key(cluster, rootdir)) == early.code
 
 

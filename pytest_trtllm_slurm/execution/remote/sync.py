@@ -1,14 +1,12 @@
 """Code sync to a remote checkout: tracked changes as a snapshot commit, untracked files as
 a tar stream; only what the remote lacks is sent.
 
-The snapshot is built in a private index (``GIT_INDEX_FILE``), so the user's branch, index,
-working tree, stash and refs are never touched. It travels as a git bundle over the run's
-SSH connection (``via="ssh"``; origin is only read, to clone the first time) or as a temp
-branch on origin (``via="origin"``), and is checked out there with ``checkout -B``. It is
-dated as HEAD is, so the same tree gives the same commit; ``.git/trtllm-sync.json`` records
-what was synced, and ``checkout_probe.probe`` reads it in one round trip. Leftovers on the
-remote are stashed first. Secret-looking files (``secret_files``) are never shipped unless
-``ship_secrets``.
+The snapshot is built in a private index (``GIT_INDEX_FILE``): the user's branch, index,
+working tree, stash and refs are never touched. Dated as HEAD is (the same tree gives the
+same commit), it travels as a git bundle over the run's SSH connection (``via="ssh"``) or
+as a temp branch on origin (``via="origin"``) and is checked out with ``checkout -B``;
+``SYNC_RECORD`` says what was synced. Leftovers on the remote are stashed first;
+secret-looking files (``secret_files``) are never shipped unless ``ship_secrets``.
 """
 
 from __future__ import annotations

@@ -51,10 +51,9 @@ def preflight(shell: Shell, cluster: ClusterConfig, *, create_dirs: bool = True)
     host = shell.name
     directory = _root_dir(cluster)
     tools = [*SLURM_TOOLS, *STATE_TOOLS, *(SYNC_TOOLS if cluster.sync != "none" else ())]
-    folder = directory or ""
     # three independent looks, side by side where the shell allows (failures said in order)
     steps: dict[str, Callable[[], object]] = {
-        "dir": lambda: bool(folder) and _ensure_dir(shell, cluster, folder, create_dirs),
+        "dir": lambda: directory and _ensure_dir(shell, cluster, directory, create_dirs),
         "version": lambda: _slurm_version(shell, cluster),
         "tools": lambda: shell.run(["sh", "-c", _MISSING, "sh", *tools], timeout=60),
     }

@@ -144,14 +144,11 @@ def add_known_host(path: str, name: str, key: paramiko.PKey) -> None:
     if directory:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     line = f"{name} {key.get_name()} {key.get_base64()}\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         size = os.fstat(fd).st_size
-        if size:
-            with open(path, "rb") as fh:
-                fh.seek(size - 1)
-                if fh.read(1) != b"\n":
-                    line = "\n" + line
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line
         os.write(fd, line.encode())
     finally:
         os.close(fd)

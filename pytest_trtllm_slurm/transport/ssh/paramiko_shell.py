@@ -266,8 +266,6 @@ class SSHShell(OneOpFiles):
     def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None,
             retry_on_drop: bool = True) -> CommandResult:
-        """Run argv remotely. ``retry_on_drop=False`` for commands that must not run twice
-        (submissions): a drop mid-command then raises SSHConnectionLost instead."""
         command = remote_command(argv, env=env, cwd=cwd)  # also checks the env names
         result = self._run_relayed(argv, retry_on_drop, lambda relay: relay.run(
             argv, timeout=timeout, input=input, env=env, cwd=cwd))
@@ -470,9 +468,7 @@ class SSHShell(OneOpFiles):
         return self._stat_size(path) is not None
 
     def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
-        """``ops`` in one relay round trip, done in order on the login node (each exactly
-        as alone); None without a relay or when it ended under them (the caller does them
-        one by one: each is idempotent). A failed op raises as it would alone."""
+        """``ops`` in one relay round trip (``file_ops.BatchingShell``)."""
         relay = self._relay_on(self._connection()) if self.use_relay else None
         if relay is None:
             return None

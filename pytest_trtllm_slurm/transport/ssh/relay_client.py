@@ -134,8 +134,7 @@ class RelayChannel:
         self.pushes = 0
         self.requests: dict[str, int] = {}  # round trips by operation (run, read, write...)
         self._news = threading.Condition()
-        self._reader = threading.Thread(target=self._read, name="ssh-relay", daemon=True)
-        self._reader.start()
+        threading.Thread(target=self._read, name="ssh-relay", daemon=True).start()
 
     @classmethod
     def start(cls, transport: paramiko.Transport, python: str = "python3", *,
