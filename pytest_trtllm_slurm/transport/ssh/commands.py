@@ -7,7 +7,7 @@ import functools
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,8 @@ class OneOpFiles:
     one command each, so every SSH shell makes folders and files with the same code."""
 
     target: SSHTarget
-
-    def _exec_input(self, argv: list[str], data: bytes, shown: list[str]
-                    ) -> tuple[int, str, str, bool]:
-        """Run ``argv`` with ``data`` on its stdin: (exit code, out, err, timed out)."""
-        raise NotImplementedError
+    # the shell's: (argv, data for its stdin, argv the log shows) -> (rc, out, err, timed out)
+    _exec_input: Callable[[list[str], bytes, list[str]], tuple[int, str, str, bool]]
 
     def _relayed_file_op(self, op: str, **fields: Any) -> dict[str, Any] | None:
         """``op`` through a live relay; None: none (SSHShell's has one)."""

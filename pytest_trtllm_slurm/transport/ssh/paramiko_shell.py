@@ -250,13 +250,10 @@ class SSHShell(OneOpFiles):
                 pass
 
     def pushed(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
-        """Pushed bytes of a watched ``path`` from ``offset`` (b"": nothing new); None when
-        the pushes do not cover it (no relay, it died, a gap): read the file instead."""
         relay = self._relay
         return relay.pushed(path, offset, limit) if relay is not None else None
 
     def wait_news(self, timeout: float) -> None:
-        """Sleep ``timeout`` seconds, or less when the relay pushes a watched file's growth."""
         relay = self._relay
         if relay is not None and relay.alive:
             relay.wait_news(timeout)

@@ -68,7 +68,6 @@ class SSHTarget(BaseModel):
                 f"[clusters.{cluster.name}] has no ssh_host: set ssh_host = \"login.example\" "
                 "(a host name or an alias from ~/.ssh/config) to run on it over SSH")
         found = lookup_ssh_config(cluster.ssh_host, ssh_config_path)
-        explicit_id = cluster.identity_file is not None
         ids = [cluster.identity_file] if cluster.identity_file else found.get("identityfile", [])
         known = (cluster.known_hosts or _first(found.get("userknownhostsfile"))
                  or DEFAULT_KNOWN_HOSTS)
@@ -82,7 +81,7 @@ class SSHTarget(BaseModel):
         return cls(cluster=cluster.name, alias=cluster.ssh_host, hostname=hostname,
                    port=cluster.ssh_port or int(found.get("port", 22)), user=user,
                    identity_files=tuple(os.path.expanduser(p) for p in ids),
-                   identity_file_explicit=explicit_id,
+                   identity_file_explicit=cluster.identity_file is not None,
                    identities_only=found.get("identitiesonly", "no").lower() == "yes",
                    known_hosts=os.path.expanduser(known),
                    accept_new_host_key=cluster.accept_new_host_key, mfa=cluster.mfa,
