@@ -185,13 +185,10 @@ def classify(inp: CaseInput, *, base: Path | None = None) -> Classified:
         folder = str(script.parent)
         return Classified(workflow=Workflow.CUSTOM, command=f"bash {shlex.quote(str(script))}",
                           mounts=[f"{folder}:{folder}"], notes=notes)
-    if inp.custom_cmd:
-        return Classified(workflow=Workflow.CUSTOM, command=inp.custom_cmd.strip())
-    if inp.bench_cmd:
-        return Classified(workflow=Workflow.BENCH, command=inp.bench_cmd.strip())
-    if inp.eval_cmd:
-        return Classified(workflow=Workflow.EVAL, command=inp.eval_cmd.strip())
-    return Classified(workflow=Workflow.PYTEST, command=(inp.test_cmd or "").strip())
+    workflow, command = next((w, c) for w, c in (
+        (Workflow.CUSTOM, inp.custom_cmd), (Workflow.BENCH, inp.bench_cmd),
+        (Workflow.EVAL, inp.eval_cmd), (Workflow.PYTEST, inp.test_cmd)) if c)
+    return Classified(workflow=workflow, command=command.strip())
 
 
 class TestDevices(BaseModel):
@@ -226,10 +223,6 @@ class DeviceCounts(BaseModel):
                 f"{exc.errors()[0]['msg']}; expected --required-devices-per-node <= "
                 "--total-required-devices"
             ) from None
-
-    def node_count(self, target_gpus_per_node: int | None = None) -> int:
-        """ceil(total / per node), at least 1 (seed: floor-clamped)."""
-        return self.requirement().nodes(target_gpus_per_node)
 
 
 _PERF_ID = re.compile(r"test_e2e\[([^\]\s]+)\]")

@@ -219,19 +219,6 @@ def server_gpus(server: Mapping[str, Any], where: str) -> int:
     return product
 
 
-def _count(hardware: Mapping[str, Any], key: str, where: str) -> int:
-    if key not in hardware:
-        raise TestSpecError(f"{where}: hardware.{key} is missing; expected a non-negative "
-                            "integer")
-    return _positive(hardware[key], f"{where}: hardware.{key}", least=0)
-
-
-def _yaml_says_no_context(data: Mapping[str, Any]) -> bool:
-    """The older opt-in: a ``gen_only`` id whose YAML sets benchmark.mode gen_only_no_context."""
-    bench = data.get("benchmark") or {}
-    return isinstance(bench, Mapping) and "gen_only_no_context" in str(bench.get("mode", ""))
-
-
 def perf_requirement(
     case: PerfCase, data: Mapping[str, Any], path: Path, nodeid: str
 ) -> tuple[int, int]:
@@ -252,10 +239,18 @@ def perf_requirement(
         gpus = server_gpus(_table(workers, role, f"{where}: worker_config"),
                            f"{where}: worker_config.{role}")
         return gpus, min(gpus, per_node)
+    bench = data.get("benchmark") or {}
+    # the older opt-in: a gen_only id whose YAML sets benchmark.mode gen_only_no_context
+    no_context = (case.benchmark_mode == "gen_only" and isinstance(bench, Mapping)
+                  and "gen_only_no_context" in str(bench.get("mode", "")))
     nodes = 0
     for role in ("ctx", "gen"):
-        count = _count(hardware, f"num_{role}_servers", where)
-        if role == "ctx" and case.benchmark_mode == "gen_only" and _yaml_says_no_context(data):
+        key = f"num_{role}_servers"
+        if key not in hardware:
+            raise TestSpecError(f"{where}: hardware.{key} is missing; expected a non-negative "
+                                "integer")
+        count = _positive(hardware[key], f"{where}: hardware.{key}", least=0)
+        if role == "ctx" and no_context:
             count = 0
         if count:
             gpus = server_gpus(_table(workers, role, f"{where}: worker_config"),

@@ -282,7 +282,7 @@ class _Router:
 
     def _has_type(self, env: SlurmEnv | None, cfg: ClusterConfig | None) -> bool:
         """A partition of ``env`` (its table's, if named) has the wanted type."""
-        return any(p.gpu_type and device_type_matches(p, self.wanted)
+        return any(p.gpu_type and _same_type(p.gpu_type, self.wanted)
                    for p in _own_partitions(env, cfg))
 
     def local_slurm(self) -> RouteDecision:
@@ -487,23 +487,6 @@ def partition_fits(part: PartitionInfo, req: DeviceRequirement) -> bool:
     return not part.nodes or req.nodes(part.gpus_per_node) <= len(part.nodes)
 
 
-def device_type_matches(part: PartitionInfo, device_type: str | None) -> bool:
-    """True when no type is wanted or the partition's GPU type is that type."""
-    if not device_type:
-        return True
-    return normalize_device_type(part.gpu_type) == normalize_device_type(device_type)
-
-
-def check_partition_name(name: str, slurm_env: SlurmEnv | None, where: str) -> None:
-    """ConfigError when discovery found partitions and ``name`` is not one of them."""
-    if slurm_env and slurm_env.partitions and slurm_env.partition_named(name) is None:
-        valid = ", ".join(p.name for p in slurm_env.partitions)
-        raise ConfigError(
-            f"Slurm partition {name!r} (from {where}) does not exist on this cluster; "
-            f"valid partitions: {valid}"
-        )
-
-
 def select_partition(
     req: DeviceRequirement,
     slurm_env: SlurmEnv | None,
@@ -516,8 +499,12 @@ def select_partition(
     A named one is validated, not checked to fit (the caller reports that); None: none fits."""
     named = explicit or (cluster.partition if cluster else None)
     if named:
-        check_partition_name(named, slurm_env,
-                             "--slurm-partition" if explicit else "the clusters file")
+        if slurm_env and slurm_env.partitions and slurm_env.partition_named(named) is None:
+            where = "--slurm-partition" if explicit else "the clusters file"
+            raise ConfigError(
+                f"Slurm partition {named!r} (from {where}) does not exist on this cluster; "
+                f"valid partitions: {', '.join(p.name for p in slurm_env.partitions)}"
+            )
         return named
     if slurm_env is None or not slurm_env.partitions:
         return None
@@ -529,7 +516,7 @@ def select_partition(
         return default.name if default else None
     fitting = [p for p in slurm_env.partitions if partition_fits(p, req)]
     if device_type:
-        typed = [p for p in fitting if p.gpu_type and device_type_matches(p, device_type)]
+        typed = [p for p in fitting if p.gpu_type and _same_type(p.gpu_type, device_type)]
         if typed:
             return _prefer_default(typed, slurm_env).name
         # A partition whose gres names no GPU type cannot be ruled out.
@@ -543,8 +530,6 @@ def _prefer_default(parts: list[PartitionInfo], slurm_env: SlurmEnv) -> Partitio
 
 def with_cluster_overrides(env: SlurmEnv, cluster: ClusterConfig) -> SlurmEnv:
     """The table's gpus_per_node/device_type over discovery's (a gres it cannot read)."""
-    if not (cluster.gpus_per_node or cluster.device_type):
-        return env
     update: dict[str, object] = {}
     if cluster.gpus_per_node:
         update["gpus_per_node"] = cluster.gpus_per_node
