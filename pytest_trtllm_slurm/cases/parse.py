@@ -201,10 +201,6 @@ class LogScan:
             self.performance_blocks += 1
         self._block = None
 
-    def finish(self) -> LogScan:
-        self._close_block()
-        return self
-
     def metrics(self) -> dict[str, float]:
         """Named numbers for checks and junit properties."""
         out: dict[str, float] = {}
@@ -260,7 +256,8 @@ def scan_log(
             _feed_piece(scan, piece)
     if rest:
         _feed_piece(scan, rest)
-    return scan.finish()
+    scan._close_block()
+    return scan
 
 
 def _feed_piece(scan: LogScan, piece: bytes) -> None:
@@ -315,7 +312,8 @@ class MetricCheck:
         return self.threshold
 
     def evaluate(self, metrics: dict[str, float]) -> CheckResult:
-        name = find_metric(self.metric, metrics)
+        name = self.metric if self.metric in metrics else next(
+            (key for key in metrics if _norm(key) == _norm(self.metric)), None)
         if name is None:
             known = ", ".join(sorted(metrics)) or "none"
             return CheckResult(self, None, False,
@@ -348,10 +346,3 @@ class CheckResult:
 def _norm(name: str) -> str:
     return " ".join(name.lower().split())
 
-
-def find_metric(name: str, metrics: dict[str, float]) -> str | None:
-    """The metric key for ``name``: exact, then case- and whitespace-insensitive."""
-    if name in metrics:
-        return name
-    wanted = _norm(name)
-    return next((key for key in metrics if _norm(key) == wanted), None)

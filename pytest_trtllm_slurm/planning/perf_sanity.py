@@ -139,24 +139,6 @@ class PerfSources:
                 f"{nodeid}: perf config {self.yaml_path} (--perf-config-yaml) does not exist"
             )
 
-    def yaml_for(self, case: PerfCase, nodeid: str) -> Path:
-        """The YAML of ``case``: TestSpecError listing what was tried when none exists; a
-        missing --perf-config-yaml is the option's fault (ConfigError, a usage error)."""
-        self.check_option(nodeid)
-        if self.yaml_path is not None:
-            return self.yaml_path
-        found, tried = _find_yaml(self, case.disaggregated_yaml, case.config)
-        if found is not None:
-            return found
-        shown = ", ".join(str(p) for p in tried[:4]) + (", ..." if len(tried) > 4 else "")
-        env = "DISAGG_CONFIG_FOLDER" if case.disaggregated_yaml else "AGG_CONFIG_FOLDER"
-        name = case.config if case.config.endswith(".yaml") else f"{case.config}.yaml"
-        raise TestSpecError(
-            f"{nodeid}: perf config {name} not found (tried {shown or 'no folder'}); "
-            "set --perf-config-yaml PATH, ini trtllm_perf_config_dir / env "
-            f"TRTLLM_SLURM_PERF_CONFIG_DIR, or env {env}"
-        )
-
 
 @functools.lru_cache(maxsize=1024)
 def _find_yaml(
@@ -315,9 +297,21 @@ def perf_id(item: Any) -> tuple[str | None, str]:
 
 
 def perf_size(label: str, nodeid: str, sources: PerfSources) -> tuple[int, int, str]:
-    """(total devices, devices per node, source) of a perf-sanity id, from its YAML."""
+    """(total devices, devices per node, source) of a perf-sanity id, from its YAML: a
+    TestSpecError listing what was tried when none exists."""
     sources.check_option(nodeid)
     case = parse_perf_case(label, nodeid)
-    path = sources.yaml_for(case, nodeid)
+    path, tried = sources.yaml_path, ()
+    if path is None:
+        path, tried = _find_yaml(sources, case.disaggregated_yaml, case.config)
+    if path is None:
+        shown = ", ".join(str(p) for p in tried[:4]) + (", ..." if len(tried) > 4 else "")
+        env = "DISAGG_CONFIG_FOLDER" if case.disaggregated_yaml else "AGG_CONFIG_FOLDER"
+        name = case.config if case.config.endswith(".yaml") else f"{case.config}.yaml"
+        raise TestSpecError(
+            f"{nodeid}: perf config {name} not found (tried {shown or 'no folder'}); "
+            "set --perf-config-yaml PATH, ini trtllm_perf_config_dir / env "
+            f"TRTLLM_SLURM_PERF_CONFIG_DIR, or env {env}"
+        )
     total, per_node = perf_requirement(case, load_perf_yaml(path), path, nodeid)
     return total, per_node, f"perf_yaml:{path}"
