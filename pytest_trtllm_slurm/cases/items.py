@@ -1,8 +1,5 @@
-"""TensorRT-LLM cases as pytest items: YAML case files collected next to the tests.
-
-Each case is one item, pinned local (it is the job's controller); the file format and
-the options that name the files are in docs/cases.md. Nothing runs unless one is set.
-"""
+"""YAML case files collected as pytest items, each pinned local (it is the job's controller);
+format and options in docs/cases.md. Nothing runs unless a case file is named."""
 
 from __future__ import annotations
 

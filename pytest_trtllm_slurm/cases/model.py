@@ -1,8 +1,5 @@
-"""TensorRT-LLM cases: a test, bench, eval or custom command run as one job.
-
-The planning half of ``trtllm-slurm run`` and of YAML case items (pure): classify,
-size, build the JobSpec, decide the verdict; the steps are in docs/cases.md.
-"""
+"""TensorRT-LLM cases (a test, bench, eval or custom command run as one job), the pure half of
+``trtllm-slurm run`` and case items: classify, size, build the JobSpec, decide (docs/cases.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Reading a case's log: summary by workflow, success/failure patterns, metric checks.
-
-Pure: ``scan_log`` pulls the log by offset through ``read(offset, limit)`` and keeps a
-bounded part, so a log of any size is never held whole.
-"""
+"""Reading a case's log (pure): summary by workflow, success/failure patterns, metric checks;
+``scan_log`` reads by offset and keeps a bounded part, so no log is ever held whole."""
 
 from __future__ import annotations
 
@@ -178,9 +175,7 @@ class LogScan:
             self._close_block()
             self._block = {}
             return
-        if self._block is None:
-            return
-        if not message or message.startswith("--"):
+        if self._block is None or not message or message.startswith("--"):
             return  # blank lines and "-- Request Latency Breakdown (ms) ---" section titles
         if _RULE.match(message):
             if self._block:

@@ -1,8 +1,5 @@
-"""Running a case: the same probes, routing, JobSpec, executors and Monitor as the plugin.
-
-No pytest here: ``trtllm-slurm run`` and case items both go through ``prepare_case`` and
-``run_spec``; ``rerun_job_spec`` re-runs a ``job_spec.json`` as written, in a fresh work dir.
-"""
+"""Running a case with the plugin's probes, routing, executors and Monitor (no pytest):
+``prepare_case`` + ``run_spec``; ``rerun_job_spec`` re-runs a job_spec.json in a fresh work dir."""
 
 from __future__ import annotations
 
@@ -223,7 +220,6 @@ def prepare_case(
     case_devices = CaseDevices(required=devices.required, total=req.total, per_node=per_node,
                                nodes=req.nodes(decision.target_gpus_per_node),
                                source=devices.source)
-    prepared = PreparedCase(case_devices, notes=notes)
     if decision.scenario is None:
         result = CaseResult(
             status=CaseStatus.ERROR, workflow=workflow.value, command=command,
@@ -233,8 +229,7 @@ def prepare_case(
             log_paths={"result": str(paths.Batch(work_dir).result)},
         )
         write_result(result, work_dir)
-        prepared.refused = result
-        return prepared
+        return PreparedCase(case_devices, refused=result, notes=notes)
     on_slurm = decision.scenario in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM)
     account = decision.account if on_slurm else None
     reports = paths.Batch(work_dir).reports
@@ -247,7 +242,7 @@ def prepare_case(
     mounts = [*classified.mounts, *inp.mounts]
     if table and run_settings.container_image:
         mounts = list(with_mounts(mounts, table.container_mounts))
-    prepared.spec = JobSpec(
+    spec = JobSpec(
         scenario=decision.scenario, workflow=workflow.value, name=f"{model}_{workflow.value}",
         job_name=f"{account or 'trtllm'}.{model}", command=case_argv(command), rerun_argv=[],
         rootdir=str(ctx.rootdir), invocation_dir=str(ctx.rootdir),
@@ -265,8 +260,8 @@ def prepare_case(
         hang_patterns=list(settings.hang_patterns),
         slurm_env=ctx.slurm_env if decision.scenario is Scenario.LOCAL_SLURM else None,
     )
-    prepared.spec.write()
-    return prepared
+    spec.write()
+    return PreparedCase(case_devices, spec, notes=notes)
 
 
 def run_spec(

@@ -1,10 +1,6 @@
-"""Packing: how many chunks each batch key gets and which tests go in which chunk.
-
-Pure. Every chunk pays start-up once and the pool's GPUs should stay busy, so per pool a
-key is split only while the simulated makespan (chunks started as their GPUs free up, no
-reservations, as Slurm starts an allocation's steps) gets shorter; tests go longest first
-to the least-loaded chunk (LPT) and keep collection order inside it (docs/plan.md).
-"""
+"""Packing (pure): per pool, a key is split only while the simulated makespan (chunks start as
+GPUs free up, as Slurm starts steps) gets shorter; tests go longest first to the least-loaded
+chunk (LPT), in collection order inside it (docs/plan.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""TensorRT-LLM perf-sanity ids: their grammar, their config YAML and the GPUs they need.
-
-Pure. The grammar follows TensorRT-LLM's ``test_perf_sanity.py`` and its CI launch-script
-generators (:data:`GRAMMAR`); an id that cannot be read errors that test alone.
-"""
+"""TensorRT-LLM perf-sanity ids (pure): their grammar (:data:`GRAMMAR`, as upstream's
+``test_perf_sanity.py``), config YAML and GPUs; an unreadable id errors that test alone."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What each test needs: markers, perf-sanity YAML, bench/eval commands, time limits.
-
-Pure. ``size_item`` is the one call that sizes a test (docs/sizing.md has the order);
-bad input raises ConfigError naming the test, never a silent default.
-"""
+"""What each test needs (pure): markers, perf-sanity YAML, bench/eval commands, time limits;
+``size_item`` sizes a test (docs/sizing.md), bad input is a ConfigError naming the test."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Pure routing: one test's requirement + what the probes found -> where it runs.
-
-``route_item`` is the one routing call of a test; the rules ``route`` applies, first match
-wins, are listed in docs/routing.md (each is a row of tests/test_routing.py).
-"""
+"""Pure routing: requirement + probes -> where a test runs. ``route_item`` is the one call;
+``route``'s rules, first match wins, are in docs/routing.md (rows of tests/test_routing.py)."""
 
 from __future__ import annotations
 
@@ -401,10 +398,9 @@ class _Router:
         fitting = [c for c in self._remote_clusters() if self._cluster_fits(c)]
         if len(fitting) == 1:
             return self.remote(fitting[0].name)
-        if fitting:
-            return self.unsatisfied(
-                f"several configured clusters could ({self._list_clusters(fitting)}), so none")
-        return self.unsatisfied("nothing configured can")
+        return self.unsatisfied(f"several configured clusters could "
+                                f"({self._list_clusters(fitting)}), so none" if fitting
+                                else "nothing configured can")
 
     def unsatisfied(self, why: str) -> RouteDecision:
         need = describe_requirement(self.req, self.wanted)

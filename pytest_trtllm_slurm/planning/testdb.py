@@ -1,8 +1,5 @@
-"""An open renderer of TensorRT-LLM's test-db (``tests/integration/test_lists/test-db``).
-
-TensorRT-LLM's own renderer sees one machine; here a block runs on the first configured
-target that meets its condition. Pure. Format and limits: docs/test-db.md.
-"""
+"""An open, pure renderer of TensorRT-LLM's test-db: each block runs on the first configured
+target that meets its condition (upstream's sees one machine). Format: docs/test-db.md."""
 
 from __future__ import annotations
 
