@@ -135,8 +135,7 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
             say(f"collecting {shlex.join(args)} failed (exit {proc.returncode}: {tail}); "
                 "using 1 device (pass --required-devices N to choose)")
             return None
-        data = json.loads(plan.read_text(encoding="utf-8"))
-        rows = data["tests"] if isinstance(data, dict) else data
+        rows = json.loads(plan.read_text(encoding="utf-8"))["tests"]  # write_plan_json's
     if not rows:
         say(f"collecting {shlex.join(args)} found no tests; using 1 device")
         return None
@@ -371,7 +370,6 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
             errors.append(f"check failed: {outcome.message}")
             if status is CaseStatus.PASSED:
                 status = CaseStatus.FAILED
-    run_started = watched.started
     def where(hits: dict, patterns: list[str]) -> dict[str, str | None]:
         return {p: f"line {h.line_no}: {h.line.strip()}" if (h := hits.get(p)) else None
                 for p in patterns}
@@ -386,7 +384,7 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
         account=spec.account, container_image=spec.container_image,
         devices=devices or CaseDevices(total=spec.total_devices, per_node=spec.devices_per_node,
                                        nodes=spec.node_count),
-        elapsed_seconds=round(ended - (run_started or started), 3),
+        elapsed_seconds=round(ended - (watched.started or started), 3),
         wall_seconds=round(ended - started, 3), work_dir=spec.work_dir,
         log_paths={"log": spec.log_path, "job_spec": paths.Batch(spec.work_dir).job_spec,
                    "result": paths.Batch(spec.work_dir).result},

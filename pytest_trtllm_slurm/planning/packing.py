@@ -91,11 +91,8 @@ class Estimates:
         pools = sorted({pool.name for _, key in planned
                         if (pool := pool_of(key)).fixed_startup is None
                         and pool.name not in self.startup})
-        why = []
-        if tests:
-            why.append(f"no earlier duration for {tests} of {len(planned)} test(s)")
-        if pools:
-            why.append(f"no earlier start-up time of {', '.join(pools)}")
+        why = [f"no earlier duration for {tests} of {len(planned)} test(s)"] if tests else []
+        why += [f"no earlier start-up time of {', '.join(pools)}"] if pools else []
         return "; ".join(why) or None
 
 

@@ -262,8 +262,7 @@ class _Router:
         )
 
     def _notes(self, prefix: str) -> str:
-        notes = [n for n in self.local.notes if n.startswith(prefix)]
-        return "; ".join(notes) if notes else "nothing found"
+        return "; ".join(n for n in self.local.notes if n.startswith(prefix)) or "nothing found"
 
     def named_cluster(self, name: str) -> RouteDecision:
         """This machine's own Slurm cluster name (any case) is local_slurm; others are remote."""
@@ -428,9 +427,7 @@ class _Router:
 
     def _list_clusters(self, cfgs: list[ClusterConfig]) -> str:
         """Each cluster with what it offers: discovered partitions, else its table."""
-        if not cfgs:
-            return "none"
-        return ", ".join(f"{c.name} ({self._offer(c)})" for c in cfgs)
+        return ", ".join(f"{c.name} ({self._offer(c)})" for c in cfgs) or "none"
 
     def _offer(self, cfg: ClusterConfig) -> str:
         table = f"{cfg.device_type or 'any type'}, {cfg.gpus_per_node or '?'} GPUs per node"
@@ -526,11 +523,8 @@ def _prefer_default(parts: list[PartitionInfo], slurm_env: SlurmEnv) -> Partitio
 
 def with_cluster_overrides(env: SlurmEnv, cluster: ClusterConfig) -> SlurmEnv:
     """The table's gpus_per_node/device_type over discovery's (a gres it cannot read)."""
-    update: dict[str, object] = {}
-    if cluster.gpus_per_node:
-        update["gpus_per_node"] = cluster.gpus_per_node
-    if cluster.device_type:
-        update["gpu_type"] = cluster.device_type
+    update = {k: v for k, v in (("gpus_per_node", cluster.gpus_per_node),
+                                ("gpu_type", cluster.device_type)) if v}
     parts = [p.model_copy(update=update) if not cluster.partition or p.name == cluster.partition
              else p for p in env.partitions]
     return env.model_copy(update={"partitions": parts})
