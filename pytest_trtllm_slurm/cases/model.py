@@ -379,9 +379,7 @@ def decide_status(
         status = _JOB_TO_CASE[job_status]
         errors.insert(0, f"{status.value}: {reason or job_status.value}")
         return status, errors
-    if exit_code is None:
-        exit_code = 0 if job_status is JobStatus.COMPLETED else None
-    if exit_code == 0 and job_status is JobStatus.COMPLETED:
+    if job_status is JobStatus.COMPLETED and exit_code in (0, None):  # no code: as 0
         if failure_hits:
             return CaseStatus.FAILED, errors
         if patterns and not success_hits:

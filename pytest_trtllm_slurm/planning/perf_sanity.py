@@ -268,9 +268,7 @@ def perf_label(item: Any) -> str | None:
     only an id with a prefix upstream mints (another suite's ``test_e2e[...]`` stays plain)."""
     if getattr(item, "originalname", None) != "test_e2e":
         return None
-    callspec = getattr(item, "callspec", None)
-    params = getattr(callspec, "params", {}) if callspec is not None else {}
-    label = params.get(PERF_PARAM)
+    label = getattr(getattr(item, "callspec", None), "params", {}).get(PERF_PARAM)
     if isinstance(label, str):
         return label
     name = getattr(item, "name", "")
