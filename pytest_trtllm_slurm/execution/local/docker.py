@@ -17,7 +17,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.local.process import LocalJob, LocalProcessExecutor
@@ -25,11 +24,11 @@ from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.containers import (
     JOB_LABEL,
     OWNER_LABEL,
+    Engine,
     client_sensitive,
     container_env,
     engine_run_argv,
     env_file_text,
-    job_mounts,
     safe_name,
     workdir_of,
 )
@@ -40,7 +39,6 @@ from pytest_trtllm_slurm.planning.models import LocalEnv
 from pytest_trtllm_slurm.planning.safe_values import argument_problem
 from pytest_trtllm_slurm.transport.command_log import timed_command
 
-Engine = Literal["docker", "podman"]
 ENGINES: tuple[Engine, ...] = ("docker", "podman")
 ENGINE_TIMEOUT = 60.0
 CAP_SYS_RESOURCE = 24
@@ -86,29 +84,18 @@ class ContainerExecutor(LocalProcessExecutor):
 
     def __init__(self, engine: Engine, *, cli: Sequence[str] | None = None,
                  engine_env: Mapping[str, str] | None = None, gpu_ids: list[int] | None = None,
-                 models_root: str | None = None, run_flags: Sequence[str] | None = None,
-                 extra_flags: Sequence[str] = (), python: str = "python3",
-                 network: str | None = "host", user: str | None = "auto",
-                 mount_plugin: bool = True) -> None:
+                 run_flags: Sequence[str] | None = None) -> None:
         """``cli``: the argv prefix reaching the engine (default ``[engine]``); ``engine_env``:
-        extra environment for it; ``run_flags`` replaces ``default_run_flags(engine)``,
-        ``extra_flags`` are appended; ``user="auto"``: docker runs as the caller's uid:gid
-        unless root (rootless podman maps root already), None: the image's user."""
+        extra environment for it; ``run_flags`` replaces ``default_run_flags(engine)``. docker
+        runs as the caller's uid:gid unless root (rootless podman maps root already)."""
         if engine not in ENGINES:
             raise ConfigError(f"container engine {engine!r}: expected one of {', '.join(ENGINES)}")
         self.engine: Engine = engine
         self.cli = list(cli or [engine])
         self.engine_env = dict(engine_env or {})
         super().__init__(gpu_ids)
-        self.models_root = models_root
         self.run_flags = list(default_run_flags(engine) if run_flags is None else run_flags)
-        self.run_flags += list(extra_flags)
-        self.python = python
-        self.network = network
-        if user == "auto":
-            user = f"{os.getuid()}:{os.getgid()}" if engine == "docker" and os.getuid() else None
-        self.user = user
-        self.mount_plugin = mount_plugin
+        self.user = f"{os.getuid()}:{os.getgid()}" if engine == "docker" and os.getuid() else None
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self._images_ok: set[str] = set()
         self._orphans_checked = False
@@ -207,23 +194,14 @@ class ContainerExecutor(LocalProcessExecutor):
         all_gpus = bool(gpus) and sorted(gpus) == sorted(self._all_gpus)
         return engine_run_argv(
             self.engine, spec, name=name, cli=self.cli, run_flags=self.run_flags,
-            gpu_ids=list(gpus), all_gpus=all_gpus, mounts=self._mounts(spec),
-            env=self._container_env(spec), env_file=env_file, network=self.network,
-            user=self.user, python=self.python, command=command,
-            labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name})
-
-    def _mounts(self, spec: JobSpec) -> list[str]:
-        return job_mounts(spec, models_root=self.models_root, include_plugin=self.mount_plugin)
-
-    def _container_env(self, spec: JobSpec) -> dict[str, str]:
-        return container_env(spec, models_root=self.models_root,
-                             include_plugin=self.mount_plugin)
+            gpu_ids=list(gpus), all_gpus=all_gpus, env_file=env_file, user=self.user,
+            command=command, labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name})
 
     def _launch(self, job: LocalJob) -> None:
         """Values reach the engine through its environment (``-e NAME``) and, for the names
         its CLI reads itself, a pipe given as ``--env-file /dev/fd/N``: none is in ``ps``
         (the command line) or on disk."""
-        job_env = self._container_env(job.spec)
+        job_env = container_env(job.spec)
         in_file = {k: v for k, v in job_env.items() if client_sensitive(k)}
         env = self._env({k: v for k, v in job_env.items() if not client_sensitive(k)})
         banner = (f"[trtllm-slurm] container {job.name}: {self.engine} "
@@ -272,9 +250,8 @@ class ContainerExecutor(LocalProcessExecutor):
         argv = engine_run_argv(
             self.engine, spec, name=safe_name(f"trtllm-rerun-{spec.name}", 50), cli=self.cli,
             run_flags=self.run_flags, all_gpus=bool(self._all_gpus and spec.total_devices),
-            mounts=self._mounts(spec), env={}, network=self.network, user=self.user,
-            python=self.python, command=command)
-        flags = [arg for key, value in sorted(self._container_env(spec).items())
+            env={}, user=self.user, command=command)
+        flags = [arg for key, value in sorted(container_env(spec).items())
                  for arg in ("-e", key if is_secret(key, value) else f"{key}={value}")]
         image_at = argv.index(spec.container_image or "")
         argv[image_at:image_at] = flags
@@ -312,8 +289,8 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
