@@ -117,23 +117,16 @@ def _stop_of(data: Any) -> float:
 
 
 def records_before(records: list[dict[str, Any]], ended_at: float) -> list[dict[str, Any]]:
-    """The records written before the scheduler ended the job: from the first test report
-    that stopped after ``ended_at``, nothing counts."""
-    for index, record in enumerate(records):
-        if report_stop(record) > ended_at:
-            return records[:index]
-    return records
+    """The records before the first test report that stopped after ``ended_at``."""
+    return records[:next((i for i, r in enumerate(records) if report_stop(r) > ended_at),
+                         len(records))]
 
 
 class Monitor:
     """Watches jobs until each has ended; yields records and final states."""
 
-    def __init__(
-        self,
-        hang_patterns: list[str],
-        poll_interval: float = CADENCE.monitor,
-        on_change: Callable[[WatchedJob], None] | None = None,
-    ) -> None:
+    def __init__(self, hang_patterns: list[str], poll_interval: float = CADENCE.monitor,
+                 on_change: Callable[[WatchedJob], None] | None = None) -> None:
         self.hang_patterns = [p.lower().encode() for p in hang_patterns if p]
         self.poll_interval = poll_interval
         self.on_change = on_change  # told when a job's status or pending reason changes
@@ -234,22 +227,15 @@ class Monitor:
         if not job.state.status.finished and job.forced_status is None:
             if self._hang_seen(job):
                 self._stop(job, JobStatus.HANG_DETECTED, "hang pattern found in the job log")
-            elif (
-                job.started is not None
-                and now - job.started > job.handle.spec.monitor_timeout_seconds
-            ):
-                limit = job.handle.spec.monitor_timeout_seconds
-                self._stop(
-                    job, JobStatus.TIMEOUT, f"ran longer than the monitor timeout ({limit} s)"
-                )
+            elif (job.started is not None
+                  and now - job.started > (limit := job.handle.spec.monitor_timeout_seconds)):
+                self._stop(job, JobStatus.TIMEOUT,
+                           f"ran longer than the monitor timeout ({limit} s)")
         if job.state.status.finished:
             job.ended = job.state
-            if job.forced_status is not None:
-                job.ended = JobState(  # it ended because we stopped it: its code says nothing
-                    status=job.forced_status,
-                    nodelist=job.state.nodelist,
-                    reason=job.forced_reason,
-                )
+            if job.forced_status is not None:  # we stopped it: its code says nothing
+                job.ended = JobState(status=job.forced_status, nodelist=job.state.nodelist,
+                                     reason=job.forced_reason)
             # the reports held back for the scheduler's word, then the rest of the file
             records += job.held
             job.held = []
@@ -290,14 +276,10 @@ class Monitor:
         later waits, with everything after it, until the scheduler has said so again."""
         pending = job.held + records
         limit = job.state.alive_at
-        cut = len(pending)
-        if limit is not None and not job.state.status.finished:
-            for index, record in enumerate(pending):
-                if report_stop(record) > limit:
-                    cut = index
-                    break
-        job.held = pending[cut:]
-        return pending[:cut]
+        shown = (pending if limit is None or job.state.status.finished
+                 else records_before(pending, limit))
+        job.held = pending[len(shown):]
+        return shown
 
     def _stop(self, job: WatchedJob, status: JobStatus, reason: str) -> None:
         job.forced_status, job.forced_reason = status, reason
