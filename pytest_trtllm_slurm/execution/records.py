@@ -156,19 +156,13 @@ class ExceptionRepr(_Kwargs):
 _LONGREPR_KINDS: dict[type, str] = {type(None): "none", str: "text", list: "skip",
                                      tuple: "skip", dict: "exception"}
 
-
-def _longrepr_kind(value: Any) -> str:
-    """Which of ``Longrepr``'s shapes ``value`` claims (called for every report checked)."""
-    return _LONGREPR_KINDS.get(type(value), "other")
-
-
 # None (passed), a text, a skip's (path, lineno, reason) or an exception's repr, told
 # apart by their JSON type (a refusal names the field that is wrong)
 Longrepr = Annotated[
     Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
     | Annotated[tuple[Str, Int | None, Str], Tag("skip")]
     | Annotated[ExceptionRepr, Tag("exception")],
-    Discriminator(_longrepr_kind),
+    Discriminator(lambda value: _LONGREPR_KINDS.get(type(value), "other")),
 ]
 
 
@@ -537,8 +531,12 @@ def load_json(raw: bytes | str, what: str) -> Any:
         why = f"not JSON ({exc})"
     except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
         why = f"unreadable ({type(exc).__name__})"
-    text = raw if isinstance(raw, str) else raw[:RAW_SHOWN].decode("utf-8", "replace")
-    raise BadRecord(f"{what}: {why}", text)
+    raise _bad(f"{what}: {why}", raw)
+
+
+def _bad(why: str, raw: bytes | str) -> BadRecord:
+    return BadRecord(why, raw if isinstance(raw, str) else
+                     raw[:RAW_SHOWN].decode("utf-8", "replace"))
 
 
 _B = TypeVar("_B", bound=BaseModel)
@@ -555,8 +553,7 @@ def validated(model: type[_B], raw: bytes | str, what: str) -> _B:
         why = f"{what}: {where}: {first['msg']}"
     except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
         why = f"{what}: unreadable ({type(exc).__name__})"
-    text = raw if isinstance(raw, str) else raw[:RAW_SHOWN].decode("utf-8", "replace")
-    raise BadRecord(why, text)
+    raise _bad(why, raw)
 
 
 class Heartbeat(BaseModel):

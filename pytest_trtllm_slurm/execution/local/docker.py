@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Mapping, Sequence
 
 from pytest_trtllm_slurm.errors import ConfigError
@@ -181,11 +180,8 @@ class ContainerExecutor(LocalProcessExecutor):
             self._orphans_checked = True
             self.remove_orphans()
         n = next(self._ids)
-        job_id = f"{self.engine}-{os.getpid()}-{n}"
         name = safe_name(f"trtllm-{spec.name}", 40) + f"-{os.getpid()}-{n}-{secrets.token_hex(3)}"
-        self._jobs[job_id] = LocalJob(spec, name)
-        self._try_start(job_id)
-        return JobHandle(job_id=job_id, spec=spec, submitted_at=time.time(), nodelist="localhost")
+        return self._submitted(f"{self.engine}-{os.getpid()}-{n}", LocalJob(spec, name))
 
     def run_argv(self, spec: JobSpec, name: str, gpus: Sequence[int] = (),
                  command: Sequence[str] | None = None, env_file: str | None = None) -> list[str]:
