@@ -1,12 +1,6 @@
-"""One loop that watches every active job: state, new report lines, hang, timeout.
-
-Per poll: one state query per executor, then an incremental read (by offset) of each job's
-reports.jsonl and log. A job its executor vouches unchanged (``Executor.quiet``) is skipped
-but read now and then (``CADENCE.news_net``, doubled while such reads find nothing). Over
-a pushing shell the reads take the pushed bytes and a report line ends the wait; an ended
-job's last reads go to the file, one ``READ_CHUNK`` an event. Every byte of a reports
-file becomes records through ``records.LineReader``.
-"""
+"""One loop that watches every active job: per poll one state query per executor, then an
+incremental read of each job's reports.jsonl (pushed bytes where the shell pushes; an ended
+job's from the file) and log for hang patterns and timeouts."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The records of ``reports.jsonl`` as the controller accepts them (the boundary).
-
-``node.records`` declares the types (TypedDicts); here each has a pydantic model that words
-a refusal, and a dict check of the same fields (``check_line``: decoded and checked in one
-pass) that every line read goes through. What a target writes is not trusted: a record of
-another version or type, of the wrong shape, or naming a test not of the batch is refused
-with a ``BadRecord`` saying which and why, never replayed.
+"""The records of ``reports.jsonl`` as the controller accepts them (the boundary): a pydantic
+model per ``node.records`` type words a refusal, a dict check of the same fields checks each
+line in one pass; a record a target should not have written is a ``BadRecord``, never replayed.
 """
 
 from __future__ import annotations
