@@ -96,10 +96,8 @@ def local_docker_executor(ctx: RunContext, keys: Sequence[BatchLike]) -> Executo
     from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor
 
     forced = ctx.settings.container_engine
-    executor = ContainerExecutor.from_local_env(
-        ctx.local, engine=None if forced == "auto" else forced,
-        gpu_ids=list(range(ctx.local.gpu_count)),
-    )
+    executor = ContainerExecutor.from_local_env(ctx.local,
+                                                engine=None if forced == "auto" else forced)
     for image in sorted({k.container_image for k in keys if k.container_image}):
         executor.check_image(image)
     if any(not k.container_image for k in keys):
@@ -319,18 +317,15 @@ class ClusterJobIds(Executor):
     def capacity(self) -> Capacity:
         return self.wrapped.capacity()
 
-    def _qualified(self, job_id: str) -> str:
-        return f"{self.cluster}:{job_id}"
-
     def submit(self, spec: JobSpec) -> JobHandle:
         own = self.wrapped.submit(spec)
-        handle = own.model_copy(update={"job_id": self._qualified(own.job_id)})
+        handle = own.model_copy(update={"job_id": f"{self.cluster}:{own.job_id}"})
         self._own[handle.job_id] = own
         return handle
 
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         states = self.wrapped.poll([self._own.get(h.job_id, h) for h in handles])
-        return {self._qualified(job_id): state for job_id, state in states.items()}
+        return {f"{self.cluster}:{job_id}": state for job_id, state in states.items()}
 
     def cancel(self, handle: JobHandle) -> None:
         self.wrapped.cancel(self._own.get(handle.job_id, handle))

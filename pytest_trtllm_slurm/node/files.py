@@ -97,14 +97,9 @@ def close_own_dirs(folders: list[Path]) -> None:
 
 def tree_up_to(root: Path, top_name: str) -> list[Path]:
     """``root`` and its parents up to the one named ``top_name`` (only ``root`` if none)."""
-    chain = [root]
-    if root.name == top_name:
-        return chain
-    for parent in root.parents:
-        chain.append(parent)
-        if parent.name == top_name:
-            return chain
-    return [root]
+    chain = [root, *root.parents]
+    names = [folder.name for folder in chain]
+    return chain[:names.index(top_name) + 1] if top_name in names else [root]
 
 
 def open_trusted(path: Path) -> bytes:

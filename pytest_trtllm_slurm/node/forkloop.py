@@ -168,11 +168,9 @@ class ForkLoop:
             except UntrustedPath as exc:
                 _refuse(path, str(exc))
                 continue
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            except (OSError, UnicodeDecodeError) as exc:
+                if getattr(exc, "errno", None) == errno.ELOOP:  # O_NOFOLLOW met a link
                     _refuse(path, f"{path}: it is a symbolic link")
-                continue  # gone, or not complete yet: next round
-            except UnicodeDecodeError:
                 continue  # gone, or not complete yet: next round
             if name == STOP:
                 self._stopping = found = True

@@ -100,8 +100,7 @@ class ContainerExecutor(LocalProcessExecutor):
         self._orphans_checked = False
 
     @classmethod
-    def from_local_env(cls, local: LocalEnv, *, engine: str | None = None,
-                       **kwargs: object) -> ContainerExecutor:
+    def from_local_env(cls, local: LocalEnv, *, engine: str | None = None) -> ContainerExecutor:
         """The engine that answered the probe (docker first), or ``engine`` when forced."""
         chosen = engine or local.container_engine
         if not chosen:
@@ -109,8 +108,7 @@ class ContainerExecutor(LocalProcessExecutor):
             raise ConfigError(
                 "local_docker needs a container engine, and neither docker nor podman answers "
                 f"here ({notes}); start one, or choose another scenario")
-        gpu_ids = kwargs.pop("gpu_ids", None) or list(range(local.gpu_count))
-        return cls(chosen, gpu_ids=gpu_ids, **kwargs)  # type: ignore[arg-type]
+        return cls(chosen, gpu_ids=list(range(local.gpu_count)))  # type: ignore[arg-type]
 
     def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, **self.engine_env, **(extra or {})}
@@ -121,18 +119,17 @@ class ContainerExecutor(LocalProcessExecutor):
 
     def _engine(self, *args: str, timeout: float = ENGINE_TIMEOUT) -> subprocess.CompletedProcess:
         with timed_command("localhost", [*self.cli, *args]) as outcome:
-            outcome.append(self._engine_once(args, timeout))
+            try:
+                res = subprocess.run([*self.cli, *args], capture_output=True, text=True,
+                                     timeout=timeout, stdin=subprocess.DEVNULL, env=self._env(),
+                                     check=False)
+            except FileNotFoundError as exc:
+                res = subprocess.CompletedProcess(args, 127, "", str(exc))
+            except subprocess.TimeoutExpired as exc:
+                res = subprocess.CompletedProcess(args, 124, "",
+                                                  f"timed out after {timeout} s: {exc}")
+            outcome.append(res)
         return outcome[0]
-
-    def _engine_once(self, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run([*self.cli, *args], capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL, env=self._env(),
-                                  check=False)
-        except FileNotFoundError as exc:
-            return subprocess.CompletedProcess(args, 127, "", str(exc))
-        except subprocess.TimeoutExpired as exc:
-            return subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout} s: {exc}")
 
     def check_image(self, image: str) -> None:
         """ConfigError unless ``image`` is in the engine's local store (never pulled)."""
