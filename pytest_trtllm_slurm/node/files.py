@@ -44,8 +44,7 @@ def why_untrusted(st: os.stat_result, *, directory: bool) -> str | None:
 
 def refuse_untrusted_dir(folder: str | Path) -> None:
     """UntrustedPath unless ``folder`` is a real folder of ours nobody else may write."""
-    why = why_untrusted(os.lstat(folder), directory=True)
-    if why is not None:
+    if (why := why_untrusted(os.lstat(folder), directory=True)) is not None:
         raise UntrustedPath(f"{folder}: {why}; refusing to use it (someone else could put "
                             "files there or swap ours): remove it and run again")
 
@@ -106,8 +105,7 @@ def open_trusted(path: Path) -> bytes:
     """The bytes of ``path`` if the open file is our own regular file (else UntrustedPath)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        why = why_untrusted(os.fstat(fd), directory=False)
-        if why is not None:
+        if (why := why_untrusted(os.fstat(fd), directory=False)) is not None:
             raise UntrustedPath(f"{path}: {why}")
         chunks = []
         while chunk := os.read(fd, 1 << 16):

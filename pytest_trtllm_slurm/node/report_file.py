@@ -35,8 +35,7 @@ class ReportFile:
                 raise UntrustedPath(f"{path}: it is a symbolic link; refusing to write "
                                     "reports through it") from None
             raise
-        why = why_untrusted(os.fstat(fd), directory=False)
-        if why is not None:
+        if (why := why_untrusted(os.fstat(fd), directory=False)) is not None:
             os.close(fd)
             raise UntrustedPath(f"{path}: {why}; refusing to write reports to it")
         return fd

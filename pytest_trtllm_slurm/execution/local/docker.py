@@ -135,8 +135,7 @@ class ContainerExecutor(LocalProcessExecutor):
         """ConfigError unless ``image`` is in the engine's local store (never pulled)."""
         if image in self._images_ok:
             return
-        problem = argument_problem(image)
-        if problem:  # "docker image inspect -x" would take it as an option
+        if problem := argument_problem(image):  # else "image inspect -x" is an option
             raise ConfigError(f"container image {image!r} {problem}; choose another image "
                               "with --trtllm-container-image")
         res = self._engine("image", "inspect", "--format", "{{.Id}}", image)

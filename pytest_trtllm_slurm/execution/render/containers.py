@@ -85,8 +85,7 @@ def container_name_for(image: str, *, account: str | None = None, salt: str = ""
 
 def parse_mount(text: str) -> tuple[str, str, str]:
     """``SRC[:DST[:FLAGS]]`` -> (src, dst, flags); DST defaults to SRC."""
-    problem = mount_problem(text)
-    if problem:
+    if problem := mount_problem(text):
         raise ValueError(f"mount {text!r} {problem}; expected SRC[:DST[:FLAGS]] with "
                          "absolute paths")
     parts = text.split(":")
@@ -210,8 +209,7 @@ def positional_image(image: str | None, what: str) -> str:
     that starts with ``-`` would be read as one more option of ``run``."""
     if not image:
         raise ValueError(f"job spec {what!r} has no container image")
-    problem = argument_problem(image)
-    if problem:
+    if problem := argument_problem(image):
         raise ValueError(f"container image {image!r} {problem}")
     return image
 
