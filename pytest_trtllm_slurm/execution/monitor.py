@@ -185,14 +185,16 @@ class Monitor:
                     netted = True
                     missed |= (job.state.status != before[0]
                                or job.reports_offset != offset)
-            if netted:
-                self._tune_net(jobs[0].executor, missed)
+            if netted:  # the safety net's period: back to its least when it found what no
+                # notice announced (a shared file system may cache folder times), else doubled
+                key = id(jobs[0].executor)
+                self._net[key] = (CADENCE.news_net if missed else
+                                  min(2 * self._net.get(key, CADENCE.news_net),
+                                      CADENCE.news_net_max))
 
     def _with_news(self, jobs: list[WatchedJob], now: float) -> list[WatchedJob]:
-        """The jobs this round reads: all but those the executor vouches unchanged
-        (``Executor.quiet``: their node side announces each change), which are still read
-        now and then (the safety net, ``_tune_net``), and when the scheduler's word their
-        held reports wait for came (``Executor.vouched``)."""
+        """The jobs this round reads: all but those ``Executor.quiet`` vouches unchanged, which
+        are read when the safety net is due or their held reports' word came (``vouched``)."""
         executor = jobs[0].executor
         quiet, vouched = executor.quiet([j.handle for j in jobs]), executor.vouched
         net = self._net.get(id(executor), CADENCE.news_net)
@@ -204,14 +206,6 @@ class Monitor:
                 job.next_visit, job.vouched = now + net, vouched
                 read.append(job)
         return read
-
-    def _tune_net(self, executor: Executor, missed: bool) -> None:
-        """The safety net's period: back to its least when a read it made found a report
-        or a new status that no notice announced (notices are lost here, e.g. a shared
-        file system that caches folder times), else twice as long, up to its most."""
-        net = self._net.get(id(executor), CADENCE.news_net)
-        self._net[id(executor)] = (CADENCE.news_net if missed
-                                   else min(2 * net, CADENCE.news_net_max))
 
     def _check(self, job: WatchedJob) -> Iterator[JobEvent]:
         now = time.monotonic()
@@ -238,11 +232,9 @@ class Monitor:
             yield JobEvent(job, records)
 
     def _drain(self, job: WatchedJob, records: list[dict[str, Any]]) -> JobEvent:
-        """The next chunk of an ended job's file (read itself, not pushed); the event is
-        the job's final one once the file's end is reached. Records stamped after the end
-        the scheduler saw are dropped, with all after them (a node set DOWN may keep its
-        processes running, and they keep writing): a test that ended in the very second
-        of the failure runs again rather than count on a doubt (``records_before``)."""
+        """The next chunk of an ended job's file (from the file), final at its end. Records
+        stamped after the end the scheduler saw are dropped with all after them: a node set
+        DOWN may keep its processes running, and they keep writing (``records_before``)."""
         assert job.ended is not None
         offset = job.reports_offset
         if not records:  # else these are this round's: the file's rest from the next
@@ -297,9 +289,8 @@ class Monitor:
             job.pushing.unwatch(job.handle.spec.log_path)
 
     def _read_records(self, job: WatchedJob, *, final: bool = False) -> list[dict[str, Any]]:
-        """The records whose lines ended since the last read (an unterminated last line
-        waits for the next); a line that is no record is an ``UnreadableLine`` in its
-        place: the reader decides what it means."""
+        """The records whose lines ended since the last read (a line that is no record is an
+        ``UnreadableLine`` in its place)."""
         chunk = self._chunk(job, job.handle.spec.reports_path, job.reports_offset, final=final)
         if not chunk:
             return []
