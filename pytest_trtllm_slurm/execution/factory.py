@@ -242,9 +242,8 @@ def allocation_manager(ctx: RunContext, request: AllocationRequest | None = None
     )
 
 
-def with_containers(
-    request: AllocationRequest, cluster: ClusterConfig, repo: str
-) -> AllocationRequest:
+def with_containers(request: AllocationRequest, cluster: ClusterConfig,
+                    repo: str) -> AllocationRequest:
     """The request plus the cluster's container settings (pyxis images)."""
     from pytest_trtllm_slurm.execution.slurm.alloc_containers import setup_mounts
 

@@ -22,10 +22,8 @@ _MARK = LOG_MARK.encode()
 
 
 class OwnOutput:
-    """What the test itself wrote to its job log, read chunk by chunk: lines that start
-    with ``LOG_MARK`` are the plugin's (START lines, pytest's own terminal output on the
-    target, which show node ids) and are left out, so a test whose id contains a hang
-    pattern is not taken for a hang."""
+    """What the test itself wrote to its job log, chunk by chunk: the plugin's ``LOG_MARK``
+    lines (which show node ids) left out, so a test id is never taken for a hang pattern."""
 
     def __init__(self) -> None:
         self._pending = b""  # the start of a line that may still turn out marked

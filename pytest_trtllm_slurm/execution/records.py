@@ -423,10 +423,8 @@ class UnreadableLine(dict):  # type: ignore[type-arg]
 
 
 class LineReader:
-    """The bytes of reports.jsonl, in the pieces they are read, as checked records
-    (``check_line``): the one way a target's reports become records. Linear in what it is
-    fed; a line longer than ``max_line`` is one ``UnreadableLine`` and skipped unkept.
-    What a target wrote never raises out of here."""
+    """The bytes of reports.jsonl, as read, as checked records (``check_line``): the one way a
+    target's reports become records; a line longer than ``max_line`` is one ``UnreadableLine``."""
 
     def __init__(self, max_line: int = MAX_LINE, batch: Container[str] | None = None) -> None:
         self.max_line = max_line
@@ -449,7 +447,7 @@ class LineReader:
             elif self._kept + stop - pos > self.max_line:
                 start = (self._pieces[0] if self._pieces else chunk[pos:])[:RAW_SHOWN]
                 records.append(UnreadableLine(
-                    start[:RAW_SHOWN].decode("utf-8", "replace"),
+                    start.decode("utf-8", "replace"),
                     f"a line longer than {self.max_line} bytes (the longest the controller "
                     "reads)"))
                 self._pieces, self._kept, self._skipping = [], 0, end < 0
