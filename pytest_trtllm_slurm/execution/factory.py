@@ -166,26 +166,15 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     manager = None
     if settings.persistent:
         manager = AllocationManager(
-            shell,
-            rootdir=local_state,
-            store=StateStore(shell, state_dir, paths.STATE_NAME),
-            runs=runs,
+            shell, rootdir=local_state, store=StateStore(shell, state_dir, paths.STATE_NAME),
+            runs=runs, user=slurm_env.user, warn=warn, early=ctx.early_sessions,
             request=with_containers(covering(keys, slurm_env, settings), cluster, remote_root),
-            user=slurm_env.user,
-            warn=warn,
-            agents_dir=paths.WorkRoot(remote.remote_work_root).agents,
-            early=ctx.early_sessions,
-        )
+            agents_dir=paths.WorkRoot(remote.remote_work_root).agents)
     return RemoteSlurmExecutor(
-        shell,
-        slurm_settings(settings, slurm_env, cluster.container_runtime),
-        paths=path_map,
-        interpreter=sys.executable,
-        before_close=None if early is None else lambda: early_start.stop_sessions(shell, early),
-        allocation_manager=manager,
-        warn=warn,
+        shell, slurm_settings(settings, slurm_env, cluster.container_runtime),
+        paths=path_map, interpreter=sys.executable, allocation_manager=manager, warn=warn,
         runs=runs,
-    )
+        before_close=None if early is None else lambda: early_start.stop_sessions(shell, early))
 
 
 def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
