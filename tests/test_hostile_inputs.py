@@ -33,7 +33,7 @@ from pydantic import ValidationError
 import pytest_trtllm_slurm.controller.options as options
 import pytest_trtllm_slurm.planning.safe_values as safe_values
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.execution.render.containers import wrap_in_container, wrapper_script
+from pytest_trtllm_slurm.execution.render.containers import WRAPPER_SCRIPT, wrap_in_container
 from pytest_trtllm_slurm.execution.render.scripts import (
     SlurmOptions,
     render_rerun_sbatch,
@@ -308,7 +308,7 @@ def test_container_wrapper_runs_only_the_engine(sandbox, arg, mount_dir, env_nam
     assert got[got.index("-v") + 1] == mount and got[got.index("-e") + 1] == env_name
     # the same through the script file the executor writes
     script = box.dir / "wrap.sh"
-    script.write_text(wrapper_script(), encoding="utf-8")
+    script.write_text(WRAPPER_SCRIPT, encoding="utf-8")
     res = box.run(wrap_in_container(["python3", arg], "podman", image, script=str(script)))
     assert res.returncode == 0 and box.argv("podman", 0)[-3:] == [image, "python3", arg]
     assert box.argv("podman")[1:3] == ["rm", "-f"]  # the container is removed afterwards

@@ -28,6 +28,7 @@ from report_lines import reports_in
 
 from pytest_trtllm_slurm.execution.render.containers import (
     PLUGIN_ROOT,
+    WRAPPER_SCRIPT,
     container_env,
     container_name_for,
     in_container_argv,
@@ -35,7 +36,6 @@ from pytest_trtllm_slurm.execution.render.containers import (
     pyxis_args,
     pyxis_setup_argvs,
     wrap_in_container,
-    wrapper_script,
 )
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario
@@ -311,7 +311,7 @@ def test_wrap_in_container_argv():
     argv = wrap_in_container(["python3", "-m", "pytest", "t.py::x[a b]"], "podman", "img:1",
                              cli=["podman", "--root", "/r"], mounts=["/w:/w"],
                              env_names=["A"], gpus=True, workdir="/w")
-    assert argv[:3] == ["bash", "-c", wrapper_script()]
+    assert argv[:3] == ["bash", "-c", WRAPPER_SCRIPT]
     assert argv[3:8] == ["trtllm-container", "trtllm", "3", "podman", "gpus"]
     assert argv[8:] == ["podman", "--root", "/r", "--rm", "--pull=never", "--network=host",
                         "-v", "/w:/w", "-w", "/w", "-e", "A", "img:1",

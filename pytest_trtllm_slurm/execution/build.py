@@ -22,13 +22,8 @@ def build_command(build_cmd: str | None, arch: str) -> list[str]:
     return ["bash", "-c", text]
 
 
-def run_build(
-    executor: Executor,
-    spec: JobSpec,
-    *,
-    progress: Callable[[str], None],
-    poll_interval: float = CADENCE.build,
-) -> tuple[JobState, str, str]:
+def run_build(executor: Executor, spec: JobSpec, *, progress: Callable[[str], None],
+              poll_interval: float = CADENCE.build) -> tuple[JobState, str, str]:
     """Submit the build and wait: its final state, its log's last lines and the log's
     path; ``progress`` gets a new last line of the log every few seconds."""
     monitor = Monitor(spec.hang_patterns, poll_interval=poll_interval)

@@ -1,9 +1,5 @@
-"""How often a run looks at its jobs: every polling interval in one place.
-
-The monitor loop, the Slurm executor's adaptive scheduler queries, its look at a
-persistent allocation, the warm pool's health checks and a build's wait all read
-these, so a change of pace is made (and reviewed) here, not in five modules.
-"""
+"""How often a run looks at its jobs: every polling interval in one place, so a change of
+pace is made (and reviewed) here, not in the five modules that read them."""
 
 from __future__ import annotations
 
@@ -16,47 +12,35 @@ class Cadence:
 
     # Monitor: one round over all active jobs (the run loop's and a case run's default)
     monitor: float = 0.2
-    # SlurmExecutor.poll: squeue/sacct at most this often; 0.5 s after a change,
-    # growing by ``scheduler_growth`` per quiet round up to 5 s
+    # SlurmExecutor.poll: squeue/sacct, from min after a change growing to max
     scheduler_min: float = 0.5
     scheduler_max: float = 5.0
     scheduler_growth: float = 1.5
-    # monitor rounds when warm workers serve the batches (files, cheap to look at
-    # locally; over SSH every look is a round trip)
+    # monitor rounds when warm workers serve the batches (over SSH a look is a round trip)
     warm_local: float = 0.02
     warm_remote: float = 0.2
-    # the run loop's wait after a round that found nothing: the monitor's interval,
-    # ``idle_growth`` times longer per quiet round up to ``idle_max`` (never below the
-    # interval); back to the interval after a round that found something: on a big
-    # cluster, quiet rounds at the shortest interval are most of the controller's CPU time
+    # the run loop's wait after a quiet round grows to ``idle_max``, back to the monitor's
+    # interval after a busy one (quiet rounds at the shortest interval cost the most CPU)
     idle_growth: float = 1.5
     idle_max: float = 0.2
-    # a round reads every active batch's files: beyond this many batches the least wait
-    # between rounds grows with them (up to idle_max), so the controller's CPU per second
-    # stays bounded (with many warm batches, rounds back to back after every report are
-    # most of its CPU time)
+    # beyond this many active batches the least wait between rounds grows with them (up to
+    # idle_max): the controller's CPU per second stays bounded
     batches_per_round: int = 8
-    # one look at a persistent allocation whose warm workers serve this run's batches
-    # (nothing else asks the scheduler then): a failed node ends it. Ended batches'
-    # results wait for it while others run (shown up to this late; their GPUs are
-    # given back at once, from the files)
+    # one look at a persistent allocation whose warm workers serve this run's batches (a
+    # failed node ends it); ended batches' results wait for it, shown up to this late
     alloc_watch: float = 2.0
-    # once the run's last batches there ended, the first look after their end is made at
-    # once (only it vouches for them); one that did not (the scheduler failing) is made
-    # again at most this often
+    # after the run's last batches there ended, a look is made at once; a failed one is
+    # retried at most this often
     alloc_watch_gap: float = 0.5
     # AgentPool: heartbeats of the agents (their sessions' exit codes: a quarter of it)
     agent_health: float = 2.0
-    # Monitor: a running job's log is searched for hang patterns at most this often (a
-    # stat per job per round otherwise)
+    # Monitor: a running job's log is searched for hang patterns at most this often
     hang_look: float = 1.0
     # AgentPool: a served batch's pid and exit code are read when its work dir changed,
     # and at least this often (a change within the folder mtime's granularity)
     warm_read: float = 0.5
-    # Monitor: a batch whose node side announces its changes (``execution.news``) is read
-    # when a notice names it, and at least every ``news_net`` s: doubled after each such
-    # read that found nothing new, up to ``news_net_max``, and back to ``news_net`` when
-    # one found what no notice announced (a lost notice costs at most this much, once)
+    # Monitor: a batch that announces its changes (``execution.news``) is also read every
+    # ``news_net`` s, doubled per such read that found nothing up to ``news_net_max``
     news_net: float = 0.5
     news_net_max: float = 4.0
     # run_build: a build job's wait

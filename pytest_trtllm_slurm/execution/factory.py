@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.concurrent import side_by_side
@@ -16,7 +16,7 @@ from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.planning.batching import BatchKey
-from pytest_trtllm_slurm.planning.jobspec import JobSpec
+from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.models import Scenario, Target, target_of
 from pytest_trtllm_slurm.planning.packing import Capacity
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
@@ -25,7 +25,7 @@ from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
     from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
-    from pytest_trtllm_slurm.execution.slurm.tracking import WalltimePolicy
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmSettings
 
 # what the builders read of a batch: a BatchKey (plugin) or a JobSpec (trtllm-slurm run)
 BatchLike = BatchKey | JobSpec
@@ -96,10 +96,8 @@ def local_docker_executor(ctx: RunContext, keys: Sequence[BatchLike]) -> Executo
     from pytest_trtllm_slurm.execution.local.docker import ContainerExecutor
 
     forced = ctx.settings.container_engine
-    executor = ContainerExecutor.from_local_env(
-        ctx.local, engine=None if forced == "auto" else forced,
-        gpu_ids=list(range(ctx.local.gpu_count)),
-    )
+    executor = ContainerExecutor.from_local_env(ctx.local,
+                                                engine=None if forced == "auto" else forced)
     for image in sorted({k.container_image for k in keys if k.container_image}):
         executor.check_image(image)
     if any(not k.container_image for k in keys):
@@ -120,8 +118,7 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     from pytest_trtllm_slurm.execution.remote import early_start
     from pytest_trtllm_slurm.execution.remote.executor import RemoteSlurmExecutor
     from pytest_trtllm_slurm.execution.remote.workspace import preflight, sync_cluster
-    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
-    from pytest_trtllm_slurm.execution.slurm.executor import SlurmSettings
+    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager
     from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
     from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
@@ -168,52 +165,29 @@ def remote_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
     remote_root = paths.root_of(remote.remote_work_root)
     manager = None
     if settings.persistent:
-        request = AllocationRequest.covering(
-            list(keys), slurm_env, time_limit=settings.alloc_time_limit,
-            nodes=settings.alloc_nodes,
-        )
         manager = AllocationManager(
-            shell,
-            rootdir=local_state,
-            store=StateStore(shell, state_dir, paths.STATE_NAME),
-            runs=runs,
-            request=with_containers(request, cluster, remote_root),
-            user=slurm_env.user,
-            warn=warn,
-            agents_dir=paths.WorkRoot(remote.remote_work_root).agents,
-            early=ctx.early_sessions,
-        )
+            shell, rootdir=local_state, store=StateStore(shell, state_dir, paths.STATE_NAME),
+            runs=runs, user=slurm_env.user, warn=warn, early=ctx.early_sessions,
+            request=with_containers(covering(keys, slurm_env, settings), cluster, remote_root),
+            agents_dir=paths.WorkRoot(remote.remote_work_root).agents)
     return RemoteSlurmExecutor(
-        shell,
-        SlurmSettings(slurm_env=slurm_env, persistent=settings.persistent,
-                      container_runtime=cluster.container_runtime,
-                      walltime=walltime_policy(settings), warm_workers=settings.warm_workers),
-        paths=path_map,
-        interpreter=sys.executable,
-        before_close=None if early is None else lambda: early_start.stop_sessions(shell, early),
-        allocation_manager=manager,
-        warn=warn,
+        shell, slurm_settings(settings, slurm_env, cluster.container_runtime),
+        paths=path_map, interpreter=sys.executable, allocation_manager=manager, warn=warn,
         runs=runs,
-    )
+        before_close=None if early is None else lambda: early_start.stop_sessions(shell, early))
 
 
 def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
                          warn: Warn) -> Executor:
     """SlurmExecutor over the local shell; persistent unless --trtllm-one-shot."""
-    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
-    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor, SlurmSettings
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmExecutor
     from pytest_trtllm_slurm.execution.slurm.jobs import SlurmJobs
     from pytest_trtllm_slurm.execution.slurm.runs import local_registry
 
     shell = LocalShell()
     settings = ctx.settings
-    manager = None
-    if settings.persistent:
-        request = AllocationRequest.covering(
-            list(keys), ctx.slurm_env, time_limit=settings.alloc_time_limit,
-            nodes=settings.alloc_nodes,
-        )
-        manager = allocation_manager(ctx, request, warn=warn)
+    manager = (allocation_manager(ctx, covering(keys, ctx.slurm_env, settings), warn=warn)
+               if settings.persistent else None)
     local_cfg = local_cluster_config(ctx)
     runtime = local_cfg.container_runtime if local_cfg else "none"
     run_flags: tuple[str, ...] | None = None
@@ -224,9 +198,7 @@ def local_slurm_executor(ctx: RunContext, keys: Sequence[BatchLike], *,
         run_flags = tuple(default_run_flags("podman" if runtime == "podman" else "docker"))
     return SlurmExecutor(
         shell,
-        SlurmSettings(slurm_env=ctx.slurm_env, persistent=settings.persistent,
-                      container_runtime=runtime, container_run_flags=run_flags,
-                      walltime=walltime_policy(settings), warm_workers=settings.warm_workers),
+        slurm_settings(settings, ctx.slurm_env, runtime, container_run_flags=run_flags),
         allocation_manager=manager,
         runs=(manager.runs if manager
               else local_registry(shell, paths.work_root(None, ctx.rootdir).dir)),
@@ -259,9 +231,8 @@ def allocation_manager(ctx: RunContext, request: AllocationRequest | None = None
     )
 
 
-def with_containers(
-    request: AllocationRequest, cluster: ClusterConfig, repo: str
-) -> AllocationRequest:
+def with_containers(request: AllocationRequest, cluster: ClusterConfig,
+                    repo: str) -> AllocationRequest:
     """The request plus the cluster's container settings (pyxis images)."""
     from pytest_trtllm_slurm.execution.slurm.alloc_containers import setup_mounts
 
@@ -291,11 +262,26 @@ def build_targets(ctx: RunContext,
     return targets
 
 
-def walltime_policy(settings: Settings) -> WalltimePolicy | None:
-    """--trtllm-negotiate-walltime: opt-in shortening of long-pending one-shot jobs."""
+def covering(keys: Sequence[BatchLike], env: SlurmEnv | None,
+             settings: Settings) -> AllocationRequest:
+    """The persistent allocation the batches ``keys`` need, as the settings bound it."""
+    from pytest_trtllm_slurm.execution.slurm.allocation import AllocationRequest
+
+    return AllocationRequest.covering(list(keys), env, time_limit=settings.alloc_time_limit,
+                                      nodes=settings.alloc_nodes)
+
+
+def slurm_settings(settings: Settings, env: SlurmEnv | None, runtime: str,
+                   **more: Any) -> SlurmSettings:
+    """The run's settings of a Slurm executor (--trtllm-negotiate-walltime: opt-in
+    shortening of long-pending one-shot jobs)."""
+    from pytest_trtllm_slurm.execution.slurm.executor import SlurmSettings
     from pytest_trtllm_slurm.execution.slurm.tracking import WalltimePolicy
 
-    return WalltimePolicy() if settings.negotiate_walltime else None
+    return SlurmSettings(slurm_env=env, persistent=settings.persistent,
+                         container_runtime=runtime, warm_workers=settings.warm_workers,
+                         walltime=WalltimePolicy() if settings.negotiate_walltime else None,
+                         **more)
 
 
 class ClusterJobIds(Executor):
@@ -319,18 +305,15 @@ class ClusterJobIds(Executor):
     def capacity(self) -> Capacity:
         return self.wrapped.capacity()
 
-    def _qualified(self, job_id: str) -> str:
-        return f"{self.cluster}:{job_id}"
-
     def submit(self, spec: JobSpec) -> JobHandle:
         own = self.wrapped.submit(spec)
-        handle = own.model_copy(update={"job_id": self._qualified(own.job_id)})
+        handle = own.model_copy(update={"job_id": f"{self.cluster}:{own.job_id}"})
         self._own[handle.job_id] = own
         return handle
 
     def poll(self, handles: list[JobHandle]) -> dict[str, JobState]:
         states = self.wrapped.poll([self._own.get(h.job_id, h) for h in handles])
-        return {self._qualified(job_id): state for job_id, state in states.items()}
+        return {f"{self.cluster}:{job_id}": state for job_id, state in states.items()}
 
     def cancel(self, handle: JobHandle) -> None:
         self.wrapped.cancel(self._own.get(handle.job_id, handle))

@@ -1,12 +1,6 @@
-"""One loop that watches every active job: state, new report lines, hang, timeout.
-
-Per poll: one state query per executor, then an incremental read (by offset) of each job's
-reports.jsonl and log. A job its executor vouches unchanged (``Executor.quiet``) is skipped
-but read now and then (``CADENCE.news_net``, doubled while such reads find nothing). Over
-a pushing shell the reads take the pushed bytes and a report line ends the wait; an ended
-job's last reads go to the file, one ``READ_CHUNK`` an event. Every byte of a reports
-file becomes records through ``records.LineReader``.
-"""
+"""One loop that watches every active job: per poll one state query per executor, then an
+incremental read of each job's reports.jsonl (pushed bytes where the shell pushes; an ended
+job's from the file) and log for hang patterns and timeouts."""
 
 from __future__ import annotations
 
@@ -28,10 +22,8 @@ _MARK = LOG_MARK.encode()
 
 
 class OwnOutput:
-    """What the test itself wrote to its job log, read chunk by chunk: lines that start
-    with ``LOG_MARK`` are the plugin's (START lines, pytest's own terminal output on the
-    target, which show node ids) and are left out, so a test whose id contains a hang
-    pattern is not taken for a hang."""
+    """What the test itself wrote to its job log, chunk by chunk: the plugin's ``LOG_MARK``
+    lines (which show node ids) left out, so a test id is never taken for a hang pattern."""
 
     def __init__(self) -> None:
         self._pending = b""  # the start of a line that may still turn out marked
@@ -117,23 +109,16 @@ def _stop_of(data: Any) -> float:
 
 
 def records_before(records: list[dict[str, Any]], ended_at: float) -> list[dict[str, Any]]:
-    """The records written before the scheduler ended the job: from the first test report
-    that stopped after ``ended_at``, nothing counts."""
-    for index, record in enumerate(records):
-        if report_stop(record) > ended_at:
-            return records[:index]
-    return records
+    """The records before the first test report that stopped after ``ended_at``."""
+    return records[:next((i for i, r in enumerate(records) if report_stop(r) > ended_at),
+                         len(records))]
 
 
 class Monitor:
     """Watches jobs until each has ended; yields records and final states."""
 
-    def __init__(
-        self,
-        hang_patterns: list[str],
-        poll_interval: float = CADENCE.monitor,
-        on_change: Callable[[WatchedJob], None] | None = None,
-    ) -> None:
+    def __init__(self, hang_patterns: list[str], poll_interval: float = CADENCE.monitor,
+                 on_change: Callable[[WatchedJob], None] | None = None) -> None:
         self.hang_patterns = [p.lower().encode() for p in hang_patterns if p]
         self.poll_interval = poll_interval
         self.on_change = on_change  # told when a job's status or pending reason changes
@@ -198,14 +183,16 @@ class Monitor:
                     netted = True
                     missed |= (job.state.status != before[0]
                                or job.reports_offset != offset)
-            if netted:
-                self._tune_net(jobs[0].executor, missed)
+            if netted:  # the safety net's period: back to its least when it found what no
+                # notice announced (a shared file system may cache folder times), else doubled
+                key = id(jobs[0].executor)
+                self._net[key] = (CADENCE.news_net if missed else
+                                  min(2 * self._net.get(key, CADENCE.news_net),
+                                      CADENCE.news_net_max))
 
     def _with_news(self, jobs: list[WatchedJob], now: float) -> list[WatchedJob]:
-        """The jobs this round reads: all but those the executor vouches unchanged
-        (``Executor.quiet``: their node side announces each change), which are still read
-        now and then (the safety net, ``_tune_net``), and when the scheduler's word their
-        held reports wait for came (``Executor.vouched``)."""
+        """The jobs this round reads: all but those ``Executor.quiet`` vouches unchanged, which
+        are read when the safety net is due or their held reports' word came (``vouched``)."""
         executor = jobs[0].executor
         quiet, vouched = executor.quiet([j.handle for j in jobs]), executor.vouched
         net = self._net.get(id(executor), CADENCE.news_net)
@@ -218,14 +205,6 @@ class Monitor:
                 read.append(job)
         return read
 
-    def _tune_net(self, executor: Executor, missed: bool) -> None:
-        """The safety net's period: back to its least when a read it made found a report
-        or a new status that no notice announced (notices are lost here, e.g. a shared
-        file system that caches folder times), else twice as long, up to its most."""
-        net = self._net.get(id(executor), CADENCE.news_net)
-        self._net[id(executor)] = (CADENCE.news_net if missed
-                                   else min(2 * net, CADENCE.news_net_max))
-
     def _check(self, job: WatchedJob) -> Iterator[JobEvent]:
         now = time.monotonic()
         if job.state.status is JobStatus.RUNNING and job.started is None:
@@ -234,22 +213,15 @@ class Monitor:
         if not job.state.status.finished and job.forced_status is None:
             if self._hang_seen(job):
                 self._stop(job, JobStatus.HANG_DETECTED, "hang pattern found in the job log")
-            elif (
-                job.started is not None
-                and now - job.started > job.handle.spec.monitor_timeout_seconds
-            ):
-                limit = job.handle.spec.monitor_timeout_seconds
-                self._stop(
-                    job, JobStatus.TIMEOUT, f"ran longer than the monitor timeout ({limit} s)"
-                )
+            elif (job.started is not None
+                  and now - job.started > (limit := job.handle.spec.monitor_timeout_seconds)):
+                self._stop(job, JobStatus.TIMEOUT,
+                           f"ran longer than the monitor timeout ({limit} s)")
         if job.state.status.finished:
             job.ended = job.state
-            if job.forced_status is not None:
-                job.ended = JobState(  # it ended because we stopped it: its code says nothing
-                    status=job.forced_status,
-                    nodelist=job.state.nodelist,
-                    reason=job.forced_reason,
-                )
+            if job.forced_status is not None:  # we stopped it: its code says nothing
+                job.ended = JobState(status=job.forced_status, nodelist=job.state.nodelist,
+                                     reason=job.forced_reason)
             # the reports held back for the scheduler's word, then the rest of the file
             records += job.held
             job.held = []
@@ -258,11 +230,9 @@ class Monitor:
             yield JobEvent(job, records)
 
     def _drain(self, job: WatchedJob, records: list[dict[str, Any]]) -> JobEvent:
-        """The next chunk of an ended job's file (read itself, not pushed); the event is
-        the job's final one once the file's end is reached. Records stamped after the end
-        the scheduler saw are dropped, with all after them (a node set DOWN may keep its
-        processes running, and they keep writing): a test that ended in the very second
-        of the failure runs again rather than count on a doubt (``records_before``)."""
+        """The next chunk of an ended job's file (from the file), final at its end. Records
+        stamped after the end the scheduler saw are dropped with all after them: a node set
+        DOWN may keep its processes running, and they keep writing (``records_before``)."""
         assert job.ended is not None
         offset = job.reports_offset
         if not records:  # else these are this round's: the file's rest from the next
@@ -290,14 +260,10 @@ class Monitor:
         later waits, with everything after it, until the scheduler has said so again."""
         pending = job.held + records
         limit = job.state.alive_at
-        cut = len(pending)
-        if limit is not None and not job.state.status.finished:
-            for index, record in enumerate(pending):
-                if report_stop(record) > limit:
-                    cut = index
-                    break
-        job.held = pending[cut:]
-        return pending[:cut]
+        shown = (pending if limit is None or job.state.status.finished
+                 else records_before(pending, limit))
+        job.held = pending[len(shown):]
+        return shown
 
     def _stop(self, job: WatchedJob, status: JobStatus, reason: str) -> None:
         job.forced_status, job.forced_reason = status, reason
@@ -321,9 +287,8 @@ class Monitor:
             job.pushing.unwatch(job.handle.spec.log_path)
 
     def _read_records(self, job: WatchedJob, *, final: bool = False) -> list[dict[str, Any]]:
-        """The records whose lines ended since the last read (an unterminated last line
-        waits for the next); a line that is no record is an ``UnreadableLine`` in its
-        place: the reader decides what it means."""
+        """The records whose lines ended since the last read (a line that is no record is an
+        ``UnreadableLine`` in its place)."""
         chunk = self._chunk(job, job.handle.spec.reports_path, job.reports_offset, final=final)
         if not chunk:
             return []

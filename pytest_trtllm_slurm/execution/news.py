@@ -1,8 +1,6 @@
-"""Which batches' files changed since the last round, from one stat of a news folder: a
-served batch renames a notice into it (``node.files.announce``) after each change, so an
-unmoved mtime means no batch to read. A lost notice costs latency only (the monitor's
-safety net still reads every batch). Local files only (over SSH the relay pushes).
-"""
+"""Which batches' files changed since the last round, from one stat of a news folder a served
+batch renames a notice into (``node.files.announce``). Local files only (over SSH the relay
+pushes)."""
 
 from __future__ import annotations
 

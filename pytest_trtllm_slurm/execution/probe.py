@@ -33,10 +33,8 @@ def parse_nvidia_smi(text: str) -> tuple[list[str], list[int]]:
 
 def probe_gpus(shell: Shell, timeout: float, env: LocalEnv) -> None:
     """Fill GPU count, names, normalized type and smallest memory from nvidia-smi."""
-    res = shell.run(
-        ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-        timeout=timeout,
-    )
+    res = shell.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                    timeout=timeout)
     if res.returncode == 127 and not res.timed_out:
         env.notes.append("gpu: nvidia-smi not found on PATH; assuming no GPUs")
         return
@@ -76,9 +74,8 @@ def probe_slurm(shell: Shell, timeout: float, env: LocalEnv) -> None:
         env.notes.append("slurm: scontrol not found on PATH (no Slurm client tools)")
         return
     if not res.ok:
-        env.notes.append(
-            f"slurm: client tools present but the controller does not answer: {res.describe()}"
-        )
+        env.notes.append("slurm: client tools present but the controller does not answer: "
+                         + res.describe())
         return
     env.slurm_available = True
     env.cluster_name = parse_scontrol_config(res.stdout).get("ClusterName") or None
@@ -86,9 +83,8 @@ def probe_slurm(shell: Shell, timeout: float, env: LocalEnv) -> None:
         env.notes.append("slurm: scontrol show config has no ClusterName")
 
 
-def probe_local_env(
-    shell: Shell | None = None, timeout: float = 10, *, engines: bool = True
-) -> LocalEnv:
+def probe_local_env(shell: Shell | None = None, timeout: float = 10, *,
+                    engines: bool = True) -> LocalEnv:
     """Everything routing needs to know about this machine, each probe bounded by
     ``timeout``; ``engines=False`` skips the container engines (0.4 s for podman)."""
     shell = shell or LocalShell()

@@ -1,10 +1,6 @@
-"""The records of ``reports.jsonl`` as the controller accepts them (the boundary).
-
-``node.records`` declares the types (TypedDicts); here each has a pydantic model that words
-a refusal, and a dict check of the same fields (``check_line``: decoded and checked in one
-pass) that every line read goes through. What a target writes is not trusted: a record of
-another version or type, of the wrong shape, or naming a test not of the batch is refused
-with a ``BadRecord`` saying which and why, never replayed.
+"""The records of ``reports.jsonl`` as the controller accepts them (the boundary): a pydantic
+model per ``node.records`` type words a refusal, a dict check of the same fields checks each
+line in one pass; a record a target should not have written is a ``BadRecord``, never replayed.
 """
 
 from __future__ import annotations
@@ -156,19 +152,13 @@ class ExceptionRepr(_Kwargs):
 _LONGREPR_KINDS: dict[type, str] = {type(None): "none", str: "text", list: "skip",
                                      tuple: "skip", dict: "exception"}
 
-
-def _longrepr_kind(value: Any) -> str:
-    """Which of ``Longrepr``'s shapes ``value`` claims (called for every report checked)."""
-    return _LONGREPR_KINDS.get(type(value), "other")
-
-
 # None (passed), a text, a skip's (path, lineno, reason) or an exception's repr, told
 # apart by their JSON type (a refusal names the field that is wrong)
 Longrepr = Annotated[
     Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
     | Annotated[tuple[Str, Int | None, Str], Tag("skip")]
     | Annotated[ExceptionRepr, Tag("exception")],
-    Discriminator(_longrepr_kind),
+    Discriminator(lambda value: _LONGREPR_KINDS.get(type(value), "other")),
 ]
 
 
@@ -433,10 +423,8 @@ class UnreadableLine(dict):  # type: ignore[type-arg]
 
 
 class LineReader:
-    """The bytes of reports.jsonl, in the pieces they are read, as checked records
-    (``check_line``): the one way a target's reports become records. Linear in what it is
-    fed; a line longer than ``max_line`` is one ``UnreadableLine`` and skipped unkept.
-    What a target wrote never raises out of here."""
+    """The bytes of reports.jsonl, as read, as checked records (``check_line``): the one way a
+    target's reports become records; a line longer than ``max_line`` is one ``UnreadableLine``."""
 
     def __init__(self, max_line: int = MAX_LINE, batch: Container[str] | None = None) -> None:
         self.max_line = max_line
@@ -459,7 +447,7 @@ class LineReader:
             elif self._kept + stop - pos > self.max_line:
                 start = (self._pieces[0] if self._pieces else chunk[pos:])[:RAW_SHOWN]
                 records.append(UnreadableLine(
-                    start[:RAW_SHOWN].decode("utf-8", "replace"),
+                    start.decode("utf-8", "replace"),
                     f"a line longer than {self.max_line} bytes (the longest the controller "
                     "reads)"))
                 self._pieces, self._kept, self._skipping = [], 0, end < 0
@@ -537,8 +525,12 @@ def load_json(raw: bytes | str, what: str) -> Any:
         why = f"not JSON ({exc})"
     except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
         why = f"unreadable ({type(exc).__name__})"
-    text = raw if isinstance(raw, str) else raw[:RAW_SHOWN].decode("utf-8", "replace")
-    raise BadRecord(f"{what}: {why}", text)
+    raise _bad(f"{what}: {why}", raw)
+
+
+def _bad(why: str, raw: bytes | str) -> BadRecord:
+    return BadRecord(why, raw if isinstance(raw, str) else
+                     raw[:RAW_SHOWN].decode("utf-8", "replace"))
 
 
 _B = TypeVar("_B", bound=BaseModel)
@@ -555,8 +547,7 @@ def validated(model: type[_B], raw: bytes | str, what: str) -> _B:
         why = f"{what}: {where}: {first['msg']}"
     except Exception as exc:  # noqa: BLE001 - whatever a target wrote, never an INTERNALERROR
         why = f"{what}: unreadable ({type(exc).__name__})"
-    text = raw if isinstance(raw, str) else raw[:RAW_SHOWN].decode("utf-8", "replace")
-    raise BadRecord(why, text)
+    raise _bad(why, raw)
 
 
 class Heartbeat(BaseModel):

@@ -44,8 +44,7 @@ def why_untrusted(st: os.stat_result, *, directory: bool) -> str | None:
 
 def refuse_untrusted_dir(folder: str | Path) -> None:
     """UntrustedPath unless ``folder`` is a real folder of ours nobody else may write."""
-    why = why_untrusted(os.lstat(folder), directory=True)
-    if why is not None:
+    if (why := why_untrusted(os.lstat(folder), directory=True)) is not None:
         raise UntrustedPath(f"{folder}: {why}; refusing to use it (someone else could put "
                             "files there or swap ours): remove it and run again")
 
@@ -97,22 +96,16 @@ def close_own_dirs(folders: list[Path]) -> None:
 
 def tree_up_to(root: Path, top_name: str) -> list[Path]:
     """``root`` and its parents up to the one named ``top_name`` (only ``root`` if none)."""
-    chain = [root]
-    if root.name == top_name:
-        return chain
-    for parent in root.parents:
-        chain.append(parent)
-        if parent.name == top_name:
-            return chain
-    return [root]
+    chain = [root, *root.parents]
+    names = [folder.name for folder in chain]
+    return chain[:names.index(top_name) + 1] if top_name in names else [root]
 
 
 def open_trusted(path: Path) -> bytes:
     """The bytes of ``path`` if the open file is our own regular file (else UntrustedPath)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        why = why_untrusted(os.fstat(fd), directory=False)
-        if why is not None:
+        if (why := why_untrusted(os.fstat(fd), directory=False)) is not None:
             raise UntrustedPath(f"{path}: {why}")
         chunks = []
         while chunk := os.read(fd, 1 << 16):

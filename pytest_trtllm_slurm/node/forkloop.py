@@ -1,10 +1,6 @@
-"""The engine of the warm workers (target side, stdlib only): a mailbox folder.
-
-Requests are JSON files renamed into ``<root>/inbox`` (``<name>.cancel`` stops one, ``stop``
-ends the loop once idle), each run in a forked child in its own process group (a cancel
-kills all it started) whose exit status goes atomically to ``exit_path``. Files, not
-sockets: both sides of SSH share a file system. Only our own regular files are read.
-"""
+"""The engine of the warm workers (target side, stdlib only): JSON requests renamed into
+``<root>/inbox`` (``<name>.cancel``, ``stop``), each run in a forked process group whose exit
+status goes to ``exit_path``. Files, not sockets: both sides of SSH share a file system."""
 
 from __future__ import annotations
 
@@ -172,11 +168,9 @@ class ForkLoop:
             except UntrustedPath as exc:
                 _refuse(path, str(exc))
                 continue
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            except (OSError, UnicodeDecodeError) as exc:
+                if getattr(exc, "errno", None) == errno.ELOOP:  # O_NOFOLLOW met a link
                     _refuse(path, f"{path}: it is a symbolic link")
-                continue  # gone, or not complete yet: next round
-            except UnicodeDecodeError:
                 continue  # gone, or not complete yet: next round
             if name == STOP:
                 self._stopping = found = True

@@ -39,9 +39,8 @@ class FinishRecord(_Record):
 
 
 class ItemRecord(_Record):
-    """A test's reports since its ``start`` line, then ``finish`` (its attempt ended) and
-    ``done`` (its whole protocol returned): the events of ``report``, ``finish`` and
-    ``done`` lines in one JSON object to decode and check per test instead of five."""
+    """A test's ``report``, ``finish`` and ``done`` events in one line: one JSON object to
+    decode and check per test instead of five."""
 
     type: Literal["item"]
     nodeid: str

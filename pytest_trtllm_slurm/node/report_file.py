@@ -1,13 +1,6 @@
-"""reports.jsonl as the node appends to it: whole lines, flushed at once, fsynced in batches.
-
-Each line is one ``write`` on an O_APPEND descriptor: the controller reads the file as it
-grows, a killed worker loses nothing it wrote, and a torn last line is the only damage a
-crash can do. fsync (half a millisecond a line, six lines a test) is what makes the lines
-survive the machine and reach a shared file system's server: a line is fsynced when the
-last fsync is ``SYNC_EVERY`` old or its writer asks (a test's start after a slow test),
-and the file always before it is closed. A node failure may lose the rest: those tests
-count as never reported.
-"""
+"""reports.jsonl as the node appends to it: each line one ``write`` on an O_APPEND
+descriptor (a killed worker loses nothing it wrote), fsynced in batches (half a millisecond
+a line) so the lines survive the node and reach a shared file system's server."""
 
 from __future__ import annotations
 
@@ -42,8 +35,7 @@ class ReportFile:
                 raise UntrustedPath(f"{path}: it is a symbolic link; refusing to write "
                                     "reports through it") from None
             raise
-        why = why_untrusted(os.fstat(fd), directory=False)
-        if why is not None:
+        if (why := why_untrusted(os.fstat(fd), directory=False)) is not None:
             os.close(fd)
             raise UntrustedPath(f"{path}: {why}; refusing to write reports to it")
         return fd

@@ -153,9 +153,8 @@ class ReportWriter:
             self._bundle(item.nodeid)["done"] = True
             self.flush()
 
-    def pytest_warning_recorded(
-        self, warning_message: Any, when: str, nodeid: str, location: Any
-    ) -> None:
+    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str,
+                                location: Any) -> None:
         category = warning_message.category
         self.emit(records.warning(
             when, nodeid, str(warning_message.message),

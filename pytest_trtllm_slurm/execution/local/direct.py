@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import time
 
 from pytest_trtllm_slurm.execution.local.process import LocalJob, LocalProcessExecutor
 from pytest_trtllm_slurm.execution.protocol import JobHandle
@@ -17,10 +16,7 @@ class DirectExecutor(LocalProcessExecutor):
     """Runs JobSpecs as local subprocesses."""
 
     def submit(self, spec: JobSpec) -> JobHandle:
-        job_id = f"local-{os.getpid()}-{next(self._ids)}"
-        self._jobs[job_id] = LocalJob(spec)
-        self._try_start(job_id)
-        return JobHandle(job_id=job_id, spec=spec, submitted_at=time.time(), nodelist="localhost")
+        return self._submitted(f"local-{os.getpid()}-{next(self._ids)}", LocalJob(spec))
 
     def _launch(self, job: LocalJob) -> None:
         env = {**os.environ, **job.spec.env}

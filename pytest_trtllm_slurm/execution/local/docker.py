@@ -15,9 +15,7 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.local.process import LocalJob, LocalProcessExecutor
@@ -25,11 +23,11 @@ from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.containers import (
     JOB_LABEL,
     OWNER_LABEL,
+    Engine,
     client_sensitive,
     container_env,
     engine_run_argv,
     env_file_text,
-    job_mounts,
     safe_name,
     workdir_of,
 )
@@ -40,7 +38,6 @@ from pytest_trtllm_slurm.planning.models import LocalEnv
 from pytest_trtllm_slurm.planning.safe_values import argument_problem
 from pytest_trtllm_slurm.transport.command_log import timed_command
 
-Engine = Literal["docker", "podman"]
 ENGINES: tuple[Engine, ...] = ("docker", "podman")
 ENGINE_TIMEOUT = 60.0
 CAP_SYS_RESOURCE = 24
@@ -86,36 +83,24 @@ class ContainerExecutor(LocalProcessExecutor):
 
     def __init__(self, engine: Engine, *, cli: Sequence[str] | None = None,
                  engine_env: Mapping[str, str] | None = None, gpu_ids: list[int] | None = None,
-                 models_root: str | None = None, run_flags: Sequence[str] | None = None,
-                 extra_flags: Sequence[str] = (), python: str = "python3",
-                 network: str | None = "host", user: str | None = "auto",
-                 mount_plugin: bool = True) -> None:
+                 run_flags: Sequence[str] | None = None) -> None:
         """``cli``: the argv prefix reaching the engine (default ``[engine]``); ``engine_env``:
-        extra environment for it; ``run_flags`` replaces ``default_run_flags(engine)``,
-        ``extra_flags`` are appended; ``user="auto"``: docker runs as the caller's uid:gid
-        unless root (rootless podman maps root already), None: the image's user."""
+        extra environment for it; ``run_flags`` replaces ``default_run_flags(engine)``. docker
+        runs as the caller's uid:gid unless root (rootless podman maps root already)."""
         if engine not in ENGINES:
             raise ConfigError(f"container engine {engine!r}: expected one of {', '.join(ENGINES)}")
         self.engine: Engine = engine
         self.cli = list(cli or [engine])
         self.engine_env = dict(engine_env or {})
         super().__init__(gpu_ids)
-        self.models_root = models_root
         self.run_flags = list(default_run_flags(engine) if run_flags is None else run_flags)
-        self.run_flags += list(extra_flags)
-        self.python = python
-        self.network = network
-        if user == "auto":
-            user = f"{os.getuid()}:{os.getgid()}" if engine == "docker" and os.getuid() else None
-        self.user = user
-        self.mount_plugin = mount_plugin
+        self.user = f"{os.getuid()}:{os.getgid()}" if engine == "docker" and os.getuid() else None
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self._images_ok: set[str] = set()
         self._orphans_checked = False
 
     @classmethod
-    def from_local_env(cls, local: LocalEnv, *, engine: str | None = None,
-                       **kwargs: object) -> ContainerExecutor:
+    def from_local_env(cls, local: LocalEnv, *, engine: str | None = None) -> ContainerExecutor:
         """The engine that answered the probe (docker first), or ``engine`` when forced."""
         chosen = engine or local.container_engine
         if not chosen:
@@ -123,8 +108,7 @@ class ContainerExecutor(LocalProcessExecutor):
             raise ConfigError(
                 "local_docker needs a container engine, and neither docker nor podman answers "
                 f"here ({notes}); start one, or choose another scenario")
-        gpu_ids = kwargs.pop("gpu_ids", None) or list(range(local.gpu_count))
-        return cls(chosen, gpu_ids=gpu_ids, **kwargs)  # type: ignore[arg-type]
+        return cls(chosen, gpu_ids=list(range(local.gpu_count)))  # type: ignore[arg-type]
 
     def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, **self.engine_env, **(extra or {})}
@@ -135,25 +119,23 @@ class ContainerExecutor(LocalProcessExecutor):
 
     def _engine(self, *args: str, timeout: float = ENGINE_TIMEOUT) -> subprocess.CompletedProcess:
         with timed_command("localhost", [*self.cli, *args]) as outcome:
-            outcome.append(self._engine_once(args, timeout))
+            try:
+                res = subprocess.run([*self.cli, *args], capture_output=True, text=True,
+                                     timeout=timeout, stdin=subprocess.DEVNULL, env=self._env(),
+                                     check=False)
+            except FileNotFoundError as exc:
+                res = subprocess.CompletedProcess(args, 127, "", str(exc))
+            except subprocess.TimeoutExpired as exc:
+                res = subprocess.CompletedProcess(args, 124, "",
+                                                  f"timed out after {timeout} s: {exc}")
+            outcome.append(res)
         return outcome[0]
-
-    def _engine_once(self, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run([*self.cli, *args], capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL, env=self._env(),
-                                  check=False)
-        except FileNotFoundError as exc:
-            return subprocess.CompletedProcess(args, 127, "", str(exc))
-        except subprocess.TimeoutExpired as exc:
-            return subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout} s: {exc}")
 
     def check_image(self, image: str) -> None:
         """ConfigError unless ``image`` is in the engine's local store (never pulled)."""
         if image in self._images_ok:
             return
-        problem = argument_problem(image)
-        if problem:  # "docker image inspect -x" would take it as an option
+        if problem := argument_problem(image):  # else "image inspect -x" is an option
             raise ConfigError(f"container image {image!r} {problem}; choose another image "
                               "with --trtllm-container-image")
         res = self._engine("image", "inspect", "--format", "{{.Id}}", image)
@@ -194,11 +176,8 @@ class ContainerExecutor(LocalProcessExecutor):
             self._orphans_checked = True
             self.remove_orphans()
         n = next(self._ids)
-        job_id = f"{self.engine}-{os.getpid()}-{n}"
         name = safe_name(f"trtllm-{spec.name}", 40) + f"-{os.getpid()}-{n}-{secrets.token_hex(3)}"
-        self._jobs[job_id] = LocalJob(spec, name)
-        self._try_start(job_id)
-        return JobHandle(job_id=job_id, spec=spec, submitted_at=time.time(), nodelist="localhost")
+        return self._submitted(f"{self.engine}-{os.getpid()}-{n}", LocalJob(spec, name))
 
     def run_argv(self, spec: JobSpec, name: str, gpus: Sequence[int] = (),
                  command: Sequence[str] | None = None, env_file: str | None = None) -> list[str]:
@@ -207,23 +186,14 @@ class ContainerExecutor(LocalProcessExecutor):
         all_gpus = bool(gpus) and sorted(gpus) == sorted(self._all_gpus)
         return engine_run_argv(
             self.engine, spec, name=name, cli=self.cli, run_flags=self.run_flags,
-            gpu_ids=list(gpus), all_gpus=all_gpus, mounts=self._mounts(spec),
-            env=self._container_env(spec), env_file=env_file, network=self.network,
-            user=self.user, python=self.python, command=command,
-            labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name})
-
-    def _mounts(self, spec: JobSpec) -> list[str]:
-        return job_mounts(spec, models_root=self.models_root, include_plugin=self.mount_plugin)
-
-    def _container_env(self, spec: JobSpec) -> dict[str, str]:
-        return container_env(spec, models_root=self.models_root,
-                             include_plugin=self.mount_plugin)
+            gpu_ids=list(gpus), all_gpus=all_gpus, env_file=env_file, user=self.user,
+            command=command, labels={OWNER_LABEL: self.owner, JOB_LABEL: spec.job_name})
 
     def _launch(self, job: LocalJob) -> None:
         """Values reach the engine through its environment (``-e NAME``) and, for the names
         its CLI reads itself, a pipe given as ``--env-file /dev/fd/N``: none is in ``ps``
         (the command line) or on disk."""
-        job_env = self._container_env(job.spec)
+        job_env = container_env(job.spec)
         in_file = {k: v for k, v in job_env.items() if client_sensitive(k)}
         env = self._env({k: v for k, v in job_env.items() if not client_sensitive(k)})
         banner = (f"[trtllm-slurm] container {job.name}: {self.engine} "
@@ -272,9 +242,8 @@ class ContainerExecutor(LocalProcessExecutor):
         argv = engine_run_argv(
             self.engine, spec, name=safe_name(f"trtllm-rerun-{spec.name}", 50), cli=self.cli,
             run_flags=self.run_flags, all_gpus=bool(self._all_gpus and spec.total_devices),
-            mounts=self._mounts(spec), env={}, network=self.network, user=self.user,
-            python=self.python, command=command)
-        flags = [arg for key, value in sorted(self._container_env(spec).items())
+            env={}, user=self.user, command=command)
+        flags = [arg for key, value in sorted(container_env(spec).items())
                  for arg in ("-e", key if is_secret(key, value) else f"{key}={value}")]
         image_at = argv.index(spec.container_image or "")
         argv[image_at:image_at] = flags
@@ -312,8 +281,8 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 

@@ -5,10 +5,12 @@ handed out in disjoint slices (a job waits PENDING for its slice).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
@@ -51,6 +53,13 @@ class LocalProcessExecutor(Executor):
     def _launch(self, job: LocalJob) -> None:
         """Start ``job`` (its GPUs are taken already): call ``_spawn``."""
         raise NotImplementedError
+
+    def _submitted(self, job_id: str, job: LocalJob) -> JobHandle:
+        """``job`` started if its GPUs are free, else left PENDING."""
+        self._jobs[job_id] = job
+        self._try_start(job_id)
+        return JobHandle(job_id=job_id, spec=job.spec, submitted_at=time.time(),
+                         nodelist="localhost")
 
     def _exit_reason(self, code: int) -> str | None:
         """Why a client's nonzero exit code failed the job (None: the code says it)."""
@@ -98,10 +107,9 @@ class LocalProcessExecutor(Executor):
         code = job.proc.poll()
         if code is None:
             return JobState(status=JobStatus.RUNNING, nodelist="localhost")
-        if job.cancelled:
-            return JobState(status=JobStatus.CANCELLED, exit_code=code, nodelist="localhost")
-        if code == 0:
-            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist="localhost")
+        if job.cancelled or code == 0:
+            status = JobStatus.CANCELLED if job.cancelled else JobStatus.COMPLETED
+            return JobState(status=status, exit_code=code, nodelist="localhost")
         return JobState(status=JobStatus.FAILED, exit_code=code, nodelist="localhost",
                         reason=self._exit_reason(code))
 
@@ -118,16 +126,11 @@ class LocalProcessExecutor(Executor):
         proc = job.proc
         if proc is None or proc.poll() is not None:
             return
-        kill_group(proc, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(KILL_GRACE_SECONDS)
         except subprocess.TimeoutExpired:
-            kill_group(proc, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def kill_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass

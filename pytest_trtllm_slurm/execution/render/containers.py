@@ -15,7 +15,7 @@ from typing import Literal
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.resolve import enroot_uri
 from pytest_trtllm_slurm.planning.safe_values import argument_problem, line_problem, mount_problem
-from pytest_trtllm_slurm.planning.settings import MODELS_ROOT_ENV, mount_target
+from pytest_trtllm_slurm.planning.settings import mount_target
 
 Engine = Literal["docker", "podman"]
 
@@ -85,8 +85,7 @@ def container_name_for(image: str, *, account: str | None = None, salt: str = ""
 
 def parse_mount(text: str) -> tuple[str, str, str]:
     """``SRC[:DST[:FLAGS]]`` -> (src, dst, flags); DST defaults to SRC."""
-    problem = mount_problem(text)
-    if problem:
+    if problem := mount_problem(text):
         raise ValueError(f"mount {text!r} {problem}; expected SRC[:DST[:FLAGS]] with "
                          "absolute paths")
     parts = text.split(":")
@@ -112,8 +111,7 @@ def _under(path: str, parent: str) -> bool:
     return p == q or q in p.parents
 
 
-def job_mounts(spec: JobSpec, *, models_root: str | None = None,
-               include_plugin: bool = True) -> list[str]:
+def job_mounts(spec: JobSpec, *, models_root: str | None = None) -> list[str]:
     """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike): host paths
     kept, none inside an earlier one; the JobSpec's own mounts last, as given, each
     container path once."""
@@ -134,32 +132,27 @@ def job_mounts(spec: JobSpec, *, models_root: str | None = None,
         if target not in taken:
             taken.add(target)
             out.append(text)
-    if include_plugin:
-        out.append(_mount(plugin_dir(), f"{PLUGIN_ROOT}/pytest_trtllm_slurm", "ro"))
+    out.append(_mount(plugin_dir(), f"{PLUGIN_ROOT}/pytest_trtllm_slurm", "ro"))
     return out
 
 
-def container_env(spec: JobSpec, *, models_root: str | None = None,
-                  include_plugin: bool = True) -> dict[str, str]:
+def container_env(spec: JobSpec) -> dict[str, str]:
     """The job's environment inside a container: spec.env, PYTHONPATH with the plugin root
-    first, and LLM_MODELS_ROOT = the models root unless the spec sets it."""
+    first."""
     env = dict(spec.env)
     for name in env:
         _check_name(name)
-    if include_plugin:
-        old = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = PLUGIN_ROOT + (f":{old}" if old else "")
-    if models_root and MODELS_ROOT_ENV not in env:
-        env[MODELS_ROOT_ENV] = models_root
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = PLUGIN_ROOT + (f":{old}" if old else "")
     return env
 
 
-def in_container_argv(command: Sequence[str], python: str = "python3") -> list[str]:
+def in_container_argv(command: Sequence[str]) -> list[str]:
     """The worker argv with a first element naming a Python interpreter replaced by the
-    image's ``python``."""
+    image's ``python3``."""
     argv = list(command)
     if argv and re.fullmatch(r"python[0-9.]*", PurePosixPath(argv[0]).name):
-        argv[0] = python
+        argv[0] = "python3"
     return argv
 
 
@@ -169,18 +162,16 @@ def workdir_of(spec: JobSpec) -> str:
 
 def pyxis_args(spec: JobSpec, container_name: str, *, writable: bool = False,
                mounts: Sequence[str] | None = None, workdir: str | None = None,
-               image: str | None = None, env_names: Sequence[str] | None = None,
-               models_root: str | None = None) -> list[str]:
+               env_names: Sequence[str] | None = None) -> list[str]:
     """pyxis flags for one srun of ``spec``, the image in enroot's form. ``env_names``
     None: those of ``container_env(spec)`` (pyxis lets the image's values win unless a name
     is in --container-env); the caller exports ``container_env(spec)`` before srun."""
-    img = image or spec.container_image
-    if not img:
+    if not spec.container_image:
         raise ValueError(f"job spec {spec.name!r} has no container image")
-    mounts = list(job_mounts(spec, models_root=models_root) if mounts is None else mounts)
-    names = (sorted(container_env(spec, models_root=models_root)) if env_names is None
-             else list(env_names))
-    out = [f"--container-image={enroot_uri(img)}", f"--container-name={container_name}"]
+    mounts = list(job_mounts(spec) if mounts is None else mounts)
+    names = sorted(container_env(spec)) if env_names is None else list(env_names)
+    out = [f"--container-image={enroot_uri(spec.container_image)}",
+           f"--container-name={container_name}"]
     if mounts:
         out.append("--container-mounts=" + ",".join(mounts))
     out.append(f"--container-workdir={workdir or workdir_of(spec)}")
@@ -218,8 +209,7 @@ def positional_image(image: str | None, what: str) -> str:
     that starts with ``-`` would be read as one more option of ``run``."""
     if not image:
         raise ValueError(f"job spec {what!r} has no container image")
-    problem = argument_problem(image)
-    if problem:
+    if problem := argument_problem(image):
         raise ValueError(f"container image {image!r} {problem}")
     return image
 
@@ -239,15 +229,15 @@ def engine_run_argv(engine: Engine, spec: JobSpec, *, name: str, cli: Sequence[s
                     image: str | None = None, run_flags: Sequence[str] = (),
                     gpu_ids: Sequence[int] | None = None, all_gpus: bool = False,
                     mounts: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-                    env_file: str | None = None, network: str | None = "host",
-                    user: str | None = None, labels: Mapping[str, str] | None = None,
-                    python: str = "python3", command: Sequence[str] | None = None) -> list[str]:
+                    env_file: str | None = None, user: str | None = None,
+                    labels: Mapping[str, str] | None = None,
+                    command: Sequence[str] | None = None) -> list[str]:
     """``<engine> run --rm --name NAME --pull=never ... IMAGE <worker argv>`` for one batch.
     No value on the command line: ``-e NAME`` (from the engine's environment), and the
     names the CLI reads itself (``client_sensitive``) from ``env_file`` (a pipe)."""
     img = positional_image(image or spec.container_image, spec.name)
     argv = [*(cli or [engine]), "run", "--rm", "--name", name, "--pull=never",
-            *_run_options(labels, network, run_flags)]
+            *_run_options(labels, run_flags)]
     argv += gpu_flags(engine, gpu_ids, all_gpus)
     if user:
         argv += ["--user", user]
@@ -265,18 +255,18 @@ def engine_run_argv(engine: Engine, spec: JobSpec, *, name: str, cli: Sequence[s
         if not client_sensitive(name):
             argv += ["-e", name]
     argv.append(img)
-    return argv + in_container_argv(spec.command if command is None else command, python)
+    return argv + in_container_argv(spec.command if command is None else command)
 
 
-def _run_options(labels: Mapping[str, str] | None, network: str | None,
-                 run_flags: Sequence[str]) -> list[str]:
-    """The labels, network and flags of a ``run``, in that order."""
+def _run_options(labels: Mapping[str, str] | None, run_flags: Sequence[str]) -> list[str]:
+    """The labels, the host's network and the flags of a ``run``, in that order."""
     out = [arg for key, value in sorted((labels or {}).items())
            for arg in ("--label", f"{key}={value}")]
-    return out + ([f"--network={network}"] if network else []) + list(run_flags)
+    return [*out, "--network=host", *run_flags]
 
 
-_WRAPPER = r"""# pytest-trtllm-slurm: one Slurm task run in a docker/podman container
+# the bash script behind ``wrap_in_container`` (also written to a file: its ``script``)
+WRAPPER_SCRIPT = r"""# pytest-trtllm-slurm: one Slurm task run in a docker/podman container
 # args: NAME_PREFIX NCLI ENGINE GPUS(gpus|none) CLI... RUN_ARGS... IMAGE COMMAND...
 prefix=$1; ncli=$2; engine=$3; gpus=$4; shift 4
 cli=("${@:1:$ncli}"); shift "$ncli"
@@ -315,24 +305,19 @@ exit "$rc"
 """
 
 
-def wrapper_script() -> str:
-    """The bash script behind ``wrap_in_container`` (to write to a file: see ``script``)."""
-    return _WRAPPER
-
-
 def wrap_in_container(argv: Sequence[str], runtime: Engine, image: str, *,
                       name_prefix: str = "trtllm", cli: Sequence[str] | None = None,
                       mounts: Sequence[str] = (), workdir: str | None = None,
                       env_names: Sequence[str] = (), gpus: bool = False,
-                      run_flags: Sequence[str] = (), network: str | None = "host",
+                      run_flags: Sequence[str] = (),
                       labels: Mapping[str, str] | None = None,
                       script: str | None = None) -> list[str]:
     """A Slurm task ``argv`` run inside ``image`` with docker or podman (``bash -c WRAPPER``,
-    or ``bash SCRIPT`` holding ``wrapper_script()``); the commented ``_WRAPPER`` names the
+    or ``bash SCRIPT`` holding it); the commented ``WRAPPER_SCRIPT`` names the
     container per task and removes it when the step ends or is cancelled."""
     cli = list(cli or [runtime])
     image = positional_image(image, name_prefix)
-    run = ["--rm", "--pull=never", *_run_options(labels, network, run_flags)]
+    run = ["--rm", "--pull=never", *_run_options(labels, run_flags)]
     for m in mounts:
         parse_mount(m)
         run += ["-v", m]
@@ -342,6 +327,6 @@ def wrap_in_container(argv: Sequence[str], runtime: Engine, image: str, *,
         _check_name(name)
         run += ["-e", name]
     run.append(image)
-    head = ["bash", script] if script else ["bash", "-c", _WRAPPER, "trtllm-container"]
+    head = ["bash", script] if script else ["bash", "-c", WRAPPER_SCRIPT, "trtllm-container"]
     return [*head, safe_name(name_prefix, 40), str(len(cli)), runtime,
             "gpus" if gpus else "none", *cli, *run, *argv]

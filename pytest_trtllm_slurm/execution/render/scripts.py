@@ -130,8 +130,7 @@ def _directive(*parts: str) -> str:
     """One ``#SBATCH`` line. sbatch ends a directive at the line break, so a value with
     one would run the rest of it as a command: refused (ValueError), never escaped."""
     for part in parts:
-        problem = line_problem(part)
-        if problem:
+        if problem := line_problem(part):
             raise ValueError(f"#SBATCH value {part!r} {problem}: it cannot stay on its line")
     return "#SBATCH " + " ".join(shlex.quote(p) if i else p for i, p in enumerate(parts))
 
@@ -147,8 +146,7 @@ def _slurm_path(path: str) -> str:
 
 
 def _env_lines(env: dict[str, str]) -> list[str]:
-    problem = env_problem(env)
-    if problem:
+    if problem := env_problem(env):
         raise ValueError(f"job environment: {problem}")
     return [f"export {key}={shell_word(value, one_line=True)}"
             for key, value in sorted(env.items())]
@@ -157,8 +155,7 @@ def _env_lines(env: dict[str, str]) -> list[str]:
 def _env_names(env: dict[str, str], values: str) -> list[str]:
     """The comment naming the job's variables whose values are in no file (secrets stay
     in memory): ``values`` says where they come from."""
-    problem = env_problem(env)
-    if problem:
+    if problem := env_problem(env):
         raise ValueError(f"job environment: {problem}")
     return [_comment(f"pytest-trtllm-slurm environment (values {values}, not written here): "
                      + " ".join(sorted(env)))] if env else []

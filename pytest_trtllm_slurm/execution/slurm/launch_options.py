@@ -11,6 +11,7 @@ from pytest_trtllm_slurm.execution.local.docker import TRTLLM_RUN_FLAGS
 from pytest_trtllm_slurm.execution.render.containers import (
     CENV_PREFIX,
     JOB_LABEL,
+    WRAPPER_SCRIPT,
     Engine,
     client_sensitive,
     container_env,
@@ -21,7 +22,6 @@ from pytest_trtllm_slurm.execution.render.containers import (
     pyxis_args,
     workdir_of,
     wrap_in_container,
-    wrapper_script,
 )
 from pytest_trtllm_slurm.execution.render.scripts import (
     ContainerOptions,
@@ -74,7 +74,7 @@ class LaunchOptions:
         if self.wraps(spec):
             self.unwrapped[spec.work_dir] = spec
             script = str(PurePosixPath(spec.work_dir) / CONTAINER_SCRIPT)
-            shell.write_file(script, wrapper_script())
+            shell.write_file(script, WRAPPER_SCRIPT)
             env, argv = self.wrapped(spec, spec.command, script)
             spec = spec.model_copy(update={"env": env, "command": argv})
         return spec
