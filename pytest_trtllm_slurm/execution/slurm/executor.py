@@ -29,9 +29,13 @@ from pytest_trtllm_slurm.execution.slurm.launch_options import CONTAINER_SCRIPT,
 from pytest_trtllm_slurm.execution.slurm.oneshot import OneShotJobs
 from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
-from pytest_trtllm_slurm.execution.slurm.settle import reports_settled
 from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
-from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, WalltimePolicy, visible_state
+from pytest_trtllm_slurm.execution.slurm.tracking import (
+    TrackedJob,
+    WalltimePolicy,
+    reports_settled,
+    visible_state,
+)
 from pytest_trtllm_slurm.execution.slurm.warm_batches import WarmBatches
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_masked, is_secret

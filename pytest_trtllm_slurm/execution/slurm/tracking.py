@@ -1,5 +1,6 @@
-"""What the Slurm executor tracks per batch, and how end states are derived (pure:
-squeue/sacct rows and exit codes in)."""
+"""What the Slurm executor tracks per batch, how end states are derived (squeue/sacct rows
+and exit codes in), and when a final state may be shown: once its reports file is complete
+(shared file systems lag; only a batch that exited 0 waits for ``session_finish``)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow
 from pytest_trtllm_slurm.execution.slurm.lifecycle import FollowsState, Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.warm_pool import WarmJob
 from pytest_trtllm_slurm.node.paths import Batch
+from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Launch
+from pytest_trtllm_slurm.transport.shell import Shell
+
+#: workflows whose command writes no reports file (its exit code is all there is)
+NO_REPORTS = frozenset({"build"})
 
 
 @dataclass(frozen=True)
@@ -155,3 +161,25 @@ def seconds_until(stamp: str | None) -> float | None:
         return (datetime.fromisoformat(stamp) - datetime.now()).total_seconds()
     except ValueError:
         return None
+
+
+def reports_settled(shell: Shell, job: TrackedJob, now: float, report_wait: float) -> bool:
+    """True when the batch's reports are complete, or given up on."""
+    if job.state.status not in (JobStatus.COMPLETED, JobStatus.FAILED) or (
+            job.handle.spec.workflow in NO_REPORTS) or session_finished(shell, job):
+        return True
+    if job.settle_since is None:
+        job.settle_since = now
+        shell.run(["ls", "-a", job.handle.spec.work_dir], timeout=30)  # NFS refresh
+        if session_finished(shell, job):
+            return True
+    if job.state.status is not JobStatus.COMPLETED:
+        return True
+    return now - job.settle_since >= report_wait
+
+
+def session_finished(shell: Shell, job: TrackedJob) -> bool:
+    """The worker wrote its last line (``session_finish``) to the reports file."""
+    path = job.handle.spec.reports_path
+    tail = shell.read_from(path, max(0, shell.size(path) - 4096))
+    return f'"{SESSION_FINISH}"'.encode() in tail
