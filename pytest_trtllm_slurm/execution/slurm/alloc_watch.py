@@ -53,7 +53,7 @@ class AllocationWatch:
                    and not j.state.status.finished}
         ending: dict[str, float] = {}  # allocation -> its waiting batches' last end (epoch)
         for j in jobs:
-            if j.alloc is not None and j.state.status.finished and not j.settled \
+            if j.alloc is not None and j.state.status.finished and not j.life.settled \
                     and not self.confirmed(j):
                 ending[j.alloc.job_id] = max(ending.get(j.alloc.job_id, 0.0),
                                              j.ended_wall or 0.0)
@@ -110,7 +110,7 @@ class AllocationWatch:
             f" on {row.nodelist}" if row.nodelist else "") + (
             f" ({row.reason})" if row.reason and row.reason != "None" else "")
         for job in self.shared.batches.values():  # and those whose end was not vouched for
-            if job.alloc is None or job.alloc.job_id != alloc_id or job.settled:
+            if job.alloc is None or job.alloc.job_id != alloc_id or job.life.settled:
                 continue
             job.state = JobState(status=status, nodelist=job.state.nodelist, reason=why,
                                  ended_at=end)

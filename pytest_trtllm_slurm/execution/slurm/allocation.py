@@ -27,14 +27,15 @@ from pytest_trtllm_slurm.execution.slurm.alloc_containers import (
 )
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import (
+    NAME_SUFFIX,
     JobIdentity,
     SchedulerError,
     SlurmJobs,
     StepRow,
+    blocker_note,
     format_duration,
     parse_duration,
 )
-from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX, blocker_note
 from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry, local_registry
 from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
@@ -606,8 +607,8 @@ class AllocationManager:
         want = parse_duration(spec.time_limit)
         if not want:
             return None
-        left = self.jobs.time_left(state.job_id)
-        have = parse_duration(left[1]) if left else None
+        ident = self.jobs.identity(state.job_id)
+        have = parse_duration(ident.time_left) if ident else None
         if have is not None and have < want:
             msg = (f"Allocation {state.job_id} has {format_duration(have)} left but batch "
                    f"{spec.name} expects {spec.time_limit}. The job may be killed early.")
@@ -642,13 +643,13 @@ class AllocationManager:
             if self.store.exists():
                 info["unreadable"] = True
             return info
-        left = self.jobs.time_left(state.job_id)
-        steps = self.jobs.squeue_steps(state.job_id) if left else None
+        ident = self.jobs.identity(state.job_id)
+        steps = self.jobs.squeue_steps(state.job_id) if ident else None
         return {
             "state_file": self.store.where,
             "allocation": state.model_dump(),
-            "scheduler_state": left[0] if left else "GONE",
-            "time_left": left[1] if left else None,
+            "scheduler_state": ident.state if ident else "GONE",
+            "time_left": ident.time_left if ident else None,
             "steps": sorted(steps) if steps else [],
         }
 

@@ -154,7 +154,7 @@ class SlurmExecutor(Executor):
             job = TrackedJob(handle, opts, state=JobState(status=JobStatus.ERROR, reason=str(exc)))
         self._jobs[job.handle.job_id] = job
         self._by_work_dir[spec.work_dir] = job
-        if not (job.served or job.waiting):  # the scheduler knows of it: ask soon
+        if not (job.served or job.life.waiting):  # the scheduler knows of it: ask soon
             self._wake()
         return job.handle
 
@@ -215,12 +215,12 @@ class SlurmExecutor(Executor):
                 job.ended_wall = time.time()
         self.watch.watch(jobs, now)
         for job in jobs:  # served batches: files only, every call
-            if job.served and job.state.status.finished and not job.settled:
+            if job.served and job.state.status.finished and not job.life.settled:
                 self._settle(job, now)
         # what the scheduler reports on, polled at the adaptive interval
         active = [j for j in jobs if not j.state.status.finished and not j.served
-                  and not j.waiting]
-        unsettled = [j for j in jobs if j.state.status.finished and not j.settled
+                  and not j.life.waiting]
+        unsettled = [j for j in jobs if j.state.status.finished and not j.life.settled
                      and not j.served]
         if (active or unsettled) and now >= self._next_at:
             asked = [*active, *unsettled]
@@ -239,7 +239,7 @@ class SlurmExecutor(Executor):
                         job.state = JobState(status=JobStatus.ERROR, reason=(
                             f"scheduler not answering ({self._failures} tries): {exc}"))
             for job in jobs:  # those that ended just now too
-                if job.state.status.finished and not job.settled and not job.served:
+                if job.state.status.finished and not job.life.settled and not job.served:
                     self._settle(job, now)
             # nodes of steps that ended here are given back by the next call's warm.poll
             # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
@@ -306,7 +306,7 @@ class SlurmExecutor(Executor):
         ids: list[str] = []
         for job in jobs:
             job.cancelled = True
-            if job.warm is not None and (job.served or job.waiting):
+            if job.warm is not None and (job.served or job.life.waiting):
                 self.warm.cancel(job)
             elif job.is_step:
                 ids += self.steps.cancel_ids(job)

@@ -20,6 +20,8 @@ TIMEOUT = 30.0  # seconds a scheduler command may take unless told otherwise
 QUEUE_FORMAT = "%i|%T|%r|%N|%L|%l|%S"
 _INVALID_ID = "invalid job id"
 _ACCOUNTING_OFF = ("accounting storage is disabled", "slurm accounting storage is disabled")
+NAME_SUFFIX = "-trtllm.persistent"  # a persistent allocation's name ends so
+WAITING_REASONS = ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required")
 _JOB_ID = re.compile(r"^(\d+)(?:([_+])(\d+|\[[^\]]*\]))?(?:\.(\w+))?$")
 
 
@@ -337,12 +339,6 @@ class SlurmJobs:
         """``scontrol update JobId=X TimeLimit=Y`` (allowed while the job pends)."""
         return self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
 
-    def time_left(self, job_id: str) -> tuple[str, str] | None:
-        """(state, time left ``%L``) of one job, or None when it is gone."""
-        res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T %L"])
-        fields = res.stdout.split() if _answered(res) else []
-        return (fields[0], fields[1] if len(fields) > 1 else "") if fields else None
-
     def identity(self, job_id: str) -> JobIdentity | None:
         """State, time left, name, owner and comment of one job; None when it is gone."""
         res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%L|%j|%u|%k"])
@@ -368,3 +364,39 @@ class SlurmJobs:
         """Cancel exactly these jobs or ``job.step`` ids (never by user or name)."""
         return [self.run(["scancel", *part])
                 for part in chunks(job_ids([i for i in ids if i]))]
+
+
+# Is a job waiting behind the user's own persistent allocation? Then say which, and how to
+# release or use it ("PENDING (Resources)" alone looks like a busy cluster).
+def own_allocations(jobs: SlurmJobs, user: str, partition: str | None,
+                    exclude: str | None = None) -> list[tuple[str, str, str]]:
+    """(job id, name, nodelist) of the user's running persistent allocations (of this
+    plugin, any checkout) on ``partition`` (any, when None)."""
+    argv = ["squeue", "-h", "-u", user, "-t", "RUNNING", "-o", "%i|%j|%N|%P"]
+    if partition:
+        argv += ["-p", partition]
+    res = jobs.run(argv)
+    if not res.ok:
+        raise SchedulerError(res)
+    rows = [line.strip().split("|") for line in res.stdout.splitlines()]
+    return [(cols[0], cols[1], cols[2]) for cols in rows
+            if len(cols) >= 3 and cols[1].endswith(NAME_SUFFIX) and cols[0] != exclude]
+
+
+def blocker_note(jobs: SlurmJobs, user: str, partition: str | None, *, one_shot: bool,
+                 exclude: str | None = None) -> str | None:
+    """A sentence naming the user's own allocations that hold nodes of ``partition``, and
+    what to do about them; None when there are none (or the scheduler did not answer)."""
+    try:
+        found = own_allocations(jobs, user, partition, exclude)
+    except SchedulerError:
+        return None
+    if not found:
+        return None
+    held = ", ".join(f"{job_id} ({name}) on {nodes}" for job_id, name, nodes in found)
+    where = f"partition {partition}" if partition else "the default partition"
+    use = ("; or use it: run without --trtllm-one-shot" if one_shot else
+           "; it may be another checkout's (one persistent allocation per rootdir)")
+    return (f"your own persistent allocation {held} holds nodes of {where}. Release it with "
+            "`trtllm-slurm alloc release` (in that checkout, or --rootdir DIR), "
+            f"--trtllm-release-allocation, or `scancel {found[0][0]}`{use}")

@@ -9,8 +9,13 @@ from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, map_slurm
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, render_sbatch
 from pytest_trtllm_slurm.execution.slurm.backend import Backends
-from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow, QueueRow, parse_duration
-from pytest_trtllm_slurm.execution.slurm.own_blockers import WAITING_REASONS, blocker_note
+from pytest_trtllm_slurm.execution.slurm.jobs import (
+    WAITING_REASONS,
+    AcctRow,
+    QueueRow,
+    blocker_note,
+    parse_duration,
+)
 from pytest_trtllm_slurm.execution.slurm.tracking import (
     TrackedJob,
     WalltimePolicy,

@@ -8,8 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError, SlurmJobs, chunks
-from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX
+from pytest_trtllm_slurm.execution.slurm.jobs import NAME_SUFFIX, SchedulerError, SlurmJobs, chunks
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry
 from pytest_trtllm_slurm.node.paths import Batch, Session
 from pytest_trtllm_slurm.transport.shell import Shell

@@ -192,7 +192,7 @@ class AllocationSteps:
         steps = []
         for job in jobs:
             if not (job.is_step and self.wraps(job.handle.spec) and job.alloc is not None
-                    and not (job.warm is not None and (job.served or job.waiting))):
+                    and not (job.warm is not None and (job.served or job.life.waiting))):
                 continue
             self._step_id(job, job.alloc.job_id)
             if job.step_id:

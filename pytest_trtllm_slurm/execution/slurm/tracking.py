@@ -64,19 +64,9 @@ class TrackedJob(FollowsState):
         self.ended_wall: float | None = None  # when a batch in the allocation was seen to end
 
     @property
-    def settled(self) -> bool:
-        """Its final state may be shown (its reports are complete or given up on)."""
-        return self.life.settled
-
-    @property
     def served(self) -> bool:
         """Run by a warm worker (no step of its own)."""
         return self.warm is not None and self.warm.warm
-
-    @property
-    def waiting(self) -> bool:
-        """Held back by the pool until GPUs in the allocation are free."""
-        return self.life.waiting
 
     @property
     def is_step(self) -> bool:
@@ -90,7 +80,7 @@ class TrackedJob(FollowsState):
 
 def visible_state(job: TrackedJob) -> JobState:
     """What the monitor sees: a finished job stays RUNNING until its reports settled."""
-    if job.state.status.finished and not job.settled:
+    if job.state.status.finished and not job.life.settled:
         return JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist,
                         reason="waiting for reports.jsonl (shared file system lag)")
     return job.state

@@ -45,9 +45,7 @@ class WarmBatches:
         self.news: dict[str, NewsFolder] = {}  # news folder -> its reader (files here only)
 
     def expect(self, tests: Mapping[str, str]) -> None:
-        self.expected.update(tests)
-        for pool in self.pools.values():
-            pool.expect(tests)
+        self.expected.update(tests)  # (every pool shares this dict)
 
     def enqueue(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState, *,
                 gated: bool) -> TrackedJob:
@@ -59,7 +57,7 @@ class WarmBatches:
                              gres_type=opts.gres_type, warn=self.shared.warn,
                              list_steps=self.shared.jobs.squeue_steps, early=self.early,
                              files=self.shared.files, notes=self._note)
-            pool.expect(self.expected)
+            pool.expected = self.expected
             self.pools[alloc.job_id] = pool
         handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self.shared.seq)}", spec=spec,
                            submitted_at=time.time(), nodelist=alloc.nodelist)
@@ -100,7 +98,7 @@ class WarmBatches:
     def sync(self, job: TrackedJob) -> None:
         """A served or waiting batch shows the pool's view of it."""
         warm = job.warm
-        if warm is None or not (job.served or job.waiting) or job.state.status.finished:
+        if warm is None or not (job.served or job.life.waiting) or job.state.status.finished:
             return
         job.state = warm.state
         if warm.placement is not None:

@@ -171,7 +171,8 @@ class AgentPool:
         self.run_id = f"{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.jobs: dict[str, WarmJob] = {}
         self.order: list[str] = []  # submission order: placement is first come, with backfill
-        self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
+        # the run's tests (node id -> key, ``node.item_key``): one session per node collects all
+        self.expected: dict[str, str] = {}
         self._next_health = 0.0
         self.warmed = False  # sessions started on every node (SlurmExecutor asks once)
         # session dir -> why it is gone: batches sent there end CRASHED
@@ -179,10 +180,6 @@ class AgentPool:
         # the first served batch's ``hidden_env``, held by the run's agents
         self.carried: dict[str, str] | None = None
         self._seen_alive: dict[str, bool] = {}  # agent dir -> alive, as warm_up saw it
-
-    def expect(self, tests: Mapping[str, str]) -> None:
-        """The run's tests (node id -> key), so one session per node collects them all."""
-        self.expected.update(tests)
 
     def carries(self, spec: JobSpec) -> bool:
         """Whether the run's agents hold ``spec``'s unwritable values (those of the first
