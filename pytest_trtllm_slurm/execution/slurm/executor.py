@@ -27,8 +27,7 @@ from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError, SlurmJobs
 from pytest_trtllm_slurm.execution.slurm.launch_options import CONTAINER_SCRIPT, LaunchOptions
 from pytest_trtllm_slurm.execution.slurm.oneshot import OneShotJobs
-from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
-from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry, reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
 from pytest_trtllm_slurm.execution.slurm.tracking import (
     TrackedJob,
