@@ -9,9 +9,8 @@ from collections.abc import Callable
 
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, map_slurm_state
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError
-from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob
+from pytest_trtllm_slurm.execution.slurm.tracking import Backends, TrackedJob
 
 
 class AllocationWatch:

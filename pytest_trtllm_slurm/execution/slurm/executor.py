@@ -23,13 +23,13 @@ from pytest_trtllm_slurm.execution.render.scripts import (
 )
 from pytest_trtllm_slurm.execution.slurm.alloc_watch import AllocationWatch
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationState
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError, SlurmJobs
 from pytest_trtllm_slurm.execution.slurm.launch_options import CONTAINER_SCRIPT, LaunchOptions
 from pytest_trtllm_slurm.execution.slurm.oneshot import OneShotJobs
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry, reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
 from pytest_trtllm_slurm.execution.slurm.tracking import (
+    Backends,
     TrackedJob,
     WalltimePolicy,
     reports_settled,

@@ -8,7 +8,6 @@ import time
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, map_slurm_state
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, render_sbatch
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.jobs import (
     WAITING_REASONS,
     AcctRow,
@@ -17,6 +16,7 @@ from pytest_trtllm_slurm.execution.slurm.jobs import (
     parse_duration,
 )
 from pytest_trtllm_slurm.execution.slurm.tracking import (
+    Backends,
     TrackedJob,
     WalltimePolicy,
     final_state,

@@ -16,9 +16,9 @@ from pytest_trtllm_slurm.execution.render.scripts import (
 )
 from pytest_trtllm_slurm.execution.slurm.alloc_watch import AllocationWatch
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow, SchedulerError
 from pytest_trtllm_slurm.execution.slurm.tracking import (
+    Backends,
     TrackedJob,
     exit_code_state,
     final_state,

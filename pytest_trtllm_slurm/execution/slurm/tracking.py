@@ -1,10 +1,12 @@
-"""What the Slurm executor tracks per batch, how end states are derived (squeue/sacct rows
-and exit codes in), and when a final state may be shown: once its reports file is complete
-(shared file systems lag; only a batch that exited 0 waits for ``session_finish``)."""
+"""What the Slurm executor tracks per batch and its backends share; how end states are
+derived (squeue/sacct rows and exit codes in), and when one may be shown: once its reports
+file is complete (shared file systems lag; only a batch that exited 0 waits for it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from pytest_trtllm_slurm.execution.outcome import (
@@ -16,10 +18,12 @@ from pytest_trtllm_slurm.execution.outcome import (
     signal_of_exit_code,
 )
 from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.pushed_files import SmallFiles
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
-from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow
+from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow, SlurmJobs
 from pytest_trtllm_slurm.execution.slurm.lifecycle import FollowsState, Lifecycle, Phase
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.execution.slurm.warm_pool import WarmJob
 from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.node.records import SESSION_FINISH
@@ -76,6 +80,24 @@ class TrackedJob(FollowsState):
     def files(self) -> Batch[str]:
         """The names of its work dir's files."""
         return Batch(self.handle.spec.work_dir)
+
+
+@dataclass
+class Backends:
+    """What the one-shot, step and warm-worker backends and the allocation watch share (one
+    place, so a backend never keeps its own copy)."""
+
+    shell: Shell
+    jobs: SlurmJobs
+    runs: RunRegistry | None
+    warn: Callable[[str], None]
+    wake: Callable[[], None]  # ask the scheduler at the next poll (something changed)
+    batches: dict[str, TrackedJob] = field(default_factory=dict)  # this run's, by job id
+    seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # for local ids
+    files: SmallFiles = field(init=False)  # exit codes and pids, pushed where the shell pushes
+
+    def __post_init__(self) -> None:
+        self.files = SmallFiles(self.shell)
 
 
 def visible_state(job: TrackedJob) -> JobState:

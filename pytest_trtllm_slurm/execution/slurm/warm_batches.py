@@ -13,12 +13,11 @@ from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError
 from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
-from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, step_share
+from pytest_trtllm_slurm.execution.slurm.tracking import Backends, TrackedJob, step_share
 from pytest_trtllm_slurm.execution.slurm.warm_pool import (
     AgentPool,
     Delivery,
