@@ -32,22 +32,16 @@ class AllocationWatch:
         self._failing: dict[str, float] = {}  # allocation -> since when squeue fails
 
     def confirmed(self, job: TrackedJob) -> bool:
-        """A batch in the allocation (served, or a step: a node set DOWN with its slurmd
-        dead keeps its processes) shows its end once the scheduler, asked after it ended,
-        still had the allocation running (else the allocation's end decides)."""
+        """A batch in an allocation shows its end once the scheduler, asked after it ended,
+        still had the allocation running (a DOWN node's processes may live on)."""
         if job.alloc is None:
             return True
         return self.alive.get(job.alloc.job_id, 0.0) >= (job.ended_wall or 0.0)
 
     def watch(self, jobs: list[TrackedJob], now: float) -> None:
-        """Every ``CADENCE.alloc_watch`` s, one look (``scontrol show job``: two slurmctld
-        RPCs, squeue takes three) at each allocation running this run's batches. At once
-        when batches that ended wait for this look to show their end, none of the run's
-        batches there still runs (the run's last results wait for nothing else) and no
-        look was asked since the last of those ends (only such a look vouches for them);
-        a look after it that did not (the scheduler failing) is made again at most every
-        ``CADENCE.alloc_watch_gap`` s. While others run, their ends share the regular
-        look (one look per ended batch would be most of a run's RPCs)."""
+        """One ``scontrol show job`` (two slurmctld RPCs; squeue takes three) per allocation
+        every ``CADENCE.alloc_watch`` s; at once (then every ``alloc_watch_gap`` s) when only
+        ended batches there wait for a look asked after their end to be shown."""
         watched = {j.alloc.job_id for j in jobs if j.alloc is not None
                    and not j.state.status.finished}
         ending: dict[str, float] = {}  # allocation -> its waiting batches' last end (epoch)
@@ -88,10 +82,8 @@ class AllocationWatch:
                         "files without its confirmation."))
 
     def check(self, alloc_id: str) -> bool:
-        """Has the scheduler ended the allocation? Then every unfinished batch in it ends
-        with the allocation's state (NODE_FAIL, TIMEOUT, ...), its end time attached (no
-        report written later counts), this run's sessions there are stopped, and the next
-        batch asks for a new allocation. True when it ended."""
+        """True when the scheduler ended the allocation: then its unsettled batches end with
+        its state (NODE_FAIL, TIMEOUT, ...) and end time, and the next batch asks anew."""
         if alloc_id in self.ended:
             return True
         ended = self.shared.jobs.ended(alloc_id)

@@ -180,7 +180,7 @@ def parse_scontrol_job(stdout: str) -> AcctRow | None:
     return None
 
 
-def _epoch(stamp: str) -> float | None:
+def epoch(stamp: str) -> float | None:
     """A Slurm timestamp (cluster local time) as epoch seconds; None for ``Unknown``."""
     try:
         return datetime.fromisoformat(stamp.strip()).timestamp()
@@ -240,15 +240,12 @@ class SlurmJobs:
                               env=env or None, cwd=cwd, input=input,
                               retry_on_drop=argv[0] not in _SUBMISSIONS)
 
-    def sbatch(self, script_path: str, *, cwd: str | None = None,
-               script: str | None = None, env: dict[str, str] | None = None) -> str:
+    def sbatch(self, script_path: str, *, script: str, cwd: str | None = None,
+               env: dict[str, str] | None = None) -> str:
         """Submit a script; the job id (SchedulerError names sbatch's complaint). ``script``:
         its text, on stdin (what runs is what was rendered, whatever is at ``script_path``);
         ``env``: the job's variables, in sbatch's environment (their values in no file)."""
-        if script is not None:
-            res = self.run(["sbatch", "--parsable"], input=script, cwd=cwd, env=env)
-        else:
-            res = self.run(["sbatch", "--parsable", script_path], cwd=cwd, env=env)
+        res = self.run(["sbatch", "--parsable"], input=script, cwd=cwd, env=env)
         if not res.ok:
             raise SchedulerError(res)
         try:
@@ -312,7 +309,7 @@ class SlurmJobs:
         if res.ok:
             row = parse_scontrol_job(res.stdout)
             match = re.search(r"\bEndTime=(\S+)", res.stdout)
-            end = _epoch(match.group(1)) if match else None
+            end = epoch(match.group(1)) if match else None
             if row is not None and row.state.startswith("COMPLETING"):
                 row = None  # ending, but how: accounting has the final state
         elif _INVALID_ID not in (res.stderr + res.stdout).lower():
@@ -324,7 +321,7 @@ class SlurmJobs:
                 raise SchedulerError(res)
             row = parse_sacct(res.stdout).get(job_id)
             ends = [ln.rsplit("|", 1)[-1] for ln in res.stdout.splitlines() if ln.strip()]
-            end = _epoch(ends[0]) if ends else None
+            end = epoch(ends[0]) if ends else None
         if row is None or row.state.split(" ", 1)[0] in (
                 "RUNNING", "PENDING", "CONFIGURING", "SUSPENDED", "RESIZING"):
             return None
@@ -334,10 +331,6 @@ class SlurmJobs:
         """One job from slurmctld's memory (finished jobs stay there for MinJobAge)."""
         res = self.run(["scontrol", "show", "job", "-o", *job_ids([job_id])])
         return parse_scontrol_job(res.stdout) if _answered(res) else None
-
-    def set_time_limit(self, job_id: str, limit: str) -> CommandResult:
-        """``scontrol update JobId=X TimeLimit=Y`` (allowed while the job pends)."""
-        return self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
 
     def identity(self, job_id: str) -> JobIdentity | None:
         """State, time left, name, owner and comment of one job; None when it is gone."""

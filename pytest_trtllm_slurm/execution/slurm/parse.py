@@ -116,15 +116,11 @@ def parse_gres(gres: str | None) -> tuple[str | None, int]:
     return gpu_type, total
 
 
-def arch_from_features(features: Iterable[str]) -> str | None:
-    """Canonical CPU arch named by a node Feature (x86_64 / aarch64), or None."""
-    return next((a for f in features if (a := _ARCH_FEATURES.get(f.strip().lower()))), None)
-
-
-def canonical_arch(arch: str | None) -> str | None:
-    """``arm64`` -> ``aarch64``; unknown stays as given; empty -> None."""
-    if not arch or arch in ("(null)", "N/A"):
-        return None
+def _arch(features: Iterable[str], arch: str | None) -> str | None:
+    """The CPU arch a node Feature names, else its ``Arch`` (``arm64`` -> ``aarch64``)."""
+    named = next((a for f in features if (a := _ARCH_FEATURES.get(f.strip().lower()))), None)
+    if named or not arch or arch in ("(null)", "N/A"):
+        return named
     return _ARCH_FEATURES.get(arch.lower(), arch)
 
 
@@ -141,7 +137,7 @@ def parse_nodes(text: str) -> list[NodeInfo]:
         gpu_type, gpus = parse_gres(gres)
         parts_raw = rec.get("Partitions", "")
         nodes.append(NodeInfo(
-            name=name, arch=arch_from_features(features) or canonical_arch(rec.get("Arch")),
+            name=name, arch=_arch(features, rec.get("Arch")),
             features=features, gres=gres if gres and gres != "(null)" else None,
             gpu_type=gpu_type, gpus=gpus, state=rec.get("State"),
             partitions=[p for p in parts_raw.split(",") if p and p != "(null)"]))

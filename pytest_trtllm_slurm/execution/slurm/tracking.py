@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from pytest_trtllm_slurm.execution.outcome import (
     CRASH_SIGNALS,
@@ -55,8 +54,7 @@ class TrackedJob(FollowsState):
                  life: Lifecycle | None = None) -> None:  # ``alloc``: set for steps
         self.handle, self.opts, self.alloc, self.share = handle, opts, alloc, share
         self.life = life or Lifecycle(Phase.SUBMITTED)
-        self._state = JobState(status=JobStatus.PENDING)
-        self.state = state or self._state
+        self.state = state or JobState(status=JobStatus.PENDING)
         self.step_id = step_id  # "<alloc>.<step>" once the task recorded it
         self.left_at: float | None = None  # when it left the queue without a final state yet
         self.launched_at = 0.0
@@ -163,16 +161,6 @@ def step_share(spec: JobSpec, alloc: AllocationState) -> StepShare:
         if alloc.cpus_per_node else None
     mem = max(64, int(alloc.mem_per_node_mb * frac)) if alloc.mem_per_node_mb else None
     return StepShare(cpus_per_task=cpus, mem_mb=mem)
-
-
-def seconds_until(stamp: str | None) -> float | None:
-    """Seconds from now to a Slurm timestamp (``2026-01-01T12:00:00``, cluster local time)."""
-    if not stamp:
-        return None
-    try:
-        return (datetime.fromisoformat(stamp) - datetime.now()).total_seconds()
-    except ValueError:
-        return None
 
 
 def reports_settled(shell: Shell, job: TrackedJob, now: float, report_wait: float) -> bool:

@@ -126,9 +126,8 @@ class WarmJob(FollowsState):
         self.warm = warm  # served by an agent (else: a step the executor launches once placed)
         self.job_id = job_id
         self.life = life or Lifecycle(Phase.WAITING)
-        self._state = JobState(status=JobStatus.PENDING,
-                               reason="waiting for GPUs in the allocation")
-        self.life.saw(self._state.status)
+        self.state = JobState(status=JobStatus.PENDING,
+                              reason="waiting for GPUs in the allocation")
         self.placement: Placement[Node] | None = None
         self.sent: Delivery | None = None  # a served batch's request, once written
         self.cancelled = False
