@@ -69,7 +69,6 @@ class AllocationState(BaseModel):
     allocated_at: str = ""
     time_limit: str | None = None
     installed: bool = False
-    # additions: step sizing and ownership
     job_name: str | None = None
     cpus_per_node: int | None = None
     mem_per_node_mb: int | None = None
@@ -96,8 +95,7 @@ class AllocationState(BaseModel):
         self.installed = setup.installed
 
     def serves(self, spec: JobSpec) -> str | None:
-        """None when a batch fits in this allocation, else why not (with pyxis, any image
-        set up in it fits)."""
+        """Why a batch does not fit here (None: it fits; with pyxis any image set up in it fits)."""
         if spec.partition and self.partition and spec.partition != self.partition:
             return f"partition {spec.partition} != {self.partition}"
         if spec.node_count > self.nodes:
@@ -583,8 +581,7 @@ class AllocationManager:
             state.mem_per_node_mb = mem // nodes
 
     def _set_up_images(self, state: AllocationState) -> None:
-        """Set up each image of the request not yet set up with this install command,
-        writing the state file after each one."""
+        """Set up each image not yet set up with this install command (state saved after each)."""
         if state.container_runtime != "pyxis":  # an allocation made before pyxis was on
             state.container_runtime = "pyxis"
             self._write_state(state)

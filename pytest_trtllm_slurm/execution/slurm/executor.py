@@ -86,8 +86,6 @@ class SlurmExecutor(Executor):
         self.allocations = allocation_manager
         self.jobs = jobs or (allocation_manager.jobs if allocation_manager else SlurmJobs(shell))
         self.warn = warn or (lambda msg: None)
-        self.walltime = walltime = settings.walltime
-        final_wait = settings.final_wait
         # this run's record (what it submitted, for the next run after a SIGKILL)
         self.runs = runs or (allocation_manager.runs if allocation_manager else None)
         self.warm_workers = settings.warm_workers and persistent
@@ -99,7 +97,6 @@ class SlurmExecutor(Executor):
             self.jobs, slurm_env=slurm_env, launcher_prefix=settings.launcher_prefix,
             container=settings.container, container_runtime=settings.container_runtime,
             container_run_flags=settings.container_run_flags, warn_once=self._warn_once)
-        # the backends and what they share
         self._shared = Backends(shell=shell, jobs=self.jobs, runs=self.runs,
                                 warn=lambda msg: self.warn(msg), wake=self._wake)
         self._jobs = self._shared.batches
@@ -107,8 +104,9 @@ class SlurmExecutor(Executor):
         self.watch = AllocationWatch(self._shared, fail_grace=settings.fail_grace,
                                      warn_once=self._warn_once, on_end=self._allocation_ended)
         self.oneshot = OneShotJobs(self._shared, slurm_env=slurm_env, persistent=persistent,
-                                   walltime=walltime, final_wait=final_wait)
-        self.steps = AllocationSteps(self._shared, watch=self.watch, final_wait=final_wait,
+                                   walltime=settings.walltime, final_wait=settings.final_wait)
+        self.steps = AllocationSteps(self._shared, watch=self.watch,
+                                     final_wait=settings.final_wait,
                                      cancel=self._cancel, wraps=self.launch.wraps)
         self.warm = WarmBatches(self._shared, steps=self.steps,
                                 early=allocation_manager.early if allocation_manager else None)
@@ -123,8 +121,7 @@ class SlurmExecutor(Executor):
         self._reaped = False
 
     def expect(self, tests: Mapping[str, str]) -> None:
-        """The run's tests, node id -> key (before the first submit): one worker session
-        collects all."""
+        """The run's tests (node id -> key), before the first submit: one session collects all."""
         self.warm.expect(tests)
 
     def capacity(self) -> Capacity:
@@ -257,8 +254,7 @@ class SlurmExecutor(Executor):
         return self.warm.quiet([self._jobs[h.job_id] for h in handles if h.job_id in self._jobs])
 
     def _refresh(self, active: list[TrackedJob]) -> None:
-        """Ask the scheduler about the batches it runs: one-shot jobs, then each
-        allocation's steps."""
+        """Ask the scheduler about one-shot jobs, then about each allocation's steps."""
         oneshot = [j for j in active if not j.is_step]
         if oneshot:
             self.oneshot.refresh(oneshot)
@@ -267,8 +263,7 @@ class SlurmExecutor(Executor):
                                           if j.alloc is not None and j.alloc.job_id == alloc_id])
 
     def _settle(self, job: TrackedJob, now: float) -> None:
-        """An ended batch is shown once the allocation's end is ruled out and its reports
-        are complete."""
+        """An ended batch is shown once its allocation's end is ruled out and its reports are in."""
         if self.watch.confirmed(job) and reports_settled(self.shell, job, now,
                                                          self.settings.report_wait):
             job.life.settle()

@@ -126,8 +126,7 @@ def _none(text: str) -> str | None:
 
 
 def parse_squeue_jobs(stdout: str) -> dict[str, QueueRow]:
-    """``squeue -h -o '%i|%T|%r|%N|%L|%l|%S'`` rows keyed by job id (array tasks as
-    ``123_4``)."""
+    """``squeue -h -o '%i|%T|%r|%N|%L|%l|%S'`` rows keyed by job id (array tasks as ``123_4``)."""
     rows: dict[str, QueueRow] = {}
     for line in stdout.splitlines():
         cols = line.strip().split("|")

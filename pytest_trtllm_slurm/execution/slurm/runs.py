@@ -52,8 +52,7 @@ class StepRecord(BaseModel):
 
 
 class WarmRecord(BaseModel):
-    """A batch sent to a warm worker's session (``<session>/inbox/<request>.cancel``
-    cancels it)."""
+    """A batch sent to a warm worker's session (``<session>/inbox/<request>.cancel`` ends it)."""
 
     session: str
     request: str
@@ -162,8 +161,7 @@ class RunRegistry:
         self._lease = lease
 
     def start_lease(self) -> None:
-        """Begin taking this run's lock in the background (it costs a round trip); the
-        first save() waits for it."""
+        """Take this run's lock in the background (a round trip); the first save() waits for it."""
         if self._starting is None and (self._lease is None or not self._lease.held):
             self._starting = threading.Thread(target=self._start, daemon=True,
                                               name="run lease")
@@ -181,8 +179,7 @@ class RunRegistry:
         self._saved = True
 
     def _saving(self) -> str:
-        """The record to write, once the lease is held (a record is never seen without
-        its live lock)."""
+        """The record to write, once the lease is held (no record is seen without its live lock)."""
         if self._starting is not None:
             self._starting.join()
             self._starting = None
@@ -212,8 +209,7 @@ class RunRegistry:
         self.save()
 
     def warm_note(self, session: str, request: str) -> FileOp:
-        """Note a served batch: the record's write, to do ahead of its request (in the
-        same round trip)."""
+        """Note a served batch: the record's write, to do ahead of its request (one round trip)."""
         self.me.warm.append(WarmRecord(session=session, request=request))
         note = file_ops.write(self.path, self._saving())
         self._saved = True  # (``finish`` removes it: rm -f, whether it landed or not)

@@ -68,8 +68,7 @@ class StateStore:
         return self.shell.exists(self.path)
 
     def move_aside(self, why: str) -> str | None:
-        """Keep a bad file for a look (``<name>.<why>-<time>``); where it went, or None
-        (then it is deleted)."""
+        """Keep a bad file (``<name>.<why>-<time>``): where it went, or None (then deleted)."""
         stamp = f"{datetime.now().strftime('%Y%m%d_%H%M%S')}-{uuid4().hex[:4]}"
         aside = join(self.folder, f"{name_of(self.path)}.{why}-{stamp}")
         if self.shell.run(["mv", "-f", "--", self.path, aside], timeout=60).ok:

@@ -45,8 +45,7 @@ class WalltimePolicy:
 
 
 class TrackedJob(FollowsState):
-    """One submitted batch and what the executor knows about it (``life``: shared with
-    the warm pool's WarmJob)."""
+    """One submitted batch and what the executor knows of it (``life``: its WarmJob's too)."""
 
     def __init__(self, handle: JobHandle, opts: SlurmOptions, *,
                  alloc: AllocationState | None = None, share: StepShare | None = None,

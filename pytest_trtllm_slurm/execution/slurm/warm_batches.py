@@ -74,8 +74,7 @@ class WarmBatches:
         return job
 
     def _start_granted_step(self, job_id: str, warm: WarmJob) -> None:
-        """A step the pool gave (or set aside) whole nodes: pinned to them, overlapping
-        the agents."""
+        """A step the pool gave (or set aside) whole nodes: pinned there, overlapping the agents."""
         job = self.shared.batches[job_id]
         assert warm.placement is not None or warm.gated
         nodes = ",".join(n.name for n in (warm.placement.nodes if warm.placement
