@@ -9,7 +9,7 @@ import hashlib
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -232,8 +232,7 @@ class AllocationManager:
         self.store = store or StateStore(shell, root.dir, paths.STATE_NAME, private=False)
         self.salloc_log = root.salloc_log
         # another run may hold the lock while it allocates (with pyxis: sets up an image)
-        setup_wait = SETUP_TIMEOUT if self.request.container_runtime == "pyxis" else 0
-        self._lock_timeout = wait_seconds + 120 + setup_wait
+        self._lock_timeout = wait_seconds + 120 + (SETUP_TIMEOUT if self.pyxis else 0)
         # the same tag on every machine that shares the store
         self.owner = "trtllm-slurm:" + hashlib.sha1(
             self.store.identity.encode()).hexdigest()[:12]
@@ -297,13 +296,11 @@ class AllocationManager:
         """This run no longer uses the allocation (its lease and record go)."""
         self.runs.finish()
 
-    @contextlib.contextmanager
-    def holding_lock(self) -> Iterator[None]:
+    def holding_lock(self) -> contextlib.AbstractContextManager[None]:
         """The state file's lock (``StateStore.locked``: waiting lines, then an error
         naming its holder after ``_lock_timeout`` seconds)."""
         holder = {**self.runs.holder(), "since": datetime.now().strftime("%H:%M:%S")}
-        with self.store.locked(self._lock_timeout, holder, self.warn):
-            yield
+        return self.store.locked(self._lock_timeout, holder, self.warn)
 
     @property
     def pyxis(self) -> bool:

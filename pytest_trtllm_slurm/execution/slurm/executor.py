@@ -255,7 +255,7 @@ class SlurmExecutor(Executor):
 
     def _refresh(self, active: list[TrackedJob]) -> None:
         """Ask the scheduler about one-shot jobs, then about each allocation's steps."""
-        oneshot = [j for j in active if not j.is_step]
+        oneshot = [j for j in active if j.alloc is None]
         if oneshot:
             self.oneshot.refresh(oneshot)
         for alloc_id in dict.fromkeys(j.alloc.job_id for j in active if j.alloc is not None):
@@ -302,7 +302,7 @@ class SlurmExecutor(Executor):
             job.cancelled = True
             if job.warm is not None and (job.served or job.life.waiting):
                 self.warm.cancel(job)
-            elif job.is_step:
+            elif job.alloc is not None:
                 ids += self.steps.cancel_ids(job)
             else:
                 ids += self.oneshot.cancel_ids(job)

@@ -49,9 +49,6 @@ class Lifecycle:
     def __init__(self, phase: Phase = Phase.SUBMITTED) -> None:
         self.phase = phase
 
-    def __repr__(self) -> str:
-        return f"Lifecycle({self.phase.name})"
-
     def to(self, phase: Phase) -> None:
         """Move to ``phase`` (staying is always allowed)."""
         if phase is not self.phase and phase not in ALLOWED[self.phase]:

@@ -204,16 +204,11 @@ def parse_mpi_list(text: str) -> PmixInfo:
         if re.fullmatch(r"[a-z][a-z0-9_]*", token):
             names.append(token)
     available = list(dict.fromkeys(names))
-    return PmixInfo(available=available, preferred=_preferred_mpi(available))
-
-
-def _preferred_mpi(available: list[str]) -> str | None:
-    versioned = sorted(
-        (n for n in available if re.fullmatch(r"pmix_v\d+", n)),
-        key=lambda n: int(n.removeprefix("pmix_v")),
-    )
-    return versioned[-1] if versioned else next(
+    versioned = sorted((n for n in available if re.fullmatch(r"pmix_v\d+", n)),
+                       key=lambda n: int(n.removeprefix("pmix_v")))
+    preferred = versioned[-1] if versioned else next(
         (name for name in ("pmix", "pmi2") if name in available), None)
+    return PmixInfo(available=available, preferred=preferred)
 
 
 def parse_accounts(text: str, cluster: str | None = None) -> tuple[str | None, list[str]]:

@@ -191,7 +191,7 @@ class AllocationSteps:
         container (a plain cancel is SIGKILL); waits up to ``CONTAINER_STOP_WAIT`` s."""
         steps = []
         for job in jobs:
-            if not (job.is_step and self.wraps(job.handle.spec) and job.alloc is not None
+            if not (job.alloc is not None and self.wraps(job.handle.spec)
                     and not (job.warm is not None and (job.served or job.life.waiting))):
                 continue
             self._step_id(job, job.alloc.job_id)

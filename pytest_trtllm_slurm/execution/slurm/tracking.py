@@ -70,10 +70,6 @@ class TrackedJob(FollowsState):
         return self.warm is not None and self.warm.warm
 
     @property
-    def is_step(self) -> bool:
-        return self.alloc is not None
-
-    @property
     def files(self) -> Batch[str]:
         """The names of its work dir's files."""
         return Batch(self.handle.spec.work_dir)
