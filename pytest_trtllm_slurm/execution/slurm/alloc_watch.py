@@ -1,6 +1,5 @@
-"""Is the persistent allocation still there? The batches in it (steps, served batches)
-end with it: a failed node (NODE_FAIL), its time limit or a scancel end it, and the
-batches' own files would not say so (a DOWN node's processes may live on)."""
+"""Is the persistent allocation still there? Its batches end with it (NODE_FAIL, its time
+limit, a scancel), which their own files would not say (a DOWN node's processes live on)."""
 
 from __future__ import annotations
 

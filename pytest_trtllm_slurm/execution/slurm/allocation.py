@@ -273,9 +273,8 @@ class AllocationManager:
         self.store.write(state.model_dump_json(indent=2) + "\n")
 
     def ensure(self) -> AllocationState | None:
-        """A RUNNING allocation for the request, reused when valid, else created; None
-        (warned) when an incompatible one is busy with other runs (batches run one-shot).
-        With pyxis the request's images are set up in it first."""
+        """A RUNNING allocation for the request (reused when valid; with pyxis its images set
+        up); None, warned, when an incompatible one is busy with other runs (run one-shot)."""
         if not self.pyxis:  # the common case without the lock: a valid allocation
             with self.runs.locked():  # (nobody cancels it between the check and the lease)
                 state = self.peek_state()

@@ -1,6 +1,5 @@
-"""A ``ttl``-second cache of the local Slurm discovery (``work_dirs/.cache/slurm_env.json``):
-it costs about 0.2 s a run. Never of a discovery with errors; keyed by cluster, user and
-SLURM_CONF."""
+"""A ``ttl``-second cache of Slurm discovery (about 0.2 s a run), never of one with errors;
+keyed by cluster, user and SLURM_CONF (``work_dirs/.cache/slurm_env.json`` locally)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""local_slurm (and, over an SSHShell, remote_slurm): SlurmExecutor, the facade over one
-backend per kind of batch (``oneshot`` sbatch jobs, ``steps`` of the persistent allocation,
-``warm_batches``); poll() asks the scheduler at an adaptive interval (``cadence``)."""
+"""SlurmExecutor (local_slurm; remote_slurm over an SSHShell): the facade over one backend
+per kind of batch (``oneshot``, ``steps``, ``warm_batches``), polled adaptively (``cadence``)."""
 
 from __future__ import annotations
 

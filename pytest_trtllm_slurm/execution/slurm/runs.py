@@ -1,8 +1,7 @@
 """The run registry: each live run's ``<folder>/<run id>.json`` (its allocation, jobs and
 steps) on the Shell's host, proven alive by the ``flock`` it holds on ``<run id>.lock``.
 Uses: a lease (an allocation a live run uses is never cancelled, ``users_of``), and the
-next run cancels what a SIGKILLed one left in the queue (``reap_dead_runs``: its jobs and
-steps still queued, checked to be the user's with the recorded name, its warm batches)."""
+next run cancels what a SIGKILLed one left (``reap_dead_runs``)."""
 
 from __future__ import annotations
 
@@ -275,7 +274,8 @@ def local_registry(shell: Shell, work_dirs: Path) -> RunRegistry:
 
 def reap_dead_runs(runs: RunRegistry, jobs: SlurmJobs, shell: Shell, user: str | None,
                    say: Callable[[str], None]) -> list[str]:
-    """Cancel the queued jobs and steps of dead runs; the ids cancelled."""
+    """Cancel the queued jobs and steps (the user's, named as recorded) and the warm batches
+    of dead runs; the ids cancelled."""
     cancelled: list[str] = []
     for record, path in runs.dead():
         try:

@@ -15,7 +15,6 @@ from pytest_trtllm_slurm.node.paths import join, lock_of, name_of
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
 SAY_EVERY = 30.0  # seconds between repeated "still waiting for the lock" lines
-Warn = Callable[[str], None]
 
 
 class StateStore:
@@ -77,7 +76,8 @@ class StateStore:
         return None
 
     @contextlib.contextmanager
-    def locked(self, timeout: float, holder: dict[str, object], warn: Warn) -> Iterator[None]:
+    def locked(self, timeout: float, holder: dict[str, object],
+               warn: Callable[[str], None]) -> Iterator[None]:
         """Hold the lock (waiting at most ``timeout`` seconds, a line every SAY_EVERY
         seconds naming its holder; ExecutionError naming the lock and its holder after)."""
         self._make_folder()

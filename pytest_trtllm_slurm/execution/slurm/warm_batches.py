@@ -1,6 +1,5 @@
-"""Batches in a persistent allocation with warm workers: the allocation's AgentPool
-places them; a pytest batch runs in a fork of the node's warm worker (followed through
-files), a multi-node MPI batch as a (gated) step on whole nodes."""
+"""Batches in an allocation with warm workers, placed by its AgentPool: a pytest batch runs in
+a fork of the node's warm worker (followed through files), an MPI batch as a (gated) step."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Warm workers in a persistent allocation, seen from the controller: one agent per node
 (a step that outlives the run) forks a session per run that forks a child per batch; the
 controller talks to them through mailbox files only (no step per batch, no step polling).
-
-The pool also places this run's batches on nodes (best fit by free GPUs); a multi-node MPI
-step gets whole nodes, launched *gated* early so its ranks collect while others run there.
-"""
+The pool also places the run's batches (best fit by free GPUs); a multi-node MPI step gets
+whole nodes, launched *gated* early so its ranks collect while others run there."""
 
 from __future__ import annotations
 
@@ -220,7 +218,10 @@ class AgentPool:
                 continue
             if held is None:
                 held = self._held()
-            placement = self._fit(job, held)
+            whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
+            need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
+            placement = self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
+                                          held=held)
             if placement is None:
                 continue
             job.placement = placement
@@ -238,12 +239,6 @@ class AgentPool:
         """Nodes drained for a gated step whose ranks are ready."""
         return [n for j in self.jobs.values() if j.launched_early and j.ready
                 for n in j.reserved]
-
-    def _fit(self, job: WarmJob, held: list[Node]) -> Placement[Node] | None:
-        whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
-        need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
-        return self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
-                                 held=held)
 
     def _reserve(self, job: WarmJob) -> bool:
         """Nodes for a gated step, among those no other waiting gated step has (one
@@ -536,15 +531,12 @@ class AgentPool:
             if node.name not in running:
                 why = (f"the warm worker on {node.name} was lost (its srun step left the "
                        f"queue without an exit code){self._agent_errors(node)}")
-                self._mark_agent_dead(node.agent_dir)
+                # the exit code (-1) the dead launcher did not write: no run trusts the last
+                # heartbeat (on a full disk only the heartbeat's removal may succeed)
+                file_ops.remove_files(self.shell, [Agent(node.agent_dir).heartbeat])
+                with contextlib.suppress(ExecutionError, OSError):
+                    self.shell.write_file(Agent(node.agent_dir).exit_code, "-1\n")
                 self._lose(node, why)
-
-    def _mark_agent_dead(self, d: str) -> None:
-        """Write the exit code (-1) the dead launcher did not, so no run trusts the last
-        heartbeat (on a full disk only the heartbeat's removal may succeed)."""
-        file_ops.remove_files(self.shell, [Agent(d).heartbeat])
-        with contextlib.suppress(ExecutionError, OSError):
-            self.shell.write_file(Agent(d).exit_code, "-1\n")
 
     def _dead(self, node: Node) -> str | None:
         """Why the node's agent cannot serve (None: it can); a lost agent or session goes
