@@ -45,8 +45,7 @@ __all__ = ["SlurmExecutor", "SlurmSettings", "WalltimePolicy"]
 
 @dataclass(frozen=True)
 class SlurmSettings:
-    """Where a SlurmExecutor runs its batches, how they are launched, and how often the
-    scheduler is asked and how long its silence is ridden out."""
+    """Where and how a SlurmExecutor launches batches, and how it asks the scheduler."""
 
     slurm_env: SlurmEnv | None = None
     persistent: bool = True
@@ -130,8 +129,7 @@ class SlurmExecutor(Executor):
                         warm=self.warm_workers, slurm_env=self.slurm_env)
 
     def submit(self, spec: JobSpec) -> JobHandle:
-        """Start the batch without waiting for it; a refused submission comes back as a
-        handle in state ERROR (its tests then fail with the scheduler's message)."""
+        """Start the batch, not waiting; a refused one is a handle in state ERROR (its reason)."""
         self._reap_once()
         spec = self.launch.prepare(spec, self.shell)
         opts = self.launch.options(spec)
@@ -154,8 +152,7 @@ class SlurmExecutor(Executor):
         return job.handle
 
     def prepare(self) -> None:
-        """What the first submit would do first (reap killed runs, get the allocation), now:
-        a run over several clusters prepares them side by side."""
+        """Reap killed runs and get the allocation now (several clusters prepare side by side)."""
         self._reap_once()
         if self.persistent:
             self._ensure_allocation()

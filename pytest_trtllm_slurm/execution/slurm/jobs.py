@@ -358,8 +358,7 @@ class SlurmJobs:
                 for part in chunks(job_ids([i for i in ids if i]))]
 
 
-# Is a job waiting behind the user's own persistent allocation? Then say which, and how to
-# release or use it ("PENDING (Resources)" alone looks like a busy cluster).
+# a job waiting behind the user's own allocation: "PENDING (Resources)" alone looks busy
 def own_allocations(jobs: SlurmJobs, user: str, partition: str | None,
                     exclude: str | None = None) -> list[tuple[str, str, str]]:
     """(job id, name, nodelist) of the user's running persistent allocations (of this

@@ -89,8 +89,7 @@ class Lifecycle:
 
 
 class FollowsState:
-    """A batch record (the executor's TrackedJob, the warm pool's WarmJob) whose every change
-    of ``state`` moves its lifecycle: one setter, so neither record can forget to."""
+    """TrackedJob and WarmJob: one ``state`` setter moves the lifecycle, so neither forgets to."""
 
     _state: JobState
     life: Lifecycle

@@ -77,8 +77,7 @@ class TrackedJob(FollowsState):
 
 @dataclass
 class Backends:
-    """What the one-shot, step and warm-worker backends and the allocation watch share (one
-    place, so a backend never keeps its own copy)."""
+    """What the backends and the allocation watch share (one place: none keeps a copy)."""
 
     shell: Shell
     jobs: SlurmJobs

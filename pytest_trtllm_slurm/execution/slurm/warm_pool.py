@@ -115,8 +115,7 @@ class Delivery:
 
 
 class WarmJob(FollowsState):
-    """A batch as the pool sees it; ``life`` (WAITING until placed, EARLY for a gated step
-    before its gate opens) is the executor's too."""
+    """A batch as the pool sees it; ``life`` (WAITING until placed) is the executor's too."""
 
     def __init__(self, spec: JobSpec, warm: bool, *, job_id: str = "", gated: bool = False,
                  life: Lifecycle | None = None) -> None:
@@ -216,8 +215,9 @@ class AgentPool:
                 self.order.remove(job_id)
                 started = True
                 continue
-            if held is None:
-                held = self._held()
+            if held is None:  # nodes drained for a gated step whose ranks are ready
+                held = [n for j in self.jobs.values() if j.launched_early and j.ready
+                        for n in j.reserved]
             whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
             need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
             placement = self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
@@ -234,11 +234,6 @@ class AgentPool:
             else:
                 launch_step(job_id, job)
         return started
-
-    def _held(self) -> list[Node]:
-        """Nodes drained for a gated step whose ranks are ready."""
-        return [n for j in self.jobs.values() if j.launched_early and j.ready
-                for n in j.reserved]
 
     def _reserve(self, job: WarmJob) -> bool:
         """Nodes for a gated step, among those no other waiting gated step has (one
