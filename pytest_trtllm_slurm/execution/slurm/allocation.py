@@ -38,7 +38,7 @@ from pytest_trtllm_slurm.execution.slurm.jobs import (
 )
 from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry, local_registry
-from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
+from pytest_trtllm_slurm.execution.slurm.state_store import SAY_EVERY, StateStore
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
@@ -48,7 +48,6 @@ from pytest_trtllm_slurm.transport.shell import Shell
 
 MIN_LEFT_SECONDS = 300  # an allocation with less left is not reused
 DEFAULT_TIME_LIMIT = "04:00:00"
-SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
 GPU_CHECK = ["nvidia-smi", "--query-compute-apps=pid,name,used_memory", "--format=csv,noheader"]
 
 

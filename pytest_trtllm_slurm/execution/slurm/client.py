@@ -26,8 +26,6 @@ from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.planning.jobspec import PartitionInfo, SlurmEnv
 from pytest_trtllm_slurm.transport.shell import CommandResult, Shell
 
-_Runner = Callable[[list[str], str], "CommandResult | None"]
-
 SLURM_TOOLS_MISSING = "Slurm client tools not found"
 
 
@@ -113,7 +111,8 @@ def _prefetch(shell: Shell, partitions: list[str] | None,
     return out
 
 
-def _discover_partitions(run: _Runner, wanted: list[str] | None,
+def _discover_partitions(run: Callable[[list[str], str], CommandResult | None],
+                         wanted: list[str] | None,
                          errors: list[str]) -> tuple[list[PartitionInfo], str | None]:
     part_res = run(["scontrol", "show", "partition", "-o"], "partitions")
     if not part_res:

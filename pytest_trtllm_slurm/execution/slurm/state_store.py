@@ -14,7 +14,7 @@ from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, shell_wher
 from pytest_trtllm_slurm.node.paths import join, lock_of, name_of
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
-SAY_EVERY = 30.0  # seconds between repeated "still waiting for the lock" lines
+SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines (here and for salloc)
 
 
 class StateStore:
