@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_trtllm_slurm.execution.slurm.discovery_cache import cached_discovery
+from pytest_trtllm_slurm.execution.slurm.client import cached_discovery
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 
 

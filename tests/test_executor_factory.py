@@ -62,7 +62,7 @@ def test_both_callers_get_the_same_executors(tmp_path: Path) -> None:
         assert isinstance(slurm, SlurmExecutor)
         # one-shot; the local cluster's table (found by ClusterName, any case) gives podman
         assert not slurm.persistent and slurm.allocations is None
-        assert slurm.launch.container_runtime == "podman" and slurm.walltime is not None
+        assert slurm.launch.container_runtime == "podman" and slurm.settings.walltime is not None
         assert slurm.runs is not None and slurm.runs.folder == str(tmp_path / "work_dirs" / ".runs")
 
 

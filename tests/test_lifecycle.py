@@ -130,10 +130,10 @@ def test_the_executor_and_the_pool_share_one_phase_per_batch(tmp_path: Path) -> 
     launched: list[str] = []
     pool.place_waiting(lambda job_id, _: launched.append(job_id))
     assert launched == ["7~w0"] and first.life.phase is P.SUBMITTED
-    assert job.waiting and job.warm.life is job.life  # the node is taken: it waits
+    assert job.life.waiting and job.warm.life is job.life  # the node is taken: it waits
     pool.release(first)
     pool.place_waiting(lambda job_id, _: launched.append(job_id))
-    assert launched == ["7~w0", "7~w1"] and job.life.phase is P.SUBMITTED and not job.waiting
+    assert launched == ["7~w0", "7~w1"] and job.life.phase is P.SUBMITTED and not job.life.waiting
     job.state = JobState(status=JobStatus.COMPLETED, exit_code=0)
     assert job.warm.life.phase is P.ENDED
     assert visible_state(job).status is JobStatus.RUNNING  # not shown before it settled
@@ -145,4 +145,4 @@ def test_a_refused_submission_is_ended_from_the_start(tmp_path: Path) -> None:
     job = TrackedJob(JobHandle(job_id="unsubmitted-1", spec=make_spec(tmp_path, "b"),
                                submitted_at=0.0), SlurmOptions("gres", None, None, (), None),
                      state=JobState(status=JobStatus.ERROR, reason="sbatch: error"))
-    assert job.life.phase is P.ENDED and not job.settled
+    assert job.life.phase is P.ENDED and not job.life.settled

@@ -32,8 +32,7 @@ from pytest_trtllm_slurm.execution.remote.workspace import (
     sync_cluster,
 )
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
-from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
-from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry, reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.node.paths import STATE_NAME
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, load_clusters_file
@@ -155,7 +154,7 @@ def test_two_machines_share_one_allocation_kept_on_the_cluster(machines: dict) -
 HOLDER = r"""
 import sys, time
 from pathlib import Path
-from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
+from pytest_trtllm_slurm.execution.slurm.runs import reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.planning.settings import load_clusters_file

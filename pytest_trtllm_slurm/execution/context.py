@@ -42,8 +42,7 @@ def discover_local(rootdir: Path, *, engines: bool = True,
     local = probe_local_env(engines=engines)
     if not local.slurm_available:
         return local, None
-    from pytest_trtllm_slurm.execution.slurm.client import SlurmClient
-    from pytest_trtllm_slurm.execution.slurm.discovery_cache import cache_key, cached_discovery
+    from pytest_trtllm_slurm.execution.slurm.client import SlurmClient, cache_key, cached_discovery
     from pytest_trtllm_slurm.transport.shell import LocalShell
 
     discover = SlurmClient(LocalShell()).discover

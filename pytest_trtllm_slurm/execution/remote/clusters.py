@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
-from pytest_trtllm_slurm.execution.slurm.discovery_cache import DEFAULT_TTL, cached_discovery
+from pytest_trtllm_slurm.execution.slurm.client import DEFAULT_TTL, cached_discovery
 from pytest_trtllm_slurm.node.paths import Cache
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.settings import ClusterConfig

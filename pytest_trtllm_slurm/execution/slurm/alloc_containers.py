@@ -27,9 +27,7 @@ class ContainerSetup(BaseModel):
     image: str
     install_command: str | None = None
     installed: bool = False
-    # False for the one container of a state file from before this list: its install
-    # command is unknown, and ``installed`` is trusted as the seed meant it
-    install_known: bool = True
+    install_known: bool = True  # False: an older state file's container (command unknown)
 
     def current(self, install_command: str | None) -> bool:
         """Set up completely, with the install command asked for now (a changed command

@@ -1,6 +1,5 @@
-"""Is the persistent allocation still there? The batches in it (steps, served batches)
-end with it: a failed node (NODE_FAIL), its time limit or a scancel end it, and the
-batches' own files would not say so (a DOWN node's processes may live on)."""
+"""Is the persistent allocation still there? Its batches end with it (NODE_FAIL, its time
+limit, a scancel), which their own files would not say (a DOWN node's processes live on)."""
 
 from __future__ import annotations
 
@@ -9,9 +8,8 @@ from collections.abc import Callable
 
 from pytest_trtllm_slurm.execution.cadence import CADENCE
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, map_slurm_state
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError
-from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob
+from pytest_trtllm_slurm.execution.slurm.tracking import Backends, TrackedJob
 
 
 class AllocationWatch:
@@ -33,27 +31,21 @@ class AllocationWatch:
         self._failing: dict[str, float] = {}  # allocation -> since when squeue fails
 
     def confirmed(self, job: TrackedJob) -> bool:
-        """A batch in the allocation (served, or a step: a node set DOWN with its slurmd
-        dead keeps its processes) shows its end once the scheduler, asked after it ended,
-        still had the allocation running (else the allocation's end decides)."""
+        """A batch in an allocation shows its end once the scheduler, asked after it ended,
+        still had the allocation running (a DOWN node's processes may live on)."""
         if job.alloc is None:
             return True
         return self.alive.get(job.alloc.job_id, 0.0) >= (job.ended_wall or 0.0)
 
     def watch(self, jobs: list[TrackedJob], now: float) -> None:
-        """Every ``CADENCE.alloc_watch`` s, one look (``scontrol show job``: two slurmctld
-        RPCs, squeue takes three) at each allocation running this run's batches. At once
-        when batches that ended wait for this look to show their end, none of the run's
-        batches there still runs (the run's last results wait for nothing else) and no
-        look was asked since the last of those ends (only such a look vouches for them);
-        a look after it that did not (the scheduler failing) is made again at most every
-        ``CADENCE.alloc_watch_gap`` s. While others run, their ends share the regular
-        look (one look per ended batch would be most of a run's RPCs)."""
+        """One ``scontrol show job`` (two slurmctld RPCs; squeue takes three) per allocation
+        every ``CADENCE.alloc_watch`` s; at once (then every ``alloc_watch_gap`` s) when only
+        ended batches there wait for a look asked after their end to be shown."""
         watched = {j.alloc.job_id for j in jobs if j.alloc is not None
                    and not j.state.status.finished}
         ending: dict[str, float] = {}  # allocation -> its waiting batches' last end (epoch)
         for j in jobs:
-            if j.alloc is not None and j.state.status.finished and not j.settled \
+            if j.alloc is not None and j.state.status.finished and not j.life.settled \
                     and not self.confirmed(j):
                 ending[j.alloc.job_id] = max(ending.get(j.alloc.job_id, 0.0),
                                              j.ended_wall or 0.0)
@@ -89,10 +81,8 @@ class AllocationWatch:
                         "files without its confirmation."))
 
     def check(self, alloc_id: str) -> bool:
-        """Has the scheduler ended the allocation? Then every unfinished batch in it ends
-        with the allocation's state (NODE_FAIL, TIMEOUT, ...), its end time attached (no
-        report written later counts), this run's sessions there are stopped, and the next
-        batch asks for a new allocation. True when it ended."""
+        """True when the scheduler ended the allocation: then its unsettled batches end with
+        its state (NODE_FAIL, TIMEOUT, ...) and end time, and the next batch asks anew."""
         if alloc_id in self.ended:
             return True
         ended = self.shared.jobs.ended(alloc_id)
@@ -110,7 +100,7 @@ class AllocationWatch:
             f" on {row.nodelist}" if row.nodelist else "") + (
             f" ({row.reason})" if row.reason and row.reason != "None" else "")
         for job in self.shared.batches.values():  # and those whose end was not vouched for
-            if job.alloc is None or job.alloc.job_id != alloc_id or job.settled:
+            if job.alloc is None or job.alloc.job_id != alloc_id or job.life.settled:
                 continue
             job.state = JobState(status=status, nodelist=job.state.nodelist, reason=why,
                                  ended_at=end)

@@ -9,7 +9,7 @@ import hashlib
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -27,17 +27,18 @@ from pytest_trtllm_slurm.execution.slurm.alloc_containers import (
 )
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import (
+    NAME_SUFFIX,
     JobIdentity,
     SchedulerError,
     SlurmJobs,
     StepRow,
+    blocker_note,
     format_duration,
     parse_duration,
 )
-from pytest_trtllm_slurm.execution.slurm.own_blockers import NAME_SUFFIX, blocker_note
 from pytest_trtllm_slurm.execution.slurm.parse import parse_key_values
 from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry, local_registry
-from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
+from pytest_trtllm_slurm.execution.slurm.state_store import SAY_EVERY, StateStore
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 from pytest_trtllm_slurm.node import paths
 from pytest_trtllm_slurm.node.files import write_atomic
@@ -47,7 +48,6 @@ from pytest_trtllm_slurm.transport.shell import Shell
 
 MIN_LEFT_SECONDS = 300  # an allocation with less left is not reused
 DEFAULT_TIME_LIMIT = "04:00:00"
-SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines
 GPU_CHECK = ["nvidia-smi", "--query-compute-apps=pid,name,used_memory", "--format=csv,noheader"]
 
 
@@ -68,7 +68,6 @@ class AllocationState(BaseModel):
     allocated_at: str = ""
     time_limit: str | None = None
     installed: bool = False
-    # additions: step sizing and ownership
     job_name: str | None = None
     cpus_per_node: int | None = None
     mem_per_node_mb: int | None = None
@@ -95,8 +94,7 @@ class AllocationState(BaseModel):
         self.installed = setup.installed
 
     def serves(self, spec: JobSpec) -> str | None:
-        """None when a batch fits in this allocation, else why not (with pyxis, any image
-        set up in it fits)."""
+        """Why a batch does not fit here (None: it fits; with pyxis any image set up in it fits)."""
         if spec.partition and self.partition and spec.partition != self.partition:
             return f"partition {spec.partition} != {self.partition}"
         if spec.node_count > self.nodes:
@@ -233,8 +231,7 @@ class AllocationManager:
         self.store = store or StateStore(shell, root.dir, paths.STATE_NAME, private=False)
         self.salloc_log = root.salloc_log
         # another run may hold the lock while it allocates (with pyxis: sets up an image)
-        setup_wait = SETUP_TIMEOUT if self.request.container_runtime == "pyxis" else 0
-        self._lock_timeout = wait_seconds + 120 + setup_wait
+        self._lock_timeout = wait_seconds + 120 + (SETUP_TIMEOUT if self.pyxis else 0)
         # the same tag on every machine that shares the store
         self.owner = "trtllm-slurm:" + hashlib.sha1(
             self.store.identity.encode()).hexdigest()[:12]
@@ -275,9 +272,8 @@ class AllocationManager:
         self.store.write(state.model_dump_json(indent=2) + "\n")
 
     def ensure(self) -> AllocationState | None:
-        """A RUNNING allocation for the request, reused when valid, else created; None
-        (warned) when an incompatible one is busy with other runs (batches run one-shot).
-        With pyxis the request's images are set up in it first."""
+        """A RUNNING allocation for the request (reused when valid; with pyxis its images set
+        up); None, warned, when an incompatible one is busy with other runs (run one-shot)."""
         if not self.pyxis:  # the common case without the lock: a valid allocation
             with self.runs.locked():  # (nobody cancels it between the check and the lease)
                 state = self.peek_state()
@@ -298,13 +294,11 @@ class AllocationManager:
         """This run no longer uses the allocation (its lease and record go)."""
         self.runs.finish()
 
-    @contextlib.contextmanager
-    def holding_lock(self) -> Iterator[None]:
+    def holding_lock(self) -> contextlib.AbstractContextManager[None]:
         """The state file's lock (``StateStore.locked``: waiting lines, then an error
         naming its holder after ``_lock_timeout`` seconds)."""
         holder = {**self.runs.holder(), "since": datetime.now().strftime("%H:%M:%S")}
-        with self.store.locked(self._lock_timeout, holder, self.warn):
-            yield
+        return self.store.locked(self._lock_timeout, holder, self.warn)
 
     @property
     def pyxis(self) -> bool:
@@ -583,8 +577,7 @@ class AllocationManager:
             state.mem_per_node_mb = mem // nodes
 
     def _set_up_images(self, state: AllocationState) -> None:
-        """Set up each image of the request not yet set up with this install command,
-        writing the state file after each one."""
+        """Set up each image not yet set up with this install command (state saved after each)."""
         if state.container_runtime != "pyxis":  # an allocation made before pyxis was on
             state.container_runtime = "pyxis"
             self._write_state(state)
@@ -607,8 +600,8 @@ class AllocationManager:
         want = parse_duration(spec.time_limit)
         if not want:
             return None
-        left = self.jobs.time_left(state.job_id)
-        have = parse_duration(left[1]) if left else None
+        ident = self.jobs.identity(state.job_id)
+        have = parse_duration(ident.time_left) if ident else None
         if have is not None and have < want:
             msg = (f"Allocation {state.job_id} has {format_duration(have)} left but batch "
                    f"{spec.name} expects {spec.time_limit}. The job may be killed early.")
@@ -643,13 +636,13 @@ class AllocationManager:
             if self.store.exists():
                 info["unreadable"] = True
             return info
-        left = self.jobs.time_left(state.job_id)
-        steps = self.jobs.squeue_steps(state.job_id) if left else None
+        ident = self.jobs.identity(state.job_id)
+        steps = self.jobs.squeue_steps(state.job_id) if ident else None
         return {
             "state_file": self.store.where,
             "allocation": state.model_dump(),
-            "scheduler_state": left[0] if left else "GONE",
-            "time_left": left[1] if left else None,
+            "scheduler_state": ident.state if ident else "GONE",
+            "time_left": ident.time_left if ident else None,
             "steps": sorted(steps) if steps else [],
         }
 

@@ -1,6 +1,5 @@
-"""local_slurm (and, over an SSHShell, remote_slurm): SlurmExecutor, the facade over one
-backend per kind of batch (``oneshot`` sbatch jobs, ``steps`` of the persistent allocation,
-``warm_batches``); poll() asks the scheduler at an adaptive interval (``cadence``)."""
+"""SlurmExecutor (local_slurm; remote_slurm over an SSHShell): the facade over one backend
+per kind of batch (``oneshot``, ``steps``, ``warm_batches``), polled adaptively (``cadence``)."""
 
 from __future__ import annotations
 
@@ -23,15 +22,18 @@ from pytest_trtllm_slurm.execution.render.scripts import (
 )
 from pytest_trtllm_slurm.execution.slurm.alloc_watch import AllocationWatch
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationState
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError, SlurmJobs
 from pytest_trtllm_slurm.execution.slurm.launch_options import CONTAINER_SCRIPT, LaunchOptions
 from pytest_trtllm_slurm.execution.slurm.oneshot import OneShotJobs
-from pytest_trtllm_slurm.execution.slurm.reaper import reap_dead_runs
-from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
-from pytest_trtllm_slurm.execution.slurm.settle import reports_settled
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry, reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
-from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, WalltimePolicy, visible_state
+from pytest_trtllm_slurm.execution.slurm.tracking import (
+    Backends,
+    TrackedJob,
+    WalltimePolicy,
+    reports_settled,
+    visible_state,
+)
 from pytest_trtllm_slurm.execution.slurm.warm_batches import WarmBatches
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.masking import is_masked, is_secret
@@ -43,8 +45,7 @@ __all__ = ["SlurmExecutor", "SlurmSettings", "WalltimePolicy"]
 
 @dataclass(frozen=True)
 class SlurmSettings:
-    """Where a SlurmExecutor runs its batches, how they are launched, and how often the
-    scheduler is asked and how long its silence is ridden out."""
+    """Where and how a SlurmExecutor launches batches, and how it asks the scheduler."""
 
     slurm_env: SlurmEnv | None = None
     persistent: bool = True
@@ -83,8 +84,6 @@ class SlurmExecutor(Executor):
         self.allocations = allocation_manager
         self.jobs = jobs or (allocation_manager.jobs if allocation_manager else SlurmJobs(shell))
         self.warn = warn or (lambda msg: None)
-        self.walltime = walltime = settings.walltime
-        final_wait = settings.final_wait
         # this run's record (what it submitted, for the next run after a SIGKILL)
         self.runs = runs or (allocation_manager.runs if allocation_manager else None)
         self.warm_workers = settings.warm_workers and persistent
@@ -96,7 +95,6 @@ class SlurmExecutor(Executor):
             self.jobs, slurm_env=slurm_env, launcher_prefix=settings.launcher_prefix,
             container=settings.container, container_runtime=settings.container_runtime,
             container_run_flags=settings.container_run_flags, warn_once=self._warn_once)
-        # the backends and what they share
         self._shared = Backends(shell=shell, jobs=self.jobs, runs=self.runs,
                                 warn=lambda msg: self.warn(msg), wake=self._wake)
         self._jobs = self._shared.batches
@@ -104,8 +102,9 @@ class SlurmExecutor(Executor):
         self.watch = AllocationWatch(self._shared, fail_grace=settings.fail_grace,
                                      warn_once=self._warn_once, on_end=self._allocation_ended)
         self.oneshot = OneShotJobs(self._shared, slurm_env=slurm_env, persistent=persistent,
-                                   walltime=walltime, final_wait=final_wait)
-        self.steps = AllocationSteps(self._shared, watch=self.watch, final_wait=final_wait,
+                                   walltime=settings.walltime, final_wait=settings.final_wait)
+        self.steps = AllocationSteps(self._shared, watch=self.watch,
+                                     final_wait=settings.final_wait,
                                      cancel=self._cancel, wraps=self.launch.wraps)
         self.warm = WarmBatches(self._shared, steps=self.steps,
                                 early=allocation_manager.early if allocation_manager else None)
@@ -120,8 +119,7 @@ class SlurmExecutor(Executor):
         self._reaped = False
 
     def expect(self, tests: Mapping[str, str]) -> None:
-        """The run's tests, node id -> key (before the first submit): one worker session
-        collects all."""
+        """The run's tests (node id -> key), before the first submit: one session collects all."""
         self.warm.expect(tests)
 
     def capacity(self) -> Capacity:
@@ -131,8 +129,7 @@ class SlurmExecutor(Executor):
                         warm=self.warm_workers, slurm_env=self.slurm_env)
 
     def submit(self, spec: JobSpec) -> JobHandle:
-        """Start the batch without waiting for it; a refused submission comes back as a
-        handle in state ERROR (its tests then fail with the scheduler's message)."""
+        """Start the batch, not waiting; a refused one is a handle in state ERROR (its reason)."""
         self._reap_once()
         spec = self.launch.prepare(spec, self.shell)
         opts = self.launch.options(spec)
@@ -150,13 +147,12 @@ class SlurmExecutor(Executor):
             job = TrackedJob(handle, opts, state=JobState(status=JobStatus.ERROR, reason=str(exc)))
         self._jobs[job.handle.job_id] = job
         self._by_work_dir[spec.work_dir] = job
-        if not (job.served or job.waiting):  # the scheduler knows of it: ask soon
+        if not (job.served or job.life.waiting):  # the scheduler knows of it: ask soon
             self._wake()
         return job.handle
 
     def prepare(self) -> None:
-        """What the first submit would do first (reap killed runs, get the allocation), now:
-        a run over several clusters prepares them side by side."""
+        """Reap killed runs and get the allocation now (several clusters prepare side by side)."""
         self._reap_once()
         if self.persistent:
             self._ensure_allocation()
@@ -211,12 +207,12 @@ class SlurmExecutor(Executor):
                 job.ended_wall = time.time()
         self.watch.watch(jobs, now)
         for job in jobs:  # served batches: files only, every call
-            if job.served and job.state.status.finished and not job.settled:
+            if job.served and job.state.status.finished and not job.life.settled:
                 self._settle(job, now)
         # what the scheduler reports on, polled at the adaptive interval
         active = [j for j in jobs if not j.state.status.finished and not j.served
-                  and not j.waiting]
-        unsettled = [j for j in jobs if j.state.status.finished and not j.settled
+                  and not j.life.waiting]
+        unsettled = [j for j in jobs if j.state.status.finished and not j.life.settled
                      and not j.served]
         if (active or unsettled) and now >= self._next_at:
             asked = [*active, *unsettled]
@@ -235,7 +231,7 @@ class SlurmExecutor(Executor):
                         job.state = JobState(status=JobStatus.ERROR, reason=(
                             f"scheduler not answering ({self._failures} tries): {exc}"))
             for job in jobs:  # those that ended just now too
-                if job.state.status.finished and not job.settled and not job.served:
+                if job.state.status.finished and not job.life.settled and not job.served:
                     self._settle(job, now)
             # nodes of steps that ended here are given back by the next call's warm.poll
             # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
@@ -254,9 +250,8 @@ class SlurmExecutor(Executor):
         return self.warm.quiet([self._jobs[h.job_id] for h in handles if h.job_id in self._jobs])
 
     def _refresh(self, active: list[TrackedJob]) -> None:
-        """Ask the scheduler about the batches it runs: one-shot jobs, then each
-        allocation's steps."""
-        oneshot = [j for j in active if not j.is_step]
+        """Ask the scheduler about one-shot jobs, then about each allocation's steps."""
+        oneshot = [j for j in active if j.alloc is None]
         if oneshot:
             self.oneshot.refresh(oneshot)
         for alloc_id in dict.fromkeys(j.alloc.job_id for j in active if j.alloc is not None):
@@ -264,8 +259,7 @@ class SlurmExecutor(Executor):
                                           if j.alloc is not None and j.alloc.job_id == alloc_id])
 
     def _settle(self, job: TrackedJob, now: float) -> None:
-        """An ended batch is shown once the allocation's end is ruled out and its reports
-        are complete."""
+        """An ended batch is shown once its allocation's end is ruled out and its reports are in."""
         if self.watch.confirmed(job) and reports_settled(self.shell, job, now,
                                                          self.settings.report_wait):
             job.life.settle()
@@ -302,9 +296,9 @@ class SlurmExecutor(Executor):
         ids: list[str] = []
         for job in jobs:
             job.cancelled = True
-            if job.warm is not None and (job.served or job.waiting):
+            if job.warm is not None and (job.served or job.life.waiting):
                 self.warm.cancel(job)
-            elif job.is_step:
+            elif job.alloc is not None:
                 ids += self.steps.cancel_ids(job)
             else:
                 ids += self.oneshot.cancel_ids(job)

@@ -20,6 +20,8 @@ TIMEOUT = 30.0  # seconds a scheduler command may take unless told otherwise
 QUEUE_FORMAT = "%i|%T|%r|%N|%L|%l|%S"
 _INVALID_ID = "invalid job id"
 _ACCOUNTING_OFF = ("accounting storage is disabled", "slurm accounting storage is disabled")
+NAME_SUFFIX = "-trtllm.persistent"  # a persistent allocation's name ends so
+WAITING_REASONS = ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required")
 _JOB_ID = re.compile(r"^(\d+)(?:([_+])(\d+|\[[^\]]*\]))?(?:\.(\w+))?$")
 
 
@@ -124,8 +126,7 @@ def _none(text: str) -> str | None:
 
 
 def parse_squeue_jobs(stdout: str) -> dict[str, QueueRow]:
-    """``squeue -h -o '%i|%T|%r|%N|%L|%l|%S'`` rows keyed by job id (array tasks as
-    ``123_4``)."""
+    """``squeue -h -o '%i|%T|%r|%N|%L|%l|%S'`` rows keyed by job id (array tasks as ``123_4``)."""
     rows: dict[str, QueueRow] = {}
     for line in stdout.splitlines():
         cols = line.strip().split("|")
@@ -178,7 +179,7 @@ def parse_scontrol_job(stdout: str) -> AcctRow | None:
     return None
 
 
-def _epoch(stamp: str) -> float | None:
+def epoch(stamp: str) -> float | None:
     """A Slurm timestamp (cluster local time) as epoch seconds; None for ``Unknown``."""
     try:
         return datetime.fromisoformat(stamp.strip()).timestamp()
@@ -238,15 +239,12 @@ class SlurmJobs:
                               env=env or None, cwd=cwd, input=input,
                               retry_on_drop=argv[0] not in _SUBMISSIONS)
 
-    def sbatch(self, script_path: str, *, cwd: str | None = None,
-               script: str | None = None, env: dict[str, str] | None = None) -> str:
+    def sbatch(self, script_path: str, *, script: str, cwd: str | None = None,
+               env: dict[str, str] | None = None) -> str:
         """Submit a script; the job id (SchedulerError names sbatch's complaint). ``script``:
         its text, on stdin (what runs is what was rendered, whatever is at ``script_path``);
         ``env``: the job's variables, in sbatch's environment (their values in no file)."""
-        if script is not None:
-            res = self.run(["sbatch", "--parsable"], input=script, cwd=cwd, env=env)
-        else:
-            res = self.run(["sbatch", "--parsable", script_path], cwd=cwd, env=env)
+        res = self.run(["sbatch", "--parsable"], input=script, cwd=cwd, env=env)
         if not res.ok:
             raise SchedulerError(res)
         try:
@@ -310,7 +308,7 @@ class SlurmJobs:
         if res.ok:
             row = parse_scontrol_job(res.stdout)
             match = re.search(r"\bEndTime=(\S+)", res.stdout)
-            end = _epoch(match.group(1)) if match else None
+            end = epoch(match.group(1)) if match else None
             if row is not None and row.state.startswith("COMPLETING"):
                 row = None  # ending, but how: accounting has the final state
         elif _INVALID_ID not in (res.stderr + res.stdout).lower():
@@ -322,7 +320,7 @@ class SlurmJobs:
                 raise SchedulerError(res)
             row = parse_sacct(res.stdout).get(job_id)
             ends = [ln.rsplit("|", 1)[-1] for ln in res.stdout.splitlines() if ln.strip()]
-            end = _epoch(ends[0]) if ends else None
+            end = epoch(ends[0]) if ends else None
         if row is None or row.state.split(" ", 1)[0] in (
                 "RUNNING", "PENDING", "CONFIGURING", "SUSPENDED", "RESIZING"):
             return None
@@ -332,16 +330,6 @@ class SlurmJobs:
         """One job from slurmctld's memory (finished jobs stay there for MinJobAge)."""
         res = self.run(["scontrol", "show", "job", "-o", *job_ids([job_id])])
         return parse_scontrol_job(res.stdout) if _answered(res) else None
-
-    def set_time_limit(self, job_id: str, limit: str) -> CommandResult:
-        """``scontrol update JobId=X TimeLimit=Y`` (allowed while the job pends)."""
-        return self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
-
-    def time_left(self, job_id: str) -> tuple[str, str] | None:
-        """(state, time left ``%L``) of one job, or None when it is gone."""
-        res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T %L"])
-        fields = res.stdout.split() if _answered(res) else []
-        return (fields[0], fields[1] if len(fields) > 1 else "") if fields else None
 
     def identity(self, job_id: str) -> JobIdentity | None:
         """State, time left, name, owner and comment of one job; None when it is gone."""
@@ -368,3 +356,38 @@ class SlurmJobs:
         """Cancel exactly these jobs or ``job.step`` ids (never by user or name)."""
         return [self.run(["scancel", *part])
                 for part in chunks(job_ids([i for i in ids if i]))]
+
+
+# a job waiting behind the user's own allocation: "PENDING (Resources)" alone looks busy
+def own_allocations(jobs: SlurmJobs, user: str, partition: str | None,
+                    exclude: str | None = None) -> list[tuple[str, str, str]]:
+    """(job id, name, nodelist) of the user's running persistent allocations (of this
+    plugin, any checkout) on ``partition`` (any, when None)."""
+    argv = ["squeue", "-h", "-u", user, "-t", "RUNNING", "-o", "%i|%j|%N|%P"]
+    if partition:
+        argv += ["-p", partition]
+    res = jobs.run(argv)
+    if not res.ok:
+        raise SchedulerError(res)
+    rows = [line.strip().split("|") for line in res.stdout.splitlines()]
+    return [(cols[0], cols[1], cols[2]) for cols in rows
+            if len(cols) >= 3 and cols[1].endswith(NAME_SUFFIX) and cols[0] != exclude]
+
+
+def blocker_note(jobs: SlurmJobs, user: str, partition: str | None, *, one_shot: bool,
+                 exclude: str | None = None) -> str | None:
+    """A sentence naming the user's own allocations that hold nodes of ``partition``, and
+    what to do about them; None when there are none (or the scheduler did not answer)."""
+    try:
+        found = own_allocations(jobs, user, partition, exclude)
+    except SchedulerError:
+        return None
+    if not found:
+        return None
+    held = ", ".join(f"{job_id} ({name}) on {nodes}" for job_id, name, nodes in found)
+    where = f"partition {partition}" if partition else "the default partition"
+    use = ("; or use it: run without --trtllm-one-shot" if one_shot else
+           "; it may be another checkout's (one persistent allocation per rootdir)")
+    return (f"your own persistent allocation {held} holds nodes of {where}. Release it with "
+            "`trtllm-slurm alloc release` (in that checkout, or --rootdir DIR), "
+            f"--trtllm-release-allocation, or `scancel {found[0][0]}`{use}")

@@ -1,6 +1,5 @@
-"""How a batch is launched on this cluster: its sbatch/srun options (GRES, MPI plugin,
-launcher prefix) and its container (pyxis flags, or a docker/podman run wrapped around
-the Slurm task). Shared by every backend and by the re-run line."""
+"""How a batch is launched here, for every backend and the re-run line: its sbatch/srun options
+(GRES, MPI plugin, launcher prefix) and container (pyxis flags, or a docker/podman wrapper)."""
 
 from __future__ import annotations
 

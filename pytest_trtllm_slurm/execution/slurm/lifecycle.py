@@ -49,9 +49,6 @@ class Lifecycle:
     def __init__(self, phase: Phase = Phase.SUBMITTED) -> None:
         self.phase = phase
 
-    def __repr__(self) -> str:
-        return f"Lifecycle({self.phase.name})"
-
     def to(self, phase: Phase) -> None:
         """Move to ``phase`` (staying is always allowed)."""
         if phase is not self.phase and phase not in ALLOWED[self.phase]:
@@ -92,8 +89,7 @@ class Lifecycle:
 
 
 class FollowsState:
-    """A batch record (the executor's TrackedJob, the warm pool's WarmJob) whose every change
-    of ``state`` moves its lifecycle: one setter, so neither record can forget to."""
+    """TrackedJob and WarmJob: one ``state`` setter moves the lifecycle, so neither forgets to."""
 
     _state: JobState
     life: Lifecycle

@@ -8,14 +8,19 @@ import time
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus, map_slurm_state
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, render_sbatch
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
-from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow, QueueRow, parse_duration
-from pytest_trtllm_slurm.execution.slurm.own_blockers import WAITING_REASONS, blocker_note
+from pytest_trtllm_slurm.execution.slurm.jobs import (
+    WAITING_REASONS,
+    AcctRow,
+    QueueRow,
+    blocker_note,
+    epoch,
+    parse_duration,
+)
 from pytest_trtllm_slurm.execution.slurm.tracking import (
+    Backends,
     TrackedJob,
     WalltimePolicy,
     final_state,
-    seconds_until,
 )
 from pytest_trtllm_slurm.node.paths import Batch
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
@@ -92,13 +97,15 @@ class OneShotJobs:
         if time.time() - job.handle.submitted_at < policy.pending_after:
             return
         job.negotiated = True
-        wait = seconds_until(row.start)
+        start = epoch(row.start or "")
+        wait = None if start is None else start - time.time()
         if wait is not None and wait <= policy.far_start:
             return
         have, want = parse_duration(row.time_limit), parse_duration(policy.new_limit)
         if have is None or want is None or want >= have:
             return
-        res = self.shared.jobs.set_time_limit(job.handle.job_id, policy.new_limit)
+        res = self.shared.jobs.run(["scontrol", "update", f"JobId={job.handle.job_id}",
+                                    f"TimeLimit={policy.new_limit}"])  # (while it pends)
         eta = f"estimated start {row.start}" if wait is not None else "no estimated start"
         if res.ok:
             self.shared.warn(

@@ -116,15 +116,11 @@ def parse_gres(gres: str | None) -> tuple[str | None, int]:
     return gpu_type, total
 
 
-def arch_from_features(features: Iterable[str]) -> str | None:
-    """Canonical CPU arch named by a node Feature (x86_64 / aarch64), or None."""
-    return next((a for f in features if (a := _ARCH_FEATURES.get(f.strip().lower()))), None)
-
-
-def canonical_arch(arch: str | None) -> str | None:
-    """``arm64`` -> ``aarch64``; unknown stays as given; empty -> None."""
-    if not arch or arch in ("(null)", "N/A"):
-        return None
+def _arch(features: Iterable[str], arch: str | None) -> str | None:
+    """The CPU arch a node Feature names, else its ``Arch`` (``arm64`` -> ``aarch64``)."""
+    named = next((a for f in features if (a := _ARCH_FEATURES.get(f.strip().lower()))), None)
+    if named or not arch or arch in ("(null)", "N/A"):
+        return named
     return _ARCH_FEATURES.get(arch.lower(), arch)
 
 
@@ -141,7 +137,7 @@ def parse_nodes(text: str) -> list[NodeInfo]:
         gpu_type, gpus = parse_gres(gres)
         parts_raw = rec.get("Partitions", "")
         nodes.append(NodeInfo(
-            name=name, arch=arch_from_features(features) or canonical_arch(rec.get("Arch")),
+            name=name, arch=_arch(features, rec.get("Arch")),
             features=features, gres=gres if gres and gres != "(null)" else None,
             gpu_type=gpu_type, gpus=gpus, state=rec.get("State"),
             partitions=[p for p in parts_raw.split(",") if p and p != "(null)"]))
@@ -208,16 +204,11 @@ def parse_mpi_list(text: str) -> PmixInfo:
         if re.fullmatch(r"[a-z][a-z0-9_]*", token):
             names.append(token)
     available = list(dict.fromkeys(names))
-    return PmixInfo(available=available, preferred=_preferred_mpi(available))
-
-
-def _preferred_mpi(available: list[str]) -> str | None:
-    versioned = sorted(
-        (n for n in available if re.fullmatch(r"pmix_v\d+", n)),
-        key=lambda n: int(n.removeprefix("pmix_v")),
-    )
-    return versioned[-1] if versioned else next(
+    versioned = sorted((n for n in available if re.fullmatch(r"pmix_v\d+", n)),
+                       key=lambda n: int(n.removeprefix("pmix_v")))
+    preferred = versioned[-1] if versioned else next(
         (name for name in ("pmix", "pmi2") if name in available), None)
+    return PmixInfo(available=available, preferred=preferred)
 
 
 def parse_accounts(text: str, cluster: str | None = None) -> tuple[str | None, list[str]]:

@@ -47,8 +47,7 @@ class BestFit:
 
     def place(self, nodes: Sequence[N], request: Request, *,
               held: Iterable[N] = ()) -> Placement[N] | None:
-        """``held``: nodes drained for a gated step whose ranks are ready (nothing new
-        goes there)."""
+        """``held``: nodes drained for a gated step whose ranks are ready (nothing new there)."""
         skip = {id(n) for n in held}
         fits = [n for n in nodes if n.gpus - n.used >= request.gpus and id(n) not in skip
                 and (not request.whole or n.used == 0)]

@@ -1,7 +1,7 @@
 """The run registry: each live run's ``<folder>/<run id>.json`` (its allocation, jobs and
 steps) on the Shell's host, proven alive by the ``flock`` it holds on ``<run id>.lock``.
 Uses: a lease (an allocation a live run uses is never cancelled, ``users_of``), and the
-next run cancels what a SIGKILLed one left in the queue (``dead``)."""
+next run cancels what a SIGKILLed one left (``reap_dead_runs``)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.slurm.jobs import NAME_SUFFIX, SchedulerError, SlurmJobs, chunks
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, shell_where
 from pytest_trtllm_slurm.execution.work_root import ensure_work_root
-from pytest_trtllm_slurm.node.paths import Runs, WorkRoot, name_of
+from pytest_trtllm_slurm.node.paths import Batch, Runs, Session, WorkRoot, name_of
 from pytest_trtllm_slurm.transport import file_ops
 from pytest_trtllm_slurm.transport.file_ops import FileOp
 from pytest_trtllm_slurm.transport.shell import Shell
@@ -50,8 +51,7 @@ class StepRecord(BaseModel):
 
 
 class WarmRecord(BaseModel):
-    """A batch sent to a warm worker's session (``<session>/inbox/<request>.cancel``
-    cancels it)."""
+    """A batch sent to a warm worker's session (``<session>/inbox/<request>.cancel`` ends it)."""
 
     session: str
     request: str
@@ -160,8 +160,7 @@ class RunRegistry:
         self._lease = lease
 
     def start_lease(self) -> None:
-        """Begin taking this run's lock in the background (it costs a round trip); the
-        first save() waits for it."""
+        """Take this run's lock in the background (a round trip); the first save() waits for it."""
         if self._starting is None and (self._lease is None or not self._lease.held):
             self._starting = threading.Thread(target=self._start, daemon=True,
                                               name="run lease")
@@ -179,8 +178,7 @@ class RunRegistry:
         self._saved = True
 
     def _saving(self) -> str:
-        """The record to write, once the lease is held (a record is never seen without
-        its live lock)."""
+        """The record to write, once the lease is held (no record is seen without its live lock)."""
         if self._starting is not None:
             self._starting.join()
             self._starting = None
@@ -210,8 +208,7 @@ class RunRegistry:
         self.save()
 
     def warm_note(self, session: str, request: str) -> FileOp:
-        """Note a served batch: the record's write, to do ahead of its request (in the
-        same round trip)."""
+        """Note a served batch: the record's write, to do ahead of its request (one round trip)."""
         self.me.warm.append(WarmRecord(session=session, request=request))
         note = file_ops.write(self.path, self._saving())
         self._saved = True  # (``finish`` removes it: rm -f, whether it landed or not)
@@ -273,3 +270,81 @@ class RunRegistry:
 def local_registry(shell: Shell, work_dirs: Path) -> RunRegistry:
     """The run registry of a checkout's local cluster: ``work_dirs/.runs``."""
     return RunRegistry(shell, WorkRoot(work_dirs).runs.dir, work_root=work_dirs)
+
+
+def reap_dead_runs(runs: RunRegistry, jobs: SlurmJobs, shell: Shell, user: str | None,
+                   say: Callable[[str], None]) -> list[str]:
+    """Cancel the queued jobs and steps (the user's, named as recorded) and the warm batches
+    of dead runs; the ids cancelled."""
+    cancelled: list[str] = []
+    for record, path in runs.dead():
+        try:
+            ids = _queued_jobs(jobs, record, user) + _running_steps(jobs, shell, record)
+        except SchedulerError as exc:
+            say(f"Could not look for jobs left by run {record.run_id}: {exc}")
+            continue
+        if ids:
+            jobs.scancel(ids)
+            cancelled += ids
+            say(f"Cancelled {', '.join(ids)}, left in the queue by an earlier run that was "
+                f"killed (pid {record.pid} on {record.host}, run {record.run_id}).")
+        warm = _cancel_warm(shell, record)
+        if warm:
+            cancelled += warm
+            say(f"Cancelled {len(warm)} warm-worker batch(es) of an earlier run that was "
+                f"killed (pid {record.pid} on {record.host}, run {record.run_id}).")
+        runs.drop(path)
+    return cancelled
+
+
+def _queued_jobs(jobs: SlurmJobs, record: RunRecord, user: str | None) -> list[str]:
+    """The record's one-shot jobs still queued, owned by ``user`` and named as recorded,
+    and its allocation request if it still waits (named as any persistent allocation)."""
+    found = []
+    wanted = dict(record.jobs)
+    for part in chunks(list(wanted) + ([record.request] if record.request else [])):
+        res = jobs.run(["squeue", "-h", "-j", ",".join(part), "-o", "%i|%u|%j|%T"])
+        if not res.ok:
+            if "invalid job id" in (res.stderr + res.stdout).lower():
+                continue
+            raise SchedulerError(res)
+        for line in res.stdout.splitlines():
+            cols = line.strip().split("|", 3)
+            if len(cols) < 4 or (user is not None and cols[1] != user):
+                continue
+            if wanted.get(cols[0]) == cols[2] or (
+                    cols[0] == record.request and cols[2].endswith(NAME_SUFFIX)
+                    and cols[3] == "PENDING"):
+                found.append(cols[0])
+    return found
+
+
+def _cancel_warm(shell: Shell, record: RunRecord) -> list[str]:
+    """Cancel the dead run's warm batches and end its sessions (files in their inboxes;
+    a session that already ended ignores them)."""
+    done = []
+    for item in record.warm:
+        if shell.exists(Session(item.session).inbox):
+            with contextlib.suppress(OSError):
+                shell.write_file(Session(item.session).cancel(item.request), "")
+                done.append(item.request)
+    for session in dict.fromkeys(item.session for item in record.warm):
+        if shell.exists(Session(session).inbox):
+            with contextlib.suppress(OSError):
+                shell.write_file(Session(session).stop, "")
+    return done
+
+
+def _running_steps(jobs: SlurmJobs, shell: Shell, record: RunRecord) -> list[str]:
+    """The record's allocation steps still running (their ids from ``work_dir/stepid``)."""
+    found = []
+    by_alloc: dict[str, list[str]] = {}
+    for step in record.steps:
+        text = shell.read_from(Batch(step.work_dir).stepid, 0, 64)
+        number = text.decode("utf-8", "replace").strip()
+        if number.isdigit():
+            by_alloc.setdefault(step.allocation, []).append(f"{step.allocation}.{number}")
+    for alloc, ids in by_alloc.items():
+        live = jobs.squeue_steps(alloc) or {}
+        found += [i for i in ids if i in live]
+    return found

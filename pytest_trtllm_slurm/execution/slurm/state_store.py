@@ -14,8 +14,7 @@ from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock, shell_wher
 from pytest_trtllm_slurm.node.paths import join, lock_of, name_of
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
 
-SAY_EVERY = 30.0  # seconds between repeated "still waiting for the lock" lines
-Warn = Callable[[str], None]
+SAY_EVERY = 30.0  # seconds between repeated "still waiting" lines (here and for salloc)
 
 
 class StateStore:
@@ -68,8 +67,7 @@ class StateStore:
         return self.shell.exists(self.path)
 
     def move_aside(self, why: str) -> str | None:
-        """Keep a bad file for a look (``<name>.<why>-<time>``); where it went, or None
-        (then it is deleted)."""
+        """Keep a bad file (``<name>.<why>-<time>``): where it went, or None (then deleted)."""
         stamp = f"{datetime.now().strftime('%Y%m%d_%H%M%S')}-{uuid4().hex[:4]}"
         aside = join(self.folder, f"{name_of(self.path)}.{why}-{stamp}")
         if self.shell.run(["mv", "-f", "--", self.path, aside], timeout=60).ok:
@@ -78,7 +76,8 @@ class StateStore:
         return None
 
     @contextlib.contextmanager
-    def locked(self, timeout: float, holder: dict[str, object], warn: Warn) -> Iterator[None]:
+    def locked(self, timeout: float, holder: dict[str, object],
+               warn: Callable[[str], None]) -> Iterator[None]:
         """Hold the lock (waiting at most ``timeout`` seconds, a line every SAY_EVERY
         seconds naming its holder; ExecutionError naming the lock and its holder after)."""
         self._make_folder()

@@ -16,9 +16,9 @@ from pytest_trtllm_slurm.execution.render.scripts import (
 )
 from pytest_trtllm_slurm.execution.slurm.alloc_watch import AllocationWatch
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow, SchedulerError
 from pytest_trtllm_slurm.execution.slurm.tracking import (
+    Backends,
     TrackedJob,
     exit_code_state,
     final_state,
@@ -191,8 +191,8 @@ class AllocationSteps:
         container (a plain cancel is SIGKILL); waits up to ``CONTAINER_STOP_WAIT`` s."""
         steps = []
         for job in jobs:
-            if not (job.is_step and self.wraps(job.handle.spec) and job.alloc is not None
-                    and not (job.warm is not None and (job.served or job.waiting))):
+            if not (job.alloc is not None and self.wraps(job.handle.spec)
+                    and not (job.warm is not None and (job.served or job.life.waiting))):
                 continue
             self._step_id(job, job.alloc.job_id)
             if job.step_id:

@@ -1,10 +1,12 @@
-"""What the Slurm executor tracks per batch, and how end states are derived (pure:
-squeue/sacct rows and exit codes in)."""
+"""What the Slurm executor tracks per batch and its backends share; how end states are
+derived (squeue/sacct rows and exit codes in), and when one may be shown: once its reports
+file is complete (shared file systems lag; only a batch that exited 0 waits for it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from pytest_trtllm_slurm.execution.outcome import (
     CRASH_SIGNALS,
@@ -15,14 +17,21 @@ from pytest_trtllm_slurm.execution.outcome import (
     signal_of_exit_code,
 )
 from pytest_trtllm_slurm.execution.protocol import JobHandle
+from pytest_trtllm_slurm.execution.pushed_files import SmallFiles
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
-from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow
+from pytest_trtllm_slurm.execution.slurm.jobs import AcctRow, SlurmJobs
 from pytest_trtllm_slurm.execution.slurm.lifecycle import FollowsState, Lifecycle, Phase
+from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry
 from pytest_trtllm_slurm.execution.slurm.warm_pool import WarmJob
 from pytest_trtllm_slurm.node.paths import Batch
+from pytest_trtllm_slurm.node.records import SESSION_FINISH
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Launch
+from pytest_trtllm_slurm.transport.shell import Shell
+
+#: workflows whose command writes no reports file (its exit code is all there is)
+NO_REPORTS = frozenset({"build"})
 
 
 @dataclass(frozen=True)
@@ -36,8 +45,7 @@ class WalltimePolicy:
 
 
 class TrackedJob(FollowsState):
-    """One submitted batch and what the executor knows about it (``life``: shared with
-    the warm pool's WarmJob)."""
+    """One submitted batch and what the executor knows of it (``life``: its WarmJob's too)."""
 
     def __init__(self, handle: JobHandle, opts: SlurmOptions, *,
                  alloc: AllocationState | None = None, share: StepShare | None = None,
@@ -45,8 +53,7 @@ class TrackedJob(FollowsState):
                  life: Lifecycle | None = None) -> None:  # ``alloc``: set for steps
         self.handle, self.opts, self.alloc, self.share = handle, opts, alloc, share
         self.life = life or Lifecycle(Phase.SUBMITTED)
-        self._state = JobState(status=JobStatus.PENDING)
-        self.state = state or self._state
+        self.state = state or JobState(status=JobStatus.PENDING)
         self.step_id = step_id  # "<alloc>.<step>" once the task recorded it
         self.left_at: float | None = None  # when it left the queue without a final state yet
         self.launched_at = 0.0
@@ -58,23 +65,9 @@ class TrackedJob(FollowsState):
         self.ended_wall: float | None = None  # when a batch in the allocation was seen to end
 
     @property
-    def settled(self) -> bool:
-        """Its final state may be shown (its reports are complete or given up on)."""
-        return self.life.settled
-
-    @property
     def served(self) -> bool:
         """Run by a warm worker (no step of its own)."""
         return self.warm is not None and self.warm.warm
-
-    @property
-    def waiting(self) -> bool:
-        """Held back by the pool until GPUs in the allocation are free."""
-        return self.life.waiting
-
-    @property
-    def is_step(self) -> bool:
-        return self.alloc is not None
 
     @property
     def files(self) -> Batch[str]:
@@ -82,9 +75,26 @@ class TrackedJob(FollowsState):
         return Batch(self.handle.spec.work_dir)
 
 
+@dataclass
+class Backends:
+    """What the backends and the allocation watch share (one place: none keeps a copy)."""
+
+    shell: Shell
+    jobs: SlurmJobs
+    runs: RunRegistry | None
+    warn: Callable[[str], None]
+    wake: Callable[[], None]  # ask the scheduler at the next poll (something changed)
+    batches: dict[str, TrackedJob] = field(default_factory=dict)  # this run's, by job id
+    seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # for local ids
+    files: SmallFiles = field(init=False)  # exit codes and pids, pushed where the shell pushes
+
+    def __post_init__(self) -> None:
+        self.files = SmallFiles(self.shell)
+
+
 def visible_state(job: TrackedJob) -> JobState:
     """What the monitor sees: a finished job stays RUNNING until its reports settled."""
-    if job.state.status.finished and not job.settled:
+    if job.state.status.finished and not job.life.settled:
         return JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist,
                         reason="waiting for reports.jsonl (shared file system lag)")
     return job.state
@@ -147,11 +157,23 @@ def step_share(spec: JobSpec, alloc: AllocationState) -> StepShare:
     return StepShare(cpus_per_task=cpus, mem_mb=mem)
 
 
-def seconds_until(stamp: str | None) -> float | None:
-    """Seconds from now to a Slurm timestamp (``2026-01-01T12:00:00``, cluster local time)."""
-    if not stamp:
-        return None
-    try:
-        return (datetime.fromisoformat(stamp) - datetime.now()).total_seconds()
-    except ValueError:
-        return None
+def reports_settled(shell: Shell, job: TrackedJob, now: float, report_wait: float) -> bool:
+    """True when the batch's reports are complete, or given up on."""
+    if job.state.status not in (JobStatus.COMPLETED, JobStatus.FAILED) or (
+            job.handle.spec.workflow in NO_REPORTS) or session_finished(shell, job):
+        return True
+    if job.settle_since is None:
+        job.settle_since = now
+        shell.run(["ls", "-a", job.handle.spec.work_dir], timeout=30)  # NFS refresh
+        if session_finished(shell, job):
+            return True
+    if job.state.status is not JobStatus.COMPLETED:
+        return True
+    return now - job.settle_since >= report_wait
+
+
+def session_finished(shell: Shell, job: TrackedJob) -> bool:
+    """The worker wrote its last line (``session_finish``) to the reports file."""
+    path = job.handle.spec.reports_path
+    tail = shell.read_from(path, max(0, shell.size(path) - 4096))
+    return f'"{SESSION_FINISH}"'.encode() in tail

@@ -1,6 +1,5 @@
-"""Batches in a persistent allocation with warm workers: the allocation's AgentPool
-places them; a pytest batch runs in a fork of the node's warm worker (followed through
-files), a multi-node MPI batch as a (gated) step on whole nodes."""
+"""Batches in an allocation with warm workers, placed by its AgentPool: a pytest batch runs in
+a fork of the node's warm worker (followed through files), an MPI batch as a (gated) step."""
 
 from __future__ import annotations
 
@@ -13,12 +12,11 @@ from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import JobHandle
 from pytest_trtllm_slurm.execution.render.scripts import SlurmOptions, StepShare
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
-from pytest_trtllm_slurm.execution.slurm.backend import Backends
 from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 from pytest_trtllm_slurm.execution.slurm.jobs import SchedulerError
 from pytest_trtllm_slurm.execution.slurm.lifecycle import Lifecycle, Phase
 from pytest_trtllm_slurm.execution.slurm.steps import AllocationSteps
-from pytest_trtllm_slurm.execution.slurm.tracking import TrackedJob, step_share
+from pytest_trtllm_slurm.execution.slurm.tracking import Backends, TrackedJob, step_share
 from pytest_trtllm_slurm.execution.slurm.warm_pool import (
     AgentPool,
     Delivery,
@@ -45,9 +43,7 @@ class WarmBatches:
         self.news: dict[str, NewsFolder] = {}  # news folder -> its reader (files here only)
 
     def expect(self, tests: Mapping[str, str]) -> None:
-        self.expected.update(tests)
-        for pool in self.pools.values():
-            pool.expect(tests)
+        self.expected.update(tests)  # (every pool shares this dict)
 
     def enqueue(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState, *,
                 gated: bool) -> TrackedJob:
@@ -59,7 +55,7 @@ class WarmBatches:
                              gres_type=opts.gres_type, warn=self.shared.warn,
                              list_steps=self.shared.jobs.squeue_steps, early=self.early,
                              files=self.shared.files, notes=self._note)
-            pool.expect(self.expected)
+            pool.expected = self.expected
             self.pools[alloc.job_id] = pool
         handle = JobHandle(job_id=f"{alloc.job_id}~w{next(self.shared.seq)}", spec=spec,
                            submitted_at=time.time(), nodelist=alloc.nodelist)
@@ -77,8 +73,7 @@ class WarmBatches:
         return job
 
     def _start_granted_step(self, job_id: str, warm: WarmJob) -> None:
-        """A step the pool gave (or set aside) whole nodes: pinned to them, overlapping
-        the agents."""
+        """A step the pool gave (or set aside) whole nodes: pinned there, overlapping the agents."""
         job = self.shared.batches[job_id]
         assert warm.placement is not None or warm.gated
         nodes = ",".join(n.name for n in (warm.placement.nodes if warm.placement
@@ -100,7 +95,7 @@ class WarmBatches:
     def sync(self, job: TrackedJob) -> None:
         """A served or waiting batch shows the pool's view of it."""
         warm = job.warm
-        if warm is None or not (job.served or job.waiting) or job.state.status.finished:
+        if warm is None or not (job.served or job.life.waiting) or job.state.status.finished:
             return
         job.state = warm.state
         if warm.placement is not None:

@@ -1,10 +1,8 @@
 """Warm workers in a persistent allocation, seen from the controller: one agent per node
 (a step that outlives the run) forks a session per run that forks a child per batch; the
 controller talks to them through mailbox files only (no step per batch, no step polling).
-
-The pool also places this run's batches on nodes (best fit by free GPUs); a multi-node MPI
-step gets whole nodes, launched *gated* early so its ranks collect while others run there.
-"""
+The pool also places the run's batches (best fit by free GPUs); a multi-node MPI step gets
+whole nodes, launched *gated* early so its ranks collect while others run there."""
 
 from __future__ import annotations
 
@@ -117,8 +115,7 @@ class Delivery:
 
 
 class WarmJob(FollowsState):
-    """A batch as the pool sees it; ``life`` (WAITING until placed, EARLY for a gated step
-    before its gate opens) is the executor's too."""
+    """A batch as the pool sees it; ``life`` (WAITING until placed) is the executor's too."""
 
     def __init__(self, spec: JobSpec, warm: bool, *, job_id: str = "", gated: bool = False,
                  life: Lifecycle | None = None) -> None:
@@ -126,9 +123,8 @@ class WarmJob(FollowsState):
         self.warm = warm  # served by an agent (else: a step the executor launches once placed)
         self.job_id = job_id
         self.life = life or Lifecycle(Phase.WAITING)
-        self._state = JobState(status=JobStatus.PENDING,
-                               reason="waiting for GPUs in the allocation")
-        self.life.saw(self._state.status)
+        self.state = JobState(status=JobStatus.PENDING,
+                              reason="waiting for GPUs in the allocation")
         self.placement: Placement[Node] | None = None
         self.sent: Delivery | None = None  # a served batch's request, once written
         self.cancelled = False
@@ -171,7 +167,8 @@ class AgentPool:
         self.run_id = f"{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.jobs: dict[str, WarmJob] = {}
         self.order: list[str] = []  # submission order: placement is first come, with backfill
-        self.expected: dict[str, str] = {}  # node id -> key (``node.item_key``)
+        # the run's tests (node id -> key, ``node.item_key``): one session per node collects all
+        self.expected: dict[str, str] = {}
         self._next_health = 0.0
         self.warmed = False  # sessions started on every node (SlurmExecutor asks once)
         # session dir -> why it is gone: batches sent there end CRASHED
@@ -179,10 +176,6 @@ class AgentPool:
         # the first served batch's ``hidden_env``, held by the run's agents
         self.carried: dict[str, str] | None = None
         self._seen_alive: dict[str, bool] = {}  # agent dir -> alive, as warm_up saw it
-
-    def expect(self, tests: Mapping[str, str]) -> None:
-        """The run's tests (node id -> key), so one session per node collects them all."""
-        self.expected.update(tests)
 
     def carries(self, spec: JobSpec) -> bool:
         """Whether the run's agents hold ``spec``'s unwritable values (those of the first
@@ -222,9 +215,13 @@ class AgentPool:
                 self.order.remove(job_id)
                 started = True
                 continue
-            if held is None:
-                held = self._held()
-            placement = self._fit(job, held)
+            if held is None:  # nodes drained for a gated step whose ranks are ready
+                held = [n for j in self.jobs.values() if j.launched_early and j.ready
+                        for n in j.reserved]
+            whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
+            need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
+            placement = self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
+                                          held=held)
             if placement is None:
                 continue
             job.placement = placement
@@ -237,17 +234,6 @@ class AgentPool:
             else:
                 launch_step(job_id, job)
         return started
-
-    def _held(self) -> list[Node]:
-        """Nodes drained for a gated step whose ranks are ready."""
-        return [n for j in self.jobs.values() if j.launched_early and j.ready
-                for n in j.reserved]
-
-    def _fit(self, job: WarmJob, held: list[Node]) -> Placement[Node] | None:
-        whole = not job.warm  # a step may land on any GPU of its nodes: give it the nodes
-        need = self.alloc.gpus_per_node if whole else job.spec.devices_per_node
-        return self.placer.place(self.nodes, Request(job.spec.node_count, need, whole),
-                                 held=held)
 
     def _reserve(self, job: WarmJob) -> bool:
         """Nodes for a gated step, among those no other waiting gated step has (one
@@ -540,15 +526,12 @@ class AgentPool:
             if node.name not in running:
                 why = (f"the warm worker on {node.name} was lost (its srun step left the "
                        f"queue without an exit code){self._agent_errors(node)}")
-                self._mark_agent_dead(node.agent_dir)
+                # the exit code (-1) the dead launcher did not write: no run trusts the last
+                # heartbeat (on a full disk only the heartbeat's removal may succeed)
+                file_ops.remove_files(self.shell, [Agent(node.agent_dir).heartbeat])
+                with contextlib.suppress(ExecutionError, OSError):
+                    self.shell.write_file(Agent(node.agent_dir).exit_code, "-1\n")
                 self._lose(node, why)
-
-    def _mark_agent_dead(self, d: str) -> None:
-        """Write the exit code (-1) the dead launcher did not, so no run trusts the last
-        heartbeat (on a full disk only the heartbeat's removal may succeed)."""
-        file_ops.remove_files(self.shell, [Agent(d).heartbeat])
-        with contextlib.suppress(ExecutionError, OSError):
-            self.shell.write_file(Agent(d).exit_code, "-1\n")
 
     def _dead(self, node: Node) -> str | None:
         """Why the node's agent cannot serve (None: it can); a lost agent or session goes
