@@ -14,6 +14,7 @@ import pytest
 from pytest_trtllm_slurm.execution.concurrent import Background, side_by_side
 from pytest_trtllm_slurm.execution.factory import ClusterJobIds
 from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
+from pytest_trtllm_slurm.execution.protocol import Executor
 from pytest_trtllm_slurm.planning.batching import BatchKey
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario, target_name, target_of
@@ -119,3 +120,18 @@ def test_a_background_step_says_when_it_is_done_and_what_it_raised() -> None:
     failed = Background(broken)
     with pytest.raises(RuntimeError, match="queue refused"):
         failed.result()
+
+
+def test_a_wrapped_cluster_answers_all_of_the_executor_contract_as_its_executor() -> None:
+    """Every member of ``Executor`` (methods, properties, attributes the controller reads)
+    is the wrapped executor's: a default the wrapper inherits instead would make the run
+    treat a cluster of several differently (e.g. read every warm batch each round)."""
+    wrapped = DirectExecutor(gpu_ids=[0])
+    wrapper = ClusterJobIds(wrapped, "east")
+    members = {name for klass in Executor.__mro__ if klass is not object
+               for name in vars(klass) if not name.startswith("_")}
+    members |= set(Executor.__annotations__)
+    inherited = sorted(name for name in members
+                       if name not in vars(ClusterJobIds) and name not in vars(wrapper))
+    assert not inherited, f"ClusterJobIds inherits the defaults of {inherited}"
+    assert wrapper.vouched == wrapped.vouched and wrapper.quiet([]) == set()

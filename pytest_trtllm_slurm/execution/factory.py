@@ -315,6 +315,14 @@ class ClusterJobIds(Executor):
         states = self.wrapped.poll([self._own.get(h.job_id, h) for h in handles])
         return {f"{self.cluster}:{job_id}": state for job_id, state in states.items()}
 
+    @property
+    def vouched(self) -> int:
+        return self.wrapped.vouched
+
+    def quiet(self, handles: list[JobHandle]) -> set[str]:
+        own = [self._own.get(h.job_id, h) for h in handles]
+        return {f"{self.cluster}:{job_id}" for job_id in self.wrapped.quiet(own)}
+
     def cancel(self, handle: JobHandle) -> None:
         self.wrapped.cancel(self._own.get(handle.job_id, handle))
 
