@@ -170,11 +170,10 @@ class Forwarder:
         group = self.groups.get(occurrence.flag, "")
         if any(group.startswith(g) for g in CONTROLLER_GROUPS):
             return True
+        value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
         if action.dest == "plugins":
-            value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
             return value.startswith("pytest_trtllm_slurm")
         if action.dest == "override_ini":
-            value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
             return value.split("=", 1)[0].strip() == "addopts"  # folded in already
         return action.dest in CONTROLLER_DESTS or action.dest in RESOLVED_HERE
 
@@ -238,17 +237,10 @@ def forwarded_addopts(config: pytest.Config) -> str:
     return shlex.join(Forwarder(config)._kept(addopts_args(config)))
 
 
-def forwarded_options(config: pytest.Config, *,
-                      with_ini: bool = True) -> tuple[list[str], list[str]]:
-    """(the options forwarded: ``Forwarder.forwarded``, less the output options: a session
-    started with them would write the user's paths; the flags a target cannot honour)."""
-    options, refused, _ = forwarding_plan(config, with_ini=with_ini)
-    return options, refused
-
-
 def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
                     ) -> tuple[list[str], list[str], list[OutputOption]]:
-    """(the options every batch's worker gets, the flags a target cannot honour, the output
+    """(the options every batch's worker gets, less the output options: a session started
+    with them would write the user's paths; the flags a target cannot honour; the output
     options, whose values each batch gets of its own)."""
     forwarder = Forwarder(config)
     options = forwarder.forwarded(with_ini=with_ini)
