@@ -64,11 +64,6 @@ def _argparser(parser: Any) -> argparse.ArgumentParser:
     return optparser if optparser is not None else parser._getparser()  # pytest 8
 
 
-def _groups_by_flag(parser: Any) -> dict[str, str]:
-    return {name: group.name for group in parser._groups for opt in group.options
-            for name in opt.names()}
-
-
 def _nargs_taken(action: argparse.Action, rest: list[str]) -> int:
     """How many of ``rest`` (the tokens after the flag) argparse gives ``action``."""
     nargs = action.nargs
@@ -155,7 +150,8 @@ class Forwarder:
         self.config = config
         parser = config._parser  # type: ignore[attr-defined]
         self.actions = dict(_argparser(parser)._option_string_actions)
-        self.groups = _groups_by_flag(parser)
+        self.groups = {name: group.name for group in parser._groups for opt in group.options
+                       for name in opt.names()}
         self.here = Path(config.invocation_params.dir)
         self.refused: list[str] = []  # options the run cannot honour on a target
         self.output_flags = output_flags(config)
@@ -244,12 +240,9 @@ def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
     options, whose values each batch gets of its own)."""
     forwarder = Forwarder(config)
     options = forwarder.forwarded(with_ini=with_ini)
-    return options, sorted(set(forwarder.refused)), output_options(config)
-
-
-def output_options(config: pytest.Config) -> list[OutputOption]:
-    """The output options wherever the user gave them (addopts, PYTEST_ADDOPTS, the command
-    line), the last of each flag winning as in pytest's own parse."""
+    # the output options wherever the user gave them (addopts, PYTEST_ADDOPTS, the command
+    # line), the last of each flag winning as in pytest's own parse
     finder = Forwarder(config)
     finder._kept([*addopts_args(config), *map(str, config.invocation_params.args)])
-    return list({option.flag: option for option in finder.outputs}.values())
+    outputs = list({option.flag: option for option in finder.outputs}.values())
+    return options, sorted(set(forwarder.refused)), outputs

@@ -209,8 +209,8 @@ class DispatchLoop:
             for batch in batches:
                 if target_of(batch.key) in broken:
                     self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[target_of(batch.key)])
-                    continue
-                self._queue.append(batch)
+                else:
+                    self._queue.append(batch)
             self._submit_ready()
             local = [p for p in self.plans if p.key is None]
             if self.settings.keep_order:
@@ -328,11 +328,9 @@ class DispatchLoop:
     def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Target, str]:
         """Build once per target whose cluster asks for it, before any batch, side by side;
         the targets whose build failed, with the log's last lines."""
-        specs = {}
-        for target, cluster in self.builds.items():
-            keys = [key for _, key in dispatched if target_of(key) == target]
-            if keys:
-                specs[target] = self._build_spec(keys[0], cluster)
+        first = {target_of(key): key for _, key in reversed(dispatched)}  # each target's first
+        specs = {target: self._build_spec(first[target], cluster)
+                 for target, cluster in self.builds.items() if target in first}
         ended = side_by_side({target: partial(run_build, self.executors[target], spec,
                                               progress=self._say)
                               for target, spec in specs.items()})
@@ -612,10 +610,8 @@ def worker_env(config: pytest.Config) -> dict[str, str]:
     return env
 
 
-def worker_command(
-    config: pytest.Config, keys: list[str], ids_file: Path, reports: Path, work_dir: Path,
-    options: list[str] | None = None,
-) -> list[str]:
+def worker_command(config: pytest.Config, keys: list[str], ids_file: Path, reports: Path,
+                   work_dir: Path, options: list[str]) -> list[str]:
     """argv (never a shell string) of the worker pytest: the user's invocation, the worker
     plugin, the tests in a file, the files of the batch's keys."""
     argv = pytest_base_argv(config, options=options)
