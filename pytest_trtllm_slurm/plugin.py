@@ -1,8 +1,5 @@
-"""The pytest face: options, markers, planning and dispatch hooks (thin).
-
-With --trtllm-remote off (the default) this module only registers options and
-markers; no probe, no file, no thread: installing the plugin changes nothing.
-"""
+"""The pytest face: options, markers, planning and dispatch hooks (thin). With dispatch off
+(the default) it only registers options and markers: installing the plugin changes nothing."""
 
 from __future__ import annotations
 

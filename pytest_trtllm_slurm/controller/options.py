@@ -1,9 +1,6 @@
-"""Options, ini keys, env vars and markers: one table drives them all.
-
-Every option NAME is also ini ``trtllm_<NAME>`` and env ``TRTLLM_SLURM_<NAME>`` (a leading
-``slurm_`` dropped); precedence and the list are in docs/options.md. With dispatch off
-nothing here reads a file or probes anything.
-"""
+"""Options, ini keys, env vars and markers from one table: option NAME is also ini
+``trtllm_<NAME>`` and env ``TRTLLM_SLURM_<NAME>`` (docs/options.md). With dispatch off
+nothing here reads a file or probes anything."""
 
 from __future__ import annotations
 
