@@ -110,10 +110,9 @@ class RunningBatch:
 
     def status_at_end(self, state: JobState) -> JobStatus:
         """Why the job left tests unreported: the monitor's verdict, else the scheduler's."""
-        if self.refused is not None:
-            return JobStatus.ERROR
-        if not self.records_seen and state.exit_code == USAGE_ERROR:
-            return JobStatus.ERROR  # pytest refused its command line: no retry helps
+        if self.refused is not None or (not self.records_seen
+                                        and state.exit_code == USAGE_ERROR):
+            return JobStatus.ERROR  # a refused record, or a refused command line: no retry helps
         if state.status in (JobStatus.COMPLETED, JobStatus.FAILED) and not self.session_finished:
             return JobStatus.CRASHED
         if state.status is JobStatus.COMPLETED:
