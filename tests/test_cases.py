@@ -132,7 +132,7 @@ def test_bench_devices_from_the_last_trtllm_bench() -> None:
     got = _devices(Workflow.BENCH, chain)
     assert (got.required, got.total, got.per_node) == (8, 8, 8)
     assert got.source == "trtllm-bench --tp 4 --pp 2"
-    assert got.node_count() == 1
+    assert got.requirement().nodes() == 1
     with pytest.raises(ConfigError, match="--tp"):
         _devices(Workflow.BENCH, "trtllm-bench throughput --tp four")
 
@@ -148,7 +148,7 @@ def test_test_devices_from_collection_or_one() -> None:
     assert (got.total, got.per_node, got.source) == (2, 2, "skip_less_device (collected)")
     world = TestDevices(total=8, per_node=None, source="skip_less_mpi_world_size")
     spread = _devices(Workflow.PYTEST, "pytest t.py", collected=world)
-    assert spread.per_node is None and spread.node_count(4) == 2 and spread.node_count(8) == 1
+    assert spread.per_node is None and spread.requirement().nodes(4) == 2 and spread.requirement().nodes(8) == 1
     none = TestDevices(total=0, source="default")
     assert _devices(Workflow.PYTEST, "pytest t.py", collected=none).total == 1  # seed default
     assert _devices(Workflow.PYTEST, "python run.py").total == 1
@@ -165,10 +165,10 @@ def test_perf_sanity_devices_from_the_yaml(tmp_path: Path) -> None:
     """))
     cmd = "pytest tests/perf/test_perf_sanity.py -v 'test_e2e[aggr-gpt_oss-gpt_oss_tp4ep4pp2_mtp1]'"
     got = _devices(Workflow.PYTEST, cmd, perf_config_yaml=str(yaml_path))
-    assert (got.total, got.per_node, got.node_count()) == (8, 4, 2)
+    assert (got.total, got.per_node, got.requirement().nodes()) == (8, 4, 2)
     small = _devices(Workflow.PYTEST, "pytest 'test_e2e[aggr-gpt_oss-small]'",
                      perf_config_yaml=str(yaml_path))
-    assert (small.total, small.per_node, small.node_count()) == (2, 2, 1)
+    assert (small.total, small.per_node, small.requirement().nodes()) == (2, 2, 1)
     with pytest.raises(ConfigError, match="names no perf-sanity test"):
         _devices(Workflow.PYTEST, "pytest t.py", perf_config_yaml=str(yaml_path))
     with pytest.raises(ConfigError, match="not in server_configs"):
@@ -181,11 +181,11 @@ def test_explicit_device_counts_win() -> None:
     got = _devices(Workflow.BENCH, bench, required_devices=2)
     assert (got.total, got.per_node, got.source) == (2, 2, "explicit")
     both = _devices(Workflow.BENCH, bench, total_required_devices=16, required_devices_per_node=4)
-    assert (both.total, both.per_node, both.node_count(), both.source) == (16, 4, 4, "explicit")
+    assert (both.total, both.per_node, both.requirement().nodes(), both.source) == (16, 4, 4, "explicit")
     per_node = _devices(Workflow.BENCH, bench, required_devices_per_node=4)
-    assert (per_node.total, per_node.per_node, per_node.node_count()) == (8, 4, 2)
+    assert (per_node.total, per_node.per_node, per_node.requirement().nodes()) == (8, 4, 2)
     cpu = _devices(Workflow.CUSTOM, "echo", required_devices=0)
-    assert (cpu.total, cpu.per_node, cpu.node_count()) == (0, None, 1)
+    assert (cpu.total, cpu.per_node, cpu.requirement().nodes()) == (0, None, 1)
     bad = _devices(Workflow.BENCH, bench, total_required_devices=2, required_devices_per_node=4)
     with pytest.raises(ConfigError, match="per node"):
         bad.requirement()

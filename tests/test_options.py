@@ -309,7 +309,7 @@ def test_dispatch_off_costs_nothing(pytester: pytest.Pytester,
         raise AssertionError("work done with dispatch off")
 
     monkeypatch.setattr(requirements, "size_item", boom)
-    monkeypatch.setattr(requirements, "requirement_from_marks", boom)
+    monkeypatch.setattr(requirements, "size_marks", boom)
     monkeypatch.setattr(requirements.PerfSources, "from_settings", boom)
     monkeypatch.setattr(config_module, "load_clusters_file", boom)
     pytester.path.joinpath("trtllm-slurm.toml").write_text("[[[ not toml")

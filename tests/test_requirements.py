@@ -28,7 +28,7 @@ from pytest_trtllm_slurm.planning.requirements import (
     marker_config,
     parse_bench_command,
     parse_eval_command,
-    requirement_from_marks,
+    size_marks,
 )
 from pytest_trtllm_slurm.planning.settings import Settings
 
@@ -52,7 +52,7 @@ def marks(**by_name: Any) -> Any:
 
 
 def req(settings_: Settings | None = None, **by_name: Any):  # type: ignore[no-untyped-def]
-    return requirement_from_marks(NODEID, marks(**by_name), settings_ or Settings())
+    return size_marks(NODEID, marks(**by_name), settings_ or Settings())[1]
 
 
 # --------------------------------------------------------------------------- time limits
@@ -527,7 +527,7 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
 
 
 def perf_req(sources: PerfSources, label: str):  # type: ignore[no-untyped-def]
-    return requirement_from_marks(NODEID, marks(), Settings(), perf_case=label, perf=sources)
+    return size_marks(NODEID, marks(), Settings(), perf_case=label, perf=sources)[1]
 
 
 def test_perf_config_dir_and_env_folders(tmp_path: Path,
@@ -573,8 +573,8 @@ def test_missing_yaml_names_test_and_paths(tmp_path: Path) -> None:
 
 
 def test_markers_beat_perf_yaml() -> None:
-    r = requirement_from_marks(NODEID, marks(skip_less_device=2), Settings(),
-                               perf_case="aggr-x-y", perf=PerfSources())
+    _, r = size_marks(NODEID, marks(skip_less_device=2), Settings(),
+                      perf_case="aggr-x-y", perf=PerfSources())
     assert (r.total, r.source) == (2, "skip_less_device")
 
 

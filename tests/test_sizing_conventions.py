@@ -25,7 +25,7 @@ from pytest_trtllm_slurm.planning.requirements import (
     TestConfig,
     launcher_for,
     parse_marker_devices,
-    requirement_from_marks,
+    size_marks,
 )
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, Settings
 
@@ -40,7 +40,7 @@ def marks(**by_name: Any) -> Any:
 
 
 def req(settings: Settings | None = None, **by_name: Any):  # type: ignore[no-untyped-def]
-    return requirement_from_marks("t.py::t", marks(**by_name), settings or Settings())
+    return size_marks("t.py::t", marks(**by_name), settings or Settings())[1]
 
 
 # --------------------------------------------------------------------------- named markers

@@ -1,8 +1,5 @@
-"""TensorRT-LLM cases as pytest items: YAML case files collected next to the tests.
-
-Each case is one item, pinned local (it is the job's controller); the file format and
-the options that name the files are in docs/cases.md. Nothing runs unless one is set.
-"""
+"""YAML case files collected as pytest items, each pinned local (it is the job's controller);
+format and options in docs/cases.md. Nothing runs unless a case file is named."""
 
 from __future__ import annotations
 
@@ -57,8 +54,7 @@ def register_if_wanted(config: pytest.Config) -> None:
     patterns += [p.strip() for p in os.environ.get(ENV_FILES, "").splitlines() if p.strip()]
     if not explicit and not patterns:
         return
-    collector = CaseCollector(config, explicit, patterns)
-    config.pluginmanager.register(collector, PLUGIN_NAME)
+    config.pluginmanager.register(CaseCollector(config, explicit, patterns), PLUGIN_NAME)
 
 
 # the hooks when this module is loaded at start-up (``-p pytest_trtllm_slurm.cases.items``);
@@ -97,8 +93,6 @@ class CaseCollector:
         resolved = path.resolve()
         if resolved in self.files:
             return True
-        if not self.patterns:
-            return False
         try:
             rel = resolved.relative_to(self.config.rootpath.resolve()).as_posix()
         except ValueError:

@@ -1,8 +1,5 @@
-"""TensorRT-LLM cases: a test, bench, eval or custom command run as one job.
-
-The planning half of ``trtllm-slurm run`` and of YAML case items (pure): classify,
-size, build the JobSpec, decide the verdict; the steps are in docs/cases.md.
-"""
+"""TensorRT-LLM cases (a test, bench, eval or custom command run as one job), the pure half of
+``trtllm-slurm run`` and case items: classify, size, build the JobSpec, decide (docs/cases.md)."""
 
 from __future__ import annotations
 
@@ -185,13 +182,10 @@ def classify(inp: CaseInput, *, base: Path | None = None) -> Classified:
         folder = str(script.parent)
         return Classified(workflow=Workflow.CUSTOM, command=f"bash {shlex.quote(str(script))}",
                           mounts=[f"{folder}:{folder}"], notes=notes)
-    if inp.custom_cmd:
-        return Classified(workflow=Workflow.CUSTOM, command=inp.custom_cmd.strip())
-    if inp.bench_cmd:
-        return Classified(workflow=Workflow.BENCH, command=inp.bench_cmd.strip())
-    if inp.eval_cmd:
-        return Classified(workflow=Workflow.EVAL, command=inp.eval_cmd.strip())
-    return Classified(workflow=Workflow.PYTEST, command=(inp.test_cmd or "").strip())
+    workflow, command = next((w, c) for w, c in (
+        (Workflow.CUSTOM, inp.custom_cmd), (Workflow.BENCH, inp.bench_cmd),
+        (Workflow.EVAL, inp.eval_cmd), (Workflow.PYTEST, inp.test_cmd)) if c)
+    return Classified(workflow=workflow, command=command.strip())
 
 
 class TestDevices(BaseModel):
@@ -226,10 +220,6 @@ class DeviceCounts(BaseModel):
                 f"{exc.errors()[0]['msg']}; expected --required-devices-per-node <= "
                 "--total-required-devices"
             ) from None
-
-    def node_count(self, target_gpus_per_node: int | None = None) -> int:
-        """ceil(total / per node), at least 1 (seed: floor-clamped)."""
-        return self.requirement().nodes(target_gpus_per_node)
 
 
 _PERF_ID = re.compile(r"test_e2e\[([^\]\s]+)\]")
@@ -389,9 +379,7 @@ def decide_status(
         status = _JOB_TO_CASE[job_status]
         errors.insert(0, f"{status.value}: {reason or job_status.value}")
         return status, errors
-    if exit_code is None:
-        exit_code = 0 if job_status is JobStatus.COMPLETED else None
-    if exit_code == 0 and job_status is JobStatus.COMPLETED:
+    if job_status is JobStatus.COMPLETED and exit_code in (0, None):  # no code: as 0
         if failure_hits:
             return CaseStatus.FAILED, errors
         if patterns and not success_hits:

@@ -1,8 +1,5 @@
-"""Reading a case's log: summary by workflow, success/failure patterns, metric checks.
-
-Pure: ``scan_log`` pulls the log by offset through ``read(offset, limit)`` and keeps a
-bounded part, so a log of any size is never held whole.
-"""
+"""Reading a case's log (pure): summary by workflow, success/failure patterns, metric checks;
+``scan_log`` reads by offset and keeps a bounded part, so no log is ever held whole."""
 
 from __future__ import annotations
 
@@ -178,9 +175,7 @@ class LogScan:
             self._close_block()
             self._block = {}
             return
-        if self._block is None:
-            return
-        if not message or message.startswith("--"):
+        if self._block is None or not message or message.startswith("--"):
             return  # blank lines and "-- Request Latency Breakdown (ms) ---" section titles
         if _RULE.match(message):
             if self._block:
@@ -200,10 +195,6 @@ class LogScan:
             self.performance = self._block
             self.performance_blocks += 1
         self._block = None
-
-    def finish(self) -> LogScan:
-        self._close_block()
-        return self
 
     def metrics(self) -> dict[str, float]:
         """Named numbers for checks and junit properties."""
@@ -260,7 +251,8 @@ def scan_log(
             _feed_piece(scan, piece)
     if rest:
         _feed_piece(scan, rest)
-    return scan.finish()
+    scan._close_block()
+    return scan
 
 
 def _feed_piece(scan: LogScan, piece: bytes) -> None:
@@ -315,7 +307,8 @@ class MetricCheck:
         return self.threshold
 
     def evaluate(self, metrics: dict[str, float]) -> CheckResult:
-        name = find_metric(self.metric, metrics)
+        name = self.metric if self.metric in metrics else next(
+            (key for key in metrics if _norm(key) == _norm(self.metric)), None)
         if name is None:
             known = ", ".join(sorted(metrics)) or "none"
             return CheckResult(self, None, False,
@@ -348,10 +341,3 @@ class CheckResult:
 def _norm(name: str) -> str:
     return " ".join(name.lower().split())
 
-
-def find_metric(name: str, metrics: dict[str, float]) -> str | None:
-    """The metric key for ``name``: exact, then case- and whitespace-insensitive."""
-    if name in metrics:
-        return name
-    wanted = _norm(name)
-    return next((key for key in metrics if _norm(key) == wanted), None)

@@ -32,13 +32,10 @@ def format_result(result: CaseResult, *, head: int = 20, tail: int = 40) -> str:
                      f"(wall {result.wall_seconds or 0:.1f} s)")
     if result.work_dir:
         lines.append(f"Work dir:   {result.work_dir}")
-    for name, path in result.log_paths.items():
-        lines.append(f"  {name + ':':<10}{path}")
+    lines += [f"  {name + ':':<10}{path}" for name, path in result.log_paths.items()]
     lines += _summary_lines(result)
-    for check in result.checks:
-        lines.append(f"Check:      {check['message']}")
-    for note in result.notes:
-        lines.append(f"Note:       {note}")
+    lines += [f"Check:      {check['message']}" for check in result.checks]
+    lines += [f"Note:       {note}" for note in result.notes]
     if result.errors:
         lines.append("Errors:")
         lines += [f"  {e}" for e in result.errors]
@@ -54,7 +51,7 @@ def format_result(result: CaseResult, *, head: int = 20, tail: int = 40) -> str:
 def _summary_lines(result: CaseResult) -> list[str]:
     summary = result.summary
     out: list[str] = []
-    if "pytest" in summary and summary["pytest"]:
+    if summary.get("pytest"):
         out.append(f"Summary:    {summary['pytest']['line']}")
     if summary.get("accuracy"):
         out.append("Summary:    accuracy")

@@ -1,8 +1,5 @@
-"""Running a case: the same probes, routing, JobSpec, executors and Monitor as the plugin.
-
-No pytest here: ``trtllm-slurm run`` and case items both go through ``prepare_case`` and
-``run_spec``; ``rerun_job_spec`` re-runs a ``job_spec.json`` as written, in a fresh work dir.
-"""
+"""Running a case with the plugin's probes, routing, executors and Monitor (no pytest):
+``prepare_case`` + ``run_spec``; ``rerun_job_spec`` re-runs a job_spec.json in a fresh work dir."""
 
 from __future__ import annotations
 
@@ -138,8 +135,7 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
             say(f"collecting {shlex.join(args)} failed (exit {proc.returncode}: {tail}); "
                 "using 1 device (pass --required-devices N to choose)")
             return None
-        data = json.loads(plan.read_text(encoding="utf-8"))
-        rows = data["tests"] if isinstance(data, dict) else data
+        rows = json.loads(plan.read_text(encoding="utf-8"))["tests"]  # write_plan_json's
     if not rows:
         say(f"collecting {shlex.join(args)} found no tests; using 1 device")
         return None
@@ -223,7 +219,6 @@ def prepare_case(
     case_devices = CaseDevices(required=devices.required, total=req.total, per_node=per_node,
                                nodes=req.nodes(decision.target_gpus_per_node),
                                source=devices.source)
-    prepared = PreparedCase(case_devices, notes=notes)
     if decision.scenario is None:
         result = CaseResult(
             status=CaseStatus.ERROR, workflow=workflow.value, command=command,
@@ -233,8 +228,7 @@ def prepare_case(
             log_paths={"result": str(paths.Batch(work_dir).result)},
         )
         write_result(result, work_dir)
-        prepared.refused = result
-        return prepared
+        return PreparedCase(case_devices, refused=result, notes=notes)
     on_slurm = decision.scenario in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM)
     account = decision.account if on_slurm else None
     reports = paths.Batch(work_dir).reports
@@ -247,7 +241,7 @@ def prepare_case(
     mounts = [*classified.mounts, *inp.mounts]
     if table and run_settings.container_image:
         mounts = list(with_mounts(mounts, table.container_mounts))
-    prepared.spec = JobSpec(
+    spec = JobSpec(
         scenario=decision.scenario, workflow=workflow.value, name=f"{model}_{workflow.value}",
         job_name=f"{account or 'trtllm'}.{model}", command=case_argv(command), rerun_argv=[],
         rootdir=str(ctx.rootdir), invocation_dir=str(ctx.rootdir),
@@ -265,8 +259,8 @@ def prepare_case(
         hang_patterns=list(settings.hang_patterns),
         slurm_env=ctx.slurm_env if decision.scenario is Scenario.LOCAL_SLURM else None,
     )
-    prepared.spec.write()
-    return prepared
+    spec.write()
+    return PreparedCase(case_devices, spec, notes=notes)
 
 
 def run_spec(
@@ -376,7 +370,6 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
             errors.append(f"check failed: {outcome.message}")
             if status is CaseStatus.PASSED:
                 status = CaseStatus.FAILED
-    run_started = watched.started
     def where(hits: dict, patterns: list[str]) -> dict[str, str | None]:
         return {p: f"line {h.line_no}: {h.line.strip()}" if (h := hits.get(p)) else None
                 for p in patterns}
@@ -391,7 +384,7 @@ def _result(spec: JobSpec, ctx: CaseContext, executor: Executor, final: JobState
         account=spec.account, container_image=spec.container_image,
         devices=devices or CaseDevices(total=spec.total_devices, per_node=spec.devices_per_node,
                                        nodes=spec.node_count),
-        elapsed_seconds=round(ended - (run_started or started), 3),
+        elapsed_seconds=round(ended - (watched.started or started), 3),
         wall_seconds=round(ended - started, 3), work_dir=spec.work_dir,
         log_paths={"log": spec.log_path, "job_spec": paths.Batch(spec.work_dir).job_spec,
                    "result": paths.Batch(spec.work_dir).result},

@@ -1,8 +1,5 @@
-"""Group dispatched tests into batches: same destination, shape, image, env and launch.
-
-Pure. Every batch pays pytest start-up once, so a shape is split into only as many chunks
-as the target runs side by side (``packing`` plans it when pools are given).
-"""
+"""Group dispatched tests into batches (same destination, shape, image, env, launch), pure;
+each batch pays start-up once, so ``packing`` splits a key only as far as it pays."""
 
 from __future__ import annotations
 

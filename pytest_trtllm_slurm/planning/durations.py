@@ -1,9 +1,5 @@
-"""Durations: one grammar for Slurm times (``_split``), read two ways (pure).
-
-``parse_time_limit`` reads what a user typed, stricter than Slurm (a bare number is
-refused: people often mean seconds); ``parse_duration`` reads what the scheduler printed,
-Slurm's rules exactly, and returns None on junk (an odd column must not stop a run).
-"""
+"""One grammar for Slurm times, read two ways (pure): ``parse_time_limit`` what a user typed
+(stricter: a bare number is refused), ``parse_duration`` what Slurm printed (None on junk)."""
 
 from __future__ import annotations
 

@@ -28,12 +28,8 @@ def _check(problem: Callable[[Any], str | None]) -> AfterValidator:
     return AfterValidator(lambda value: checked(value, problem))
 
 
-def _one_or_many(value: object) -> object:
-    return [value] if isinstance(value, str) else value
-
-
 #: one string may stand for a list of one (``mounts="a:b"``), before the list is checked
-OneOrMany = BeforeValidator(_one_or_many)
+OneOrMany = BeforeValidator(lambda value: [value] if isinstance(value, str) else value)
 
 OneLine = Annotated[str, _check(safe_values.line_problem)]  # paths, names, device types
 SlurmName = Annotated[str, _check(safe_values.slurm_name_problem)]  # account, partition

@@ -1,8 +1,5 @@
-"""What counts as a secret, and how it is hidden (stdlib only: the node side uses it).
-
-Showing is an allow-list (``SHOWN_NAMES``/``SHOWN_PREFIXES``); secrets are found by name
-parts and by value. The rules are in docs/security-model.md.
-"""
+"""What counts as a secret and how it is hidden (stdlib only: the node side uses it); showing is
+an allow-list, secrets are found by name parts and by value (docs/security-model.md)."""
 
 from __future__ import annotations
 
@@ -97,12 +94,6 @@ def may_show(name: str) -> bool:
             and not is_secret_name(name))
 
 
-def mask_value(name: str, value: str) -> str:
-    """What may be shown of ``name=value``: the value (its embedded credentials hidden)
-    when ``may_show(name)``, else ``***``."""
-    return mask_text(value) if may_show(name) else MASK
-
-
 def is_secret_option(option: str) -> bool:
     """``--api-token``, ``--password``, ``--hf_token=...``: an option whose value is a
     secret by its name (the name rule of variables)."""
@@ -144,14 +135,14 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
 
 
 def is_masked(value: str) -> bool:
-    """A value (or part of one) that ``mask_value`` hid: not usable as it is."""
+    """A value (or part of one) that ``mask_env`` hid: not usable as it is."""
     return MASK in value
 
 
 def mask_env(env: Mapping[str, str]) -> dict[str, str]:
-    """An environment safe to write or log (same names, values not on the allow-list
-    hidden)."""
-    return {name: mask_value(name, value) for name, value in env.items()}
+    """An environment safe to write or log: same names, values not on the allow-list
+    (``may_show``) hidden, embedded credentials hidden in the others."""
+    return {name: mask_text(value) if may_show(name) else MASK for name, value in env.items()}
 
 
 def without_secrets(env: Mapping[str, str]) -> dict[str, str]:

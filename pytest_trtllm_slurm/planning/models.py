@@ -75,10 +75,8 @@ class DeviceRequirement(BaseModel):
 
     def nodes(self, target_gpus_per_node: int | None = None) -> int:
         """ceil(total / per node); 1 for CPU tests."""
-        per_node = self.resolve_per_node(target_gpus_per_node)
-        if self.total == 0 or per_node == 0:
-            return 1
-        return max(1, math.ceil(self.total / per_node))
+        per_node = self.resolve_per_node(target_gpus_per_node)  # 0 for CPU tests
+        return max(1, math.ceil(self.total / per_node)) if per_node else 1
 
     @model_validator(mode="after")
     def _per_node_not_above_total(self) -> DeviceRequirement:

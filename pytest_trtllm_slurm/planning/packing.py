@@ -1,10 +1,6 @@
-"""Packing: how many chunks each batch key gets and which tests go in which chunk.
-
-Pure. Every chunk pays start-up once and the pool's GPUs should stay busy, so per pool a
-key is split only while the simulated makespan (chunks started as their GPUs free up, no
-reservations, as Slurm starts an allocation's steps) gets shorter; tests go longest first
-to the least-loaded chunk (LPT) and keep collection order inside it (docs/plan.md).
-"""
+"""Packing (pure): per pool, a key is split only while the simulated makespan (chunks start as
+GPUs free up, as Slurm starts steps) gets shorter; tests go longest first to the least-loaded
+chunk (LPT), in collection order inside it (docs/plan.md)."""
 
 from __future__ import annotations
 
@@ -95,11 +91,8 @@ class Estimates:
         pools = sorted({pool.name for _, key in planned
                         if (pool := pool_of(key)).fixed_startup is None
                         and pool.name not in self.startup})
-        why = []
-        if tests:
-            why.append(f"no earlier duration for {tests} of {len(planned)} test(s)")
-        if pools:
-            why.append(f"no earlier start-up time of {', '.join(pools)}")
+        why = [f"no earlier duration for {tests} of {len(planned)} test(s)"] if tests else []
+        why += [f"no earlier start-up time of {', '.join(pools)}"] if pools else []
         return "; ".join(why) or None
 
 

@@ -1,8 +1,5 @@
-"""TensorRT-LLM perf-sanity ids: their grammar, their config YAML and the GPUs they need.
-
-Pure. The grammar follows TensorRT-LLM's ``test_perf_sanity.py`` and its CI launch-script
-generators (:data:`GRAMMAR`); an id that cannot be read errors that test alone.
-"""
+"""TensorRT-LLM perf-sanity ids (pure): their grammar (:data:`GRAMMAR`, as upstream's
+``test_perf_sanity.py``), config YAML and GPUs; an unreadable id errors that test alone."""
 
 from __future__ import annotations
 
@@ -139,24 +136,6 @@ class PerfSources:
                 f"{nodeid}: perf config {self.yaml_path} (--perf-config-yaml) does not exist"
             )
 
-    def yaml_for(self, case: PerfCase, nodeid: str) -> Path:
-        """The YAML of ``case``: TestSpecError listing what was tried when none exists; a
-        missing --perf-config-yaml is the option's fault (ConfigError, a usage error)."""
-        self.check_option(nodeid)
-        if self.yaml_path is not None:
-            return self.yaml_path
-        found, tried = _find_yaml(self, case.disaggregated_yaml, case.config)
-        if found is not None:
-            return found
-        shown = ", ".join(str(p) for p in tried[:4]) + (", ..." if len(tried) > 4 else "")
-        env = "DISAGG_CONFIG_FOLDER" if case.disaggregated_yaml else "AGG_CONFIG_FOLDER"
-        name = case.config if case.config.endswith(".yaml") else f"{case.config}.yaml"
-        raise TestSpecError(
-            f"{nodeid}: perf config {name} not found (tried {shown or 'no folder'}); "
-            "set --perf-config-yaml PATH, ini trtllm_perf_config_dir / env "
-            f"TRTLLM_SLURM_PERF_CONFIG_DIR, or env {env}"
-        )
-
 
 @functools.lru_cache(maxsize=1024)
 def _find_yaml(
@@ -219,19 +198,6 @@ def server_gpus(server: Mapping[str, Any], where: str) -> int:
     return product
 
 
-def _count(hardware: Mapping[str, Any], key: str, where: str) -> int:
-    if key not in hardware:
-        raise TestSpecError(f"{where}: hardware.{key} is missing; expected a non-negative "
-                            "integer")
-    return _positive(hardware[key], f"{where}: hardware.{key}", least=0)
-
-
-def _yaml_says_no_context(data: Mapping[str, Any]) -> bool:
-    """The older opt-in: a ``gen_only`` id whose YAML sets benchmark.mode gen_only_no_context."""
-    bench = data.get("benchmark") or {}
-    return isinstance(bench, Mapping) and "gen_only_no_context" in str(bench.get("mode", ""))
-
-
 def perf_requirement(
     case: PerfCase, data: Mapping[str, Any], path: Path, nodeid: str
 ) -> tuple[int, int]:
@@ -252,10 +218,18 @@ def perf_requirement(
         gpus = server_gpus(_table(workers, role, f"{where}: worker_config"),
                            f"{where}: worker_config.{role}")
         return gpus, min(gpus, per_node)
+    bench = data.get("benchmark") or {}
+    # the older opt-in: a gen_only id whose YAML sets benchmark.mode gen_only_no_context
+    no_context = (case.benchmark_mode == "gen_only" and isinstance(bench, Mapping)
+                  and "gen_only_no_context" in str(bench.get("mode", "")))
     nodes = 0
     for role in ("ctx", "gen"):
-        count = _count(hardware, f"num_{role}_servers", where)
-        if role == "ctx" and case.benchmark_mode == "gen_only" and _yaml_says_no_context(data):
+        key = f"num_{role}_servers"
+        if key not in hardware:
+            raise TestSpecError(f"{where}: hardware.{key} is missing; expected a non-negative "
+                                "integer")
+        count = _positive(hardware[key], f"{where}: hardware.{key}", least=0)
+        if role == "ctx" and no_context:
             count = 0
         if count:
             gpus = server_gpus(_table(workers, role, f"{where}: worker_config"),
@@ -294,9 +268,7 @@ def perf_label(item: Any) -> str | None:
     only an id with a prefix upstream mints (another suite's ``test_e2e[...]`` stays plain)."""
     if getattr(item, "originalname", None) != "test_e2e":
         return None
-    callspec = getattr(item, "callspec", None)
-    params = getattr(callspec, "params", {}) if callspec is not None else {}
-    label = params.get(PERF_PARAM)
+    label = getattr(getattr(item, "callspec", None), "params", {}).get(PERF_PARAM)
     if isinstance(label, str):
         return label
     name = getattr(item, "name", "")
@@ -320,9 +292,21 @@ def perf_id(item: Any) -> tuple[str | None, str]:
 
 
 def perf_size(label: str, nodeid: str, sources: PerfSources) -> tuple[int, int, str]:
-    """(total devices, devices per node, source) of a perf-sanity id, from its YAML."""
+    """(total devices, devices per node, source) of a perf-sanity id, from its YAML: a
+    TestSpecError listing what was tried when none exists."""
     sources.check_option(nodeid)
     case = parse_perf_case(label, nodeid)
-    path = sources.yaml_for(case, nodeid)
+    path, tried = sources.yaml_path, ()
+    if path is None:
+        path, tried = _find_yaml(sources, case.disaggregated_yaml, case.config)
+    if path is None:
+        shown = ", ".join(str(p) for p in tried[:4]) + (", ..." if len(tried) > 4 else "")
+        env = "DISAGG_CONFIG_FOLDER" if case.disaggregated_yaml else "AGG_CONFIG_FOLDER"
+        name = case.config if case.config.endswith(".yaml") else f"{case.config}.yaml"
+        raise TestSpecError(
+            f"{nodeid}: perf config {name} not found (tried {shown or 'no folder'}); "
+            "set --perf-config-yaml PATH, ini trtllm_perf_config_dir / env "
+            f"TRTLLM_SLURM_PERF_CONFIG_DIR, or env {env}"
+        )
     total, per_node = perf_requirement(case, load_perf_yaml(path), path, nodeid)
     return total, per_node, f"perf_yaml:{path}"

@@ -63,15 +63,11 @@ def format_plan_lines(rows: Iterable[PlanRow]) -> list[str]:
                           if n and row.error.startswith(f"{n}: ")), row.error)
             lines.append(f"{shown}: ERROR {error}")
             continue
-        if row.devices == 0:
-            need = "CPU only"
-        else:
-            kind = row.device_type or "any GPU"
-            need = (f"{row.devices} x {kind} = {row.nodes} node(s) x {row.devices_per_node}")
+        need = (f"{row.devices} x {row.device_type or 'any GPU'} = {row.nodes} node(s) x "
+                f"{row.devices_per_node}" if row.devices else "CPU only")
         where = row.scenario or f"not served ({row.reason or 'no route'})"
-        extras = "".join(f" {key}={value}" for key, value in
-                         (("partition", row.partition), ("cluster", row.cluster),
-                 ("batch", row.batch)) if value)
+        extras = "".join(f" {key}={value}" for key, value in (
+            ("partition", row.partition), ("cluster", row.cluster), ("batch", row.batch)) if value)
         lines.append(f"{shown}: {need} -> {where}{extras}")
     return lines
 
@@ -93,16 +89,11 @@ class BatchRow(BaseModel):
     expected_start: float | None = None
     expected_seconds: float | None = None  # start-up + the tests' expected durations
 
-    @property
-    def expected_end(self) -> float | None:
-        if self.expected_seconds is None:
-            return None
-        return (self.expected_start or 0.0) + self.expected_seconds
-
 
 def expected_makespan(batches: Iterable[BatchRow]) -> float | None:
     """When the packer expects the last batch to end (pools run side by side)."""
-    ends = [b.expected_end for b in batches if b.expected_end is not None]
+    ends = [(b.expected_start or 0.0) + b.expected_seconds
+            for b in batches if b.expected_seconds is not None]
     return round(max(ends), 3) if ends else None
 
 

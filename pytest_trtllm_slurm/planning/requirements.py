@@ -1,8 +1,5 @@
-"""What each test needs: markers, perf-sanity YAML, bench/eval commands, time limits.
-
-Pure. ``size_item`` is the one call that sizes a test (docs/sizing.md has the order);
-bad input raises ConfigError naming the test, never a silent default.
-"""
+"""What each test needs (pure): markers, perf-sanity YAML, bench/eval commands, time limits;
+``size_item`` sizes a test (docs/sizing.md), bad input is a ConfigError naming the test."""
 
 from __future__ import annotations
 
@@ -164,10 +161,6 @@ class TestConfig(BaseModel):
     def _normalize_time(cls, value: object) -> object:
         return slurm_time(value, "time_limit")
 
-    @property
-    def has_devices(self) -> bool:
-        return any(v is not None for v in (self.devices, self.devices_per_node, self.nodes))
-
 
 _NO_CONFIG = TestConfig()  # shared by every test without a trtllm_slurm marker (frozen)
 
@@ -251,22 +244,12 @@ def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
     return total, per_node
 
 
-def requirement_from_marks(
-    nodeid: str,
-    get_marker: MarkerLookup,
-    settings: Settings,
-    *,
-    perf_case: str | None = None,
+def size_marks(
+    nodeid: str, get_marker: MarkerLookup, settings: Settings, perf_case: str | None = None,
     perf: PerfSources | Callable[[], PerfSources] | None = None,
-) -> DeviceRequirement:
-    """DeviceRequirement from the closest markers (``get_marker`` = item.get_closest_marker)."""
-    return _size(nodeid, get_marker, settings, perf_case, perf)[1]
-
-
-def _size(
-    nodeid: str, get_marker: MarkerLookup, settings: Settings, perf_case: str | None,
-    perf: PerfSources | Callable[[], PerfSources] | None,
 ) -> tuple[TestConfig, DeviceRequirement]:
+    """(marker fields, requirement) from the closest markers (``get_marker`` =
+    item.get_closest_marker), else the perf-sanity YAML of ``perf_case``."""
     cfg = marker_config(nodeid, get_marker("trtllm_slurm"))
     device_type = cfg.device_type or settings.device_type  # keywords: picked by routing
     contain = get_marker("skip_device_not_contain")
@@ -279,7 +262,7 @@ def _size(
     }
     mpi, device = get_marker("skip_less_mpi_world_size"), get_marker("skip_less_device")
     per_node: int | None
-    if cfg.has_devices:
+    if any(v is not None for v in (cfg.devices, cfg.devices_per_node, cfg.nodes)):
         (total, per_node), source = _marker_counts(nodeid, cfg), "trtllm_slurm"
     elif mpi is not None:
         source = "skip_less_mpi_world_size"
@@ -376,6 +359,6 @@ def size_item(item: Any, settings: Settings, perf: PerfSources | None = None) ->
     def sources() -> PerfSources:
         return perf or PerfSources.from_settings(settings, Path(item.config.rootpath))
 
-    cfg, req = _size(name, closest_markers(item, frozenset(settings.marker_devices)),
+    cfg, req = size_marks(name, closest_markers(item, frozenset(settings.marker_devices)),
                      settings, label, sources)
     return Sized(req, cfg, name)

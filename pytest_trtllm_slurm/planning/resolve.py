@@ -105,16 +105,12 @@ def resolve_container_image(
 def enroot_uri(image: str) -> str:
     """Canonical ``registry.example/ns/img:tag`` -> enroot/pyxis ``registry.example#ns/img:tag``
     (only a registry host is rewritten: Docker Hub names and rewritten URIs are kept)."""
-    scheme = ""
-    rest = image
-    if "://" in image:
-        scheme, _, rest = image.partition("://")
-        scheme += "://"
+    scheme, sep, rest = image.partition("://") if "://" in image else ("", "", image)
     if "#" in rest or "/" not in rest:
         return image
     host, _, path = rest.partition("/")
     if "." in host or ":" in host or host == "localhost":
-        return f"{scheme}{host}#{path}"
+        return f"{scheme}{sep}{host}#{path}"
     return image
 
 

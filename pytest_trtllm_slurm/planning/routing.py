@@ -1,8 +1,5 @@
-"""Pure routing: one test's requirement + what the probes found -> where it runs.
-
-``route_item`` is the one routing call of a test; the rules ``route`` applies, first match
-wins, are listed in docs/routing.md (each is a row of tests/test_routing.py).
-"""
+"""Pure routing: requirement + probes -> where a test runs. ``route_item`` is the one call;
+``route``'s rules, first match wins, are in docs/routing.md (rows of tests/test_routing.py)."""
 
 from __future__ import annotations
 
@@ -265,8 +262,7 @@ class _Router:
         )
 
     def _notes(self, prefix: str) -> str:
-        notes = [n for n in self.local.notes if n.startswith(prefix)]
-        return "; ".join(notes) if notes else "nothing found"
+        return "; ".join(n for n in self.local.notes if n.startswith(prefix)) or "nothing found"
 
     def named_cluster(self, name: str) -> RouteDecision:
         """This machine's own Slurm cluster name (any case) is local_slurm; others are remote."""
@@ -282,7 +278,7 @@ class _Router:
 
     def _has_type(self, env: SlurmEnv | None, cfg: ClusterConfig | None) -> bool:
         """A partition of ``env`` (its table's, if named) has the wanted type."""
-        return any(p.gpu_type and device_type_matches(p, self.wanted)
+        return any(p.gpu_type and _same_type(p.gpu_type, self.wanted)
                    for p in _own_partitions(env, cfg))
 
     def local_slurm(self) -> RouteDecision:
@@ -401,10 +397,9 @@ class _Router:
         fitting = [c for c in self._remote_clusters() if self._cluster_fits(c)]
         if len(fitting) == 1:
             return self.remote(fitting[0].name)
-        if fitting:
-            return self.unsatisfied(
-                f"several configured clusters could ({self._list_clusters(fitting)}), so none")
-        return self.unsatisfied("nothing configured can")
+        return self.unsatisfied(f"several configured clusters could "
+                                f"({self._list_clusters(fitting)}), so none" if fitting
+                                else "nothing configured can")
 
     def unsatisfied(self, why: str) -> RouteDecision:
         need = describe_requirement(self.req, self.wanted)
@@ -432,9 +427,7 @@ class _Router:
 
     def _list_clusters(self, cfgs: list[ClusterConfig]) -> str:
         """Each cluster with what it offers: discovered partitions, else its table."""
-        if not cfgs:
-            return "none"
-        return ", ".join(f"{c.name} ({self._offer(c)})" for c in cfgs)
+        return ", ".join(f"{c.name} ({self._offer(c)})" for c in cfgs) or "none"
 
     def _offer(self, cfg: ClusterConfig) -> str:
         table = f"{cfg.device_type or 'any type'}, {cfg.gpus_per_node or '?'} GPUs per node"
@@ -487,23 +480,6 @@ def partition_fits(part: PartitionInfo, req: DeviceRequirement) -> bool:
     return not part.nodes or req.nodes(part.gpus_per_node) <= len(part.nodes)
 
 
-def device_type_matches(part: PartitionInfo, device_type: str | None) -> bool:
-    """True when no type is wanted or the partition's GPU type is that type."""
-    if not device_type:
-        return True
-    return normalize_device_type(part.gpu_type) == normalize_device_type(device_type)
-
-
-def check_partition_name(name: str, slurm_env: SlurmEnv | None, where: str) -> None:
-    """ConfigError when discovery found partitions and ``name`` is not one of them."""
-    if slurm_env and slurm_env.partitions and slurm_env.partition_named(name) is None:
-        valid = ", ".join(p.name for p in slurm_env.partitions)
-        raise ConfigError(
-            f"Slurm partition {name!r} (from {where}) does not exist on this cluster; "
-            f"valid partitions: {valid}"
-        )
-
-
 def select_partition(
     req: DeviceRequirement,
     slurm_env: SlurmEnv | None,
@@ -516,8 +492,12 @@ def select_partition(
     A named one is validated, not checked to fit (the caller reports that); None: none fits."""
     named = explicit or (cluster.partition if cluster else None)
     if named:
-        check_partition_name(named, slurm_env,
-                             "--slurm-partition" if explicit else "the clusters file")
+        if slurm_env and slurm_env.partitions and slurm_env.partition_named(named) is None:
+            where = "--slurm-partition" if explicit else "the clusters file"
+            raise ConfigError(
+                f"Slurm partition {named!r} (from {where}) does not exist on this cluster; "
+                f"valid partitions: {', '.join(p.name for p in slurm_env.partitions)}"
+            )
         return named
     if slurm_env is None or not slurm_env.partitions:
         return None
@@ -529,7 +509,7 @@ def select_partition(
         return default.name if default else None
     fitting = [p for p in slurm_env.partitions if partition_fits(p, req)]
     if device_type:
-        typed = [p for p in fitting if p.gpu_type and device_type_matches(p, device_type)]
+        typed = [p for p in fitting if p.gpu_type and _same_type(p.gpu_type, device_type)]
         if typed:
             return _prefer_default(typed, slurm_env).name
         # A partition whose gres names no GPU type cannot be ruled out.
@@ -543,13 +523,8 @@ def _prefer_default(parts: list[PartitionInfo], slurm_env: SlurmEnv) -> Partitio
 
 def with_cluster_overrides(env: SlurmEnv, cluster: ClusterConfig) -> SlurmEnv:
     """The table's gpus_per_node/device_type over discovery's (a gres it cannot read)."""
-    if not (cluster.gpus_per_node or cluster.device_type):
-        return env
-    update: dict[str, object] = {}
-    if cluster.gpus_per_node:
-        update["gpus_per_node"] = cluster.gpus_per_node
-    if cluster.device_type:
-        update["gpu_type"] = cluster.device_type
+    update = {k: v for k, v in (("gpus_per_node", cluster.gpus_per_node),
+                                ("gpu_type", cluster.device_type)) if v}
     parts = [p.model_copy(update=update) if not cluster.partition or p.name == cluster.partition
              else p for p in env.partitions]
     return env.model_copy(update={"partitions": parts})

@@ -1,8 +1,5 @@
-"""Checks for user values that end up in an #SBATCH line, a shell script or an argv.
-
-A line break leaves its #SBATCH line; a leading ``-`` reads as an option. Each check
-returns the problem in words (None: fine) so each caller names the value's source.
-"""
+"""Checks for user values that reach an #SBATCH line, a script or an argv (a line break, a
+leading ``-``); each returns the problem in words (None: fine) for the caller to name."""
 
 from __future__ import annotations
 
@@ -27,11 +24,8 @@ def control_chars(value: str) -> list[str]:
     C0/C1, DEL, Unicode line/paragraph separators and bidi overrides (end a line, hide text)."""
     if value.isascii() and value.isprintable():  # the common case, without a look per char
         return []
-    found = []
-    for ch in value:
-        if unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ch in _BIDI:
-            found.append(repr(ch)[1:-1])
-    return list(dict.fromkeys(found))
+    return list(dict.fromkeys(repr(ch)[1:-1] for ch in value
+                              if unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ch in _BIDI))
 
 
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F)}

@@ -1,8 +1,5 @@
-"""An open renderer of TensorRT-LLM's test-db (``tests/integration/test_lists/test-db``).
-
-TensorRT-LLM's own renderer sees one machine; here a block runs on the first configured
-target that meets its condition. Pure. Format and limits: docs/test-db.md.
-"""
+"""An open, pure renderer of TensorRT-LLM's test-db: each block runs on the first configured
+target that meets its condition (upstream's sees one machine). Format: docs/test-db.md."""
 
 from __future__ import annotations
 
@@ -227,10 +224,8 @@ def terms_agree(block: Block, wanted: Mapping[str, str]) -> bool:
 
 
 def _matches(patterns: Sequence[str], value: str | None) -> bool:
-    if not patterns:
-        return True
-    if value is None:
-        return True  # not known here: the cluster is trusted (docs/test-db.md)
+    if not patterns or value is None:
+        return True  # value None: not known here, the cluster is trusted (docs/test-db.md)
     return any(fnmatch.fnmatchcase(value.lower(), p.lower()) for p in patterns)
 
 
@@ -253,9 +248,8 @@ def size_on(block: Block, target: Target) -> tuple[int, int] | None:
 def meets(block: Block, target: Target) -> tuple[int, int] | None:
     """The (GPUs, nodes) of ``block`` on ``target``, or None when the target does not
     meet the block's condition (GPU name, CPU architecture, GPU count)."""
-    if not target.gpus_per_node or not _matches(block.gpu_patterns, target.gpu_type):
-        return None
-    if not _matches(block.cpu_patterns, target.cpu):
+    if (not target.gpus_per_node or not _matches(block.gpu_patterns, target.gpu_type)
+            or not _matches(block.cpu_patterns, target.cpu)):
         return None
     return size_on(block, target)
 

@@ -1,8 +1,5 @@
-"""A batch's walltime from its tests' own time limits (pure).
-
-A batch runs its tests one after another, so it may need their summed ``timeout`` marks:
-then it gets that sum (capped at the partition's limit) and so does the monitor timeout.
-"""
+"""A batch's walltime (pure): its tests run one after another, so it may need their summed
+``timeout`` marks, capped at the partition's limit; the monitor timeout follows."""
 
 from __future__ import annotations
 

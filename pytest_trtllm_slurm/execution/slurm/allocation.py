@@ -337,10 +337,8 @@ class AllocationManager:
                           warn=True)
                 return None
             else:
-                users = self._cancel_unused(state.job_id)
-                if not users:
-                    self.store.delete()
-                else:
+                users = self._cancel_unused(state.job_id, delete_state=True)
+                if users:
                     pids = ", ".join(f"pid {u.pid} on {u.host}" for u in users)
                     self._say(f"Allocation {state.job_id} {why}, but live run(s) use it "
                               f"({pids}): left alone; batches run one-shot.", warn=True)
@@ -433,13 +431,16 @@ class AllocationManager:
             self._say(f"Released orphaned allocation {job_id} - {self._state_note}.",
                       warn=True)
 
-    def _cancel_unused(self, job_id: str) -> list[RunRecord]:
-        """scancel ``job_id`` unless live runs use it (checked under the registry's lock,
-        so none starts using it meanwhile); those runs."""
+    def _cancel_unused(self, job_id: str, *, delete_state: bool = False) -> list[RunRecord]:
+        """scancel ``job_id`` (and delete its state file) unless live runs use it, under
+        the registry's lock, so no run starts using it or reads its state meanwhile; those
+        runs."""
         with self.runs.locked():
             users = self.runs.users_of(job_id)
             if not users:
                 self.jobs.scancel([job_id])
+                if delete_state:
+                    self.store.delete()
         return users
 
     def salloc_argv(self) -> list[str]:
