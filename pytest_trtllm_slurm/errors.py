@@ -1,8 +1,5 @@
-"""Errors the user can act on.
-
-A ConfigError becomes a pytest usage error (exit code 4) at the pytest face and
-a non-zero exit with the message at the CLI: never a traceback.
-"""
+"""Errors the user can act on: a ConfigError is a pytest usage error (exit code 4) at the
+pytest face, a non-zero exit with the message at the CLI; never a traceback."""
 
 from __future__ import annotations
 

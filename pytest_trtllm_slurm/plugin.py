@@ -1,8 +1,5 @@
-"""The pytest face: options, markers, planning and dispatch hooks (thin).
-
-With --trtllm-remote off (the default) this module only registers options and
-markers; no probe, no file, no thread: installing the plugin changes nothing.
-"""
+"""The pytest face: options, markers, planning and dispatch hooks (thin). With dispatch off
+(the default) it only registers options and markers: installing the plugin changes nothing."""
 
 from __future__ import annotations
 
@@ -170,7 +167,7 @@ def pytest_load_initial_conftests_first(early_config: pytest.Config) -> None:
     ns = early_config.known_args_namespace
     if (getattr(ns, "trtllm_worker_reports", None) or getattr(ns, "collectonly", False)
             or getattr(ns, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
-            or any(getattr(ns, options.BY_NAME[n].dest, None) for n in ("plan", "plan_json"))):
+            or any(getattr(ns, options.BY_NAME[n].ini, None) for n in ("plan", "plan_json"))):
         return
     from pytest_trtllm_slurm.controller.warm_start import begin
 
@@ -264,7 +261,7 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
         try:
             loop.run()
         except KeyboardInterrupt:
-            loop.interrupt()
+            loop.monitor.cancel_all()  # Ctrl-C: this run's jobs go, allocations stay
             raise
         finally:
             for executor in executors.values():

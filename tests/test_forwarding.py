@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _pytest.config import _prepareconfig
 
-from pytest_trtllm_slurm.controller.forwarding import forwarded_addopts, forwarded_options
+from pytest_trtllm_slurm.controller.forwarding import forwarded_addopts, forwarding_plan
 from pytest_trtllm_slurm.execution.monitor import OwnOutput
 from pytest_trtllm_slurm.execution.records import BadRecord, parse_record, warning_category
 from pytest_trtllm_slurm.node.forkloop import LOG_MARK
@@ -44,10 +44,10 @@ def test_everything_but_what_the_controller_owns_is_forwarded(configured, tmp_pa
         "--lf", "--maxfail", "3", "--trtllm-remote", "--slurm-partition", "p",
         "--confcutdir=conf", "-W", "error::UserWarning", "-o", "console_output_style=classic",
         "--import-mode=importlib", "-s", env_addopts="--showlocals --durations 2")
-    options, refused = forwarded_options(config)
+    options, refused = forwarding_plan(config)[:2]
     # PYTEST_ADDOPTS reaches the worker as the variable it was, after the ini's addopts
     assert forwarded_addopts(config) == "--tb=short --showlocals --durations=2"
-    assert forwarded_options(config, with_ini=False)[0][0] == "-v"
+    assert forwarding_plan(config, with_ini=False)[0][0] == "-v"
     assert options == [
         "--tb=short", "-v", "-v", "-r", "A",
         "-p", "no:doctest", f"--confcutdir={tmp_path / 'sub' / 'conf'}",
@@ -61,21 +61,21 @@ def test_log_file_level_and_format_are_no_paths(configured, tmp_path) -> None:
     as written (a level made into a path stopped every worker: 'not a logging level')."""
     config = configured("--log-file=run.log", "--log-file-level=DEBUG",
                         "--log-file-format=%(name)s %(message)s", "--log-level", "INFO")
-    options, _ = forwarded_options(config)
+    options, _ = forwarding_plan(config)[:2]
     assert options == ["--tb=short", "--log-file-level=DEBUG",
                        "--log-file-format=%(name)s %(message)s", "--log-level=INFO"]
 
 
 def test_short_flags_run_together_are_split_and_values_stay_with_their_flag(configured) -> None:
     config = configured("-vx", "-qq", "-Werror", "--", "-k")
-    options, _ = forwarded_options(config)
+    options, _ = forwarding_plan(config)[:2]
     assert options == ["--tb=short", "-v", "-q", "-q", "-W", "error"]
 
 
 def test_plugin_options_pass_with_their_values_and_pdb_is_refused(configured) -> None:
     config = configured("--reruns", "2", "--reruns-delay=0", "--only-rerun", "Err",
                         "--pdb", "-p", "pytest_trtllm_slurm.node.worker", "-o", "addopts=")
-    options, refused = forwarded_options(config)
+    options, refused = forwarding_plan(config)[:2]
     assert options == ["--reruns=2", "--reruns-delay=0", "--only-rerun=Err"]
     assert refused == ["--pdb"]
 
@@ -88,7 +88,7 @@ def test_report_writers_with_a_worker_half_reach_the_worker_without_their_file(
     config = configured("--json-report", "--json-report-file=r.json", "--json-report-omit",
                         "log", "--json-report-indent=2", "--alluredir=out", "--clean-alluredir",
                         "--html=r.html", "--self-contained-html")
-    options, _ = forwarded_options(config)
+    options, _ = forwarding_plan(config)[:2]
     assert options == ["--tb=short", "--json-report", "--json-report-omit=log",
                        f"--alluredir={tmp_path / 'sub' / 'out'}", "--json-report-file=none"]
 

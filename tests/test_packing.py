@@ -300,7 +300,8 @@ def _report(nodeid: str, when: str, duration: float, start: float) -> Any:
 def test_history_reads_records_and_merges_the_cache() -> None:
     cache = FakeCache({DURATIONS_KEY: {"old": 7.0, "a": 1.0, "junk": "x"},
                        STARTUP_KEY: {"p": 9.0}})
-    config: Any = SimpleNamespace(cache=cache, pluginmanager=FakePluginManager())
+    config: Any = SimpleNamespace(cache=cache, pluginmanager=FakePluginManager(),
+                                  stash=pytest.Stash())
     k = _bkey(1)
     history = History.start(config, [("a", k), ("b", k)], lambda key: POOL)
     assert config.pluginmanager.get_plugin("trtllm-slurm-durations") is history

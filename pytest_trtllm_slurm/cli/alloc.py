@@ -43,16 +43,12 @@ def add_alloc_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def manager_for(rootdir: str | Path, account: str | None = None,
-                shell: Shell | None = None) -> AllocationManager:
-    """An AllocationManager for status/release (the request only names the allocation)."""
-    return _named(AllocationManager(shell or LocalShell(), rootdir=rootdir,
-                                    request=AllocationRequest(account=account)))
-
-
-def _named(manager: AllocationManager) -> AllocationManager:
-    """Without --account, the allocation the state file names (looking changes nothing)."""
-    if manager.request.account is None:
+def _manager(shell: Shell, rootdir: Path, account: str | None, **parts: Any) -> AllocationManager:
+    """An AllocationManager for status/release (the request only names the allocation);
+    without --account, the allocation the state file names (looking changes nothing)."""
+    manager = AllocationManager(shell, rootdir=rootdir, request=AllocationRequest(account=account),
+                                **parts)
+    if account is None:
         state = manager.peek_state()
         if state is not None and state.account:
             manager.request.account = state.account
@@ -94,13 +90,11 @@ def remote_manager(rootdir: Path, name: str, folder: Path, account: str | None,
     shell = shell_for_cluster(cluster, otp_provider=otp_provider(held))
     shell.connect()
     state_dir = shared_state_dir(cluster, remote_paths(cluster, rootdir))
-    return _named(AllocationManager(shell, rootdir=folder,
-                                    request=AllocationRequest(account=account),
-                                    store=StateStore(shell, state_dir, STATE_NAME),
-                                    runs=RunRegistry(shell, StateDir(state_dir).runs.dir)))
+    return _manager(shell, folder, account, store=StateStore(shell, state_dir, STATE_NAME),
+                    runs=RunRegistry(shell, StateDir(state_dir).runs.dir))
 
 
-def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
+def run_alloc(args: argparse.Namespace) -> int:
     """Run ``alloc status`` / ``alloc release``; returns the exit code."""
     rootdir = Path(args.rootdir).resolve()
     try:
@@ -116,7 +110,7 @@ def run_alloc(args: argparse.Namespace, shell: Shell | None = None) -> int:
                 infos[name] = {"state_file": None, "allocation": None, "not_looked": True}
             continue
         try:
-            manager = (manager_for(folder, args.account, shell) if name == LOCAL else
+            manager = (_manager(LocalShell(), folder, args.account) if name == LOCAL else
                        remote_manager(rootdir, name, folder, args.account, args.config,
                                       getattr(args, "held_code", None)))
         except (ConfigError, ExecutionError, OSError) as exc:

@@ -65,11 +65,8 @@ def run_env(args: argparse.Namespace) -> int:
     tools = client.tools_found()
     slurm = client.discover(partitions) if tools else None
     if args.format == "json":
-        doc = {
-            "local": local.model_dump(mode="json"),
-            "slurm": slurm.model_dump(mode="json") if slurm else None,
-        }
-        print(json.dumps(doc, indent=2))
+        print(json.dumps({"local": local.model_dump(mode="json"),
+                          "slurm": slurm.model_dump(mode="json") if slurm else None}, indent=2))
     else:
         print(format_env_text(local, slurm))
     if not tools:

@@ -108,18 +108,15 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- settings
 
 
-def settings_from_args(args: argparse.Namespace, rootdir: Path,
-                       environ: dict[str, str] | None = None) -> tuple[Any, Any]:
+def settings_from_args(args: argparse.Namespace, rootdir: Path) -> tuple[Any, Any]:
     """(Settings, ClustersFile) as the plugin resolves them: CLI > env > clusters file."""
     import pytest_trtllm_slurm.controller.options as options
-
-    env = os.environ if environ is None else environ
 
     def raw(opt: options.Opt) -> tuple[Any, str | None]:
         value = getattr(args, opt.name, None) if opt.name in SETTING_FLAGS else None
         if value is not None:
             return value, "cli"
-        text = env.get(opt.env)
+        text = os.environ.get(opt.env)
         if text not in (None, ""):
             return text, "env"
         return None, None
@@ -204,7 +201,4 @@ def _run(args: argparse.Namespace) -> CaseResult:
 
 
 def _print(result: CaseResult, as_json: bool) -> None:
-    if as_json:
-        print(result.model_dump_json(indent=2))
-    else:
-        print(format_result(result))
+    print(result.model_dump_json(indent=2) if as_json else format_result(result))

@@ -20,14 +20,6 @@ from pytest_trtllm_slurm.transport.shell import Shell
 READ_CHUNK = 1 << 20
 
 
-def active_cov_plugin(config: pytest.Config) -> Any:
-    """pytest-cov's plugin when it measures this run, else None."""
-    plugin = config.pluginmanager.get_plugin("_cov")
-    if plugin is None or getattr(plugin, "_disabled", False):
-        return None
-    return plugin if getattr(plugin, "cov_controller", None) is not None else None
-
-
 class ReturnedBenchmark:
     """One benchmark a worker ran, as pytest-benchmark's session uses its own results
     (``as_dict``, ``has_error``, ``fullname``, stats by key for ``--benchmark-compare-fail``)."""
@@ -75,7 +67,9 @@ class ArtefactCollector:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.cov_plugin = active_cov_plugin(config)
+        cov = config.pluginmanager.get_plugin("_cov")  # pytest-cov's, if it measures this run
+        self.cov_plugin = (cov if cov is not None and not getattr(cov, "_disabled", False)
+                           and getattr(cov, "cov_controller", None) is not None else None)
         self.bench = getattr(config, "_benchmarksession", None)
         self.no_coverage: list[str] = []  # work dirs of batches that returned none
 

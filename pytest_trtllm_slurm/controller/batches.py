@@ -1,9 +1,6 @@
-"""The batches of a run, found one way for the run and for ``--trtllm-plan``.
-
-The plan must be what runs: same packer, pools and estimates. A plan builds no executor.
-Batches run side by side, each its own session, so under pytest-order or pytest-dependency
-each shape's tests stay in one batch, and the run says once what is still not kept.
-"""
+"""The batches of a run, found one way for the run and for ``--trtllm-plan`` (the plan is
+what runs, yet builds no executor); under pytest-order or pytest-dependency each shape's
+tests stay in one batch (batches run side by side, each its own session)."""
 
 from __future__ import annotations
 

@@ -19,12 +19,6 @@ def note_replayed(config: pytest.Config, key: WarningKey) -> None:
     config.stash.setdefault(REPLAYED, set()).add(key)
 
 
-def key_of(message: warnings.WarningMessage) -> WarningKey:
-    category = message.category
-    return (f"{category.__module__}.{category.__qualname__}", str(message.message),
-            message.filename, message.lineno or 0)
-
-
 @contextmanager
 def without_echoes(config: pytest.Config) -> Iterator[None]:
     """Inside pytest's own recording of the terminal summary's warnings: those raised in
@@ -36,7 +30,9 @@ def without_echoes(config: pytest.Config) -> Iterator[None]:
     with warnings.catch_warnings(record=True) as caught:  # keeps the filters in force
         yield
     for message in caught:
-        if key_of(message) in replayed:
+        category = message.category
+        if (f"{category.__module__}.{category.__qualname__}", str(message.message),
+                message.filename, message.lineno or 0) in replayed:
             continue
         warnings.warn_explicit(message.message, message.category, message.filename,
                                message.lineno, source=message.source)

@@ -68,7 +68,7 @@ def efficiency(record: RunObserver) -> Efficiency:
             if starts:
                 startup.append(max(0.0, min(starts) - span.running))
     return Efficiency(
-        batches=len(spans), tests=record.total_tests,
+        batches=len(spans), tests=len(record.job_of),
         gpu_seconds_allocated=round(allocated, 1), gpu_seconds_busy=round(busy, 1),
         ratio=round(busy / allocated, 3) if allocated > 0 else None,
         queue_seconds_total=round(sum(queue), 1), queue_seconds_max=round(max(queue, default=0), 1),

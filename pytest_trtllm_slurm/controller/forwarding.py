@@ -64,11 +64,6 @@ def _argparser(parser: Any) -> argparse.ArgumentParser:
     return optparser if optparser is not None else parser._getparser()  # pytest 8
 
 
-def _groups_by_flag(parser: Any) -> dict[str, str]:
-    return {name: group.name for group in parser._groups for opt in group.options
-            for name in opt.names()}
-
-
 def _nargs_taken(action: argparse.Action, rest: list[str]) -> int:
     """How many of ``rest`` (the tokens after the flag) argparse gives ``action``."""
     nargs = action.nargs
@@ -155,7 +150,8 @@ class Forwarder:
         self.config = config
         parser = config._parser  # type: ignore[attr-defined]
         self.actions = dict(_argparser(parser)._option_string_actions)
-        self.groups = _groups_by_flag(parser)
+        self.groups = {name: group.name for group in parser._groups for opt in group.options
+                       for name in opt.names()}
         self.here = Path(config.invocation_params.dir)
         self.refused: list[str] = []  # options the run cannot honour on a target
         self.output_flags = output_flags(config)
@@ -170,11 +166,10 @@ class Forwarder:
         group = self.groups.get(occurrence.flag, "")
         if any(group.startswith(g) for g in CONTROLLER_GROUPS):
             return True
+        value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
         if action.dest == "plugins":
-            value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
             return value.startswith("pytest_trtllm_slurm")
         if action.dest == "override_ini":
-            value = occurrence.tokens[-1] if occurrence.value_at is not None else ""
             return value.split("=", 1)[0].strip() == "addopts"  # folded in already
         return action.dest in CONTROLLER_DESTS or action.dest in RESOLVED_HERE
 
@@ -238,26 +233,16 @@ def forwarded_addopts(config: pytest.Config) -> str:
     return shlex.join(Forwarder(config)._kept(addopts_args(config)))
 
 
-def forwarded_options(config: pytest.Config, *,
-                      with_ini: bool = True) -> tuple[list[str], list[str]]:
-    """(the options forwarded: ``Forwarder.forwarded``, less the output options: a session
-    started with them would write the user's paths; the flags a target cannot honour)."""
-    options, refused, _ = forwarding_plan(config, with_ini=with_ini)
-    return options, refused
-
-
 def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
                     ) -> tuple[list[str], list[str], list[OutputOption]]:
-    """(the options every batch's worker gets, the flags a target cannot honour, the output
+    """(the options every batch's worker gets, less the output options: a session started
+    with them would write the user's paths; the flags a target cannot honour; the output
     options, whose values each batch gets of its own)."""
     forwarder = Forwarder(config)
     options = forwarder.forwarded(with_ini=with_ini)
-    return options, sorted(set(forwarder.refused)), output_options(config)
-
-
-def output_options(config: pytest.Config) -> list[OutputOption]:
-    """The output options wherever the user gave them (addopts, PYTEST_ADDOPTS, the command
-    line), the last of each flag winning as in pytest's own parse."""
+    # the output options wherever the user gave them (addopts, PYTEST_ADDOPTS, the command
+    # line), the last of each flag winning as in pytest's own parse
     finder = Forwarder(config)
     finder._kept([*addopts_args(config), *map(str, config.invocation_params.args)])
-    return list({option.flag: option for option in finder.outputs}.values())
+    outputs = list({option.flag: option for option in finder.outputs}.values())
+    return options, sorted(set(forwarder.refused)), outputs

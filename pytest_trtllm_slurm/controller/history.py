@@ -54,14 +54,10 @@ class History:
         """The cached figures, read once per process (xdist: once per worker)."""
         if self.cache is None:
             return {}, {}
-        stash = getattr(self.config, "stash", None)
-        if stash is not None and _LOADED in stash:
-            return stash[_LOADED]
-        loaded = (_floats(self.cache.get(DURATIONS_KEY, {})),
-                  _floats(self.cache.get(STARTUP_KEY, {})))
-        if stash is not None:
-            stash[_LOADED] = loaded
-        return loaded
+        if _LOADED not in self.config.stash:
+            self.config.stash[_LOADED] = (_floats(self.cache.get(DURATIONS_KEY, {})),
+                                          _floats(self.cache.get(STARTUP_KEY, {})))
+        return self.config.stash[_LOADED]
 
     def estimates(self) -> Estimates:
         return Estimates(durations=self.known, startup=self.known_startup)

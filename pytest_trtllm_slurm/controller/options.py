@@ -1,9 +1,6 @@
-"""Options, ini keys, env vars and markers: one table drives them all.
-
-Every option NAME is also ini ``trtllm_<NAME>`` and env ``TRTLLM_SLURM_<NAME>`` (a leading
-``slurm_`` dropped); precedence and the list are in docs/options.md. With dispatch off
-nothing here reads a file or probes anything.
-"""
+"""Options, ini keys, env vars and markers from one table: option NAME is also ini
+``trtllm_<NAME>`` and env ``TRTLLM_SLURM_<NAME>`` (docs/options.md). With dispatch off
+nothing here reads a file or probes anything."""
 
 from __future__ import annotations
 
@@ -49,15 +46,12 @@ class Opt:
 
     @property
     def ini(self) -> str:
+        """The ini key, also the argparse dest of its flags."""
         return f"trtllm_{self.name}"
 
     @property
     def env(self) -> str:
         return "TRTLLM_SLURM_" + self.name.removeprefix("slurm_").upper()
-
-    @property
-    def dest(self) -> str:
-        return self.ini
 
     def where(self) -> str:
         flags = " / ".join(f for f in (self.flag, self.false_flag) if f)
@@ -191,7 +185,7 @@ def register(parser: pytest.Parser) -> None:
         default = list(opt.default) if isinstance(opt.default, tuple) else opt.default
         text = f"{opt.help} (default: {default!r}; ini {opt.ini}; env {opt.env})"
         if opt.flag is not None:
-            kwargs: dict[str, Any] = {"dest": opt.dest, "default": None, "help": text}
+            kwargs: dict[str, Any] = {"dest": opt.ini, "default": None, "help": text}
             if opt.kind == "bool":
                 kwargs.update(action="store_const", const=True)
             elif opt.kind == "list":
@@ -203,7 +197,7 @@ def register(parser: pytest.Parser) -> None:
                 kwargs.update(metavar=metavar.get(opt.kind, opt.name.split("_")[-1].upper()))
             group.addoption(opt.flag, **kwargs)
             if opt.false_flag:
-                group.addoption(opt.false_flag, dest=opt.dest, action="store_const", const=False,
+                group.addoption(opt.false_flag, dest=opt.ini, action="store_const", const=False,
                                 default=None, help=f"opposite of {opt.flag} ({opt.ini}=false)")
         ini_type = {"bool": "bool", "int": "int", "list": "linelist",
                     "counts": "linelist"}.get(opt.kind, "string")
@@ -228,7 +222,7 @@ def register_markers(config: pytest.Config) -> Settings | None:
 
 def _first(config: pytest.Config, opt: Opt, environ: Mapping[str, str]) -> tuple[Any, str | None]:
     """The raw value of the first source that sets ``opt`` (cli, env, ini), and its name."""
-    value = config.getoption(opt.dest) if opt.flag is not None else None
+    value = config.getoption(opt.ini) if opt.flag is not None else None
     if value is not None:
         return value, "cli"
     if environ.get(opt.env) not in (None, ""):
@@ -252,7 +246,7 @@ def remote_requested(config: pytest.Config, environ: Mapping[str, str] | None = 
     value = _given(config, "remote", environ)
     if value is not None:
         return bool(value)
-    return any(config.getoption(BY_NAME[n].dest) for n in ("slurm_cluster", "device_type",
+    return any(config.getoption(BY_NAME[n].ini) for n in ("slurm_cluster", "device_type",
                                                             "test_db"))
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -134,8 +135,9 @@ class OutputCollector:
     def _bring(self, shell: Shell, source: str, size: int, local: str, label: str) -> None:
         dest = local
         earlier = self.written.get(local)
-        if earlier is None and _written_since(local, self.started):
-            earlier = "a test run here"
+        with contextlib.suppress(OSError):
+            if earlier is None and os.lstat(local).st_mtime >= self.started:
+                earlier = "a test run here"
         if earlier is not None:
             dest = f"{local}.{_SAFE_LABEL.sub('_', label)}"
             note = (f"output file conflict: {local} was written by {earlier} and by batch "
@@ -143,14 +145,6 @@ class OutputCollector:
             self.say(note)
         _copy_in(shell, source, size, Path(dest))
         self.written.setdefault(local, f"batch {label}")
-
-
-def _written_since(path: str, since: float) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return st.st_mtime >= since
 
 
 def _copy_in(shell: Shell, source: str, size: int, dest: Path) -> None:

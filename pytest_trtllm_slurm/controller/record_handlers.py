@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from pytest_trtllm_slurm.controller.artefacts import prefix_mapper
 from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
+from pytest_trtllm_slurm.planning.jobspec import JobSpec
 
 # a record as ``records.check_line`` checked it: the plain dict of its line, where a key
 # the record may leave out is read with its model's default
@@ -20,12 +21,10 @@ Record = dict[str, Any]
 class BatchState(Protocol):
     """What a batch's records say about the batch itself (``run_loop.RunningBatch``)."""
 
+    spec: JobSpec  # its rootdir: where the batch ran (a remote cluster's checkout)
     collect_errors: list[str]
     missing: dict[str, str]  # nodeid -> the target's rootdir
     session_finished: bool
-
-    @property
-    def target_rootdir(self) -> str: ...
 
 
 @dataclass(slots=True)
@@ -74,7 +73,7 @@ class RecordHandlers:
         if isinstance(longrepr, list) and longrepr and isinstance(longrepr[0], str):
             # a skip's (path, lineno, reason): the path where the user's rootdir is, as in
             # a plain run (the terminal's "SKIPPED [1] file:line" and junit show it)
-            local = prefix_mapper(came.batch.target_rootdir,
+            local = prefix_mapper(came.batch.spec.rootdir,
                                   str(self.replayer.config.rootpath))(longrepr[0])
             data = {**data, "longrepr": [local, *longrepr[1:]]}
         self.replayer.report(data, came.ctx)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ class JobContext:
     work_dir: str
     log_path: str
     nodelist: str | None = None
-    rerun: Mapping[str, str] = field(default_factory=dict)  # nodeid -> command
+    rerun: Callable[[str], str | None] | None = None  # nodeid -> the command re-running it
     _head: tuple[str, str | None] | None = field(default=None, init=False, repr=False,
                                                  compare=False)
 
@@ -47,38 +47,14 @@ class JobContext:
                 f"work dir: {self.work_dir}",
                 f"log:      {self.log_path}",
             )), self.nodelist)
-        if nodeid in self.rerun:
-            return f"{head[0]}\nre-run:   {self.rerun[nodeid]}"
-        return head[0]
+        line = self.rerun(nodeid) if self.rerun is not None else None
+        return head[0] if line is None else f"{head[0]}\nre-run:   {line}"
 
     def junit_properties(self) -> list[tuple[str, str]]:
         """What CI dashboards read from a dispatched testcase's <properties>."""
         return [(JUNIT_PROPERTY + name, value) for name, value in (
             ("job_id", self.job_id), ("nodes", self.nodelist or "?"),
             ("scenario", self.scenario), ("log", self.log_path))]
-
-
-class RerunLines(Mapping[str, str]):
-    """nodeid -> the command that re-runs it, made when asked for (a report's section
-    carries it; not kept here as well: 100,000 tests' lines are tens of MiB)."""
-
-    def __init__(self, nodeids: Collection[str], command: Callable[[str], str]) -> None:
-        self._nodeids = nodeids
-        self._command = command
-
-    def __getitem__(self, nodeid: str) -> str:
-        if nodeid not in self._nodeids:
-            raise KeyError(nodeid)
-        return self._command(nodeid)
-
-    def __contains__(self, nodeid: object) -> bool:
-        return nodeid in self._nodeids
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._nodeids)
-
-    def __len__(self) -> int:
-        return len(self._nodeids)
 
 
 @dataclass(slots=True)
@@ -109,26 +85,24 @@ class Replayer:
     def xml(self) -> Any:
         """``--junitxml``'s writer or None (set at configure: one look-up per session)."""
         if self._xml is _UNSET:
-            self._xml = _junit_xml(self.config)
+            from _pytest.junitxml import xml_key
+
+            self._xml = self.config.stash.get(xml_key, None)
         return self._xml
 
-    def _hooks(self, item: pytest.Item, prog: TestProgress | None = _UNSET) -> Any:
+    def _hooks(self, item: pytest.Item, prog: TestProgress) -> Any:
         """``item.ihook``, looked up once per folder (each look finds the folder's
         conftests again) and kept with the test's progress."""
-        if prog is _UNSET:
-            prog = self.progress.get(item.nodeid)
-        if prog is not None and prog.hooks is not None:
-            return prog.hooks
-        # the item's collector (its module), where the item has the collector's path: one
-        # hash of a node id instead of a Path's parent per test
-        parent = item.parent
-        folder = parent if parent is not None and item.path is parent.path else item.path.parent
-        hooks = self._ihooks.get(folder)
-        if hooks is None:
-            hooks = self._ihooks[folder] = item.ihook
-        if prog is not None:
-            prog.hooks = hooks
-        return hooks
+        if prog.hooks is None:
+            # the item's collector (its module), where the item has the collector's path:
+            # one hash of a node id instead of a Path's parent per test
+            parent = item.parent
+            folder = (parent if parent is not None and item.path is parent.path
+                      else item.path.parent)
+            if folder not in self._ihooks:
+                self._ihooks[folder] = item.ihook
+            prog.hooks = self._ihooks[folder]
+        return prog.hooks
 
     def _from_serializable(self, data: dict[str, Any]) -> Any:
         """``pytest_report_from_serializable``; a plain ``TestReport`` that only pytest's
@@ -375,13 +349,6 @@ def _direct_rebuild(config: pytest.Config) -> Callable[[dict[str, Any]], Any] | 
     own = all(getattr(impl.plugin, "__name__", None) in _OWN_REBUILDERS for impl in impls)
     from_json = getattr(pytest.TestReport, "_from_json", None)
     return from_json if own and impls and from_json is not None else None
-
-
-def _junit_xml(config: pytest.Config) -> Any:
-    """The session's junit writer (``--junitxml``), or None."""
-    from _pytest.junitxml import xml_key
-
-    return config.stash.get(xml_key, None)
 
 
 def _keep_subtest_kwargs(report: pytest.TestReport, data: dict[str, Any]) -> None:

@@ -19,16 +19,12 @@ import pytest
 
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
 from pytest_trtllm_slurm.controller.batches import run_batches
-from pytest_trtllm_slurm.controller.forwarding import (
-    forwarded_addopts,
-    forwarded_options,
-    forwarding_plan,
-)
+from pytest_trtllm_slurm.controller.forwarding import forwarded_addopts, forwarding_plan
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_routes import ItemPlan
 from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_tokens
 from pytest_trtllm_slurm.controller.record_handlers import Arrival, RecordHandlers
-from pytest_trtllm_slurm.controller.replay import JobContext, Replayer, RerunLines
+from pytest_trtllm_slurm.controller.replay import JobContext, Replayer
 from pytest_trtllm_slurm.controller.run_view import RunView
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.build import (
@@ -92,21 +88,14 @@ class RunningBatch:
     records_seen: int = 0
     refused: BadRecord | None = None  # the first record the controller refused
 
-    @property
-    def target_rootdir(self) -> str:
-        """The rootdir where the batch ran (a remote cluster's checkout)."""
-        return self.spec.rootdir
-
     @cached_property
     def nodeids(self) -> frozenset[str]:
         """Made once: every record of the batch is checked against it."""
         return frozenset(self.batch.nodeids)
 
-    @cached_property
-    def rerun(self) -> RerunLines:
-        """Each test's re-run line, made when a report shows it (not all at every poll)."""
-        return RerunLines(self.nodeids, lambda nodeid: self.executor.rerun_command(self.spec,
-                                                                                   nodeid))
+    def rerun(self, nodeid: str) -> str | None:
+        """A test's re-run line, made when a report shows it (not all at every poll)."""
+        return self.executor.rerun_command(self.spec, nodeid) if nodeid in self.nodeids else None
 
     @property
     def context(self) -> JobContext:
@@ -121,10 +110,9 @@ class RunningBatch:
 
     def status_at_end(self, state: JobState) -> JobStatus:
         """Why the job left tests unreported: the monitor's verdict, else the scheduler's."""
-        if self.refused is not None:
-            return JobStatus.ERROR
-        if not self.records_seen and state.exit_code == USAGE_ERROR:
-            return JobStatus.ERROR  # pytest refused its command line: no retry helps
+        if self.refused is not None or (not self.records_seen
+                                        and state.exit_code == USAGE_ERROR):
+            return JobStatus.ERROR  # a refused record, or a refused command line: no retry helps
         if state.status in (JobStatus.COMPLETED, JobStatus.FAILED) and not self.session_finished:
             return JobStatus.CRASHED
         if state.status is JobStatus.COMPLETED:
@@ -192,7 +180,7 @@ class DispatchLoop:
         self.worker_options, refused, outputs = forwarding_plan(self.config, with_ini=False)
         self.outputs = OutputCollector(outputs, self._say)  # the suite's own output files
         # the ini's addopts written out, and the user's output paths
-        self.rerun_options = forwarded_options(self.config)[0] + [
+        self.rerun_options = forwarding_plan(self.config)[0] + [
             f"{out.flag}={out.local}" for out in outputs]
         # pytest-timeout's limit of each dispatched test: they add up to a batch's walltime
         self.timeouts = {p.item.nodeid: item_timeout(p.item) for p in plans if p.key}
@@ -220,8 +208,8 @@ class DispatchLoop:
             for batch in batches:
                 if target_of(batch.key) in broken:
                     self._fail_batch(batch, JobStatus.BUILD_FAILED, broken[target_of(batch.key)])
-                    continue
-                self._queue.append(batch)
+                else:
+                    self._queue.append(batch)
             self._submit_ready()
             local = [p for p in self.plans if p.key is None]
             if self.settings.keep_order:
@@ -256,15 +244,12 @@ class DispatchLoop:
         for nodeid, key in dispatched:
             by_target.setdefault(target_of(key), {})[nodeid] = self.keys[nodeid]
         for target, tests in by_target.items():
-            executor = self.executors.get(target)
-            if executor is not None:
-                executor.expect(tests)
+            self.executors[target].expect(tests)
 
     def _prepare(self, targets: set[Target]) -> None:
         """Several clusters: each gets its allocation now, side by side, so none waits for
         another's queue; a failure is said and left to its batches' submission."""
-        steps = {t: executor.prepare for t in targets
-                 if (executor := self.executors.get(t)) is not None and executor.prepares}
+        steps = {t: self.executors[t].prepare for t in targets if self.executors[t].prepares}
         if len(steps) < 2:
             return  # one target: its first submission prepares it, as always
 
@@ -342,11 +327,9 @@ class DispatchLoop:
     def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Target, str]:
         """Build once per target whose cluster asks for it, before any batch, side by side;
         the targets whose build failed, with the log's last lines."""
-        specs = {}
-        for target, cluster in self.builds.items():
-            keys = [key for _, key in dispatched if target_of(key) == target]
-            if keys:
-                specs[target] = self._build_spec(keys[0], cluster)
+        first = {target_of(key): key for _, key in reversed(dispatched)}  # each target's first
+        specs = {target: self._build_spec(first[target], cluster)
+                 for target, cluster in self.builds.items() if target in first}
         ended = side_by_side({target: partial(run_build, self.executors[target], spec,
                                               progress=self._say)
                               for target, spec in specs.items()})
@@ -396,7 +379,7 @@ class DispatchLoop:
 
     def _show_state(self, job: WatchedJob) -> None:
         """A line when a job waits (and why) or starts: a pending job is never silent."""
-        self.view.changed(job)
+        self.view.record.changed(job.handle.job_id, job.state)
         state = job.state
         if state.status.finished or state.status is JobStatus.RUNNING and job.started:
             return
@@ -429,7 +412,7 @@ class DispatchLoop:
         # the executor's view of the spec: remote executors map its paths to the cluster's
         running = RunningBatch(batch, handle.spec, handle, executor, attempt)
         self.running[handle.job_id] = running
-        self.view.submitted(handle.job_id, batch, attempt)
+        self.view.record.submitted(handle.job_id, batch, attempt)
         self.monitor.add(handle, executor, batch=running.nodeids)
 
     def _spec_for(self, batch: Batch, attempt: int) -> JobSpec:
@@ -530,7 +513,7 @@ class DispatchLoop:
 
     def _on_job_end(self, running: RunningBatch, state: JobState) -> None:
         del self.running[running.handle.job_id]
-        self.view.ended(running.handle.job_id, state)
+        self.view.record.ended(running.handle.job_id, state)
         ctx = running.context
         self.artefacts.collect(running.executor.shell, running.spec.work_dir,
                                prefix_mapper(running.spec.rootdir, str(self.config.rootpath)))
@@ -570,10 +553,6 @@ class DispatchLoop:
         text = running.explain(state, status, tail)
         for nodeid in rest:
             self.replayer.fail_unreported(nodeid, status.value, text, ctx)
-
-    def interrupt(self) -> None:
-        """Ctrl-C: cancel this run's jobs (allocations stay)."""
-        self.monitor.cancel_all()
 
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
@@ -630,10 +609,8 @@ def worker_env(config: pytest.Config) -> dict[str, str]:
     return env
 
 
-def worker_command(
-    config: pytest.Config, keys: list[str], ids_file: Path, reports: Path, work_dir: Path,
-    options: list[str] | None = None,
-) -> list[str]:
+def worker_command(config: pytest.Config, keys: list[str], ids_file: Path, reports: Path,
+                   work_dir: Path, options: list[str]) -> list[str]:
     """argv (never a shell string) of the worker pytest: the user's invocation, the worker
     plugin, the tests in a file, the files of the batch's keys."""
     argv = pytest_base_argv(config, options=options)
@@ -663,6 +640,6 @@ def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) ->
         argv += ["-c", str(config.inipath)]
     argv += ["-o", "addopts="]
     if options is None:
-        options = forwarded_options(config, with_ini=False)[0]
+        options = forwarding_plan(config, with_ini=False)[0]
     return argv + options
 

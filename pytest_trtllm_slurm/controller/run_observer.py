@@ -207,10 +207,6 @@ class RunObserver:
         left = self.counts()["left"]
         return left * max(0.0, now - since) / len(finished), len(finished)
 
-    @property
-    def total_tests(self) -> int:
-        return len(self.job_of)
-
     def counts(self, cluster: str | None = None) -> dict[str, int]:
         """passed / failed / skipped / left over the run's dispatched tests (those sent
         to ``cluster`` only, when given)."""

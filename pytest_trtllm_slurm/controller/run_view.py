@@ -1,5 +1,5 @@
-"""What the user sees of a dispatched run besides pytest's own lines: a facade, so the
-run loop knows nothing of how it is shown."""
+"""What the user sees of a dispatched run besides pytest's own lines: the run loop tells
+its ``record`` what happened and knows nothing of how it is shown."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ from pytest_trtllm_slurm.controller.run_observer import PLUGIN_NAME, RunObserver
 from pytest_trtllm_slurm.controller.status_line import PLUGIN_NAME as STATUS_NAME
 from pytest_trtllm_slurm.controller.status_line import StatusLine
 from pytest_trtllm_slurm.controller.timeline import write_timeline
-from pytest_trtllm_slurm.execution.monitor import WatchedJob
-from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.planning.batching import Batch, BatchKey
 from pytest_trtllm_slurm.planning.packing import Estimates, Pool, lower_bound
 from pytest_trtllm_slurm.planning.settings import Settings
@@ -52,18 +50,6 @@ class RunView:
         self.status = StatusLine(self.config, self.record)
         if not manager.has_plugin(STATUS_NAME):
             manager.register(self.status, STATUS_NAME)
-
-    def submitted(self, job_id: str, batch: Batch, attempt: int) -> None:
-        if self.enabled:
-            self.record.submitted(job_id, batch, attempt)
-
-    def changed(self, job: WatchedJob) -> None:
-        if self.enabled:
-            self.record.changed(job.handle.job_id, job.state)
-
-    def ended(self, job_id: str, state: JobState) -> None:
-        if self.enabled:
-            self.record.ended(job_id, state)
 
     def tick(self) -> None:
         if self.status is not None:

@@ -112,23 +112,17 @@ class StaticOptionsPlugin:
                 else:
                     parser.addoption(*option.names, **option.kwargs)
             except (ValueError, TypeError) as exc:  # a clash, or a kwarg argparse refuses
-                if option.kind == "addoption" and not _taken(exc):
+                taken = "already added" in str(exc) or "conflicting" in str(exc)
+                if option.kind == "addoption" and not taken:
+                    action = option.kwargs.get("action")
+                    simple = ("store_true", "store_false", "append", "count")
                     try:
-                        parser.addoption(*option.names, action=_action(option.kwargs))
+                        parser.addoption(*option.names,
+                                         action=action if action in simple else "store")
                         continue
                     except (ValueError, TypeError):
                         pass
                 self.skipped.append(f"{'/'.join(option.names)} ({exc})")
-
-
-def _taken(exc: Exception) -> bool:
-    return "already added" in str(exc) or "conflicting" in str(exc)
-
-
-def _action(kwargs: dict[str, Any]) -> str:
-    action = kwargs.get("action")
-    simple = ("store_true", "store_false", "append", "count")
-    return action if isinstance(action, str) and action in simple else "store"
 
 
 def static_plugin(rootpath: Path, args: list[str], invocation_dir: Path) -> StaticOptionsPlugin:

@@ -5,6 +5,7 @@ run targets, its ``collection.json`` read back and checked (``-k``/``-m`` stay h
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pytest_trtllm_slurm.controller.forwarding import forwarded_options
+from pytest_trtllm_slurm.controller.artefacts import read_whole
+from pytest_trtllm_slurm.controller.forwarding import forwarding_plan
 from pytest_trtllm_slurm.controller.item_routes import batch_key
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
@@ -129,7 +131,7 @@ def collect_spec(config: pytest.Config, key: BatchKey, work_root: Path,
     )
 
     work_dir = new_work_dir(work_root, "collect", datetime.now().strftime("%Y%m%d_%H%M%S"))
-    options = forwarded_options(config)[0]
+    options = forwarding_plan(config)[0]
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker",
              "--trtllm-worker-collect", str(Batch(work_dir).collection),
@@ -155,20 +157,6 @@ def _wait(executor: Executor, spec: JobSpec) -> tuple[JobSpec, str, JobState]:
             if event.final is not None:
                 return handle.spec, handle.job_id, event.final
         time.sleep(CADENCE.monitor)
-
-
-def _read(executor: Executor, path: str) -> str | None:
-    shell = executor.shell
-    if not shell.exists(path):
-        return None
-    chunks: list[bytes] = []
-    offset = 0
-    while True:
-        data = shell.read_from(path, offset)
-        if not data:
-            return b"".join(chunks).decode("utf-8", "replace")
-        chunks.append(data)
-        offset += len(data)
 
 
 def collect_on_target(config: pytest.Config, ctx: RunContext,
@@ -197,8 +185,7 @@ def collect_on_target(config: pytest.Config, ctx: RunContext,
         except (ExecutionError, OSError) as exc:
             raise pytest.UsageError(f"the collect job could not run: {exc}") from None
         path = Batch(ran.work_dir).collection
-        text = _read(executor, path)
-        if text is None:
+        if not executor.shell.exists(path):
             tail = log_tail(executor, ran.log_path, LOG_LINES)
             raise pytest.UsageError(
                 f"collecting on the target failed: job {job_id} ended {state.status.value}"
@@ -206,6 +193,7 @@ def collect_on_target(config: pytest.Config, ctx: RunContext,
                 + f" and wrote no {COLLECTION_FILE}\nlog: {ran.log_path}\n"
                 f"--- last {LOG_LINES} lines of the log ---\n{tail}")
         try:
+            text = read_whole(executor.shell, path, limit=sys.maxsize).decode("utf-8", "replace")
             collection = Collection.model_validate(json.loads(text))
         except (ValueError, ValidationError) as exc:
             raise pytest.UsageError(f"{path}: not a collection this controller reads "

@@ -1,8 +1,6 @@
-"""--trtllm-timeline PATH: the run as a picture, to see why it took as long as it did.
-
-A Chrome trace-event JSON and an ``.svg`` sibling. Which GPU of a node a batch had is
-not known: batches are laid on a node's tracks lowest free first.
-"""
+"""--trtllm-timeline PATH: the run as a Chrome trace-event JSON and an ``.svg`` sibling, to
+see why it took as long as it did. Which GPU of a node a batch had is not known: batches
+are laid on a node's tracks lowest free first."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -190,13 +191,10 @@ def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) 
             env={**worker_env(early), **cluster.job_env},  # type: ignore[arg-type]
             capture_no=getattr(early.option, "capture", "fd") == "no",
             local_work_root=str(paths.work_root(settings.work_dir, config.rootpath).dir))
-    rootdir = config.rootpath
-
-    def sync_and_start(shell: Any) -> remote_early.EarlyRemote:
-        # sync first: a session never imports code older than the run's sync
-        return remote_early.sync_and_start(shell, cluster, rootdir, ask, start.sessions)
-
-    return start.connections.start(cluster, then=sync_and_start)
+    # sync first, then the sessions: a session never imports code older than the run's sync
+    return start.connections.start(cluster, then=partial(
+        remote_early.sync_and_start, cluster=cluster, rootdir=config.rootpath, ask=ask,
+        registry=start.sessions))
 
 
 def stop_unused_sessions(sessions: EarlySessions) -> None:
