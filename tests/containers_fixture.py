@@ -220,6 +220,17 @@ def build_rootfs(root: Path, tag: str) -> None:
     (root / MARKER_PATH.lstrip("/")).write_text(f"trtllm-test-image {tag}\n")
 
 
+STALE_IMAGE_SECONDS = 12 * 3600
+
+
+def _built_at(image_dir: Path) -> float:
+    """When a tag's build completed (0 when it never did)."""
+    try:
+        return (image_dir / "complete").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def ensure_image() -> LocalImage:
     """The rootfs and its tar, built once per content tag (file-locked)."""
     tag = image_tag()
@@ -245,8 +256,10 @@ def ensure_image() -> LocalImage:
         (tmp / "complete").write_text(json.dumps({"rootfs_s": round(t1 - t0, 2),
                                                   "total_s": round(elapsed, 2)}) + "\n")
         os.replace(tmp, out)
-        for old in base.iterdir():  # earlier tags (the pyxis double copies, never links them)
-            if old.is_dir() and old.name != tag and not old.name.startswith("."):
+        for old in base.iterdir():  # earlier tags (the pyxis double links their rootfs):
+            # only stale ones, so a run from another venv (another tag) keeps its image
+            if (old.is_dir() and old.name != tag and not old.name.startswith(".")
+                    and time.time() - _built_at(old) > STALE_IMAGE_SECONDS):
                 shutil.rmtree(old, ignore_errors=True)
         _log(f"built {image.name}: rootfs {t1 - t0:.2f} s, with tar {elapsed:.2f} s")
         return dataclasses.replace(image, build_seconds=elapsed)
