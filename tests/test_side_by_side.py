@@ -1,5 +1,5 @@
 """The pieces a run spanning several clusters is made of, without a cluster: set-up steps
-side by side (execution.concurrent), job ids that name their cluster (execution.cluster_ids,
+side by side (execution.concurrent), job ids that name their cluster (execution.factory.ClusterJobIds,
 around a real local executor), one executor per target (planning.models.target_of)."""
 
 from __future__ import annotations
