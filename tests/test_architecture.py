@@ -60,6 +60,17 @@ def test_readme_names_every_layer_folder() -> None:
     assert flat == ["__init__.py", "__main__.py", "errors.py", "plugin.py"], flat
 
 
+def test_the_architecture_page_names_every_module() -> None:
+    """docs/architecture.md's tree says what each module does: a module it does not name
+    (new, or renamed) is one a reader cannot place."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    modules = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                     if p.name != "__init__.py")
+    missing = [m for m in modules if not re.search(rf"\b{re.escape(m.rsplit('/', 1)[-1][:-3])}\b",
+                                                  page)]
+    assert not missing, f"docs/architecture.md's package layout lacks {missing}"
+
+
 # -- the executor contract is the only way to read an executor ----------------------------
 # Where the controller and the planner live: what they read of an executor must be declared
 # on execution.protocol.Executor, not probed for.
