@@ -9,6 +9,7 @@ never skipped) with the tail of up's output and the command to run by hand.
 Slurm's config lives in /etc/slurm, so plain `sbatch`/`srun`/`sacct` in any shell (SSH sessions
 included) talk to this cluster; no environment variables are needed.
 """
+import contextlib
 import json
 import os
 import pathlib
@@ -207,3 +208,22 @@ def cancel_allocation(home) -> None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         subprocess.run(["scancel", job_id], check=False, capture_output=True)
+
+
+@contextlib.contextmanager
+def example_suite(folder, tests: str, conftest_extra: str = ""):
+    """``conftest_examples``' conftest (plus ``conftest_extra``) and pytest.ini with ``tests``
+    as test_warm.py in ``folder``; the persistent allocation its runs made is cancelled
+    afterwards (never left behind on the shared dev cluster)."""
+    suite = pathlib.Path(folder)
+    suite.mkdir()
+    examples = REPO / "conftest_examples"
+    (suite / "conftest.py").write_text((examples / "conftest.py").read_text() + conftest_extra)
+    (suite / "pytest.ini").write_text((examples / "pytest.ini").read_text())
+    (suite / "test_warm.py").write_text(tests)
+    try:
+        yield suite
+    finally:
+        state = suite / "work_dirs" / ".slurm_alloc.json"
+        if state.exists():
+            run(["scancel", json.loads(state.read_text())["job_id"]], check=False)

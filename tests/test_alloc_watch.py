@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from devcluster import run as sh
+from devcluster import example_suite
 
 pytestmark = pytest.mark.devcluster
 
@@ -74,16 +74,8 @@ def pytest_configure(config):
 
 @pytest.fixture
 def warm_suite(devcluster: dict, tmp_path: Path):
-    suite = tmp_path / "warm"
-    suite.mkdir()
-    conftest = (REPO / "conftest_examples" / "conftest.py").read_text()
-    (suite / "conftest.py").write_text(conftest + RECORD)
-    (suite / "pytest.ini").write_text((REPO / "conftest_examples" / "pytest.ini").read_text())
-    (suite / "test_warm.py").write_text(ONE_GPU)
-    yield suite
-    state = suite / "work_dirs" / ".slurm_alloc.json"
-    if state.exists():  # never leave our allocation behind on the shared dev cluster
-        sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
+    with example_suite(tmp_path / "warm", ONE_GPU, RECORD) as suite:
+        yield suite
 
 
 def test_the_last_result_is_shown_in_the_round_that_sees_its_end_after_one_look(

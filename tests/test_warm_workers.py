@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from devcluster import example_suite
 from devcluster import run as sh
 from report_lines import reports_in
 
@@ -252,15 +253,8 @@ def _pytest(suite: Path, *args: str, env: dict[str, str] | None = None):
 
 @pytest.fixture
 def warm_suite(devcluster: dict, tmp_path: Path):
-    suite = tmp_path / "warm"
-    suite.mkdir()
-    (suite / "conftest.py").write_text((REPO / "conftest_examples" / "conftest.py").read_text())
-    (suite / "pytest.ini").write_text((REPO / "conftest_examples" / "pytest.ini").read_text())
-    (suite / "test_warm.py").write_text(ONE_GPU)
-    yield suite
-    state = suite / "work_dirs" / ".slurm_alloc.json"
-    if state.exists():  # never leave our allocation behind on the shared dev cluster
-        sh(["scancel", json.loads(state.read_text())["job_id"]], check=False)
+    with example_suite(tmp_path / "warm", ONE_GPU) as suite:
+        yield suite
 
 
 def _steps(job_id: str) -> list[str]:
