@@ -76,6 +76,8 @@ def user_problem(value: str) -> str | None:
 def env_name_problem(name: str) -> str | None:
     if not isinstance(name, str) or not _ENV_NAME.match(name):
         return f"is not an environment variable name ({ENV_NAME_RULE})"
+    if name == "_":
+        return "is set by the shell itself (bash replaces $_ before each command); use another name"
     return None
 
 
