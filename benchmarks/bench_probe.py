@@ -38,7 +38,14 @@ import pytest
 
 STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_seconds": 0.0,
                          "submit_cpu": 0.0,
-                         "cpu": {}}
+                         "cpu": {},
+                         # epoch seconds of the run's steps, first time each is reached
+                         # (``loaded``: this module imported, before the suite's conftests)
+                         "marks": {"loaded": time.time()}}
+
+
+def _mark(name: str) -> None:
+    STATE["marks"].setdefault(name, time.time())
 
 
 def _add(name: str, wall: float, cpu: float) -> None:
@@ -65,10 +72,12 @@ def _timed(name: str, func: Any) -> Any:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
+        _mark(f"{name}_start")
         try:
             return func(*args, **kwargs)
         finally:
             _add(name, wall, cpu)
+            STATE["marks"][f"{name}_end"] = time.time()
     return wrapper
 
 
@@ -145,10 +154,12 @@ class _Clock:
 
     def _spent(self, name: str) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
+        _mark(f"{name}_start")
         try:
             return (yield)
         finally:
             _add(name, wall, cpu)
+            STATE["marks"][f"{name}_end"] = time.time()
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> Any:
@@ -193,6 +204,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if worker_reports or not os.environ.get("BENCH_PROBE_OUT"):
         return  # only the controller of a benchmark run
+    _mark("configure")
     config.pluginmanager.register(_Clock(), "bench_probe_clock")
     import pytest_trtllm_slurm.controller.batches as batch_plan
     import pytest_trtllm_slurm.controller.item_routes as planning
@@ -275,6 +287,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     out = os.environ.get("BENCH_PROBE_OUT")
     if not out or config.getoption("trtllm_worker_reports", default=None):
         return
+    _mark("unconfigure")
     counts: dict[str, int] = {}
     for jobs in STATE["jobs"]:
         for command, n in jobs.counts.items():
@@ -296,6 +309,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "maxrss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "cpu": {**STATE["cpu"], "end": _cpu()},
         "counts": STATE.get("counts", {}),
+        "marks": STATE["marks"],
     }, indent=2))
 
 
