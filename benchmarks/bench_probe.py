@@ -68,16 +68,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         STATE["cpu"]["after_collection"] = _cpu()
 
 
-def _timed(name: str, func: Any) -> Any:
+def _timed(name: str, func: Any, *, marked: bool = False) -> Any:
+    """``func`` timed under ``name``; ``marked``: its first start and last end in the marks
+    (only for a step called a few times: a clock read per call costs the hot ones)."""
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
-        _mark(f"{name}_start")
+        if marked:
+            _mark(f"{name}_start")
         try:
             return func(*args, **kwargs)
         finally:
             _add(name, wall, cpu)
-            STATE["marks"][f"{name}_end"] = time.time()
+            if marked:
+                STATE["marks"][f"{name}_end"] = time.time()
     return wrapper
 
 
@@ -152,18 +156,20 @@ def _sampled(path: str, func: Any, every: float = 0.002) -> Any:
 class _Clock:
     """Hook wrappers that add the time spent inside a hook to ``STATE["timings"]``."""
 
-    def _spent(self, name: str) -> Any:
+    def _spent(self, name: str, *, marked: bool = False) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
-        _mark(f"{name}_start")
+        if marked:
+            _mark(f"{name}_start")
         try:
             return (yield)
         finally:
             _add(name, wall, cpu)
-            STATE["marks"][f"{name}_end"] = time.time()
+            if marked:
+                STATE["marks"][f"{name}_end"] = time.time()
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> Any:
-        return (yield from self._spent("collect"))
+        return (yield from self._spent("collect", marked=True))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -178,11 +184,11 @@ class _Clock:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
-        return (yield from self._spent("runtestloop"))
+        return (yield from self._spent("runtestloop", marked=True))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> Any:
-        return (yield from self._spent("summary"))
+        return (yield from self._spent("summary", marked=True))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> Any:
@@ -231,7 +237,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     batch_plan.make_batches = recording_make_batches  # type: ignore[assignment]
     _count_rounds()
-    run = _timed("dispatch_loop", dispatch.DispatchLoop.run)
+    run = _timed("dispatch_loop", dispatch.DispatchLoop.run, marked=True)
     if os.environ.get("BENCH_PROFILE"):
         run = _profiled(os.environ["BENCH_PROFILE"], run)
     if os.environ.get("BENCH_SAMPLE"):

@@ -87,6 +87,12 @@ class Shell(Protocol):
 
     def exists(self, path: str) -> bool: ...
 
+    def read_when(self, path: str, needle: str, timeout: float) -> bytes | None:
+        """``path``'s first 16 KiB once they hold ``needle``, waited for on the host (one
+        round trip, at most ``timeout`` s; what it holds then, found or not). None: this
+        shell cannot wait there (no relay): the caller looks itself, as often as it likes."""
+        ...
+
     def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
         """Each op's result in order (a read's bytes, b"" for the others) from one round
         trip (the SSH relay's ``batch``); the first failure raised as the op alone raises
@@ -167,4 +173,8 @@ class LocalShell:
 
     def file_batch(self, ops: Sequence[FileOp]) -> None:
         """No round trip to save here: ``run_ops`` does them one by one."""
+        return None
+
+    def read_when(self, path: str, needle: str, timeout: float) -> None:
+        """Not waited for here: a look costs no round trip, the caller looks itself."""
         return None

@@ -61,7 +61,15 @@ class _Hold:
     thread: threading.Thread | None = None
     result: CommandResult | None = None
     was_held: bool = False
-    taken: Callable[[], None] | None = None  # called once held (no watch on the target)
+    taken: Callable[[], None] | None = None  # the caller's, called once (``_taken``)
+    taken_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _taken(self) -> None:
+        """``taken()`` once: from the watch on the target, else when the acquire sees it."""
+        with self.taken_lock:
+            taken, self.taken = self.taken, None
+        if taken is not None:
+            taken()
 
 
 WAIT_RETRIES = 3  # a lock wait cut by a dropped connection starts again this often
@@ -109,11 +117,10 @@ class ShellLock:
         hold.thread = threading.Thread(target=self._run_holder, args=(hold, argv), daemon=True,
                                        name=f"lock {self.path}")
         hold.thread.start()
-        if taken is not None and then and getattr(self.shell, "read_when", None) is not None:
-            threading.Thread(target=self._watch_taken, args=(hold, taken), daemon=True,
+        hold.taken = taken
+        if taken is not None and then:
+            threading.Thread(target=self._watch_taken, args=(hold,), daemon=True,
                              name=f"lock taken {self.path}").start()
-        elif taken is not None:
-            hold.taken = taken
         started, pause, said = time.monotonic(), 0.002, time.monotonic()
         while True:
             if hold.result is not None:  # the holder ended before it held the lock
@@ -124,8 +131,7 @@ class ShellLock:
             found, waited = self._look(hold.token)
             if found and found.get("token") == hold.token:
                 hold.was_held = True
-                if hold.taken is not None:
-                    hold.taken()
+                hold._taken()
                 return True
             now = time.monotonic()
             if now - started > timeout + 30:  # the remote side's own wait ended long ago
@@ -153,20 +159,19 @@ class ShellLock:
         body, sep, status = text.rstrip("\n").rpartition("\036")
         return (int(status), body) if sep and status.isdigit() else (-1, text)
 
-    def _watch_taken(self, hold: _Hold, taken: Callable[[], None]) -> None:
-        """Wait on the target for ``<lock>.taken`` to name this acquisition, then ``taken()``
-        (nothing when the holder ends first, or on a failed look: the caller waits for the
-        acquisition instead)."""
+    def _watch_taken(self, hold: _Hold) -> None:
+        """Wait on the target for ``<lock>.taken`` to name this acquisition, then call the
+        caller's ``taken`` (nothing when the shell cannot wait there, the holder ends first
+        or a look fails: the acquire calls it once it sees the lock held)."""
         path = f"{self.path}.taken"
         try:
-            while hold.result is None and not hold.release.is_set():
-                raw = self.shell.read_when(path, hold.token, AWAIT)  # type: ignore[attr-defined]
-                if raw is None:  # the relay is gone: look now and then
-                    raw = self.shell.read_from(path, 0, 1 << 14)
-                    time.sleep(0.05)
+            while hold.result is None and not hold.release.is_set() and hold.taken:
+                raw = self.shell.read_when(path, hold.token, AWAIT)
+                if raw is None:  # no relay (a local or OpenSSH shell, or it is gone)
+                    return
                 found = _record(raw)
                 if found and found.get("token") == hold.token:
-                    taken()
+                    hold._taken()
                     return
         except Exception as exc:  # noqa: BLE001 - only an early start is lost
             log.debug("lock %s: could not wait for it to be taken: %s", self.path, exc)
@@ -174,8 +179,7 @@ class ShellLock:
     def _look(self, token: str) -> tuple[dict[str, object] | None, bool]:
         """The holder's record, and whether the look waited for it: the SSH relay waits
         there (at most ``AWAIT`` s) until the record names ``token``, in one round trip."""
-        wait = getattr(self.shell, "read_when", None)
-        raw = wait(holder_of(self.path), token, AWAIT) if wait is not None else None
+        raw = self.shell.read_when(holder_of(self.path), token, AWAIT)
         if raw is None:
             return self.holder(), False
         return _record(raw), True

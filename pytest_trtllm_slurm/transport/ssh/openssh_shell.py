@@ -207,6 +207,10 @@ class OpenSSHShell(OneOpFiles):
         """No relay here: ``run_ops`` does them one by one."""
         return None
 
+    def read_when(self, path: str, needle: str, timeout: float) -> None:
+        """No relay here: the caller looks itself."""
+        return None
+
     def _exec_input(self, argv: list[str], data: bytes, shown: list[str]
                     ) -> tuple[int, str, str, bool]:
         rc, out, err, timed_out = self._ssh(remote_command(argv), stdin=data, timeout=120,
