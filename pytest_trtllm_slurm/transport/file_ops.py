@@ -9,26 +9,8 @@ import base64
 import contextlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
 
-from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
-
-Op = Literal["mkdir", "write", "read", "remove"]
-READ_LIMIT = 4096  # bytes of a small file (a heartbeat, an exit code) read at once
-
-
-@dataclass(frozen=True)
-class FileOp:
-    """One file operation: ``mkdir`` (``private``), ``write`` (``data``, atomic, ``mode``),
-    ``read`` (the first ``limit`` bytes; b"" while absent) or ``remove`` (``rm -f``)."""
-
-    op: Op
-    path: str
-    data: str = ""
-    private: bool = False
-    mode: int = 0o600
-    limit: int = READ_LIMIT
+from pytest_trtllm_slurm.transport.shell import READ_LIMIT, FileOp, LocalShell, Shell
 
 
 def mkdir(path: str, *, private: bool = False) -> FileOp:
@@ -59,28 +41,15 @@ def wire(op: FileOp) -> dict[str, object]:
     return {"op": "remove", "path": op.path}
 
 
-@runtime_checkable
-class BatchingShell(Protocol):
-    """A Shell that carries several file operations in one message (SSHShell's relay)."""
-
-    def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
-        """Each op's result in order (a read's bytes, b"" for the others); the first
-        failure raised as the op alone raises it, none done after it. None: not now (no
-        relay, or it ended under the batch): the caller does them one by one (each is
-        idempotent: mkdir -p, an atomic write of the same bytes, a read, rm -f)."""
-        ...
-
-
 def run_ops(shell: Shell, ops: Sequence[FileOp]) -> list[bytes]:
     """Do ``ops`` in order on ``shell``'s host, in one round trip where it can: each op's
     result (a read's bytes, b"" for the others). The first failure raises (ExecutionError
     or OSError, as the op alone would) and the ops after it are not done."""
     if not ops:
         return []
-    if isinstance(shell, BatchingShell):
-        done = shell.file_batch(ops)
-        if done is not None:
-            return done
+    done = shell.file_batch(ops)
+    if done is not None:
+        return done
     results: list[bytes] = []
     pending: list[str] = []  # removals in a row: one ``rm -f`` for them all
     for op in ops:

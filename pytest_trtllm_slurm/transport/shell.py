@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.node.files import UntrustedPath, make_dirs, write_atomic
@@ -33,6 +34,23 @@ class CommandResult:
         why = "timed out" if self.timed_out else f"exit code {self.returncode}"
         detail = (self.stderr or self.stdout).strip().splitlines()
         return f"`{shlex.join(self.argv)}` {why}" + (f": {detail[-1]}" if detail else "")
+
+
+Op = Literal["mkdir", "write", "read", "remove"]
+READ_LIMIT = 4096  # bytes of a small file (a heartbeat, an exit code) read at once
+
+
+@dataclass(frozen=True)
+class FileOp:
+    """One file operation: ``mkdir`` (``private``), ``write`` (``data``, atomic, ``mode``),
+    ``read`` (the first ``limit`` bytes; b"" while absent) or ``remove`` (``rm -f``)."""
+
+    op: Op
+    path: str
+    data: str = ""
+    private: bool = False
+    mode: int = 0o600
+    limit: int = READ_LIMIT
 
 
 class Shell(Protocol):
@@ -68,6 +86,13 @@ class Shell(Protocol):
         ...
 
     def exists(self, path: str) -> bool: ...
+
+    def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
+        """Each op's result in order (a read's bytes, b"" for the others) from one round
+        trip (the SSH relay's ``batch``); the first failure raised as the op alone raises
+        it, none done after it. None: not this shell, or not now (the relay ended under
+        the batch): ``file_ops.run_ops`` does them one by one (each is idempotent)."""
+        ...
 
 
 @runtime_checkable
@@ -139,3 +164,7 @@ class LocalShell:
 
     def exists(self, path: str) -> bool:
         return Path(path).exists()
+
+    def file_batch(self, ops: Sequence[FileOp]) -> None:
+        """No round trip to save here: ``run_ops`` does them one by one."""
+        return None

@@ -17,7 +17,7 @@ from typing import IO, Any
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.safe_values import control_chars
 from pytest_trtllm_slurm.transport.command_log import timed_command
-from pytest_trtllm_slurm.transport.shell import CommandResult
+from pytest_trtllm_slurm.transport.shell import CommandResult, FileOp
 from pytest_trtllm_slurm.transport.ssh.commands import OneOpFiles, piped_env_command, remote_command
 from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
 from pytest_trtllm_slurm.transport.ssh.control_path import (
@@ -202,6 +202,10 @@ class OpenSSHShell(OneOpFiles):
 
     def exists(self, path: str) -> bool:
         return self._sh('test -e "$1"', [path])[0] == 0
+
+    def file_batch(self, ops: Sequence[FileOp]) -> None:
+        """No relay here: ``run_ops`` does them one by one."""
+        return None
 
     def _exec_input(self, argv: list[str], data: bytes, shown: list[str]
                     ) -> tuple[int, str, str, bool]:

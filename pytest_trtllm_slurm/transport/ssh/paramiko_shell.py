@@ -19,8 +19,8 @@ import paramiko
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.transport.command_log import timed_command
-from pytest_trtllm_slurm.transport.file_ops import FileOp, wire
-from pytest_trtllm_slurm.transport.shell import CommandResult
+from pytest_trtllm_slurm.transport.file_ops import wire
+from pytest_trtllm_slurm.transport.shell import CommandResult, FileOp
 from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, default_otp_provider
 from pytest_trtllm_slurm.transport.ssh.commands import (
     OneOpFiles,
@@ -465,7 +465,7 @@ class SSHShell(OneOpFiles):
         return self._stat_size(path) is not None
 
     def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
-        """``ops`` in one relay round trip (``file_ops.BatchingShell``)."""
+        """``ops`` in one relay round trip (``Shell.file_batch``); None without a relay."""
         relay = self._relay_on(self._connection()) if self.use_relay else None
         if relay is None:
             return None
