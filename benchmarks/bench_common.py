@@ -186,14 +186,24 @@ def publish(suite: Path, base: Path, message: str) -> None:
 
 
 def devssh_table(ssh: dict[str, Any], *, sync: str, partition: str,
-                 user_root_dir: Path | None = None, name: str = "devssh") -> str:
-    """A clusters-file table naming the dev cluster's sshd (key login) as cluster ``name``."""
+                 user_root_dir: Path | None = None, name: str = "devssh",
+                 env: dict[str, str] | None = None) -> str:
+    """A clusters-file table naming the dev cluster's sshd (key login) as cluster ``name``.
+
+    Its ``env`` table (every test's environment there) turns pytest's plugin autoloading
+    off, as ``bench_env`` does for the local ways: the controller's environment is not
+    forwarded over SSH, and a remote worker that loads every plugin installed here starts
+    ~1 s slower (0.2 s of a warm one-test run's critical path, measured in
+    docs/benchmarks-performance.md), which is this machine's, not the plugin's."""
+    values = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})}
     return (f"[clusters.{name}]\n"
             f'ssh_host = "{ssh["host"]}"\nssh_port = {ssh["port_key"]}\nuser = "{ssh["user"]}"\n'
             f'identity_file = "{ssh["identity_file"]}"\nknown_hosts = "{ssh["known_hosts"]}"\n'
             f'mfa = false\nsync = "{sync}"\npython = "{sys.executable}"\n'
             f'partition = "{partition}"\n'
-            + (f'user_root_dir = "{user_root_dir}"\n' if user_root_dir else ""))
+            + (f'user_root_dir = "{user_root_dir}"\n' if user_root_dir else "")
+            + f"\n[clusters.{name}.env]\n"
+            + "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()))
 
 
 # -- environment of every run ---------------------------------------------------------------------

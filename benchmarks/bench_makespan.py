@@ -110,10 +110,10 @@ def ssh_cluster(root: Path, suite: Path, ssh: dict[str, Any], partition: str,
     publish(suite, root, "makespan suite")
     config = root / "clusters.toml"
     config.write_text(
-        devssh_table(ssh, sync=sync, partition=partition, user_root_dir=root / "cluster_home")
         # the controller's environment is not forwarded over SSH: the probe plugin (-p
         # bench_probe) and the plugin under test must be importable there too
-        + f'\n[clusters.devssh.env]\nPYTHONPATH = "{BENCH_DIR}:{REPO}"\n')
+        devssh_table(ssh, sync=sync, partition=partition, user_root_dir=root / "cluster_home",
+                     env={"PYTHONPATH": f"{BENCH_DIR}:{REPO}"}))
     return config
 
 

@@ -42,7 +42,14 @@ import pytest
 
 STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_seconds": 0.0,
                          "submit_cpu": 0.0,
-                         "cpu": {}}
+                         "cpu": {},
+                         # epoch seconds of the run's steps, first time each is reached
+                         # (``loaded``: this module imported, before the suite's conftests)
+                         "marks": {"loaded": time.time()}}
+
+
+def _mark(name: str) -> None:
+    STATE["marks"].setdefault(name, time.time())
 
 
 def _add(name: str, wall: float, cpu: float) -> None:
@@ -69,10 +76,12 @@ def _timed(name: str, func: Any) -> Any:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
+        _mark(f"{name}_start")
         try:
             return func(*args, **kwargs)
         finally:
             _add(name, wall, cpu)
+            STATE["marks"][f"{name}_end"] = time.time()
     return wrapper
 
 
@@ -174,10 +183,12 @@ class _Clock:
 
     def _spent(self, name: str) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
+        _mark(f"{name}_start")
         try:
             return (yield)
         finally:
             _add(name, wall, cpu)
+            STATE["marks"][f"{name}_end"] = time.time()
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> Any:
@@ -248,6 +259,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if worker_reports or not os.environ.get("BENCH_PROBE_OUT"):
         return  # only the controller of a benchmark run
+    _mark("configure")
     config.pluginmanager.register(_Clock(), "bench_probe_clock")
     _time_hook_calls()
     import pytest_trtllm_slurm.controller.batches as batch_plan
@@ -331,6 +343,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     out = os.environ.get("BENCH_PROBE_OUT")
     if not out or config.getoption("trtllm_worker_reports", default=None):
         return
+    _mark("unconfigure")
     counts: dict[str, int] = {}
     for jobs in STATE["jobs"]:
         for command, n in jobs.counts.items():
@@ -352,6 +365,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "maxrss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "cpu": {**STATE["cpu"], "end": _cpu()},
         "counts": STATE.get("counts", {}),
+        "marks": STATE["marks"],
     }, indent=2))
 
 

@@ -160,6 +160,30 @@ def outcomes(xml_paths: list[Path], expected: list[str]) -> dict[str, Any]:
             "ok": not (lost or doubled or extra or bad)}
 
 
+#: the controller's steps in order (bench_probe's marks), each phase named by where it ends
+PHASES = (("loaded", "interpreter, pytest and the plugins"),
+          ("configure", "the suite's conftests (C) and the plugins' imports"),
+          ("collect_start", "configure and session start (the early starts)"),
+          ("collect_end", "collection"),
+          ("runtestloop_start", "collection's hooks"),
+          ("dispatch_loop_start", "planning, packing, the executors"),
+          ("dispatch_loop_end", "the dispatch loop (every result known)"),
+          ("runtestloop_end", "after the loop"),
+          ("unconfigure", "summary, junit XML, session end"))
+
+
+def wall_phases(marks: dict[str, float], start: float, end: float) -> list[tuple[str, float]]:
+    """The run's wall seconds cut at bench_probe's marks (a missing mark is skipped), from
+    the process's start to its exit: where the time beyond the dispatch loop goes."""
+    out, at = [], start
+    for mark, what in PHASES:
+        if mark in marks:
+            out.append((what, marks[mark] - at))
+            at = marks[mark]
+    out.append(("the process's exit", end - at))
+    return out
+
+
 # -- the ways ---------------------------------------------------------------------------------
 class Runner:
     def __init__(self, root: Path, nodes: int, c: float, tests: list[tuple[str, int, float]]):
@@ -176,11 +200,13 @@ class Runner:
         argv = [sys.executable, "-m", "pytest", "-q", *PLUGIN,
                 "-p", "bench_probe", "--trtllm-remote", "--slurm-partition=batch",
                 f"--trtllm-alloc-nodes={self.nodes}", f"--junitxml={junit}", *extra]
+        epoch = time.time()
         seconds, proc = timed(argv, self.suite, env, timeout=7200)
         tail = (proc.stdout + proc.stderr)[-3000:]
         if not probe.exists():
             raise RuntimeError(f"plugin run wrote no probe (exit {proc.returncode}):\n{tail}")
         data = json.loads(probe.read_text())
+        phases = wall_phases(data.get("marks", {}), epoch, epoch + seconds)
         cpu = data["cpu"]["end"]
         return {"seconds": seconds, "exit": proc.returncode, "tail": tail[-800:],
                 "outcomes": outcomes([junit], [n for n, _, _ in self.tests]) if junit.exists()
@@ -189,7 +215,7 @@ class Runner:
                 "cpu_after_collection": data["cpu"].get("after_collection", {}).get("self"),
                 "maxrss_mib": data["maxrss_mib"], "timings": data["timings"],
                 "plugin_commands": data["scheduler_commands"], "batches": len(data["batches"]),
-                "counts": data.get("counts", {})}
+                "counts": data.get("counts", {}), "phases": phases}
 
     def per_shape(self) -> dict[str, Any]:
         logs = self.root / "per_shape_logs"
@@ -240,6 +266,9 @@ class Runner:
         log(f"{name}: {result['seconds']:.1f} s, {result['rpcs']} RPCs "
             f"({result['rpcs_per_test']:.3f}/test), CPU {result['cpu_ms_per_test']:.2f} ms/test, "
             f"peak {result['maxrss_mib']:.0f} MiB, outcomes ok={result['outcomes']['ok']}")
+        if result.get("phases"):
+            log(f"{name}, wall seconds by phase: " + "; ".join(
+                f"{what} {secs:.2f}" for what, secs in result["phases"]))
         return result
 
 

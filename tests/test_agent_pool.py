@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
+from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
 from pytest_trtllm_slurm.execution.slurm.warm_pool import AgentPool, WarmJob
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Scenario
@@ -79,3 +80,20 @@ def test_a_gated_step_that_ends_before_its_gate_opens_gives_its_nodes_back(
     pool.drop(gated)
     pool.place_waiting(lambda job_id, job: launched.append(job_id))
     assert launched == ["mpi", "mpi2"] and other.reserved
+
+
+def test_a_batch_that_held_two_nodes_ends_naming_both(tmp_path: Path) -> None:
+    """A 2-node batch run as one process (``launch=single``) holds both nodes' GPUs: its
+    state names both (the timeline lays it on both nodes' tracks, the GPU-use summary counts
+    them), and the reason names the node its process ran on."""
+    alloc = AllocationState(job_id="7", nodelist="a[1-2]", nodes=2, gpus_per_node=4)
+    pool = AgentPool(LocalShell(), alloc)
+    job = pool.add("wide", make_spec(tmp_path, "wide", 2), warm=False)
+    pool.place_waiting(lambda job_id, job: None)
+    assert job.placement is not None and len(job.placement.nodes) == 2
+    ran_on = job.placement.nodes[0]
+    done = pool._end_state(job, 0, ran_on)
+    assert expand_hostlist(done.nodelist or "") == ["a1", "a2"]
+    crashed = pool._end_state(job, 128 + 11, ran_on)
+    assert expand_hostlist(crashed.nodelist or "") == ["a1", "a2"]
+    assert f"on {ran_on.name}" in (crashed.reason or "")

@@ -36,7 +36,8 @@ def test_too_big():
 '''
 
 # the controller (not a worker in the job), told to by the file MODE: wait until this run's
-# early session has been asked for on the cluster, then change the test file
+# early session has been asked for on the cluster and its sync ended (the run's record
+# names its code), then change the test file
 CONFTEST = '''import os
 import pathlib
 import time
@@ -46,9 +47,10 @@ MODE = pathlib.Path({mode!r})
 HOME = pathlib.Path({home!r})
 
 if not os.environ.get("SLURM_JOB_ID") and MODE.exists() and MODE.read_text() == "change":
-    mine = "**/.agents/*/*/sessions/early-%d-*" % os.getpid()
+    mine = ["**/.agents/*/*/sessions/early-%d-*" % os.getpid(),
+            ".trtllm-state/**/runs/*-%d-*.json" % os.getpid()]
     deadline = time.monotonic() + 120
-    while not any(HOME.glob(mine)) and time.monotonic() < deadline:
+    while (not all(any(HOME.glob(m)) for m in mine)) and time.monotonic() < deadline:
         time.sleep(0.05)
     test = HERE / "test_early.py"
     test.write_text(test.read_text().replace('VALUE = "old"', 'VALUE = "new"'))
@@ -114,5 +116,55 @@ def test_early_sessions_over_ssh_serve_the_run_and_never_stale_code(
         early = [p for p in sessions(home) - before if p.name.startswith("early-")]
         assert early, out
         assert all((p / "inbox" / "stop").exists() for p in early), out
+    finally:
+        cancel_allocation(home)
+
+
+# git runs this before each `git status` in the cluster's checkout (its fsmonitor hook):
+# the claim's look at the checkout (the one git status run with GIT_OPTIONAL_LOCKS=0)
+# takes about 3 s (git asks it twice), as a large checkout on a shared file system may;
+# exit 1 says "no answer", so git scans the files itself
+SLOW_LOOK = '#!/bin/sh\n[ "$GIT_OPTIONAL_LOCKS" = 0 ] && sleep 1.5\nexit 1\n'
+
+
+def test_the_early_session_is_asked_for_while_the_claim_looks_at_the_checkout(
+        devcluster: dict[str, Any], tmp_path: Path) -> None:
+    """The warm worker's session is requested once the run holds the checkout's lock, not
+    after the claim's look at the checkout (its `git status`) ends, and serves the batch
+    when that look proves the checkout holds the run's code; when the sync then changes
+    the checkout, that session is stopped and a new one serves the changed code."""
+    home = tmp_path / "cluster_home"
+    suite = make_suite(tmp_path, devcluster["ssh"])
+    try:
+        run(suite, "-k", "test_one")  # the allocation, its agents and the checkout
+        checkout = next(p.parent for p in home.glob("*/.git"))
+        hook = checkout / ".git" / "slow-look"
+        hook.write_text(SLOW_LOOK)
+        hook.chmod(0o700)
+        subprocess.run(["git", "-C", str(checkout), "config", "core.fsmonitor", str(hook)],
+                       check=True)
+        claim_out = next(home.glob(".trtllm-state/**/runs/.checkout.lock.out"))
+
+        before = sessions(home)
+        out = run(suite, "-k", "test_one")
+        assert "PASSED test_early.py::test_one" in out
+        new = sessions(home) - before
+        assert new and all(p.name.startswith("early-") for p in new), (new, out)
+        ready = min((p / "ready").stat().st_mtime for p in new)  # collected, serving
+        looked = claim_out.stat().st_mtime  # the claim's look ended (its output written)
+        # the session started while git status still ran there (about 3 s with the hook)
+        assert ready < looked, (ready, looked, out)
+
+        # the code changed before the run: the session asked for beside the claim may
+        # have read the old files, so it is stopped; the test runs the new code
+        test = suite / "test_early.py"
+        test.write_text(test.read_text().replace('VALUE = "old"', 'VALUE = "new"'))
+        before = sessions(home)
+        out = run(suite, "-k", "test_value")
+        assert "PASSED test_early.py::test_value" in out, out
+        early = sorted(p for p in sessions(home) - before if p.name.startswith("early-"))
+        assert len(early) >= 2, (early, out)
+        stopped = [p for p in early if (p / "inbox" / "stop").exists()]
+        assert stopped, (early, out)
     finally:
         cancel_allocation(home)

@@ -32,7 +32,7 @@ from pytest_trtllm_slurm.execution.remote.workspace import (
     sync_cluster,
 )
 from pytest_trtllm_slurm.execution.slurm.allocation import AllocationManager, AllocationRequest
-from pytest_trtllm_slurm.execution.slurm.runs import RunRegistry, reap_dead_runs
+from pytest_trtllm_slurm.execution.slurm.runs import RunRecord, RunRegistry, reap_dead_runs
 from pytest_trtllm_slurm.execution.slurm.state_store import StateStore
 from pytest_trtllm_slurm.node.paths import STATE_NAME
 from pytest_trtllm_slurm.planning.settings import ClusterConfig, load_clusters_file
@@ -373,3 +373,27 @@ def test_the_first_clone_keeps_the_shared_state(
     assert Path(f"{run_b.folder}/{run_b.me.run_id}.json").exists()
     seen = registry(machines["a"], registries).others()
     assert [(r.run_id, alive) for r, alive, _ in seen] == [(run_b.me.run_id, True)]
+
+
+def test_the_reaper_takes_the_dead_runs_from_the_claims_listing(
+        machines: dict, registries: list[RunRegistry]) -> None:
+    """The checkout's claim reads the run registry under its lock (in the round trip of its
+    look at the checkout); the reaper's look for killed runs, next on the way to the first
+    batch, takes the dead runs from that listing instead of listing again. A later look
+    lists again (a run may have died since)."""
+    a_repo = machines["a"]
+    run_a = registry(a_repo, registries)
+    run_a.make_folder()
+    # a run killed on another machine: its record, no live lock
+    ghost = RunRecord(run_id="elsewhere-1-dead00", pid=1, host="elsewhere",
+                      began="2026-01-01 00:00:00")
+    Path(run_a.folder, "elsewhere-1-dead00.json").write_text(ghost.model_dump_json())
+    assert sync_cluster(cluster_of(a_repo), a_repo, run_a.shell, name="t", runs=run_a)
+    assert run_a.shell.relay_up()
+    relay = run_a.shell._relay
+    assert relay is not None
+    before = sum(relay.requests.values())
+    assert [r.run_id for r, _ in run_a.dead()] == ["elsewhere-1-dead00"]
+    assert sum(relay.requests.values()) == before  # no round trip
+    assert [r.run_id for r, _ in run_a.dead()] == ["elsewhere-1-dead00"]
+    assert sum(relay.requests.values()) == before + 1  # listed again

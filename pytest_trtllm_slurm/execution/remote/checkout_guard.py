@@ -32,11 +32,14 @@ _BOTH = 'sh -c "$1" sh "$2"; printf "\\036\\n"; shift 2; exec "$@"'
 
 @contextlib.contextmanager
 def checkout_claimed(runs: RunRegistry, checkout: str,
-                     prepare: Callable[[], PreparedSync]
+                     prepare: Callable[[], PreparedSync],
+                     taken: Callable[[], None] | None = None,
                      ) -> Iterator[tuple[PreparedSync, list[RunRecord], RemoteCheckout]]:
     """Hold the checkout's lock while the caller syncs; yields ``prepare()``'s result, the live
     runs testing the same code there (not to be disturbed) and what the checkout holds now.
-    ExecutionError when a live run tests other code there."""
+    ExecutionError when a live run tests other code there. ``taken``: called as soon as
+    the lock is held, before the look at the checkout ends (from then on no other run
+    changes the checkout until this one's record names its code)."""
     runs.make_folder()
     runs.start_lease()
     lock = ShellLock(runs.shell, Runs(runs.folder).checkout_lock, max_hold=SYNC_LOCK_WAIT + 60)
@@ -46,7 +49,7 @@ def checkout_claimed(runs: RunRegistry, checkout: str,
     script, _, folder = runs.list_argv()[2:]
     look = ["sh", "-c", _BOTH, "sh", script, folder, *probe_argv(checkout)]
     with ThreadPoolExecutor(1, thread_name_prefix="checkout-lock") as pool:
-        taking = pool.submit(lock.acquire, SYNC_LOCK_WAIT, info, then=look)
+        taking = pool.submit(lock.acquire, SYNC_LOCK_WAIT, info, then=look, taken=taken)
         try:
             prepared = prepare()
         except BaseException:
@@ -63,8 +66,9 @@ def checkout_claimed(runs: RunRegistry, checkout: str,
         if status != 0 or not sep:
             raise ExecutionError(f"code sync to {runs.shell.name} failed while looking at "
                                  f"{checkout} (exit status {status}): {output[-500:]}")
-        users = [r for r, alive, _ in runs.parse_listing(listing)
-                 if alive and r.checkout == checkout]
+        found = runs.parse_listing(listing)
+        runs.listed(found)  # the reaper's look at the dead runs (no second listing)
+        users = [r for r, alive, _ in found if alive and r.checkout == checkout]
         other = next((r for r in users if r.code != prepared.key), None)
         if other is not None:
             raise ExecutionError(

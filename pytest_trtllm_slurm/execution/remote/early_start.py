@@ -1,9 +1,10 @@
 """A remote cluster's sync and warm-worker sessions, from the early connection's thread.
 
-A session must never import code older than what the run syncs, so the code is synced
-first, then one session is asked of each live agent of the persistent allocation. The
-executor takes what was done (``EarlyRemote``); when the local code changed meanwhile the
-early sessions are stopped and it syncs again.
+A session must never import code older than what the run syncs: one session is asked of
+each live agent of the persistent allocation once the run holds the checkout's lock (no
+other run changes the checkout from then on), and kept only when the sync under that lock
+changed no file there. The executor takes what was done (``EarlyRemote``); when the local
+code changed meanwhile the early sessions are stopped and it syncs again.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import uuid
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,51 +97,155 @@ def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
                    ask: SessionAsk | None, registry: EarlySessions) -> EarlyRemote:
     """Preflight, sync, then (``ask``) a session on each live agent of the cluster's
     allocation. Stops at the first failure quietly: the executor does that step again
-    and reports it."""
+    and reports it.
+
+    The sessions are asked for as soon as this run holds the checkout's lock, while the
+    claim still looks at the checkout (``_SessionsBesideClaim``): from that moment no other
+    run changes the checkout until this run's record names its code, so a session asked
+    then reads what the claim's look sees. They are kept only when the sync then changed
+    no file there; else they are stopped and asked for again after it."""
     local = Path(ask.local_work_root) if ask else work_root(None, rootdir).dir
     paths, state_dir, path_map = layout(cluster, rootdir, local)
     done = EarlyRemote(RunRegistry(shell, StateDir(state_dir).runs.dir), registry=registry)
+    beside = None
     try:
         preflight(shell, cluster)
         done.checked = True
-        sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}",
-                     say=done.notes.append, runs=done.runs)
+        if ask is not None and cluster.sync != "none":
+            beside = _SessionsBesideClaim(lambda: _live_agents(
+                shell, cluster, paths, state_dir, registry, ask), lambda adir: _ask_session(
+                shell, cluster, path_map, ask, adir))
+        result = sync_cluster(cluster, rootdir, shell, name=f"pytest_{rootdir.name}",
+                              say=done.notes.append, runs=done.runs,
+                              taken=beside.taken if beside else None)
         done.code = done.runs.me.code if cluster.sync != "none" else None
         done.synced = True
-        if ask is not None:
+        kept = None
+        if beside is not None and result is not None and not result.files_changed:
+            kept = beside.keep(registry)  # None: the lock was never seen held
+        if kept is not None:
+            done.sessions = kept
+        elif ask is not None:
+            if beside is not None:
+                beside.stop(shell)  # they may have read files the sync then changed
             done.sessions = _start_sessions(shell, cluster, paths, state_dir, path_map, ask,
                                             registry)
     except (ConfigError, ExecutionError, OSError, ValueError) as exc:
         log.debug("ssh: early sync/sessions on %s stopped: %s", cluster.name, exc)
+    finally:
+        if beside is not None:
+            beside.stop(shell)  # (none left once kept)
     return done
 
 
-def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, state_dir: str,
-                    path_map: PathMap, ask: SessionAsk, registry: EarlySessions) -> list[str]:
+class _SessionsBesideClaim:
+    """Sessions asked for while the checkout's claim runs: the allocation's live agents
+    are looked up at once (nothing there depends on the checkout), the requests sent once
+    the claim's lock is held (``taken``); ``keep`` or ``stop`` them after the sync."""
+
+    def __init__(self, look: Callable[[], list[str]], ask: Callable[[str], str]) -> None:
+        self._ask = ask
+        self._gate = threading.Event()
+        self._open = False  # the lock was seen held before the claim ended
+        self._closed = False  # the claim ended: no request is sent after this
+        self._lock = threading.Lock()
+        self._asked: list[tuple[str, str]] = []  # (agent dir, session dir)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="early-sessions")
+        self._looked = self._pool.submit(look)
+        self._sent = self._pool.submit(self._send)
+
+    def taken(self) -> None:
+        """The claim's lock is held: send the requests."""
+        with self._lock:
+            if self._closed:
+                return
+            self._open = True
+        self._gate.set()
+
+    def _send(self) -> None:
+        self._gate.wait()
+        with self._lock:
+            if not self._open:
+                return
+        for adir in self._looked.result():
+            sdir = self._ask(adir)  # remembered before the next one (to be stopped)
+            with self._lock:
+                self._asked.append((adir, sdir))
+
+    def _end(self) -> bool:
+        """No request is sent after this (the claim ended); whether any was."""
+        with self._lock:
+            self._closed = True
+            opened = self._open
+        self._gate.set()
+        try:
+            if opened:
+                self._sent.result()
+        except (ConfigError, ExecutionError, OSError, ValueError) as exc:
+            log.debug("ssh: an early session beside the claim failed: %s", exc)
+        finally:
+            self._pool.shutdown(wait=True)
+        return opened
+
+    def keep(self, registry: EarlySessions) -> list[str] | None:
+        """The sessions asked for, now the run's (the sync changed no file under them);
+        None when none was asked for (the lock was not seen held in time)."""
+        if not self._end():
+            return None
+        with self._lock:
+            asked, self._asked = self._asked, []
+        for adir, sdir in asked:
+            registry.remember(adir, sdir)
+        return [sdir for _, sdir in asked]
+
+    def stop(self, shell: Shell) -> None:
+        """End the sessions asked for and not kept."""
+        self._end()
+        with self._lock:
+            asked, self._asked = self._asked, []
+        for _, sdir in asked:
+            try:
+                shell.write_file(Session(sdir).stop, "")
+            except (ExecutionError, OSError) as exc:
+                log.debug("ssh: could not stop the early session %s: %s", sdir, exc)
+
+
+def _live_agents(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, state_dir: str,
+                 registry: EarlySessions, ask: SessionAsk) -> list[str]:
+    """The agent dirs of the allocation's live agents with no session yet (one look)."""
     raw = StateStore(shell, state_dir, STATE_NAME).read()
     try:
         state = load_json(raw or "null", "the state file")
         job_id, nodelist = str(state["job_id"]), str(state.get("nodelist") or "")
     except (ValueError, KeyError, TypeError, AttributeError):
         return []  # no allocation yet (or a state file the allocation manager will judge)
-    base = path_map.argv(ask.base, interpreter=sys.executable)
-    targets = [path_map.text(t) for t in ask.targets]
-    env = env_for_session(ask.env, local=False)
     # as the warm pool names them: the remote interpreter, the key of the values the
     # agent must hold (remote: only the batch's hidden ones)
     dirs = [agent_dir(WorkRoot(paths.remote_work_root).agents_of(job_id), node,
                       cluster.python, secrets_key(ask.env, local=False))
             for node in expand_hostlist(nodelist)]
     dirs = [adir for adir in dirs if not registry.has(adir)]
+    return [adir for adir, alive in zip(dirs, agents_alive(shell, dirs), strict=True) if alive]
+
+
+def _ask_session(shell: Shell, cluster: ClusterConfig, path_map: PathMap, ask: SessionAsk,
+                 adir: str) -> str:
+    """Ask the agent ``adir`` for a session of ``ask`` (one round trip); its dir."""
+    base = path_map.argv(ask.base, interpreter=sys.executable)
+    targets = [path_map.text(t) for t in ask.targets]
+    name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    argv = session_argv(cluster.python, base, Agent(adir).session(name).dir, targets,
+                        capture_no=ask.capture_no, nodeids_file=False)
+    return send_session(shell, adir, name, argv, cwd=path_map.text(ask.cwd),
+                        env=env_for_session(ask.env, local=False))
+
+
+def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, state_dir: str,
+                    path_map: PathMap, ask: SessionAsk, registry: EarlySessions) -> list[str]:
     started = []
-    for adir, alive in zip(dirs, agents_alive(shell, dirs), strict=True):  # one look
-        if not alive:
-            continue
-        name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        argv = session_argv(cluster.python, base, Agent(adir).session(name).dir, targets,
-                            capture_no=ask.capture_no, nodeids_file=False)
+    for adir in _live_agents(shell, cluster, paths, state_dir, registry, ask):
         # one round trip per session: one that was asked for is remembered before the next
-        sdir = send_session(shell, adir, name, argv, cwd=path_map.text(ask.cwd), env=env)
+        sdir = _ask_session(shell, cluster, path_map, ask, adir)
         registry.remember(adir, sdir)
         started.append(sdir)
     return started

@@ -68,6 +68,13 @@ class SyncResult(BaseModel):
     seconds: float = 0.0
     warnings: list[str] = Field(default_factory=list)
 
+    @property
+    def files_changed(self) -> bool:
+        """Whether the sync changed any file of the checkout's work tree (a clone, a commit
+        checked out, a stash, untracked files sent or removed); the record alone is not."""
+        return (self.cloned or not self.unchanged or self.stashed or bool(self.untracked)
+                or bool(self.removed))
+
     def warn(self, message: str) -> None:
         self.warnings.append(message)
         log.warning("code sync: %s", message)

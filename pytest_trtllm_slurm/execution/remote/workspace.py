@@ -166,9 +166,11 @@ def _via(cluster: ClusterConfig) -> Via:
 
 def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, name: str,
                  user: str | None = None, say: Callable[[str], None] | None = None,
-                 runs: RunRegistry | None = None) -> SyncResult | None:
+                 runs: RunRegistry | None = None,
+                 taken: Callable[[], None] | None = None) -> SyncResult | None:
     """Sync a cluster's checkout (nothing for ``sync = "none"``). With ``runs`` the checkout is
-    claimed first (``checkout_guard``): a live run testing other code there stops this one."""
+    claimed first (``checkout_guard``): a live run testing other code there stops this one;
+    ``taken``: called once its lock is held (``checkout_claimed``)."""
     if cluster.sync == "none":
         return None
     paths = remote_paths(cluster, local_rootdir)
@@ -178,6 +180,6 @@ def sync_cluster(cluster: ClusterConfig, local_rootdir: Path, shell: Shell, *, n
                               name=name, via=_via(cluster), ship_secrets=cluster.sync_secrets,
                               say=say)
     with checkout_claimed(runs, paths.remote_repo, lambda: prepare_for(
-            cluster, local_rootdir, user=who, name=name)) as (prepared, sharing, probed):
+            cluster, local_rootdir, user=who, name=name), taken) as (prepared, sharing, probed):
         return push_sync(prepared, shell, paths.remote_repo, say=say, shared=bool(sharing),
                          probed=probed)

@@ -111,6 +111,10 @@ class RunRegistry:
         self._lease: ShellLock | None = None
         self._starting: threading.Thread | None = None
         self._start_error: BaseException | None = None
+        # the dead runs of a listing this run just read (the checkout's claim), for the
+        # reaper's first look: one round trip less; a run that dies after it is reaped
+        # by the next run
+        self._dead_listed: list[tuple[RunRecord, str]] | None = None
 
     @property
     def where(self) -> str:
@@ -263,7 +267,17 @@ class RunRegistry:
         """Live runs other than this one that use ``allocation``."""
         return [r for r, alive, _ in self.others() if alive and r.allocation == allocation]
 
+    def listed(self, found: list[tuple[RunRecord, bool, str]]) -> None:
+        """A listing read just now by another look (``parse_listing``'s result): the next
+        ``dead()`` takes its dead runs instead of listing again."""
+        self._dead_listed = [(r, p) for r, alive, p in found if not alive]
+
     def dead(self) -> list[tuple[RunRecord, str]]:
+        """The dead runs' records and files (a listing read by ``listed``, once; else now).
+        A dead run never becomes live again, so an earlier listing's dead are still dead."""
+        if self._dead_listed is not None:
+            found, self._dead_listed = self._dead_listed, None
+            return found
         return [(r, p) for r, alive, p in self.others() if not alive]
 
 

@@ -26,8 +26,10 @@ log = logging.getLogger(__name__)
 
 # $1 lock file, $2 seconds to wait for it, $3 seconds to hold it at most, $4 holder record,
 # then a command to run once it is held (its output and status in <lock>.out, written
-# before the holder record that tells the waiting side it holds the lock); both through
-# temporary files mktemp makes (unpredictable names, O_EXCL), renamed over their names
+# before the holder record that tells the waiting side it holds the lock; the record is in
+# <lock>.taken before that command starts, for a caller with work that needs only the lock);
+# all through temporary files mktemp makes (unpredictable names, O_EXCL), renamed over
+# their names
 _HOLD = r"""
 lock=$1 wait=$2 hold=$3 info=$4; shift 4
 command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
@@ -36,13 +38,14 @@ exec 9>>"$lock" || exit 71
 flock -x -w "$wait" 9 || exit 75
 umask 077
 if [ $# -gt 0 ]; then
+  t=$(mktemp "$lock.taken.XXXXXXXX") && printf '%s\n' "$info" >"$t" && mv -f "$t" "$lock.taken"
   t=$(mktemp "$lock.out.XXXXXXXX") || exit 73
   { "$@" </dev/null 2>/dev/null; printf '\036%s\n' "$?"; } >"$t"
   mv -f "$t" "$lock.out"
 fi
 t=$(mktemp "$lock.holder.XXXXXXXX") && printf '%s\n' "$info" >"$t" && mv -f "$t" "$lock.holder"
 timeout "$hold" cat >/dev/null
-rm -f "$lock.holder"
+rm -f "$lock.holder" "$lock.taken"
 """
 KEEPALIVE = 1.0  # seconds between the bytes that tell a dead holder channel from a live one
 LOCK_WAIT_EXIT = 75
@@ -58,6 +61,7 @@ class _Hold:
     thread: threading.Thread | None = None
     result: CommandResult | None = None
     was_held: bool = False
+    taken: Callable[[], None] | None = None  # called once held (no watch on the target)
 
 
 WAIT_RETRIES = 3  # a lock wait cut by a dropped connection starts again this often
@@ -90,9 +94,12 @@ class ShellLock:
 
     def acquire(self, timeout: float, info: dict[str, object] | None = None, *,
                 waiting: Callable[[float], None] | None = None,
-                then: list[str] | None = None) -> bool:
+                then: list[str] | None = None,
+                taken: Callable[[], None] | None = None) -> bool:
         """Take the lock within ``timeout`` s (False: another held it); ``waiting`` is called
-        about once a second; ``then``: a command run once held (``output()``)."""
+        about once a second; ``then``: a command run once held (``output()``); ``taken``:
+        called (in another thread) as soon as the lock is held, while ``then`` still runs
+        (where the shell waits on the target: the SSH relay; else once acquired)."""
         if self.held:
             raise RuntimeError(f"{self.where} is already held by this process")
         hold = self._hold = _Hold(token=secrets.token_hex(8))
@@ -102,6 +109,11 @@ class ShellLock:
         hold.thread = threading.Thread(target=self._run_holder, args=(hold, argv), daemon=True,
                                        name=f"lock {self.path}")
         hold.thread.start()
+        if taken is not None and then and getattr(self.shell, "read_when", None) is not None:
+            threading.Thread(target=self._watch_taken, args=(hold, taken), daemon=True,
+                             name=f"lock taken {self.path}").start()
+        elif taken is not None:
+            hold.taken = taken
         started, pause, said = time.monotonic(), 0.002, time.monotonic()
         while True:
             if hold.result is not None:  # the holder ended before it held the lock
@@ -112,6 +124,8 @@ class ShellLock:
             found, waited = self._look(hold.token)
             if found and found.get("token") == hold.token:
                 hold.was_held = True
+                if hold.taken is not None:
+                    hold.taken()
                 return True
             now = time.monotonic()
             if now - started > timeout + 30:  # the remote side's own wait ended long ago
@@ -138,6 +152,24 @@ class ShellLock:
         text = self.shell.read_from(f"{self.path}.out", 0, 1 << 26).decode("utf-8", "replace")
         body, sep, status = text.rstrip("\n").rpartition("\036")
         return (int(status), body) if sep and status.isdigit() else (-1, text)
+
+    def _watch_taken(self, hold: _Hold, taken: Callable[[], None]) -> None:
+        """Wait on the target for ``<lock>.taken`` to name this acquisition, then ``taken()``
+        (nothing when the holder ends first, or on a failed look: the caller waits for the
+        acquisition instead)."""
+        path = f"{self.path}.taken"
+        try:
+            while hold.result is None and not hold.release.is_set():
+                raw = self.shell.read_when(path, hold.token, AWAIT)  # type: ignore[attr-defined]
+                if raw is None:  # the relay is gone: look now and then
+                    raw = self.shell.read_from(path, 0, 1 << 14)
+                    time.sleep(0.05)
+                found = _record(raw)
+                if found and found.get("token") == hold.token:
+                    taken()
+                    return
+        except Exception as exc:  # noqa: BLE001 - only an early start is lost
+            log.debug("lock %s: could not wait for it to be taken: %s", self.path, exc)
 
     def _look(self, token: str) -> tuple[dict[str, object] | None, bool]:
         """The holder's record, and whether the look waited for it: the SSH relay waits

@@ -429,7 +429,7 @@ class AgentPool:
         self.files.watch(sent.exit_path)
         self.files.watch(sent.pid_path, wake=False)
         log.debug("warm pool: %s sent to %s", job_id, Session(sdir).request(sent.request_name))
-        job.state = JobState(status=JobStatus.PENDING, nodelist=node.name,
+        job.state = JobState(status=JobStatus.PENDING, nodelist=job.placement.names,
                              reason=f"sent to the warm worker on {node.name}")
 
     def refresh(self, job: WarmJob) -> None:
@@ -450,16 +450,16 @@ class AgentPool:
                 return
             if job.state.status is not JobStatus.RUNNING and (
                     self.files.read(sent.pid_path).strip().isdigit()):
-                job.state = JobState(status=JobStatus.RUNNING, nodelist=node.name)
+                job.state = JobState(status=JobStatus.RUNNING, nodelist=placement.names)
                 log.debug("warm pool: %s runs", job.job_id)
                 self.files.forget(sent.pid_path)
         dead = self._dead(node)
         if sent.session in self.lost:
-            job.state = JobState(status=JobStatus.CRASHED, nodelist=node.name,
+            job.state = JobState(status=JobStatus.CRASHED, nodelist=placement.names,
                                  reason=self.lost[sent.session])
             self.release(job)
         elif dead:
-            job.state = JobState(status=JobStatus.ERROR, nodelist=node.name, reason=dead)
+            job.state = JobState(status=JobStatus.ERROR, nodelist=placement.names, reason=dead)
             self.release(job)
 
     def _folder_changed(self, job: WarmJob, exit_path: str) -> bool:
@@ -585,8 +585,10 @@ class AgentPool:
         return (f"; {full}" if full else "") + f"; see {log}" + error_lines(self.shell, log)
 
     def _end_state(self, job: WarmJob, code: int, node: Node) -> JobState:
+        """``node``: where the batch's process ran; the state names every node it held."""
+        nodes = job.placement.names if job.placement is not None else node.name
         if code == 0:
-            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=node.name)
+            return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=nodes)
         sig = signal_of_exit_code(code)  # the fork loop writes 128 + N for a signal
         if job.cancelled:
             status = JobStatus.CANCELLED
@@ -600,7 +602,7 @@ class AgentPool:
             why += (" (out of memory? the node's batches share the warm "
                     "worker's memory limit; --trtllm-no-warm-workers gives each its own step)")
         return JobState(status=status, exit_code=None if sig else code, signal=sig,
-                        nodelist=node.name, reason=f"{why}; see {job.spec.log_path}")
+                        nodelist=nodes, reason=f"{why}; see {job.spec.log_path}")
 
     def cancel(self, job: WarmJob) -> None:
         job.cancelled = True
