@@ -21,9 +21,17 @@ wall seconds with ``--clock wall``):
 - location: every item's ``location`` (pytest computes it from the test's source; both ways
   need it), made after collection in every way alike so that neither hides it;
 - plan (plan_items), pack (make_batches);
-- submit: the loop's ``_submit`` (specs, node-id files, the executor's submit);
-- replay: the loop's pumps (read, check and replay every record);
-- reporting: the time inside pytest's logstart/logreport/logfinish hooks;
+- submit: the loop's ``_submit`` (specs, node-id files, the executor's submit; the instant
+  executor's writing of reports.jsonl, a worker's work in a real run, left out);
+- replay: the loop's pumps (read, check and replay every record: what the controller does
+  in a real run, the hook calls included, timed from outside);
+- replay_fake: the instant executor's writing inside the pumps, left out of ``replay``
+  (0 while every batch is submitted before the first pump; ``replay + replay_fake`` is the
+  pump as it was timed before);
+- reporting: the time inside pytest's logstart/logreport/logfinish hooks (a wrapper in
+  them; the figure of the earlier rounds);
+- reporting_calls: the same hooks' calls timed from outside, as the replay's are: pluggy's
+  dispatch of each call counted in both ways (``replay/plain reporting calls``);
 - runtestloop, summary (pytest_terminal_summary), cpu (the whole process), wall.
 
 Per item: microseconds per item of each step; a step that grows faster than linearly
@@ -63,12 +71,13 @@ from bench_common import (
 from bench_controller import PER_MODULE, make_suite
 
 RESULTS_DIR = BENCH_DIR / "results"
-STEPS = ("collect", "location", "plan", "pack", "submit", "replay", "reporting", "runtestloop",
-         "summary", "cpu", "wall")
+STEPS = ("collect", "location", "plan", "pack", "submit", "replay", "replay_fake", "reporting",
+         "reporting_calls", "runtestloop", "summary", "cpu", "wall")
 CLOCK = "cpu"  # the steps in the controller's CPU seconds (--clock)
 PROBE_KEYS = {"collect": "collect", "location": "location", "plan": "planning",
-              "pack": "packing", "submit": "submit", "replay": "pump",
-              "reporting": "reporting", "runtestloop": "runtestloop", "summary": "summary"}
+              "pack": "packing", "submit": "submit", "replay": "pump", "replay_fake": "pump_fake",
+              "reporting": "reporting", "reporting_calls": "reporting_calls",
+              "runtestloop": "runtestloop", "summary": "summary"}
 DISPATCH = ["--trtllm-dispatch=all"]
 
 
@@ -147,13 +156,15 @@ def med(result: dict[str, Any], way: str, step: str) -> float | None:
     return stat["median"] if stat else None
 
 
-RATIOS = ("replay/plain reporting", "replay/plain loop", "ctl MiB/plain", "worker MiB/plain",
-          "wall/plain")
+RATIOS = ("replay/plain reporting", "replay/plain reporting calls", "replay/plain loop",
+          "ctl MiB/plain", "worker MiB/plain", "wall/plain")
 
 
 def ratios(result: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """The targets, per dispatched way: its replay against plain's reporting (and plain's
-    whole loop), its controller's and worker's peak memory and its wall time against plain."""
+    """The targets, per dispatched way: its replay against plain's reporting, timed inside
+    the hooks (the figure of the earlier rounds) and as pytest's calls of them (pluggy's
+    dispatch counted, as the replay counts it), and against plain's whole loop; its
+    controller's and worker's peak memory and its wall time against plain."""
     ways = result["ways"]
 
     def div(a: float | None, b: float | None) -> float | None:
@@ -167,6 +178,7 @@ def ratios(result: dict[str, Any]) -> dict[str, dict[str, float | None]]:
         replay = med(result, way, "replay")
         out[way] = dict(zip(RATIOS, (
             div(replay, med(result, "plain", "reporting")),
+            div(replay, med(result, "plain", "reporting_calls")),
             div(replay, med(result, "plain", "runtestloop")),
             div(ways[way]["maxrss_mib"]["median"], plain_rss),
             div(ways[way]["worker_maxrss_mib"]["median"], plain_rss),

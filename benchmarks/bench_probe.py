@@ -9,9 +9,13 @@ counts and times what the plugin does and writes it to ``$BENCH_PROBE_OUT`` (JSO
   (``pytest_collection``), ``location`` (every item's ``location``, made once after
   collection in every way alike), ``runtestloop``, ``summary`` (``pytest_terminal_summary``),
   ``reporting`` (the time inside ``pytest_runtest_logstart/logreport/logfinish``: pytest's
-  own reporting of the items, whoever calls those hooks), ``submit`` (the dispatch loop's
+  own reporting of the items, whoever calls those hooks), ``reporting_calls`` (the same
+  hooks' calls timed from outside: pluggy's dispatch of each call counted, as the replay's
+  ``pump`` counts it), ``submit`` (the dispatch loop's
   ``_submit``: specs, node id files, the executor's submit) and ``pump`` (the loop reading
-  and replaying records); ``maxrss_children_mib`` is the largest waited-for child (the
+  and replaying records; any time the instant executor below spends inside it is taken out,
+  as ``pump_fake``, and ``pump_with_fake`` is the pump with it); ``maxrss_children_mib`` is
+  the largest waited-for child (the
   local_direct worker);
 - in a worker (``--trtllm-worker-reports``) with ``BENCH_PROBE_WORKER=1``: its own peak RSS,
   written next to its reports.jsonl (``reports.jsonl.maxrss``);
@@ -85,6 +89,31 @@ def _timed(name: str, func: Any, *, marked: bool = False) -> Any:
     return wrapper
 
 
+def _pump_timed(func: Any) -> Any:
+    """The loop's pump, timed as ``pump``: the controller's reading, checking and replaying.
+    Any time the benchmark's instant executor spends inside it (writing a batch's
+    reports.jsonl, the worker's work in a real run, when a batch is submitted from the
+    pump) is taken out of ``pump`` and kept as ``pump_fake``; ``pump_with_fake`` is the
+    pump as timed before (both are the same when no batch is submitted from the pump)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        fake_wall, fake_cpu = STATE["submit_seconds"], STATE["submit_cpu"]
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _add("pump_with_fake", wall, cpu)
+            timings = STATE["timings"]
+            spent_wall = STATE["submit_seconds"] - fake_wall
+            spent_cpu = STATE["submit_cpu"] - fake_cpu
+            timings["pump_fake"] = timings.get("pump_fake", 0.0) + spent_wall
+            timings["pump_fake_cpu"] = timings.get("pump_fake_cpu", 0.0) + spent_cpu
+            timings["pump"] = timings["pump_with_fake"] - timings["pump_fake"]
+            timings["pump_cpu"] = timings["pump_with_fake_cpu"] - timings["pump_fake_cpu"]
+    return wrapper
+
+
 def _profiled(path: str, func: Any) -> Any:
     """``func`` under cProfile, its stats dumped to ``path`` (``BENCH_PROFILE``): where the
     dispatch loop's CPU goes (cProfile slows what it watches: read the shares, not the
@@ -145,10 +174,10 @@ def _sampled(path: str, func: Any, every: float = 0.002) -> Any:
             lines = [f"{total[0]} samples, one per {every * 1000:.0f} ms of the process's CPU",
                      "", "inclusive (on the stack):"]
             lines += [f"{n:7d} {100 * n / max(1, total[0]):5.1f}%  {k}"
-                      for k, n in inclusive.most_common(45)]
+                      for k, n in inclusive.most_common(80)]
             lines += ["", "exclusive (innermost Python frame):"]
             lines += [f"{n:7d} {100 * n / max(1, total[0]):5.1f}%  {k}"
-                      for k, n in exclusive.most_common(30)]
+                      for k, n in exclusive.most_common(50)]
             Path(path).write_text("\n".join(lines) + "\n")
     return wrapper
 
@@ -203,6 +232,32 @@ class _Clock:
         return (yield from self._spent("reporting"))
 
 
+_LOG_HOOKS = frozenset({"pytest_runtest_logstart", "pytest_runtest_logreport",
+                        "pytest_runtest_logfinish"})
+
+
+def _time_hook_calls() -> None:
+    """``reporting_calls``: the time of each call of the three reporting hooks as its
+    caller sees it, pluggy's dispatch included, in every way alike (pytest's runner calls
+    them in a plain run, the replay calls them in a dispatched one). ``reporting`` (a
+    wrapper inside the hooks) leaves pluggy's part of each call out, which the replay's
+    figure (the pump, timed from outside) counts."""
+    import pluggy
+
+    call = pluggy.HookCaller.__call__
+
+    def timed_call(self: Any, **kwargs: Any) -> Any:
+        if self.name not in _LOG_HOOKS:
+            return call(self, **kwargs)
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            return call(self, **kwargs)
+        finally:
+            _add("reporting_calls", wall, cpu)
+
+    pluggy.HookCaller.__call__ = timed_call  # type: ignore[method-assign]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     worker_reports = config.getoption("trtllm_worker_reports", default=None)
     if worker_reports and os.environ.get("BENCH_PROBE_WORKER") == "1":
@@ -212,6 +267,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # only the controller of a benchmark run
     _mark("configure")
     config.pluginmanager.register(_Clock(), "bench_probe_clock")
+    _time_hook_calls()
     import pytest_trtllm_slurm.controller.batches as batch_plan
     import pytest_trtllm_slurm.controller.item_routes as planning
     import pytest_trtllm_slurm.controller.run_loop as dispatch
@@ -244,7 +300,7 @@ def pytest_configure(config: pytest.Config) -> None:
         run = _sampled(os.environ["BENCH_SAMPLE"], run)
     dispatch.DispatchLoop.run = run  # type: ignore[method-assign]
     dispatch.DispatchLoop._submit = _timed("submit", dispatch.DispatchLoop._submit)  # type: ignore[method-assign]
-    dispatch.DispatchLoop._pump = _timed("pump", dispatch.DispatchLoop._pump)  # type: ignore[method-assign]
+    dispatch.DispatchLoop._pump = _pump_timed(dispatch.DispatchLoop._pump)  # type: ignore[method-assign]
     if os.environ.get("BENCH_FAKE_EXECUTOR") == "1":
         import pytest_trtllm_slurm.controller.session as context
 

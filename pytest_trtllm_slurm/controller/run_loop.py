@@ -477,7 +477,7 @@ class DispatchLoop:
     # -- events ------------------------------------------------------------
     def _on_event(self, event: JobEvent) -> None:
         running = self.running[event.job.handle.job_id]
-        ctx = running.context
+        came = Arrival(running, running.context)  # the same for each record of the event
         for raw in event.records:
             if running.refused is not None:
                 break  # nothing more of this batch is trusted
@@ -489,7 +489,7 @@ class DispatchLoop:
                     if isinstance(raw, UnreadableLine):
                         raise BadRecord(raw.why, raw.line)
                 # a plain dict: a record of the batch, checked as the reader read it
-                self.handlers.dispatch(raw, Arrival(running, ctx))
+                self.handlers.dispatch(raw, came)
             except BadRecord as exc:
                 self._refuse(running, exc)
             except Exception as exc:  # noqa: BLE001 - pytest could not rebuild the report

@@ -155,14 +155,14 @@ class RunObserver:
             span.start = float(start)
         if isinstance(stop, (int, float)) and stop > 0:
             span.stop = max(float(stop), span.stop or 0.0)
-        if report.failed:
+        outcome = report.outcome  # read once (``failed`` and the like are properties of it)
+        if outcome == "failed":
             if span.outcome != "failed":
                 self._event(f"FAILED {report.nodeid} ({report.when})")
             span.outcome = "failed"
-        elif report.skipped and span.outcome is None:
-            span.outcome = "skipped"
-        elif report.when == "call" and report.passed and span.outcome is None:
-            span.outcome = "passed"
+        elif span.outcome is None and (
+                outcome == "skipped" or outcome == "passed" and report.when == "call"):
+            span.outcome = outcome
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         span = self.tests.get(nodeid)
