@@ -34,6 +34,7 @@ import functools
 import json
 import os
 import resource
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -284,6 +285,14 @@ def pytest_configure(config: pytest.Config) -> None:
     make_batches = batch_plan.make_batches  # the packer, as the run (and the plan) call it
 
     def recording_make_batches(*args: Any, **kwargs: Any) -> Any:
+        if os.environ.get("BENCH_PACK_DUMP"):  # the packer's inputs, to replay it alone
+            import pickle
+
+            planned, pools, estimates = args[0], kwargs.get("pools"), kwargs.get("estimates")
+            keys = {key for _, key in planned}
+            Path(os.environ["BENCH_PACK_DUMP"]).write_bytes(pickle.dumps({
+                "planned": planned, "pools": {key: pools(key) for key in keys} if pools else None,
+                "estimates": estimates, "parallel": args[1] if len(args) > 1 else None}))
         wall, cpu = time.perf_counter(), time.process_time()
         batches = make_batches(*args, **kwargs)
         _add("packing", wall, cpu)
@@ -372,6 +381,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "cpu": {**STATE["cpu"], "end": _cpu()},
         "counts": STATE.get("counts", {}),
         "marks": STATE["marks"],
+        # what the interpreter's exit waits for: threads that are not daemons (joined
+        # before exit) and the pools' workers (joined by concurrent.futures at exit)
+        "threads_at_end": sorted(f"{t.name}{'' if t.daemon else ' (not daemon)'}"
+                                 for t in threading.enumerate()
+                                 if t is not threading.main_thread()),
     }, indent=2))
 
 

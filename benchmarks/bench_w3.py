@@ -215,7 +215,8 @@ class Runner:
                 "cpu_after_collection": data["cpu"].get("after_collection", {}).get("self"),
                 "maxrss_mib": data["maxrss_mib"], "timings": data["timings"],
                 "plugin_commands": data["scheduler_commands"], "batches": len(data["batches"]),
-                "counts": data.get("counts", {}), "phases": phases}
+                "counts": data.get("counts", {}), "phases": phases,
+                "threads_at_end": data.get("threads_at_end", [])}
 
     def per_shape(self) -> dict[str, Any]:
         logs = self.root / "per_shape_logs"

@@ -5,6 +5,7 @@ chunk (LPT), in collection order inside it (docs/plan.md)."""
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from pytest_trtllm_slurm.planning.models import target_of
 DEFAULT_DURATION = 30.0  # seconds, a test without history
 DEFAULT_STARTUP = 15.0  # seconds, a pool without history (imports of torch/tensorrt_llm ...)
 MAX_ROUNDS = 512  # bound on the local moves (each improves the plan)
+MAX_WORK = 100_000  # chunks simulated per pool's local moves at most (~2.5 s of CPU)
 MAX_TARGETS = 48  # target chunk lengths tried (big pools have hundreds)
 WARM_STARTUP = 0.2  # seconds, a chunk served by a warm worker without history
 TIE = 0.01  # plans whose simulated makespans differ by less than 1% count as equally fast
@@ -226,6 +228,7 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
     fixed = fixed or {}
     splits: dict[tuple[int, int], list[tuple[list[int], float]]] = {}
     scores: dict[tuple[int, ...], tuple[float, float, list[Chunk]]] = {}
+    work = [0]  # chunks simulated so far
 
     orders = [longest_first(g.durations) for g in groups]
 
@@ -249,6 +252,7 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
                 chunks.append(Chunk(group.key, index, [group.nodeids[i] for i in idx], expected,
                                     group.devices_per_node, group.node_count))
         area = sum(c.width * c.expected for c in chunks)
+        work[0] += len(ORDERS) * len(chunks)
         best: tuple[float, float, list[Chunk]] | None = None
         for order in ORDERS.values():
             ordered = [replace(c) for c in sorted(chunks, key=order)]
@@ -259,11 +263,16 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
         scores[counts] = best
         return best
 
+    floor = [math.inf]  # the shortest makespan simulated so far
+
     def better(a: tuple[float, float, list[Chunk]], b: tuple[float, float, list[Chunk]]) -> bool:
         """Shorter by more than TIE (expected durations are estimates), else as long and
-        fewer GPU-seconds (fewer start-ups paid)."""
+        fewer GPU-seconds (fewer start-ups paid), within TIE of the shortest plan seen: a
+        chain of ties never drifts 1% a step away from it."""
+        floor[0] = min(floor[0], a[0], b[0])
         eps = TIE * max(1.0, b[0])
-        return a[0] < b[0] - eps or (abs(a[0] - b[0]) <= eps and a[1] < b[1] - 1e-9)
+        return a[0] < b[0] - eps or (abs(a[0] - b[0]) <= eps and a[1] < b[1] - 1e-9
+                                     and a[0] <= floor[0] + TIE * max(1.0, floor[0]))
 
     free = [g.key not in fixed for g in groups]
     lo = [1 if free[g] else max(1, min(len(grp.nodeids), fixed[grp.key]))
@@ -285,8 +294,10 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
         if better(result, best):
             counts, best = trial, result
 
-    # 2. local moves: one key +-1, or every key +1
+    # 2. local moves: one key +-1, or every key +1 (at most MAX_WORK chunks simulated)
     for _ in range(MAX_ROUNDS):
+        if work[0] >= MAX_WORK:
+            break
         moves = []
         for g in range(len(groups)):
             for step in (1, -1):
