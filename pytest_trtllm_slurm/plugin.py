@@ -82,8 +82,7 @@ class TargetCollect:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: object) -> None:
-    """pytest-xdist controller: hand the one-time code to each worker through its
-    workerinput (the workers start without it in their environment)."""
+    """pytest-xdist controller: hand the one-time code to each worker in its workerinput."""
     code = options.held_code(node.config).current()  # type: ignore[attr-defined]
     if code:
         node.workerinput[otp_env.WORKERINPUT_KEY] = code  # type: ignore[attr-defined]
@@ -108,8 +107,7 @@ def _early_worker(early_config: pytest.Config) -> bool:
 
 
 def _skip_conftests(early_config: pytest.Config) -> bool:
-    """--trtllm-collect=target: the suite's conftests are not imported here (the target
-    collects); their options are read from their source (``static_options``). True when so."""
+    """--trtllm-collect=target: True, and the conftests' options read from their source."""
     if _early_worker(early_config):
         return False
     from pytest_trtllm_slurm.controller.warm_start import EarlyConfig, run_targets
@@ -131,8 +129,7 @@ def _skip_conftests(early_config: pytest.Config) -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None]:
-    """A conftest that cannot be imported here on a dispatching run: say how to collect
-    on the target instead (pytest prints the import error itself)."""
+    """A conftest that cannot be imported here on a dispatching run: say to collect remotely."""
     try:
         return (yield)
     except Exception as exc:
@@ -159,9 +156,8 @@ def _hint_collect_on_target(config: pytest.Config, what: str, write: Any = None)
 
 @pytest.hookimpl(tryfirst=True, specname="pytest_load_initial_conftests")
 def pytest_load_initial_conftests_first(early_config: pytest.Config) -> None:
-    """Before the suite's conftests are imported: take TRTLLM_SLURM_OTP out of the
-    environment, skip the conftests when the target collects, start the warm-worker
-    sessions so their imports overlap the controller's."""
+    """Before the suite's conftests are imported: take TRTLLM_SLURM_OTP out of the environment,
+    skip the conftests when the target collects, start warm sessions (imports overlap)."""
     options.held_code(early_config).take_from_environ()
     _skip_conftests(early_config)
     ns = early_config.known_args_namespace
@@ -223,8 +219,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         planned = plan_items([item], planning_context(config))
     except ConfigError as exc:
-        # A worker cannot end the run with a usage error (xdist reports a crashed worker
-        # and loses the item): the item errors with the message instead.
+        # a worker's usage error would read as a crash (xdist): the item errors instead
         planned = [errored_item(item, str(exc))]
     plan = planned[0].plan
     if plan.key is None and plan.skip_reason is None and plan.error is None:
@@ -255,8 +250,7 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
         work_root = paths.work_root(settings.work_dir, config.rootpath).dir
         loop = DispatchLoop(session, settings, [p.plan for p in planned], executors, work_root,
                             builds=build_targets(ctx, keys))
-        # the loop needs the plans only: each item's requirement and route decision (two
-        # models an item) are not held through the run
+        # the loop needs the plans only: requirements and route decisions are not held
         del planned, keys
         try:
             loop.run()
@@ -271,8 +265,7 @@ def _run(session: pytest.Session, items: list[pytest.Item], planned: list | None
 
 
 def _freeze_gc(config: pytest.Config) -> None:
-    """Collect once, then freeze the survivors (tens of thousands) until the session's
-    cleanup, so pytest's five collections at its end scan only what the run made."""
+    """Collect once, then freeze the survivors until cleanup: later collections skip them."""
     if config.stash.get(_FROZEN, False) or gc.get_freeze_count() or not gc.isenabled():
         return
     gc.collect()

@@ -48,8 +48,7 @@ class CaseStatus(str, Enum):
     ERROR = "ERROR"
 
 
-#: process exit code of ``trtllm-slurm run`` per status (4 stays the usage/config error
-#: code of every trtllm-slurm command: bad input, nothing was run)
+#: exit code of ``trtllm-slurm run`` per status (4 stays every command's usage/config error)
 EXIT_CODES: dict[CaseStatus, int] = {
     CaseStatus.PASSED: 0, CaseStatus.FAILED: 1, CaseStatus.ERROR: 2, CaseStatus.TIMEOUT: 3,
     CaseStatus.CANCELLED: 5, CaseStatus.OUT_OF_MEMORY: 6, CaseStatus.HANG_DETECTED: 7,
@@ -80,8 +79,7 @@ class CaseInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # the same checks as the trtllm_slurm marker's (by their types): these reach #SBATCH
-    # lines and argv
+    # the trtllm_slurm marker's checks (by their types): these reach #SBATCH lines and argv
     name: OneLine | None = None
     test_cmd: str | None = None
     bench_cmd: str | None = None

@@ -80,8 +80,7 @@ class CaseContext(RunContext):
 def discover_context(settings: Settings, clusters: ClustersFile, rootdir: Path, *,
                      warn: Say = _stderr, say: Say = _stderr,
                      held: HeldCode | None = None) -> CaseContext:
-    """Probe this machine and discover the local Slurm (as the plugin's planning_context,
-    uncached)."""
+    """Probe this machine and discover the local Slurm (uncached)."""
     local, slurm_env = discover_local(rootdir)
     remote_env = None
     if clusters.clusters:
@@ -148,8 +147,7 @@ def collect_test_devices(command: str, rootdir: Path, *, timeout: float = 300,
 
 
 def executor_for(spec: JobSpec, ctx: CaseContext) -> Executor:
-    """The executor of ``spec``'s target (its scenario; a remote cluster its own), built
-    by the plugin's factory (``execution.factory``), one per target and context."""
+    """The executor of ``spec``'s target, from ``execution.factory``, one per target."""
     from pytest_trtllm_slurm.execution.factory import build_executor
 
     key = target_name(target_of(spec))
@@ -232,8 +230,7 @@ def prepare_case(
     on_slurm = decision.scenario in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM)
     account = decision.account if on_slurm else None
     reports = paths.Batch(work_dir).reports
-    # the clusters file's env, models root, mounts and time_limit are the cluster's
-    # defaults (the case's win)
+    # the clusters file's values are the cluster's defaults (the case's win)
     table = ctx.clusters.table_of(decision.scenario, decision.cluster, ctx.local.cluster_name)
     # a pytest in the job must not dispatch again, whatever the repo's ini says
     env = {"TRTLLM_SLURM_REMOTE": "0", **(table.job_env if table else {}), **inp.custom_env,
@@ -424,8 +421,7 @@ def run_case(inp: CaseInput, ctx: CaseContext, *,
 
 
 def rerun_spec_copy(spec: JobSpec, *, monitor_timeout_seconds: int | None = None) -> JobSpec:
-    """``spec`` with a fresh work dir next to the old one (every reference moved, the
-    node-id file copied); everything else stays as written."""
+    """``spec`` with a fresh work dir next to the old one (references moved, files copied)."""
     old = spec.work_dir.rstrip("/")
     new_dir = _new_work_dir(Path(old).parent, f"{spec.name}_rerun")
     new = str(new_dir)

@@ -1,6 +1,5 @@
 """``trtllm-slurm alloc status|release``: the persistent allocation outlives runs on
-purpose, so releasing it is an explicit act; ``--cluster`` picks a target's own.
-"""
+purpose, so releasing it is an explicit act; ``--cluster`` picks a target's own."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The ``trtllm-slurm`` command: each subcommand's ``add_<name>(subparsers)`` in
-``SUBCOMMANDS`` sets ``handler(args) -> int``; a ConfigError is one stderr line, exit 4.
-"""
+``SUBCOMMANDS`` sets ``handler(args) -> int``; a ConfigError is one stderr line, exit 4."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``trtllm-slurm run``: one TensorRT-LLM case as a job, with the plugin's settings,
-routing, executors and monitor; the exit codes per status are in docs/cases.md.
-"""
+routing, executors and monitor; the exit codes per status are in docs/cases.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Dispatched batches' coverage data becomes one more parallel data file and their
-benchmark results join this run's BenchmarkSession, as pytest-xdist does with workers'.
-"""
+benchmark results join this run's BenchmarkSession, as pytest-xdist does with workers'."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ READ_CHUNK = 1 << 20
 
 
 class ReturnedBenchmark:
-    """One benchmark a worker ran, as pytest-benchmark's session uses its own results
-    (``as_dict``, ``has_error``, ``fullname``, stats by key for ``--benchmark-compare-fail``)."""
+    """One benchmark a worker ran, shaped as pytest-benchmark's session uses its own results."""
 
     has_error = False
 
@@ -74,8 +72,7 @@ class ArtefactCollector:
         self.no_coverage: list[str] = []  # work dirs of batches that returned none
 
     def collect(self, shell: Shell, work_dir: str, map_path: Callable[[str], str]) -> None:
-        """Read the batch's artefacts from ``work_dir`` (the target's path); one unreadable
-        or not a worker's (too big, malformed) is said, and the run goes on without it."""
+        """Read the batch's artefacts from ``work_dir``; a bad one is said and left out."""
         try:
             if self.cov_plugin is not None:
                 data = read_whole(shell, Batch(work_dir).coverage)

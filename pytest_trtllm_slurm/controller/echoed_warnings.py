@@ -1,6 +1,5 @@
 """A once-per-process warning a worker reported is replayed; if the terminal summary here
-imports the same code it would show twice, so an identical one is not recorded again.
-"""
+imports the same code it would show twice, so an identical one is not recorded again."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ def note_replayed(config: pytest.Config, key: WarningKey) -> None:
 
 @contextmanager
 def without_echoes(config: pytest.Config) -> Iterator[None]:
-    """Inside pytest's own recording of the terminal summary's warnings: those raised in
-    the block pass on to it unless a worker reported them already."""
+    """Inside pytest's recording of the summary's warnings: drop those a worker reported."""
     replayed = config.stash.get(REPLAYED, None)
     if not replayed:
         yield

@@ -1,6 +1,5 @@
 """Is the allocation used well? How much of the GPU time held tests ran, and how far the
-run was from the packer's plan: a few numbers at the end of every dispatched run.
-"""
+run was from the packer's plan: a few numbers at the end of every dispatched run."""
 
 from __future__ import annotations
 
@@ -108,8 +107,7 @@ def summary_lines(eff: Efficiency) -> list[str]:
 
 
 def _makespan_line(eff: Efficiency, makespan: float) -> str:
-    """The makespan against the packer's figures, a guess named as one, and against the
-    bound on this run's measured test times."""
+    """The makespan against the packer's figures (a guess named) and the measured bound."""
     against = []
     if eff.estimates_guessed:
         if eff.expected_makespan_seconds is not None:
@@ -130,8 +128,7 @@ def _makespan_line(eff: Efficiency, makespan: float) -> str:
 
 
 def cluster_lines(record: RunObserver) -> list[str]:
-    """One line per cluster when the run spanned several: where its tests went and how
-    they ended (a failure on one cluster is seen beside the other's results)."""
+    """One line per cluster when the run spanned several: where its tests went, how they ended."""
     if len(record.clusters) < 2:
         return []
     lines = []
@@ -148,8 +145,7 @@ def cluster_lines(record: RunObserver) -> list[str]:
 
 
 def run_json(record: RunObserver, eff: Efficiency) -> dict[str, Any]:
-    """What --trtllm-summary-json writes: the summary, the clusters the run used, and
-    each batch as it ran (with its cluster and partition)."""
+    """What --trtllm-summary-json writes: the summary, the clusters and each batch as it ran."""
     batches = [{
         "job_id": span.job_id, "label": span.label, "attempt": span.attempt,
         "scenario": span.key.scenario.value, "cluster": span.key.cluster,

@@ -1,6 +1,5 @@
 """The user's invocation as the worker gets it; which tokens form one option is read from
-pytest's own parser, so unknown plugins' options pass through (docs/forwarding.md).
-"""
+pytest's own parser, so unknown plugins' options pass through (docs/forwarding.md)."""
 
 from __future__ import annotations
 
@@ -205,9 +204,8 @@ class Forwarder:
         return True
 
     def forwarded(self, *, with_ini: bool = True) -> list[str]:
-        """The options of the ini's addopts (with ``with_ini``) and of the command line,
-        ``WORKER_HALF``'s and ``RESOLVED_HERE``'s; PYTEST_ADDOPTS reaches the worker in
-        its own variable (``forwarded_addopts``)."""
+        """The options of the ini's addopts (with ``with_ini``) and of the command line, with
+        ``WORKER_HALF``'s and ``RESOLVED_HERE``'s (PYTEST_ADDOPTS: ``forwarded_addopts``)."""
         ini = list(self.config.getini("addopts")) if with_ini else []
         out = self._kept([*ini, *map(str, self.config.invocation_params.args)])
         option = self.config.option
@@ -235,13 +233,11 @@ def forwarded_addopts(config: pytest.Config) -> str:
 
 def forwarding_plan(config: pytest.Config, *, with_ini: bool = True
                     ) -> tuple[list[str], list[str], list[OutputOption]]:
-    """(the options every batch's worker gets, less the output options: a session started
-    with them would write the user's paths; the flags a target cannot honour; the output
-    options, whose values each batch gets of its own)."""
+    """(the options every worker gets, less the output options; the flags a target cannot
+    honour; the output options, whose values each batch gets of its own)."""
     forwarder = Forwarder(config)
     options = forwarder.forwarded(with_ini=with_ini)
-    # the output options wherever the user gave them (addopts, PYTEST_ADDOPTS, the command
-    # line), the last of each flag winning as in pytest's own parse
+    # the output options wherever the user gave them, the last of each flag winning
     finder = Forwarder(config)
     finder._kept([*addopts_args(config), *map(str, config.invocation_params.args)])
     outputs = list({option.flag: option for option in finder.outputs}.values())

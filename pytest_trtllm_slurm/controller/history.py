@@ -1,6 +1,5 @@
 """Expected durations for packing, in pytest's cache: per node id its last seconds, per
-pool the shortest start-up. Without the cache provider nothing is recorded.
-"""
+pool the shortest start-up. Without the cache provider nothing is recorded."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ class History:
         return found
 
     def finish(self) -> None:
-        """Unregister and write this run's figures into the cache (merged, never lost);
-        in an xdist worker, at the end of its session."""
+        """Unregister and write this run's figures into the cache (merged, never lost)."""
         if self.config.pluginmanager.get_plugin(PLUGIN_NAME) is self:
             self.config.pluginmanager.unregister(self, PLUGIN_NAME)
         if self.cache is None or not (self.totals or self.sent):
@@ -113,8 +111,7 @@ class History:
 
 
 def _write(cache: Any, durations: dict[str, float], startup: dict[str, float]) -> None:
-    """Merge into the cache; re-read first: another process (an xdist worker, a second
-    run) may have written since this one read it."""
+    """Merge into the cache, re-read first: another process may have written since."""
     for key, figures in ((DURATIONS_KEY, durations), (STARTUP_KEY, startup)):
         if figures:
             cache.set(key, {**_floats(cache.get(key, {})), **figures})

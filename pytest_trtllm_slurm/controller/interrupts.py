@@ -1,6 +1,5 @@
 """SIGTERM (CI) and SIGHUP (a closed terminal) take Ctrl-C's path while a run dispatches:
-dying at once would leave the run's jobs queued.
-"""
+dying at once would leave the run's jobs queued."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_as_interrupt() -> Iterator[None]:
-    """The first SIGTERM/SIGHUP raises Terminated; later ones are ignored, so the cleanup
-    runs to its end. Outside the main thread (no signal handlers there): nothing."""
+    """The first SIGTERM/SIGHUP raises Terminated; later ones are ignored (cleanup finishes).
+    Outside the main thread: nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

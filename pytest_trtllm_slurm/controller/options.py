@@ -168,8 +168,7 @@ _FALSE = {"0", "false", "no", "off", "n", ""}
 
 
 def held_code(config: pytest.Config) -> HeldCode:
-    """This run's TRTLLM_SLURM_OTP, taken out of the environment (``otp_env``): the run's
-    own, in its ``config.stash``."""
+    """This run's TRTLLM_SLURM_OTP, taken out of the environment (``otp_env``)."""
     return config.stash.setdefault(_CODE_KEY, HeldCode())
 
 
@@ -206,8 +205,7 @@ def register(parser: pytest.Parser) -> None:
 
 
 def register_markers(config: pytest.Config) -> Settings | None:
-    """Declare the markers and validate the settings (a usage error at configure time);
-    the settings when the plugin is active, else None (nothing else read)."""
+    """Declare the markers and validate the settings; the settings when active, else None."""
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     try:
@@ -265,8 +263,7 @@ def is_active(config: pytest.Config, environ: Mapping[str, str] | None = None) -
 # --------------------------------------------------------------------------- coercion
 
 
-# check -> (why a text fails it, what it expects); every other text must stay on one line
-# (it may reach an #SBATCH line or a script)
+# check -> (why a text fails it, what it expects); any other text must be one line (#SBATCH)
 _CHECKS: dict[str, tuple[Callable[[str], str | None], str]] = {
     "slurm_name": (safe_values.slurm_name_problem,
                    f"a non-empty Slurm name ({safe_values.SLURM_NAME_RULE})"),

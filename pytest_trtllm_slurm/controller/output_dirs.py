@@ -1,6 +1,5 @@
 """A suite's own output paths: one place per batch on the target, brought back after it
-(as written, every batch would write the user's path); docs/output-files-and-timeouts.md.
-"""
+(as written, every batch would write the user's path); docs/output-files-and-timeouts.md."""
 
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ class OutputCollector:
                    for o in self.outputs)
 
     def collect(self, shell: Shell, work_dir: str, label: str) -> None:
-        """Copy what the batch in ``work_dir`` (the target's path) wrote. A listing or a
-        file that cannot be read is said, and the run goes on."""
+        """Copy what the batch in ``work_dir`` wrote; what cannot be read is said, no more."""
         if not self.outputs:
             return
         root = Batch(work_dir).outputs

@@ -1,6 +1,5 @@
 """The target's collection as local pytest items, never imported here: pytest's own
-collection and selection still run on children built from ``collection.json``.
-"""
+collection and selection still run on children built from ``collection.json``."""
 
 from __future__ import annotations
 

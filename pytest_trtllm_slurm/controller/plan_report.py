@@ -1,6 +1,5 @@
 """The --trtllm-plan / --trtllm-plan-json plugin: print the plan, run nothing (registered
-only when a plan is asked for).
-"""
+only when a plan is asked for)."""
 
 from __future__ import annotations
 

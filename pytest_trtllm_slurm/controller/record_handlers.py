@@ -1,6 +1,5 @@
 """What the controller does with each record a batch wrote: one ``on_<type>`` method per
-record type of ``node.records`` (tests/test_record_protocol.py keeps them in step).
-"""
+record type of ``node.records`` (tests/test_record_protocol.py keeps them in step)."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ class RecordHandlers:
         self._report(record["data"], came)
 
     def on_item(self, record: Record, came: Arrival) -> None:
-        """A test's reports and its end in one line: replayed as the ``report`` lines,
-        then the ``finish`` and ``done`` lines, it stands for."""
+        """A test's reports and its end in one line, replayed as the lines it stands for."""
         for data in record.get("reports", ()):
             self._report(data, came)
         if record.get("finish", False):

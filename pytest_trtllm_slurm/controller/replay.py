@@ -1,8 +1,7 @@
 """Replay what a worker reported into the local items through their own hooks, as
 pytest-xdist's controller does, so terminal, junitxml, --lf, -x and --durations read as
 a local run. Every attempt is replayed; a test ends once, at ``done``; an attempt cut
-short (no teardown report) gets its missing phases, failed.
-"""
+short (no teardown report) gets its missing phases, failed."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ class JobContext:
                                                  compare=False)
 
     def section_text(self, nodeid: str) -> str:
-        # the batch's lines are the same for each of its tests: made once per node list
-        # (it is known once the job runs), only the re-run line is the test's own
+        # the batch's lines are made once per node list; only the re-run line is the test's own
         head = self._head
         if head is None or head[1] != self.nodelist:
             head = self._head = ("\n".join((
@@ -91,8 +89,7 @@ class Replayer:
         return self._xml
 
     def _hooks(self, item: pytest.Item, prog: TestProgress) -> Any:
-        """``item.ihook``, looked up once per folder (each look finds the folder's
-        conftests again) and kept with the test's progress."""
+        """``item.ihook``, looked up once per folder (each look finds its conftests again)."""
         if prog.hooks is None:
             # the item's collector (its module), where the item has the collector's path:
             # one hash of a node id instead of a Path's parent per test
@@ -105,8 +102,7 @@ class Replayer:
         return prog.hooks
 
     def _from_serializable(self, data: dict[str, Any]) -> Any:
-        """``pytest_report_from_serializable``; a plain ``TestReport`` that only pytest's
-        own implementations would answer is rebuilt without the hook call."""
+        """``pytest_report_from_serializable`` (a plain ``TestReport``: without the hook)."""
         if self._rebuild is _UNSET:
             self._rebuild = _direct_rebuild(self.config)
         if (self._rebuild is not None and data.get("$report_type") == "TestReport"
@@ -119,8 +115,8 @@ class Replayer:
         return self.progress[nodeid].finished
 
     def settle(self, nodeids: list[str]) -> None:
-        """The job ended: a test whose last attempt ended complete without asking for
-        another is finished, even if the worker died before saying ``done``."""
+        """The job ended: a test whose last attempt was complete (no rerun) is finished, even
+        without ``done``."""
         for nodeid in nodeids:
             prog = self.progress[nodeid]
             if prog.started and not prog.attempt_open and not prog.rerun and not _cut_short(prog):
@@ -273,7 +269,7 @@ class Replayer:
 
     def planning_error(self, item: pytest.Item, message: str) -> None:
         """A test whose markers or perf-sanity id cannot be read: an error at setup, no
-        traceback; the message names the test only where pytest renamed its id."""
+        traceback."""
         self._setup_only(item, "failed", message.removeprefix(f"{item.nodeid}: "))
         self.finish(item.nodeid)
 
@@ -306,8 +302,7 @@ class Replayer:
 
 
 def _cut_short(prog: TestProgress) -> bool:
-    """The attempt's last report is a setup or call one (or there is none): pytest's
-    protocol always ends with teardown, so the rest was lost on the way."""
+    """The attempt has no teardown report (pytest always ends with one): the rest was lost."""
     return not prog.phases or prog.phases[-1][0] in ("setup", "call")
 
 
@@ -319,8 +314,8 @@ def _finished(prog: TestProgress) -> None:
 
 
 def _share_strings(report: pytest.TestReport, item: pytest.Item, prog: TestProgress) -> None:
-    """The report holds the item's own strings and one interned copy of each keyword,
-    phase and outcome (JSON makes new ones per line, ~1 KB an item kept all session)."""
+    """The report holds the item's own strings and interned keywords, phase and outcome
+    (JSON makes new ones per line, kept all session)."""
     report.nodeid = item.nodeid
     if tuple(report.location) == item.location:
         report.location = item.location
@@ -330,8 +325,7 @@ def _share_strings(report: pytest.TestReport, item: pytest.Item, prog: TestProgr
     if isinstance(keywords, dict):
         shared = prog.keywords
         if shared is not None and keywords == shared:
-            # the test's earlier report had the same keywords: a copy of its interned ones
-            # (a report keeps its own dict, as pytest's do)
+            # same keywords as the earlier report: a copy of its interned dict (as pytest's)
             report.keywords = dict(shared)
         else:
             report.keywords = prog.keywords = {sys.intern(k) if type(k) is str else k: v

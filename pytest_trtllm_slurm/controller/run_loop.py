@@ -1,7 +1,5 @@
-"""The controller's run loop: submit every batch, run local tests meanwhile, replay what
-the jobs report, give every dispatched test one outcome (execution only through JobSpecs
-and the Executor protocol).
-"""
+"""The controller's run loop: submit every batch, run local tests meanwhile, replay what the
+jobs report, give every dispatched test one outcome (executing only through the Executor)."""
 
 from __future__ import annotations
 
@@ -325,8 +323,8 @@ class DispatchLoop:
         return bool(events)
 
     def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Target, str]:
-        """Build once per target whose cluster asks for it, before any batch, side by side;
-        the targets whose build failed, with the log's last lines."""
+        """Build once per target that asks for it, side by side, before any batch; the failed
+        ones, with the log's last lines."""
         first = {target_of(key): key for _, key in reversed(dispatched)}  # each target's first
         specs = {target: self._build_spec(first[target], cluster)
                  for target, cluster in self.builds.items() if target in first}
@@ -500,8 +498,8 @@ class DispatchLoop:
             self._on_job_end(running, event.final)
 
     def _refuse(self, running: RunningBatch, bad: BadRecord) -> None:
-        """A record the controller cannot accept: the batch's unfinished tests fail with
-        it, its job is stopped, the run goes on."""
+        """A record the controller cannot accept: the batch's unfinished tests fail with it, its
+        job is stopped, the run goes on."""
         if running.refused is not None:
             return
         running.refused = bad
@@ -576,8 +574,7 @@ def key_spec(key: BatchKey, rootdir: Path, work_dir: Path, job: str, **fields: A
 
 
 def item_timeout(item: pytest.Item) -> float | None:
-    """Seconds pytest-timeout lets ``item`` run on the target (None: no limit, or no
-    pytest-timeout), so a batch's walltime counts exactly what stops its tests."""
+    """Seconds pytest-timeout lets ``item`` run (None: no limit): a batch's walltime adds them."""
     plugin = item.config.pluginmanager.get_plugin("timeout")
     read = getattr(plugin, "_get_item_settings", None)
     if read is None:
@@ -590,8 +587,7 @@ def item_timeout(item: pytest.Item) -> float | None:
 
 
 def worker_cwd(config: pytest.Config) -> Path:
-    """Where the user ran pytest (relative paths read the same), unless that is outside the
-    rootdir (a remote cluster has the rootdir's copy only)."""
+    """Where the user ran pytest, unless outside the rootdir (a cluster has only its copy)."""
     here = Path(config.invocation_params.dir)
     return here if here.is_relative_to(config.rootpath) else config.rootpath
 
@@ -611,8 +607,7 @@ def worker_env(config: pytest.Config) -> dict[str, str]:
 
 def worker_command(config: pytest.Config, keys: list[str], ids_file: Path, reports: Path,
                    work_dir: Path, options: list[str]) -> list[str]:
-    """argv (never a shell string) of the worker pytest: the user's invocation, the worker
-    plugin, the tests in a file, the files of the batch's keys."""
+    """argv (never a shell string) of the worker pytest."""
     argv = pytest_base_argv(config, options=options)
     argv += ["-p", "pytest_trtllm_slurm.node.worker"]
     argv += ["--trtllm-worker-reports", str(reports), "--trtllm-worker-nodeids", str(ids_file)]
@@ -632,9 +627,8 @@ def worker_command(config: pytest.Config, keys: list[str], ids_file: Path, repor
 
 
 def pytest_base_argv(config: pytest.Config, options: list[str] | None = None) -> list[str]:
-    """``python -m pytest`` with the same rootdir and ini file and the user's invocation
-    less what the controller owns; the ini's addopts reach the worker in its
-    PYTEST_ADDOPTS (``worker_env``)."""
+    """``python -m pytest`` with the same rootdir and ini file and the user's invocation less
+    what the controller owns; the ini's addopts go in PYTEST_ADDOPTS (``worker_env``)."""
     argv = [sys.executable, "-m", "pytest", "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         argv += ["-c", str(config.inipath)]

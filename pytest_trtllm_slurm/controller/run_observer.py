@@ -1,6 +1,5 @@
 """What a dispatched run did: one record the status line, timeline and efficiency summary
-all read. Times are epoch seconds, as the workers stamp their reports.
-"""
+all read. Times are epoch seconds, as the workers stamp their reports."""
 
 from __future__ import annotations
 
@@ -87,8 +86,7 @@ class RunObserver:
     # -- what the run loop tells it ------------------------------------------------
     def plan(self, batches: Sequence[Batch], pools: Callable[[BatchKey], Pool],
              lower_bound: float | None, guessed: str | None = None) -> None:
-        """The packer's plan; ``guessed``: why its figures are guesses (defaults stood in
-        for durations or start-ups never measured), None when they come from earlier runs."""
+        """The packer's plan; ``guessed``: why its figures are guesses (None: measured)."""
         self.pools = pools
         ends = [(b.expected_start or 0.0) + b.expected_seconds for b in batches
                 if b.expected_seconds is not None]
@@ -198,8 +196,7 @@ class RunObserver:
         return max([longest, *area.values()]) if seen else None
 
     def learnt_eta(self, now: float) -> tuple[float, int] | None:
-        """Seconds left at the pace of this run's finished tests, and how many finished
-        (a guessed plan's estimate); None before any test finished."""
+        """Seconds left at the pace of finished tests, and how many; None before the first."""
         finished = [t for t in self.tests.values() if t.finished and t.start is not None]
         if not finished:
             return None
@@ -208,8 +205,7 @@ class RunObserver:
         return left * max(0.0, now - since) / len(finished), len(finished)
 
     def counts(self, cluster: str | None = None) -> dict[str, int]:
-        """passed / failed / skipped / left over the run's dispatched tests (those sent
-        to ``cluster`` only, when given)."""
+        """passed / failed / skipped / left of the dispatched tests (``cluster``'s only)."""
         mine = [n for n, job in self.job_of.items()
                 if cluster is None or self.batches[job].cluster == cluster]
         done = [t for n in mine if (t := self.tests.get(n)) is not None and t.finished]

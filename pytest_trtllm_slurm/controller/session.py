@@ -1,6 +1,5 @@
 """What a run finds once (settings, this machine's probe, Slurm discovery, clusters file),
-only when dispatch or a plan was asked for; cached on the config.
-"""
+only when dispatch or a plan was asked for; cached on the config."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ _CONTEXT_KEY = pytest.StashKey[RunContext]()
 
 
 def check_rootdir(rootdir: Path) -> None:
-    """The rootdir is every job's working directory (``#SBATCH --chdir``, ``cd``) and holds
-    its work dirs: a line break in it cannot be rendered into a job script."""
+    """The rootdir is every job's working directory: a line break in it cannot be rendered."""
     problem = line_problem(str(rootdir))
     if problem:
         raise ConfigError(f"the pytest rootdir {str(rootdir)!r} {problem}; dispatched jobs "
@@ -70,8 +68,7 @@ def planning_context(config: pytest.Config) -> RunContext:
 
 
 def _check_named_cluster(name: str | None, clusters: ClustersFile, here: str | None) -> None:
-    """--slurm-cluster NAME is the local Slurm cluster or in the clusters file: checked
-    before anything runs, even when no test would be routed by it."""
+    """--slurm-cluster NAME is the local Slurm cluster or in the clusters file (checked first)."""
     if not name or clusters.find(name) is not None:
         return
     if here and name.lower() == here.lower():
@@ -81,8 +78,7 @@ def _check_named_cluster(name: str | None, clusters: ClustersFile, here: str | N
 
 
 def remote_clusters(config: pytest.Config) -> RemoteClusters:
-    """The run's connections to remote clusters and their discoveries (cached on disk
-    under work_dirs/.cache, like the local one); closed when the run ends."""
+    """The run's connections to remote clusters and their discoveries; closed at the end."""
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
 
     early = early_start(config)  # the connections it opened before collection

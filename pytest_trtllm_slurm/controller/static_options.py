@@ -1,7 +1,6 @@
 """With ``--trtllm-collect=target`` the conftests are never imported (they may need a GPU),
 yet their options are on the command line: their literal ``addoption`` calls are read
-with ``ast`` so pytest accepts them and passes them on.
-"""
+with ``ast`` so pytest accepts them and passes them on."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The live status of a run that holds a cluster for hours: on a terminal one line below
 pytest's output, redrawn in place and hidden while pytest writes; in CI a plain line every
-``PLAIN_INTERVAL`` seconds plus retries, abnormal job ends and failed tests.
-"""
+``PLAIN_INTERVAL`` seconds plus retries, abnormal job ends and failed tests."""
 
 from __future__ import annotations
 
@@ -60,8 +59,7 @@ def eta_text(record: RunObserver, now: float) -> str:
 
 
 def eta_seconds(record: RunObserver, now: float) -> float | None:
-    """The plan's expected makespan less the time gone, never less than what a running
-    batch still expects to need."""
+    """The plan's expected makespan less the time gone, at least what a running batch needs."""
     if record.expected_makespan is None or not record.batches:
         return None
     first = min(s.submitted for s in record.batches.values())
@@ -162,8 +160,7 @@ class StatusLine:
         self.said_events = len(self.record.events)
 
     def close(self) -> None:
-        """The run's dispatch is over: the line goes (the terminal file is pytest's
-        again); CI gets the last events."""
+        """The run's dispatch is over: the line goes; CI gets the last events."""
         if not self.enabled:
             return
         if self.tty:
@@ -175,8 +172,7 @@ class StatusLine:
     # -- after pytest's own writes -------------------------------------------------------
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self) -> None:
-        """Once per test, not per report: the line pytest's output hid comes back as it
-        was; its text is counted again only when a redraw is due."""
+        """Once per test: the hidden line comes back as it was; recounted only on a redraw."""
         if self.tty and self.clock() - self.last < TTY_INTERVAL:
             if not self.shown and self.text:
                 self._draw(self.text)

@@ -1,6 +1,5 @@
 """``--trtllm-collect=target``: one collect-only batch on a node of the device type the
-run targets, its ``collection.json`` read back and checked (``-k``/``-m`` stay here).
-"""
+run targets, its ``collection.json`` read back and checked (``-k``/``-m`` stay here)."""
 
 from __future__ import annotations
 
@@ -91,8 +90,7 @@ class TargetCollection:
 
 
 def collect_key(ctx: RunContext) -> BatchKey:
-    """Where to collect: one GPU of the device type the run targets (``--device-type``,
-    ``--slurm-cluster``, ``--trtllm-scenario``), routed as a test needing it would be."""
+    """Where to collect: one GPU of the run's device type, routed as a test needing it."""
     req = DeviceRequirement(total=1, per_node=1, device_type=ctx.settings.device_type,
                             source="collect")
     route = route_item(req, TestConfig(), ctx)
@@ -161,8 +159,7 @@ def _wait(executor: Executor, spec: JobSpec) -> tuple[JobSpec, str, JobState]:
 
 def collect_on_target(config: pytest.Config, ctx: RunContext,
                       say: Any) -> TargetCollection:
-    """Run the collect-only job and return what it collected; a usage error naming the job,
-    its log and the log's last lines when it collected nothing readable."""
+    """Run the collect-only job and return what it collected; else a usage error (its log)."""
     from pytest_trtllm_slurm.controller.session import make_executors
 
     settings = ctx.settings

@@ -1,7 +1,6 @@
 """A test-db stage in one command (``--trtllm-test-db``): each test a chosen block lists
 gets that block's size and target as its ``trtllm_slurm`` marker (its TIMEOUT as
-``pytest.mark.timeout``); the others are deselected.
-"""
+``pytest.mark.timeout``); the others are deselected."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ Match = tuple[testdb.Selection, testdb.Entry]
 
 def targets_of(ctx: RunContext) -> list[testdb.Target]:
     """Where blocks can run, preferred first: the local Slurm's GPU partitions, then each
-    remote cluster (its table, else discovery); with --slurm-cluster, that one only."""
+    remote cluster; with --slurm-cluster, that one only."""
     named = (ctx.settings.slurm_cluster or "").lower()
     local_name = ctx.local.cluster_name
     out: list[testdb.Target] = []
@@ -167,8 +166,7 @@ class TestDbStage:
 
 
 def register_if_wanted(config: pytest.Config, settings: Settings) -> None:
-    """Register the stage selection (--trtllm-test-db given), never inside a dispatched
-    batch: the worker runs exactly the node ids it was sent."""
+    """Register the stage selection, never in a dispatched batch (it runs what it was sent)."""
     if config.getoption("trtllm_worker_reports", default=None):
         return
     config.pluginmanager.register(TestDbStage(settings), "trtllm-slurm-test-db")

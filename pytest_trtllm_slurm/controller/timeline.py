@@ -88,8 +88,7 @@ def lay_out(record: RunObserver) -> tuple[list[Laid], dict[str, int], QueueRows]
 
 
 def waits(span: BatchSpan, until: float) -> list[tuple[float, float, str, str]]:
-    """A batch's wait from submission to running, cut where the scheduler's reason
-    changed: ``queue`` segments, ``gate`` ones for a step launched early."""
+    """A batch's wait to run, cut where the scheduler's reason changed (``queue``, ``gate``)."""
     cuts = [t for t, _ in span.reasons if span.submitted < t < until]
     bounds = [span.submitted, *cuts, until]
     out: list[tuple[float, float, str, str]] = []
@@ -108,8 +107,8 @@ def waits(span: BatchSpan, until: float) -> list[tuple[float, float, str, str]]:
 
 # -- Chrome trace events ------------------------------------------------------------------
 def trace_events(record: RunObserver) -> dict[str, Any]:
-    """The trace: complete events ("X": ts and dur in microseconds from the run's start),
-    one process per node (its GPUs are threads), one process for the queue."""
+    """The trace: "X" events (microseconds from the run's start), a process per node (its GPUs
+    are threads) and one for the queue."""
     laid, slots, rows = lay_out(record)
     t0 = min([s.submitted for s in record.batches.values()] + [record.started])
     pids = {node: i + 1 for i, node in enumerate(sorted(slots))}

@@ -1,7 +1,5 @@
-"""Start this run's warm-worker sessions before pytest imports the suite, so the first
-batches find it imported; only from what is known without asking anyone (a local state
-file, fresh heartbeats), otherwise the pool starts sessions itself.
-"""
+"""Start this run's warm-worker sessions before pytest imports the suite, so the first batches
+find it imported; only from a local state file and fresh heartbeats, else the pool does."""
 
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ class EarlyStart:
     started: int = 0  # local sessions started
 
     def close(self) -> None:
-        """End what no one took: connections (and their clusters' sessions), then the
-        local sessions no pool took."""
+        """End what no one took: connections (and their sessions), then local sessions."""
         self.connections.close_unused()
         if self.started:
             stop_unused_sessions(self.sessions)
@@ -94,8 +91,8 @@ class EarlyConfig:
 
 
 def run_targets(config: pytest.Config) -> list[str]:
-    """The run's positional arguments as absolute paths (the session runs in the
-    rootdir); none: ``testpaths`` from the rootdir, else the invocation dir."""
+    """The run's positional arguments as absolute paths (the session runs in the rootdir);
+    none: ``testpaths`` from the rootdir, else the invocation dir."""
     args = list(getattr(config.known_args_namespace, "file_or_dir", None) or [])
     here = Path(config.invocation_params.dir)
     if not args:
@@ -198,8 +195,7 @@ def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) 
 
 
 def stop_unused_sessions(sessions: EarlySessions) -> None:
-    """Sessions no pool took (nothing ran on their node): end them now, not at their
-    idle timeout."""
+    """Sessions no pool took: end them now, not at their idle timeout."""
     from pytest_trtllm_slurm.transport.shell import LocalShell
 
     shell = LocalShell()

@@ -1,5 +1,4 @@
-"""How often a run looks at its jobs: every polling interval in one place, so a change of
-pace is made (and reviewed) here, not in the five modules that read them."""
+"""How often a run looks at its jobs: every polling interval in one place."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ class Cadence:
     # one look at a persistent allocation whose warm workers serve this run's batches (a
     # failed node ends it); ended batches' results wait for it, shown up to this late
     alloc_watch: float = 2.0
-    # after the run's last batches there ended, a look is made at once; a failed one is
-    # retried at most this often
+    # a look made at once after the last batches there ended is retried at most this often
     alloc_watch_gap: float = 0.5
     # AgentPool: heartbeats of the agents (their sessions' exit codes: a quarter of it)
     agent_health: float = 2.0
@@ -51,8 +49,7 @@ class Cadence:
         return self.warm_local if local else self.warm_remote
 
     def round_wait(self, base: float, active: int) -> float:
-        """The least wait between two rounds over ``active`` batches (``base``: the
-        monitor's interval; never below it, at most ``idle_max`` unless base is more)."""
+        """The least wait between two rounds over ``active`` batches (at least ``base``)."""
         stretch = max(1, -(-active // self.batches_per_round))  # ceil
         return min(max(base, self.idle_max), base * stretch)
 

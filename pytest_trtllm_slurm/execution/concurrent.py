@@ -1,6 +1,5 @@
 """Run a few independent set-up steps side by side, one daemon thread each: several
-clusters' connection, sync and allocation waits overlap instead of adding up.
-"""
+clusters' connection, sync and allocation waits overlap instead of adding up."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class Background(Generic[V]):
 
 
 def side_by_side(steps: Mapping[K, Callable[[], V]]) -> dict[K, V]:
-    """Each step's result by key; one step runs inline. With several, the first failure
-    is raised once all have ended (none left running)."""
+    """Each step's result by key (one runs inline); the first failure raised once all ended."""
     if len(steps) <= 1:
         return {key: step() for key, step in steps.items()}
     running = {key: Background(step) for key, step in steps.items()}

@@ -273,8 +273,7 @@ def covering(keys: Sequence[BatchLike], env: SlurmEnv | None,
 
 def slurm_settings(settings: Settings, env: SlurmEnv | None, runtime: str,
                    **more: Any) -> SlurmSettings:
-    """The run's settings of a Slurm executor (--trtllm-negotiate-walltime: opt-in
-    shortening of long-pending one-shot jobs)."""
+    """The run's settings of a Slurm executor."""
     from pytest_trtllm_slurm.execution.slurm.executor import SlurmSettings
     from pytest_trtllm_slurm.execution.slurm.tracking import WalltimePolicy
 

@@ -72,8 +72,7 @@ class WatchedJob:
     state: JobState = field(default_factory=lambda: JobState(status=JobStatus.PENDING))
     held: list[dict[str, Any]] = field(default_factory=list)  # reports newer than alive_at
     ended: JobState | None = None  # its final state, while the rest of its file is read
-    # the executor's shell when it pushes, found once (a check against a runtime Protocol
-    # costs more than the stat it guards)
+    # the executor's shell when it pushes, found once (an isinstance on a Protocol is costly)
     pushing: PushingShell | None = None
     next_log_look: float = 0.0  # monotonic: the job log's next look for hang patterns
     next_visit: float = 0.0  # monotonic: read by then even without a notice (``quiet``)
@@ -255,9 +254,8 @@ class Monitor:
 
     @staticmethod
     def _hold(job: WatchedJob, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The records that may be shown now: while the job's state carries ``alive_at``
-        (the scheduler's last word that its allocation runs), a test report that stopped
-        later waits, with everything after it, until the scheduler has said so again."""
+        """The records that may be shown now: a report stamped after ``alive_at`` (the
+        scheduler's last word that the allocation runs) waits, with all after it, until renewed."""
         pending = job.held + records
         limit = job.state.alive_at
         shown = (pending if limit is None or job.state.status.finished
@@ -272,8 +270,7 @@ class Monitor:
 
     @staticmethod
     def _chunk(job: WatchedJob, path: str, offset: int, *, final: bool = False) -> bytes:
-        """Bytes of ``path`` from ``offset``: the pushed ones when the shell has them, else
-        (and always for a job's ``final`` read) the file's own."""
+        """Bytes of ``path`` from ``offset``: pushed ones if any (not when ``final``), else read."""
         if not final and job.pushing is not None:
             data = job.pushing.pushed(path, offset)
             if data is not None:
@@ -287,8 +284,7 @@ class Monitor:
             job.pushing.unwatch(job.handle.spec.log_path)
 
     def _read_records(self, job: WatchedJob, *, final: bool = False) -> list[dict[str, Any]]:
-        """The records whose lines ended since the last read (a line that is no record is an
-        ``UnreadableLine`` in its place)."""
+        """The records whose lines ended since the last read."""
         chunk = self._chunk(job, job.handle.spec.reports_path, job.reports_offset, final=final)
         if not chunk:
             return []
@@ -296,8 +292,7 @@ class Monitor:
         return job.lines.feed(chunk)
 
     def _hang_seen(self, job: WatchedJob) -> bool:
-        """Hang patterns in what the job's log gained, looked at every
-        ``CADENCE.hang_look`` seconds (not at every round: a hang is no hurry)."""
+        """Hang patterns in what the job's log gained, every ``CADENCE.hang_look`` seconds."""
         if not self.hang_patterns:
             return False
         now = time.monotonic()

@@ -1,6 +1,5 @@
 """Environment check of this machine (GPUs, container engine, Slurm, CPU arch) for routing;
-each probe is bounded and leaves a note saying why it came back empty.
-"""
+each probe is bounded and leaves a note saying why it came back empty."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def probe_slurm(shell: Shell, timeout: float, env: LocalEnv) -> None:
 
 def probe_local_env(shell: Shell | None = None, timeout: float = 10, *,
                     engines: bool = True) -> LocalEnv:
-    """Everything routing needs to know about this machine, each probe bounded by
-    ``timeout``; ``engines=False`` skips the container engines (0.4 s for podman)."""
+    """What routing needs to know about this machine; ``engines=False``: no container engines."""
     shell = shell or LocalShell()
     machine = platform.machine().lower()
     env = LocalEnv(arch=_MACHINES.get(machine, machine or "x86_64"))

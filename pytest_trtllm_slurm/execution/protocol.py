@@ -1,6 +1,5 @@
 """The executor contract every scenario implements: everything the controller and the
-planner read of an executor, typed, with defaults (no probing for optional attributes).
-"""
+planner read of an executor, typed, with defaults (no probing for optional attributes)."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ class Executor(ABC):
         return 0
 
     def quiet(self, handles: list[JobHandle]) -> set[str]:
-        """The ids among ``handles`` whose node side announces every change and announced
-        none since the last call: a monitor round may skip them."""
+        """The ids among ``handles`` with no news since the last call: a round may skip them."""
         return set()
 
     def prepare(self) -> None:

@@ -1,7 +1,6 @@
 """The small files a batch's launcher writes once by rename (its pid, its exit code), read
 from what a pushing shell sent instead of a round trip per look: a remote batch's end is
-seen as soon as a local one's. A path watched once is never watched again (a stale push).
-"""
+seen as soon as a local one's. A path watched once is never watched again (a stale push)."""
 
 from __future__ import annotations
 

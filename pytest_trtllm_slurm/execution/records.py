@@ -1,7 +1,6 @@
 """The records of ``reports.jsonl`` as the controller accepts them (the boundary): a pydantic
 model per ``node.records`` type words a refusal, a dict check of the same fields checks each
-line in one pass; a record a target should not have written is a ``BadRecord``, never replayed.
-"""
+line in one pass; a record a target should not have written is a ``BadRecord``, never replayed."""
 
 from __future__ import annotations
 
@@ -31,9 +30,7 @@ from pytest_trtllm_slurm.node.paths import BENCHMARKS_FILE
 from pytest_trtllm_slurm.node.protocol import RECORD_VERSION
 
 RAW_SHOWN = 500  # characters of a refused line kept in the message
-# the longest line of reports.jsonl read (a report carries the test's captured output)
-MAX_LINE = 64 << 20
-# an XML name (junit writers do not escape it), without namespaces
+MAX_LINE = 64 << 20  # the longest line of reports.jsonl read (a report holds captured output)
 XML_NAME = r"^[A-Za-z_][A-Za-z0-9._-]{0,199}$"
 
 # a report's fields go to pytest as written: checked for pytest's types, never coerced
@@ -153,7 +150,7 @@ _LONGREPR_KINDS: dict[type, str] = {type(None): "none", str: "text", list: "skip
                                      tuple: "skip", dict: "exception"}
 
 # None (passed), a text, a skip's (path, lineno, reason) or an exception's repr, told
-# apart by their JSON type (a refusal names the field that is wrong)
+# apart by their JSON type
 Longrepr = Annotated[
     Annotated[None, Tag("none")] | Annotated[Str, Tag("text")]
     | Annotated[tuple[Str, Int | None, Str], Tag("skip")]
@@ -271,8 +268,7 @@ class BadRecord(ValueError):
 
 
 def parse_record(data: dict[str, Any], batch_nodeids: Container[str] | None) -> Record:
-    """``data`` (one JSON object of reports.jsonl) as a typed record of this batch (None:
-    a record may name any test)."""
+    """``data`` (one object of reports.jsonl) as a typed record of this batch (None: any)."""
     try:
         record = _ADAPTER.validate_python(data)
     except ValidationError as exc:
@@ -362,9 +358,8 @@ class RefusedLine(dict):  # type: ignore[type-arg]
 
 
 def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, Any]:
-    """One line of reports.jsonl as a checked record of ``batch`` (a plain dict; ``batch``
-    None: any test), or an ``UnreadableLine`` / ``RefusedLine`` saying why it is none. A
-    line the one pass refuses is read again by ``json.loads`` and the models word why."""
+    """One line of reports.jsonl as a checked record of ``batch`` (a plain dict; None: any
+    test), else an ``UnreadableLine`` / ``RefusedLine``; the models word a refusal."""
     try:
         record = _DICT_ADAPTER.validate_json(line)
     except Exception:  # noqa: BLE001 - the slow path below says what is wrong
@@ -495,8 +490,7 @@ def decode_line(line: bytes) -> dict[str, Any]:
 
 
 def warning_category(qualified: str) -> type[Warning]:
-    """The loaded Warning subclass named ``module.QualName`` (never an import), else
-    UserWarning."""
+    """The loaded Warning subclass named ``module.QualName`` (never an import), else UserWarning."""
     seen: set[type] = set()
     todo: list[type] = [Warning]
     while todo:

@@ -1,7 +1,6 @@
 """The warm worker of one node of a persistent allocation (target side): one Slurm step per
 node with pytest imported once, forking a ``node.session_server`` session per run; it
-re-executes itself when the plugin's files changed.
-"""
+re-executes itself when the plugin's files changed."""
 
 from __future__ import annotations
 
@@ -137,8 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         loop.run()
     except SystemExit:
-        # the allocation ends, with every agent of it here; one idle agent leaving alone
-        # keeps the folder (another of the allocation may still take GPUs in it)
+        # the allocation ends with every agent here; one idle agent leaving keeps the folder
+        # (another agent of the allocation may still take GPUs in it)
         shutil.rmtree(locks, ignore_errors=True)
         raise
 

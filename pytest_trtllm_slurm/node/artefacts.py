@@ -1,7 +1,6 @@
 """Plugin artefacts a batch hands back through its work dir (target side): pytest-cov's and
 pytest-benchmark's data (``coverage.db``, ``benchmarks.json``), merged and judged once by
-the controller's own plugins.
-"""
+the controller's own plugins."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Which tests a worker runs, and under which ids (stdlib only): ``[nodeid, key]`` pairs,
-the controller's node id (after what a conftest did to it) and the test's ``item_key``.
-"""
+the controller's node id (after what a conftest did to it) and the test's ``item_key``."""
 
 from __future__ import annotations
 

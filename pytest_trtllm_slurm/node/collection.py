@@ -1,7 +1,6 @@
 """The collect-only record (``--trtllm-collect=target``): ``collection.json``, what the target
 collected (selected and deselected items, failed collectors, where it ran), for a
-controller that cannot import the suite.
-"""
+controller that cannot import the suite."""
 
 from __future__ import annotations
 

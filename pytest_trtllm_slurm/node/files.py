@@ -2,8 +2,7 @@
 
 Whoever can write a mailbox or a GPU lock folder runs code as the user or holds their GPUs:
 folders are 0700 and verified ours, requests are read only from our own regular files,
-and state files are written atomically (``write_atomic``, 0600 by default).
-"""
+and state files are written atomically (``write_atomic``, 0600 by default)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ class UntrustedPath(Exception):
 
 
 def why_untrusted(st: os.stat_result, *, directory: bool) -> str | None:
-    """Why a file (or folder) with this lstat/fstat may not be trusted; None if it may
-    (node/relay.py has a copy: it travels alone)."""
+    """Why a file (or folder) with this stat may not be trusted (node/relay.py has a copy)."""
     kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link"
@@ -140,8 +138,7 @@ def temp_name(path: Path) -> Path:
 
 
 def announce(notice: str | Path | None) -> None:
-    """Tell the controller a batch's files changed: an empty file renamed to ``notice`` in
-    the news folder (``execution/news.py``). A hint only: no fsync, failures ignored."""
+    """Tell the controller a batch's files changed (``execution/news.py``); a hint only."""
     if not notice:
         return
     target = Path(notice)

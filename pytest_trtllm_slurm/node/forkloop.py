@@ -100,8 +100,7 @@ def write_exit(request: dict[str, Any], code: int) -> None:
     announce(request.get("notice_path"))
 
 
-# start(request) -> pid of the forked child, or None when it cannot start yet (e.g. its
-# GPUs are busy); it is asked again on the next round
+# start(request) -> pid of the forked child, or None when it cannot start yet (asked again)
 Starter = Callable[[dict[str, Any]], "int | None"]
 
 

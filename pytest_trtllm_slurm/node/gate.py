@@ -1,8 +1,7 @@
 """The start gate of a step launched before its GPUs are free (target side): a multi-node MPI
 batch's ranks import the suite meanwhile (``TRTLLM_SLURM_GATE=DIR``), each writing
 ``ready.<rank>`` (rank 0 ``ready`` once all have), waiting for ``open``, and writing
-``done.<rank>`` as it exits.
-"""
+``done.<rank>`` as it exits."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What identifies a test on any side, whatever a hook did to its node id: its file relative
-to the rootdir plus the names below it (``accuracy/test_a.py::TestX::test_y[fp8]``).
-"""
+to the rootdir plus the names below it (``accuracy/test_a.py::TestX::test_y[fp8]``)."""
 
 from __future__ import annotations
 

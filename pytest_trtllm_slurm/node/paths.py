@@ -1,7 +1,6 @@
 """The name of every file and folder the plugin keeps, one class per folder, generic over the
 path type (``Path`` here, POSIX ``str`` on the cluster); no other module spells these names
-(tests/test_architecture.py). Stdlib only: the node side reads the same names.
-"""
+(tests/test_architecture.py). Stdlib only: the node side reads the same names."""
 from __future__ import annotations
 
 import os

@@ -2,8 +2,7 @@
 
 The TypedDicts are the protocol (one JSON object a line, with ``v`` and ``type``) and every
 producer writes only what the builders return. ``execution.records`` checks each line
-against a model of the same fields; a new type needs a TypedDict, builder, model and handler.
-"""
+against a model of the same fields; a new type needs a TypedDict, builder, model and handler."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ class FinishRecord(_Record):
 
 
 class ItemRecord(_Record):
-    """A test's ``report``, ``finish`` and ``done`` events in one line: one JSON object to
-    decode and check per test instead of five."""
+    """A test's ``report``, ``finish`` and ``done`` events in one line (one object, not five)."""
 
     type: Literal["item"]
     nodeid: str

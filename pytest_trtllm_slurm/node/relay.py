@@ -1,6 +1,5 @@
-"""The login node's end of the wire: one process per run, started over SSH on one kept
-channel, that runs the controller's commands (a new sshd session each would cost a fifth
-of a second) and pushes what watched files gain without being asked.
+"""The login node's end of the wire: one process per run on one kept SSH channel; it runs the
+controller's commands (an sshd session each costs 0.2 s) and pushes what watched files gain.
 
 Stdlib only, one file, Python 3.6+ (type comments): the controller sends this file's text
 as ``python3 -c``. It ends when its stdin closes.
@@ -26,8 +25,7 @@ Lines out:
 
 Flow control, both ways: a watched file is pushed at most ``PUSH_WINDOW`` bytes ahead of
 the controller's ack, a streamed stdin sent at most ``STDIN_WINDOW`` bytes ahead of
-``took`` (and queued here at most ``STDIN_QUEUE`` pieces).
-"""
+``took`` (and queued here at most ``STDIN_QUEUE`` pieces)."""
 
 import base64
 import contextlib
@@ -122,8 +120,7 @@ class Relay:
 
     def _queue(self, ident, piece):
         # type: (int, Optional[bytes]) -> None
-        """``piece`` of a streamed stdin (None: its end) to its command, waiting while the
-        queue is full and the command still reads."""
+        """``piece`` (None: the end) of a streamed stdin to its command; waits on a full queue."""
         pieces = self._streams.get(ident)
         while pieces is not None:
             try:
@@ -303,8 +300,7 @@ def _refuse_untrusted_dir(folder):
 
 def _refuse_foreign_links(path):
     # type: (str) -> None
-    """OSError(EPERM) naming the first of ``path`` and its parents that is a link owned by
-    someone else than this user or root."""
+    """OSError(EPERM) naming ``path`` or the first parent that is a link not ours or root's."""
     while path:
         try:
             st = os.lstat(path)
@@ -369,9 +365,8 @@ AWAIT_LIMIT = 1 << 14  # bytes of the awaited file answered (a lock's holder rec
 
 def _await(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
-    """Wait here until ``path`` holds ``needle`` (a lock holder's record with our token):
-    one round trip as soon as it lands. Looks every 5 ms, backing off to 0.1 s; answers
-    what the file holds when found or timed out."""
+    """Wait here until ``path`` holds ``needle`` (a lock holder's record with our token): one
+    round trip as soon as it lands; answers what the file holds, found or timed out."""
     needle = str(request["needle"]).encode()
     end = time.monotonic() + min(float(request.get("timeout") or 0), AWAIT_MAX)
     pause = 0.005

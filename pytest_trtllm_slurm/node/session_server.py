@@ -1,8 +1,6 @@
 """A worker session that serves batches (``--trtllm-worker-serve DIR``; target side): started
-by the node's agent once per run, it collects once, then forks one child per batch request
-that takes its GPUs (flock on node-local files) and runs the items: a fork instead of an
-interpreter start, a pytest start and the suite's imports.
-"""
+by the node's agent once per run, it collects once, then forks a child per batch request that
+takes its GPUs (flock on node-local files) and runs the items: a fork instead of a start."""
 
 from __future__ import annotations
 

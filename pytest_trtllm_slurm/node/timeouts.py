@@ -1,7 +1,6 @@
 """pytest-timeout's thread method in a worker: its ``os._exit(1)`` would read as a crash, so
 the worker sets the timer itself and, when it fires, reports the test's missing phases as
-"Timeout" failures before pytest-timeout's handler ends the process.
-"""
+"Timeout" failures before pytest-timeout's handler ends the process."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The plugin loaded on the target (``-p pytest_trtllm_slurm.node.worker``): it runs the node
-ids the controller sent (in a file) and appends every event to ``reports.jsonl``, one JSON
-line per write (``report_file``).
-"""
+ids the controller sent and appends every event to ``reports.jsonl``, one JSON line a write."""
 
 from __future__ import annotations
 
@@ -57,8 +55,8 @@ class ReportWriter:
         self._test: records.ItemRecord | None = None  # the running test's line, unwritten
 
     def _bundle(self, nodeid: str, *, unfinished: bool = False) -> records.ItemRecord:
-        """The running test's line (``records.item``), begun for ``nodeid`` if need be
-        (``unfinished``: also when its attempt ended: what follows gets its own line)."""
+        """The running test's line, begun for ``nodeid`` if need be (``unfinished``: also when
+        its attempt ended)."""
         bundle = self._test
         if (bundle is None or bundle["nodeid"] != nodeid or bundle["done"]
                 or (unfinished and bundle["finish"])):
@@ -179,9 +177,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
 
 
 def forward_suite_properties(config: pytest.Config, writer: ReportWriter) -> None:
-    """Each suite property (every way in goes through the junit writer's
-    ``add_global_property``) also goes to the controller, whose junit.xml the user reads;
-    a session without a junit file (a warm worker's) gets ``SuiteProperties`` instead."""
+    """Each suite property (via the junit writer's ``add_global_property``) also goes to the
+    controller; a session without a junit file gets ``SuiteProperties`` instead."""
     from _pytest.junitxml import xml_key
 
     xml = config.stash.get(xml_key, None)

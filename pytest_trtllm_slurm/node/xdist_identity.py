@@ -1,6 +1,5 @@
 """xdist's ``worker_id`` and ``testrun_uid`` for a test dispatched from an xdist worker, read
-when the fixture runs (module-level: pytest 10 refuses session fixtures as methods).
-"""
+when the fixture runs (module-level: pytest 10 refuses session fixtures as methods)."""
 
 from __future__ import annotations
 

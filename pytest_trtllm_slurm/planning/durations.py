@@ -28,8 +28,7 @@ class Parsed(NamedTuple):
 
 
 def _split(text: str) -> Parsed | None:
-    """The grammar: ``text`` (already stripped) as units or a clock; None if neither.
-    (Non-empty text that matches the units branch has at least one unit.)"""
+    """The grammar: ``text`` (already stripped) as units or a clock; None if neither."""
     match = _GRAMMAR.fullmatch(text)
     if match is None or not text:
         return None

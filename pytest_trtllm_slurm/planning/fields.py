@@ -1,6 +1,5 @@
 """Field types every model shares: a value that reaches a script, an argv or an env is
-checked once (a ``safe_values`` AfterValidator), with the same words wherever it was given.
-"""
+checked once (a ``safe_values`` AfterValidator), with the same words wherever it was given."""
 
 from __future__ import annotations
 

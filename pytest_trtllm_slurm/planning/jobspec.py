@@ -1,6 +1,5 @@
 """The job manifests: SlurmEnv (what discovery found) and JobSpec (one batch), which is
-written to ``<work_dir>/job_spec.json``: a job can be re-run from that file alone.
-"""
+written to ``<work_dir>/job_spec.json``: a job can be re-run from that file alone."""
 
 from __future__ import annotations
 

@@ -20,8 +20,7 @@ SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIALS"
                    "CREDENTIAL", "COOKIE", "AUTH", "PASS", "PWD", "JWT", "DSN", "WEBHOOK")
 
 #: a name ending in one of these parts names where a secret is, not the secret itself
-#: (``SSH_AUTH_SOCK``, ``SSL_KEY_FILE``, ``XDG_SESSION_TYPE``): such values change with each
-#: login, and hiding them would only hide where things are
+#: (``SSH_AUTH_SOCK``, ``SSL_KEY_FILE``): hiding them would only hide where things are
 LOCATOR_PARTS = frozenset({"SOCK", "SOCKET", "PID", "FILE", "PATH", "DIR", "TYPE", "CLASS",
                            "HOST", "PORT", "ADDRESS", "MANAGER", "DESKTOP"})
 #: well-known names of the login session that only look secret
@@ -95,8 +94,7 @@ def may_show(name: str) -> bool:
 
 
 def is_secret_option(option: str) -> bool:
-    """``--api-token``, ``--password``, ``--hf_token=...``: an option whose value is a
-    secret by its name (the name rule of variables)."""
+    """``--api-token``, ``--password``, ``--hf_token=...``: an option named like a secret."""
     name = option.lstrip("-").partition("=")[0]
     return bool(name) and is_secret_name(name.replace("-", "_"))
 
@@ -111,9 +109,8 @@ def _masked_word(word: str) -> str:
 
 
 def mask_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` safe to show: the value of an option named like a secret hidden (the next
-    word, or what follows ``=``), ``NAME=value`` words whose name is a secret, and URL
-    passwords and known tokens anywhere."""
+    """``argv`` safe to show: values of options and ``NAME=value`` words named like secrets
+    hidden, and URL passwords and known tokens anywhere."""
     out: list[str] = []
     hide_next = False
     for arg in argv:

@@ -1,6 +1,5 @@
 """Pydantic models shared by the planning and execution layers: execution reads only
-them, never pytest objects.
-"""
+them, never pytest objects."""
 
 from __future__ import annotations
 

@@ -87,8 +87,7 @@ class Estimates:
 
     def guessed(self, planned: Sequence[tuple[str, Any]],
                 pool_of: Callable[[Any], Pool]) -> str | None:
-        """Why figures from these estimates are guesses (None: all measured or known), since
-        a plan on defaults bounds nothing."""
+        """Why figures from these estimates are guesses (None: all measured or known)."""
         tests = sum(1 for nodeid, _ in planned if nodeid not in self.durations)
         pools = sorted({pool.name for _, key in planned
                         if (pool := pool_of(key)).fixed_startup is None
@@ -128,8 +127,8 @@ class _Group:
 
 def lpt(durations: Sequence[float], chunks: int,
         order: Sequence[int] | None = None) -> list[list[int]]:
-    """Indices split into ``chunks`` lists, longest first onto the least loaded (ties: fewer
-    tests, then lowest); each list in collection order, empty ones dropped."""
+    """Indices split into ``chunks`` lists, longest first onto the least loaded; each list in
+    collection order, empty ones dropped."""
     chunks = max(1, min(chunks, len(durations)))
     if order is None:  # longest first (callers splitting one list often pass it in)
         order = longest_first(durations)
@@ -321,8 +320,8 @@ def pack(
     estimates: Estimates | None = None,
     fixed: Mapping[K, int] | None = None,
 ) -> list[Chunk]:
-    """All chunks of a run (keys are Shapes): per pool, packed; pools one after the
-    other, each in its simulated submission order. ``fixed`` forces a key's chunk count."""
+    """All chunks of a run, packed per pool, each pool in its simulated submission order;
+    ``fixed`` forces a key's chunk count."""
     estimates = estimates or Estimates()
     pools: dict[Pool, list[_Group]] = {}
     for key, nodeids in by_key(planned).items():
@@ -406,9 +405,8 @@ class BatchShape(GpuShape, Protocol):
 
 
 def pools_from_capacities(capacities: Mapping[Any, Capacity]) -> Callable[[BatchShape], Pool]:
-    """``key -> Pool`` from what each target offers (keyed by ``models.target_of``: two
-    clusters never share a pool): the allocation when it serves the key, else the
-    partition as discovered (shared with others' jobs), or this machine's GPUs."""
+    """``key -> Pool`` from what each target offers (two clusters never share a pool): the
+    allocation when it serves the key, else the partition, or this machine's GPUs."""
 
     def pool_of(key: BatchShape) -> Pool:
         scenario = str(getattr(key.scenario, "value", key.scenario))

@@ -129,8 +129,7 @@ class PerfSources:
         )
 
     def check_option(self, nodeid: str) -> None:
-        """--perf-config-yaml naming no file: ConfigError (the option's fault, exit 4),
-        checked before any id is read so an unreadable id cannot hide it."""
+        """--perf-config-yaml naming no file: ConfigError, before any id can hide it."""
         if self.yaml_path is not None and not self.yaml_path.is_file():
             raise ConfigError(
                 f"{nodeid}: perf config {self.yaml_path} (--perf-config-yaml) does not exist"
@@ -292,8 +291,7 @@ def perf_id(item: Any) -> tuple[str | None, str]:
 
 
 def perf_size(label: str, nodeid: str, sources: PerfSources) -> tuple[int, int, str]:
-    """(total devices, devices per node, source) of a perf-sanity id, from its YAML: a
-    TestSpecError listing what was tried when none exists."""
+    """(total devices, devices per node, source) of a perf-sanity id, else TestSpecError."""
     sources.check_option(nodeid)
     case = parse_perf_case(label, nodeid)
     path, tried = sources.yaml_path, ()

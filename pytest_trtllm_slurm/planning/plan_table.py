@@ -1,6 +1,4 @@
-"""The plan: one row per test saying what it needs and where it would run (pure, so the
-plan is testable without probes).
-"""
+"""The plan: one row per test saying what it needs and where it would run (pure)."""
 
 from __future__ import annotations
 
@@ -119,8 +117,7 @@ def _seconds(value: float | None) -> str:
 
 def write_plan_json(rows: Iterable[PlanRow], path: Path | str,
                     batches: Sequence[BatchRow] = ()) -> Path:
-    """Write the plan as JSON: ``tests`` (one object per test, keys as PlanRow),
-    ``batches`` (keys as BatchRow) and ``expected_makespan_seconds``; returns the path."""
+    """Write the plan as JSON (``tests``, ``batches``, ``expected_makespan_seconds``); the path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     payload = {

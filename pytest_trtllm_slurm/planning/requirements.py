@@ -44,8 +44,7 @@ SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")", "\n"}
 
 
 def shell_tokens(cmd: str) -> list[str]:
-    """``cmd`` as shell words, each operator (``&&``, ``;``, ``|``...) a token of its own;
-    ValueError on unbalanced quotes."""
+    """``cmd`` as shell words, each operator a token; ValueError on unbalanced quotes."""
     lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     return list(lexer)
@@ -141,8 +140,7 @@ class TestConfig(BaseModel):
     devices: StrictInt | None = Field(default=None, ge=0)
     devices_per_node: StrictInt | None = Field(default=None, ge=1)
     nodes: StrictInt | None = Field(default=None, ge=1)
-    # Checked here, at planning time, like the clusters file's (by their types): these
-    # values reach #SBATCH lines, srun/docker argv and the job's environment.
+    # checked at planning (by their types): they reach #SBATCH lines, argv and the environment
     device_type: OneLine | None = None
     cluster: SlurmName | None = None  # run on this cluster (as --slurm-cluster, for this test)
     partition: SlurmName | None = None
@@ -221,8 +219,7 @@ def _keywords(nodeid: str, mark: MarkLike) -> list[str]:
 
 
 def _marker_counts(nodeid: str, cfg: TestConfig) -> tuple[int, int | None]:
-    """(total, per_node) from trtllm_slurm(devices=, devices_per_node=, nodes=); ``devices``
-    alone means one node (like skip_less_device)."""
+    """(total, per_node) from the marker; ``devices`` alone means one node (as skip_less_device)."""
     total, per_node, nodes = cfg.devices, cfg.devices_per_node, cfg.nodes
     found = f"devices={total}, devices_per_node={per_node}, nodes={nodes}"
     if total is None:
@@ -248,8 +245,7 @@ def size_marks(
     nodeid: str, get_marker: MarkerLookup, settings: Settings, perf_case: str | None = None,
     perf: PerfSources | Callable[[], PerfSources] | None = None,
 ) -> tuple[TestConfig, DeviceRequirement]:
-    """(marker fields, requirement) from the closest markers (``get_marker`` =
-    item.get_closest_marker), else the perf-sanity YAML of ``perf_case``."""
+    """(marker fields, requirement) from the closest markers, else ``perf_case``'s YAML."""
     cfg = marker_config(nodeid, get_marker("trtllm_slurm"))
     device_type = cfg.device_type or settings.device_type  # keywords: picked by routing
     contain = get_marker("skip_device_not_contain")
@@ -325,17 +321,15 @@ def _named_marker(get_marker: MarkerLookup,
 
 
 def launcher_for(cfg: TestConfig, cluster_launcher: Sequence[str], nodes: int) -> tuple[str, ...]:
-    """The launcher prefix a test's ranks run: its marker's (``trtllm_slurm(launcher=...)``,
-    ``launcher=[]`` for none), else the cluster's for a test that spans nodes (TensorRT-LLM
-    runs its multi-node tests under ``trtllm-llmapi-launch``), else none."""
+    """The launcher prefix a test's ranks run: its marker's (``launcher=[]``: none), else the
+    cluster's for a test that spans nodes (TensorRT-LLM's ``trtllm-llmapi-launch``), else none."""
     if cfg.launcher is not None:
         return tuple(cfg.launcher)
     return tuple(cluster_launcher) if nodes > 1 else ()
 
 
 def closest_markers(item: Any, names: frozenset[str] | None = None) -> MarkerLookup:
-    """``get_closest_marker`` for our marker names (and ``names``) in one walk (method >
-    class > module)."""
+    """``get_closest_marker`` for our marker names (and ``names``) in one walk."""
     wanted = MARKER_NAMES | names if names else MARKER_NAMES
     marks = [mark for mark in item.iter_markers() if mark.name in wanted]
     return {mark.name: mark for mark in reversed(marks)}.get  # the closest wins
@@ -343,8 +337,7 @@ def closest_markers(item: Any, names: frozenset[str] | None = None) -> MarkerLoo
 
 @dataclass(frozen=True)
 class Sized:
-    """What one test needs: its requirement, its ``trtllm_slurm`` marker's fields, and its
-    id as the user wrote it (messages and the plan show that one)."""
+    """What one test needs, its marker's fields, and its id as the user wrote it (for messages)."""
 
     requirement: DeviceRequirement
     config: TestConfig
@@ -352,8 +345,7 @@ class Sized:
 
 
 def size_item(item: Any, settings: Settings, perf: PerfSources | None = None) -> Sized:
-    """A pytest item's needs, from its closest markers (method > class > module) or its
-    perf-sanity YAML: TestSpecError when they cannot be read."""
+    """A pytest item's needs from its markers or perf-sanity YAML (else TestSpecError)."""
     label, name = perf_id(item)
 
     def sources() -> PerfSources:

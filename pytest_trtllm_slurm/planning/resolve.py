@@ -1,6 +1,5 @@
 """Pure resolution of a job's device type name, container image, build arch and names:
-once, here, into job_spec.json, so executors never re-resolve.
-"""
+once, here, into job_spec.json, so executors never re-resolve."""
 
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ class Targets(Protocol):
 
 @dataclass(frozen=True)
 class Route:
-    """Where one test goes: its requirement (keyword resolved to a type), the clusters-file
-    table it lands in, and that target's GPU type and CPU arch (GPU or container tests only)."""
+    """Where one test goes: its requirement (keyword resolved), its clusters-file table, and
+    that target's GPU type and CPU arch."""
 
     requirement: DeviceRequirement
     decision: RouteDecision
@@ -90,8 +90,7 @@ def _discovery_of(decision: RouteDecision, targets: Targets) -> SlurmEnv | None:
 
 
 def available_device_types(targets: Targets, *, discover: bool = False) -> list[str]:
-    """Device types some target offers; ``discover`` also asks every remote cluster whose
-    table names no device_type (in a run of several, one may be the only one with it)."""
+    """Device types some target offers; ``discover`` also asks remote clusters naming none."""
     found = _named_remote_types(targets)
     local = targets.local
     found += [local.device_type] if local.gpu_count and local.device_type else []
@@ -446,8 +445,7 @@ class _Router:
 def resolve_account(
     option: str | None, cluster: ClusterConfig | None, slurm_env: SlurmEnv | None
 ) -> str | None:
-    """Account: option > cluster file > discovered default, validated against discovery;
-    None when accounting is off (sbatch without -A)."""
+    """Account: option > cluster file > discovered default, validated; None: accounting off."""
     known = slurm_env.accounts if slurm_env else []
     chosen = option or (cluster.account if cluster else None)
     where = "--slurm-account" if option else "the clusters file"
@@ -488,8 +486,8 @@ def select_partition(
     cluster: ClusterConfig | None = None,
     device_type: str | None = None,
 ) -> str | None:
-    """Partition for ``req``: explicit > cluster file > GPU type match > enough GPUs > default.
-    A named one is validated, not checked to fit (the caller reports that); None: none fits."""
+    """Partition for ``req``: explicit > cluster file > GPU type match > enough GPUs > default
+    (a named one is not checked to fit); None: none fits."""
     named = explicit or (cluster.partition if cluster else None)
     if named:
         if slurm_env and slurm_env.partitions and slurm_env.partition_named(named) is None:

@@ -54,8 +54,7 @@ def slurm_name_problem(value: str) -> str | None:
 
 
 def argument_problem(value: str) -> str | None:
-    """Problem with a value placed where a positional argument is expected (an image, a
-    program): one line, not empty, not an option."""
+    """Problem with a positional value (an image, a program): one line, not empty, no option."""
     if not value:
         return "is empty"
     return line_problem(value) or _dash_problem(value)

@@ -1,6 +1,5 @@
 """Validated configuration: the clusters file and the run's resolved settings (the models
-and the loader; ``controller.options`` registers the options and builds ``Settings``).
-"""
+and the loader; ``controller.options`` registers the options and builds ``Settings``)."""
 
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ class ClusterConfig(BaseModel):
     mounts: Mounts = Field(default_factory=list)
     models_root: MountPath | None = None
     env: Env = Field(default_factory=dict)
-    # the default walltime of this cluster's jobs (a marker's or the run's option wins);
-    # normalized to Slurm's D-HH:MM:SS / HH:MM:SS
+    # the default walltime of this cluster's jobs (a marker's or the run's option wins)
     time_limit: OneLine | None = None
     build_project: bool = False
     build_cmd: str | None = None
@@ -102,8 +100,7 @@ class ClusterConfig(BaseModel):
 
     @property
     def container_mounts(self) -> list[str]:
-        """What every container batch on this cluster mounts besides its own: ``mounts``
-        and the models root, read-only at its host path."""
+        """What every container batch here mounts besides its own: ``mounts``, models root (ro)."""
         root = [f"{self.models_root}:{self.models_root}:ro"] if self.models_root else []
         return [*self.mounts, *root]
 
@@ -141,9 +138,8 @@ class ClustersFile(BaseModel):
 
     def table_of(self, scenario: Scenario | None, cluster: str | None,
                  local_name: str | None) -> ClusterConfig | None:
-        """The table of the Slurm cluster a batch runs on (a remote one, or the local Slurm
-        under its ClusterName), whose env, mounts, models root, time limit and image are the
-        batch's defaults; None for other targets or without one."""
+        """The table of the Slurm cluster a batch runs on (its defaults); None for other
+        targets or without one."""
         if scenario not in (Scenario.LOCAL_SLURM, Scenario.REMOTE_SLURM):
             return None
         name = cluster or local_name

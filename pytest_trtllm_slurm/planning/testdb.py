@@ -60,8 +60,7 @@ class Block:
 
 @dataclass(frozen=True)
 class Target:
-    """A place a block can run: one partition of a cluster (the local Slurm or a clusters
-    file entry), as discovery or the clusters file describe it."""
+    """A place a block can run: one partition of a cluster, as discovered or configured."""
 
     cluster: str | None
     partition: str | None
@@ -147,8 +146,7 @@ def _table(value: object, where: str) -> dict[str, Any]:
 
 
 def parse_block(context: str, index: int, raw: object, path: str) -> Block:
-    """One block of ``context`` (``raw``: the YAML mapping) -> Block; ConfigError names
-    the file, the context, the block and what is wrong."""
+    """One block of ``context`` (``raw``: the YAML mapping) -> Block, else ConfigError."""
     where = f"{path}: {context} block {index}"
     block = _table(raw, where)
     cond = _table(block.get("condition"), f"{where}: condition")
@@ -218,8 +216,7 @@ def parse_terms(items: Iterable[str]) -> dict[str, str]:
 
 
 def terms_agree(block: Block, wanted: Mapping[str, str]) -> bool:
-    """Every asked term has the block's value (case-insensitive); a block term not
-    asked for is not checked, and a block lacking an asked term does not agree."""
+    """Every asked term has the block's value (case-insensitive); other block terms pass."""
     return all(block.terms.get(k, "").lower() == v.lower() for k, v in wanted.items())
 
 
@@ -246,8 +243,7 @@ def size_on(block: Block, target: Target) -> tuple[int, int] | None:
 
 
 def meets(block: Block, target: Target) -> tuple[int, int] | None:
-    """The (GPUs, nodes) of ``block`` on ``target``, or None when the target does not
-    meet the block's condition (GPU name, CPU architecture, GPU count)."""
+    """The (GPUs, nodes) of ``block`` on ``target``; None when it does not meet the condition."""
     if (not target.gpus_per_node or not _matches(block.gpu_patterns, target.gpu_type)
             or not _matches(block.cpu_patterns, target.cpu)):
         return None

@@ -1,7 +1,6 @@
 """One DEBUG log line per command the plugin runs through a Shell (every scheduler, SSH and
 engine command passes there once), in the ``pytest_trtllm_slurm`` logger tree, secrets
-masked (``planning.masking``); a command's input is never logged.
-"""
+masked (``planning.masking``); a command's input is never logged."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Several file operations on a Shell's host in one round trip where the shell can carry
 them together (the SSH relay's ``batch``), one by one otherwise: a served batch's folders,
-files and removals on the login node cost one message, each op exactly as alone.
-"""
+files and removals on the login node cost one message, each op exactly as alone."""
 
 from __future__ import annotations
 

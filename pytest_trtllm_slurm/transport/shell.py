@@ -1,6 +1,5 @@
 """Where commands run: this machine (LocalShell) or an SSH host, behind one Shell protocol;
-commands are argv lists, never joined into a shell string without shlex.quote.
-"""
+commands are argv lists, never joined into a shell string without shlex.quote."""
 
 from __future__ import annotations
 
@@ -61,9 +60,8 @@ class Shell(Protocol):
     def run(self, argv: list[str], *, timeout: float | None = 60, input: str | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None,
             retry_on_drop: bool = True) -> CommandResult:
-        """Run argv. ``retry_on_drop=False`` marks a command that must not run twice
-        (a submission): a remote shell then raises instead of re-running it after a
-        dropped connection. Local shells ignore it."""
+        """Run argv. ``retry_on_drop=False``: a command that must not run twice (a submission);
+        a remote shell raises instead of re-running it after a dropped connection."""
         ...
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
@@ -80,9 +78,9 @@ class Shell(Protocol):
         ...
 
     def mkdir(self, path: str, *, private: bool = False) -> None:
-        """``mkdir -p`` whose new folders are 0700. A folder it makes or finds made
-        meanwhile, and with ``private`` ``path`` itself when it existed, must be a real
-        folder of ours nobody else may write: ExecutionError naming it otherwise."""
+        """``mkdir -p`` whose new folders are 0700. A folder it makes or finds made meanwhile
+        (and with ``private`` ``path`` itself) must be ours, writable by us only, else
+        ExecutionError."""
         ...
 
     def exists(self, path: str) -> bool: ...
@@ -94,19 +92,16 @@ class Shell(Protocol):
         ...
 
     def file_batch(self, ops: Sequence[FileOp]) -> list[bytes] | None:
-        """Each op's result in order (a read's bytes, b"" for the others) from one round
-        trip (the SSH relay's ``batch``); the first failure raised as the op alone raises
-        it, none done after it. None: not this shell, or not now (the relay ended under
-        the batch): ``file_ops.run_ops`` does them one by one (each is idempotent)."""
+        """Each op's result in order (a read's bytes, b"" for the others) from one round trip;
+        the first failure raised as the op alone raises it, none done after it. None: not
+        this shell, or not now: ``file_ops.run_ops`` does them one by one (each idempotent)."""
         ...
 
 
 @runtime_checkable
 class PushingShell(Protocol):
-    """A Shell whose far end pushes what is appended to watched files (SSHShell's relay),
-    so a reader learns of new lines without a round trip per look. ``pushed`` may answer
-    None at any time (no relay, it died): the reader then reads the file by offset, so
-    nothing is lost or read twice."""
+    """A Shell whose far end pushes what is appended to watched files (SSHShell's relay).
+    ``pushed`` may answer None at any time: the reader then reads the file by offset."""
 
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None: ...
 

@@ -1,6 +1,5 @@
 """local_direct: run a batch as a subprocess of this machine (the embedded default), in its
-own process group, with a disjoint CUDA_VISIBLE_DEVICES slice when there are GPUs.
-"""
+own process group, with a disjoint CUDA_VISIBLE_DEVICES slice when there are GPUs."""
 
 from __future__ import annotations
 

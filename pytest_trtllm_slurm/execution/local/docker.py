@@ -2,8 +2,7 @@
 
 The worker runs inside the JobSpec's image (``containers.engine_run_argv``), which must be
 in the engine's store (``--pull=never``); each job gets a disjoint GPU slice. Hang, timeout,
-cancel and close: ``rm -f`` (again after the client is killed); ``remove_orphans``.
-"""
+cancel and close: ``rm -f`` (again after the client is killed); ``remove_orphans``."""
 
 from __future__ import annotations
 
@@ -181,8 +180,7 @@ class ContainerExecutor(LocalProcessExecutor):
 
     def run_argv(self, spec: JobSpec, name: str, gpus: Sequence[int] = (),
                  command: Sequence[str] | None = None, env_file: str | None = None) -> list[str]:
-        """The engine argv of one batch (``env_file``: where the CLI-sensitive variables
-        are, see ``engine_run_argv``)."""
+        """The engine argv of one batch (``env_file``: see ``engine_run_argv``)."""
         all_gpus = bool(gpus) and sorted(gpus) == sorted(self._all_gpus)
         return engine_run_argv(
             self.engine, spec, name=name, cli=self.cli, run_flags=self.run_flags,
@@ -191,8 +189,7 @@ class ContainerExecutor(LocalProcessExecutor):
 
     def _launch(self, job: LocalJob) -> None:
         """Values reach the engine through its environment (``-e NAME``) and, for the names
-        its CLI reads itself, a pipe given as ``--env-file /dev/fd/N``: none is in ``ps``
-        (the command line) or on disk."""
+        its CLI reads itself, a pipe (``--env-file /dev/fd/N``): none in ``ps`` or on disk."""
         job_env = container_env(job.spec)
         in_file = {k: v for k, v in job_env.items() if client_sensitive(k)}
         env = self._env({k: v for k, v in job_env.items() if not client_sensitive(k)})
@@ -236,8 +233,8 @@ class ContainerExecutor(LocalProcessExecutor):
         self._release(job)
 
     def rerun_command(self, spec: JobSpec, nodeid: str) -> str:
-        """``cd <dir> && <engine> run ... <image> python3 -m pytest <nodeid>`` (values of
-        secret-looking env variables left out: ``-e NAME`` takes them from your shell)."""
+        """``cd <dir> && <engine> run ... <image> python3 -m pytest <nodeid>`` (secret values
+        left out)."""
         command = rerun_argv(spec, nodeid)
         argv = engine_run_argv(
             self.engine, spec, name=safe_name(f"trtllm-rerun-{spec.name}", 50), cli=self.cli,

@@ -1,7 +1,6 @@
 """What the two local executors share: a job is one client process in its own process
 group (killed whole on hang, timeout or Ctrl-C), its output appended to the job log, GPUs
-handed out in disjoint slices (a job waits PENDING for its slice).
-"""
+handed out in disjoint slices (a job waits PENDING for its slice)."""
 
 from __future__ import annotations
 

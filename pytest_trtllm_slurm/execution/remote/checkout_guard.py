@@ -3,8 +3,7 @@ same code (the sync rewrites it in place; a per-run copy would cost a clone and 
 
 Each run's record in the cluster's run registry names the checkout and its code's key; a
 run is live while it holds its lock, so a crashed run never blocks. The check and the sync
-happen under one lock on the cluster, so two runs cannot both pass and both sync.
-"""
+happen under one lock on the cluster, so two runs cannot both pass and both sync."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What a remote checkout holds, read in one round trip (the code sync's first look): whether
 it exists, its HEAD, branch and refs, the last sync's record (``SYNC_RECORD``) and ``git
-status``; with the record, a sync with no change sends nothing.
-"""
+status``; with the record, a sync with no change sends nothing."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ bad=$(find "$repo" -maxdepth 0 \( ! -user "$uid" -o -perm -020 -o -perm -002 \) 
 if [ -n "$bad" ]; then printf '%s\n' "$bad"; exit 13; fi
 """
 
-# one round trip: the checkout's presence, its trust (``VERIFY``: "untrusted" and the first
-# bad path, no git run there), HEAD, branch, refs, the sync record and ``git status``
+# one round trip: presence, trust (``VERIFY``, before any git), HEAD, branch, refs, record, status
 _PROBE = r"""
 repo=$1
 [ -d "$repo/.git" ] || { echo missing; exit 0; }

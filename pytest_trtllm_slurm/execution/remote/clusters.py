@@ -1,8 +1,7 @@
 """The run's remote clusters: one SSH connection each, and what discovery found there.
 
 Planning (sizing tests) and the executor (sync, submit) share one ``RemoteClusters``, so a
-cluster is connected once per run (one one-time code with MFA) and discovered once.
-"""
+cluster is connected once per run (one one-time code with MFA) and discovered once."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class RemoteClusters:
     def __init__(self, cache_dir: Path | None, *, ttl: float = DEFAULT_TTL,
                  shell_factory: Any = None, early: EarlyConnections | None = None,
                  held: HeldCode | None = None) -> None:
-        """``held``: the run's TRTLLM_SLURM_OTP, for logins that ask for a one-time code
-        (None: the environment's only)."""
+        """``held``: the run's TRTLLM_SLURM_OTP (None: the environment's only)."""
         self.cache_dir = cache_dir
         # connections opened before collection (taken on first use) and what was done there
         self.early = early or EarlyConnections()

@@ -1,8 +1,7 @@
 """A remote cluster's SSH connection (and relay) opened in a thread before pytest imports
 the suite, overlapping import, collection and planning; ``RemoteClusters`` takes it. Only
 for logins that need nothing typed (paramiko, ``mfa = false``); a failure stays quiet and
-the run connects again the usual way.
-"""
+the run connects again the usual way."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ class _Early:
 
 
 class EarlyConnections:
-    """The early connections of one run (one object, owned by the plugin's ``EarlyStart``):
-    opened before collection, taken once by ``RemoteClusters``, the rest closed at the end."""
+    """The early connections of one run: taken once by ``RemoteClusters``, the rest closed."""
 
     def __init__(self) -> None:
         self._early: dict[str, _Early] = {}
@@ -37,8 +35,7 @@ class EarlyConnections:
         self._taken: dict[str, _Early] = {}
 
     def start(self, cluster: ClusterConfig, then: Callable[[Any], Any] | None = None) -> bool:
-        """Connect to ``cluster`` in a thread now (once), then run ``then(shell)`` there
-        (the sync and the early sessions: ``early_start``); whether it was started."""
+        """Connect to ``cluster`` in a thread now (once), then run ``then(shell)``; whether so."""
         # only a login that needs nothing typed is safe to open from a thread
         suitable = cluster.is_remote and cluster.transport == "paramiko" and cluster.mfa is False
         if not suitable or cluster.name in self._early:
@@ -68,13 +65,11 @@ class EarlyConnections:
         return shell
 
     def pending(self, cluster: ClusterConfig) -> bool:
-        """Whether ``cluster``'s connection was taken and its early work is still to be
-        handed out (``done``)."""
+        """Whether ``cluster``'s connection was taken and ``done`` is still to be handed out."""
         return cluster.name in self._taken
 
     def done(self, cluster: ClusterConfig) -> Any | None:
-        """What the early work (``then``) did on ``cluster``'s taken connection (waited
-        for), handed out once; None when there was none."""
+        """What ``then`` did on ``cluster``'s taken connection (waited for), handed out once."""
         early = self._taken.pop(cluster.name, None)
         if early is None:
             return None
@@ -82,9 +77,8 @@ class EarlyConnections:
         return early.done
 
     def close_unused(self) -> None:
-        """End the connections no one took, and stop the early sessions (and end the run's
-        record) of every cluster the run dispatched nothing to: left alone, those sessions
-        would hold their node's memory until their idle exit."""
+        """End the connections no one took, and stop the early sessions (and the record) of
+        clusters given nothing: they would hold their node's memory until their idle exit."""
         # a taken one was used by planning (discovery) only: RemoteClusters closes it later
         for pending, close in ((self._early, True), (self._taken, False)):
             while pending:

@@ -4,8 +4,7 @@ A session must never import code older than what the run syncs: one session is a
 each live agent of the persistent allocation once the run holds the checkout's lock (no
 other run changes the checkout from then on), and kept only when the sync under that lock
 changed no file there. The executor takes what was done (``EarlyRemote``); when the local
-code changed meanwhile the early sessions are stopped and it syncs again.
-"""
+code changed meanwhile the early sessions are stopped and it syncs again."""
 
 from __future__ import annotations
 
@@ -96,14 +95,8 @@ def layout(cluster: ClusterConfig, rootdir: Path, local_work_root: Path
 def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
                    ask: SessionAsk | None, registry: EarlySessions) -> EarlyRemote:
     """Preflight, sync, then (``ask``) a session on each live agent of the cluster's
-    allocation. Stops at the first failure quietly: the executor does that step again
-    and reports it.
-
-    The sessions are asked for as soon as this run holds the checkout's lock, while the
-    claim still looks at the checkout (``_SessionsBesideClaim``): from that moment no other
-    run changes the checkout until this run's record names its code, so a session asked
-    then reads what the claim's look sees. They are kept only when the sync then changed
-    no file there; else they are stopped and asked for again after it."""
+    allocation (see the module docstring). Stops at the first failure quietly: the executor
+    does that step again and reports it."""
     local = Path(ask.local_work_root) if ask else work_root(None, rootdir).dir
     paths, state_dir, path_map = layout(cluster, rootdir, local)
     done = EarlyRemote(RunRegistry(shell, StateDir(state_dir).runs.dir), registry=registry)
@@ -139,9 +132,8 @@ def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
 
 
 class _SessionsBesideClaim:
-    """Sessions asked for while the checkout's claim runs: the allocation's live agents
-    are looked up at once (nothing there depends on the checkout), the requests sent once
-    the claim's lock is held (``taken``); ``keep`` or ``stop`` them after the sync."""
+    """Sessions asked for while the checkout's claim runs: sent once its lock is held
+    (``taken``); ``keep`` or ``stop`` them after the sync."""
 
     def __init__(self, look: Callable[[], list[str]], ask: Callable[[str], str]) -> None:
         self._ask = ask
@@ -188,8 +180,7 @@ class _SessionsBesideClaim:
         return opened
 
     def keep(self, registry: EarlySessions) -> list[str] | None:
-        """The sessions asked for, now the run's (the sync changed no file under them);
-        None when none was asked for (the lock was not seen held in time)."""
+        """The sessions asked for, now the run's; None when none was (lock not seen in time)."""
         if not self._end():
             return None
         with self._lock:
@@ -252,8 +243,7 @@ def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, st
 
 
 def code_key(cluster: ClusterConfig, rootdir: Path) -> str | None:
-    """The key of the local code as a sync would send it now (None: ``sync = "none"``).
-    Local git only (a snapshot into a private index): nothing is sent."""
+    """The key of the local code as a sync would send it now (None: ``sync = "none"``)."""
     if cluster.sync == "none":
         return None
     return prepare_for(cluster, rootdir, user="early", name="check").key
@@ -261,15 +251,13 @@ def code_key(cluster: ClusterConfig, rootdir: Path) -> str | None:
 
 def still_current(early: EarlyRemote, cluster: ClusterConfig, rootdir: Path,
                   key: Future[str | None] | None = None) -> bool:
-    """Whether the local code is still what the early thread synced (files may have changed
-    while the suite was imported and collected). ``key``: ``code_key`` computed meanwhile
-    (it overlaps the wait for the early thread); else computed now."""
+    """Whether the local code is still what the early thread synced (files may change during
+    collection). ``key``: ``code_key`` computed meanwhile; else computed now."""
     return (key.result() if key is not None else code_key(cluster, rootdir)) == early.code
 
 
 def stop_sessions(shell: Shell, early: EarlyRemote) -> None:
-    """End the early sessions no batch has taken (they imported code the run no longer
-    has, or the run has no use for them)."""
+    """End the early sessions no batch has taken."""
     for sdir in early.sessions:
         adir = Session(sdir).agent
         if early.registry.take(adir) != sdir:

@@ -1,6 +1,5 @@
 """remote_slurm: the same SlurmExecutor over an SSH shell, with the JobSpec's local path
-prefixes (rootdir, work root) and interpreter mapped to the cluster's before submission.
-"""
+prefixes (rootdir, work root) and interpreter mapped to the cluster's before submission."""
 
 from __future__ import annotations
 
@@ -55,9 +54,8 @@ class PathMap:
 
 
 class RemoteSlurmExecutor(SlurmExecutor):
-    """The SlurmExecutor over the cluster's SSH shell, with the spec's paths mapped to the
-    cluster's before it is submitted; the rest (discovery, allocation, warm workers, what
-    the packer reads) is the Slurm executor's own."""
+    """The SlurmExecutor over the cluster's SSH shell, the spec's paths mapped to the
+    cluster's before submission; the rest is the Slurm executor's own."""
 
     def __init__(self, shell: Shell, settings: SlurmSettings, *, paths: PathMap,
                  interpreter: str, before_close: Callable[[], None] | None = None,

@@ -1,7 +1,6 @@
 """Which files look like secrets (by name, and a few credential folders such as ``.ssh``),
 so code sync never ships them unless ``sync_secrets = true``: the list errs on the side of
-withholding (a false negative leaks a key).
-"""
+withholding (a false negative leaks a key)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ working tree, stash and refs are never touched. Dated as HEAD is (the same tree 
 same commit), it travels as a git bundle over the run's SSH connection (``via="ssh"``) or
 as a temp branch on origin (``via="origin"``) and is checked out with ``checkout -B``;
 ``SYNC_RECORD`` says what was synced. Leftovers on the remote are stashed first;
-secret-looking files (``secret_files``) are never shipped unless ``ship_secrets``.
-"""
+secret-looking files (``secret_files``) are never shipped unless ``ship_secrets``."""
 
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ class SyncResult(BaseModel):
 
     @property
     def files_changed(self) -> bool:
-        """Whether the sync changed any file of the checkout's work tree (a clone, a commit
-        checked out, a stash, untracked files sent or removed); the record alone is not."""
+        """Whether the sync changed any file of the checkout's work tree (the record is none)."""
         return (self.cloned or not self.unchanged or self.stashed or bool(self.untracked)
                 or bool(self.removed))
 
@@ -105,9 +103,8 @@ class PreparedSync:
 
 
 def without_credentials(url: str) -> str:
-    """``url`` without a password or token in it (``https://TOKEN@host/...`` and
-    ``scheme://user:secret@host/...``): what may be written on the cluster and in messages.
-    An ssh user name (``ssh://git@host``, ``git@host:org/repo``) is no secret and stays."""
+    """``url`` without a password or token (``https://TOKEN@host/...``, ``user:secret@``):
+    what may be written on the cluster and in messages. An ssh user name stays."""
     match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/@]*)@(.*)$", url)
     if not match:
         return url
@@ -162,8 +159,8 @@ class _Git:
 def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: str,
                    name: str, now: datetime | None = None, via: Via = "ssh",
                    ship_secrets: bool = False, say: Say | None = None) -> SyncResult:
-    """Make ``remote_repo`` (on ``shell``) match the local working tree, sending only what it
-    lacks; ``say`` gets the lines a user should see (untracked files shipped, withheld)."""
+    """Make ``remote_repo`` match the local working tree, sending only what it lacks; ``say``
+    gets the lines a user should see."""
     # the look at the remote (one round trip) overlaps the local snapshot
     with ThreadPoolExecutor(1, thread_name_prefix="sync-probe") as pool:
         probing = pool.submit(probe, shell, remote_repo)
@@ -175,8 +172,7 @@ def sync_workspace(local_repo: Path, shell: Shell, remote_repo: str, *, user: st
 
 def prepare_sync(local_repo: Path, *, user: str, name: str, now: datetime | None = None,
                  via: Via = "ssh", ship_secrets: bool = False) -> PreparedSync:
-    """The local half: the snapshot commit and the untracked files to ship (with their
-    blob ids); nothing is sent and the local repository is not changed."""
+    """The local half: the snapshot commit and the untracked files to ship; changes nothing."""
     start = time.monotonic()
     top = git_top(local_repo)
     if top is None:
@@ -201,8 +197,7 @@ def push_sync(prepared: PreparedSync, shell: Shell, remote_repo: str, *,
               say: Say | None = None, shared: bool = False,
               probed: RemoteCheckout | None = None) -> SyncResult:
     """The remote half: send what ``remote_repo`` lacks of ``prepared``. ``shared``: a live
-    run tests the same code there, so what its tests left is not stashed from under it.
-    ``probed``: what ``probe`` found there just now (else it looks itself)."""
+    run tests the same code there (nothing stashed from under it); ``probed``: a fresh look."""
     start = time.monotonic() - prepared.result.seconds
     git, result = prepared.git, prepared.result
     result.remote_repo = remote_repo
@@ -309,8 +304,7 @@ def _stash_leftovers(shell: Shell, repo: str, result: SyncResult) -> None:
 
 
 def _untracked(git: _Git, ship_secrets: bool, result: SyncResult) -> dict[str, str]:
-    """Untracked, not ignored files (not under work_dirs) -> blob id; secret-looking ones
-    withheld unless ``ship_secrets``."""
+    """Untracked, not ignored files -> blob id; secret-looking ones withheld unless asked."""
     listing = git("ls-files", "-z", "--others", "--exclude-standard",
                   check="listing untracked files").stdout
     # the plugin's own job folders are results, not code: never shipped back and forth
@@ -354,8 +348,7 @@ def _sync_via_origin(git: _Git, shell: Shell, remote_repo: str, fetch_url: str,
 
 def _sync_via_ssh(git: _Git, shell: Shell, remote_repo: str, result: SyncResult,
                   refs: list[str] | None = None) -> None:
-    """A bundle of the commits the remote lacks, over the run's own connection (``refs``:
-    the remote's ref targets, when the probe read them)."""
+    """A bundle of the commits the remote lacks, over the run's own connection."""
     haves = _remote_commits(git, shell, remote_repo, refs)
     if result.commit in haves:  # nothing to send: the remote already has the snapshot
         _remote_checkout(shell, remote_repo, result, [result.commit], "checking the snapshot")
@@ -430,9 +423,8 @@ def git_top(path: Path) -> Path | None:
 
 
 def _snapshot(git: _Git, head: str, ship_secrets: bool, result: SyncResult) -> tuple[str, str]:
-    """A commit of HEAD + all tracked changes (staged or not), built in a private index, and
-    its tree. Changes to files that look like secrets stay out (HEAD's version), unless
-    asked. Dated as HEAD is, so the same changes give the same commit (nothing to send)."""
+    """A commit of HEAD + all tracked changes, built in a private index, and its tree; secret-
+    looking changes stay out unless asked. Dated as HEAD: the same changes, the same commit."""
     rel_index = git("rev-parse", "--git-path", "index").stdout.strip()
     real_index = str(git.top / rel_index) if rel_index else ""
     with tempfile.TemporaryDirectory(prefix="trtllm-sync-") as tmp:
@@ -488,8 +480,7 @@ def _failed(shell: Shell, what: str, res: CommandResult) -> ExecutionError:
                           "the local repository was not changed")
 
 
-# one round trip: fetch (when given a source and its ref), check out as the temp branch,
-# check HEAD, prune older temp branches of the same prefix, remove the bundle (if any)
+# one round trip (see ``_remote_checkout``)
 _CHECKOUT = r"""
 repo=$1 branch=$2 expect=$3 prefix=$4 bundle=$5; shift 5
 [ -n "$bundle" ] && trap 'rm -f -- "$bundle"' EXIT
@@ -526,8 +517,7 @@ def _remote_checkout(shell: Shell, repo: str, result: SyncResult, fetch: list[st
 
 def _send_untracked(git: _Git, shell: Shell, remote_repo: str, names: list[str],
                     result: SyncResult, say: Say) -> None:
-    """Untracked files (the ones the remote lacks or has another version of) as one tar
-    stream into ``tar -x`` on the remote side, listed through ``say`` first."""
+    """Untracked files the remote lacks (or holds otherwise) as one tar stream, said first."""
     result.untracked = names
     if not names:
         return
@@ -579,8 +569,7 @@ class _Counted:
 
 def _stream(shell: Shell, argv: list[str],
             produce: Callable[[IO[bytes]], None]) -> tuple[CommandResult, int]:
-    """Run argv with produce() writing its stdin (SSH shells stream over the channel); the
-    result and the bytes sent."""
+    """Run argv, produce() writing its stdin (over the channel on SSH); the result, bytes sent."""
     counted = _Counted()
 
     def counting(stream: IO[bytes]) -> None:

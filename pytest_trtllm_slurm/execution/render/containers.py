@@ -1,8 +1,7 @@
 """Containers, rendered: pure functions shared by the local docker/podman executor and the
 Slurm scripts (no I/O, no subprocess; snapshot-testable). A batch inside any container
 sees the repo, the invocation dir and the work dir at their host paths (the worker's argv
-names them) and this plugin read-only at ``PLUGIN_ROOT`` (images have pytest, not it).
-"""
+names them) and this plugin read-only at ``PLUGIN_ROOT`` (images have pytest, not it)."""
 
 from __future__ import annotations
 
@@ -74,9 +73,8 @@ def safe_name(text: str, limit: int = 63) -> str:
 
 
 def container_name_for(image: str, *, account: str | None = None, salt: str = "") -> str:
-    """pyxis container name for ``image``: ``<account|trtllm>-<image slug>-<hash>``, the
-    hash over the image (either form) and ``salt`` (the install command): a changed image
-    is a new container and a new import, the same image always the same name."""
+    """pyxis container name for ``image``: ``<account|trtllm>-<image slug>-<hash>``, the hash
+    over the image and ``salt`` (the install command): a changed image is a new container."""
     canonical = image.removeprefix("docker://").replace("#", "/")
     digest = hashlib.sha256(f"{canonical}\0{salt}".encode()).hexdigest()[:10]
     last = canonical.rsplit("/", 1)[-1]
@@ -112,9 +110,8 @@ def _under(path: str, parent: str) -> bool:
 
 
 def job_mounts(spec: JobSpec, *, models_root: str | None = None) -> list[str]:
-    """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis syntax alike): host paths
-    kept, none inside an earlier one; the JobSpec's own mounts last, as given, each
-    container path once."""
+    """Mounts a batch needs, ``SRC:DST[:ro]`` (docker -v and pyxis alike), none inside an
+    earlier one; the JobSpec's own mounts last, as given, each container path once."""
     out: list[str] = []
     seen: list[str] = []
     for path in (spec.rootdir, spec.invocation_dir, spec.work_dir):
@@ -137,8 +134,7 @@ def job_mounts(spec: JobSpec, *, models_root: str | None = None) -> list[str]:
 
 
 def container_env(spec: JobSpec) -> dict[str, str]:
-    """The job's environment inside a container: spec.env, PYTHONPATH with the plugin root
-    first."""
+    """The job's environment in a container: spec.env, PYTHONPATH with the plugin root first."""
     env = dict(spec.env)
     for name in env:
         _check_name(name)
@@ -148,8 +144,7 @@ def container_env(spec: JobSpec) -> dict[str, str]:
 
 
 def in_container_argv(command: Sequence[str]) -> list[str]:
-    """The worker argv with a first element naming a Python interpreter replaced by the
-    image's ``python3``."""
+    """The worker argv, a Python interpreter first replaced by the image's ``python3``."""
     argv = list(command)
     if argv and re.fullmatch(r"python[0-9.]*", PurePosixPath(argv[0]).name):
         argv[0] = "python3"
@@ -185,9 +180,8 @@ def pyxis_args(spec: JobSpec, container_name: str, *, writable: bool = False,
 def pyxis_setup_argvs(job_id: str, nodes: int, image: str, container_name: str,
                       mounts: Sequence[str] = (), install_command: str | None = None,
                       workdir: str | None = None) -> list[list[str]]:
-    """A persistent allocation's setup steps, one task per node each: import the image as
-    ``container_name``, ``ls`` every mount target (metadata cached), then ``install_command``
-    with ``--container-writable`` (it persists in the named container)."""
+    """A persistent allocation's setup steps, a task per node: import the image as
+    ``container_name``, ``ls`` every mount target, then ``install_command`` (writable)."""
     base = ["srun", f"--jobid={job_id}", "-N", str(nodes), "--ntasks-per-node=1", "--overlap"]
     steps = [base + [f"--container-image={enroot_uri(image)}",
                      f"--container-name={container_name}", "true"]]
@@ -205,8 +199,7 @@ def pyxis_setup_argvs(job_id: str, nodes: int, image: str, container_name: str,
 
 
 def positional_image(image: str | None, what: str) -> str:
-    """``image`` where docker/podman expect the image (a positional argument): an image
-    that starts with ``-`` would be read as one more option of ``run``."""
+    """``image`` as a positional argument (one starting with ``-`` would be an option)."""
     if not image:
         raise ValueError(f"job spec {what!r} has no container image")
     if problem := argument_problem(image):
@@ -313,8 +306,7 @@ def wrap_in_container(argv: Sequence[str], runtime: Engine, image: str, *,
                       labels: Mapping[str, str] | None = None,
                       script: str | None = None) -> list[str]:
     """A Slurm task ``argv`` run inside ``image`` with docker or podman (``bash -c WRAPPER``,
-    or ``bash SCRIPT`` holding it); the commented ``WRAPPER_SCRIPT`` names the
-    container per task and removes it when the step ends or is cancelled."""
+    or ``bash SCRIPT`` holding it; see ``WRAPPER_SCRIPT``)."""
     cli = list(cli or [runtime])
     image = positional_image(image, name_prefix)
     run = ["--rm", "--pull=never", *_run_options(labels, run_flags)]

@@ -1,7 +1,6 @@
 """Slurm script and command rendering: pure functions (no I/O), snapshot-tested. Every value
 that reaches a shell is quoted or an argv element; node ids never reach a command line.
-Launch ``single``: one task holding all the job's nodes; ``mpi``: one task per device.
-"""
+Launch ``single``: one task holding all the job's nodes; ``mpi``: one task per device."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ class StepShare:
 
 def options_for(spec: JobSpec, *, launcher_prefix: Sequence[str] = ()) -> SlurmOptions:
     """Gres style, gres type and MPI type from ``spec.slurm_env``: ``--gres=gpu:<type>:<n>``
-    where the partition's nodes declare GPU gres (the type picks the nodes), else
-    ``--gpus-per-node``."""
+    where the nodes declare GPU gres (the type picks the nodes), else ``--gpus-per-node``."""
     env = spec.slurm_env
     part = env.partition_named(spec.partition) if env else None
     if part is None and env is not None:
@@ -153,8 +151,7 @@ def _env_lines(env: dict[str, str]) -> list[str]:
 
 
 def _env_names(env: dict[str, str], values: str) -> list[str]:
-    """The comment naming the job's variables whose values are in no file (secrets stay
-    in memory): ``values`` says where they come from."""
+    """The comment naming the job's variables whose values are in no file (``values``: whence)."""
     if problem := env_problem(env):
         raise ValueError(f"job environment: {problem}")
     return [_comment(f"pytest-trtllm-slurm environment (values {values}, not written here): "
@@ -166,8 +163,8 @@ def _mpi_flags(spec: JobSpec, opts: SlurmOptions) -> list[str]:
 
 
 def launcher_of(spec: JobSpec, opts: SlurmOptions) -> list[str]:
-    """What each rank runs before the command: the batch's launcher (a marker's or its
-    cluster's), else the executor's; only a launch=mpi batch (one task per GPU) has one."""
+    """What each rank runs before the command: the batch's launcher, else the executor's;
+    only a launch=mpi batch has one."""
     if spec.launch is not Launch.MPI:
         return []
     return list(spec.launcher_prefix or opts.launcher_prefix)
@@ -214,8 +211,7 @@ def srun_in_job(spec: JobSpec, opts: SlurmOptions) -> list[str]:
 def render_sbatch(spec: JobSpec, *, gres_style: GresStyle = "gpus-per-node",
                   mpi: str | None = None, launcher_prefix: Sequence[str] = (),
                   gres_type: str | None = None, container: ContainerOptions | None = None) -> str:
-    """The one-shot sbatch script of a batch (stdout and stderr both go to spec.log_path,
-    so the log tail and hang patterns see both)."""
+    """The one-shot sbatch script of a batch (stdout and stderr both to spec.log_path)."""
     opts = SlurmOptions(gres_style, gres_type, mpi, tuple(launcher_prefix), container)
     directives = iter(sbatch_directives(spec, opts))
     lines = ["#!/bin/bash"]
@@ -315,8 +311,7 @@ def render_step_launcher(step_argv: Sequence[str], *, log_path: str, pid_path: s
 
 
 def rerun_argv(spec: JobSpec, nodeid: str) -> list[str]:
-    """A plain pytest run of ``nodeid`` with the batch's options (no worker plugin, no
-    node-id file); a job that is not a pytest batch re-runs its own command."""
+    """A plain pytest run of ``nodeid`` with the batch's options (else the job's command)."""
     if not spec.rerun_argv:
         return mask_argv(spec.command)
     nodeid = spec.item_keys.get(nodeid, nodeid)  # what pytest finds, whatever hooks showed

@@ -81,8 +81,7 @@ class AllocationWatch:
                         "files without its confirmation."))
 
     def check(self, alloc_id: str) -> bool:
-        """True when the scheduler ended the allocation: then its unsettled batches end with
-        its state (NODE_FAIL, TIMEOUT, ...) and end time, and the next batch asks anew."""
+        """True when the scheduler ended the allocation: its unsettled batches end with it."""
         if alloc_id in self.ended:
             return True
         ended = self.shared.jobs.ended(alloc_id)

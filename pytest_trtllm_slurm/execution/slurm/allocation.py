@@ -142,8 +142,8 @@ class AllocationRequest:
     @classmethod
     def covering(cls, shapes: Sequence[BatchShape], slurm_env: SlurmEnv | None = None, *,
                  time_limit: str | None = None, nodes: int | None = None) -> AllocationRequest:
-        """One allocation for a run's batches: the partition most use, as many nodes as
-        the largest needs (at least ``nodes``, --trtllm-alloc-nodes), whole nodes' GPUs."""
+        """One allocation for a run's batches: the partition most use, as many nodes as the
+        largest needs (at least ``nodes``), whole nodes' GPUs."""
         if not shapes:
             raise ValueError("no batches to size an allocation for")
         parts = Counter(s.partition for s in shapes)
@@ -177,8 +177,7 @@ class AllocationRequest:
         return list(dict.fromkeys(first + self.container_images))
 
     def incompatible(self, state: AllocationState) -> str | None:
-        """Why an existing allocation cannot serve this request, or None (with pyxis a
-        changed image is no reason: it is set up in the same allocation)."""
+        """Why an existing allocation cannot serve this request (with pyxis, not a new image)."""
         if self.partition and state.partition and self.partition != state.partition:
             return f"partition {state.partition}, wanted {self.partition}"
         if self.account and state.account and self.account != state.account:
@@ -243,8 +242,7 @@ class AllocationManager:
         self._state_note = "state file was missing"  # why there is no state (orphan message)
 
     def read_state(self) -> AllocationState | None:
-        """The state file, or None. One that cannot be read or is not a state (binary
-        garbage, truncated, wrong types, a folder) is moved aside and reported."""
+        """The state file, or None; one that is not a readable state is moved aside, reported."""
         try:
             return self._parsed_state()
         except (OSError, ValueError, ValidationError) as exc:
@@ -295,8 +293,7 @@ class AllocationManager:
         self.runs.finish()
 
     def holding_lock(self) -> contextlib.AbstractContextManager[None]:
-        """The state file's lock (``StateStore.locked``: waiting lines, then an error
-        naming its holder after ``_lock_timeout`` seconds)."""
+        """The state file's lock (``StateStore.locked``), for ``_lock_timeout`` seconds."""
         holder = {**self.runs.holder(), "since": datetime.now().strftime("%H:%M:%S")}
         return self.store.locked(self._lock_timeout, holder, self.warn)
 
@@ -370,8 +367,7 @@ class AllocationManager:
         return "incompatible", f"does not fit ({why})"
 
     def _foreign(self, state: AllocationState, ident: JobIdentity) -> str | None:
-        """Why the job a state file names is not this checkout's allocation (another
-        user's job, another job of ours, another checkout's allocation), or None."""
+        """Why the job a state file names is not this checkout's allocation, or None."""
         if ident.user and ident.user != self.user:
             return f"it belongs to user {ident.user}"
         if not ident.name.endswith(NAME_SUFFIX) or (
@@ -382,8 +378,7 @@ class AllocationManager:
         return None
 
     def _only_idle_agents(self, state: AllocationState, steps: dict[str, StepRow]) -> bool:
-        """The allocation's steps are only agents serving no session but this process's
-        own: nothing of another run would be lost."""
+        """The allocation's steps are only agents serving no other run's session."""
         if any(not row.name.endswith(".agent") for row in steps.values()):
             return False
         base = paths.join(self.agents_dir, state.job_id)
@@ -404,8 +399,7 @@ class AllocationManager:
         return True
 
     def _cancel_orphans(self) -> None:
-        """Allocations with our name but no state file: ours (or untagged) are cancelled,
-        another checkout's (different owner tag) are only reported."""
+        """Allocations with our name but no state file: ours are cancelled, others' reported."""
         try:
             found = self.jobs.by_name(self.user, self.request.job_name)
         except SchedulerError as exc:
@@ -426,9 +420,8 @@ class AllocationManager:
                       warn=True)
 
     def _cancel_unused(self, job_id: str, *, delete_state: bool = False) -> list[RunRecord]:
-        """scancel ``job_id`` (and delete its state file) unless live runs use it, under
-        the registry's lock, so no run starts using it or reads its state meanwhile; those
-        runs."""
+        """scancel ``job_id`` (and delete its state file) unless live runs use it (returned),
+        under the registry's lock so no run starts using it or reads its state meanwhile."""
         with self.runs.locked():
             users = self.runs.users_of(job_id)
             if not users:
@@ -486,8 +479,8 @@ class AllocationManager:
         return state
 
     def _salloc(self, argv: list[str]) -> tuple[int, str]:
-        """Run salloc detached (its output in a file on the target) and wait for it, with
-        a line every SAY_EVERY s; an interrupt or a wait past the limit cancels the request."""
+        """Run salloc detached and wait for it, saying so every SAY_EVERY s; an interrupt or a
+        wait past the limit cancels the request."""
         base = paths.WorkRoot(paths.root_of(self.agents_dir)).salloc_dir(self.runs.me.run_id)
         out, rc = f"{base}.out", f"{base}.rc"
         # (the detached shell lets go of this command's pipes at once)
@@ -547,8 +540,7 @@ class AllocationManager:
         return f"{line} {note[0].upper()}{note[1:]}." if note else line
 
     def _cancel_request(self, job_id: str | None) -> None:
-        """scancel an allocation request of this run that was never granted (found by its
-        id, else by name, owner and comment among the user's pending jobs)."""
+        """scancel this run's never-granted request (by id, else by name, owner and comment)."""
         ids = [job_id] if job_id else []
         if not ids:
             with contextlib.suppress(SchedulerError):
@@ -610,8 +602,7 @@ class AllocationManager:
         return None
 
     def check_gpu_processes(self, state: AllocationState) -> list[str]:
-        """Leftover GPU processes on the allocation's nodes (warned; nothing is killed);
-        skipped while steps run in it (their processes are no leftovers)."""
+        """Leftover GPU processes on the allocation's nodes (warned), unless steps run in it."""
         if state.gpus_per_node <= 0 or self.early.on_allocation(state.job_id) or (
                 self.jobs.squeue_steps(state.job_id)):
             return []

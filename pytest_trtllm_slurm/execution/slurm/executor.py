@@ -233,8 +233,7 @@ class SlurmExecutor(Executor):
             for job in jobs:  # those that ended just now too
                 if job.state.status.finished and not job.life.settled and not job.served:
                     self._settle(job, now)
-            # nodes of steps that ended here are given back by the next call's warm.poll
-            # (a status, not a pending reason: "Priority" -> "Resources" needs no hurry)
+            # nodes of ended steps are given back by the next warm.poll (no hurry for reasons)
             changed = any(visible_state(j).status != before[j.handle.job_id] for j in asked)
             self._interval = CADENCE.next_scheduler_interval(
                 self._interval, changed=changed, low=self.settings.min_interval,
@@ -320,9 +319,8 @@ class SlurmExecutor(Executor):
         opts = job.opts if job else self.launch.options(spec)
         assign = ""
         if self.launch.wraps(spec):
-            # the same container run around a plain pytest of ``nodeid``, with the env the
-            # launcher exported where it may be shown (masked and secret values are left to
-            # your shell)
+            # the same container around a plain pytest of ``nodeid``, with the launcher's env
+            # where it may be shown (masked and secret values are left to your shell)
             base = self.launch.unwrapped.get(spec.work_dir, spec)
             script = str(PurePosixPath(base.work_dir) / CONTAINER_SCRIPT)
             env, argv = self.launch.wrapped(base.masked(), rerun_argv(base, nodeid),

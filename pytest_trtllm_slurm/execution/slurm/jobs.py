@@ -80,9 +80,8 @@ class AcctRow:
 
 
 def split_job_id(raw: str) -> tuple[str, str | None]:
-    """``123+0`` -> ("123", None) (heterogeneous component folded into its job);
-    ``123_4`` -> ("123_4", None) (array task keeps its index); ``123.7`` -> ("123", "7");
-    ``123.batch`` -> ("123", "batch")."""
+    """``123+0`` -> ("123", None) (a heterogeneous component folded into its job); ``123_4`` ->
+    ("123_4", None); ``123.7`` -> ("123", "7"); ``123.batch`` -> ("123", "batch")."""
     text = raw.strip()
     m = _JOB_ID.match(text)
     if not m:
@@ -149,8 +148,7 @@ def parse_squeue_steps(stdout: str) -> dict[str, StepRow]:
 
 
 def parse_sacct(stdout: str, *, steps: bool = False) -> dict[str, AcctRow]:
-    """``sacct -n -P --format=JobID,State,ExitCode,NodeList,Reason`` rows by job id
-    (``123+0`` folded into ``123``, first row kept), or with ``steps`` by ``<job>.<step>``."""
+    """``sacct -n -P`` rows by job id (``123+0`` folded into ``123``), or by ``<job>.<step>``."""
     rows: dict[str, AcctRow] = {}
     for line in stdout.splitlines():
         cols = line.strip().split("|")
@@ -188,8 +186,7 @@ def epoch(stamp: str) -> float | None:
 
 
 def _answered(res: CommandResult) -> bool:
-    """True for an answer, False when the jobs asked about are gone (an invalid job id);
-    SchedulerError for any other failure."""
+    """True for an answer, False when the jobs asked about are gone; else SchedulerError."""
     if res.ok:
         return True
     if _INVALID_ID in (res.stderr + res.stdout).lower() and not res.timed_out:
@@ -207,8 +204,8 @@ _SUBMISSIONS = frozenset({"sbatch", "salloc"})
 
 
 def job_ids(ids: list[str]) -> list[str]:
-    """``ids`` unchanged when each is a Slurm job or step id: they are positional arguments
-    of scancel, where a damaged file's ``--user=me`` would cancel every job of a user."""
+    """``ids`` unchanged when each is a Slurm job or step id (a damaged file's ``--user=me``
+    given to scancel would cancel every job of a user)."""
     bad = [i for i in ids if not _JOB_ID.fullmatch(str(i))]
     if bad:
         raise ExecutionError(f"refusing Slurm job id(s) {bad!r}: expected numbers such as "
@@ -232,8 +229,8 @@ class SlurmJobs:
     def run(self, argv: list[str], *, timeout: float | None = None,
             env: dict[str, str] | None = None, cwd: str | None = None,
             input: str | None = None) -> CommandResult:
-        """Run one scheduler command, counting it under its program name. A submission
-        (sbatch, salloc) cut by a dropped connection is never re-sent: it may have run."""
+        """Run one scheduler command, counted by program; a submission cut by a dropped
+        connection is never re-sent (it may have run)."""
         self.counts[argv[0]] += 1
         return self.shell.run(argv, timeout=TIMEOUT if timeout is None else timeout,
                               env=env or None, cwd=cwd, input=input,
@@ -241,9 +238,8 @@ class SlurmJobs:
 
     def sbatch(self, script_path: str, *, script: str, cwd: str | None = None,
                env: dict[str, str] | None = None) -> str:
-        """Submit a script; the job id (SchedulerError names sbatch's complaint). ``script``:
-        its text, on stdin (what runs is what was rendered, whatever is at ``script_path``);
-        ``env``: the job's variables, in sbatch's environment (their values in no file)."""
+        """Submit a script; the job id. ``script``: its text, on stdin (what runs is what was
+        rendered); ``env``: the job's variables, in sbatch's environment (in no file)."""
         res = self.run(["sbatch", "--parsable"], input=script, cwd=cwd, env=env)
         if not res.ok:
             raise SchedulerError(res)
@@ -267,8 +263,7 @@ class SlurmJobs:
         return parse_squeue_steps(res.stdout) if _answered(res) else None
 
     def sacct(self, ids: Iterable[str], *, steps: bool = False) -> dict[str, AcctRow]:
-        """Accounting rows for job ids (``-X``) or step ids (``<job>.<step>``); {} and
-        ``accounting = False`` where accounting is disabled (callers use scontrol)."""
+        """Accounting rows for job or step ids; {} and ``accounting = False`` where disabled."""
         rows: dict[str, AcctRow] = {}
         fmt = "--format=JobID,State,ExitCode,NodeList,Reason"
         for part in chunks(ids):
@@ -287,8 +282,8 @@ class SlurmJobs:
         return rows
 
     def failed_steps(self, job_ids: Iterable[str]) -> dict[str, AcctRow]:
-        """job id -> the step that explains its failure (a FAILED job's first OUT_OF_MEMORY
-        step, else its first step a signal ended: the job alone does not say)."""
+        """job id -> the step that explains its failure (its first OOM step, else the first a
+        signal ended): the job alone does not say."""
         oom: dict[str, AcctRow] = {}
         signalled: dict[str, AcctRow] = {}
         for step_id, row in self.sacct(job_ids, steps=True).items():
@@ -300,8 +295,7 @@ class SlurmJobs:
         return {**signalled, **oom}
 
     def ended(self, job_id: str) -> tuple[AcctRow, float | None] | None:
-        """A job's final row and end time (epoch s) from scontrol, else sacct once slurmctld
-        forgot it; None while it still runs."""
+        """A job's final row and end time from scontrol, else sacct; None while it runs."""
         row: AcctRow | None = None
         end: float | None = None
         res = self.run(["scontrol", "show", "job", "-o", job_id])
@@ -361,8 +355,7 @@ class SlurmJobs:
 # a job waiting behind the user's own allocation: "PENDING (Resources)" alone looks busy
 def own_allocations(jobs: SlurmJobs, user: str, partition: str | None,
                     exclude: str | None = None) -> list[tuple[str, str, str]]:
-    """(job id, name, nodelist) of the user's running persistent allocations (of this
-    plugin, any checkout) on ``partition`` (any, when None)."""
+    """(job id, name, nodelist) of the user's running persistent allocations on ``partition``."""
     argv = ["squeue", "-h", "-u", user, "-t", "RUNNING", "-o", "%i|%j|%N|%P"]
     if partition:
         argv += ["-p", partition]
@@ -376,8 +369,7 @@ def own_allocations(jobs: SlurmJobs, user: str, partition: str | None,
 
 def blocker_note(jobs: SlurmJobs, user: str, partition: str | None, *, one_shot: bool,
                  exclude: str | None = None) -> str | None:
-    """A sentence naming the user's own allocations that hold nodes of ``partition``, and
-    what to do about them; None when there are none (or the scheduler did not answer)."""
+    """A sentence naming the user's own allocations on ``partition`` and what to do; or None."""
     try:
         found = own_allocations(jobs, user, partition, exclude)
     except SchedulerError:

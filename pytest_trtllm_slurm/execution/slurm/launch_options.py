@@ -82,8 +82,7 @@ class LaunchOptions:
         return self.container_runtime in WRAPPING_RUNTIMES and bool(spec.container_image)
 
     def gates(self, spec: JobSpec) -> bool:
-        """A step worth launching before its nodes are free: the worker plugin's ranks,
-        not wrapped in docker/podman (the gate's variables would not reach inside)."""
+        """A step worth launching early: worker ranks, not in docker/podman (the gate's env)."""
         return spec.workflow == "pytest" and bool(spec.nodeids) and not self.wraps(spec)
 
     def wrapped(self, spec: JobSpec, command: Sequence[str],
@@ -119,8 +118,7 @@ class LaunchOptions:
                             self._container_for(spec))
 
     def _container_for(self, spec: JobSpec) -> ContainerOptions | None:
-        """pyxis flags for a batch with an image: one container name per image and account,
-        so an allocation imports each image once per node."""
+        """pyxis flags: a container name per image and account (imported once per node)."""
         if not spec.container_image:
             return None
         if self.container_runtime != "pyxis":

@@ -8,8 +8,7 @@ EARLY      a gated step launched before its nodes are free: only its gate openin
            end moves it (a RUNNING seen meanwhile is accounting lag)
 SUBMITTED  the scheduler or a warm worker has it; not running (a re-sent batch returns)
 ENDED      its final state is known; its reports may lag, the allocation's end not ruled out
-SETTLED    its final state may be shown (terminal)
-"""
+SETTLED    its final state may be shown (terminal)"""
 
 from __future__ import annotations
 

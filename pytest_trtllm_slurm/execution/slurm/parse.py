@@ -212,8 +212,8 @@ def parse_mpi_list(text: str) -> PmixInfo:
 
 
 def parse_accounts(text: str, cluster: str | None = None) -> tuple[str | None, list[str]]:
-    """(default account, accounts in first-seen order) from ``sacctmgr ... withassoc
-    format=User,DefaultAccount,Cluster,Account``; only ``cluster``'s rows when known."""
+    """(default account, accounts in first-seen order) from ``sacctmgr ... withassoc``;
+    only ``cluster``'s rows when known."""
     default: str | None = None
     accounts: list[str] = []
     for line in text.splitlines():

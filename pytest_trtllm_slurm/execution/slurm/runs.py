@@ -111,9 +111,8 @@ class RunRegistry:
         self._lease: ShellLock | None = None
         self._starting: threading.Thread | None = None
         self._start_error: BaseException | None = None
-        # the dead runs of a listing this run just read (the checkout's claim), for the
-        # reaper's first look: one round trip less; a run that dies after it is reaped
-        # by the next run
+        # the dead runs of a listing just read (the checkout's claim): the reaper's first look
+        # saves a round trip; a run that dies after it is reaped by the next run
         self._dead_listed: list[tuple[RunRecord, str]] | None = None
 
     @property
@@ -139,8 +138,7 @@ class RunRegistry:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """The registry's short lock: held while a run registers as an allocation's user,
-        and while a run checks for users before it cancels an allocation."""
+        """The registry's short lock: registering as an allocation's user, or checking for users."""
         self.make_folder()
         lock = ShellLock(self.shell, Runs(self.folder).lock, max_hold=SHORT_LOCK_WAIT + 60)
         if not lock.acquire(SHORT_LOCK_WAIT, self.holder()):
@@ -152,8 +150,7 @@ class RunRegistry:
             lock.release()
 
     def _hold_lease(self) -> None:
-        """This run's own lock, held while it runs: its proof of life to other machines
-        (taken again if the holder ended, e.g. after the connection dropped)."""
+        """This run's own lock, held while it runs: its proof of life to other machines."""
         if self._lease is not None and self._lease.held:
             return
         self.make_folder()
@@ -230,8 +227,7 @@ class RunRegistry:
             self._lease = None
 
     def others(self) -> list[tuple[RunRecord, bool, str]]:
-        """Every other run's record, live or not (none when they cannot be told apart:
-        a live run must never be taken for a dead one)."""
+        """Every other run's record, live or not (none when they cannot be told apart)."""
         res = self.shell.run(self.list_argv(), timeout=60)
         if not res.ok:
             log.warning("run registry %s could not be listed: %s", self.where, res.describe())
@@ -268,13 +264,11 @@ class RunRegistry:
         return [r for r, alive, _ in self.others() if alive and r.allocation == allocation]
 
     def listed(self, found: list[tuple[RunRecord, bool, str]]) -> None:
-        """A listing read just now by another look (``parse_listing``'s result): the next
-        ``dead()`` takes its dead runs instead of listing again."""
+        """A listing read just now elsewhere: the next ``dead()`` takes it, not a new one."""
         self._dead_listed = [(r, p) for r, alive, p in found if not alive]
 
     def dead(self) -> list[tuple[RunRecord, str]]:
-        """The dead runs' records and files (a listing read by ``listed``, once; else now).
-        A dead run never becomes live again, so an earlier listing's dead are still dead."""
+        """The dead runs' records and files (a ``listed`` one, once: the dead stay dead)."""
         if self._dead_listed is not None:
             found, self._dead_listed = self._dead_listed, None
             return found
@@ -288,8 +282,7 @@ def local_registry(shell: Shell, work_dirs: Path) -> RunRegistry:
 
 def reap_dead_runs(runs: RunRegistry, jobs: SlurmJobs, shell: Shell, user: str | None,
                    say: Callable[[str], None]) -> list[str]:
-    """Cancel the queued jobs and steps (the user's, named as recorded) and the warm batches
-    of dead runs; the ids cancelled."""
+    """Cancel the dead runs' queued jobs, steps and warm batches; the ids cancelled."""
     cancelled: list[str] = []
     for record, path in runs.dead():
         try:
@@ -312,8 +305,8 @@ def reap_dead_runs(runs: RunRegistry, jobs: SlurmJobs, shell: Shell, user: str |
 
 
 def _queued_jobs(jobs: SlurmJobs, record: RunRecord, user: str | None) -> list[str]:
-    """The record's one-shot jobs still queued, owned by ``user`` and named as recorded,
-    and its allocation request if it still waits (named as any persistent allocation)."""
+    """The record's one-shot jobs still queued (``user``'s, named as recorded) and its
+    allocation request if it still waits."""
     found = []
     wanted = dict(record.jobs)
     for part in chunks(list(wanted) + ([record.request] if record.request else [])):
@@ -334,8 +327,7 @@ def _queued_jobs(jobs: SlurmJobs, record: RunRecord, user: str | None) -> list[s
 
 
 def _cancel_warm(shell: Shell, record: RunRecord) -> list[str]:
-    """Cancel the dead run's warm batches and end its sessions (files in their inboxes;
-    a session that already ended ignores them)."""
+    """Cancel the dead run's warm batches and end its sessions (files in their inboxes)."""
     done = []
     for item in record.warm:
         if shell.exists(Session(item.session).inbox):

@@ -25,11 +25,10 @@ from pytest_trtllm_slurm.transport.shell import CommandResult, LocalShell, Shell
 log = logging.getLogger(__name__)
 
 # $1 lock file, $2 seconds to wait for it, $3 seconds to hold it at most, $4 holder record,
-# then a command to run once it is held (its output and status in <lock>.out, written
-# before the holder record that tells the waiting side it holds the lock; the record is in
-# <lock>.taken before that command starts, for a caller with work that needs only the lock);
-# all through temporary files mktemp makes (unpredictable names, O_EXCL), renamed over
-# their names
+# then a command to run once held (its output and status in <lock>.out, written before the
+# holder record that tells the waiting side it holds the lock; the record is in <lock>.taken
+# before that command starts, for work that needs only the lock); all through mktemp's
+# temporary files (unpredictable names, O_EXCL), renamed over their names
 _HOLD = r"""
 lock=$1 wait=$2 hold=$3 info=$4; shift 4
 command -v flock >/dev/null 2>&1 || { echo "flock (util-linux) is not installed" >&2; exit 127; }
@@ -106,8 +105,7 @@ class ShellLock:
                 taken: Callable[[], None] | None = None) -> bool:
         """Take the lock within ``timeout`` s (False: another held it); ``waiting`` is called
         about once a second; ``then``: a command run once held (``output()``); ``taken``:
-        called (in another thread) as soon as the lock is held, while ``then`` still runs
-        (where the shell waits on the target: the SSH relay; else once acquired)."""
+        called (in another thread) as soon as it is held, while ``then`` may still run."""
         if self.held:
             raise RuntimeError(f"{self.where} is already held by this process")
         hold = self._hold = _Hold(token=secrets.token_hex(8))
@@ -160,9 +158,8 @@ class ShellLock:
         return (int(status), body) if sep and status.isdigit() else (-1, text)
 
     def _watch_taken(self, hold: _Hold) -> None:
-        """Wait on the target for ``<lock>.taken`` to name this acquisition, then call the
-        caller's ``taken`` (nothing when the shell cannot wait there, the holder ends first
-        or a look fails: the acquire calls it once it sees the lock held)."""
+        """Wait on the target for ``<lock>.taken`` to name this acquisition, then call ``taken``
+        (failing that, the acquire calls it once it sees the lock held)."""
         path = f"{self.path}.taken"
         try:
             while hold.result is None and not hold.release.is_set() and hold.taken:
@@ -177,8 +174,8 @@ class ShellLock:
             log.debug("lock %s: could not wait for it to be taken: %s", self.path, exc)
 
     def _look(self, token: str) -> tuple[dict[str, object] | None, bool]:
-        """The holder's record, and whether the look waited for it: the SSH relay waits
-        there (at most ``AWAIT`` s) until the record names ``token``, in one round trip."""
+        """The holder's record, and whether the look waited (``AWAIT`` s on the SSH relay) for
+        it to name ``token``."""
         raw = self.shell.read_when(holder_of(self.path), token, AWAIT)
         if raw is None:
             return self.holder(), False
@@ -218,8 +215,7 @@ class ShellLock:
             if hold.release.is_set():
                 break
             if cut and not hold.was_held and drops < WAIT_RETRIES:
-                # the connection dropped while we waited for the lock (never held: nothing
-                # to give back); wait again on the next connection (``acquire`` bounds it)
+                # dropped while waiting (never held): wait again on the next connection
                 drops += 1
                 log.warning("lock %s: the connection dropped while waiting for it (%s); "
                             "waiting again", self.where, result.stderr)

@@ -134,8 +134,7 @@ class AllocationSteps:
             self._finalize(ended)
 
     def _hold_at_gate(self, job: TrackedJob, now: float) -> None:
-        """A gated step before its gate opens shows as pending; ranks not ready within
-        the monitor timeout (e.g. an import that hangs) end it."""
+        """A gated step shows as pending until its gate opens; ranks not ready in time end it."""
         assert job.warm is not None
         limit = job.handle.spec.monitor_timeout_seconds
         if not job.warm.ready and job.launched_at and now - job.launched_at > limit:
@@ -147,8 +146,7 @@ class AllocationSteps:
         job.state = job.warm.state
 
     def _finalize(self, ended: list[tuple[TrackedJob, int]]) -> None:
-        """Final step states: sacct of ``<alloc>.<step>`` (OUT_OF_MEMORY, TIMEOUT and
-        CANCELLED show there), else the exit code srun returned."""
+        """Final step states: sacct of ``<alloc>.<step>`` (OOM, TIMEOUT...), else srun's code."""
         client = self.shared.jobs
         ids = [j.step_id for j, _ in ended if j.step_id]
         rows: dict[str, AcctRow] = {}
@@ -169,8 +167,7 @@ class AllocationSteps:
                 job.state = final_state(job, row, exit_code=code if code >= 0 else None)
                 continue
             job.left_at = job.left_at or now
-            # accounting lags a little behind srun's exit; without an exit code, wait for
-            # either up to ``final_wait``
+            # accounting lags srun's exit; without an exit code, wait up to ``final_wait``
             lag = self.final_wait if code < 0 else 10
             if job.step_id and client.accounting is not False and now - job.left_at < lag:
                 job.state = JobState(status=JobStatus.RUNNING, nodelist=job.state.nodelist)
@@ -187,8 +184,8 @@ class AllocationSteps:
         return [job.step_id] if job.step_id else []
 
     def stop_containers(self, jobs: list[TrackedJob]) -> None:
-        """SIGTERM to steps wrapped in a docker/podman run, so the wrapper removes its
-        container (a plain cancel is SIGKILL); waits up to ``CONTAINER_STOP_WAIT`` s."""
+        """SIGTERM to steps in a docker/podman run, so the wrapper removes its container (a
+        plain cancel is SIGKILL)."""
         steps = []
         for job in jobs:
             if not (job.alloc is not None and self.wraps(job.handle.spec)

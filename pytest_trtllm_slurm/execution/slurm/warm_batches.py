@@ -47,8 +47,7 @@ class WarmBatches:
 
     def enqueue(self, spec: JobSpec, opts: SlurmOptions, alloc: AllocationState, *,
                 gated: bool) -> TrackedJob:
-        """The allocation's pool places the batch (now or once GPUs free up); ``gated``: a
-        step may be launched before its nodes are free."""
+        """The pool places the batch (now or once GPUs free up); ``gated``: launched early."""
         pool = self.pools.get(alloc.job_id)
         if pool is None:
             pool = AgentPool(self.shared.shell, alloc, gres_style=opts.gres_style,
@@ -113,8 +112,7 @@ class WarmBatches:
         return [runs.warm_note(sent.session, sent.request_name)]
 
     def poll(self, jobs: list[TrackedJob]) -> None:
-        """Every call (files only, no scheduler): served batches' states, pool slots of
-        ended steps given back, held-back batches placed."""
+        """Every call (files only): served batches' states, ended steps' slots, placements."""
         if not self.pools:
             return
         for job in jobs:
@@ -139,8 +137,7 @@ class WarmBatches:
             self.sync(job)
 
     def quiet(self, jobs: list[TrackedJob]) -> set[str]:
-        """Served batches (local files) whose node side announced no change since the last
-        call (``execution.news``), and those waiting for GPUs."""
+        """Served batches with no news since the last call, and those waiting for GPUs."""
         if not isinstance(self.shared.shell, LocalShell):
             return set()
         by_folder: dict[str, dict[str, TrackedJob]] = {}

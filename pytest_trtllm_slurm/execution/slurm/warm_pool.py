@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 AGENT_START_GRACE = 60.0  # seconds an agent may take to write its first heartbeat
 HEARTBEAT_STALE = 30.0
 # a heartbeat this old asks the scheduler whether the agent's step is still listed (one
-# gone without an exit code, e.g. on a full disk, is lost now, not HEARTBEAT_STALE later)
+# gone without an exit code is lost now, not HEARTBEAT_STALE later)
 HEARTBEAT_LATE = 5.0
 
 
@@ -178,8 +178,7 @@ class AgentPool:
         self._seen_alive: dict[str, bool] = {}  # agent dir -> alive, as warm_up saw it
 
     def carries(self, spec: JobSpec) -> bool:
-        """Whether the run's agents hold ``spec``'s unwritable values (those of the first
-        served batch); a batch whose own differ runs as a step instead."""
+        """Whether the run's agents hold ``spec``'s unwritable values (else it runs as a step)."""
         hidden = hidden_env(spec.env)
         if self.carried is None:
             self.carried = hidden
@@ -424,8 +423,7 @@ class AgentPool:
                              *self.notes(job_id, sent),
                              file_ops.write(Session(sdir).request(sent.request_name),
                                             json.dumps(request))])
-        # watched once the leftovers are gone (a watch pushes the file from its start,
-        # whenever it appears): its end wakes the monitor
+        # watched once the leftovers are gone (a watch pushes the file whenever it appears)
         self.files.watch(sent.exit_path)
         self.files.watch(sent.pid_path, wake=False)
         log.debug("warm pool: %s sent to %s", job_id, Session(sdir).request(sent.request_name))
@@ -478,8 +476,7 @@ class AgentPool:
         return True
 
     def _resend(self, job: WarmJob, node: Node) -> None:
-        """The early session lacked one of the batch's node ids (EARLY_MISS, nothing ran):
-        end it, and send the batch to a session that collects the run's node ids."""
+        """The early session lacked one of the batch's node ids (EARLY_MISS): end it, resend."""
         assert job.sent is not None
         self.files.forget(job.sent.exit_path, job.sent.pid_path)  # read as files from now on
         if node.session == job.sent.session and node.session_ids is None:
@@ -490,8 +487,8 @@ class AgentPool:
         self._send(job.job_id, job)
 
     def check_health(self, also: Sequence[FileOp] = ()) -> list[bytes]:
-        """At most every ``CADENCE.agent_health`` s: is each used node's agent alive?
-        ``also``: reads done in the same round trip (their bytes are returned)."""
+        """Every ``CADENCE.agent_health`` s: is each used node's agent alive? ``also``: reads
+        done in the same round trip (their bytes are returned)."""
         now = time.monotonic()
         watched: list[Node] = []
         if now >= self._next_health:
@@ -613,8 +610,7 @@ class AgentPool:
             self.shell.write_file(Session(sent.node.session).cancel(sent.request_name), "")
 
     def close(self) -> None:
-        """End this run's sessions (the agents stay): in one round trip, else one by one
-        (one may not be writable, the others still end)."""
+        """End this run's sessions (the agents stay): in one round trip, else one by one."""
         stops = [Session(n.session).stop for n in self.nodes if n.session]
         for node in self.nodes:
             node.session = None
@@ -628,8 +624,7 @@ class AgentPool:
 
 def session_argv(python: str, base: list[str], sdir: str, targets: list[str], *,
                  capture_no: bool, nodeids_file: bool) -> list[str]:
-    """The served session's pytest: the run's options (``base``), the worker plugin in
-    serve mode, and what to collect (``targets``, narrowed by ``nodeids.json`` if asked)."""
+    """The served session's pytest: ``base``, the worker plugin serving, and ``targets``."""
     box = Session(sdir)
     ids = ["--trtllm-worker-nodeids", box.nodeids] if nodeids_file else []
     return [python, *base[1:], "-p", "pytest_trtllm_slurm.node.worker",
@@ -674,8 +669,7 @@ def secrets_key(batch_env: Mapping[str, str], *, local: bool) -> str:
 
 def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cwd: str,
                  env: dict[str, str], nodeids: str | None = None) -> str:
-    """Ask the agent in ``agent_dir`` for a session (its inboxes 0700, ``nodeids`` then the
-    request 0600, in one round trip where the shell can); the session's directory."""
+    """Ask the agent in ``agent_dir`` for a session (inboxes 0700, files 0600); its dir."""
     agent = Agent(agent_dir)
     box = agent.session(name)
     request = {"name": name, "argv": argv, "cwd": cwd, "env": env,
@@ -688,8 +682,7 @@ def send_session(shell: Shell, agent_dir: str, name: str, argv: list[str], *, cw
 
 
 def agent_dir(base: str, node: str, python: str, secrets: str = "") -> str:
-    """One agent per node, interpreter and set of secrets (``secrets_key``): a run with
-    another python, or other secrets in its environment, gets its own."""
+    """One agent per node, interpreter and set of secrets (``secrets_key``)."""
     key = python if not secrets else f"{python}\0{secrets}"
     return Agent(base).at(f"{node}-{hashlib.sha1(key.encode()).hexdigest()[:8]}")
 
@@ -741,8 +734,7 @@ ERROR_MARKS = ("error", "Error", "Traceback", "Killed", "killed", "CANCELLED")
 
 
 def error_lines(shell: Shell, log: str, lines: int = 6, max_bytes: int = 16384) -> str:
-    """The last error lines of a log (srun's ``srun: error: ...``, a Python exception),
-    as ``":\n    line..."``; empty when there are none."""
+    """The last error lines of a log (srun's, a Python exception) as ``":\n    line..."``."""
     try:
         start = max(0, shell.size(log) - max_bytes)
         text = shell.read_from(log, start, max_bytes).decode("utf-8", "replace")

@@ -2,8 +2,7 @@
 
 ``mfa = false``: key only; ``true``: then keyboard-interactive; unset: that only when the
 server asks. The code is fetched per login, held only in a local variable: it never
-reaches disk, logs, exceptions or repr().
-"""
+reaches disk, logs, exceptions or repr()."""
 
 from __future__ import annotations
 

@@ -94,8 +94,7 @@ class OneOpFiles:
         self._file_op("mkdir", path, private=private)
 
     def write_file(self, path: str, data: str | bytes, mode: int = 0o600) -> None:
-        """Atomic: a 0600 temp file next to ``path``, created exclusively (a planted name or
-        link is refused), then renamed over it."""
+        """Atomic: an exclusively created 0600 temp file next to ``path``, renamed over it."""
         blob = data.encode() if isinstance(data, str) else data
         self._file_op("write", path, mode=mode, data=base64.b64encode(blob).decode("ascii"))
 

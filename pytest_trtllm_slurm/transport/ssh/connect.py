@@ -2,8 +2,7 @@
 
 paramiko has no ControlMaster (paramiko #852), so a run keeps ONE Transport and opens
 many channels on it; keepalive is set because paramiko otherwise never notices a dead
-connection (paramiko #503).
-"""
+connection (paramiko #503)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ``ssh`` uses whatever socket sits at a ControlPath; whoever made it sees every command and
 forges every answer. So a socket is used only when it is ours and every folder above it is
-ours (or root's) and writable by nobody else, or a root-owned sticky folder such as /tmp.
-"""
+ours (or root's) and writable by nobody else, or a root-owned sticky folder such as /tmp."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 paramiko verifies the key exchange with the certificate's key but checks nothing about the
 certificate, so this does what OpenSSH's ``check_host_cert`` does: a *host* certificate,
 signed by a CA known_hosts trusts for this host (not @revoked), valid now, naming this host
-among its principals (or none), with no critical option it does not understand.
-"""
+among its principals (or none), with no critical option it does not understand."""
 
 from __future__ import annotations
 

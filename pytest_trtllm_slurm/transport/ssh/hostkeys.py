@@ -2,8 +2,7 @@
 
 An unknown key is refused unless ``accept_new_host_key = true`` (``accept-new``); a changed
 or revoked key always is; paramiko's auto-add policy is never used. A host certificate is
-accepted when an ``@cert-authority`` line names its CA (``hostcerts``).
-"""
+accepted when an ``@cert-authority`` line names its CA (``hostcerts``)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 For clusters whose MFA only the user can complete (browser device codes, Duo push):
 the user starts a ControlMaster once (``ssh -fNM ...``) and every command rides on it.
-This shell never starts a master and never answers a prompt (BatchMode=yes).
-"""
+This shell never starts a master and never answers a prompt (BatchMode=yes)."""
 
 from __future__ import annotations
 
@@ -73,8 +72,7 @@ class OpenSSHShell(OneOpFiles):
         return argv
 
     def connect(self) -> None:
-        """As the paramiko shell's: a problem (no master, an untrusted socket) surfaces
-        before any work. The master is the user's: there is nothing to open."""
+        """Surface a problem (no master, an untrusted socket) before any work; opens nothing."""
         self.check_master()
 
     def close(self) -> None:
@@ -126,8 +124,8 @@ class OpenSSHShell(OneOpFiles):
             "then run again. Or use transport = \"paramiko\" (keys, mfa, otp_command).")
 
     def _expanded(self, control_path: str | None) -> str | None:
-        """The socket path ssh would use (``%`` tokens and ``~`` expanded, as ``ssh -G``
-        prints it): ``control_path``, or ssh config's when None. None: no ControlPath."""
+        """The socket path ssh would use (as ``ssh -G`` prints it): ``control_path``, or ssh
+        config's when None. None: no ControlPath."""
         argv = [*self._base(control_path), "-G", "--", self.target.alias]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30,
                               stdin=subprocess.DEVNULL, check=False)
@@ -140,8 +138,7 @@ class OpenSSHShell(OneOpFiles):
     def _ssh(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 60,
              producer: Callable[[IO[bytes]], Any] | None = None,
              shown: Sequence[str] = ()) -> tuple[int, bytes, bytes, bool]:
-        """``shown``: the argv the log names (the command as the caller wrote it: the
-        remote string has the environment's values in it)."""
+        """``shown``: the argv the log names (the remote string holds the env's values)."""
         # "--" before the host: nothing after it is read as an option of ssh
         argv = [*self._base(self._control_path), "--", self.target.alias, command]
         with timed_command(f"ssh {self.name}", shown or ["ssh"]) as outcome:
@@ -220,8 +217,7 @@ class OpenSSHShell(OneOpFiles):
 
 def _popen(argv: list[str], stdin: bytes | None, timeout: float | None,
            producer: Callable[[IO[bytes]], Any] | None) -> tuple[int, bytes, bytes, bool]:
-    """Run ``argv`` with ``producer`` (else ``stdin``) writing its stdin from a thread while
-    threads read stdout and stderr (a full pipe never stalls it)."""
+    """Run ``argv`` with ``producer`` (else ``stdin``) writing its stdin from a thread."""
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     write = producer or (lambda fh: fh.write(stdin or b""))

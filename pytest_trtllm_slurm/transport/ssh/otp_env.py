@@ -2,8 +2,7 @@
 
 In ``os.environ`` a one-time code would reach every worker, job and test the run starts:
 it is taken out at start-up into a ``HeldCode`` the run owns (``config.stash``), and
-xdist workers get it through their ``workerinput`` (a pipe).
-"""
+xdist workers get it through their ``workerinput`` (a pipe)."""
 
 from __future__ import annotations
 

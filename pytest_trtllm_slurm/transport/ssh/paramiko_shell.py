@@ -1,8 +1,7 @@
 """SSHShell: the Shell protocol over one paramiko connection, commands and file operations
 on one relay channel (``node/relay.py``), else a channel per command and SFTP. A dropped
 connection is re-established with backoff; a cut command is re-run only with
-``retry_on_drop`` (sbatch must not be).
-"""
+``retry_on_drop`` (sbatch must not be)."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ class SSHShell(OneOpFiles):
         self._relay_lock = threading.Lock()
         self._later_watches: dict[str, tuple[int, bool]] = {}  # for the next relay
         self._watch_lock = threading.Lock()  # guards _later_watches
-        # told while a dropped connection is re-established (the run shows it: a frozen
-        # run is worse than a line); None: the log only
+        # told while a dropped connection is re-established (a frozen run is worse than a line)
         self.notify: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
@@ -153,9 +151,8 @@ class SSHShell(OneOpFiles):
             f"re-established after {len(self._backoff) + 1} attempts: {last}")
 
     def _dropped(self, conn: Connection) -> None:
-        """``conn`` ended under a command. Said once, and only when it was the live
-        connection: not when ``close`` ended it (a lock holder or a reader still in flight
-        at the end of a run) nor when another thread has already noticed."""
+        """``conn`` ended under a command: said once, and only when it was the live connection
+        (not when ``close`` ended it, nor when another thread already noticed)."""
         with self._lock:
             live = self._conn is conn
             if live:
@@ -174,9 +171,8 @@ class SSHShell(OneOpFiles):
                              daemon=True).start()
 
     def _relay_on(self, conn: Connection) -> RelayChannel | None:
-        """The live relay of ``conn``, started on first use (again after it died, up to
-        RELAY_STARTS a run); None: commands take a channel each. A command waits for a
-        start under way: a session of its own costs about as much as the start."""
+        """The live relay of ``conn``, started on first use (up to RELAY_STARTS a run); None:
+        a channel each. A command waits for a start under way (it costs as much as one)."""
         with self._relay_lock:
             old = self._relay
             if old is not None and self._relay_conn is conn and old.alive:
@@ -214,9 +210,8 @@ class SSHShell(OneOpFiles):
 
     @property
     def parallel_safe(self) -> bool:
-        """Whether several commands may be run at once (discovery's prefetch): over a live
-        relay they share its one channel, a thread each there; without it each would open a
-        channel of its own, and sshd's MaxSessions (10 by default) is soon reached."""
+        """Whether several commands may run at once: only over a live relay (a channel each
+        would soon reach sshd's MaxSessions, 10 by default)."""
         relay = self._relay
         return relay is not None and relay.alive
 
@@ -225,10 +220,9 @@ class SSHShell(OneOpFiles):
         return self._relay_on(self._connection()) is not None
 
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
-        """Have the relay push what ``path`` gets past ``offset`` (read it with ``pushed``);
-        ``wake``: a push ends ``wait_news``. Never connects (a monitor's bookkeeping must not
-        wait on the network): with no live relay now, the next relay started watches it;
-        until then ``pushed`` says None and the reader reads the file."""
+        """Have the relay push what ``path`` gets past ``offset`` (``pushed``); ``wake``: a push
+        ends ``wait_news``. Never connects (bookkeeping must not wait on the network): with no
+        live relay the next one watches it, and until then the reader reads the file."""
         relay = self._relay
         if relay is not None and relay.alive:
             try:
@@ -277,8 +271,7 @@ class SSHShell(OneOpFiles):
 
     def run_stdin_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                          timeout: float | None = 600, cwd: str | None = None) -> CommandResult:
-        """Run argv with ``producer(stdin)`` streaming binary data into it (a tar stream).
-        Not retried on a drop: the producer may not be re-runnable."""
+        """Run argv with ``producer(stdin)`` streaming into it; never retried (nor is producer)."""
         result = self._run_relayed(argv, False, lambda relay: self._fed(*relay.run_stream(
             argv, producer, timeout=timeout, cwd=cwd)))
         if result is not None:
@@ -287,9 +280,8 @@ class SSHShell(OneOpFiles):
 
     def _run_relayed(self, argv: list[str], retry_on_drop: bool,
                      call: Callable[[RelayChannel], CommandResult]) -> CommandResult | None:
-        """``call`` on the relay; None: no relay (the caller runs ``argv`` on a channel of
-        its own). A relay that ends under a command that may run again is replaced and the
-        command re-run once through the new one."""
+        """``call`` on the relay; None: no relay. A relay that ends under a command that may
+        run again is replaced and the command re-run once through the new one."""
         for _attempt in range(2 if self.use_relay else 0):
             conn = self._connection()
             relay = self._relay_on(conn)

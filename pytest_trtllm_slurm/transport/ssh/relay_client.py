@@ -4,8 +4,7 @@ A command on its own channel is a new sshd session (a fifth of a second or more)
 is one JSON line each way, and appended bytes of watched files are pushed. Pushes are kept
 by absolute offset: an offset they do not cover answers None and the reader reads the file
 (nothing lost or read twice). Bounded: ``relay.PUSH_WINDOW`` ahead per file (dropped past
-twice that), ``relay.STDIN_WINDOW`` of streamed stdin, ``MAX_MESSAGE`` per line.
-"""
+twice that), ``relay.STDIN_WINDOW`` of streamed stdin, ``MAX_MESSAGE`` per line."""
 
 from __future__ import annotations
 
@@ -74,9 +73,8 @@ class RelayAnswer(FileAnswer):
 # shim or module to resolve), else the login node's python3; $2 names the relay in ps
 _START = ('command -v "$0" >/dev/null 2>&1 && exec "$0" -u -c "$1" "$2"; '
           'exec python3 -u -c "$1" "$2"')
-# the quick start: the first given absolute interpreter that exists, with -I -S (the relay
-# is stdlib only), not what PATH names (often a shim: a second process per start); none
-# there: exit 127, and the plain start (``_START``)
+# the quick start: the first given absolute interpreter, -I -S (the relay is stdlib only),
+# not what PATH names (often a shim: a second process); none there: exit 127, ``_START``
 _QUICK = ('src=$1; shift; for p in "$@"; do [ -f "$p" ] && [ -x "$p" ] && '
           'exec "$p" -I -S -u -c "$src" "$0"; done; exit 127')
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
@@ -88,8 +86,7 @@ def relay_tag(pid: int | None = None) -> str:
 
 
 def quick_candidates(python: str) -> list[str]:
-    """The interpreters the quick start tries, in order: the cluster's own when it is an
-    absolute path, and the system's python3 when the cluster names none (``python3``)."""
+    """The interpreters the quick start tries: the cluster's own if absolute, else python3's."""
     found = [python] if python.startswith("/") else []
     if python in ("python3", "python"):
         found += SYSTEM_PYTHONS
@@ -139,10 +136,8 @@ class RelayChannel:
     @classmethod
     def start(cls, transport: paramiko.Transport, python: str = "python3", *,
               quick: bool = True) -> RelayChannel | None:
-        """A relay on a new channel of ``transport``; None when it does not come up (no
-        python3 on the login node, a restricted shell): the caller runs each command on its
-        own channel. ``quick``: an absolute interpreter first (``_QUICK``), the plain start
-        when that one does not come up. The relay's source rides the command line."""
+        """A relay on a new channel of ``transport``; None when it does not come up (no python3,
+        a restricted shell): each command gets its own channel. ``quick``: ``_QUICK`` first."""
         candidates = quick_candidates(python) if quick else []
         starts = [["sh", "-c", _START, python, _relay_source(), relay_tag()]]
         if candidates:
@@ -187,8 +182,7 @@ class RelayChannel:
 
     def call(self, message: dict[str, Any], wait: float | None = None,
              feed: Callable[[int, _Pending], None] | None = None) -> dict[str, Any] | None:
-        """Send one request (``feed(id, pending)`` then streams its stdin) and wait for its
-        answer (None: none within ``wait`` seconds); RelayLost when the channel ends first."""
+        """Send one request (``feed`` streams its stdin) and wait ``wait`` s for its answer."""
         ident, pending = next(self._ids), _Pending()
         began = time.monotonic()
         with self._lock:
@@ -210,8 +204,7 @@ class RelayChannel:
         return pending.answer
 
     def file_op(self, op: str, **fields: Any) -> dict[str, Any]:
-        """A file operation in one round trip (read, size, write, mkdir); OSError as the
-        login node raised it (for a batch: the batch itself was refused)."""
+        """A file operation in one round trip; OSError as the login node raised it."""
         answer = self.call({"op": op, **fields}, FILE_OP_WAIT)
         if answer is None:
             raise RelayLost()  # stuck (a hung file system): the caller tries SFTP
@@ -229,8 +222,8 @@ class RelayChannel:
     def run_stream(self, argv: list[str], producer: Callable[[IO[bytes]], object], *,
                    timeout: float | None, cwd: str | None) -> tuple[CommandResult,
                                                                   BaseException | None]:
-        """Run ``argv`` with ``producer(stdin)`` streaming into it (a tar or git bundle);
-        also what the producer raised, if it did. RelayLost when the channel ends first."""
+        """Run ``argv`` with ``producer(stdin)`` streaming into it; also what the producer raised.
+        RelayLost when the channel ends first."""
         errors: list[BaseException] = []
 
         def feed(ident: int, pending: _Pending) -> None:
@@ -250,8 +243,7 @@ class RelayChannel:
         return _result(argv, answer), (errors[0] if errors else None)
 
     def watch(self, path: str, offset: int, *, wake: bool = True) -> None:
-        """Push what ``path`` gets from ``offset`` on (again, if it was watched); ``wake``:
-        its pushes end a wait_news early."""
+        """Push what ``path`` gets from ``offset`` on; ``wake``: pushes end a wait_news early."""
         with self._lock:
             self._feeds[path] = _Feed(start=offset, wake=wake, acked=offset)
         self._send({"op": "watch", "path": path, "offset": offset})
@@ -263,16 +255,14 @@ class RelayChannel:
             self._send({"op": "unwatch", "path": path})
 
     def watches(self) -> list[tuple[str, int, bool]]:
-        """(path, lowest offset still held, wake) of every watched file: what a relay
-        that replaces this one watches again."""
+        """(path, lowest offset held, wake) of every watched file, for a replacing relay."""
         with self._lock:
             return [(path, feed.start, feed.wake) for path, feed in self._feeds.items()]
 
     def pushed(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
-        """Bytes of ``path`` from ``offset`` that were pushed (b"": none since); None when
-        the pushes do not cover ``offset`` and the caller must read the file itself.
-        What lies before ``offset`` is dropped: the reader has it, and the relay is told
-        (its window moves on)."""
+        """Bytes of ``path`` from ``offset`` that were pushed (b"": none since); None when the
+        pushes do not cover ``offset`` (the caller reads the file). Bytes before it are dropped
+        and acked (the relay's window moves on)."""
         with self._lock:
             feed = self._feeds.get(path)
             if not self.alive or feed is None or feed.broken:
@@ -427,9 +417,8 @@ class CommandEnded(BrokenPipeError):
 
 
 class _StdinWriter:
-    """The binary file interface a producer writes to: pieces as ``stdin`` lines. Once the
-    command is answered (it ended) a write fails as one to a closed pipe does, so a
-    producer that feeds it until then (a lock's keep-alive) stops."""
+    """The file a producer writes to: pieces as ``stdin`` lines. Once the command is answered a
+    write fails as to a closed pipe, so a producer feeding it until then (a keep-alive) stops."""
 
     PIECE = 1 << 18
 

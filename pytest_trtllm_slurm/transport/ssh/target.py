@@ -1,7 +1,6 @@
 """Where an SSH connection goes: one ``[clusters.NAME]`` table merged with ``~/.ssh/config``
 (HostName, User, Port, IdentityFile, ProxyCommand, ProxyJump); values in the clusters file
-win, as ``ssh -p``/``-l``/``-i`` win over the config file.
-"""
+win, as ``ssh -p``/``-l``/``-i`` win over the config file."""
 
 from __future__ import annotations
 
@@ -152,8 +151,7 @@ def parse_jump_spec(spec: str) -> tuple[str | None, str, int | None]:
 
 def _check(value: str, check: Callable[[str], str | None], what: str,
            fix: str = "use a host name, an IP address or an alias from ~/.ssh/config") -> None:
-    """ConfigError naming ``what`` when ``check`` refuses ``value`` (e.g. a host that
-    starts with '-' would reach ssh as an option)."""
+    """ConfigError naming ``what`` when ``check`` refuses ``value`` (e.g. a leading '-')."""
     problem = check(value)
     if problem:
         raise ConfigError(f"{what}: found {value!r}, which {problem}; {fix}")
