@@ -228,6 +228,7 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
     splits: dict[tuple[int, int], list[tuple[list[int], float]]] = {}
     scores: dict[tuple[int, ...], tuple[float, float, list[Chunk]]] = {}
     work = [0]  # chunks simulated so far
+    floor = [math.inf]  # the shortest makespan simulated so far
 
     orders = [longest_first(g.durations) for g in groups]
 
@@ -260,15 +261,13 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
                 best = (makespan, area, ordered)
         assert best is not None
         scores[counts] = best
+        floor[0] = min(floor[0], best[0])
         return best
-
-    floor = [math.inf]  # the shortest makespan simulated so far
 
     def better(a: tuple[float, float, list[Chunk]], b: tuple[float, float, list[Chunk]]) -> bool:
         """Shorter by more than TIE (expected durations are estimates), else as long and
         fewer GPU-seconds (fewer start-ups paid), within TIE of the shortest plan seen: a
         chain of ties never drifts 1% a step away from it."""
-        floor[0] = min(floor[0], a[0], b[0])
         eps = TIE * max(1.0, b[0])
         return a[0] < b[0] - eps or (abs(a[0] - b[0]) <= eps and a[1] < b[1] - 1e-9
                                      and a[0] <= floor[0] + TIE * max(1.0, floor[0]))

@@ -112,7 +112,18 @@ class PushingShell(Protocol):
     def wait_news(self, timeout: float) -> None: ...
 
 
-class LocalShell:
+class WithoutRelay:
+    """The Shell members a shell without the SSH relay answers None to: no batched file
+    operations, no wait on the host (LocalShell: no round trip to save; OpenSSHShell)."""
+
+    def file_batch(self, ops: Sequence[FileOp]) -> None:
+        return None
+
+    def read_when(self, path: str, needle: str, timeout: float) -> None:
+        return None
+
+
+class LocalShell(WithoutRelay):
     """The machine pytest runs on."""
 
     name = "localhost"
@@ -165,11 +176,3 @@ class LocalShell:
 
     def exists(self, path: str) -> bool:
         return Path(path).exists()
-
-    def file_batch(self, ops: Sequence[FileOp]) -> None:
-        """No round trip to save here: ``run_ops`` does them one by one."""
-        return None
-
-    def read_when(self, path: str, needle: str, timeout: float) -> None:
-        """Not waited for here: a look costs no round trip, the caller looks itself."""
-        return None

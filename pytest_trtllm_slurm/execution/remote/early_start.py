@@ -119,10 +119,12 @@ def sync_and_start(shell: Shell, cluster: ClusterConfig, rootdir: Path,
         if kept is not None:
             done.sessions = kept
         elif ask is not None:
+            looked = None
             if beside is not None:
                 beside.stop(shell)  # they may have read files the sync then changed
+                looked = beside.looked()  # the agents' look made beside the claim
             done.sessions = _start_sessions(shell, cluster, paths, state_dir, path_map, ask,
-                                            registry)
+                                            registry, looked)
     except (ConfigError, ExecutionError, OSError, ValueError) as exc:
         log.debug("ssh: early sync/sessions on %s stopped: %s", cluster.name, exc)
     finally:
@@ -163,6 +165,13 @@ class _SessionsBesideClaim:
             sdir = self._ask(adir)  # remembered before the next one (to be stopped)
             with self._lock:
                 self._asked.append((adir, sdir))
+
+    def looked(self) -> list[str] | None:
+        """The live agents found beside the claim (None: that look failed)."""
+        try:
+            return self._looked.result()
+        except (ConfigError, ExecutionError, OSError, ValueError):
+            return None
 
     def _end(self) -> bool:
         """No request is sent after this (the claim ended); whether any was."""
@@ -232,9 +241,13 @@ def _ask_session(shell: Shell, cluster: ClusterConfig, path_map: PathMap, ask: S
 
 
 def _start_sessions(shell: Shell, cluster: ClusterConfig, paths: RemotePaths, state_dir: str,
-                    path_map: PathMap, ask: SessionAsk, registry: EarlySessions) -> list[str]:
+                    path_map: PathMap, ask: SessionAsk, registry: EarlySessions,
+                    looked: list[str] | None = None) -> list[str]:
+    """A session on each live agent (``looked``: found already, else looked up now)."""
+    if looked is None:
+        looked = _live_agents(shell, cluster, paths, state_dir, registry, ask)
     started = []
-    for adir in _live_agents(shell, cluster, paths, state_dir, registry, ask):
+    for adir in looked:
         # one round trip per session: one that was asked for is remembered before the next
         sdir = _ask_session(shell, cluster, path_map, ask, adir)
         registry.remember(adir, sdir)

@@ -583,7 +583,8 @@ class AgentPool:
 
     def _end_state(self, job: WarmJob, code: int, node: Node) -> JobState:
         """``node``: where the batch's process ran; the state names every node it held."""
-        nodes = job.placement.names if job.placement is not None else node.name
+        assert job.placement is not None  # (refresh's: a placed, served batch)
+        nodes = job.placement.names
         if code == 0:
             return JobState(status=JobStatus.COMPLETED, exit_code=0, nodelist=nodes)
         sig = signal_of_exit_code(code)  # the fork loop writes 128 + N for a signal

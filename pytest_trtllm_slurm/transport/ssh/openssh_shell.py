@@ -16,7 +16,7 @@ from typing import IO, Any
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.safe_values import control_chars
 from pytest_trtllm_slurm.transport.command_log import timed_command
-from pytest_trtllm_slurm.transport.shell import CommandResult, FileOp
+from pytest_trtllm_slurm.transport.shell import CommandResult, WithoutRelay
 from pytest_trtllm_slurm.transport.ssh.commands import OneOpFiles, piped_env_command, remote_command
 from pytest_trtllm_slurm.transport.ssh.connect import SSHConnectionLost
 from pytest_trtllm_slurm.transport.ssh.control_path import (
@@ -43,7 +43,7 @@ def ssh_option_path(path: str, *, tokens: bool = False) -> str:
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
-class OpenSSHShell(OneOpFiles):
+class OpenSSHShell(WithoutRelay, OneOpFiles):
     """Run commands over ``ssh -o BatchMode=yes`` multiplexed on an existing ControlMaster."""
 
     def __init__(self, target: SSHTarget, *, control_path: str | None = None,
@@ -199,14 +199,6 @@ class OpenSSHShell(OneOpFiles):
 
     def exists(self, path: str) -> bool:
         return self._sh('test -e "$1"', [path])[0] == 0
-
-    def file_batch(self, ops: Sequence[FileOp]) -> None:
-        """No relay here: ``run_ops`` does them one by one."""
-        return None
-
-    def read_when(self, path: str, needle: str, timeout: float) -> None:
-        """No relay here: the caller looks itself."""
-        return None
 
     def _exec_input(self, argv: list[str], data: bytes, shown: list[str]
                     ) -> tuple[int, str, str, bool]:
