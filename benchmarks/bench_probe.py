@@ -53,6 +53,28 @@ def _mark(name: str) -> None:
     STATE["marks"].setdefault(name, time.time())
 
 
+def _mark_early_start() -> None:
+    """``early_start`` / ``early_start_end``: the controller's early start (its warm sessions
+    asked for before the suite's conftests), within the conftests' phase."""
+    import pytest_trtllm_slurm.controller.warm_start as warm_start
+
+    begin = warm_start.begin
+
+    @functools.wraps(begin)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        _mark("early_start")
+        try:
+            return begin(*args, **kwargs)
+        finally:
+            _mark("early_start_end")
+
+    warm_start.begin = marked  # type: ignore[assignment]
+
+
+if os.environ.get("BENCH_PROBE_OUT"):
+    _mark_early_start()
+
+
 def _add(name: str, wall: float, cpu: float) -> None:
     """Wall seconds under ``name``, this process's CPU seconds under ``name_cpu`` (what a
     step costs the controller whatever else the shared machine runs)."""
@@ -237,6 +259,30 @@ _LOG_HOOKS = frozenset({"pytest_runtest_logstart", "pytest_runtest_logreport",
                         "pytest_runtest_logfinish"})
 
 
+def _time_collections() -> None:
+    """``BENCH_GC=1``: the cyclic garbage collector's passes and seconds per generation
+    (``gc``), from configure to pytest's last hook: what holding many objects costs a way
+    (opt-in: a callback per pass slows a run of many small collections)."""
+    import gc
+
+    if os.environ.get("BENCH_GC") != "1":
+        return
+    totals: dict[str, float] = {}
+    STATE["gc"] = totals
+    began: list[float] = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+            return
+        gen = str(info["generation"])
+        totals[f"gen{gen}_passes"] = totals.get(f"gen{gen}_passes", 0) + 1
+        totals[f"gen{gen}_seconds"] = (totals.get(f"gen{gen}_seconds", 0.0)
+                                       + time.perf_counter() - began[0])
+
+    gc.callbacks.append(callback)
+
+
 def _time_hook_calls() -> None:
     """``reporting_calls``: the time of each call of the three reporting hooks as its
     caller sees it, pluggy's dispatch included, in every way alike (pytest's runner calls
@@ -267,8 +313,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker_reports or not os.environ.get("BENCH_PROBE_OUT"):
         return  # only the controller of a benchmark run
     _mark("configure")
+    _spy_whole_run()
     config.pluginmanager.register(_Clock(), "bench_probe_clock")
     _time_hook_calls()
+    _time_collections()
     import pytest_trtllm_slurm.controller.batches as batch_plan
     import pytest_trtllm_slurm.controller.item_routes as planning
     import pytest_trtllm_slurm.controller.run_loop as dispatch
@@ -359,6 +407,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if not out or config.getoption("trtllm_worker_reports", default=None):
         return
     _mark("unconfigure")
+    _time_exit_steps(out)
     counts: dict[str, int] = {}
     for jobs in STATE["jobs"]:
         for command, n in jobs.counts.items():
@@ -380,6 +429,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "maxrss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "cpu": {**STATE["cpu"], "end": _cpu()},
         "counts": STATE.get("counts", {}),
+        "gc": STATE.get("gc", {}),
         "marks": STATE["marks"],
         # what the interpreter's exit waits for: threads that are not daemons (joined
         # before exit) and the pools' workers (joined by concurrent.futures at exit)
@@ -387,6 +437,81 @@ def pytest_unconfigure(config: pytest.Config) -> None:
                                  for t in threading.enumerate()
                                  if t is not threading.main_thread()),
     }, indent=2))
+    _trace_exit()
+
+
+def _time_exit_steps(out: str) -> None:
+    """After pytest's last hook: how long pytest's unraisable-exception cleanup collects
+    (its ``gc_collect_harder``), how many objects are frozen then, and when
+    the interpreter's exit handlers start, into ``$BENCH_EXIT_MARKS`` or ``out + ".exit"``
+    (JSON, epoch seconds)."""
+    import atexit
+    import gc
+
+    import _pytest.unraisableexception as unraisable
+
+    marks: dict[str, Any] = {"frozen": gc.get_freeze_count()}
+    collect = unraisable.gc_collect_harder
+
+    def timed(iterations: int) -> None:
+        marks["cleanup_gc_start"] = time.time()
+        collect(iterations)
+        marks["cleanup_gc_end"] = time.time()
+
+    unraisable.gc_collect_harder = timed  # type: ignore[assignment]
+
+    def at_exit() -> None:
+        marks["atexit"] = time.time()
+        Path(os.environ.get("BENCH_EXIT_MARKS") or out + ".exit").write_text(json.dumps(marks))
+
+    atexit.register(at_exit)
+
+
+def _spy_whole_run() -> None:
+    """``BENCH_PYSPY=file``: py-spy samples every thread of the controller 100 times a
+    second until it exits: ``*.raw``, busy samples only (where the CPU goes, every thread);
+    else idle ones too (speedscope's JSON, samples in time order: where the wall time goes,
+    waits included). Diagnostic only."""
+    import subprocess
+    import sys
+
+    out = os.environ.get("BENCH_PYSPY")
+    spy = Path(sys.executable).with_name("py-spy")
+    if out and spy.exists():
+        # ``*.raw``: the CPU only (busy samples, folded stacks); else the whole wall time
+        kind = (["--format", "raw"] if out.endswith(".raw") else
+                ["--idle", "--format", "speedscope"])
+        subprocess.Popen([str(spy), "record", *kind, "--threads", "--nonblocking",
+                          "--rate", "100", "-o", out, "-p", str(os.getpid())],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+
+
+def _trace_exit() -> None:
+    """``BENCH_EXIT_TRACE=stem``: from pytest's last hook to the process's end, record its
+    Python and native stacks (``stem.pyspy``; or, with ``BENCH_EXIT_STRACE=1``, its system
+    calls, ``stem.strace``: the two tracers cannot attach together), to
+    see what the exit waits for. Diagnostic only: both tracers slow the exit down."""
+    import shutil
+    import subprocess
+    import sys
+
+    stem = os.environ.get("BENCH_EXIT_TRACE")
+    if not stem:
+        return
+    pid = str(os.getpid())
+    if os.environ.get("BENCH_EXIT_STRACE") and shutil.which("strace"):  # (not with py-spy)
+        subprocess.Popen(["strace", "-f", "-tt", "-T", "-p", pid, "-o", f"{stem}.strace"])
+        time.sleep(1.0)
+        _mark("exit_trace_attached")
+        return
+    spy = Path(sys.executable).with_name("py-spy")
+    if spy.exists():
+        subprocess.Popen([str(spy), "record", "--native", "--rate", "500", "--format",
+                          "raw", "-o", f"{stem}.pyspy", "-p", pid],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # both attached before the exit starts
+    _mark("exit_trace_attached")
 
 
 def _executor_base() -> type:

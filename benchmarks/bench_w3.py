@@ -162,7 +162,9 @@ def outcomes(xml_paths: list[Path], expected: list[str]) -> dict[str, Any]:
 
 #: the controller's steps in order (bench_probe's marks), each phase named by where it ends
 PHASES = (("loaded", "interpreter, pytest and the plugins"),
-          ("configure", "the suite's conftests (C) and the plugins' imports"),
+          ("early_start", "the plugin's imports"),
+          ("early_start_end", "the early start (the warm sessions asked for)"),
+          ("configure", "the suite's conftests (C)"),
           ("collect_start", "configure and session start (the early starts)"),
           ("collect_end", "collection"),
           ("runtestloop_start", "collection's hooks"),
@@ -330,6 +332,8 @@ def main() -> int:
                     "more than a 2-CPU machine starts in time)")
     ap.add_argument("--ways", default="plugin,per_shape")
     ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="timed plugin runs after the one warm-up (plugin, plugin_2, ...)")
     ap.add_argument("--plugin-args", default="", help="extra pytest arguments (shlex)")
     ap.add_argument("--profile", default=None,
                     help="profile the timed plugin run's dispatch loop into this file: "
@@ -362,8 +366,10 @@ def main() -> int:
                         log("plugin: warm-up run (allocation, warm workers, durations cache)")
                         out["plugin_warmup"] = runner.measure("plugin warm-up",
                                                               lambda: runner.plugin(extra))
-                    out["ways"]["plugin"] = runner.measure(
-                        "plugin", lambda: runner.plugin(extra, args.profile))
+                    for rep in range(args.repeat):
+                        name = "plugin" if rep == 0 else f"plugin_{rep + 1}"
+                        out["ways"][name] = runner.measure(
+                            name, lambda: runner.plugin(extra, args.profile))
                 elif way == "per_shape":
                     release_allocation(runner.suite)  # the baseline gets every node
                     out["ways"]["per_shape"] = runner.measure("per_shape", runner.per_shape)

@@ -30,7 +30,7 @@ class EarlyStart:
 
     sessions: EarlySessions
     connections: EarlyConnections
-    started: int = 0  # local sessions started
+    started: int = 0  # local agents asked for a session (at most)
 
     def close(self) -> None:
         """End what no one took: connections (and their sessions), then local sessions."""
@@ -107,7 +107,8 @@ def run_targets(config: pytest.Config) -> list[str]:
 
 def start_early_sessions(config: pytest.Config, early: EarlyConfig,
                          sessions: EarlySessions) -> int:
-    """One session per live agent of the local persistent allocation; how many."""
+    """One session per live agent of the local persistent allocation, asked for in a thread;
+    how many agents it asks at most."""
     from pytest_trtllm_slurm.execution.slurm.parse import expand_hostlist
     from pytest_trtllm_slurm.execution.slurm.warm_pool import (
         agent_alive,
@@ -142,18 +143,27 @@ def start_early_sessions(config: pytest.Config, early: EarlyConfig,
     job_env = worker_env(early)  # type: ignore[arg-type]
     env = env_for_session(job_env, local=True)  # no secrets, no value off the allow-list
     secrets = secrets_key(job_env, local=True)
-    started = 0
-    for node in expand_hostlist(nodelist):
-        adir = agent_dir(str(work_root.agents_of(job_id)), node, base[0], secrets)
-        if sessions.has(adir) or not agent_alive(shell, adir):
-            continue
-        name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        sdir = paths.Agent(adir).session(name).dir
-        argv = session_argv(base[0], base, sdir, targets, capture_no=capture_no,
-                            nodeids_file=False)
-        sessions.remember(adir, send_session(shell, adir, name, argv, cwd=str(cwd), env=env))
-        started += 1
-    return started
+    nodes = expand_hostlist(nodelist)
+
+    def ask_each_agent() -> None:
+        for node in nodes:
+            adir = agent_dir(str(work_root.agents_of(job_id)), node, base[0], secrets)
+            if sessions.has(adir) or not agent_alive(shell, adir):
+                continue
+            name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            sdir = paths.Agent(adir).session(name).dir
+            argv = session_argv(base[0], base, sdir, targets, capture_no=capture_no,
+                                nodeids_file=False)
+            sessions.remember(adir, send_session(shell, adir, name, argv, cwd=str(cwd), env=env))
+
+    def ask_quietly() -> None:
+        with contextlib.suppress(ConfigError, ExecutionError, OSError):  # as in ``begin``
+            ask_each_agent()
+
+    # everything read from the config and the environment above, here; the requests'
+    # writes (32 nodes: ~0.5 s) beside the suite's import, which starts now
+    sessions.fill_beside(ask_quietly)
+    return len(nodes)
 
 
 def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) -> bool:
