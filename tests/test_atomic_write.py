@@ -66,6 +66,23 @@ def test_fsyncs_the_file_and_then_its_folder(tmp_path: Path,
                       (True, tmp_path.stat().st_ino, synced[1][2])]  # then the rename
 
 
+def test_an_empty_signal_file_is_renamed_into_place_without_fsyncs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop or cancel file tells a live process; a crash that loses it ends that process
+    too. Still private, still a rename (an old file's content is replaced whole)."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    stop = tmp_path / "stop"
+    stop.write_text("old")
+    old_inode = stop.stat().st_ino
+    write_atomic(stop, "")
+    assert synced == [] and stop.read_bytes() == b"" and mode_of(stop) == 0o600
+    assert stop.stat().st_ino != old_inode  # renamed over, not written in place
+    write_atomic(tmp_path / "exit_code", "0\n")
+    assert len(synced) == 2  # content: the file and its folder, as before
+
+
 def test_a_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     path = tmp_path / "heartbeat.json"
     size = 1 << 20

@@ -318,7 +318,8 @@ def _refuse_foreign_links(path):
 def _write(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
     """``data`` (base64) to ``path`` as node/files.write_atomic: an unpredictable name
-    opened O_EXCL|O_NOFOLLOW, 0600 from the first byte, chmod ``mode``, fsync, rename."""
+    opened O_EXCL|O_NOFOLLOW, 0600 from the first byte, chmod ``mode``, fsync (not for an
+    empty signal file), rename."""
     path = request["path"]
     folder, base = os.path.split(path)
     tmp = os.path.join(folder, f".{base}.{os.urandom(6).hex()}.tmp")
@@ -326,9 +327,11 @@ def _write(request):
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), int(request["mode"]))
-            fh.write(base64.b64decode(request["data"]))
+            data = base64.b64decode(request["data"])
+            fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if data:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
