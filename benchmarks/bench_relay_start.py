@@ -2,7 +2,8 @@
 """The login-node relay's start over the dev cluster's sshd, the quick way (an absolute
 python3, ``-I -S``) against the plain way (the python3 the login shell's PATH names, what
 ``main`` did), interleaved in the same run, with one bare SSH command (``true``: an sshd
-session and the user's shell, the part no start can avoid) as the floor.
+session and the user's shell, the part no start can avoid) as the floor, and a new
+connection with one command (what the run's early connection costs first).
 
     python3 benchmarks/bench_relay_start.py [--reps R]
 
@@ -47,6 +48,23 @@ def main() -> None:
         chan.recv_exit_status()
         return time.perf_counter() - start
 
+    def connected() -> float:
+        """What an early connection costs before any relay: a new connection (key exchange,
+        host key check, key authentication) and one command on it."""
+        start = time.perf_counter()
+        fresh = paramiko.SSHClient()
+        fresh.load_host_keys(ssh["known_hosts"])
+        fresh.connect(ssh["host"], ssh["port_key"], ssh["user"],
+                      key_filename=ssh["identity_file"], allow_agent=False, look_for_keys=False)
+        fresh_transport = fresh.get_transport()
+        assert fresh_transport is not None
+        chan = fresh_transport.open_session()
+        chan.exec_command("true")
+        chan.recv_exit_status()
+        took = time.perf_counter() - start
+        fresh.close()
+        return took
+
     def relay(quick: bool) -> float:
         start = time.perf_counter()
         channel = RelayChannel.start(transport, quick=quick)
@@ -58,6 +76,7 @@ def main() -> None:
 
     ways: dict[str, Callable[[], float]] = {
         "one bare SSH command": bare,
+        "a new connection + one command": connected,
         "relay, plain start (PATH)": lambda: relay(False),
         "relay, quick start": lambda: relay(True),
     }

@@ -242,6 +242,25 @@ def test_a_guessed_plan_is_no_lower_bound() -> None:
     assert "lower bound" not in line
 
 
+def test_a_run_of_quick_tests_has_a_bound_above_zero() -> None:
+    """Tests of a few milliseconds each need a bound of milliseconds, not "0.0 s" (a fast
+    machine's example run rounded it to 0.0 and the summary line dropped it)."""
+    clock = Clock()
+    record = guessed_run(clock)
+    for nodeid, stop in (("t.py::a", 1000.53), ("t.py::b", 1000.51), ("t.py::c", 1000.52)):
+        for when, began, ended in (("setup", 1000.5, 1000.5), ("call", 1000.5, stop),
+                                   ("teardown", stop, stop)):
+            record.pytest_runtest_logreport(report(nodeid, when, "passed", began, ended))
+        record.pytest_runtest_logfinish(nodeid)
+    clock.now = 1000.6
+    record.ended("21", JobState(status=JobStatus.COMPLETED))
+    record.ended("22", JobState(status=JobStatus.COMPLETED))
+    record.finish()
+    eff = efficiency(record)
+    assert eff.measured_bound_seconds == 0.03
+    assert summary_lines(eff)[-1].endswith("this run's test times alone need 0.030 s, 20.00x that)")
+
+
 def test_estimates_say_what_they_guessed() -> None:
     from pytest_trtllm_slurm.planning.packing import Estimates
 

@@ -78,7 +78,9 @@ def efficiency(record: RunObserver) -> Efficiency:
         expected_makespan_seconds=_round(record.expected_makespan),
         lower_bound_seconds=None if record.guessed else _round(record.lower_bound),
         estimates_guessed=record.guessed,
-        measured_bound_seconds=_round(record.measured_bound()),
+        # to the millisecond: a run of quick tests needs a bound of 0.03 s, not 0.0
+        measured_bound_seconds=None if (bound := record.measured_bound()) is None
+        else round(bound, 3),
     )
 
 
@@ -122,8 +124,9 @@ def _makespan_line(eff: Efficiency, makespan: float) -> str:
         if planned:
             against.append(", ".join(planned))
     if eff.measured_bound_seconds:
-        against.append(f"this run's test times alone need {eff.measured_bound_seconds:.1f} s, "
-                       f"{makespan / eff.measured_bound_seconds:.2f}x that")
+        need = eff.measured_bound_seconds
+        shown = f"{need:.1f}" if need >= 0.1 else f"{need:.3f}"  # quick tests: not "0.0 s"
+        against.append(f"this run's test times alone need {shown} s, {makespan / need:.2f}x that")
     return f"makespan {makespan:.1f} s" + (f" ({'; '.join(against)})" if against else "")
 
 
