@@ -334,6 +334,9 @@ def main() -> int:
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--repeat", type=int, default=1,
                     help="timed plugin runs after the one warm-up (plugin, plugin_2, ...)")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds to wait before each timed run (the last run's sessions "
+                    "end on the same 2 CPUs: with 0 the next run's start shares them)")
     ap.add_argument("--plugin-args", default="", help="extra pytest arguments (shlex)")
     ap.add_argument("--profile", default=None,
                     help="profile the timed plugin run's dispatch loop into this file: "
@@ -368,6 +371,7 @@ def main() -> int:
                                                               lambda: runner.plugin(extra))
                     for rep in range(args.repeat):
                         name = "plugin" if rep == 0 else f"plugin_{rep + 1}"
+                        time.sleep(args.pause)
                         out["ways"][name] = runner.measure(
                             name, lambda: runner.plugin(extra, args.profile))
                 elif way == "per_shape":
