@@ -7,7 +7,6 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Literal
 
 from pytest_trtllm_slurm.execution.render.containers import workdir_of
@@ -318,13 +317,7 @@ def rerun_argv(spec: JobSpec, nodeid: str) -> list[str]:
     nodeid = spec.item_keys.get(nodeid, nodeid)  # what pytest finds, whatever hooks showed
     if spec.invocation_dir and spec.invocation_dir != spec.rootdir:
         nodeid = f"{spec.rootdir.rstrip('/')}/{nodeid}"  # node ids are relative to the rootdir
-    return [*_masked_once(tuple(spec.rerun_argv)), nodeid]
-
-
-@lru_cache(maxsize=64)
-def _masked_once(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """A batch's options masked once, not once per replayed test (W3: 4.5% of the loop)."""
-    return tuple(mask_argv(argv))
+    return [*mask_argv(spec.rerun_argv), nodeid]
 
 
 def render_rerun_sbatch(spec: JobSpec, nodeid: str, opts: SlurmOptions) -> str:
