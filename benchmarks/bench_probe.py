@@ -34,6 +34,8 @@ import functools
 import json
 import os
 import resource
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -467,21 +469,21 @@ def _time_exit_steps(out: str) -> None:
     atexit.register(at_exit)
 
 
+#: py-spy beside this interpreter (``pip install py-spy``; the diagnostics below only)
+_PY_SPY = Path(sys.executable).with_name("py-spy")
+
+
 def _spy_whole_run() -> None:
     """``BENCH_PYSPY=file``: py-spy samples every thread of the controller 100 times a
     second until it exits: ``*.raw``, busy samples only (where the CPU goes, every thread);
     else idle ones too (speedscope's JSON, samples in time order: where the wall time goes,
     waits included). Diagnostic only."""
-    import subprocess
-    import sys
-
     out = os.environ.get("BENCH_PYSPY")
-    spy = Path(sys.executable).with_name("py-spy")
-    if out and spy.exists():
+    if out and _PY_SPY.exists():
         # ``*.raw``: the CPU only (busy samples, folded stacks); else the whole wall time
         kind = (["--format", "raw"] if out.endswith(".raw") else
                 ["--idle", "--format", "speedscope"])
-        subprocess.Popen([str(spy), "record", *kind, "--threads", "--nonblocking",
+        subprocess.Popen([str(_PY_SPY), "record", *kind, "--threads", "--nonblocking",
                           "--rate", "100", "-o", out, "-p", str(os.getpid())],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
@@ -493,8 +495,6 @@ def _trace_exit() -> None:
     calls, ``stem.strace``: the two tracers cannot attach together), to
     see what the exit waits for. Diagnostic only: both tracers slow the exit down."""
     import shutil
-    import subprocess
-    import sys
 
     stem = os.environ.get("BENCH_EXIT_TRACE")
     if not stem:
@@ -505,12 +505,11 @@ def _trace_exit() -> None:
         time.sleep(1.0)
         _mark("exit_trace_attached")
         return
-    spy = Path(sys.executable).with_name("py-spy")
-    if spy.exists():
-        subprocess.Popen([str(spy), "record", "--native", "--rate", "500", "--format",
+    if _PY_SPY.exists():
+        subprocess.Popen([str(_PY_SPY), "record", "--native", "--rate", "500", "--format",
                           "raw", "-o", f"{stem}.pyspy", "-p", pid],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # both attached before the exit starts
+    time.sleep(1.0)  # attached before the exit starts
     _mark("exit_trace_attached")
 
 

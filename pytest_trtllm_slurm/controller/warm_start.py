@@ -146,23 +146,21 @@ def start_early_sessions(config: pytest.Config, early: EarlyConfig,
     nodes = expand_hostlist(nodelist)
 
     def ask_each_agent() -> None:
-        for node in nodes:
-            adir = agent_dir(str(work_root.agents_of(job_id)), node, base[0], secrets)
-            if sessions.has(adir) or not agent_alive(shell, adir):
-                continue
-            name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-            sdir = paths.Agent(adir).session(name).dir
-            argv = session_argv(base[0], base, sdir, targets, capture_no=capture_no,
-                                nodeids_file=False)
-            sessions.remember(adir, send_session(shell, adir, name, argv, cwd=str(cwd), env=env))
-
-    def ask_quietly() -> None:
         with contextlib.suppress(ConfigError, ExecutionError, OSError):  # as in ``begin``
-            ask_each_agent()
+            for node in nodes:
+                adir = agent_dir(str(work_root.agents_of(job_id)), node, base[0], secrets)
+                if sessions.has(adir) or not agent_alive(shell, adir):
+                    continue
+                name = f"early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+                sdir = paths.Agent(adir).session(name).dir
+                argv = session_argv(base[0], base, sdir, targets, capture_no=capture_no,
+                                    nodeids_file=False)
+                sessions.remember(adir, send_session(shell, adir, name, argv, cwd=str(cwd),
+                                                     env=env))
 
     # everything read from the config and the environment above, here; the requests'
     # writes (32 nodes: ~0.5 s) beside the suite's import, which starts now
-    sessions.fill_beside(ask_quietly)
+    sessions.fill_beside(ask_each_agent)
     return len(nodes)
 
 

@@ -2,9 +2,9 @@
 takes each for its node's first batch; the run's end stops those no batch took."""
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 
+from pytest_trtllm_slurm.execution.concurrent import Background
 from pytest_trtllm_slurm.node.paths import AGENTS
 
 
@@ -13,29 +13,18 @@ class EarlySessions:
 
     def __init__(self) -> None:
         self._open: dict[str, str] = {}
-        self._filling: threading.Thread | None = None
-        self._failed: BaseException | None = None
+        self._filling: Background[None] | None = None
 
     def fill_beside(self, fill: Callable[[], None]) -> None:
         """Run ``fill`` (which ``remember``s) in a thread while pytest imports the suite: a
         request per agent, each a few file writes, off the import's path. ``take``,
-        ``on_allocation`` and ``drain`` wait for it; what it raised is raised there."""
-        def run() -> None:
-            try:
-                fill()
-            except BaseException as exc:  # noqa: BLE001 - handed to the thread that looks
-                self._failed = exc
-
-        self._filling = threading.Thread(target=run, name="trtllm-early-sessions", daemon=True)
-        self._filling.start()
+        ``on_allocation`` and ``drain`` wait for it; what it raised is raised there, once."""
+        self._filling = Background(fill, name="trtllm-early-sessions")
 
     def _settled(self) -> None:
         filling, self._filling = self._filling, None
         if filling is not None:
-            filling.join()
-        failed, self._failed = self._failed, None
-        if failed is not None:
-            raise failed
+            filling.result()
 
     def remember(self, agent_dir: str, session_dir: str) -> None:
         self._open[agent_dir] = session_dir
