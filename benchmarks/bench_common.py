@@ -243,3 +243,29 @@ def check_passed(proc: subprocess.CompletedProcess[str], count: int, what: str) 
     if proc.returncode != 0 or f"{count} passed" not in out:
         raise RuntimeError(f"{what}: expected {count} passed (exit {proc.returncode}):\n"
                            f"{out[-4000:]}")
+
+
+#: the controller's steps in order (bench_probe's marks), each phase named by where it ends
+PHASES = (("loaded", "interpreter, pytest and the plugins"),
+          ("early_start", "the plugin's imports"),
+          ("early_start_end", "the early start (the warm sessions asked for)"),
+          ("configure", "the suite's conftests (C)"),
+          ("collect_start", "configure and session start (the early starts)"),
+          ("collect_end", "collection"),
+          ("runtestloop_start", "collection's hooks"),
+          ("dispatch_loop_start", "planning, packing, the executors"),
+          ("dispatch_loop_end", "the dispatch loop (every result known)"),
+          ("runtestloop_end", "after the loop"),
+          ("unconfigure", "summary, junit XML, session end"))
+
+
+def wall_phases(marks: dict[str, float], start: float, end: float) -> list[tuple[str, float]]:
+    """The run's wall seconds cut at bench_probe's marks (a missing mark is skipped), from
+    the process's start to its exit: where the time beyond the dispatch loop goes."""
+    out, at = [], start
+    for mark, what in PHASES:
+        if mark in marks:
+            out.append((what, marks[mark] - at))
+            at = marks[mark]
+    out.append(("the process's exit", end - at))
+    return out

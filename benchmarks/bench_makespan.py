@@ -64,6 +64,7 @@ from bench_common import (
     sdiag_rpcs,
     summary,
     timed,
+    wall_phases,
 )
 
 SHAPES = {1: (1, 1), 2: (2, 1), 4: (4, 1), 8: (4, 2)}  # GPUs -> (per node, nodes)
@@ -188,12 +189,16 @@ class Runner:
             if self.ssh_config is None:
                 raise RuntimeError("plugin_ssh: the dev cluster describes no sshd")
             argv += ["--slurm-cluster=devssh", f"--trtllm-config={self.ssh_config}"]
+        epoch = time.time()
         seconds, proc = timed(argv, self.suite, env, timeout=3600)
         check_passed(proc, len(self.tests), "plugin " + ("over SSH" if over_ssh else
                                                           "one-shot" if one_shot else
                                                           "persistent"))
         data = json.loads(probe.read_text())
-        return {"seconds": seconds, "plugin_commands": data["scheduler_commands_total"],
+        phases = wall_phases(data.get("marks", {}), epoch, epoch + seconds)
+        log("  wall seconds by phase: " + "; ".join(f"{what} {s:.2f}" for what, s in phases))
+        return {"seconds": seconds, "phases": phases,
+                "plugin_commands": data["scheduler_commands_total"],
                 "plugin_command_counts": data["scheduler_commands"],
                 "batches": len(data["batches"]), "batch_sizes": data["batches"]}
 

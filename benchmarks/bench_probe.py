@@ -390,8 +390,12 @@ def _count_rounds() -> None:
         counts["batch_polls"] += len(handles)
         return executor_poll(self, handles)
 
+    by_name = STATE.setdefault("reads_by_name", {})
+
     def counted_read(self: Any, *args: Any, **kwargs: Any) -> Any:
         counts["file_reads"] += 1
+        name = os.path.basename(str(args[0] if args else kwargs.get("path", "")))
+        by_name[name] = by_name.get(name, 0) + 1
         return read_from(self, *args, **kwargs)
 
     Monitor.poll = counted_poll  # type: ignore[method-assign]
@@ -431,6 +435,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "maxrss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "cpu": {**STATE["cpu"], "end": _cpu()},
         "counts": STATE.get("counts", {}),
+        "reads_by_name": STATE.get("reads_by_name", {}),
         "gc": STATE.get("gc", {}),
         "marks": STATE["marks"],
         # what the interpreter's exit waits for: threads that are not daemons (joined

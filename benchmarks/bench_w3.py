@@ -66,6 +66,7 @@ from bench_common import (
     sdiag_reset,
     sdiag_rpcs,
     timed,
+    wall_phases,
 )
 
 NEEDS = {1: (1, 1), 2: (2, 1), 4: (4, 1), 8: (8, 1), 16: (8, 2)}  # GPUs -> (per node, nodes)
@@ -160,32 +161,6 @@ def outcomes(xml_paths: list[Path], expected: list[str]) -> dict[str, Any]:
             "ok": not (lost or doubled or extra or bad)}
 
 
-#: the controller's steps in order (bench_probe's marks), each phase named by where it ends
-PHASES = (("loaded", "interpreter, pytest and the plugins"),
-          ("early_start", "the plugin's imports"),
-          ("early_start_end", "the early start (the warm sessions asked for)"),
-          ("configure", "the suite's conftests (C)"),
-          ("collect_start", "configure and session start (the early starts)"),
-          ("collect_end", "collection"),
-          ("runtestloop_start", "collection's hooks"),
-          ("dispatch_loop_start", "planning, packing, the executors"),
-          ("dispatch_loop_end", "the dispatch loop (every result known)"),
-          ("runtestloop_end", "after the loop"),
-          ("unconfigure", "summary, junit XML, session end"))
-
-
-def wall_phases(marks: dict[str, float], start: float, end: float) -> list[tuple[str, float]]:
-    """The run's wall seconds cut at bench_probe's marks (a missing mark is skipped), from
-    the process's start to its exit: where the time beyond the dispatch loop goes."""
-    out, at = [], start
-    for mark, what in PHASES:
-        if mark in marks:
-            out.append((what, marks[mark] - at))
-            at = marks[mark]
-    out.append(("the process's exit", end - at))
-    return out
-
-
 # -- the ways ---------------------------------------------------------------------------------
 class Runner:
     def __init__(self, root: Path, nodes: int, c: float, tests: list[tuple[str, int, float]]):
@@ -218,6 +193,7 @@ class Runner:
                 "maxrss_mib": data["maxrss_mib"], "timings": data["timings"],
                 "plugin_commands": data["scheduler_commands"], "batches": len(data["batches"]),
                 "counts": data.get("counts", {}), "phases": phases,
+                "reads_by_name": data.get("reads_by_name", {}),
                 "threads_at_end": data.get("threads_at_end", [])}
 
     def per_shape(self) -> dict[str, Any]:

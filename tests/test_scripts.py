@@ -200,3 +200,30 @@ def test_rerun_commands_quote_the_nodeid() -> None:
     step = render_rerun_step(spec, nodeid, "55", opts)
     check_golden("rerun_step.txt", step + "\n")
     assert shlex.split(step.split(" && ", 1)[1])[-1] == nodeid
+
+
+def test_a_batch_masks_its_rerun_options_once_and_a_changed_copy_anew(monkeypatch) -> None:
+    """Every replayed test's re-run line starts with the batch's masked options: masked once
+    per batch (it was once per test, 7% of a 2,000-test run's loop), never stale."""
+    import pytest_trtllm_slurm.planning.jobspec as jobspec
+
+    calls: list[tuple[str, ...]] = []
+    real = jobspec.mask_argv
+
+    def counted(argv):
+        calls.append(tuple(argv))
+        return real(argv)
+
+    monkeypatch.setattr(jobspec, "mask_argv", counted)
+    spec = make_spec(rerun_argv=["python3", "-m", "pytest", "--api-token=tok-1", "-x"])
+    opts = SlurmOptions("gres", "h200")
+    lines = [render_rerun_step(spec, f"t.py::test_{i}", "55", opts) for i in range(5)]
+    assert len(calls) == 1
+    assert all("tok-1" not in line and "--api-token=***" in line for line in lines)
+    other = spec.model_copy(update={"rerun_argv": ["python3", "-m", "pytest", "--password",
+                                                   "hunter2", "-q"]})
+    argv = rerun_argv(other, "t.py::test_x")
+    assert argv == ["python3", "-m", "pytest", "--password", "***", "-q", "t.py::test_x"]
+    spec.rerun_argv.append("--hf_token=tok-3")  # changed in place: masked again, not stale
+    assert rerun_argv(spec, "t.py::test_y")[-2:] == ["--hf_token=***", "t.py::test_y"]
+    assert len(calls) == 3

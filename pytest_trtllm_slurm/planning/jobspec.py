@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from pytest_trtllm_slurm.node.assignment import Assignment, pairs
 from pytest_trtllm_slurm.node.files import write_atomic
@@ -110,6 +110,18 @@ class JobSpec(BaseModel):
     def assignment(self) -> Assignment:
         """The batch's tests as the worker gets them: (node id, key), in order."""
         return pairs(self.nodeids, self.item_keys)
+
+    # (the argv it was made from, ``mask_argv`` of it): see ``masked_rerun_argv``
+    _masked_rerun: tuple[tuple[str, ...], list[str]] | None = PrivateAttr(default=None)
+
+    def masked_rerun_argv(self) -> list[str]:
+        """``mask_argv(rerun_argv)``, made once per batch, not once per replayed test (every
+        test's re-run line starts with it); a copy with another ``rerun_argv`` masks anew."""
+        argv = tuple(self.rerun_argv)
+        cached = self._masked_rerun
+        if cached is None or cached[0] != argv:
+            cached = self._masked_rerun = (argv, mask_argv(argv))
+        return list(cached[1])
 
     def masked(self) -> JobSpec:
         """A copy safe to write: env values not on the allow-list and the values of

@@ -317,7 +317,7 @@ def rerun_argv(spec: JobSpec, nodeid: str) -> list[str]:
     nodeid = spec.item_keys.get(nodeid, nodeid)  # what pytest finds, whatever hooks showed
     if spec.invocation_dir and spec.invocation_dir != spec.rootdir:
         nodeid = f"{spec.rootdir.rstrip('/')}/{nodeid}"  # node ids are relative to the rootdir
-    return [*mask_argv(spec.rerun_argv), nodeid]
+    return [*spec.masked_rerun_argv(), nodeid]
 
 
 def render_rerun_sbatch(spec: JobSpec, nodeid: str, opts: SlurmOptions) -> str:
