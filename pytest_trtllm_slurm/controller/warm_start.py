@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -178,28 +179,36 @@ def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) 
     cluster = clusters.find(settings.slurm_cluster)
     if cluster is None:
         return False
-    from pytest_trtllm_slurm.execution.remote import early_start as remote_early
+    from pytest_trtllm_slurm.execution.remote.early_connect import sync_then_sessions
+    from pytest_trtllm_slurm.execution.remote.session_ask import SessionAsk
 
-    ask = None
-    if settings.persistent and settings.warm_workers:
-        from pytest_trtllm_slurm.controller.run_loop import (
-            pytest_base_argv,
-            worker_cwd,
-            worker_env,
-        )
-
-        ask = remote_early.SessionAsk(
-            base=pytest_base_argv(early),  # type: ignore[arg-type]
-            cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
-            targets=run_targets(config),
-            # as a batch's: the worker's, then the clusters file's env (and models root)
-            env={**worker_env(early), **cluster.job_env},  # type: ignore[arg-type]
-            capture_no=getattr(early.option, "capture", "fd") == "no",
-            local_work_root=str(paths.work_root(settings.work_dir, config.rootpath).dir))
+    # the connection first: what follows (the run loop's imports, ~0.15 s) overlaps it
+    ask: Future[SessionAsk | None] = Future()
     # sync first, then the sessions: a session never imports code older than the run's sync
-    return start.connections.start(cluster, then=partial(
-        remote_early.sync_and_start, cluster=cluster, rootdir=config.rootpath, ask=ask,
-        registry=start.sessions))
+    if not start.connections.start(cluster, then=partial(
+            sync_then_sessions, cluster=cluster, rootdir=config.rootpath, ask=ask,
+            registry=start.sessions)):
+        return False
+    asked = None
+    try:
+        if settings.persistent and settings.warm_workers:
+            from pytest_trtllm_slurm.controller.run_loop import (
+                pytest_base_argv,
+                worker_cwd,
+                worker_env,
+            )
+
+            asked = SessionAsk(
+                base=pytest_base_argv(early),  # type: ignore[arg-type]
+                cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
+                targets=run_targets(config),
+                # as a batch's: the worker's, then the clusters file's env (and models root)
+                env={**worker_env(early), **cluster.job_env},  # type: ignore[arg-type]
+                capture_no=getattr(early.option, "capture", "fd") == "no",
+                local_work_root=str(paths.work_root(settings.work_dir, config.rootpath).dir))
+    finally:
+        ask.set_result(asked)  # (None, also when making it failed: no sessions then)
+    return True
 
 
 def stop_unused_sessions(sessions: EarlySessions) -> None:

@@ -8,12 +8,25 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from pytest_trtllm_slurm.execution.remote.session_ask import SessionAsk
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
 log = logging.getLogger(__name__)
+
+
+def sync_then_sessions(shell: Any, *, cluster: ClusterConfig, rootdir: Path,
+                       ask: Future[SessionAsk | None], registry: Any) -> Any:
+    """``early_start.sync_and_start`` (a ``then`` of ``EarlyConnections.start``), imported
+    here, in the connection's thread: its imports (paramiko's among them) overlap the main
+    thread's instead of delaying the connection. ``ask``: set by the main thread meanwhile."""
+    from pytest_trtllm_slurm.execution.remote.early_start import sync_and_start
+
+    return sync_and_start(shell, cluster, rootdir, ask.result(), registry)
 
 
 @dataclass
@@ -40,6 +53,12 @@ class EarlyConnections:
         suitable = cluster.is_remote and cluster.transport == "paramiko" and cluster.mfa is False
         if not suitable or cluster.name in self._early:
             return False
+        # imported here, not in the thread: one thread runs Python at a time, so the
+        # connection's imports (paramiko's, ~0.1 s) in the thread would only interleave with
+        # what the caller does next; done first, the caller's work overlaps the handshake's
+        # and the relay's network waits instead
+        from pytest_trtllm_slurm.transport.ssh import shells  # noqa: F401
+
         early = _Early(cluster, threading.Thread(name=f"ssh-early-{cluster.name}", daemon=True,
                                                  target=lambda: _connect(early)), then)
         self._early[cluster.name] = early

@@ -21,6 +21,7 @@ from pathlib import Path
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.records import load_json
 from pytest_trtllm_slurm.execution.remote.executor import PathMap
+from pytest_trtllm_slurm.execution.remote.session_ask import SessionAsk
 from pytest_trtllm_slurm.execution.remote.workspace import (
     RemotePaths,
     preflight,
@@ -54,18 +55,6 @@ from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.shell import Shell
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SessionAsk:
-    """What an early session runs, in the controller's local terms (mapped here)."""
-
-    base: list[str]  # pytest_base_argv: the local interpreter first
-    cwd: str
-    targets: list[str]
-    env: dict[str, str]
-    capture_no: bool
-    local_work_root: str
 
 
 @dataclass
