@@ -364,6 +364,7 @@ def _mkdir(request):
 
 AWAIT_MAX = 5.0  # seconds one await may last (the controller looks at its own side between)
 AWAIT_LIMIT = 1 << 14  # bytes of the awaited file answered (a lock's holder record)
+AWAIT_SOON, AWAIT_PAUSE_SOON = 0.25, 0.005  # the first seconds of an await: looks this often
 
 
 def _await(request):
@@ -371,8 +372,9 @@ def _await(request):
     """Wait here until ``path`` holds ``needle`` (a lock holder's record with our token): one
     round trip as soon as it lands; answers what the file holds, found or timed out."""
     needle = str(request["needle"]).encode()
-    end = time.monotonic() + min(float(request.get("timeout") or 0), AWAIT_MAX)
-    pause = 0.005
+    begin = time.monotonic()
+    end = begin + min(float(request.get("timeout") or 0), AWAIT_MAX)
+    pause = 0.002
     while True:
         try:
             with open(request["path"], "rb") as fh:
@@ -383,7 +385,10 @@ def _await(request):
         if needle in data or left <= 0:
             return {"data": base64.b64encode(data).decode("ascii")}
         time.sleep(min(pause, left))
-        pause = min(0.1, pause * 1.5)
+        # a lock taken at once lands within tens of ms: looked at every few ms until then
+        # (each look late is a run's start late), then less often (a lock held by another)
+        pause = min(AWAIT_PAUSE_SOON if time.monotonic() - begin < AWAIT_SOON else 0.1,
+                    pause * 1.5)
 
 
 def _remove(request):

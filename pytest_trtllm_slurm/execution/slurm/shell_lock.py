@@ -140,7 +140,9 @@ class ShellLock:
                 waiting(now - started)
             if not waited:
                 time.sleep(pause)
-                pause = min(0.25, pause * 1.5)  # (a local holder holds within ms)
+                # a free lock is held within tens of ms: looked at every few ms until then
+                # (each look late is a run's start late), then less often (held by another)
+                pause = min(0.005 if now - started < 0.25 else 0.25, pause * 1.5)
 
     def release(self, *, wait: bool = False) -> None:
         """Let go (the holder's stdin closes: it ends a moment later; ``wait``: until then)."""
