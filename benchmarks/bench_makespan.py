@@ -185,6 +185,8 @@ class Runner:
         argv = [sys.executable, "-m", "pytest", "-q", *PLUGIN, "-p", "bench_probe",
                 "--trtllm-remote", f"--slurm-partition={self.partition}"]
         argv += ["--trtllm-one-shot"] if one_shot else []
+        # e.g. "--trtllm-timeline=PATH" (diagnostics: the controller's own arguments)
+        argv += shlex.split(os.environ.get("BENCH_PLUGIN_ARGS", ""))
         if over_ssh:
             if self.ssh_config is None:
                 raise RuntimeError("plugin_ssh: the dev cluster describes no sshd")
