@@ -364,7 +364,7 @@ def _mkdir(request):
 
 AWAIT_MAX = 5.0  # seconds one await may last (the controller looks at its own side between)
 AWAIT_LIMIT = 1 << 14  # bytes of the awaited file answered (a lock's holder record)
-AWAIT_SOON, AWAIT_PAUSE_SOON = 0.25, 0.005  # the first seconds of an await: looks this often
+AWAIT_SOON, AWAIT_PAUSE_SOON = 0.25, 0.005  # an await's first 0.25 s: a look every 5 ms
 
 
 def _await(request):

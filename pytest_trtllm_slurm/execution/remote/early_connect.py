@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 def sync_then_sessions(shell: Any, *, cluster: ClusterConfig, rootdir: Path,
                        ask: Future[SessionAsk | None], registry: Any) -> Any:
     """``early_start.sync_and_start`` (a ``then`` of ``EarlyConnections.start``), imported
-    here, in the connection's thread: its imports (paramiko's among them) overlap the main
-    thread's instead of delaying the connection. ``ask``: set by the main thread meanwhile."""
+    here, in the connection's thread once it is connected: the sync's modules are not
+    imported before the connection starts. ``ask``: made by the main thread meanwhile."""
     from pytest_trtllm_slurm.execution.remote.early_start import sync_and_start
 
     return sync_and_start(shell, cluster, rootdir, ask.result(), registry)
