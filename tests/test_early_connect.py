@@ -9,6 +9,7 @@ run goes on without the early connection, as it does when one fails."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -79,6 +80,4 @@ def test_the_early_connection_starts_before_the_run_loop_is_imported(tmp_path: P
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_ADDOPTS")}
