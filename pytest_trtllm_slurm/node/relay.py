@@ -367,6 +367,14 @@ AWAIT_LIMIT = 1 << 14  # bytes of the awaited file answered (a lock's holder rec
 AWAIT_SOON, AWAIT_PAUSE_SOON = 0.25, 0.005  # an await's first 0.25 s: a look every 5 ms
 
 
+def look_pause(pause, waited, most):
+    # type: (float, float, float) -> float
+    """The pause before the next look for a lock's holder (here and ``ShellLock.acquire``):
+    1.5x the last, at most 5 ms for the first 0.25 s (a free lock lands within tens of ms, and
+    each look late is a run's start late), then at most ``most`` (a lock held by another)."""
+    return min(AWAIT_PAUSE_SOON if waited < AWAIT_SOON else most, pause * 1.5)
+
+
 def _await(request):
     # type: (Dict[str, Any]) -> Dict[str, Any]
     """Wait here until ``path`` holds ``needle`` (a lock holder's record with our token): one
@@ -385,10 +393,7 @@ def _await(request):
         if needle in data or left <= 0:
             return {"data": base64.b64encode(data).decode("ascii")}
         time.sleep(min(pause, left))
-        # a lock taken at once lands within tens of ms: looked at every few ms until then
-        # (each look late is a run's start late), then less often (a lock held by another)
-        pause = min(AWAIT_PAUSE_SOON if time.monotonic() - begin < AWAIT_SOON else 0.1,
-                    pause * 1.5)
+        pause = look_pause(pause, time.monotonic() - begin, 0.1)
 
 
 def _remove(request):

@@ -112,16 +112,16 @@ class JobSpec(BaseModel):
         return pairs(self.nodeids, self.item_keys)
 
     # (the argv it was made from, ``mask_argv`` of it): see ``masked_rerun_argv``
-    _masked_rerun: tuple[tuple[str, ...], list[str]] | None = PrivateAttr(default=None)
+    _masked_rerun: tuple[tuple[str, ...], tuple[str, ...]] | None = PrivateAttr(default=None)
 
-    def masked_rerun_argv(self) -> list[str]:
+    def masked_rerun_argv(self) -> tuple[str, ...]:
         """``mask_argv(rerun_argv)``, made once per batch, not once per replayed test (every
         test's re-run line starts with it); a copy with another ``rerun_argv`` masks anew."""
         argv = tuple(self.rerun_argv)
         cached = self._masked_rerun
         if cached is None or cached[0] != argv:
-            cached = self._masked_rerun = (argv, mask_argv(argv))
-        return list(cached[1])
+            cached = self._masked_rerun = (argv, tuple(mask_argv(argv)))
+        return cached[1]
 
     def masked(self) -> JobSpec:
         """A copy safe to write: env values not on the allow-list and the values of

@@ -140,8 +140,8 @@ class ShellLock:
                 waiting(now - started)
             if not waited:
                 time.sleep(pause)
-                # a free lock is held within tens of ms: looked at every few ms until then
-                # (each look late is a run's start late), then less often (held by another)
+                # the relay's ``look_pause`` schedule (not imported: the relay's module,
+                # shipped alone to login nodes, costs 5 ms to import on every run's start)
                 pause = min(0.005 if now - started < 0.25 else 0.25, pause * 1.5)
 
     def release(self, *, wait: bool = False) -> None:
