@@ -15,11 +15,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-import paramiko
-
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.transport.ssh.hostkeys import fingerprint
 from pytest_trtllm_slurm.transport.ssh.otp_env import OTP_ENV, HeldCode
+from pytest_trtllm_slurm.transport.ssh.paramiko_lib import paramiko
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 log = logging.getLogger(__name__)

@@ -11,12 +11,11 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-import paramiko
-
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.transport.ssh.auth import OtpProvider, authenticate
 from pytest_trtllm_slurm.transport.ssh.hostcerts import CERT_SUFFIX
 from pytest_trtllm_slurm.transport.ssh.hostkeys import known_hosts_for, verify_host_key
+from pytest_trtllm_slurm.transport.ssh.paramiko_lib import paramiko
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import paramiko
-from paramiko.message import Message
-
 from pytest_trtllm_slurm.errors import ConfigError
+from pytest_trtllm_slurm.transport.ssh.paramiko_lib import paramiko
 
 HOST_CERT = 2  # SSH2_CERT_TYPE_HOST
 FOREVER = 0xFFFFFFFFFFFFFFFF
@@ -45,7 +43,7 @@ def certificate_blob(key: paramiko.PKey) -> bytes | None:
 def parse_certificate(blob: bytes) -> HostCertificate:
     """Parse an OpenSSH certificate (PROTOCOL.certkeys); ValueError when malformed."""
     try:
-        msg = Message(blob)
+        msg = paramiko.Message(blob)
         cert_kind = msg.get_text()
         msg.get_binary()  # nonce
         base = cert_kind.removesuffix(CERT_SUFFIX)
@@ -62,7 +60,7 @@ def parse_certificate(blob: bytes) -> HostCertificate:
         msg.get_int64()  # serial
         cert_type = msg.get_int()
         msg.get_text()  # key id
-        packed = Message(msg.get_binary())
+        packed = paramiko.Message(msg.get_binary())
         principals = []
         while packed.get_remainder():
             principals.append(packed.get_text())
@@ -96,7 +94,7 @@ def check_host_certificate(blob: bytes, *, hostname: str, where: str,
         raise refuse(f"its CA is not listed as @cert-authority for {hostname} in {known_hosts}")
     if any(k.asbytes() == cert.signature_key for k in revoked):
         raise refuse(f"its CA is marked @revoked in {known_hosts}")
-    if not ca.verify_ssh_sig(cert.signed, Message(cert.signature)):
+    if not ca.verify_ssh_sig(cert.signed, paramiko.Message(cert.signature)):
         raise refuse("the CA's signature on it does not verify")
     if cert.cert_type != HOST_CERT:
         raise refuse("it is a user certificate, not a host certificate")

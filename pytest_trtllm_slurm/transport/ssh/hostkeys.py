@@ -13,10 +13,9 @@ import os
 import re
 from dataclasses import dataclass, field
 
-import paramiko
-
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.transport.ssh.hostcerts import certificate_blob, check_host_certificate
+from pytest_trtllm_slurm.transport.ssh.paramiko_lib import paramiko
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 
 log = logging.getLogger(__name__)

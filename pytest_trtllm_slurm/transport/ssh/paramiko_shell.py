@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any, TypeVar
 
-import paramiko
-
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.transport.command_log import timed_command
 from pytest_trtllm_slurm.transport.file_ops import wire
@@ -33,6 +31,7 @@ from pytest_trtllm_slurm.transport.ssh.connect import (
     SSHConnectionLost,
     connect,
 )
+from pytest_trtllm_slurm.transport.ssh.paramiko_lib import paramiko
 from pytest_trtllm_slurm.transport.ssh.relay_client import RelayChannel, RelayLost
 from pytest_trtllm_slurm.transport.ssh.target import SSHTarget
 

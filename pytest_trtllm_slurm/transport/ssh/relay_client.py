@@ -20,13 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Annotated, Any
 
-import paramiko
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from pytest_trtllm_slurm.node import relay as relay_source
 from pytest_trtllm_slurm.planning.masking import mask_text
 from pytest_trtllm_slurm.transport.shell import CommandResult
 from pytest_trtllm_slurm.transport.ssh.commands import _relay_source, remote_command
+from pytest_trtllm_slurm.transport.ssh.paramiko_lib import paramiko
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import paramiko
 from pydantic import BaseModel, ConfigDict
 
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.planning.safe_values import host_problem, user_problem
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
+from pytest_trtllm_slurm.transport.ssh.paramiko_lib import paramiko, with_match_exec
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -128,8 +128,9 @@ def lookup_ssh_config(host: str, path: str | Path | None = None) -> dict:
             raise ConfigError(f"ssh config file {cfg_path} does not exist")
         return {"hostname": host}
     try:
-        config = paramiko.SSHConfig.from_path(str(cfg_path))
-        return dict(config.lookup(host))
+        text = cfg_path.read_text()
+        with_match_exec(text)
+        return dict(paramiko.SSHConfig.from_text(text).lookup(host))
     except (OSError, paramiko.SSHException, ValueError) as exc:
         raise ConfigError(f"ssh config file {cfg_path} could not be read: {exc}") from None
 
