@@ -177,6 +177,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if early is not None:  # (loaded only by a run that may have started early)
         early.close()
     _freeze_replayed(config)
+    _freeze_worker(config)
 
 
 def _freeze_replayed(config: pytest.Config) -> None:
@@ -187,6 +188,20 @@ def _freeze_replayed(config: pytest.Config) -> None:
     added in pytest_configure thaws them for an in-process pytest.main()."""
     if config.stash.get(_FROZEN, False):
         gc.freeze()
+
+
+def _freeze_worker(config: pytest.Config) -> None:
+    """A worker's end (a batch, an MPI rank): pytest's cleanup, next, collects five times over
+    the whole heap (the suite's imports: torch alone is hundreds of thousands of objects)
+    while the batch's GPUs wait for the process to exit. One collection here runs the
+    finalizers those would (pytest's unraisable hook still reports what they raise); the
+    survivors are frozen, so the five go over what the finalizers leave. Thawed by the
+    cleanup added in pytest_configure."""
+    if (gc.isenabled() and not config.stash.get(_FROZEN, False)
+            and any(config.getoption(flag, default=None) for flag in _WORKER_FLAGS)):
+        gc.collect()
+        gc.freeze()
+        config.stash[_FROZEN] = True
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

@@ -134,3 +134,69 @@ def test_what_the_early_fill_raised_is_raised_where_the_sessions_are_looked_at()
     with pytest.raises(RuntimeError, match="a bug in the early start"):
         sessions.take("/w/.agents/7/n1-x")
     assert sessions.take("/w/.agents/7/n1-x") is None  # raised once, then settled
+
+
+WORKER_SUITE = '''import os
+
+HOLD = []
+
+
+class Cycle:
+    """Garbage only at the session's end: a finalizer pytest's last collections run."""
+
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        with open(os.environ["FINALIZED"], "a") as out:
+            out.write(f"{os.getpid()}\\n")
+
+
+def test_holds_a_cycle():
+    HOLD.append(Cycle())
+'''
+# records, in the worker only, what pytest's final collections go over; drops the cycle
+WORKER_CONFTEST = '''import gc
+import json
+import os
+
+import _pytest.unraisableexception as unraisable
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config):
+    import test_cycle
+
+    test_cycle.HOLD.clear()  # garbage from here on, in a cycle
+
+
+def pytest_configure(config):
+    if not config.getoption("trtllm_worker_reports", default=None):
+        return  # the controller
+    collect = unraisable.gc_collect_harder
+
+    def counted(iterations):
+        with open(os.environ["GC_SEEN"], "w") as out:
+            json.dump({"tracked": len(gc.get_objects()), "frozen": gc.get_freeze_count(),
+                       "finalized": os.path.exists(os.environ["FINALIZED"])}, out)
+        collect(iterations)
+
+    unraisable.gc_collect_harder = counted
+'''
+
+
+def test_a_workers_last_collections_go_over_what_its_finalizers_leave(tmp_path: Path) -> None:
+    """The batch's GPUs wait for the worker's exit: pytest's five collections there skip
+    the suite's imports, and a garbage cycle's finalizer still runs before them."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text(WORKER_CONFTEST)
+    (tmp_path / "test_cycle.py").write_text(WORKER_SUITE)
+    seen, finalized = tmp_path / "gc.json", tmp_path / "finalized.txt"
+    run = run_suite(tmp_path, "-p", "no:cacheprovider", *DISPATCH, tag="worker",
+                    env={"GC_SEEN": str(seen), "FINALIZED": str(finalized)})
+    assert run.returncode == 0, run.stdout[-3000:]
+    worker = json.loads(seen.read_text())
+    assert worker["finalized"], worker  # before pytest's own collections
+    assert worker["frozen"] > 10_000 and worker["tracked"] < worker["frozen"] / 10, worker
+    assert finalized.read_text().split() and str(os.getpid()) not in finalized.read_text()
