@@ -13,7 +13,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
+from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
 # a plugin that records, when the early connection's thread starts, which of the
 # controller's heavy modules the process had imported, and what the thread was handed
@@ -81,3 +85,25 @@ def test_the_early_connection_starts_before_the_run_loop_is_imported(tmp_path: P
 
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_ADDOPTS")}
+
+
+def test_the_gil_changes_hands_quickly_while_an_early_connection_works() -> None:
+    """Its round trips are many and short; the main thread imports the suite meanwhile."""
+    before = sys.getswitchinterval()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        cluster = ClusterConfig.model_validate(
+            {"name": "far", "ssh_host": "127.0.0.1", "ssh_port": server.getsockname()[1],
+             "user": "nobody", "mfa": False})
+        connections = EarlyConnections()
+        assert connections.start(cluster)
+        conn, _ = server.accept()  # the thread waits for our banner, which never comes
+        with conn:
+            during = sys.getswitchinterval()
+    assert connections.take(cluster) is None  # the handshake failed: the run connects again
+    for thread in threading.enumerate():
+        if thread.name == "ssh-early-far":
+            thread.join(10)
+    assert during < before and during <= 0.001, (during, before)
+    assert sys.getswitchinterval() == before  # as it was, once the thread is done
