@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_trtllm_slurm.execution.cadence import CADENCE
+from pytest_trtllm_slurm.execution.folder_watch import wait_for_end
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.execution.records import LineReader
@@ -147,6 +148,11 @@ class Monitor:
         only = next(iter(shells.values())) if len(shells) == 1 else None
         if only is not None:
             only.wait_news(timeout)
+            return
+        executors = {id(j.executor): j.executor for j in self.jobs.values()}.values()
+        watches = [w for executor in executors for w in executor.end_watches()]
+        if watches:
+            wait_for_end(watches, timeout)  # (ends early when a batch ends here)
         else:
             time.sleep(timeout)
 

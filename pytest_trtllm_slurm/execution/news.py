@@ -8,6 +8,8 @@ import contextlib
 import os
 import time
 
+from pytest_trtllm_slurm.execution.folder_watch import FolderWatch
+
 RACY_NS = 20_000_000  # a stamp this recent may hide a rename in the same clock tick
 
 
@@ -18,6 +20,18 @@ class NewsFolder:
         self.path = path
         self._stamp: int | None = None  # the folder's mtime at the last listing
         self.listings = 0  # (figures for tests and benchmarks)
+        self._watch: FolderWatch | None = None
+
+    def watch(self) -> FolderWatch | None:
+        """The folder's wake-up on a batch's end (made once the folder exists)."""
+        if self._watch is None:
+            self._watch = FolderWatch.open(self.path)
+        return self._watch
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
     def take(self, mine: set[str]) -> set[str] | None:
         """The names among ``mine`` (work dir names) with a notice since the last call, their

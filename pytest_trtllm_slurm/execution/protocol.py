@@ -9,6 +9,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from pytest_trtllm_slurm.execution.folder_watch import FolderWatch
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.planning.jobspec import JobSpec, SlurmEnv
 from pytest_trtllm_slurm.planning.packing import Capacity
@@ -78,6 +79,10 @@ class Executor(ABC):
     def quiet(self, handles: list[JobHandle]) -> set[str]:
         """The ids among ``handles`` with no news since the last call: a round may skip them."""
         return set()
+
+    def end_watches(self) -> list[FolderWatch]:
+        """What wakes the run loop's idle wait when one of this target's batches ends."""
+        return []
 
     def prepare(self) -> None:
         """What the first submit would do first (``prepares`` says whether there is any)."""

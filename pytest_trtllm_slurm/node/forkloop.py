@@ -26,7 +26,7 @@ from pytest_trtllm_slurm.node.files import (
     tree_up_to,
     write_atomic,
 )
-from pytest_trtllm_slurm.node.paths import AGENTS, STOP, Mailbox
+from pytest_trtllm_slurm.node.paths import AGENTS, ENDED, STOP, Mailbox
 from pytest_trtllm_slurm.node.protocol import LOG_MARK  # noqa: F401
 
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
@@ -95,9 +95,13 @@ class Running:
 
 
 def write_exit(request: dict[str, Any], code: int) -> None:
-    """A request's exit code, then its notice: the controller reads its end at once."""
+    """A request's exit code, then its notice: the controller reads its end at once; then
+    the folder's ``ENDED`` notice, which wakes a waiting controller here (``folder_watch``)."""
     write_atomic(request["exit_path"], f"{code}\n")
-    announce(request.get("notice_path"))
+    notice = request.get("notice_path")
+    announce(notice)
+    if notice:
+        announce(os.path.join(os.path.dirname(notice), ENDED))
 
 
 # start(request) -> pid of the forked child, or None when it cannot start yet (asked again)

@@ -21,6 +21,7 @@ OUTPUTS_DIR = "outputs"  # a batch's own copies of the suite's output paths
 STOP = "stop"  # in a mailbox's inbox: leave once nothing runs
 HEARTBEAT = "heartbeat.json"  # an agent's last word on what it serves
 NEWS = ".news"  # in a work root: one notice per batch whose files changed (node/files.announce)
+ENDED = ".ended"  # in a news folder: renamed in after every exit code (execution/folder_watch)
 SYNC_RECORD = ".git/trtllm-sync.json"  # in the remote checkout: what the last sync left
 
 

@@ -11,6 +11,7 @@ from pathlib import PurePosixPath
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.cadence import CADENCE
+from pytest_trtllm_slurm.execution.folder_watch import FolderWatch
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.execution.render.containers import CENV_PREFIX
@@ -247,6 +248,9 @@ class SlurmExecutor(Executor):
 
     def quiet(self, handles: list[JobHandle]) -> set[str]:
         return self.warm.quiet([self._jobs[h.job_id] for h in handles if h.job_id in self._jobs])
+
+    def end_watches(self) -> list[FolderWatch]:
+        return self.warm.end_watches()
 
     def _refresh(self, active: list[TrackedJob]) -> None:
         """Ask the scheduler about one-shot jobs, then about each allocation's steps."""

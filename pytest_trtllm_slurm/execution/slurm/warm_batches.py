@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 
 from pytest_trtllm_slurm.errors import ExecutionError
+from pytest_trtllm_slurm.execution.folder_watch import FolderWatch
 from pytest_trtllm_slurm.execution.news import NewsFolder
 from pytest_trtllm_slurm.execution.outcome import JobState, JobStatus
 from pytest_trtllm_slurm.execution.protocol import JobHandle
@@ -158,6 +159,10 @@ class WarmBatches:
                 quiet.update(j.handle.job_id for n, j in named.items() if n not in news)
         return quiet
 
+    def end_watches(self) -> list[FolderWatch]:
+        """Wake-ups on a batch's end in the news folders read here (``folder_watch``)."""
+        return [w for w in (news.watch() for news in self.news.values()) if w is not None]
+
     def _place_waiting(self) -> None:
         """Give back the nodes of every pool step that ended, then start what now fits."""
         for job in self.shared.batches.values():
@@ -185,5 +190,7 @@ class WarmBatches:
             pool.close()
 
     def close(self) -> None:
+        for news in self.news.values():
+            news.close()
         for pool in self.pools.values():
             pool.close()

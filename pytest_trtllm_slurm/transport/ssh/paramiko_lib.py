@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Any
 
 _blocked = "invoke" not in sys.modules
 if _blocked:
@@ -25,12 +26,13 @@ _MATCH_EXEC = re.compile(r"^[ \t]*match\b[^\n]*\bexec\b", re.IGNORECASE | re.MUL
 def with_match_exec(config_text: str) -> None:
     """Give paramiko.config its invoke when ``config_text`` has a ``Match exec`` line (an
     ImportError then says invoke is not installed, as paramiko's own would)."""
-    if paramiko.config.invoke is not None or not _MATCH_EXEC.search(config_text):
+    config: Any = paramiko.config  # (its invoke attributes are not in its stubs)
+    if config.invoke is not None or not _MATCH_EXEC.search(config_text):
         return
     import invoke
 
-    paramiko.config.invoke = invoke
-    paramiko.config.invoke_import_error = None
+    config.invoke = invoke
+    config.invoke_import_error = None
 
 
 __all__ = ["paramiko", "with_match_exec"]
