@@ -60,3 +60,26 @@ def test_a_closed_watch_falls_back_to_sleeping(tmp_path: Path) -> None:
     start = time.monotonic()
     assert wait_for_end([watch], 0.2) is False
     assert time.monotonic() - start >= 0.15
+
+
+def test_a_gated_ranks_exit_says_done_then_wakes_the_controller(tmp_path: Path) -> None:
+    """A multi-node step's ranks (node/gate.py): each exit is a batch's end to wait for."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "work_dirs" / "b8_20261204_000000_x"
+    (work / "gate").mkdir(parents=True)
+    news = tmp_path / "work_dirs" / ".news"
+    news.mkdir()
+    watch = FolderWatch.open(str(news))
+    assert watch is not None
+    try:
+        code = ("import sys; from pathlib import Path; from pytest_trtllm_slurm.node.gate "
+                "import Gate; Gate(Path(sys.argv[1]), 10.0)")
+        subprocess.run([sys.executable, "-c", code, str(work / "gate")], check=True,
+                       env={**os.environ, "SLURM_PROCID": "3", "SLURM_NTASKS": "8"},
+                       timeout=60)
+        assert (work / "gate" / "done.3").exists()
+        assert (news / ENDED).exists() and watch.ended() is True
+    finally:
+        watch.close()

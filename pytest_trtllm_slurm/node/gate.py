@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_trtllm_slurm.node import paths
-from pytest_trtllm_slurm.node.files import write_atomic
+from pytest_trtllm_slurm.node.files import announce, write_atomic
 from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV  # noqa: F401
 
 POLL = 0.05
@@ -61,7 +61,8 @@ class Gate:
         self.max_wait = max_wait
         # registered before the suite is imported: runs after its exit handlers (torch...)
         rank, _ = rank_and_size()
-        atexit.register(_touch_quietly, paths.Gate(gate).done_of(rank))
+        atexit.register(_say_done, paths.Gate(gate).done_of(rank),
+                        paths.Batch(gate.parent).news_of(paths.ENDED))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -74,6 +75,13 @@ class Gate:
 def _touch_quietly(path: Path) -> None:
     with contextlib.suppress(OSError):  # the controller then waits for the step's end
         _touch(path)
+
+
+def _say_done(done: Path, ended: Path) -> None:
+    """``done.<rank>``, then the work root's end notice: it wakes a controller on this host
+    that waits (``execution/folder_watch``), which then counts the ranks done."""
+    _touch_quietly(done)
+    announce(ended)
 
 
 def gate_from_env() -> Gate | None:

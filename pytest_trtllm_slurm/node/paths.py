@@ -108,7 +108,11 @@ class Batch(Folder[P]):
     @property
     def notice(self) -> P:
         """The batch's notice in its work root's news folder (``files.announce``)."""
-        return join(root_of(self.dir), NEWS, name_of(self.dir))
+        return self.news_of(name_of(self.dir))
+
+    def news_of(self, name: str) -> P:
+        """``name`` in the batch's work root's news folder."""
+        return join(root_of(self.dir), NEWS, name)
 
     def case_log(self, model: str, workflow: str) -> P:
         return self.at(f"{model}_{workflow}.log")
