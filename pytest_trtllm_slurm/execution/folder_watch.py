@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import select
 import struct
@@ -79,8 +78,10 @@ class FolderWatch:
                 data = os.read(self._fd, 65536)
             except BlockingIOError:
                 return found
-            except OSError as exc:
-                return found or exc.errno != errno.EINTR
+            except OSError:  # a broken watch: the loop looks now (the wait then sleeps)
+                return True
+            if not data:
+                return found
             at = 0
             while at + _EVENT.size <= len(data):
                 _, mask, _, size = _EVENT.unpack_from(data, at)
