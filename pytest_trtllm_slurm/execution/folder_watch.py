@@ -23,7 +23,8 @@ _IN_CLOEXEC = 0o2000000
 _IN_CREATE = 0x100
 _IN_MOVED_TO = 0x80
 _IN_Q_OVERFLOW = 0x4000
-_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, NUL-padded)
+_EVENT = "iIII"  # wd, mask, cookie, len (then the name, NUL-padded)
+_EVENT_SIZE = struct.calcsize(_EVENT)
 
 
 class _Inotify:
@@ -83,10 +84,10 @@ class FolderWatch:
             if not data:
                 return found
             at = 0
-            while at + _EVENT.size <= len(data):
-                _, mask, _, size = _EVENT.unpack_from(data, at)
-                name = data[at + _EVENT.size:at + _EVENT.size + size].rstrip(b"\0")
-                at += _EVENT.size + size
+            while at + _EVENT_SIZE <= len(data):
+                _, mask, _, size = struct.unpack_from(_EVENT, data, at)
+                name = data[at + _EVENT_SIZE:at + _EVENT_SIZE + size].rstrip(b"\0")
+                at += _EVENT_SIZE + size
                 found = found or bool(mask & _IN_Q_OVERFLOW) or name == ENDED.encode()
 
     def close(self) -> None:
