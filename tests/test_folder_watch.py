@@ -83,3 +83,9 @@ def test_a_gated_ranks_exit_says_done_then_wakes_the_controller(tmp_path: Path) 
         assert (news / ENDED).exists() and watch.ended() is True
     finally:
         watch.close()
+
+
+def test_a_link_planted_as_the_folder_is_not_watched(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".news").symlink_to(tmp_path / "elsewhere")
+    assert FolderWatch.open(str(tmp_path / ".news")) is None

@@ -23,6 +23,8 @@ _IN_CLOEXEC = 0o2000000
 _IN_CREATE = 0x100
 _IN_MOVED_TO = 0x80
 _IN_Q_OVERFLOW = 0x4000
+_IN_ONLYDIR = 0x01000000
+_IN_DONT_FOLLOW = 0x02000000  # a link planted as the folder is not watched
 _EVENT = "iIII"  # wd, mask, cookie, len (then the name, NUL-padded)
 _EVENT_SIZE = struct.calcsize(_EVENT)
 
@@ -63,7 +65,8 @@ class FolderWatch:
         fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
             return None
-        if libc.inotify_add_watch(fd, os.fsencode(folder), _IN_CREATE | _IN_MOVED_TO) < 0:
+        mask = _IN_CREATE | _IN_MOVED_TO | _IN_ONLYDIR | _IN_DONT_FOLLOW
+        if libc.inotify_add_watch(fd, os.fsencode(folder), mask) < 0:
             os.close(fd)
             return None
         return cls(fd)
