@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.execution.concurrent import side_by_side
 from pytest_trtllm_slurm.execution.context import RunContext
+from pytest_trtllm_slurm.execution.folder_watch import FolderWatch
 from pytest_trtllm_slurm.execution.outcome import JobState
 from pytest_trtllm_slurm.execution.protocol import Executor, JobHandle
 from pytest_trtllm_slurm.node import paths
@@ -321,6 +322,9 @@ class ClusterJobIds(Executor):
     def quiet(self, handles: list[JobHandle]) -> set[str]:
         own = [self._own.get(h.job_id, h) for h in handles]
         return {f"{self.cluster}:{job_id}" for job_id in self.wrapped.quiet(own)}
+
+    def end_watches(self) -> list[FolderWatch]:
+        return self.wrapped.end_watches()
 
     def cancel(self, handle: JobHandle) -> None:
         self.wrapped.cancel(self._own.get(handle.job_id, handle))
