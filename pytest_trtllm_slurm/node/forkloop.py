@@ -26,7 +26,7 @@ from pytest_trtllm_slurm.node.files import (
     tree_up_to,
     write_atomic,
 )
-from pytest_trtllm_slurm.node.paths import AGENTS, ENDED, STOP, Mailbox
+from pytest_trtllm_slurm.node.paths import AGENTS, ENDED, STOP, Mailbox, join, root_of
 from pytest_trtllm_slurm.node.protocol import LOG_MARK  # noqa: F401
 
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
@@ -101,7 +101,7 @@ def write_exit(request: dict[str, Any], code: int) -> None:
     notice = request.get("notice_path")
     announce(notice)
     if notice:
-        announce(os.path.join(os.path.dirname(notice), ENDED))
+        announce(join(root_of(notice), ENDED))
 
 
 # start(request) -> pid of the forked child, or None when it cannot start yet (asked again)

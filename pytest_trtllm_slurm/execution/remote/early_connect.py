@@ -62,7 +62,6 @@ class _Early:
     cluster: ClusterConfig
     thread: threading.Thread
     then: Callable[[Any], Any] | None = None  # more work on the connected shell
-    switch: _QuickSwitch | None = None  # left once the thread's work is done
     shell: Any = None  # the connected shell, once it is
     done: Any = None  # what ``then`` returned
     connected: threading.Event = field(default_factory=threading.Event)  # or failed to
@@ -89,11 +88,11 @@ class EarlyConnections:
         # and the relay's network waits instead
         from pytest_trtllm_slurm.transport.ssh import shells  # noqa: F401
 
+        switch = self._switch  # entered here, left by the thread once its work is done
         early = _Early(cluster, threading.Thread(name=f"ssh-early-{cluster.name}", daemon=True,
-                                                 target=lambda: _connect(early)), then,
-                       self._switch)
+                                                 target=lambda: _connect(early, switch)), then)
         self._early[cluster.name] = early
-        self._switch.enter()
+        switch.enter()
         early.thread.start()
         return True
 
@@ -141,12 +140,11 @@ class EarlyConnections:
                         early.shell.close()
 
 
-def _connect(early: _Early) -> None:
+def _connect(early: _Early, switch: _QuickSwitch) -> None:
     try:
         _connect_then(early)
     finally:
-        if early.switch is not None:
-            early.switch.leave()
+        switch.leave()
 
 
 def _connect_then(early: _Early) -> None:
