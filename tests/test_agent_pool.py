@@ -59,9 +59,9 @@ def test_a_gated_step_launches_at_once_drains_its_nodes_when_ready_and_frees_the
     assert (gate / "open").exists() and gated.placement is not None
     assert launched == ["mpi", "s1"]  # s2 waits for the gated step
 
-    (gate / "done.0").write_text("")
+    (gate / "done.0").write_text("4242\n")  # as a rank writes it: its pid (node/gate.py)
     assert not pool.ranks_exited(gated)  # rank 1 still exiting
-    (gate / "done.1").write_text("")
+    (gate / "done.1").write_text("4243\n")
     assert pool.ranks_exited(gated)
     pool.release(gated)
     pool.place_waiting(launch)

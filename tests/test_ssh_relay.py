@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_agent_pool import make_spec
 
 from pytest_trtllm_slurm.errors import ExecutionError
 from pytest_trtllm_slurm.execution.pushed_files import SmallFiles
+from pytest_trtllm_slurm.execution.slurm.allocation import AllocationState
 from pytest_trtllm_slurm.execution.slurm.shell_lock import ShellLock
-from pytest_trtllm_slurm.execution.slurm.warm_pool import send_session
+from pytest_trtllm_slurm.execution.slurm.warm_pool import AgentPool, send_session
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.ssh.paramiko_shell import (
     SSHConnectionLost,
@@ -295,6 +297,56 @@ def test_a_batch_end_is_pushed_and_wakes_the_waiter(ssh_shell: SSHShell, tmp_pat
     os.unlink(exit_path)
     files.watch(exit_path)
     assert files.read(exit_path) == "" and files.round_trips == 1
+
+
+def _rename_in(path: Path, text: str, after: float) -> threading.Thread:
+    """``text`` written to ``path`` by rename after ``after`` seconds, as a rank writes it."""
+    def write() -> None:
+        time.sleep(after)
+        Path(f"{path}.tmp").write_text(text)
+        os.replace(f"{path}.tmp", path)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    return writer
+
+
+def test_a_gated_steps_ranks_are_pushed(ssh_shell: SSHShell, tmp_path: Path) -> None:
+    """A multi-node step's ranks say in its gate folder that they are ready and, as they
+    exit, done (node/gate.py). Over SSH the relay pushes those files: the loop's wait ends
+    when they land, and counting the exited ranks costs no round trip (before, each round
+    asked whether ``done.<rank>`` existed, and a step's end was seen only at a round)."""
+    assert ssh_shell.relay_up()
+    relay = ssh_shell._relay
+    assert relay is not None
+    alloc = AllocationState(job_id="7", nodelist="a[1-2]", nodes=2, gpus_per_node=4)
+    pool = AgentPool(ssh_shell, alloc)
+    gated = pool.add("mpi", make_spec(tmp_path, "mpi", 2), warm=False, gated=True)
+    assert not pool.place_waiting(lambda job_id, job: None)  # launched early, not let in
+    gate = Path(gated.gate_dir)
+    gate.mkdir()
+
+    start = time.monotonic()
+    writer = _rename_in(gate / "ready", "2\n", 0.5)
+    while not pool.place_waiting(lambda job_id, job: None) and time.monotonic() - start < 30:
+        ssh_shell.wait_news(30)  # only a push ends it
+    waited = time.monotonic() - start
+    writer.join()
+    assert (gate / "open").exists() and gated.placement is not None and waited < 5, waited
+
+    asked = dict(relay.requests)
+    writers = [_rename_in(gate / "done.0", "4242\n", 0.3),
+               _rename_in(gate / "done.1", "4243\n", 0.6)]
+    start = time.monotonic()
+    while not pool.ranks_exited(gated) and time.monotonic() - start < 30:
+        ssh_shell.wait_news(30)
+    waited = time.monotonic() - start
+    for writer in writers:
+        writer.join()
+    assert pool.ranks_exited(gated) and waited < 5, waited
+    assert relay.requests == asked, "the ranks were counted by round trips"
+    pool.release(gated)  # no more pushes of its gate
+    assert not any(path.startswith(str(gate)) for path, _, _ in relay.watches())
 
 
 def test_the_relay_starts_without_a_path_shim(ssh_shell: SSHShell, tmp_path: Path) -> None:

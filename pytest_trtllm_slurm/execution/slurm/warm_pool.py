@@ -134,6 +134,7 @@ class WarmJob(FollowsState):
         self.ready = False  # every rank of the gated step has collected
         self.ranks = 0  # how many (rank 0 writes it in ``ready``)
         self.done = 0  # ranks whose interpreter has exited (``done.<rank>``), counted in order
+        self.gate_watched = False  # its gate's files are pushed where the shell pushes
         self.folder_stamp: int | None = None  # its work dir's mtime at the last read
         self.next_read = 0.0  # monotonic: its pid and exit code are read by then anyway
 
@@ -250,11 +251,18 @@ class AgentPool:
 
     def _let_in(self, job: WarmJob) -> bool:
         """Open a gated step's gate once its ranks are ready and its nodes are free."""
+        gate = Gate(job.gate_dir)
         if not job.ready:
-            text = self.files.read(Gate(job.gate_dir).ready).strip()
+            if not job.gate_watched:  # pushed over SSH: the ranks' readiness wakes the loop
+                job.gate_watched = True
+                self.files.watch(gate.ready)
+            text = self.files.read(gate.ready).strip()
             if not text:
                 return False
             job.ready, job.ranks = True, int(text) if text.isdigit() else 0
+            self.files.forget(gate.ready)
+            for rank in range(job.ranks):  # each rank's exit pushed too (``ranks_exited``)
+                self.files.watch(gate.done_of(rank))
             job.state = JobState(status=JobStatus.PENDING, reason=(
                 "ranks ready, waiting for the batches on "
                 + ",".join(n.name for n in job.reserved) + " to end"))
@@ -263,7 +271,7 @@ class AgentPool:
         job.placement = Placement(nodes=list(job.reserved), gpus=self.alloc.gpus_per_node)
         take(job.placement)
         job.life.to(Phase.SUBMITTED)
-        self.shell.write_file(Gate(job.gate_dir).open, "")
+        self.shell.write_file(gate.open, "")
         return True
 
     def ranks_exited(self, job: WarmJob) -> bool:
@@ -271,21 +279,29 @@ class AgentPool:
         can take the next batches while srun and the accounting finish."""
         if not (job.gated and job.ranks and job.placement and job.placement.gpus):
             return False
-        while job.done < job.ranks and self.shell.exists(
-                Gate(job.gate_dir).done_of(job.done)):
+        gate = Gate(job.gate_dir)
+        while job.done < job.ranks and self.files.read(gate.done_of(job.done)).strip():
             job.done += 1
         return job.done >= job.ranks
+
+    def _forget_gate(self, job: WarmJob) -> None:
+        """No more pushes of a gated step's gate files (it ended, or was dropped)."""
+        if job.gate_watched:
+            gate = Gate(job.gate_dir)
+            self.files.forget(gate.ready, *(gate.done_of(r) for r in range(job.ranks)))
 
     def drop(self, job: WarmJob) -> None:
         """A gated step that ended before its gate opened: its nodes are no longer set aside."""
         job.cancelled = True
         job.reserved = []
+        self._forget_gate(job)
         if not job.life.ended:
             job.life.to(Phase.ENDED)
 
     def release(self, job: WarmJob) -> None:
         if job.sent is not None:  # no more pushes of its files
             self.files.forget(job.sent.exit_path, job.sent.pid_path)
+        self._forget_gate(job)
         if job.placement is not None:
             give_back(job.placement)
 
