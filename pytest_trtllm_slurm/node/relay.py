@@ -29,11 +29,13 @@ the controller's ack, a streamed stdin sent at most ``STDIN_WINDOW`` bytes ahead
 
 import base64
 import contextlib
+import ctypes
 import errno
 import json
 import os
 import queue
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -49,6 +51,78 @@ STDIN_WINDOW = 4 << 20  # bytes of a streamed stdin the controller sends ahead o
 STDIN_QUEUE = 32  # pieces (at most 256 KiB each) of a streamed stdin queued here
 # seconds between two looks at a streamed command waiting for input (has it ended?)
 STREAM_LOOK = 0.5
+EVENT_FLOOR = 0.002  # seconds between two pushes woken by file events (a burst of writes)
+
+
+class FolderEvents:
+    """Linux's inotify on the folders of the watched files: a write or a rename there wakes the
+    watch loop, which pushes that file at once instead of at its next look (up to
+    ``WATCH_MAX`` late). NFS shows no event for another client's writes, and there is no
+    inotify off Linux: there the looks alone find them, as before."""
+
+    IN_MODIFY, IN_MOVED_TO, IN_CREATE, IN_Q_OVERFLOW = 0x2, 0x80, 0x100, 0x4000
+    IN_ONLYDIR, IN_DONT_FOLLOW, IN_CLOEXEC = 0x01000000, 0x02000000, 0o2000000
+    EVENT = "iIII"  # wd, mask, cookie, len (then the name, NUL-padded)
+
+    def __init__(self, changed):
+        # type: (Any) -> None
+        """``changed(path or None)``: a file of a watched folder changed (None: any may have)."""
+        self._changed = changed
+        self._fd = -1
+        self._libc = None  # type: Any
+        self._folders = {}  # type: Dict[str, int]  # folder -> watch descriptor
+        self._by_wd = {}  # type: Dict[int, str]
+        if not sys.platform.startswith("linux"):
+            return
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.inotify_init1.argtypes = [ctypes.c_int]
+            libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+            libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+            fd = libc.inotify_init1(self.IN_CLOEXEC)
+        except (OSError, AttributeError):
+            return
+        if fd >= 0:
+            self._libc, self._fd = libc, fd
+            threading.Thread(target=self._read, daemon=True).start()
+
+    def want(self, folders):
+        # type: (set[str]) -> None
+        """Watch exactly ``folders`` (one not there yet is tried again at the next call); a
+        link planted as a folder is not followed."""
+        if self._fd < 0:
+            return
+        for folder in [f for f in self._folders if f not in folders]:
+            wd = self._folders.pop(folder)
+            self._by_wd.pop(wd, None)
+            self._libc.inotify_rm_watch(self._fd, wd)
+        mask = (self.IN_MODIFY | self.IN_MOVED_TO | self.IN_CREATE | self.IN_ONLYDIR
+                | self.IN_DONT_FOLLOW)
+        for folder in folders:
+            if folder not in self._folders:
+                wd = self._libc.inotify_add_watch(self._fd, os.fsencode(folder), mask)
+                if wd >= 0:
+                    self._folders[folder] = wd
+                    self._by_wd[wd] = folder
+
+    def _read(self):
+        # type: () -> None
+        size = struct.calcsize(self.EVENT)
+        while True:
+            try:
+                data = os.read(self._fd, 65536)
+            except OSError:
+                return
+            at = 0
+            while at + size <= len(data):
+                wd, mask, _, length = struct.unpack_from(self.EVENT, data, at)
+                name = data[at + size:at + size + length].rstrip(b"\0")
+                at += size + length
+                folder = self._by_wd.get(wd)
+                if mask & self.IN_Q_OVERFLOW:
+                    self._changed(None)
+                elif folder is not None and name:
+                    self._changed(os.path.join(folder, os.fsdecode(name)))
 
 
 class Relay:
@@ -63,7 +137,9 @@ class Relay:
         self._acked = {}  # type: dict[str, int]  # what the controller has read, by path
         self._watch_lock = threading.Lock()
         self._stop = threading.Event()
-        self._new_watch = threading.Event()
+        self._new_watch = threading.Event()  # a new watch or an ack: look at every file
+        self._wake = threading.Event()  # the watch loop's: that, or a folder event
+        self._dirty = set()  # type: set[str]  # watched files a folder event named
         self._streams = {}  # type: Dict[int, queue.Queue[Optional[bytes]]]
 
     def send(self, message):
@@ -103,6 +179,7 @@ class Relay:
                     path, offset = str(request["path"]), int(request.get("offset") or 0)
                     self._watched[path] = self._acked[path] = offset
                 self._new_watch.set()  # a new batch: look often again
+                self._wake.set()
             elif op == "ack":
                 with self._watch_lock:
                     path = str(request["path"])
@@ -110,11 +187,13 @@ class Relay:
                         self._acked[path] = max(self._acked[path],
                                                 int(request.get("offset") or 0))
                 self._new_watch.set()  # room again: push at once
+                self._wake.set()
             elif op == "unwatch":
                 with self._watch_lock:
                     self._watched.pop(str(request["path"]), None)
                     self._acked.pop(str(request["path"]), None)
         self._stop.set()
+        self._wake.set()  # the watch loop ends now
         for ident in list(self._streams):
             self._queue(ident, None)
 
@@ -217,21 +296,46 @@ class Relay:
             reader.join()
         return outputs.get("out", b""), outputs.get("err", b"")
 
+    def _changed(self, path):
+        # type: (Optional[str]) -> None
+        """A folder event (``FolderEvents``): push ``path`` now (None: look at every file)."""
+        with self._watch_lock:
+            if path is None:
+                self._dirty.update(self._watched)
+            elif path in self._watched:
+                self._dirty.add(path)
+            else:
+                return
+        self._wake.set()
+
     def _watch_loop(self):
         # type: () -> None
-        interval = WATCH_MIN
+        """Looks at every watched file every ``WATCH_MIN`` to ``WATCH_MAX`` s (often while they
+        grow), and at once at a file a folder event names."""
+        events = FolderEvents(self._changed)
+        interval, next_look = WATCH_MIN, 0.0
         while not self._stop.is_set():
-            if self._new_watch.wait(interval):
-                self._new_watch.clear()
-                interval = WATCH_MIN
+            self._wake.wait(max(0.0, next_look - time.monotonic()))
+            self._wake.clear()
             with self._watch_lock:
+                fresh = self._new_watch.is_set()  # a new watch or an ack: look at all, often
+                self._new_watch.clear()
+                dirty, self._dirty = self._dirty, set()
                 watched = [(path, offset, self._acked.get(path, offset) + PUSH_WINDOW - offset)
                            for path, offset in self._watched.items()]
+            now = time.monotonic()
+            look = fresh or now >= next_look
             grew = False
             for path, offset, room in watched:
-                if room > 0:  # else the controller has not read what it was sent: wait
+                if room > 0 and (look or path in dirty):  # else not read yet by the controller
                     grew = self._push(path, offset, min(room, PUSH_LIMIT)) or grew
-            interval = WATCH_MIN if grew else min(interval * WATCH_GROWTH, WATCH_MAX)
+            if look:
+                interval = WATCH_MIN if grew or fresh else min(interval * WATCH_GROWTH,
+                                                               WATCH_MAX)
+                next_look = now + interval
+                events.want({os.path.dirname(path) for path, _, _ in watched})
+            else:  # woken by a write: let a burst of them gather
+                time.sleep(EVENT_FLOOR)
 
     def _push(self, path, offset, limit):
         # type: (str, int, int) -> bool
