@@ -123,6 +123,9 @@ class FolderEvents:
                     self._changed(None)
                 elif folder is not None and name:
                     self._changed(os.path.join(folder, os.fsdecode(name)))
+            # a chatty writer's events merge in the kernel meanwhile (identical ones queued
+            # back to back are one): this thread wakes at most every EVENT_FLOOR s
+            time.sleep(EVENT_FLOOR)
 
 
 class Relay:
@@ -334,8 +337,6 @@ class Relay:
                                                                WATCH_MAX)
                 next_look = now + interval
                 events.want({os.path.dirname(path) for path, _, _ in watched})
-            else:  # woken by a write: let a burst of them gather
-                time.sleep(EVENT_FLOOR)
 
     def _push(self, path, offset, limit):
         # type: (str, int, int) -> bool
