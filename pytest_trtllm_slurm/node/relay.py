@@ -29,7 +29,6 @@ the controller's ack, a streamed stdin sent at most ``STDIN_WINDOW`` bytes ahead
 
 import base64
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -75,12 +74,14 @@ class FolderEvents:
         if not sys.platform.startswith("linux"):
             return
         try:
+            import ctypes  # not in every Python build (no libffi): then the looks alone
+
             libc = ctypes.CDLL(None, use_errno=True)
             libc.inotify_init1.argtypes = [ctypes.c_int]
             libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
             libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
             fd = libc.inotify_init1(self.IN_CLOEXEC)
-        except (OSError, AttributeError):
+        except (ImportError, OSError, AttributeError):
             return
         if fd >= 0:
             self._libc, self._fd = libc, fd
