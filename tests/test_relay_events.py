@@ -142,3 +142,23 @@ def test_an_unwatched_files_folder_is_let_go(
     while not (wanted and wanted[-1] == {str(second)}) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert wanted and wanted[-1] == {str(second)}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify: Linux")
+def test_a_folder_made_again_is_watched_again(
+        relay: PipeRelay, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A batch's folder removed and made again (a retry in the same work dir): the kernel
+    dropped the old folder's watch, and the relay's next look watches the new one."""
+    folder = tmp_path / "batch"
+    folder.mkdir()
+    exit_code = folder / "exit_code"
+    relay.send({"op": "watch", "path": str(exit_code), "offset": 0})
+    time.sleep(0.5)  # watched
+    folder.rmdir()
+    folder.mkdir()
+    time.sleep(0.5)  # a few looks (at most WATCH_MAX apart) meanwhile
+    monkeypatch.setattr(relay_module, "WATCH_GROWTH", 1e4)  # then none for minutes
+    monkeypatch.setattr(relay_module, "WATCH_MAX", RARE)
+    time.sleep(0.5)
+    rename_in(exit_code, "0\n")
+    assert relay.pushed(exit_code) == b"0\n", "the folder made again is not watched"

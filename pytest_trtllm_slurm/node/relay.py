@@ -59,7 +59,7 @@ class FolderEvents:
     ``WATCH_MAX`` late). NFS shows no event for another client's writes, and there is no
     inotify off Linux: there the looks alone find them, as before."""
 
-    IN_MODIFY, IN_MOVED_TO, IN_CREATE, IN_Q_OVERFLOW = 0x2, 0x80, 0x100, 0x4000
+    IN_MODIFY, IN_MOVED_TO, IN_CREATE, IN_Q_OVERFLOW, IN_IGNORED = 0x2, 0x80, 0x100, 0x4000, 0x8000
     IN_ONLYDIR, IN_DONT_FOLLOW, IN_CLOEXEC = 0x01000000, 0x02000000, 0o2000000
     EVENT = "iIII"  # wd, mask, cookie, len (then the name, NUL-padded)
 
@@ -71,6 +71,7 @@ class FolderEvents:
         self._libc = None  # type: Any
         self._folders = {}  # type: Dict[str, int]  # folder -> watch descriptor
         self._by_wd = {}  # type: Dict[int, str]
+        self._lock = threading.Lock()  # both maps: the watch loop's and the reader's
         if not sys.platform.startswith("linux"):
             return
         try:
@@ -93,18 +94,19 @@ class FolderEvents:
         link planted as a folder is not followed."""
         if self._fd < 0:
             return
-        for folder in [f for f in self._folders if f not in folders]:
-            wd = self._folders.pop(folder)
-            self._by_wd.pop(wd, None)
-            self._libc.inotify_rm_watch(self._fd, wd)
         mask = (self.IN_MODIFY | self.IN_MOVED_TO | self.IN_CREATE | self.IN_ONLYDIR
                 | self.IN_DONT_FOLLOW)
-        for folder in folders:
-            if folder not in self._folders:
-                wd = self._libc.inotify_add_watch(self._fd, os.fsencode(folder), mask)
-                if wd >= 0:
-                    self._folders[folder] = wd
-                    self._by_wd[wd] = folder
+        with self._lock:
+            for folder in [f for f in self._folders if f not in folders]:
+                wd = self._folders.pop(folder)
+                self._by_wd.pop(wd, None)
+                self._libc.inotify_rm_watch(self._fd, wd)
+            for folder in folders:
+                if folder not in self._folders:
+                    wd = self._libc.inotify_add_watch(self._fd, os.fsencode(folder), mask)
+                    if wd >= 0:
+                        self._folders[folder] = wd
+                        self._by_wd[wd] = folder
 
     def _read(self):
         # type: () -> None
@@ -119,7 +121,11 @@ class FolderEvents:
                 wd, mask, _, length = struct.unpack_from(self.EVENT, data, at)
                 name = data[at + size:at + size + length].rstrip(b"\0")
                 at += size + length
-                folder = self._by_wd.get(wd)
+                with self._lock:
+                    folder = self._by_wd.get(wd)
+                    if mask & self.IN_IGNORED and folder is not None:  # the folder went:
+                        del self._by_wd[wd]  # one made again there is watched anew
+                        self._folders.pop(folder, None)
                 if mask & self.IN_Q_OVERFLOW:
                     self._changed(None)
                 elif folder is not None and name:
