@@ -50,7 +50,7 @@ STDIN_WINDOW = 4 << 20  # bytes of a streamed stdin the controller sends ahead o
 STDIN_QUEUE = 32  # pieces (at most 256 KiB each) of a streamed stdin queued here
 # seconds between two looks at a streamed command waiting for input (has it ended?)
 STREAM_LOOK = 0.5
-EVENT_FLOOR = 0.002  # seconds between two pushes woken by file events (a burst of writes)
+EVENT_FLOOR = 0.002  # seconds between two reads of the folder events (a burst merges meanwhile)
 
 
 class FolderEvents:
