@@ -259,6 +259,18 @@ PHASES = (("loaded", "interpreter, pytest and the plugins"),
           ("unconfigure", "summary, junit XML, session end"))
 
 
+def cpu_phases(cpu_marks: dict[str, list[float]]) -> list[tuple[str, float, float]]:
+    """(phase, the main thread's CPU seconds, the process's) between bench_probe's marks,
+    from its import on: set beside ``wall_phases``, a phase that waited shows."""
+    out, at = [], cpu_marks.get("loaded")
+    for mark, what in PHASES[1:]:
+        if mark in cpu_marks and at is not None:
+            thread, process = cpu_marks[mark]
+            out.append((what, thread - at[0], process - at[1]))
+            at = cpu_marks[mark]
+    return out
+
+
 def wall_phases(marks: dict[str, float], start: float, end: float) -> list[tuple[str, float]]:
     """The run's wall seconds cut at bench_probe's marks (a missing mark is skipped), from
     the process's start to its exit: where the time beyond the dispatch loop goes."""

@@ -53,6 +53,7 @@ from bench_common import (
     bench_env,
     cancel_jobs,
     check_passed,
+    cpu_phases,
     devssh_table,
     jobs_ended_after,
     log,
@@ -199,6 +200,8 @@ class Runner:
         data = json.loads(probe.read_text())
         phases = wall_phases(data.get("marks", {}), epoch, epoch + seconds)
         log("  wall seconds by phase: " + "; ".join(f"{what} {s:.2f}" for what, s in phases))
+        log("  CPU seconds by phase (main thread / process): " + "; ".join(
+            f"{what} {t:.2f}/{p:.2f}" for what, t, p in cpu_phases(data.get("cpu_marks", {}))))
         return {"seconds": seconds, "phases": phases,
                 "plugin_commands": data["scheduler_commands_total"],
                 "plugin_command_counts": data["scheduler_commands"],

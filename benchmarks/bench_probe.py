@@ -48,11 +48,18 @@ STATE: dict[str, Any] = {"timings": {}, "batches": [], "jobs": [], "submit_secon
                          "cpu": {},
                          # epoch seconds of the run's steps, first time each is reached
                          # (``loaded``: this module imported, before the suite's conftests)
-                         "marks": {"loaded": time.time()}}
+                         "marks": {"loaded": time.time()},
+                         # at each mark: the main thread's and the process's CPU seconds (a
+                         # phase whose wall time is far above them waited: for a CPU, a lock,
+                         # the network)
+                         "cpu_marks": {"loaded": (time.thread_time(), time.process_time())}}
 
 
-def _mark(name: str) -> None:
-    STATE["marks"].setdefault(name, time.time())
+def _mark(name: str, *, last: bool = False) -> None:
+    """``name``'s first time reached (``last``: its latest)."""
+    if last or name not in STATE["marks"]:
+        STATE["marks"][name] = time.time()
+        STATE["cpu_marks"][name] = (time.thread_time(), time.process_time())
 
 
 def _mark_early_start() -> None:
@@ -110,7 +117,7 @@ def _timed(name: str, func: Any, *, marked: bool = False) -> Any:
         finally:
             _add(name, wall, cpu)
             if marked:
-                STATE["marks"][f"{name}_end"] = time.time()
+                _mark(f"{name}_end", last=True)
     return wrapper
 
 
@@ -155,6 +162,40 @@ def _profiled(path: str, func: Any) -> Any:
             profile.disable()
             profile.dump_stats(path)
     return wrapper
+
+
+def _sample_waits(path: str, *, until: str, every: float = 0.005) -> None:
+    """The main thread's innermost frames every ``every`` s of wall time, from now until the
+    mark ``until`` (planning: where a phase whose wall time is above its CPU time waits),
+    appended to ``path`` as counts of stacks."""
+    import collections
+    import sys
+    import threading
+
+    main = threading.main_thread().ident
+    stacks: collections.Counter[str] = collections.Counter()
+
+    def tail(frame: Any) -> str:
+        names = []
+        while frame is not None and len(names) < 8:
+            code = frame.f_code
+            where = code.co_filename.rsplit("/", 1)[-1]
+            names.append(f"{where}:{frame.f_lineno}({code.co_name})")
+            frame = frame.f_back
+        return " < ".join(names)
+
+    def sample() -> None:
+        begin = time.monotonic()
+        while until not in STATE["marks"] and time.monotonic() - begin < 30:
+            frame = sys._current_frames().get(main)  # noqa: SLF001
+            if frame is not None:
+                stacks[tail(frame)] += 1
+            time.sleep(every)
+        with open(path, "a") as out:
+            out.write(f"--- {time.monotonic() - begin:.3f} s, {sum(stacks.values())} samples\n")
+            out.writelines(f"{n:5d} {stack}\n" for stack, n in stacks.most_common(15))
+
+    threading.Thread(target=sample, daemon=True, name="bench-wait-sampler").start()
 
 
 def _sampled(path: str, func: Any, every: float = 0.002) -> Any:
@@ -219,7 +260,7 @@ class _Clock:
         finally:
             _add(name, wall, cpu)
             if marked:
-                STATE["marks"][f"{name}_end"] = time.time()
+                _mark(f"{name}_end", last=True)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> Any:
@@ -238,6 +279,8 @@ class _Clock:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        if os.environ.get("BENCH_WAIT_SAMPLE"):
+            _sample_waits(os.environ["BENCH_WAIT_SAMPLE"], until="dispatch_loop_start")
         return (yield from self._spent("runtestloop", marked=True))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -438,6 +481,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         "reads_by_name": STATE.get("reads_by_name", {}),
         "gc": STATE.get("gc", {}),
         "marks": STATE["marks"],
+        "cpu_marks": STATE["cpu_marks"],
         # what the interpreter's exit waits for: threads that are not daemons (joined
         # before exit) and the pools' workers (joined by concurrent.futures at exit)
         "threads_at_end": sorted(f"{t.name}{'' if t.daemon else ' (not daemon)'}"
