@@ -14,7 +14,7 @@ hides what overlaps it (the early connection, sync and sessions), and only this 
 Rounds interleave the ways. Usage (from the repository root):
 
     PYTHONPATH=$PWD python3 benchmarks/bench_latency_import.py [-C 2] [--reps 3]
-        [--partition gb200] [--base /path/to/old/checkout]
+        [--partition gb200] [--base /path/to/old/checkout] [--stale]
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--partition", default="gb200")
     parser.add_argument("--base", help="an older checkout of the plugin (the baseline)")
+    parser.add_argument("--stale", action="store_true",
+                        help="delete the Slurm discovery caches before every run, as a run more "
+                             "than five minutes after the last finds them (with --base: the "
+                             "local way's baseline too, persistent_base)")
     args = parser.parse_args()
     ssh = cluster().get("ssh")
     if not ssh:
@@ -59,15 +63,24 @@ def main() -> None:
         ways = {"persistent": [*base, "--trtllm-remote", f"--slurm-partition={args.partition}"],
                 "ssh": [*base, "--slurm-cluster=devssh"],
                 "ssh_base": [*base, "--slurm-cluster=devssh"]}
+        if args.stale and args.base:
+            envs["persistent_base"] = envs["ssh_base"]
+            ways["persistent_base"] = ways["persistent"]
         names = list(envs)
+
+        def timed_run(name: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+            if args.stale:
+                for cache in (suite / "work_dirs" / ".cache").glob("slurm_env*.json"):
+                    cache.unlink()
+            return timed(ways[name], suite, envs[name], 900)
         times: dict[str, list[float]] = {n: [] for n in names}
         try:
             log(f"latency with a {args.import_seconds} s import: warm-up runs")
             for name in names:
-                check_passed(timed(ways[name], suite, envs[name], 900)[1], 1, name)
+                check_passed(timed_run(name)[1], 1, name)
             for rep in range(args.reps):
                 for name in names:
-                    seconds, proc = timed(ways[name], suite, envs[name], 900)
+                    seconds, proc = timed_run(name)
                     check_passed(proc, 1, name)
                     times[name].append(seconds)
                 log(f"  round {rep + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f} s"
