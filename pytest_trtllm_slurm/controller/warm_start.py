@@ -215,8 +215,7 @@ def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) 
     # sync first, then the sessions: a session never imports code older than the run's sync
     if not start.connections.start(cluster, then=partial(
             sync_then_sessions, cluster=cluster, rootdir=config.rootpath, ask=ask,
-            registry=start.sessions,
-            cache_dir=paths.work_root(None, config.rootpath).cache.dir)):
+            registry=start.sessions)):
         return False
     asked = None
     try:
