@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from pytest_trtllm_slurm.errors import ConfigError
-from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters, remote_cache_path
+from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
+from pytest_trtllm_slurm.execution.remote.discovery_cache import remote_cache_path
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 from pytest_trtllm_slurm.transport.ssh.shells import shell_for_cluster
 

@@ -176,6 +176,47 @@ def test_remote_cluster_without_sizing_keys_is_planned_from_discovery(remote_set
         test.unlink()
 
 
+# records each Slurm discovery's thread (the early start's, the early connection's, or not)
+DISCOVERY_RECORDER = """import json, os, threading
+import pytest_trtllm_slurm.execution.slurm.client as client
+
+_discover = client.SlurmClient.discover
+threads = []
+
+
+def discover(self, *args, **kwargs):
+    threads.append(threading.current_thread().name)
+    with open(os.environ["RECORD"], "w") as fh:
+        json.dump(threads, fh)
+    return _discover(self, *args, **kwargs)
+
+
+client.SlurmClient.discover = discover
+"""
+
+
+def test_stale_discoveries_are_made_beside_the_suites_import(remote_setup,
+                                                             tmp_path: Path) -> None:
+    """Both caches stale (a run more than five minutes after the last): this machine's Slurm
+    is discovered by the early start's thread and the remote cluster's by the early
+    connection's, while the suite imports; planning reads what they cached (it discovered
+    both itself, after the import, 0.2 s each on the dev cluster)."""
+    local, _, _ = remote_setup
+    for stale in (local / "work_dirs" / ".cache").glob("slurm_env*.json"):
+        stale.unlink()
+    (tmp_path / "recorder.py").write_text(DISCOVERY_RECORDER)
+    record = tmp_path / "record.json"
+    proc = run_pytest(local, "--slurm-cluster=devsize", "--trtllm-dispatch=all",
+                      "--trtllm-one-shot", "-k", "tracked_change",
+                      extra_env={"PYTHONPATH": str(tmp_path), "RECORD": str(record),
+                                 "PYTEST_PLUGINS": "recorder"})  # here only: not forwarded
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PASSED test_cpu.py::test_tracked_change" in out, out
+    assert sorted(json.loads(record.read_text())) == [
+        "ssh-early-devsize", "trtllm-slurm-discovery"], out
+    assert (local / "work_dirs" / ".cache" / "slurm_env-remote-devsize.json").exists()
+
+
 def test_remote_world_of_eight_runs_on_two_nodes_of_four(remote_setup) -> None:
     """End to end: sbatch accepts the discovered shape and the test passes on 2 nodes."""
     local, remote_root, _ = remote_setup
@@ -188,9 +229,10 @@ def test_remote_world_of_eight_runs_on_two_nodes_of_four(remote_setup) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "PASSED test_untracked_world8.py::test_world_of_eight" in out, out
-    spec = json.loads(next(
-        (remote_root.parent / "size_home" / "local" / "work_dirs").glob("*/job_spec.json")
-    ).read_text())
+    specs = [json.loads(p.read_text()) for p in (
+        remote_root.parent / "size_home" / "local" / "work_dirs").glob("*/job_spec.json")]
+    spec = next(s for s in specs  # (other tests' batches ran on this cluster too)
+                if any("test_world_of_eight" in n for n in s["nodeids"]))
     assert (spec["partition"], spec["account"]) == ("batch", "acct_a")
     assert (spec["total_devices"], spec["devices_per_node"], spec["node_count"]) == (8, 4, 2)
 

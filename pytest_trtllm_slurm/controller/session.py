@@ -50,6 +50,8 @@ def planning_context(config: pytest.Config) -> RunContext:
         clusters = options.clusters_file(config)
         if not clusters.clusters and not settings.config_path:
             clusters = load_clusters_file(None, config.rootpath)  # the default locations
+        if (early := early_start(config)) is not None:
+            early.discovered()  # its refresh of the cache read below, if one runs
         local, slurm_env = discover_local(
             Path(config.rootpath), cached=True,
             engines=bool(settings.container_image) or settings.scenario == Scenario.LOCAL_DOCKER)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import threading
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,6 +34,12 @@ class EarlyStart:
     sessions: EarlySessions
     connections: EarlyConnections
     started: int = 0  # local agents asked for a session (at most)
+    discovery: threading.Thread | None = None  # this machine's Slurm discovery, refreshed
+
+    def discovered(self) -> None:
+        """Wait for the refresh of this machine's Slurm discovery (planning reads its cache)."""
+        if self.discovery is not None:
+            self.discovery.join(DISCOVERY_WAIT)
 
     def close(self) -> None:
         """End what no one took: connections (and their sessions), then local sessions."""
@@ -41,7 +49,9 @@ class EarlyStart:
             self.started = 0
 
 
+log = logging.getLogger(__name__)
 EARLY = pytest.StashKey[EarlyStart]()
+DISCOVERY_WAIT = 120.0  # seconds planning waits for the early discovery before its own
 
 
 def early_start(config: pytest.Config) -> EarlyStart | None:
@@ -67,7 +77,25 @@ def begin(config: pytest.Config) -> EarlyStart | None:
         early.started = start_early_sessions(config, read, early.sessions)
     except (ConfigError, ExecutionError, OSError):
         pass  # an optimization: the run itself reports a bad setting, once configured
+    early.discovery = refresh_discovery(config.rootpath)
     return early
+
+
+def refresh_discovery(rootdir: Path) -> threading.Thread:
+    """This machine's Slurm discovery, made again beside the suite's import when its
+    five-minute cache is stale (``discover_local`` reads that cache at planning, which
+    otherwise waits for ``sinfo`` and the like: 0.2 s on the dev cluster)."""
+    from pytest_trtllm_slurm.execution.context import discover_local
+
+    def refresh() -> None:
+        try:
+            discover_local(rootdir, engines=False, cached=True)
+        except Exception:  # noqa: BLE001 - an optimization: planning discovers and reports
+            log.debug("the early Slurm discovery failed", exc_info=True)
+
+    thread = threading.Thread(target=refresh, daemon=True, name="trtllm-slurm-discovery")
+    thread.start()
+    return thread
 
 
 class EarlyConfig:
@@ -187,7 +215,8 @@ def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) 
     # sync first, then the sessions: a session never imports code older than the run's sync
     if not start.connections.start(cluster, then=partial(
             sync_then_sessions, cluster=cluster, rootdir=config.rootpath, ask=ask,
-            registry=start.sessions)):
+            registry=start.sessions,
+            cache_dir=paths.work_root(None, config.rootpath).cache.dir)):
         return False
     asked = None
     try:

@@ -6,14 +6,13 @@ cluster is connected once per run (one one-time code with MFA) and discovered on
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
+from pytest_trtllm_slurm.execution.remote.discovery_cache import discovery_cache
 from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
 from pytest_trtllm_slurm.execution.slurm.client import DEFAULT_TTL, cached_discovery
-from pytest_trtllm_slurm.node.paths import Cache
 from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
 from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
@@ -21,11 +20,6 @@ if TYPE_CHECKING:
     from pytest_trtllm_slurm.transport.ssh.otp_env import HeldCode
 
 log = logging.getLogger(__name__)
-
-
-def remote_cache_path(cache_dir: Path, name: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "x"
-    return Cache(cache_dir).remote_env(safe)
 
 
 class RemoteClusters:
@@ -95,11 +89,14 @@ class RemoteClusters:
 
         if self.cache_dir is None:
             return discover()
-        # another name, login host, port or user misses the cache
-        key = (f"remote|{cluster.name}|{cluster.user or ''}@{cluster.ssh_host or ''}:"
-               f"{cluster.ssh_port or ''}")
-        return cached_discovery(remote_cache_path(self.cache_dir, cluster.name), key, discover,
-                                self.ttl)
+        path, key = discovery_cache(self.cache_dir, cluster)
+
+        def after_the_early_work() -> SlurmEnv:
+            """Stale: the early connection may be refreshing it (``refresh_discovery``)."""
+            self.early.worked(cluster)
+            return cached_discovery(path, key, discover, self.ttl)
+
+        return cached_discovery(path, key, after_the_early_work, self.ttl)
 
     def close(self) -> None:
         for shell in self._shells.values():

@@ -21,13 +21,23 @@ log = logging.getLogger(__name__)
 
 
 def sync_then_sessions(shell: Any, *, cluster: ClusterConfig, rootdir: Path,
-                       ask: Future[SessionAsk | None], registry: Any) -> Any:
+                       ask: Future[SessionAsk | None], registry: Any,
+                       cache_dir: Path | None = None) -> Any:
     """``early_start.sync_and_start`` (a ``then`` of ``EarlyConnections.start``), imported
     here, in the connection's thread once it is connected: the sync's modules are not
-    imported before the connection starts. ``ask``: made by the main thread meanwhile."""
+    imported before the connection starts. ``ask``: made by the main thread meanwhile.
+    Then, with ``cache_dir``, the cluster's discovery if its cache is stale (planning's)."""
     from pytest_trtllm_slurm.execution.remote.early_start import sync_and_start
 
-    return sync_and_start(shell, cluster, rootdir, ask.result(), registry)
+    done = sync_and_start(shell, cluster, rootdir, ask.result(), registry)
+    if cache_dir is not None:
+        from pytest_trtllm_slurm.execution.remote.discovery_cache import refresh_discovery
+
+        try:
+            refresh_discovery(cache_dir, cluster, shell)
+        except Exception as exc:  # noqa: BLE001 - planning discovers again and says why
+            log.debug("ssh: the early discovery of %s failed: %s", cluster.name, exc)
+    return done
 
 
 class _QuickSwitch:
@@ -113,6 +123,13 @@ class EarlyConnections:
         if shell is not None:
             self._taken[cluster.name] = early
         return shell
+
+    def worked(self, cluster: ClusterConfig) -> None:
+        """Wait for the work (``then``) of ``cluster``'s early connection, if it has one,
+        taken or not (its shell and result are handed out as before)."""
+        early = self._early.get(cluster.name) or self._taken.get(cluster.name)
+        if early is not None:
+            early.thread.join()
 
     def pending(self, cluster: ClusterConfig) -> bool:
         """Whether ``cluster``'s connection was taken and ``done`` is still to be handed out."""
