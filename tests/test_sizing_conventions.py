@@ -18,7 +18,6 @@ import pytest
 from pytest_trtllm_slurm.controller.options import build_settings
 from pytest_trtllm_slurm.errors import ConfigError
 from pytest_trtllm_slurm.execution.render.scripts import render_sbatch, render_step_command
-from pytest_trtllm_slurm.execution.slurm.warm_pool import serves_warm
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.models import Launch, Scenario
 from pytest_trtllm_slurm.planning.requirements import (
@@ -112,9 +111,9 @@ def test_every_rank_runs_the_launcher_and_only_it_runs_pytest() -> None:
     assert " trtllm-llmapi-launch python -m pytest" in srun
     step = render_step_command(batch, "77")
     assert step[step.index("trtllm-llmapi-launch") + 1:][:3] == ["python", "-m", "pytest"]
-    assert not serves_warm(spec(nodeids=["t.py::t"], rerun_argv=["python", "-m", "pytest"],
-                                launch=Launch.MPI, total_devices=1, devices_per_node=1,
-                                launcher_prefix=["trtllm-llmapi-launch"]))
+    assert not spec(nodeids=["t.py::t"], rerun_argv=["python", "-m", "pytest"],
+                    launch=Launch.MPI, total_devices=1, devices_per_node=1,
+                    launcher_prefix=["trtllm-llmapi-launch"]).serves_by_fork()
 
 
 # --------------------------------------------------------------------------- dev cluster

@@ -64,6 +64,7 @@ def planning_context(config: pytest.Config) -> RunContext:
         rootdir=Path(config.rootpath),
         remote_env=remote_clusters(config) if clusters.clusters else None,
         early_sessions=early.sessions if (early := early_start(config)) else None,
+        local_session=early.local_session if early else None,
     )
     config.stash[_CONTEXT_KEY] = ctx
     return ctx

@@ -22,6 +22,7 @@ from pytest_trtllm_slurm.errors import ConfigError, ExecutionError
 from pytest_trtllm_slurm.node import paths
 
 if TYPE_CHECKING:
+    from pytest_trtllm_slurm.execution.local.session import LocalSession
     from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
     from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 
@@ -35,6 +36,7 @@ class EarlyStart:
     connections: EarlyConnections
     started: int = 0  # local agents asked for a session (at most)
     discovery: threading.Thread | None = None  # this machine's Slurm discovery, refreshed
+    local_session: LocalSession | None = None  # local_direct's warm session
 
     def discovered(self) -> None:
         """Wait for the refresh of this machine's Slurm discovery (planning reads its cache)."""
@@ -44,6 +46,8 @@ class EarlyStart:
     def close(self) -> None:
         """End what no one took: connections (and their sessions), then local sessions."""
         self.connections.close_unused()
+        if self.local_session is not None:  # (its executor stopped it already, if it had one)
+            self.local_session.stop()
         if self.started:
             stop_unused_sessions(self.sessions)
             self.started = 0
@@ -74,6 +78,7 @@ def begin(config: pytest.Config) -> EarlyStart | None:
     early = config.stash[EARLY] = EarlyStart(EarlySessions(), EarlyConnections())
     try:
         connect_early(config, read, early)  # a remote cluster's, while the suite imports
+        early.local_session = start_local_session(config, read)
         early.started = start_early_sessions(config, read, early.sessions)
     except (ConfigError, ExecutionError, OSError):
         pass  # an optimization: the run itself reports a bad setting, once configured
@@ -132,6 +137,34 @@ def run_targets(config: pytest.Config) -> list[str]:
         path, sep, rest = str(arg).partition("::")
         targets.append(str(here / path) + sep + rest)
     return targets
+
+
+def start_local_session(config: pytest.Config, early: EarlyConfig) -> LocalSession | None:
+    """local_direct's warm session (``execution.local.session``), when every test is
+    dispatched there: it imports and collects the run's arguments beside this process's own
+    import and collection, and forks each batch; None when it would not serve the batches."""
+    from pytest_trtllm_slurm.planning.models import Scenario
+
+    settings = options.resolve_settings(early)  # type: ignore[arg-type]
+    if not (settings.remote and settings.warm_workers and settings.dispatch == "all"
+            and settings.scenario == Scenario.LOCAL_DIRECT and settings.collect != "target"):
+        return None
+    from pytest_trtllm_slurm.controller.forwarding import forwarding_plan
+
+    if forwarding_plan(early)[2]:  # type: ignore[arg-type]
+        return None  # batches with output paths of their own run in processes of their own
+    from pytest_trtllm_slurm.controller.run_loop import pytest_base_argv, worker_cwd, worker_env
+    from pytest_trtllm_slurm.execution.local.session import LocalSession
+    from pytest_trtllm_slurm.execution.slurm.warm_pool import session_argv
+
+    base = pytest_base_argv(early)  # type: ignore[arg-type]
+    folder = str(paths.work_root(settings.work_dir, config.rootpath).agents_of("local")
+                 / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    argv = session_argv(base[0], base, folder, run_targets(config), nodeids_file=False,
+                        capture_no=getattr(early.option, "capture", "fd") == "no")
+    return LocalSession.start(argv, cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
+                              env={**os.environ, **worker_env(early)},  # type: ignore[arg-type]
+                              folder=folder)
 
 
 def start_early_sessions(config: pytest.Config, early: EarlyConfig,

@@ -14,6 +14,7 @@ from pytest_trtllm_slurm.planning.perf_sanity import PerfSources
 from pytest_trtllm_slurm.planning.settings import ClustersFile, Settings
 
 if TYPE_CHECKING:
+    from pytest_trtllm_slurm.execution.local.session import LocalSession
     from pytest_trtllm_slurm.execution.remote.clusters import RemoteClusters
     from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
 
@@ -32,6 +33,7 @@ class RunContext:
     remote_env: RemoteClusters | None = None
     # sessions the run started before it collected (the plugin's early start)
     early_sessions: EarlySessions | None = None
+    local_session: LocalSession | None = None  # local_direct's, started with them
 
 
 def discover_local(rootdir: Path, *, engines: bool = True,

@@ -84,7 +84,7 @@ def build_executor(scenario: Scenario, ctx: RunContext, keys: Sequence[BatchLike
     if scenario is Scenario.LOCAL_DIRECT:
         from pytest_trtllm_slurm.execution.local.direct import DirectExecutor
 
-        return DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)))
+        return DirectExecutor(gpu_ids=list(range(ctx.local.gpu_count)), session=ctx.local_session)
     if scenario is Scenario.LOCAL_DOCKER:
         return local_docker_executor(ctx, keys)
     if scenario is Scenario.LOCAL_SLURM:

@@ -103,16 +103,20 @@ class SessionServer:
         return True
 
     def _start(self, request: dict[str, Any]) -> int | None:
-        if self.leases is None:
-            self.leases = GpuLeases(self._lock_dir, visible_gpus(int(request.get("gpus_total", 0))))
-        try:
-            taken = self.leases.take(int(request.get("gpus", 0)))
-        except ValueError as exc:
-            why = str(exc)
-            return spawn(lambda: self._refuse(request, why))
-        if taken is None:
-            return None
-        gpu_ids, fds = taken
+        if "devices" in request:  # chosen by the controller (a local session: no agent)
+            gpu_ids, fds = [str(d) for d in request["devices"]], []
+        else:
+            if self.leases is None:
+                self.leases = GpuLeases(self._lock_dir,
+                                        visible_gpus(int(request.get("gpus_total", 0))))
+            try:
+                taken = self.leases.take(int(request.get("gpus", 0)))
+            except ValueError as exc:
+                why = str(exc)
+                return spawn(lambda: self._refuse(request, why))
+            if taken is None:
+                return None
+            gpu_ids, fds = taken
         pid = spawn(lambda: self._run_batch(request, gpu_ids))
         for fd in fds:  # the child holds the locks now; closing our copies keeps them held
             os.close(fd)
@@ -133,10 +137,15 @@ class SessionServer:
             return EARLY_MISS
         for key, value in (request.get("env") or {}).items():
             os.environ[key] = value
-        os.environ.update(one_node_job_env(gpu_ids))
+        if "devices" not in request:
+            os.environ.update(one_node_job_env(gpu_ids))
+        elif gpu_ids:  # none: the session's own devices, as a fresh local worker sees them
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
         self._own_basetemp(str(request.get("name", os.getpid())))
         redirect_output(request["log_path"])
         self.writer.reopen(Path(request["reports_path"]), request.get("notice_path"))
+        # the batch's own reports file, as a fresh worker's option names it
+        self.config.option.trtllm_worker_reports = request["reports_path"]
         items, missing = item_key.pick(wanted, self.items)  # under the controller's ids
         if missing:
             for record in self.writer.collect_errors:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pytest_trtllm_slurm.node.assignment import Assignment, pairs
 from pytest_trtllm_slurm.node.files import write_atomic
 from pytest_trtllm_slurm.node.paths import Batch
+from pytest_trtllm_slurm.node.protocol import WORKER_OUTPUTS_FLAG
 from pytest_trtllm_slurm.planning.fields import (
     Argument,
     Argv,
@@ -110,6 +111,17 @@ class JobSpec(BaseModel):
     def assignment(self) -> Assignment:
         """The batch's tests as the worker gets them: (node id, key), in order."""
         return pairs(self.nodeids, self.item_keys)
+
+    def serves_by_fork(self) -> bool:
+        """Whether a warm session's fork can run it: pytest node ids, one process, no
+        container, no launcher prefix, no output paths of its own (a session's options
+        are fixed)."""
+        if self.workflow != "pytest" or not self.nodeids or not self.rerun_argv:
+            return False
+        if self.launcher_prefix or any(t.startswith(WORKER_OUTPUTS_FLAG) for t in self.command):
+            return False
+        return not self.container_image and (self.launch is not Launch.MPI or
+                                             (self.total_devices or 0) <= 1)
 
     # (the argv it was made from, ``mask_argv`` of it): see ``masked_rerun_argv``
     _masked_rerun: tuple[tuple[str, ...], tuple[str, ...]] | None = PrivateAttr(default=None)

@@ -22,7 +22,6 @@ from pytest_trtllm_slurm.execution.slurm.warm_pool import (
     AgentPool,
     Delivery,
     WarmJob,
-    serves_warm,
 )
 from pytest_trtllm_slurm.node.protocol import GATE_ENV, GATE_WAIT_ENV
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
@@ -61,7 +60,7 @@ class WarmBatches:
                            submitted_at=time.time(), nodelist=alloc.nodelist)
         job = TrackedJob(handle, opts, alloc=alloc, share=step_share(spec, alloc),
                          life=Lifecycle(Phase.WAITING))
-        warm = serves_warm(spec) and pool.carries(spec)
+        warm = spec.serves_by_fork() and pool.carries(spec)
         job.warm = pool.add(handle.job_id, spec, warm=warm, gated=not warm and gated,
                             life=job.life)
         if not pool.warmed and job.warm.warm:

@@ -53,7 +53,7 @@ from pytest_trtllm_slurm.node.paths import (
     name_of,
     root_of,
 )
-from pytest_trtllm_slurm.node.protocol import EARLY_MISS, WORKER_OUTPUTS_FLAG
+from pytest_trtllm_slurm.node.protocol import EARLY_MISS
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import (
     hidden_env,
@@ -62,7 +62,6 @@ from pytest_trtllm_slurm.planning.masking import (
     shown_env,
     without_secrets,
 )
-from pytest_trtllm_slurm.planning.models import Launch
 from pytest_trtllm_slurm.transport import file_ops
 from pytest_trtllm_slurm.transport.file_ops import FileOp, run_ops
 from pytest_trtllm_slurm.transport.shell import LocalShell, Shell
@@ -74,17 +73,6 @@ HEARTBEAT_STALE = 30.0
 # a heartbeat this old asks the scheduler whether the agent's step is still listed (one
 # gone without an exit code is lost now, not HEARTBEAT_STALE later)
 HEARTBEAT_LATE = 5.0
-
-
-def serves_warm(spec: JobSpec) -> bool:
-    """Batches a forked worker can run: pytest node ids, one process, no container, no
-    launcher prefix, no output paths of their own (a session's options are fixed)."""
-    if spec.workflow != "pytest" or not spec.nodeids or not spec.rerun_argv:
-        return False
-    if spec.launcher_prefix or any(t.startswith(WORKER_OUTPUTS_FLAG) for t in spec.command):
-        return False
-    return not spec.container_image and (spec.launch is not Launch.MPI or
-                                         (spec.total_devices or 0) <= 1)
 
 
 @dataclass
@@ -307,7 +295,7 @@ class AgentPool:
 
     def warm_up(self, spec: JobSpec) -> None:
         """Start this run's session on every node now, so imports overlap what runs first."""
-        if not serves_warm(spec):
+        if not spec.serves_by_fork():
             return
         dirs = [self._agent_dir(n, spec) for n in self.nodes if not n.agent_dir]
         try:  # every node's agent looked at in one round trip
