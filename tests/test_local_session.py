@@ -145,6 +145,8 @@ def test_the_session_leaves_with_the_run(tmp_path):
     else:
         os.kill(session_pid, signal.SIGKILL)
         raise AssertionError("the local session outlived its run")
+    # its mailbox went with it
+    assert list((suite / "work_dirs" / ".agents" / "local").iterdir()) == []
 
 
 def test_a_hung_batch_is_killed_at_its_timeout(tmp_path):

@@ -72,19 +72,26 @@ class LocalSession:
         return batch
 
     def stop(self) -> None:
-        """Leave once its batches ended (``stop``), killed after ``STOP_GRACE``; its folder
-        goes with it (one that ended on its own keeps its log: it says why)."""
-        if not self.alive():
+        """End the session once its batches ended (the executor ends them first): SIGTERM
+        to its process group, SIGKILL after ``STOP_GRACE``. It holds nothing to save (each
+        fork writes its own batch's files), and its own end (pytest's summary, collections
+        over every item) would only delay this run's. Its folder goes with it, but for a
+        session that failed on its own: its log says why."""
+        if self.alive():
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        elif self.proc.returncode not in (0, None):
             return
-        with contextlib.suppress(OSError):
-            write_atomic(self.box.stop, "")
-        try:
-            self.proc.wait(STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
         shutil.rmtree(self.box.dir, ignore_errors=True)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 class ServedBatch:
@@ -155,5 +162,4 @@ class ServedBatch:
 
     def _signal(self, sig: int) -> None:
         if (pid := self.pid) is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
+            _signal_group(pid, sig)
