@@ -92,6 +92,8 @@ def run_way(suite: Path, count: int, way: str, partition: str | None,
             "-p", "no:cacheprovider"]
     if way == "replay":
         extra["BENCH_FAKE_EXECUTOR"] = "1"
+        # no warm session beside the controller: its executor is replaced (the instant one)
+        args.append("--trtllm-no-warm-workers")
     if way in ("replay", "local_direct"):
         args += ["--trtllm-remote", *DISPATCH, "--trtllm-scenario=local_direct"]
     elif way == "slurm_warm":

@@ -18,6 +18,7 @@ import pytest
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
 from pytest_trtllm_slurm.controller.batches import run_batches
 from pytest_trtllm_slurm.controller.forwarding import forwarded_addopts, forwarding_plan
+from pytest_trtllm_slurm.controller.gc_pace import own_pace, replay_pace
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_routes import ItemPlan
 from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_tokens
@@ -173,6 +174,7 @@ class DispatchLoop:
         self._queue: list[Batch] = []  # batches whose cluster is not ready yet
         self._preparing: dict[Target, Background[None]] = {}  # clusters getting ready
         self._history: History | None = None
+        self._test_pace: tuple[int, int, int] | None = None  # the GC's, for tests run here
         self.artefacts = ArtefactCollector(self.config)  # coverage, benchmarks
         self.view = RunView(self.config, settings)  # status line, summary, timeline
         self.worker_options, refused, outputs = forwarding_plan(self.config, with_ini=False)
@@ -189,6 +191,10 @@ class DispatchLoop:
 
     # -- the loop ----------------------------------------------------------
     def run(self) -> None:
+        with replay_pace() as self._test_pace:
+            self._run()
+
+    def _run(self) -> None:
         dispatched = [(p.item.nodeid, p.key) for p in self.plans if p.key is not None]
         history = History.start(self.config, dispatched, pools_from_capacities(
             {target: e.capacity() for target, e in self.executors.items()}))
@@ -291,7 +297,8 @@ class DispatchLoop:
                     fail=self.settings.unsatisfied == "fail")
         for index, plan in enumerate(runnable):
             nextitem = runnable[index + 1].item if index + 1 < len(runnable) else None
-            self.config.hook.pytest_runtest_protocol(item=plan.item, nextitem=nextitem)
+            with own_pace(self._test_pace):
+                self.config.hook.pytest_runtest_protocol(item=plan.item, nextitem=nextitem)
             self._check_stop()
             self._pump()
 

@@ -156,7 +156,6 @@ def start_local_session(config: pytest.Config, early: EarlyConfig) -> LocalSessi
     from pytest_trtllm_slurm.controller.run_loop import pytest_base_argv, worker_cwd, worker_env
     from pytest_trtllm_slurm.execution.local.session import LocalSession
     from pytest_trtllm_slurm.execution.slurm.warm_pool import session_argv
-
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
 
     base = pytest_base_argv(early)  # type: ignore[arg-type]
