@@ -21,8 +21,8 @@ from pytest_trtllm_slurm.node.protocol import EARLY_MISS
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
 from pytest_trtllm_slurm.planning.masking import hidden_env, shown_env
 
-STOP_GRACE = 5.0  # seconds a stopped session gets to end its batches before it is killed
-POLL_STEP = 0.01
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a session or a batch at its end
+POLL_STEP = 0.01  # seconds between two looks at a batch's exit-code file while waiting
 
 
 class LocalSession:
@@ -32,7 +32,6 @@ class LocalSession:
         self.proc = proc
         self.box = Session(folder)
         self.env = dict(env)  # what it was started with: a batch needing other secrets runs fresh
-        self.used = False
 
     @classmethod
     def start(cls, argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
@@ -68,7 +67,6 @@ class LocalSession:
                    "exit_path": batch.exit_path, "pid_path": batch.pid_path,
                    "env": shown_env(spec.env)}
         write_atomic(self.box.request(name), json.dumps(request))
-        self.used = True
         return batch
 
     def stop(self) -> None:
