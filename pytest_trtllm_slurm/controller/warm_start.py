@@ -157,16 +157,20 @@ def start_local_session(config: pytest.Config, early: EarlyConfig) -> LocalSessi
     from pytest_trtllm_slurm.execution.local.session import LocalSession
     from pytest_trtllm_slurm.execution.slurm.warm_pool import session_argv
     from pytest_trtllm_slurm.execution.work_root import ensure_work_root
+    from pytest_trtllm_slurm.node.files import UntrustedPath
 
     base = pytest_base_argv(early)  # type: ignore[arg-type]
     root = paths.work_root(settings.work_dir, config.rootpath)
-    ensure_work_root(root.dir)  # git-ignored, before the session's folder is made in it
     folder = str(root.agents_of("local") / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
     argv = session_argv(base[0], base, folder, run_targets(config), nodeids_file=False,
                         capture_no=getattr(early.option, "capture", "fd") == "no")
-    return LocalSession.start(argv, cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
-                              env={**os.environ, **worker_env(early)},  # type: ignore[arg-type]
-                              folder=folder)
+    try:
+        ensure_work_root(root.dir)  # git-ignored, before the session's folder is made in it
+        return LocalSession.start(argv, cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
+                                  env={**os.environ, **worker_env(early)},  # type: ignore[arg-type]
+                                  folder=folder)
+    except UntrustedPath:
+        return None  # the run says so, naming the folder, when it makes its work dirs
 
 
 def start_early_sessions(config: pytest.Config, early: EarlyConfig,
