@@ -109,11 +109,14 @@ class ShellLock:
         if self.held:
             raise RuntimeError(f"{self.where} is already held by this process")
         hold = self._hold = _Hold(token=secrets.token_hex(8))
-        record = json.dumps({**(info or {}), "token": hold.token})
-        argv = ["sh", "-c", _HOLD, "sh", self.path, str(max(1, int(timeout + 0.999))),
-                str(int(self.max_hold)), record, *(then or [])]
-        hold.thread = threading.Thread(target=self._run_holder, args=(hold, argv), daemon=True,
-                                       name=f"lock {self.path}")
+
+        def holder_argv(token: str) -> list[str]:
+            record = json.dumps({**(info or {}), "token": token})
+            return ["sh", "-c", _HOLD, "sh", self.path, str(max(1, int(timeout + 0.999))),
+                    str(int(self.max_hold)), record, *(then or [])]
+
+        hold.thread = threading.Thread(target=self._run_holder, args=(hold, holder_argv),
+                                       daemon=True, name=f"lock {self.path}")
         hold.thread.start()
         hold.taken = taken
         if taken is not None and then:
@@ -196,7 +199,7 @@ class ShellLock:
         except KeyError:
             return "its holder is not recorded"
 
-    def _run_holder(self, hold: _Hold, argv: list[str]) -> None:
+    def _run_holder(self, hold: _Hold, holder_argv: Callable[[str], list[str]]) -> None:
         def produce(stdin: IO[bytes]) -> None:
             try:
                 while not hold.release.wait(KEEPALIVE):
@@ -210,6 +213,7 @@ class ShellLock:
         drops = 0
         while True:
             cut = False
+            argv = holder_argv(hold.token)
             try:
                 result = hold_stdin(self.shell, argv, produce)
             except Exception as exc:  # noqa: BLE001 - reported to the waiting caller
@@ -219,6 +223,9 @@ class ShellLock:
             if cut and not hold.was_held and drops < WAIT_RETRIES:
                 # dropped while waiting (never held): wait again on the next connection
                 drops += 1
+                # the cut connection's wait may still take the lock on the host; with its
+                # channel gone it lets go at once, so its record must not read as ours
+                hold.token = secrets.token_hex(8)
                 log.warning("lock %s: the connection dropped while waiting for it (%s); "
                             "waiting again", self.where, result.stderr)
                 if hold.release.wait(1.0):
