@@ -103,8 +103,9 @@ class SessionServer:
         return True
 
     def _start(self, request: dict[str, Any]) -> int | None:
+        fds: list[int] = []  # the GPUs' lock files, held by the child
         if "devices" in request:  # chosen by the controller (a local session: no agent)
-            gpu_ids, fds = [str(d) for d in request["devices"]], []
+            gpu_ids = [str(d) for d in request["devices"]]
         else:
             if self.leases is None:
                 self.leases = GpuLeases(self._lock_dir,
