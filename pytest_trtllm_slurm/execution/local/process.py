@@ -33,7 +33,7 @@ class LocalJob:
         self.gpus: list[int] = []
         self.cancelled = False
         self.removed = False
-        self.fresh = False  # a warm session may not run it: a process of its own does
+        self.fresh = False  # True: a process of its own runs it (the warm session did not)
 
 
 class LocalProcessExecutor(Executor):
