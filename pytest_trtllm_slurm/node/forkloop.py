@@ -80,7 +80,7 @@ def _flush() -> None:
         sys.stderr.flush()
 
 
-def _kill(pid: int, sig: int) -> None:
+def kill_group(pid: int, sig: int) -> None:
     """Signal ``pid``'s process group; one already gone is fine."""
     with contextlib.suppress(OSError):
         os.killpg(pid, sig)
@@ -240,7 +240,7 @@ class ForkLoop:
                 break
             child = self.running.pop(pid, None)
             if child is not None:
-                _kill(pid, signal.SIGKILL)  # the test may have left children behind
+                kill_group(pid, signal.SIGKILL)  # the test may have left children behind
                 code = os.waitstatus_to_exitcode(status)  # the shell's: 128 + a signal
                 write_exit(child.request, 128 - code if code < 0 else code)
                 reaped = True
@@ -253,13 +253,13 @@ class ForkLoop:
                 write_exit(request, 128 + signal.SIGTERM)
         for child in self.running.values():
             if child.name == name and child.kill_at is None:
-                _kill(child.pid, signal.SIGTERM)
+                kill_group(child.pid, signal.SIGTERM)
                 child.kill_at = time.monotonic() + KILL_GRACE
 
     def _escalate(self, now: float) -> None:
         for child in self.running.values():
             if child.kill_at is not None and now >= child.kill_at:
-                _kill(child.pid, signal.SIGKILL)
+                kill_group(child.pid, signal.SIGKILL)
 
     def _beat(self) -> None:
         assert self.heartbeat is not None
@@ -270,7 +270,7 @@ class ForkLoop:
 
     def _kill_all(self) -> None:
         for child in list(self.running.values()):
-            _kill(child.pid, signal.SIGKILL)
+            kill_group(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + KILL_GRACE
         while self.running and time.monotonic() < deadline:
             if not self._reap():

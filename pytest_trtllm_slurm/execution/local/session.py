@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pytest_trtllm_slurm.node.files import make_dirs, write_atomic
+from pytest_trtllm_slurm.node.forkloop import kill_group
 from pytest_trtllm_slurm.node.paths import Batch, Session
 from pytest_trtllm_slurm.node.protocol import EARLY_MISS
 from pytest_trtllm_slurm.planning.jobspec import JobSpec
@@ -76,20 +77,15 @@ class LocalSession:
         over every item) would only delay this run's. Its folder goes with it, but for a
         session that failed on its own: its log says why."""
         if self.alive():
-            _signal_group(self.proc.pid, signal.SIGTERM)
+            kill_group(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(STOP_GRACE)
             except subprocess.TimeoutExpired:
-                _signal_group(self.proc.pid, signal.SIGKILL)
+                kill_group(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         elif self.proc.returncode not in (0, None):
             return
         shutil.rmtree(self.box.dir, ignore_errors=True)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 class ServedBatch:
@@ -160,4 +156,4 @@ class ServedBatch:
 
     def _signal(self, sig: int) -> None:
         if (pid := self.pid) is not None:
-            _signal_group(pid, sig)
+            kill_group(pid, sig)
