@@ -2,7 +2,12 @@
 hundred short-lived objects per test (decoded records, reports, hook arguments) and keeps
 the reports, so Python's default thresholds (700, 10, 10) collected the old generation 37
 times while 100,000 tests were replayed (4.6 s of CPU here, against 0.4 s below). Tests
-that run in this process (``--trtllm-dispatch=needed``) run at Python's own pace."""
+that run in this process (``--trtllm-dispatch=needed``) run at Python's own pace.
+
+Inside one pump (``held_for_a_pump``) nothing is collected: a chunk's decoded records are
+alive until it is replayed, and each young collection during it went over them and over
+the reports replayed so far; after the pump, with the records dropped, one collection goes
+over what stayed (0.55 s of collections in a 100,000-test replay became 0.10 s)."""
 
 from __future__ import annotations
 
@@ -38,3 +43,22 @@ def own_pace(thresholds: tuple[int, int, int] | None) -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*during)
+
+
+@contextlib.contextmanager
+def held_for_a_pump() -> Iterator[None]:
+    """No collection inside; at the end the one that came due meanwhile, if any: the young
+    generation, with the middle one when that is due too (the old one stays Python's, with
+    its rule of a quarter more). A collector turned off (by the suite) stays off."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        young, middle, _ = gc.get_count()
+        first, second, _ = gc.get_threshold()
+        if young > first:
+            gc.collect(1 if middle >= second else 0)

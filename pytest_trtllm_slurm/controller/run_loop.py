@@ -18,7 +18,7 @@ import pytest
 from pytest_trtllm_slurm.controller.artefacts import ArtefactCollector, prefix_mapper
 from pytest_trtllm_slurm.controller.batches import run_batches
 from pytest_trtllm_slurm.controller.forwarding import forwarded_addopts, forwarding_plan
-from pytest_trtllm_slurm.controller.gc_pace import own_pace, replay_pace
+from pytest_trtllm_slurm.controller.gc_pace import held_for_a_pump, own_pace, replay_pace
 from pytest_trtllm_slurm.controller.history import History
 from pytest_trtllm_slurm.controller.item_routes import ItemPlan
 from pytest_trtllm_slurm.controller.output_dirs import OutputCollector, worker_tokens
@@ -322,11 +322,15 @@ class DispatchLoop:
 
     def _pump(self) -> bool:
         """Replay whatever the jobs wrote since the last call; True if anything happened."""
-        self._submit_ready()
-        events = list(self.monitor.poll())
+        with held_for_a_pump():
+            self._submit_ready()
+            found = self._replay(list(self.monitor.poll()))  # its records gone with the call
+            self.view.tick()
+        return found
+
+    def _replay(self, events: list[JobEvent]) -> bool:
         for event in events:
             self._on_event(event)
-        self.view.tick()
         return bool(events)
 
     def _run_builds(self, dispatched: list[tuple[str, BatchKey]]) -> dict[Target, str]:
