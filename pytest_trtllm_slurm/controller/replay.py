@@ -146,11 +146,13 @@ class Replayer:
         report = self._from_serializable(data)
         if report is None or not isinstance(report, pytest.TestReport):
             return
-        _keep_subtest_kwargs(report, data)
-        prog = self.progress.get(report.nodeid)
+        if "_subtest.context" in data:
+            _keep_subtest_kwargs(report, data)
+        nodeid = report.nodeid
+        prog = self.progress.get(nodeid)
         if prog is None or prog.finished or not prog.attempt_open:
             return
-        item = self.items[report.nodeid]
+        item = self.items[nodeid]
         _share_strings(report, item, prog)
         if report.when == "call" or report.failed:
             report.sections.append((SECTION, ctx.section_text(report.nodeid)))

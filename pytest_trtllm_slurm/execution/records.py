@@ -347,6 +347,8 @@ def _typed_dicts(models: Mapping[str, type[BaseModel]]) -> dict[str, Any]:
 DICTS: dict[str, Any] = _typed_dicts(MODELS)
 _DICT_ADAPTER: TypeAdapter[dict[str, Any]] = TypeAdapter(Annotated[  # type: ignore[arg-type]
     Union[tuple(DICTS.values())], Field(discriminator="type")])  # noqa: UP007
+# pydantic-core's own validator: the adapter's wrapper reads its keyword defaults per call
+_VALIDATE_JSON = _DICT_ADAPTER.validator.validate_json
 
 
 class RefusedLine(dict):  # type: ignore[type-arg]
@@ -361,7 +363,7 @@ def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, An
     """One line of reports.jsonl as a checked record of ``batch`` (a plain dict; None: any
     test), else an ``UnreadableLine`` / ``RefusedLine``; the models word a refusal."""
     try:
-        record = _DICT_ADAPTER.validate_json(line)
+        record = _VALIDATE_JSON(line)
     except Exception:  # noqa: BLE001 - the slow path below says what is wrong
         record = _judged(line)
         if type(record) is not dict:
@@ -396,7 +398,10 @@ def named_tests(record: dict[str, Any]) -> list[str]:
     """The node ids a checked record is about (each must be a test of the batch)."""
     kind = record["type"]
     if kind == "item":
-        return [record["nodeid"], *(report["nodeid"] for report in record.get("reports", ()))]
+        nodeid = record["nodeid"]
+        others = [report["nodeid"] for report in record.get("reports", ())
+                  if report["nodeid"] != nodeid]  # most often none: one look, not four
+        return [nodeid, *others]
     if kind in ("start", "finish", "done", "xml_attribute"):
         return [record["nodeid"]]
     if kind == "report":
