@@ -50,11 +50,15 @@ def planning_context(config: pytest.Config) -> RunContext:
         clusters = options.clusters_file(config)
         if not clusters.clusters and not settings.config_path:
             clusters = load_clusters_file(None, config.rootpath)  # the default locations
-        if (early := early_start(config)) is not None:
-            early.discovered()  # its refresh of the cache read below, if one runs
-        local, slurm_env = discover_local(
-            Path(config.rootpath), cached=True,
-            engines=bool(settings.container_image) or settings.scenario == Scenario.LOCAL_DOCKER)
+        engines = bool(settings.container_image) or settings.scenario == Scenario.LOCAL_DOCKER
+        slurm = settings.uses_local_slurm()
+        early = early_start(config)
+        found = early.discovered() if early is not None else None  # beside the import
+        if found is not None and not engines and (found[2] or not slurm):
+            local, slurm_env = found[0], found[1] if slurm else None
+        else:
+            local, slurm_env = discover_local(Path(config.rootpath), cached=True,
+                                              engines=engines, slurm=slurm)
         _check_named_cluster(settings.slurm_cluster, clusters, local.cluster_name)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None

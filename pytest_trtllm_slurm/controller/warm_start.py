@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.local.session import LocalSession
     from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
     from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
+    from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
+    from pytest_trtllm_slurm.planning.models import LocalEnv
 
 
 @dataclass
@@ -35,13 +37,17 @@ class EarlyStart:
     sessions: EarlySessions
     connections: EarlyConnections
     started: int = 0  # local agents asked for a session (at most)
-    discovery: threading.Thread | None = None  # this machine's Slurm discovery, refreshed
+    discovery: threading.Thread | None = None  # this machine's probe and Slurm discovery
+    # what it found: (the machine, its Slurm, whether Slurm was probed); None until then
+    found: tuple[LocalEnv, SlurmEnv | None, bool] | None = None
     local_session: LocalSession | None = None  # local_direct's warm session
 
-    def discovered(self) -> None:
-        """Wait for the refresh of this machine's Slurm discovery (planning reads its cache)."""
+    def discovered(self) -> tuple[LocalEnv, SlurmEnv | None, bool] | None:
+        """Wait for this machine's probe and Slurm discovery made beside the suite's import;
+        what they found (None: not done, or failed: planning makes its own)."""
         if self.discovery is not None:
             self.discovery.join(DISCOVERY_WAIT)
+        return self.found
 
     def close(self) -> None:
         """End what no one took: connections (and their sessions), then local sessions."""
@@ -82,19 +88,26 @@ def begin(config: pytest.Config) -> EarlyStart | None:
         early.started = start_early_sessions(config, read, early.sessions)
     except (ConfigError, ExecutionError, OSError):
         pass  # an optimization: the run itself reports a bad setting, once configured
-    early.discovery = refresh_discovery(config.rootpath)
+    try:
+        slurm = options.resolve_settings(read).uses_local_slurm()  # type: ignore[arg-type]
+    except ConfigError:
+        slurm = True  # the run itself reports the bad setting
+    early.discovery = refresh_discovery(config.rootpath, early, slurm=slurm)
     return early
 
 
-def refresh_discovery(rootdir: Path) -> threading.Thread:
-    """This machine's Slurm discovery, made again beside the suite's import when its
-    five-minute cache is stale (``discover_local`` reads that cache at planning, which
-    otherwise waits for ``sinfo`` and the like: 0.2 s on the dev cluster)."""
+def refresh_discovery(rootdir: Path, early: EarlyStart, *, slurm: bool) -> threading.Thread:
+    """This machine's probe (its GPUs; its Slurm, when the run can use it) and its Slurm's
+    discovery, beside the suite's import, into ``early.found``: planning uses them instead
+    of probing again (``nvidia-smi``, ``scontrol``: 10 s each when they do not answer), and
+    the discovery is made again only when its five-minute cache is stale (``sinfo`` and
+    the like: 0.2 s on the dev cluster)."""
     from pytest_trtllm_slurm.execution.context import discover_local
 
     def refresh() -> None:
         try:
-            discover_local(rootdir, engines=False, cached=True)
+            local, slurm_env = discover_local(rootdir, engines=False, cached=True, slurm=slurm)
+            early.found = (local, slurm_env, slurm)
         except Exception:  # noqa: BLE001 - an optimization: planning discovers and reports
             log.debug("the early Slurm discovery failed", exc_info=True)
 

@@ -36,12 +36,13 @@ class RunContext:
     local_session: LocalSession | None = None  # local_direct's, started with them
 
 
-def discover_local(rootdir: Path, *, engines: bool = True,
-                   cached: bool = False) -> tuple[LocalEnv, SlurmEnv | None]:
-    """This machine's probe and its Slurm's discovery (``cached``: from ``.cache``)."""
+def discover_local(rootdir: Path, *, engines: bool = True, cached: bool = False,
+                   slurm: bool = True) -> tuple[LocalEnv, SlurmEnv | None]:
+    """This machine's probe and its Slurm's discovery (``cached``: from ``.cache``;
+    ``slurm=False``: neither probed nor discovered)."""
     from pytest_trtllm_slurm.execution.probe import probe_local_env
 
-    local = probe_local_env(engines=engines)
+    local = probe_local_env(engines=engines, slurm=slurm)
     if not local.slurm_available:
         return local, None
     from pytest_trtllm_slurm.execution.slurm.client import SlurmClient, cache_key, cached_discovery

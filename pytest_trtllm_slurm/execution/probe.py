@@ -83,8 +83,9 @@ def probe_slurm(shell: Shell, timeout: float, env: LocalEnv) -> None:
 
 
 def probe_local_env(shell: Shell | None = None, timeout: float = 10, *,
-                    engines: bool = True) -> LocalEnv:
-    """What routing needs to know about this machine; ``engines=False``: no container engines."""
+                    engines: bool = True, slurm: bool = True) -> LocalEnv:
+    """What routing needs to know about this machine; ``engines=False``: no container engines,
+    ``slurm=False``: no Slurm (the run cannot use it: ``Settings.uses_local_slurm``)."""
     shell = shell or LocalShell()
     machine = platform.machine().lower()
     env = LocalEnv(arch=_MACHINES.get(machine, machine or "x86_64"))
@@ -93,5 +94,9 @@ def probe_local_env(shell: Shell | None = None, timeout: float = 10, *,
         probe_container_engine(shell, timeout, env)
     else:
         env.notes.append("container: not probed (no container image asked for)")
-    probe_slurm(shell, timeout, env)
+    if slurm:
+        probe_slurm(shell, timeout, env)
+    else:
+        env.notes.append("slurm: not probed (every test runs on this machine: "
+                         "--trtllm-scenario)")
     return env

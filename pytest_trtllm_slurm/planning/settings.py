@@ -253,3 +253,12 @@ class Settings(BaseModel):
     test_db_terms: list[str] = Field(default_factory=list)
     # named markers -> devices on one node (ini trtllm_marker_devices)
     marker_devices: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_MARKER_DEVICES))
+
+    def uses_local_slurm(self) -> bool:
+        """Whether this run can read this machine's Slurm: not when every test is forced to
+        run here (``--trtllm-scenario=local_direct`` or ``local_docker``) and no cluster,
+        test-db or allocation release names one. Its probe (``scontrol show config``) waits
+        10 s for a controller that does not answer."""
+        return not (self.scenario in (Scenario.LOCAL_DIRECT, Scenario.LOCAL_DOCKER)
+                    and not self.slurm_cluster and not self.test_db
+                    and not self.release_allocation)
