@@ -347,8 +347,6 @@ def _typed_dicts(models: Mapping[str, type[BaseModel]]) -> dict[str, Any]:
 DICTS: dict[str, Any] = _typed_dicts(MODELS)
 _DICT_ADAPTER: TypeAdapter[dict[str, Any]] = TypeAdapter(Annotated[  # type: ignore[arg-type]
     Union[tuple(DICTS.values())], Field(discriminator="type")])  # noqa: UP007
-# pydantic-core's own validator: the adapter's wrapper reads its keyword defaults per call
-_VALIDATE_JSON = _DICT_ADAPTER.validator.validate_json
 
 
 class RefusedLine(dict):  # type: ignore[type-arg]
@@ -363,7 +361,8 @@ def check_line(line: bytes, batch: Container[str] | None = None) -> dict[str, An
     """One line of reports.jsonl as a checked record of ``batch`` (a plain dict; None: any
     test), else an ``UnreadableLine`` / ``RefusedLine``; the models word a refusal."""
     try:
-        record = _VALIDATE_JSON(line)
+        # pydantic-core's own validator: the adapter's wrapper reads its defaults per call
+        record = _DICT_ADAPTER.validator.validate_json(line)
     except Exception:  # noqa: BLE001 - the slow path below says what is wrong
         record = _judged(line)
         if type(record) is not dict:
