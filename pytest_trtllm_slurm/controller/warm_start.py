@@ -24,11 +24,9 @@ from pytest_trtllm_slurm.node import paths
 if TYPE_CHECKING:
     from pytest_trtllm_slurm.execution.local.session import LocalSession
     from pytest_trtllm_slurm.execution.remote.early_connect import EarlyConnections
-    from pytest_trtllm_slurm.execution.remote.session_ask import SessionAsk
     from pytest_trtllm_slurm.execution.slurm.early_sessions import EarlySessions
     from pytest_trtllm_slurm.planning.jobspec import SlurmEnv
     from pytest_trtllm_slurm.planning.models import LocalEnv
-    from pytest_trtllm_slurm.planning.settings import ClusterConfig
 
 
 @dataclass
@@ -262,8 +260,9 @@ def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) 
     if cluster is None:
         return False
     from pytest_trtllm_slurm.execution.remote.early_connect import sync_then_sessions
+    from pytest_trtllm_slurm.execution.remote.session_ask import SessionAsk
 
-    # the connection first; the session request is made beside it and the suite's import
+    # the connection first: what follows (the run loop's imports, ~0.15 s) overlaps it
     ask: Future[SessionAsk | None] = Future()
     # sync first, then the sessions: a session never imports code older than the run's sync
     if not start.connections.start(cluster, then=partial(
@@ -271,42 +270,26 @@ def connect_early(config: pytest.Config, early: EarlyConfig, start: EarlyStart) 
             registry=start.sessions,
             cache_dir=paths.work_root(None, config.rootpath).cache.dir)):
         return False
-    if not (settings.persistent and settings.warm_workers):
-        ask.set_result(None)  # no sessions
-        return True
-    threading.Thread(target=make_session_ask, args=(config, early, cluster, ask),
-                     daemon=True, name="trtllm-slurm-session-ask").start()
-    return True
-
-
-def make_session_ask(config: pytest.Config, early: EarlyConfig, cluster: ClusterConfig,
-                     ask: Future[SessionAsk | None]) -> None:
-    """The early sessions' request, made in a thread: it needs the run loop's imports
-    (~0.1 s), which the main thread would otherwise make before the suite's import begins.
-    None in ``ask`` when it cannot be made (no early sessions; the run reports a bad setting)."""
-    from pytest_trtllm_slurm.execution.remote.session_ask import SessionAsk
-
     asked = None
     try:
-        from pytest_trtllm_slurm.controller.run_loop import (
-            pytest_base_argv,
-            worker_cwd,
-            worker_env,
-        )
+        if settings.persistent and settings.warm_workers:
+            from pytest_trtllm_slurm.controller.run_loop import (
+                pytest_base_argv,
+                worker_cwd,
+                worker_env,
+            )
 
-        settings = options.resolve_settings(early)  # type: ignore[arg-type]
-        asked = SessionAsk(
-            base=pytest_base_argv(early),  # type: ignore[arg-type]
-            cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
-            targets=run_targets(config),
-            # as a batch's: the worker's, then the clusters file's env (and models root)
-            env={**worker_env(early), **cluster.job_env},  # type: ignore[arg-type]
-            capture_no=getattr(early.option, "capture", "fd") == "no",
-            local_work_root=str(paths.work_root(settings.work_dir, config.rootpath).dir))
-    except Exception:  # noqa: BLE001 - an optimization: the sessions start with the pool
-        log.debug("the early session request could not be made", exc_info=True)
+            asked = SessionAsk(
+                base=pytest_base_argv(early),  # type: ignore[arg-type]
+                cwd=str(worker_cwd(early)),  # type: ignore[arg-type]
+                targets=run_targets(config),
+                # as a batch's: the worker's, then the clusters file's env (and models root)
+                env={**worker_env(early), **cluster.job_env},  # type: ignore[arg-type]
+                capture_no=getattr(early.option, "capture", "fd") == "no",
+                local_work_root=str(paths.work_root(settings.work_dir, config.rootpath).dir))
     finally:
-        ask.set_result(asked)
+        ask.set_result(asked)  # (None, also when making it failed: no sessions then)
+    return True
 
 
 def stop_unused_sessions(sessions: EarlySessions) -> None:
