@@ -84,9 +84,7 @@ def test_a_stale_discovery_is_made_beside_the_suites_import(
 
 def test_a_run_forced_to_this_machine_asks_no_slurm(
         devcluster: dict[str, Any], tmp_path: Path) -> None:
-    (tmp_path / "recorder.py").write_text(RECORDER)
-    (tmp_path / "conftest.py").write_text("")
-    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    _one_test_suite(tmp_path)
     proc = _run(tmp_path, "--trtllm-remote", "--trtllm-dispatch=all",
                 "--trtllm-scenario=local_direct", "test_x.py")
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
@@ -99,14 +97,18 @@ def test_a_run_forced_to_this_machine_asks_no_slurm(
 def test_a_forced_run_naming_a_cluster_still_asks_it(
         devcluster: dict[str, Any], tmp_path: Path) -> None:
     """--slurm-cluster is checked against this machine's cluster: Slurm is probed then."""
-    (tmp_path / "recorder.py").write_text(RECORDER)
-    (tmp_path / "conftest.py").write_text("")
-    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    _one_test_suite(tmp_path)
     proc = _run(tmp_path, "--trtllm-remote", "--trtllm-dispatch=all",
                 "--trtllm-scenario=local_direct", f"--slurm-cluster={devcluster['cluster_name']}",
                 "test_x.py")
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "probes.json").read_text()) == ["trtllm-slurm-discovery"]
+
+
+def _one_test_suite(tmp_path: Path) -> None:
+    (tmp_path / "recorder.py").write_text(RECORDER)
+    (tmp_path / "conftest.py").write_text("")
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
