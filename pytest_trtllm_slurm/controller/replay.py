@@ -155,7 +155,7 @@ class Replayer:
         item = self.items[nodeid]
         _share_strings(report, item, prog)
         if report.when == "call" or report.failed:
-            report.sections.append((SECTION, ctx.section_text(report.nodeid)))
+            report.sections.append((SECTION, ctx.section_text(nodeid)))
         self._log(item, report, ctx, prog)
 
     def _log(self, item: pytest.Item, report: pytest.TestReport, ctx: JobContext | None,

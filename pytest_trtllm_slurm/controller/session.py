@@ -54,8 +54,8 @@ def planning_context(config: pytest.Config) -> RunContext:
         slurm = settings.uses_local_slurm()
         early = early_start(config)
         found = early.discovered() if early is not None else None  # beside the import
-        if found is not None and not engines and (found[2] or not slurm):
-            local, slurm_env = found[0], found[1] if slurm else None
+        if found is not None and not engines and (found.slurm_probed or not slurm):
+            local, slurm_env = found.local, found.slurm_env if slurm else None
         else:
             local, slurm_env = discover_local(Path(config.rootpath), cached=True,
                                               engines=engines, slurm=slurm)

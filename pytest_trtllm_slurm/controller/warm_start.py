@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 
@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from pytest_trtllm_slurm.planning.models import LocalEnv
 
 
+class Discovered(NamedTuple):
+    """This machine's probe and its Slurm's discovery, made beside the suite's import."""
+
+    local: LocalEnv
+    slurm_env: SlurmEnv | None
+    slurm_probed: bool  # False: the run could not use this machine's Slurm, not asked
+
+
 @dataclass
 class EarlyStart:
     """What the early start shares with the run (sessions started, SSH connections opened):
@@ -38,11 +46,10 @@ class EarlyStart:
     connections: EarlyConnections
     started: int = 0  # local agents asked for a session (at most)
     discovery: threading.Thread | None = None  # this machine's probe and Slurm discovery
-    # what it found: (the machine, its Slurm, whether Slurm was probed); None until then
-    found: tuple[LocalEnv, SlurmEnv | None, bool] | None = None
+    found: Discovered | None = None  # what it found; None until then
     local_session: LocalSession | None = None  # local_direct's warm session
 
-    def discovered(self) -> tuple[LocalEnv, SlurmEnv | None, bool] | None:
+    def discovered(self) -> Discovered | None:
         """Wait for this machine's probe and Slurm discovery made beside the suite's import;
         what they found (None: not done, or failed: planning makes its own)."""
         if self.discovery is not None:
@@ -106,8 +113,8 @@ def refresh_discovery(rootdir: Path, early: EarlyStart, *, slurm: bool) -> threa
 
     def refresh() -> None:
         try:
-            local, slurm_env = discover_local(rootdir, engines=False, cached=True, slurm=slurm)
-            early.found = (local, slurm_env, slurm)
+            early.found = Discovered(*discover_local(rootdir, engines=False, cached=True,
+                                                     slurm=slurm), slurm_probed=slurm)
         except Exception:  # noqa: BLE001 - an optimization: planning discovers and reports
             log.debug("the early Slurm discovery failed", exc_info=True)
 
