@@ -1,17 +1,20 @@
-"""A batch's end wakes the run loop's idle wait here (inotify on the local news folder); the
-other notices (a report line, a pid) do not, so the loop does not go round at every line."""
+"""A batch's end wakes the run loop's idle wait here (inotify on the folder of the local news
+folder's end notice); the other notices (a report line, a pid) do not, and do not even wake
+the wait's ``select``, so the loop does not go round (nor spend CPU) at every line."""
 
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from pathlib import Path
 
 from pytest_trtllm_slurm.execution.folder_watch import FolderWatch, wait_for_end
+from pytest_trtllm_slurm.execution.news import NewsFolder
 from pytest_trtllm_slurm.node.files import announce
 from pytest_trtllm_slurm.node.forkloop import write_exit
-from pytest_trtllm_slurm.node.paths import ENDED
+from pytest_trtllm_slurm.node.paths import ENDED, end_notice
 
 
 def test_no_folder_no_watch(tmp_path: Path) -> None:
@@ -32,8 +35,25 @@ def test_only_a_batch_end_counts(tmp_path: Path) -> None:
         watch.close()
 
 
+def test_a_report_lines_notice_does_not_even_wake_the_wait(tmp_path: Path) -> None:
+    news = NewsFolder(str(tmp_path / ".news"))
+    (tmp_path / ".news").mkdir()
+    watch = news.watch()  # (its end notice's folder made here, private)
+    assert watch is not None
+    try:
+        assert (tmp_path / ".news" / ".ends").stat().st_mode & 0o777 == 0o700
+        for n in range(20):
+            announce(tmp_path / ".news" / f"batch_{n % 3}")
+        assert select.select([watch], [], [], 0)[0] == []  # no wake-up at all
+        announce(end_notice(tmp_path / ".news"))
+        assert select.select([watch], [], [], 1)[0] == [watch] and watch.ended() is True
+    finally:
+        news.close()
+
+
 def test_the_wait_ends_when_a_batch_ends_and_not_before(tmp_path: Path) -> None:
-    watch = FolderWatch.open(str(tmp_path))
+    news = NewsFolder(str(tmp_path))
+    watch = news.watch()
     assert watch is not None
     try:
         threading.Timer(0.1, announce, args=(tmp_path / "batch_1",)).start()
@@ -48,9 +68,9 @@ def test_the_wait_ends_when_a_batch_ends_and_not_before(tmp_path: Path) -> None:
         assert time.monotonic() - start < 25
         # the exit code first, the batch's own notice, then the folder's end notice
         assert (tmp_path / "exit_code").read_text() == "0\n"
-        assert notice.exists() and (tmp_path / ENDED).exists()
+        assert notice.exists() and Path(end_notice(tmp_path)).exists()
     finally:
-        watch.close()
+        news.close()
 
 
 def test_a_closed_watch_falls_back_to_sleeping(tmp_path: Path) -> None:
@@ -71,7 +91,8 @@ def test_a_gated_ranks_exit_says_done_then_wakes_the_controller(tmp_path: Path) 
     (work / "gate").mkdir(parents=True)
     news = tmp_path / "work_dirs" / ".news"
     news.mkdir()
-    watch = FolderWatch.open(str(news))
+    folder = NewsFolder(str(news))
+    watch = folder.watch()
     assert watch is not None
     try:
         code = ("import sys; from pathlib import Path; from pytest_trtllm_slurm.node.gate "
@@ -80,9 +101,9 @@ def test_a_gated_ranks_exit_says_done_then_wakes_the_controller(tmp_path: Path) 
                        env={**os.environ, "SLURM_PROCID": "3", "SLURM_NTASKS": "8"},
                        timeout=60)
         assert (work / "gate" / "done.3").exists()
-        assert (news / ENDED).exists() and watch.ended() is True
+        assert end_notice(news).exists() and watch.ended() is True
     finally:
-        watch.close()
+        folder.close()
 
 
 def test_a_link_planted_as_the_folder_is_not_watched(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
-"""A wake-up for the run loop when a batch ends here: Linux's inotify on a local news folder
-(``execution/news.py``), whose ``ENDED`` notice a node renames in after every exit code
-(``node/forkloop.write_exit``). The loop's idle wait (up to ``CADENCE.idle_max``) otherwise
-sits between a batch's end and the next batch on its GPUs. Only the end wakes it: report
-notices would wake every round. Elsewhere (not Linux, a file system whose other clients'
+"""A wake-up for the run loop when a batch ends here: Linux's inotify on the folder of a local
+news folder's end notice (``execution/news.py``, ``node.paths.end_notice``), which a node
+renames in after every exit code (``node/forkloop.write_exit``). The loop's idle wait (up to
+``CADENCE.idle_max``) otherwise sits between a batch's end and the next batch on its GPUs.
+Only the end wakes it: the report lines' notices land in the news folder itself, outside
+the watch (watched, each of them woke the wait, which found no end and slept again: a few
+thousand wake-ups in a 2,000-test run). Elsewhere (not Linux, a file system whose other clients'
 renames inotify does not see, as NFS's) there is no watch or no event, and the wait sleeps
 its time as before: a hint, never the only way an end is seen."""
 

@@ -9,6 +9,8 @@ import os
 import time
 
 from pytest_trtllm_slurm.execution.folder_watch import FolderWatch
+from pytest_trtllm_slurm.node import paths
+from pytest_trtllm_slurm.node.files import UntrustedPath, make_dirs
 
 RACY_NS = 20_000_000  # a stamp this recent may hide a rename in the same clock tick
 
@@ -23,9 +25,13 @@ class NewsFolder:
         self._watch: FolderWatch | None = None
 
     def watch(self) -> FolderWatch | None:
-        """The folder's wake-up on a batch's end (made once the folder exists)."""
+        """The folder's wake-up on a batch's end: a watch on its end notice's own folder
+        (made here, private, if it is not yet), which no report line's notice touches."""
         if self._watch is None:
-            self._watch = FolderWatch.open(self.path)
+            ends = paths.root_of(paths.end_notice(self.path))
+            with contextlib.suppress(OSError, UntrustedPath):  # no watch: the wait sleeps
+                make_dirs(ends)
+            self._watch = FolderWatch.open(ends)
         return self._watch
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from pytest_trtllm_slurm.node.files import (
     tree_up_to,
     write_atomic,
 )
-from pytest_trtllm_slurm.node.paths import AGENTS, ENDED, STOP, Mailbox, join, root_of
+from pytest_trtllm_slurm.node.paths import AGENTS, STOP, Mailbox, end_notice, root_of
 from pytest_trtllm_slurm.node.protocol import LOG_MARK  # noqa: F401
 
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled request
@@ -96,12 +96,12 @@ class Running:
 
 def write_exit(request: dict[str, Any], code: int) -> None:
     """A request's exit code, then its notice: the controller reads its end at once; then
-    the folder's ``ENDED`` notice, which wakes a waiting controller here (``folder_watch``)."""
+    the folder's end notice, which wakes a waiting controller here (``folder_watch``)."""
     write_atomic(request["exit_path"], f"{code}\n")
     notice = request.get("notice_path")
     announce(notice)
     if notice:
-        announce(join(root_of(notice), ENDED))
+        announce(end_notice(root_of(notice)))
 
 
 # start(request) -> pid of the forked child, or None when it cannot start yet (asked again)

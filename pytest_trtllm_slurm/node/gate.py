@@ -62,7 +62,7 @@ class Gate:
         # registered before the suite is imported: runs after its exit handlers (torch...)
         rank, _ = rank_and_size()
         atexit.register(_say_done, paths.Gate(gate).done_of(rank),
-                        paths.Batch(gate.parent).news_of(paths.ENDED))
+                        paths.Batch(gate.parent).end_notice)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:

@@ -21,7 +21,8 @@ OUTPUTS_DIR = "outputs"  # a batch's own copies of the suite's output paths
 STOP = "stop"  # in a mailbox's inbox: leave once nothing runs
 HEARTBEAT = "heartbeat.json"  # an agent's last word on what it serves
 NEWS = ".news"  # in a work root: one notice per batch whose files changed (node/files.announce)
-ENDED = ".ended"  # in a news folder: renamed in after every exit code (execution/folder_watch)
+ENDS = ".ends"  # in a news folder: ENDED's own folder, the one a waiting controller watches
+ENDED = "ended"  # in ENDS: renamed in after every exit code (execution/folder_watch)
 SYNC_RECORD = ".git/trtllm-sync.json"  # in the remote checkout: what the last sync left
 
 
@@ -40,6 +41,12 @@ def lock_of(path: P) -> P:
 def holder_of(lock: P) -> P:
     """Who holds ``lock`` (written by its holder)."""
     return join(root_of(lock), f"{name_of(lock)}.holder")
+
+
+def end_notice(news: P) -> P:
+    """The end notice of the news folder ``news`` (in a folder of its own: the notices of
+    report lines, which land in ``news``, do not wake a controller that waits for an end)."""
+    return join(news, ENDS, ENDED)
 
 
 def root_of(path: P) -> P:
@@ -108,11 +115,12 @@ class Batch(Folder[P]):
     @property
     def notice(self) -> P:
         """The batch's notice in its work root's news folder (``files.announce``)."""
-        return self.news_of(name_of(self.dir))
+        return join(root_of(self.dir), NEWS, name_of(self.dir))
 
-    def news_of(self, name: str) -> P:
-        """``name`` in the batch's work root's news folder."""
-        return join(root_of(self.dir), NEWS, name)
+    @property
+    def end_notice(self) -> P:
+        """Its work root's end notice (``end_notice``)."""
+        return end_notice(join(root_of(self.dir), NEWS))
 
     def case_log(self, model: str, workflow: str) -> P:
         return self.at(f"{model}_{workflow}.log")
