@@ -382,11 +382,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
     def recording_make_batches(*args: Any, **kwargs: Any) -> Any:
         if os.environ.get("BENCH_PACK_DUMP"):  # the packer's inputs, to replay it alone
+            # ("{pid}" in the path: one file per run)
             import pickle
 
             planned, pools, estimates = args[0], kwargs.get("pools"), kwargs.get("estimates")
             keys = {key for _, key in planned}
-            Path(os.environ["BENCH_PACK_DUMP"]).write_bytes(pickle.dumps({
+            dump = os.environ["BENCH_PACK_DUMP"].replace("{pid}", str(os.getpid()))
+            Path(dump).write_bytes(pickle.dumps({
                 "planned": planned, "pools": {key: pools(key) for key in keys} if pools else None,
                 "estimates": estimates, "parallel": args[1] if len(args) > 1 else None}))
         wall, cpu = time.perf_counter(), time.process_time()
