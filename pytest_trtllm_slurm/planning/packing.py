@@ -285,31 +285,51 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
         targets = [targets[round(i * step)] for i in range(MAX_TARGETS)]
     counts = tuple(lo)
     best = build(counts)
+    tried = [(counts, best)]
     for target in targets:
         trial = tuple(next((c for c in range(lo[g], hi[g] + 1) if longest(g, c) <= target + 1e-9),
                            hi[g]) for g in range(len(groups)))
         result = build(trial)
+        tried.append((trial, result))
         if better(result, best):
             counts, best = trial, result
 
-    # 2. local moves: one key +-1, or every key +1 (at most MAX_WORK chunks simulated)
-    for _ in range(MAX_ROUNDS):
-        if work[0] >= MAX_WORK:
-            break
-        moves = []
-        for g in range(len(groups)):
-            for step in (1, -1):
-                if lo[g] <= counts[g] + step <= hi[g]:
-                    moves.append(tuple(c + step if i == g else c for i, c in enumerate(counts)))
-        moves.append(tuple(min(hi[i], c + 1) for i, c in enumerate(counts)))
-        found = None
-        for trial in moves:
-            result = build(trial)
-            if better(result, best) and (found is None or better(result, found[1])):
-                found = (trial, result)
-        if found is None:
-            break
-        counts, best = found
+    def moved(counts: tuple[int, ...],
+              best: tuple[float, float, list[Chunk]]) -> tuple[tuple[int, ...], Any]:
+        """Local moves: one key +-1, or every key +1 (until MAX_WORK chunks were simulated)."""
+        for _ in range(MAX_ROUNDS):
+            if work[0] >= MAX_WORK:
+                break
+            moves = []
+            for g in range(len(groups)):
+                for step in (1, -1):
+                    if lo[g] <= counts[g] + step <= hi[g]:
+                        moves.append(tuple(c + step if i == g else c
+                                           for i, c in enumerate(counts)))
+            moves.append(tuple(min(hi[i], c + 1) for i, c in enumerate(counts)))
+            found = None
+            for trial in moves:
+                result = build(trial)
+                if better(result, best) and (found is None or better(result, found[1])):
+                    found = (trial, result)
+            if found is None:
+                break
+            counts, best = found
+        return counts, best
+
+    # 2. the moves start from the first phase's plan and, first, from its plan with the
+    # fewest chunks within 2 TIE of it: a plan of 4x the chunks that simulated 1% shorter
+    # must not hide one that the moves make as short with a quarter of the batches (each
+    # batch costs dispatch the simulation does not see; and from hundreds of chunks the
+    # moves' MAX_WORK runs out within a few rounds)
+    few = min((t for t in tried if t[1][0] <= best[0] + 2 * TIE * max(1.0, best[0])),
+              key=lambda t: len(t[1][2]))
+    plans = [moved(*few)] if len(few[1][2]) < len(best[2]) else []
+    plans.append(moved(counts, best))
+    counts, best = plans[0]
+    for other in plans[1:]:
+        if better(other[1], best):
+            counts, best = other
     return PoolPlan(pool, {g.key: c for g, c in zip(groups, counts, strict=True)}, best[2], best[0])
 
 
