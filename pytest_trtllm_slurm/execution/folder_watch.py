@@ -3,8 +3,8 @@ news folder's end notice (``execution/news.py``, ``node.paths.end_notice``), whi
 renames in after every exit code (``node/forkloop.write_exit``). The loop's idle wait (up to
 ``CADENCE.idle_max``) otherwise sits between a batch's end and the next batch on its GPUs.
 Only the end wakes it: the report lines' notices land in the news folder itself, outside
-the watch (watched, each of them woke the wait, which found no end and slept again: a few
-thousand wake-ups in a 2,000-test run). Elsewhere (not Linux, a file system whose other clients'
+the watch (watched, each of them woke the wait, which found no end and waited again: 15% of
+W3's dispatch loop). Elsewhere (not Linux, a file system whose other clients'
 renames inotify does not see, as NFS's) there is no watch or no event, and the wait sleeps
 its time as before: a hint, never the only way an end is seen."""
 

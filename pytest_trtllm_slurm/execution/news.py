@@ -28,7 +28,7 @@ class NewsFolder:
         """The folder's wake-up on a batch's end: a watch on its end notice's own folder
         (made here, private, if it is not yet), which no report line's notice touches."""
         if self._watch is None:
-            ends = paths.root_of(paths.end_notice(self.path))
+            ends = paths.join(self.path, paths.ENDS)
             with contextlib.suppress(OSError, UntrustedPath):  # no watch: the wait sleeps
                 make_dirs(ends)
             self._watch = FolderWatch.open(ends)

@@ -294,8 +294,8 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
         if better(result, best):
             counts, best = trial, result
 
-    def moved(counts: tuple[int, ...],
-              best: tuple[float, float, list[Chunk]]) -> tuple[tuple[int, ...], Any]:
+    def moved(counts: tuple[int, ...], best: tuple[float, float, list[Chunk]]
+              ) -> tuple[tuple[int, ...], tuple[float, float, list[Chunk]]]:
         """Local moves: one key +-1, or every key +1 (until MAX_WORK chunks were simulated)."""
         for _ in range(MAX_ROUNDS):
             if work[0] >= MAX_WORK:
