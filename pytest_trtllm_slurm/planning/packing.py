@@ -324,12 +324,10 @@ def plan_pool(groups: Sequence[_Group], pool: Pool, startup: float,
     # moves' MAX_WORK runs out within a few rounds)
     few = min((t for t in tried if t[1][0] <= best[0] + 2 * TIE * max(1.0, best[0])),
               key=lambda t: len(t[1][2]))
-    plans = [moved(*few)] if len(few[1][2]) < len(best[2]) else []
-    plans.append(moved(counts, best))
-    counts, best = plans[0]
-    for other in plans[1:]:
-        if better(other[1], best):
-            counts, best = other
+    fewer = moved(*few) if len(few[1][2]) < len(best[2]) else None  # first: MAX_WORK left
+    counts, best = moved(counts, best)
+    if fewer is not None and not better(best, fewer[1]):
+        counts, best = fewer
     return PoolPlan(pool, {g.key: c for g, c in zip(groups, counts, strict=True)}, best[2], best[0])
 
 
